@@ -1,0 +1,271 @@
+// moeplan: the command-line planner (DESIGN §7). Plans locally against built-in
+// or file profiles; the --server mode arrives with the service issue.
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_split.h"
+#include "moeplan/calibration/profiles.h"
+#include "moeplan/client/report.h"
+#include "moeplan/client/sweep.h"
+#include "moeplan/planner/cost_model.h"
+#include "moeplan/planner/planner.h"
+#include "moeplan/planner/strings.h"
+#include "moeplan/proto/convert.h"
+#include "moeplan/proto/json.h"
+
+namespace moeplan::client {
+namespace {
+
+namespace p = ::moeplan::planner;
+
+// One line on stderr, non-zero exit.
+int Fail(const absl::Status& s) {
+  std::string msg(View(s.message()));
+  for (char& c : msg) {
+    if (c == '\n') c = ' ';
+  }
+  fmt::print(stderr, "moeplan: error: {}\n", msg);
+  return 1;
+}
+
+absl::StatusOr<std::vector<p::Schedule>> ParseSchedules(const std::string& list) {
+  std::vector<p::Schedule> out;
+  if (list.empty() || list == "all") return out;
+  for (absl::string_view part : absl::StrSplit(list, ',')) {
+    p::Schedule s;
+    const std::string_view name = View(part);
+    if (!p::ParseSchedule(name, &s)) {
+      return absl::InvalidArgumentError(
+          Cat("--schedules: unknown schedule '", name, "' (use default, s1, s2 or all)"));
+    }
+    if (std::find(out.begin(), out.end(), s) != out.end()) {
+      return absl::InvalidArgumentError(Cat("--schedules: '", name, "' listed twice"));
+    }
+    out.push_back(s);
+  }
+  return out;
+}
+
+// Prefixes a layer error with the file it came from; the file *is* the layer, so
+// the request path "layer." is dropped.
+absl::Status InFile(const std::string& path, const absl::Status& s) {
+  std::string_view msg = View(s.message());
+  if (msg.rfind("layer.", 0) == 0) msg.remove_prefix(6);
+  return absl::Status(s.code(), Cat(path, ": ", msg));
+}
+
+absl::Status WriteStdout(const std::string& text) {
+  if (std::fwrite(text.data(), 1, text.size(), stdout) != text.size() || std::fflush(stdout) != 0) {
+    return absl::InternalError("stdout: write failed");
+  }
+  return absl::OkStatus();
+}
+
+struct PlanLayerArgs {
+  std::string layer;
+  std::string cluster = std::string(calibration::kDefaultProfileName);
+  std::string schedules = "all";
+  std::string format = "table";
+  std::string trace;
+  bool no_timeline = false;
+};
+
+absl::Status PlanLayerCmd(const PlanLayerArgs& a) {
+  absl::StatusOr<std::vector<p::Schedule>> schedules = ParseSchedules(a.schedules);
+  if (!schedules.ok()) return schedules.status();
+  v1::PlanLayerRequest request;
+  if (absl::Status s = proto::ReadJsonFile(a.layer, request.mutable_layer()); !s.ok()) return s;
+  absl::StatusOr<calibration::LoadedProfile> profile = calibration::LoadProfile(a.cluster);
+  if (!profile.ok()) return profile.status();
+  request.set_profile_name(profile->message.name());
+  for (p::Schedule s : *schedules) request.add_schedules(proto::ScheduleToProto(s));
+  request.set_include_timeline(!a.no_timeline || !a.trace.empty());
+
+  absl::StatusOr<p::CostModel> cost = p::CostModel::Create(profile->profile);
+  if (!cost.ok()) return cost.status();
+  p::LayerPlanner planner(*cost);
+  v1::PlanLayerResponse response;
+  if (absl::Status s = proto::AnswerPlanLayer(request, planner, profile->profile, &response);
+      !s.ok()) {
+    return InFile(a.layer, s);
+  }
+  // Echo the layer with defaults filled in (dp, pp, b, skew) for the table.
+  absl::StatusOr<p::LayerConfig> layer = proto::LayerFromProto(request.layer());
+  if (!layer.ok()) return InFile(a.layer, layer.status());
+  const v1::LayerConfig shown = proto::LayerToProto(*layer);
+
+  // Everything is computed before anything is written: an error leaves no output.
+  std::string text;
+  if (a.format == "json") {
+    v1::PlanLayerResponse printed = response;
+    if (a.no_timeline) {
+      for (v1::CandidatePlan& c : *printed.mutable_candidates()) c.clear_ops();
+    }
+    absl::StatusOr<std::string> json = proto::ToJson(printed);
+    if (!json.ok()) return json.status();
+    text = *std::move(json);
+    text += '\n';
+  } else {
+    v1::PlanLayerResponse printed = response;
+    if (a.no_timeline) {
+      for (v1::CandidatePlan& c : *printed.mutable_candidates()) c.clear_ops();
+    }
+    text = FormatPlanTable(shown, printed, profile->message);
+  }
+  if (!a.trace.empty()) {
+    proto::JsonStyle style;
+    style.pretty = false;
+    style.preserve_proto_field_names = false;  // Chrome's camelCase keys
+    absl::StatusOr<std::string> trace = proto::ToJson(BuildTrace(response), style);
+    if (!trace.ok()) return trace.status();
+    if (absl::Status s = proto::WriteFileAtomic(a.trace, *trace + "\n"); !s.ok()) {
+      return absl::Status(s.code(), Cat("--trace: ", View(s.message())));
+    }
+  }
+  return WriteStdout(text);
+}
+
+struct SweepArgs {
+  std::string grid;
+  std::string cluster = std::string(calibration::kDefaultProfileName);
+  std::string schedules = "all";
+  std::string out;
+  bool skip_invalid = false;
+};
+
+absl::Status SweepCmd(const SweepArgs& a) {
+  SweepOptions options;
+  absl::StatusOr<std::vector<p::Schedule>> schedules = ParseSchedules(a.schedules);
+  if (!schedules.ok()) return schedules.status();
+  options.schedules = *std::move(schedules);
+  options.skip_invalid = a.skip_invalid;
+  v1::LayerGrid grid;
+  if (absl::Status s = proto::ReadJsonFile(a.grid, &grid); !s.ok()) return s;
+  absl::StatusOr<std::vector<v1::LayerConfig>> configs = proto::ExpandGrid(grid);
+  if (!configs.ok()) return absl::InvalidArgumentError(Cat(a.grid, ": ", View(configs.status().message())));
+  absl::StatusOr<calibration::LoadedProfile> profile = calibration::LoadProfile(a.cluster);
+  if (!profile.ok()) return profile.status();
+  absl::StatusOr<p::CostModel> cost = p::CostModel::Create(profile->profile);
+  if (!cost.ok()) return cost.status();
+
+  const auto start = std::chrono::steady_clock::now();
+  absl::StatusOr<SweepResult> result = RunSweep(*configs, *cost, options);
+  const double ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  if (!result.ok()) {
+    return absl::Status(result.status().code(),
+                        Cat(a.grid, ": ", View(result.status().message()),
+                            a.skip_invalid ? "" : "; pass --skip-invalid to skip such configs"));
+  }
+  if (absl::Status s = proto::WriteFileAtomic(a.out, SweepCsv(*result)); !s.ok()) {
+    return absl::Status(s.code(), Cat("--out: ", View(s.message())));
+  }
+  std::string text = fmt::format("sweep {} on {} (v{}): planned in {:.1f} ms ({:.1f} us/config)\n",
+                                 grid.name().empty() ? a.grid : grid.name(),
+                                 profile->message.name(), profile->message.version(), ms,
+                                 result->configs ? 1000.0 * ms / result->configs : 0.0);
+  text += SweepSummary(*result);
+  text += fmt::format("wrote {} ({} rows)\n", a.out, result->rows.size());
+  return WriteStdout(text);
+}
+
+absl::Status ProfilesListCmd() {
+  std::string text = fmt::format("{:<16}{:<10}{:>8}{:>8}{:>6}  {}\n", "name", "source",
+                                 "version", "nodes", "gpus", "summary");
+  for (const std::string& name : calibration::BuiltinProfileNames()) {
+    absl::StatusOr<v1::ClusterProfile> prof = calibration::BuiltinProfile(name);
+    if (!prof.ok()) return prof.status();
+    std::string summary = prof->comment().substr(0, prof->comment().find(". "));
+    if (name == calibration::kDefaultProfileName) summary += " [default]";
+    fmt::format_to(std::back_inserter(text), "{:<16}{:<10}{:>8}{:>8}{:>6}  {}\n", name,
+                   prof->source() == v1::PROFILE_SOURCE_SPEC ? "spec" : "measured",
+                   prof->version(), prof->nodes(), prof->gpus_per_node(), summary);
+  }
+  return WriteStdout(text);
+}
+
+absl::Status ProfilesShowCmd(const std::string& name) {
+  absl::StatusOr<v1::ClusterProfile> prof = calibration::ResolveProfile(name);
+  if (!prof.ok()) return prof.status();
+  absl::StatusOr<std::string> json = proto::ToJson(*prof);
+  if (!json.ok()) return json.status();
+  return WriteStdout(*json + "\n");
+}
+
+int Main(int argc, char** argv) {
+  CLI::App app{"moeplan: plan communication schedules for distributed MoE training"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", "moeplan 0.1.0");
+  // Usage errors on one line too, like every other error.
+  app.failure_message([](const CLI::App*, const CLI::Error& e) {
+    return fmt::format("moeplan: error: {} (see moeplan --help)\n", e.what());
+  });
+
+  PlanLayerArgs pl;
+  CLI::App* plan = app.add_subcommand(
+      "plan-layer", "Simulate default, S1 and S2 for one MoE layer (forward + backward) and rank them");
+  plan->add_option("--layer", pl.layer, "Layer config (moeplan.v1.LayerConfig JSON)")
+      ->required();
+  plan->add_option("--cluster", pl.cluster,
+                   "Built-in profile name (see `moeplan profiles list`) or profile JSON file")
+      ->capture_default_str();
+  plan->add_option("--schedules", pl.schedules, "Comma-separated subset of default,s1,s2, or all")
+      ->capture_default_str();
+  plan->add_option("--format", pl.format, "Output format")
+      ->check(CLI::IsMember({"table", "json"}))
+      ->capture_default_str();
+  plan->add_option("--trace", pl.trace,
+                   "Write a Chrome trace (open in Perfetto / chrome://tracing) to this file");
+  plan->add_flag("--no-timeline", pl.no_timeline, "Leave the per-op timelines out of the output");
+
+  SweepArgs sw;
+  CLI::App* sweep = app.add_subcommand(
+      "sweep", "Plan every config of a grid (cartesian product of lists) and summarise the choices");
+  sweep->add_option("--grid", sw.grid, "Grid file (moeplan.v1.LayerGrid JSON)")->required();
+  sweep->add_option("--cluster", sw.cluster, "Built-in profile name or profile JSON file")
+      ->capture_default_str();
+  sweep->add_option("--schedules", sw.schedules, "Comma-separated subset of default,s1,s2, or all")
+      ->capture_default_str();
+  sweep->add_option("--out", sw.out, "CSV file to write (one row per config)")->required();
+  sweep->add_flag("--skip-invalid", sw.skip_invalid,
+                  "Skip configs that fail validation (counted in the summary) instead of failing");
+
+  CLI::App* profiles = app.add_subcommand("profiles", "Built-in cluster profiles");
+  profiles->require_subcommand(1);
+  profiles->add_subcommand("list", "List the built-in profiles");
+  std::string show_name;
+  CLI::App* show = profiles->add_subcommand("show", "Print a profile (built-in name or file) as JSON");
+  show->add_option("name", show_name, "Profile name or file")->required();
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+
+  absl::Status status;
+  if (plan->parsed()) {
+    status = PlanLayerCmd(pl);
+  } else if (sweep->parsed()) {
+    status = SweepCmd(sw);
+  } else if (show->parsed()) {
+    status = ProfilesShowCmd(show_name);
+  } else {
+    status = ProfilesListCmd();
+  }
+  return status.ok() ? 0 : Fail(status);
+}
+
+}  // namespace
+}  // namespace moeplan::client
+
+int main(int argc, char** argv) { return moeplan::client::Main(argc, argv); }

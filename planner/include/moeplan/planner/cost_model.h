@@ -1,0 +1,55 @@
+// The cost model of DESIGN §3: alpha-beta collectives (fitted per group shape,
+// or derived from link-level costs with ring/pairwise formulas), GEMMs with an
+// interpolated efficiency table, and memory-bound kernels. Pure functions of a
+// validated profile; thread-compatible (const methods are safe to share).
+#pragma once
+
+#include <array>
+#include <cstdint>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "moeplan/planner/profile.h"
+
+namespace moeplan::planner {
+
+class CostModel {
+ public:
+  // Validates the profile (ValidateProfile) and precomputes lookup tables.
+  static absl::StatusOr<CostModel> Create(ClusterProfile profile);
+
+  const ClusterProfile& profile() const { return profile_; }
+
+  // Time of collective `c` on a group of shape `shape` with per-rank size `bytes`
+  // in the convention of profile.proto. A fit for (c, shape) is used when the
+  // profile has one; otherwise the link-level fallback:
+  //   AllReduce 2(s-1)(a + n/s b); AllGather, ReduceScatter (s-1)(a + n b);
+  //   AlltoAll (s-1)(a + n/s b); SendRecv a + n b,
+  // with (a, b) of the slowest link the group crosses. Groups of one rank cost 0
+  // (SendRecv: the shape is the pair's, ranks == 2).
+  double CollectiveUs(Collective c, GroupShape shape, double bytes) const;
+  bool HasFit(Collective c, GroupShape shape) const;
+  // The link-level costs of the slowest link a group of this shape crosses.
+  const AlphaBeta& LinkFor(GroupShape shape) const {
+    return shape.SpansNodes() ? profile_.inter : profile_.intra;
+  }
+
+  // One GEMM C[m x n] = A[m x k] B[k x n]: overhead + 2mnk / (peak * eff(m, n, k)).
+  double GemmUs(int64_t m, int64_t n, int64_t k) const;
+  // Trilinear interpolation of the efficiency grid in log2 space, clamped.
+  double GemmEfficiency(int64_t m, int64_t n, int64_t k) const;
+  // A memory-bound kernel touching `bytes` (read + written).
+  double MemoryBoundUs(double bytes) const;
+
+ private:
+  explicit CostModel(ClusterProfile profile);
+  static uint64_t FitKey(Collective c, GroupShape shape);
+
+  ClusterProfile profile_;
+  absl::flat_hash_map<uint64_t, AlphaBeta> fits_;
+  std::array<std::vector<double>, 3> log_axes_;  // log2 of m, n, k grid axes
+  double flops_per_us_ = 0.0;                    // peak, in flop per microsecond
+  double mem_bytes_per_us_ = 0.0;
+};
+
+}  // namespace moeplan::planner

@@ -1,0 +1,76 @@
+// Cluster profile: the constants of the cost model (DESIGN §3). Times in
+// microseconds, sizes in bytes. Converted from moeplan.v1.ClusterProfile by proto/.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "moeplan/planner/types.h"
+
+namespace moeplan::planner {
+
+enum class Collective : uint8_t { kAllReduce, kAllGather, kReduceScatter, kAllToAll, kSendRecv };
+inline constexpr int kNumCollectives = 5;
+std::string_view CollectiveName(Collective c);  // "allreduce", "allgather", ...
+
+enum class ProfileSource : uint8_t { kUnspecified, kMeasured, kSpec };
+
+// t(n) = alpha_us + beta_us_per_byte * n.
+struct AlphaBeta {
+  double alpha_us = 0.0;
+  double beta_us_per_byte = 0.0;
+  double At(double bytes) const { return alpha_us + beta_us_per_byte * bytes; }
+};
+
+// `ranks` ranks spread evenly over `nodes` nodes.
+struct GroupShape {
+  int ranks = 1;
+  int nodes = 1;
+  bool SpansNodes() const { return nodes > 1; }
+  int RanksPerNode() const { return ranks / nodes; }
+  friend bool operator==(const GroupShape&, const GroupShape&) = default;
+};
+
+// A fitted (collective, shape) cost; n in the proto's convention (see profile.proto).
+struct CollectiveFit {
+  Collective collective = Collective::kAllReduce;
+  GroupShape shape;
+  AlphaBeta cost;
+};
+
+// efficiency over an m x n x k grid (axes strictly increasing), m-major.
+struct GemmEfficiencyGrid {
+  std::vector<int64_t> m, n, k;
+  std::vector<double> efficiency;
+};
+
+struct GemmModel {
+  double peak_tflops = 0.0;
+  double launch_overhead_us = 0.0;
+  GemmEfficiencyGrid grid;  // empty: efficiency 1
+};
+
+struct MemoryModel {
+  double bandwidth_gbytes_per_s = 0.0;
+  double launch_overhead_us = 0.0;
+};
+
+struct ClusterProfile {
+  std::string name;
+  uint32_t version = 0;
+  ProfileSource source = ProfileSource::kUnspecified;
+  ClusterShape shape;
+  AlphaBeta intra;  // link level, used where no fit exists
+  AlphaBeta inter;
+  std::vector<CollectiveFit> collectives;
+  GemmModel gemm;
+  MemoryModel memory;
+};
+
+// Field rules of a profile; errors name the JSON path, e.g. "links.inter.beta_us_per_byte".
+absl::Status ValidateProfile(const ClusterProfile& profile);
+
+}  // namespace moeplan::planner

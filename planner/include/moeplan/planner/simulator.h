@@ -1,0 +1,53 @@
+// The timeline simulator of DESIGN §4. Executes an OpGraph like CUDA streams do:
+// each resource runs its ops in issue order; an op starts at
+// max(end of its dependencies, end of the previous op on each resource it holds).
+// One pass in vertex (= issue = topological) order, O(V + E), no allocation once
+// the result's vectors have grown to the graph's size.
+#pragma once
+
+#include <array>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "moeplan/planner/op_graph.h"
+
+namespace moeplan::planner {
+
+struct OpTime {
+  double start_us = 0.0;
+  double end_us = 0.0;
+  // The dependency or resource predecessor whose end fixed this op's start
+  // (kNoOp when it started at 0).
+  OpId binding = kNoOp;
+  bool critical = false;
+};
+
+struct SimResult {
+  std::vector<OpTime> times;       // per op id
+  std::vector<OpId> critical_path;  // first op to last
+  double makespan_us = 0.0;
+  double forward_end_us = 0.0;      // end of the last forward op
+  double compute_busy_us = 0.0;     // busy time of the compute resource
+  double comm_busy_us = 0.0;        // union of intra and inter busy time
+  double hidden_comm_us = 0.0;      // comm busy time overlapped by compute
+  double exposed_comm_us = 0.0;     // comm_busy_us - hidden_comm_us
+  int64_t inter_node_bytes = 0;
+  // Critical-path time per term (indexed by Term); sums to makespan_us.
+  std::array<double, kNumTerms> critical_term_us{};
+};
+
+// Reusable: keeps scratch buffers between runs.
+class Simulator {
+ public:
+  // InternalError if an edge points forward in issue order (a builder bug).
+  absl::Status Run(const OpGraph& graph, SimResult* result);
+
+ private:
+  struct Interval {
+    double begin, end;
+  };
+  std::array<std::vector<Interval>, kNumResources> busy_;
+  std::vector<Interval> comm_union_;
+};
+
+}  // namespace moeplan::planner

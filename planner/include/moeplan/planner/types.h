@@ -1,0 +1,67 @@
+// Domain types of the planner (DESIGN §2). Plain structs: the planner never sees
+// protobuf; proto/ converts and the functions in validate.h check them.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+namespace moeplan::planner {
+
+// Parallel degrees. P = mp * dp = ep * esp ranks per pipeline stage.
+struct ParallelLayout {
+  int mp = 1;   // N_MP
+  int ep = 1;   // N_EP
+  int esp = 1;  // N_ESP
+  int dp = 1;   // N_DP
+  int pp = 1;   // N_PP
+
+  int StageRanks() const { return mp * dp; }
+  int TotalRanks() const { return mp * dp * pp; }
+};
+
+// One MoE layer. Dimensions are element counts.
+struct LayerConfig {
+  std::string name;
+  int64_t batch_size = 0;   // B: sequences per micro-batch on one MP group
+  int64_t seq_len = 0;      // L
+  int64_t model_dim = 0;    // M
+  int64_t hidden_dim = 0;   // H
+  int64_t num_experts = 0;  // E
+  int64_t top_k = 0;        // k
+  double capacity_factor = 0.0;  // f
+  int bytes_per_element = 2;     // b
+  double token_skew = 1.0;       // >= 1; scales the heaviest rank's a2a bytes and expert work
+  ParallelLayout parallel;
+};
+
+// The cluster's shape: `nodes` nodes of `gpus_per_node` GPUs; rank r on node r / G.
+struct ClusterShape {
+  int nodes = 1;
+  int gpus_per_node = 1;
+  int TotalGpus() const { return nodes * gpus_per_node; }
+};
+
+enum class Schedule { kDefault = 0, kS1 = 1, kS2 = 2 };
+inline constexpr Schedule kAllSchedules[] = {Schedule::kDefault, Schedule::kS1, Schedule::kS2};
+inline constexpr int kNumSchedules = 3;
+
+std::string_view ScheduleName(Schedule s);  // "default", "s1", "s2"
+bool ParseSchedule(std::string_view name, Schedule* out);
+
+// Derived sizes of DESIGN §2 (per MP group / per rank, bytes where named so).
+struct DerivedShape {
+  int64_t tokens = 0;            // S = B * L
+  int64_t capacity = 0;          // T = ceil(k * f * S / E)
+  int64_t activation_bytes = 0;  // X = S * M * b
+  int64_t dispatch_bytes = 0;    // D = E * T * M * b
+};
+
+// ceil(k * f * tokens / E), computed so that exact products do not round up
+// (k * f * S is formed in double; a relative slack of 1e-12 absorbs representation
+// error such as 1.2 * 1000 = 1200.0000000000002).
+int64_t Capacity(int64_t top_k, double capacity_factor, int64_t tokens, int64_t num_experts);
+
+DerivedShape Derive(const LayerConfig& layer);
+
+}  // namespace moeplan::planner

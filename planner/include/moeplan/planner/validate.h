@@ -1,0 +1,19 @@
+// Validation of layer configs and layouts (DESIGN §2). Every error is
+// InvalidArgument with a one-line message "<field>: <rule> (got <values>)", the
+// field named by its JSON (proto) path, e.g. "parallel.ep".
+#pragma once
+
+#include "absl/status/status.h"
+#include "moeplan/planner/types.h"
+
+namespace moeplan::planner {
+
+// Sizes, ranges and the divisibility rules that hold for every schedule, and that
+// the layout fits the cluster.
+absl::Status ValidateLayer(const LayerConfig& layer, const ClusterShape& cluster);
+
+// The extra rules of one schedule (S1/S2: mp == esp; S1: tokens divisible by mp).
+// Assumes ValidateLayer passed.
+absl::Status ValidateForSchedule(const LayerConfig& layer, Schedule schedule);
+
+}  // namespace moeplan::planner

@@ -1,0 +1,240 @@
+#include "moeplan/planner/cost_model.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "moeplan/planner/strings.h"
+
+namespace moeplan::planner {
+
+std::string_view CollectiveName(Collective c) {
+  switch (c) {
+    case Collective::kAllReduce:
+      return "allreduce";
+    case Collective::kAllGather:
+      return "allgather";
+    case Collective::kReduceScatter:
+      return "reducescatter";
+    case Collective::kAllToAll:
+      return "alltoall";
+    case Collective::kSendRecv:
+      return "sendrecv";
+  }
+  return "unknown";
+}
+
+namespace {
+
+absl::Status Bad(std::string_view field, std::string_view rule, std::string_view got) {
+  return absl::InvalidArgumentError(Cat(field, ": ", rule, " (got ", got, ")"));
+}
+
+absl::Status CheckAlphaBeta(std::string_view field, const AlphaBeta& ab) {
+  if (!(ab.alpha_us >= 0.0) || !std::isfinite(ab.alpha_us)) {
+    return Bad(Cat(field, ".alpha_us"), "must be finite and >= 0",
+               Cat(ab.alpha_us));
+  }
+  if (!(ab.beta_us_per_byte > 0.0) || !std::isfinite(ab.beta_us_per_byte)) {
+    return Bad(Cat(field, ".beta_us_per_byte"), "must be finite and > 0",
+               Cat(ab.beta_us_per_byte));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckAxis(std::string_view field, const std::vector<int64_t>& axis) {
+  if (axis.empty()) return Bad(field, "must not be empty when gemm.efficiency is set", "[]");
+  for (size_t i = 0; i < axis.size(); ++i) {
+    if (axis[i] <= 0) {
+      return Bad(Cat(field, "[", i, "]"), "must be > 0", Cat(axis[i]));
+    }
+    if (i > 0 && axis[i] <= axis[i - 1]) {
+      return Bad(Cat(field, "[", i, "]"), "axis must be strictly increasing",
+                 Cat(axis[i - 1], " then ", axis[i]));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Index i and weight t in [0, 1] such that x lies between axis[i] and axis[i + 1];
+// clamped to the ends.
+inline void Bracket(const std::vector<double>& axis, double x, size_t* i, double* t) {
+  const size_t n = axis.size();
+  if (n == 1 || x <= axis.front()) {
+    *i = 0;
+    *t = 0.0;
+    return;
+  }
+  if (x >= axis.back()) {
+    *i = n - 2;
+    *t = 1.0;
+    return;
+  }
+  const size_t hi = static_cast<size_t>(std::upper_bound(axis.begin(), axis.end(), x) - axis.begin());
+  *i = hi - 1;
+  *t = (x - axis[hi - 1]) / (axis[hi] - axis[hi - 1]);
+}
+
+}  // namespace
+
+absl::Status ValidateProfile(const ClusterProfile& p) {
+  if (p.name.empty()) return Bad("name", "must not be empty", "\"\"");
+  for (char ch : p.name) {
+    const bool ok = (ch >= 'a' && ch <= 'z') || (ch >= '0' && ch <= '9') || ch == '.' ||
+                    ch == '_' || ch == '-';
+    if (!ok) return Bad("name", "must match [a-z0-9._-]+", Cat("\"", p.name, "\""));
+  }
+  if (p.source == ProfileSource::kUnspecified) {
+    return Bad("source", "must be PROFILE_SOURCE_MEASURED or PROFILE_SOURCE_SPEC", "unset");
+  }
+  if (p.shape.nodes < 1) return Bad("nodes", "must be >= 1", Cat(p.shape.nodes));
+  if (p.shape.gpus_per_node < 1) {
+    return Bad("gpus_per_node", "must be >= 1", Cat(p.shape.gpus_per_node));
+  }
+  if (int64_t{p.shape.nodes} * p.shape.gpus_per_node > (1 << 20)) {
+    return Bad("nodes", "nodes*gpus_per_node must be <= 1048576",
+               Cat(int64_t{p.shape.nodes} * p.shape.gpus_per_node));
+  }
+  if (absl::Status s = CheckAlphaBeta("links.intra", p.intra); !s.ok()) return s;
+  if (absl::Status s = CheckAlphaBeta("links.inter", p.inter); !s.ok()) return s;
+  for (size_t i = 0; i < p.collectives.size(); ++i) {
+    const CollectiveFit& f = p.collectives[i];
+    const std::string field = Cat("collectives[", i, "]");
+    if (f.shape.ranks < 2) {
+      return Bad(Cat(field, ".shape.ranks"), "must be >= 2", Cat(f.shape.ranks));
+    }
+    if (f.shape.nodes < 1 || f.shape.ranks % f.shape.nodes != 0) {
+      return Bad(Cat(field, ".shape.nodes"), "must be >= 1 and divide shape.ranks",
+                 Cat("ranks=", f.shape.ranks, ", nodes=", f.shape.nodes));
+    }
+    if (absl::Status s = CheckAlphaBeta(Cat(field, ".cost"), f.cost); !s.ok()) return s;
+    for (size_t j = 0; j < i; ++j) {
+      if (p.collectives[j].collective == f.collective && p.collectives[j].shape == f.shape) {
+        return Bad(field, "duplicate (collective, shape) fit",
+                   Cat("same as collectives[", j, "]"));
+      }
+    }
+  }
+  if (!(p.gemm.peak_tflops > 0.0) || !std::isfinite(p.gemm.peak_tflops)) {
+    return Bad("gemm.peak_tflops", "must be finite and > 0", Cat(p.gemm.peak_tflops));
+  }
+  if (!(p.gemm.launch_overhead_us >= 0.0) || !std::isfinite(p.gemm.launch_overhead_us)) {
+    return Bad("gemm.launch_overhead_us", "must be finite and >= 0",
+               Cat(p.gemm.launch_overhead_us));
+  }
+  const GemmEfficiencyGrid& g = p.gemm.grid;
+  const bool any_grid = !g.m.empty() || !g.n.empty() || !g.k.empty() || !g.efficiency.empty();
+  if (any_grid) {
+    if (absl::Status s = CheckAxis("gemm.m", g.m); !s.ok()) return s;
+    if (absl::Status s = CheckAxis("gemm.n", g.n); !s.ok()) return s;
+    if (absl::Status s = CheckAxis("gemm.k", g.k); !s.ok()) return s;
+    const size_t want = g.m.size() * g.n.size() * g.k.size();
+    if (g.efficiency.size() != want) {
+      return Bad("gemm.efficiency", "must have |m|*|n|*|k| entries",
+                 Cat(g.efficiency.size(), ", want ", want));
+    }
+    for (size_t i = 0; i < want; ++i) {
+      const double e = g.efficiency[i];
+      if (!(e > 0.0 && e <= 1.0)) {
+        return Bad(Cat("gemm.efficiency[", i, "]"), "must be in (0, 1]",
+                   Cat(e));
+      }
+    }
+  }
+  if (!(p.memory.bandwidth_gbytes_per_s > 0.0) || !std::isfinite(p.memory.bandwidth_gbytes_per_s)) {
+    return Bad("memory.bandwidth_gbytes_per_s", "must be finite and > 0",
+               Cat(p.memory.bandwidth_gbytes_per_s));
+  }
+  if (!(p.memory.launch_overhead_us >= 0.0) || !std::isfinite(p.memory.launch_overhead_us)) {
+    return Bad("memory.launch_overhead_us", "must be finite and >= 0",
+               Cat(p.memory.launch_overhead_us));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<CostModel> CostModel::Create(ClusterProfile profile) {
+  if (absl::Status s = ValidateProfile(profile); !s.ok()) return s;
+  return CostModel(std::move(profile));
+}
+
+CostModel::CostModel(ClusterProfile profile) : profile_(std::move(profile)) {
+  for (const CollectiveFit& f : profile_.collectives) {
+    fits_.emplace(FitKey(f.collective, f.shape), f.cost);
+  }
+  const GemmEfficiencyGrid& g = profile_.gemm.grid;
+  const std::vector<int64_t>* axes[3] = {&g.m, &g.n, &g.k};
+  for (int a = 0; a < 3; ++a) {
+    for (int64_t v : *axes[a]) log_axes_[a].push_back(std::log2(static_cast<double>(v)));
+  }
+  flops_per_us_ = profile_.gemm.peak_tflops * 1e6;  // 1 TFLOP/s = 1e6 flop/us
+  mem_bytes_per_us_ = profile_.memory.bandwidth_gbytes_per_s * 1e3;  // 1 GB/s = 1e3 B/us
+}
+
+uint64_t CostModel::FitKey(Collective c, GroupShape shape) {
+  return (uint64_t{static_cast<uint8_t>(c)} << 56) | (uint64_t(uint32_t(shape.ranks)) << 24) |
+         uint64_t(uint32_t(shape.nodes));
+}
+
+bool CostModel::HasFit(Collective c, GroupShape shape) const {
+  return fits_.contains(FitKey(c, shape));
+}
+
+double CostModel::CollectiveUs(Collective c, GroupShape shape, double n) const {
+  if (shape.ranks <= 1) return 0.0;
+  if (!fits_.empty()) {
+    if (auto it = fits_.find(FitKey(c, shape)); it != fits_.end()) return it->second.At(n);
+  }
+  const AlphaBeta& l = LinkFor(shape);
+  const double s = shape.ranks;
+  switch (c) {
+    case Collective::kAllReduce:
+      return 2.0 * (s - 1.0) * (l.alpha_us + n / s * l.beta_us_per_byte);
+    case Collective::kAllGather:
+    case Collective::kReduceScatter:
+      return (s - 1.0) * (l.alpha_us + n * l.beta_us_per_byte);
+    case Collective::kAllToAll:
+      return (s - 1.0) * (l.alpha_us + n / s * l.beta_us_per_byte);
+    case Collective::kSendRecv:
+      return l.At(n);
+  }
+  return 0.0;
+}
+
+double CostModel::GemmEfficiency(int64_t m, int64_t n, int64_t k) const {
+  const GemmEfficiencyGrid& g = profile_.gemm.grid;
+  if (g.efficiency.empty()) return 1.0;
+  size_t i[3];
+  double t[3];
+  const double x[3] = {std::log2(static_cast<double>(std::max<int64_t>(m, 1))),
+                       std::log2(static_cast<double>(std::max<int64_t>(n, 1))),
+                       std::log2(static_cast<double>(std::max<int64_t>(k, 1)))};
+  for (int a = 0; a < 3; ++a) Bracket(log_axes_[a], x[a], &i[a], &t[a]);
+  const size_t nn = g.n.size(), nk = g.k.size();
+  double e = 0.0;
+  for (int dm = 0; dm < 2; ++dm) {
+    const double wm = dm ? t[0] : 1.0 - t[0];
+    if (wm == 0.0) continue;
+    for (int dn = 0; dn < 2; ++dn) {
+      const double wn = dn ? t[1] : 1.0 - t[1];
+      if (wn == 0.0) continue;
+      for (int dk = 0; dk < 2; ++dk) {
+        const double wk = dk ? t[2] : 1.0 - t[2];
+        if (wk == 0.0) continue;
+        e += wm * wn * wk * g.efficiency[((i[0] + dm) * nn + (i[1] + dn)) * nk + (i[2] + dk)];
+      }
+    }
+  }
+  return e;
+}
+
+double CostModel::GemmUs(int64_t m, int64_t n, int64_t k) const {
+  if (m <= 0 || n <= 0 || k <= 0) return 0.0;
+  const double flops = 2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
+  return profile_.gemm.launch_overhead_us + flops / (flops_per_us_ * GemmEfficiency(m, n, k));
+}
+
+double CostModel::MemoryBoundUs(double bytes) const {
+  if (bytes <= 0.0) return 0.0;
+  return profile_.memory.launch_overhead_us + bytes / mem_bytes_per_us_;
+}
+
+}  // namespace moeplan::planner

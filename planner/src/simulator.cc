@@ -1,0 +1,117 @@
+#include "moeplan/planner/simulator.h"
+
+#include <algorithm>
+
+#include "moeplan/planner/strings.h"
+
+namespace moeplan::planner {
+namespace {
+
+constexpr int kComputeIndex = 0;
+
+}  // namespace
+
+absl::Status Simulator::Run(const OpGraph& graph, SimResult* r) {
+  const auto& g = graph.graph();
+  const int n = graph.size();
+  r->times.assign(n, OpTime{});
+  r->critical_path.clear();
+  r->critical_term_us.fill(0.0);
+  r->makespan_us = r->forward_end_us = 0.0;
+  r->inter_node_bytes = 0;
+  for (auto& b : busy_) b.clear();
+
+  // Per resource: end of the last op issued on it, and that op.
+  double free_at[kNumResources] = {0.0, 0.0, 0.0};
+  OpId last_on[kNumResources] = {kNoOp, kNoOp, kNoOp};
+  OpId last_op = kNoOp;
+
+  for (int v = 0; v < n; ++v) {
+    const Op& op = g[v];
+    double start = 0.0;
+    OpId binding = kNoOp;
+    // Dependencies first, so that on ties the data dependency is reported as binding.
+    for (auto [e, e_end] = boost::in_edges(v, g); e != e_end; ++e) {
+      const int u = static_cast<int>(boost::source(*e, g));
+      if (u >= v) {
+        return absl::InternalError(Cat("op graph: op ", v, " (", op.Name(),
+                                                ") depends on op ", u,
+                                                " issued after it; builders must add "
+                                                "dependencies first"));
+      }
+      if (binding == kNoOp || r->times[u].end_us > start) {
+        start = r->times[u].end_us;
+        binding = u;
+      }
+    }
+    for (int res = 0; res < kNumResources; ++res) {
+      if ((op.resources & (1u << res)) && free_at[res] > start) {
+        start = free_at[res];
+        binding = last_on[res];
+      }
+    }
+    const double end = start + op.cost_us;
+    r->times[v] = OpTime{start, end, binding, false};
+    for (int res = 0; res < kNumResources; ++res) {
+      if (op.resources & (1u << res)) {
+        free_at[res] = end;
+        last_on[res] = v;
+        if (op.cost_us > 0.0) busy_[res].push_back({start, end});
+      }
+    }
+    if (op.phase == Phase::kForward) r->forward_end_us = std::max(r->forward_end_us, end);
+    r->inter_node_bytes += op.inter_node_bytes;
+    if (last_op == kNoOp || end > r->makespan_us) {
+      r->makespan_us = end;
+      last_op = v;
+    }
+  }
+
+  // Critical path: follow binding predecessors back from the op that ends last.
+  // Each op on it starts exactly when its binding predecessor ends, so the path is
+  // gapless and its durations sum to the makespan.
+  for (OpId v = last_op; v != kNoOp; v = r->times[v].binding) {
+    r->times[v].critical = true;
+    r->critical_path.push_back(v);
+    r->critical_term_us[static_cast<int>(g[v].term)] += g[v].cost_us;
+  }
+  std::reverse(r->critical_path.begin(), r->critical_path.end());
+
+  // Busy intervals on one resource are disjoint and sorted by start (issue order).
+  // Comm busy time is the union of intra and inter; hidden is its overlap with compute.
+  const auto& compute = busy_[kComputeIndex];
+  const auto& intra = busy_[1];
+  const auto& inter = busy_[2];
+  comm_union_.clear();
+  size_t a = 0, b = 0;
+  while (a < intra.size() || b < inter.size()) {
+    const Interval next =
+        (b == inter.size() || (a < intra.size() && intra[a].begin <= inter[b].begin)) ? intra[a++]
+                                                                                       : inter[b++];
+    if (!comm_union_.empty() && next.begin <= comm_union_.back().end) {
+      comm_union_.back().end = std::max(comm_union_.back().end, next.end);
+    } else {
+      comm_union_.push_back(next);
+    }
+  }
+  r->compute_busy_us = 0.0;
+  for (const Interval& c : compute) r->compute_busy_us += c.end - c.begin;
+  r->comm_busy_us = 0.0;
+  for (const Interval& c : comm_union_) r->comm_busy_us += c.end - c.begin;
+  double hidden = 0.0;
+  for (size_t i = 0, j = 0; i < comm_union_.size() && j < compute.size();) {
+    const double lo = std::max(comm_union_[i].begin, compute[j].begin);
+    const double hi = std::min(comm_union_[i].end, compute[j].end);
+    if (hi > lo) hidden += hi - lo;
+    if (comm_union_[i].end < compute[j].end) {
+      ++i;
+    } else {
+      ++j;
+    }
+  }
+  r->hidden_comm_us = hidden;
+  r->exposed_comm_us = r->comm_busy_us - hidden;
+  return absl::OkStatus();
+}
+
+}  // namespace moeplan::planner

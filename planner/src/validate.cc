@@ -1,0 +1,142 @@
+#include "moeplan/planner/validate.h"
+
+#include <cmath>
+
+#include "moeplan/planner/strings.h"
+
+namespace moeplan::planner {
+namespace {
+
+// Upper bounds that keep every derived product far inside int64 and doubles exact.
+constexpr int64_t kMaxDim = int64_t{1} << 24;          // per dimension
+constexpr int64_t kMaxTokens = int64_t{1} << 31;       // B * L
+constexpr int64_t kMaxBufferBytes = int64_t{1} << 50;  // X and D: 1 PiB
+constexpr double kMaxCapacityFactor = 1024.0;
+constexpr int kMaxDegree = 1 << 20;
+
+absl::Status Bad(std::string_view field, std::string_view rule, std::string_view got) {
+  return absl::InvalidArgumentError(Cat(field, ": ", rule, " (got ", got, ")"));
+}
+
+absl::Status CheckDim(std::string_view field, int64_t v) {
+  if (v <= 0) return Bad(field, "must be > 0", Cat(v));
+  if (v > kMaxDim) return Bad(field, Cat("must be <= ", kMaxDim), Cat(v));
+  return absl::OkStatus();
+}
+
+absl::Status CheckDegree(std::string_view field, int v) {
+  if (v < 1) return Bad(field, "must be >= 1", Cat(v));
+  if (v > kMaxDegree) return Bad(field, Cat("must be <= ", kMaxDegree), Cat(v));
+  return absl::OkStatus();
+}
+
+// Groups of `size` consecutive (or strided) ranks only have a uniform shape when
+// they tile nodes exactly.
+bool TilesNodes(int64_t size, int gpus_per_node) {
+  return gpus_per_node % size == 0 || size % gpus_per_node == 0;
+}
+
+}  // namespace
+
+absl::Status ValidateLayer(const LayerConfig& l, const ClusterShape& c) {
+  if (absl::Status s = CheckDim("batch_size", l.batch_size); !s.ok()) return s;
+  if (absl::Status s = CheckDim("seq_len", l.seq_len); !s.ok()) return s;
+  if (absl::Status s = CheckDim("model_dim", l.model_dim); !s.ok()) return s;
+  if (absl::Status s = CheckDim("hidden_dim", l.hidden_dim); !s.ok()) return s;
+  if (absl::Status s = CheckDim("num_experts", l.num_experts); !s.ok()) return s;
+  if (l.top_k < 1) return Bad("top_k", "must be >= 1", Cat(l.top_k));
+  if (l.top_k > l.num_experts) {
+    return Bad("top_k", "must be <= num_experts",
+               Cat("top_k=", l.top_k, ", num_experts=", l.num_experts));
+  }
+  if (!(l.capacity_factor > 0.0) || !std::isfinite(l.capacity_factor) ||
+      l.capacity_factor > kMaxCapacityFactor) {
+    return Bad("capacity_factor", Cat("must be > 0 and <= ", kMaxCapacityFactor),
+               Cat(l.capacity_factor));
+  }
+  if (l.bytes_per_element != 1 && l.bytes_per_element != 2 && l.bytes_per_element != 4) {
+    return Bad("bytes_per_element", "must be 1 (fp8), 2 (fp16/bf16) or 4 (fp32)",
+               Cat(l.bytes_per_element));
+  }
+  if (!(l.token_skew >= 1.0) || !std::isfinite(l.token_skew) || l.token_skew > 1024.0) {
+    return Bad("token_skew", "must be >= 1 (1 = balanced routing) and <= 1024",
+               Cat(l.token_skew));
+  }
+  const int64_t tokens = l.batch_size * l.seq_len;
+  if (tokens > kMaxTokens) {
+    return Bad("batch_size", Cat("batch_size*seq_len must be <= ", kMaxTokens),
+               Cat(tokens));
+  }
+  const DerivedShape d = Derive(l);
+  if (d.activation_bytes > kMaxBufferBytes || d.dispatch_bytes > kMaxBufferBytes) {
+    return Bad("batch_size",
+               "the activation S*M*b and dispatch buffer E*T*M*b must each be <= 1 PiB",
+               Cat("X=", d.activation_bytes, " B, D=", d.dispatch_bytes, " B"));
+  }
+
+  const ParallelLayout& p = l.parallel;
+  if (absl::Status s = CheckDegree("parallel.mp", p.mp); !s.ok()) return s;
+  if (absl::Status s = CheckDegree("parallel.ep", p.ep); !s.ok()) return s;
+  if (absl::Status s = CheckDegree("parallel.esp", p.esp); !s.ok()) return s;
+  if (absl::Status s = CheckDegree("parallel.dp", p.dp); !s.ok()) return s;
+  if (absl::Status s = CheckDegree("parallel.pp", p.pp); !s.ok()) return s;
+  const int64_t dense = int64_t{p.mp} * p.dp;
+  const int64_t expert = int64_t{p.ep} * p.esp;
+  if (dense != expert) {
+    return Bad("parallel",
+               "mp*dp must equal ep*esp (both are the ranks of one pipeline stage)",
+               Cat("mp*dp=", dense, ", ep*esp=", expert));
+  }
+  if (l.num_experts % p.ep != 0) {
+    return Bad("parallel.ep", "must divide num_experts",
+               Cat("ep=", p.ep, ", num_experts=", l.num_experts));
+  }
+  if (l.hidden_dim % p.esp != 0) {
+    return Bad("parallel.esp", "must divide hidden_dim (experts are split along H)",
+               Cat("esp=", p.esp, ", hidden_dim=", l.hidden_dim));
+  }
+  const int64_t total = dense * p.pp;
+  if (total > c.TotalGpus()) {
+    return Bad("parallel",
+               Cat("mp*dp*pp must be <= the cluster's GPUs (", c.nodes, " nodes x ",
+                            c.gpus_per_node, ")"),
+               Cat(total, " ranks"));
+  }
+  const int g = c.gpus_per_node;
+  if (!TilesNodes(p.mp, g)) {
+    return Bad("parallel.mp",
+               Cat("must divide gpus_per_node (", g, ") or be a multiple of it"),
+               Cat(p.mp));
+  }
+  if (!TilesNodes(p.esp, g)) {
+    return Bad("parallel.esp",
+               Cat("must divide gpus_per_node (", g, ") or be a multiple of it"),
+               Cat(p.esp));
+  }
+  if (!TilesNodes(dense, g)) {
+    return Bad("parallel",
+               Cat("mp*dp must divide gpus_per_node (", g, ") or be a multiple of it"),
+               Cat(dense));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateForSchedule(const LayerConfig& l, Schedule schedule) {
+  if (schedule == Schedule::kDefault) return absl::OkStatus();
+  const ParallelLayout& p = l.parallel;
+  if (p.mp != p.esp) {
+    return Bad("parallel.esp",
+               Cat("schedules s1 and s2 need esp == mp (the ESP group is the MP group); "
+                            "plan only the default schedule for this layout"),
+               Cat("mp=", p.mp, ", esp=", p.esp, ", schedule ", ScheduleName(schedule)));
+  }
+  if (schedule == Schedule::kS1 && (l.batch_size * l.seq_len) % p.mp != 0) {
+    return Bad("batch_size",
+               "s1 splits the batch_size*seq_len tokens over the mp ranks; it must be "
+               "divisible by parallel.mp",
+               Cat("batch_size*seq_len=", l.batch_size * l.seq_len, ", mp=", p.mp));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace moeplan::planner

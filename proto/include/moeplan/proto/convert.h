@@ -1,0 +1,43 @@
+// Conversion between moeplan.v1 messages and planner types: the boundary where
+// files and RPCs meet the pure planner. FromProto applies defaults for unset
+// optional fields and the planner's validation; ToProto fills responses.
+#pragma once
+
+#include "absl/status/statusor.h"
+#include "moeplan/planner/planner.h"
+#include "moeplan/planner/profile.h"
+#include "moeplan/planner/types.h"
+#include "moeplan/v1/layer.pb.h"
+#include "moeplan/v1/plan.pb.h"
+#include "moeplan/v1/profile.pb.h"
+
+namespace moeplan::proto {
+
+// Checks schema_version and converts; does not run planner validation (which
+// needs the cluster): LayerPlanner::Plan does.
+absl::StatusOr<planner::LayerConfig> LayerFromProto(const v1::LayerConfig& msg);
+v1::LayerConfig LayerToProto(const planner::LayerConfig& layer);
+
+// Converts and runs planner::ValidateProfile.
+absl::StatusOr<planner::ClusterProfile> ProfileFromProto(const v1::ClusterProfile& msg);
+
+v1::Schedule ScheduleToProto(planner::Schedule s);
+absl::StatusOr<planner::Schedule> ScheduleFromProto(v1::Schedule s);
+
+// Fills a response from a plan (ops only with include_timeline).
+void PlanToProto(const planner::LayerPlan& plan, const planner::ClusterProfile& profile,
+                 bool include_timeline, v1::PlanLayerResponse* out);
+
+// Answers a PlanLayerRequest with `planner` (built on the request's profile,
+// `profile`): converts and validates the layer and schedules, plans, and fills
+// `out`. The caller resolves the request's profile. Errors: InvalidArgument
+// naming the field (prefixed "layer." for layer fields).
+absl::Status AnswerPlanLayer(const v1::PlanLayerRequest& request, planner::LayerPlanner& planner,
+                             const planner::ClusterProfile& profile, v1::PlanLayerResponse* out);
+
+// Expands a grid into its configs (cartesian product in field order). Checks that
+// every list is non-empty and the product is at most `max_configs`.
+absl::StatusOr<std::vector<v1::LayerConfig>> ExpandGrid(const v1::LayerGrid& grid,
+                                                        size_t max_configs = 1'000'000);
+
+}  // namespace moeplan::proto

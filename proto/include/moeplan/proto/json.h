@@ -1,0 +1,39 @@
+// Strict JSON for moeplan.v1 messages through protobuf's JSON mapping: unknown
+// fields are rejected, errors say which field. Files are written atomically.
+#pragma once
+
+#include <string>
+#include <string_view>
+
+#include <google/protobuf/message.h>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace moeplan::proto {
+
+// Parses `json` into `msg` (cleared first). InvalidArgument on syntax errors,
+// unknown fields, wrong types and out-of-range numbers, e.g.
+// "parallel.bogus: Cannot find field.".
+absl::Status ParseJson(std::string_view json, google::protobuf::Message* msg);
+
+// Reads and parses a file; errors are prefixed with the path. NotFound when the
+// file does not exist.
+absl::Status ReadJsonFile(const std::string& path, google::protobuf::Message* msg);
+
+struct JsonStyle {
+  bool pretty = true;
+  bool always_print_primitive_fields = true;
+  bool preserve_proto_field_names = true;  // snake_case keys, as in the .proto files
+};
+absl::StatusOr<std::string> ToJson(const google::protobuf::Message& msg, JsonStyle style = {});
+
+// Reads a whole file. NotFound / PermissionDenied / Internal with the path.
+absl::StatusOr<std::string> ReadFile(const std::string& path);
+
+// Writes `contents` to `path` atomically: a temporary file in the same directory,
+// flushed and fsync'ed, then renamed over `path`. On error nothing is left behind
+// and an existing `path` is untouched.
+absl::Status WriteFileAtomic(const std::string& path, std::string_view contents);
+
+}  // namespace moeplan::proto

@@ -1,0 +1,312 @@
+#include "moeplan/proto/convert.h"
+
+#include "moeplan/planner/strings.h"
+
+namespace moeplan::proto {
+
+namespace p = ::moeplan::planner;
+
+absl::StatusOr<p::LayerConfig> LayerFromProto(const v1::LayerConfig& m) {
+  if (m.schema_version() > 1) {
+    return absl::InvalidArgumentError(
+        Cat("schema_version: must be 1 (got ", m.schema_version(), ")"));
+  }
+  p::LayerConfig l;
+  l.name = m.name();
+  l.batch_size = m.batch_size();
+  l.seq_len = m.seq_len();
+  l.model_dim = m.model_dim();
+  l.hidden_dim = m.hidden_dim();
+  l.num_experts = m.num_experts();
+  l.top_k = m.top_k();
+  l.capacity_factor = m.capacity_factor();
+  l.bytes_per_element = m.has_bytes_per_element() ? m.bytes_per_element() : 2;
+  l.token_skew = m.has_token_skew() ? m.token_skew() : 1.0;
+  const v1::ParallelLayout& par = m.parallel();
+  l.parallel.mp = par.mp();
+  l.parallel.ep = par.ep();
+  l.parallel.esp = par.esp();
+  l.parallel.pp = par.has_pp() ? par.pp() : 1;
+  if (par.has_dp()) {
+    l.parallel.dp = par.dp();
+  } else if (par.mp() >= 1 && par.ep() >= 1 && par.esp() >= 1) {
+    const int64_t expert = int64_t{par.ep()} * par.esp();
+    if (expert % par.mp() != 0) {
+      return absl::InvalidArgumentError(Cat(
+          "parallel.dp: unset, so it is derived as ep*esp/mp, which needs mp to divide ep*esp "
+          "(got mp=",
+          par.mp(), ", ep*esp=", expert, ")"));
+    }
+    l.parallel.dp = static_cast<int>(expert / par.mp());
+  }
+  return l;
+}
+
+v1::LayerConfig LayerToProto(const p::LayerConfig& l) {
+  v1::LayerConfig m;
+  m.set_schema_version(1);
+  m.set_name(l.name);
+  m.set_batch_size(static_cast<int32_t>(l.batch_size));
+  m.set_seq_len(static_cast<int32_t>(l.seq_len));
+  m.set_model_dim(static_cast<int32_t>(l.model_dim));
+  m.set_hidden_dim(static_cast<int32_t>(l.hidden_dim));
+  m.set_num_experts(static_cast<int32_t>(l.num_experts));
+  m.set_top_k(static_cast<int32_t>(l.top_k));
+  m.set_capacity_factor(l.capacity_factor);
+  m.set_bytes_per_element(l.bytes_per_element);
+  m.set_token_skew(l.token_skew);
+  v1::ParallelLayout* par = m.mutable_parallel();
+  par->set_mp(l.parallel.mp);
+  par->set_ep(l.parallel.ep);
+  par->set_esp(l.parallel.esp);
+  par->set_dp(l.parallel.dp);
+  par->set_pp(l.parallel.pp);
+  return m;
+}
+
+namespace {
+
+p::AlphaBeta AlphaBetaFromProto(const v1::AlphaBeta& m) {
+  return {m.alpha_us(), m.beta_us_per_byte()};
+}
+
+absl::StatusOr<p::Collective> CollectiveFromProto(v1::Collective c, std::string_view field) {
+  switch (c) {
+    case v1::COLLECTIVE_ALL_REDUCE:
+      return p::Collective::kAllReduce;
+    case v1::COLLECTIVE_ALL_GATHER:
+      return p::Collective::kAllGather;
+    case v1::COLLECTIVE_REDUCE_SCATTER:
+      return p::Collective::kReduceScatter;
+    case v1::COLLECTIVE_ALL_TO_ALL:
+      return p::Collective::kAllToAll;
+    case v1::COLLECTIVE_SEND_RECV:
+      return p::Collective::kSendRecv;
+    default:
+      return absl::InvalidArgumentError(
+          Cat(field, ": must be a COLLECTIVE_* value other than UNSPECIFIED (got ",
+                       static_cast<int>(c), ")"));
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<p::ClusterProfile> ProfileFromProto(const v1::ClusterProfile& m) {
+  if (m.schema_version() > 1) {
+    return absl::InvalidArgumentError(
+        Cat("schema_version: must be 1 (got ", m.schema_version(), ")"));
+  }
+  p::ClusterProfile pr;
+  pr.name = m.name();
+  pr.version = m.version();
+  switch (m.source()) {
+    case v1::PROFILE_SOURCE_MEASURED:
+      pr.source = p::ProfileSource::kMeasured;
+      break;
+    case v1::PROFILE_SOURCE_SPEC:
+      pr.source = p::ProfileSource::kSpec;
+      break;
+    default:
+      pr.source = p::ProfileSource::kUnspecified;
+  }
+  pr.shape.nodes = m.nodes();
+  pr.shape.gpus_per_node = m.gpus_per_node();
+  if (!m.has_links() || !m.links().has_intra() || !m.links().has_inter()) {
+    return absl::InvalidArgumentError(
+        "links: both links.intra and links.inter are required (alpha_us, beta_us_per_byte)");
+  }
+  pr.intra = AlphaBetaFromProto(m.links().intra());
+  pr.inter = AlphaBetaFromProto(m.links().inter());
+  for (int i = 0; i < m.collectives_size(); ++i) {
+    const v1::CollectiveFit& f = m.collectives(i);
+    absl::StatusOr<p::Collective> c =
+        CollectiveFromProto(f.collective(), Cat("collectives[", i, "].collective"));
+    if (!c.ok()) return c.status();
+    pr.collectives.push_back({*c, {f.shape().ranks(), f.shape().nodes()},
+                              AlphaBetaFromProto(f.cost())});
+  }
+  pr.gemm.peak_tflops = m.gemm().peak_tflops();
+  pr.gemm.launch_overhead_us = m.gemm().launch_overhead_us();
+  pr.gemm.grid.m.assign(m.gemm().m().begin(), m.gemm().m().end());
+  pr.gemm.grid.n.assign(m.gemm().n().begin(), m.gemm().n().end());
+  pr.gemm.grid.k.assign(m.gemm().k().begin(), m.gemm().k().end());
+  pr.gemm.grid.efficiency.assign(m.gemm().efficiency().begin(), m.gemm().efficiency().end());
+  pr.memory.bandwidth_gbytes_per_s = m.memory().bandwidth_gbytes_per_s();
+  pr.memory.launch_overhead_us = m.memory().launch_overhead_us();
+  if (absl::Status s = p::ValidateProfile(pr); !s.ok()) return s;
+  return pr;
+}
+
+v1::Schedule ScheduleToProto(p::Schedule s) {
+  switch (s) {
+    case p::Schedule::kDefault:
+      return v1::SCHEDULE_DEFAULT;
+    case p::Schedule::kS1:
+      return v1::SCHEDULE_S1;
+    case p::Schedule::kS2:
+      return v1::SCHEDULE_S2;
+  }
+  return v1::SCHEDULE_UNSPECIFIED;
+}
+
+absl::StatusOr<p::Schedule> ScheduleFromProto(v1::Schedule s) {
+  switch (s) {
+    case v1::SCHEDULE_DEFAULT:
+      return p::Schedule::kDefault;
+    case v1::SCHEDULE_S1:
+      return p::Schedule::kS1;
+    case v1::SCHEDULE_S2:
+      return p::Schedule::kS2;
+    default:
+      return absl::InvalidArgumentError(Cat(
+          "schedules: must be SCHEDULE_DEFAULT, SCHEDULE_S1 or SCHEDULE_S2 (got ",
+          static_cast<int>(s), ")"));
+  }
+}
+
+void PlanToProto(const p::LayerPlan& plan, const p::ClusterProfile& profile,
+                 bool include_timeline, v1::PlanLayerResponse* out) {
+  out->Clear();
+  out->set_profile_name(profile.name);
+  out->set_profile_version(profile.version);
+  v1::DerivedShape* d = out->mutable_derived();
+  d->set_tokens(plan.derived.tokens);
+  d->set_capacity(plan.derived.capacity);
+  d->set_activation_bytes(plan.derived.activation_bytes);
+  d->set_dispatch_bytes(plan.derived.dispatch_bytes);
+  for (const p::Candidate& c : plan.candidates) {
+    v1::CandidatePlan* cp = out->add_candidates();
+    cp->set_schedule(ScheduleToProto(c.schedule));
+    cp->set_forward_us(c.forward_us());
+    cp->set_backward_us(c.backward_us());
+    cp->set_total_us(c.total_us());
+    cp->set_comm_us(c.sim.comm_busy_us);
+    cp->set_hidden_comm_us(c.sim.hidden_comm_us);
+    cp->set_exposed_comm_us(c.sim.exposed_comm_us);
+    cp->set_compute_us(c.sim.compute_busy_us);
+    cp->set_inter_node_bytes(c.sim.inter_node_bytes);
+    for (int t = 0; t < p::kNumTerms; ++t) {
+      if (c.sim.critical_term_us[t] == 0.0) continue;
+      v1::TermTime* tt = cp->add_critical_terms();
+      tt->set_term(std::string(p::TermName(static_cast<p::Term>(t))));
+      tt->set_us(c.sim.critical_term_us[t]);
+    }
+    if (!include_timeline) continue;
+    for (int i = 0; i < c.graph().size(); ++i) {
+      const p::Op& op = c.graph().op(i);
+      const p::OpTime& time = c.sim.times[i];
+      v1::OpTiming* o = cp->add_ops();
+      o->set_name(op.Name());
+      o->set_resource(p::ResourceMaskName(op.resources));
+      o->set_start_us(time.start_us);
+      o->set_end_us(time.end_us);
+      o->set_phase(op.phase == p::Phase::kForward ? v1::PHASE_FORWARD : v1::PHASE_BACKWARD);
+      o->set_kind(op.kind == p::OpKind::kCompute ? "compute" : "comm");
+      o->set_term(std::string(p::TermName(op.term)));
+      o->set_bytes(op.bytes);
+      o->set_inter_node_bytes(op.inter_node_bytes);
+      o->set_critical(time.critical);
+    }
+  }
+  out->set_best_schedule(ScheduleToProto(plan.decision.best));
+  v1::Decision* dec = out->mutable_decision();
+  dec->set_best(ScheduleToProto(plan.decision.best));
+  if (plan.decision.has_runner_up) dec->set_runner_up(ScheduleToProto(plan.decision.runner_up));
+  dec->set_margin_us(plan.decision.margin_us);
+  dec->set_margin_pct(plan.decision.margin_pct);
+  dec->set_speedup_over_default(plan.decision.speedup_over_default);
+  for (const p::TermDelta& td : plan.decision.deciding_terms) {
+    v1::TermDelta* t = dec->add_deciding_terms();
+    t->set_term(std::string(p::TermName(td.term)));
+    t->set_delta_us(td.delta_us);
+  }
+  dec->set_summary(plan.decision.summary);
+}
+
+absl::Status AnswerPlanLayer(const v1::PlanLayerRequest& request, p::LayerPlanner& planner,
+                             const p::ClusterProfile& profile, v1::PlanLayerResponse* out) {
+  if (!request.has_layer()) return absl::InvalidArgumentError("layer: required");
+  absl::StatusOr<p::LayerConfig> layer = LayerFromProto(request.layer());
+  if (!layer.ok()) return absl::InvalidArgumentError(Cat("layer.", View(layer.status().message())));
+  std::vector<p::Schedule> schedules;
+  schedules.reserve(request.schedules_size());
+  for (int i = 0; i < request.schedules_size(); ++i) {
+    absl::StatusOr<p::Schedule> s = ScheduleFromProto(request.schedules(i));
+    if (!s.ok()) {
+      return absl::InvalidArgumentError(
+          Cat("schedules[", i, "]: must be SCHEDULE_DEFAULT, SCHEDULE_S1 or SCHEDULE_S2 (got ",
+              static_cast<int>(request.schedules(i)), ")"));
+    }
+    schedules.push_back(*s);
+  }
+  p::LayerPlan plan;
+  if (absl::Status s = planner.Plan(*layer, schedules, &plan); !s.ok()) {
+    if (s.code() != absl::StatusCode::kInvalidArgument) return s;
+    const std::string_view msg = View(s.message());
+    // Layer fields get the request's path; "schedules: ..." already is one.
+    if (msg.rfind("schedules", 0) == 0) return s;
+    return absl::InvalidArgumentError(Cat("layer.", msg));
+  }
+  PlanToProto(plan, profile, request.include_timeline(), out);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<v1::LayerConfig>> ExpandGrid(const v1::LayerGrid& g,
+                                                        size_t max_configs) {
+  if (g.schema_version() > 1) {
+    return absl::InvalidArgumentError(
+        Cat("schema_version: must be 1 (got ", g.schema_version(), ")"));
+  }
+  struct Axis {
+    const char* field;
+    int size;
+  };
+  const int bpe = g.bytes_per_element_size() ? g.bytes_per_element_size() : 1;
+  const int skew = g.token_skew_size() ? g.token_skew_size() : 1;
+  const Axis axes[] = {{"batch_size", g.batch_size_size()},   {"seq_len", g.seq_len_size()},
+                       {"model_dim", g.model_dim_size()},     {"hidden_dim", g.hidden_dim_size()},
+                       {"num_experts", g.num_experts_size()}, {"top_k", g.top_k_size()},
+                       {"capacity_factor", g.capacity_factor_size()},
+                       {"bytes_per_element", bpe},             {"token_skew", skew},
+                       {"parallel", g.parallel_size()}};
+  size_t total = 1;
+  for (const Axis& a : axes) {
+    if (a.size == 0) {
+      return absl::InvalidArgumentError(
+          Cat(a.field, ": a grid needs at least one value (got an empty list)"));
+    }
+    total *= static_cast<size_t>(a.size);
+    if (total > max_configs) {
+      return absl::InvalidArgumentError(Cat(
+          a.field, ": the grid's product of list lengths exceeds the limit of ", max_configs,
+          " configs"));
+    }
+  }
+  std::vector<v1::LayerConfig> out;
+  out.reserve(total);
+  int idx[10] = {};
+  for (size_t n = 0; n < total; ++n) {
+    v1::LayerConfig c;
+    c.set_schema_version(1);
+    c.set_name(Cat(g.name().empty() ? "grid" : g.name(), "#", n));
+    c.set_batch_size(g.batch_size(idx[0]));
+    c.set_seq_len(g.seq_len(idx[1]));
+    c.set_model_dim(g.model_dim(idx[2]));
+    c.set_hidden_dim(g.hidden_dim(idx[3]));
+    c.set_num_experts(g.num_experts(idx[4]));
+    c.set_top_k(g.top_k(idx[5]));
+    c.set_capacity_factor(g.capacity_factor(idx[6]));
+    if (g.bytes_per_element_size()) c.set_bytes_per_element(g.bytes_per_element(idx[7]));
+    if (g.token_skew_size()) c.set_token_skew(g.token_skew(idx[8]));
+    *c.mutable_parallel() = g.parallel(idx[9]);
+    out.push_back(std::move(c));
+    // Odometer increment, last axis fastest.
+    for (int a = 9; a >= 0; --a) {
+      if (++idx[a] < axes[a].size) break;
+      idx[a] = 0;
+    }
+  }
+  return out;
+}
+
+}  // namespace moeplan::proto

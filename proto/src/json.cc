@@ -1,0 +1,167 @@
+#include "moeplan/proto/json.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+#include <vector>
+
+#include <google/protobuf/util/json_util.h>
+
+#include "moeplan/planner/strings.h"
+
+namespace moeplan::proto {
+
+namespace {
+
+// Protobuf 3.21 reports "(parent.path) field: what", "(path): what" or
+// "field: what"; say it as "path.field: what" like the planner's validation, with
+// "unknown field" for the common case, and keep syntax errors on one line.
+std::string NormalizeJsonError(std::string_view raw, std::string_view type_name) {
+  std::string msg;
+  for (char c : raw) {
+    if (c == '\n' || c == '\r' || c == '\t') c = ' ';
+    if (c == ' ' && !msg.empty() && msg.back() == ' ') continue;
+    msg += c;
+  }
+  while (!msg.empty() && (msg.back() == ' ' || msg.back() == '^')) msg.pop_back();
+  std::string path, rest = msg;
+  if (!msg.empty() && msg.front() == '(') {
+    const size_t close = msg.find(')');
+    if (close != std::string::npos) {
+      path = msg.substr(1, close - 1);
+      rest = msg.substr(close + 1);
+      if (!rest.empty() && rest.front() == ':') {
+        rest = rest.substr(1);
+      } else if (!rest.empty() && rest.front() == ' ') {
+        rest = rest.substr(1);
+        const size_t colon = rest.find(": ");
+        if (colon != std::string::npos) {
+          path = Cat(path, ".", rest.substr(0, colon));
+          rest = rest.substr(colon + 1);
+        }
+      }
+      while (!rest.empty() && rest.front() == ' ') rest.erase(0, 1);
+    }
+  }
+  const std::string_view kUnknown = "Cannot find field.";
+  if (path.empty() && rest.size() > kUnknown.size() &&
+      rest.compare(rest.size() - kUnknown.size(), kUnknown.size(), kUnknown) == 0) {
+    // "name: Cannot find field." at the top level.
+    const size_t colon = rest.find(": ");
+    if (colon != std::string::npos) {
+      path = rest.substr(0, colon);
+      rest = std::string(kUnknown);
+    }
+  }
+  if (rest == kUnknown) return Cat(path, ": unknown field (not in ", type_name, ")");
+  if (!path.empty()) return Cat(path, ": ", rest);
+  return Cat("invalid JSON: ", rest);
+}
+
+}  // namespace
+
+absl::Status ParseJson(std::string_view json, google::protobuf::Message* msg) {
+  msg->Clear();
+  google::protobuf::util::JsonParseOptions options;
+  options.ignore_unknown_fields = false;
+  const auto status = google::protobuf::util::JsonStringToMessage(
+      google::protobuf::StringPiece(json.data(), json.size()), msg, options);
+  if (!status.ok()) {
+    msg->Clear();
+    return absl::InvalidArgumentError(NormalizeJsonError(
+        std::string_view(status.message().data(), status.message().size()),
+        msg->GetDescriptor()->full_name()));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    const int err = errno;
+    const std::string why = Cat(path, ": cannot open: ", std::strerror(err));
+    if (err == ENOENT) return absl::NotFoundError(why);
+    if (err == EACCES) return absl::PermissionDeniedError(why);
+    return absl::InternalError(why);
+  }
+  std::ostringstream buf;
+  buf << in.rdbuf();
+  if (in.bad()) return absl::InternalError(Cat(path, ": read failed"));
+  return buf.str();
+}
+
+absl::Status ReadJsonFile(const std::string& path, google::protobuf::Message* msg) {
+  absl::StatusOr<std::string> text = ReadFile(path);
+  if (!text.ok()) return text.status();
+  if (absl::Status s = ParseJson(*text, msg); !s.ok()) {
+    return absl::InvalidArgumentError(Cat(path, ": ", s.message()));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> ToJson(const google::protobuf::Message& msg, JsonStyle style) {
+  google::protobuf::util::JsonPrintOptions options;
+  options.add_whitespace = style.pretty;
+  options.always_print_primitive_fields = style.always_print_primitive_fields;
+  options.preserve_proto_field_names = style.preserve_proto_field_names;
+  std::string out;
+  const auto status = google::protobuf::util::MessageToJsonString(msg, &out, options);
+  if (!status.ok()) return absl::InternalError(std::string(status.message()));
+  return out;
+}
+
+absl::Status WriteFileAtomic(const std::string& path, std::string_view contents) {
+  std::string tmpl = path + ".tmp.XXXXXX";
+  std::vector<char> name(tmpl.begin(), tmpl.end());
+  name.push_back('\0');
+  const int fd = mkstemp(name.data());
+  if (fd < 0) {
+    return absl::PermissionDeniedError(
+        Cat(path, ": cannot create a file next to it: ", std::strerror(errno)));
+  }
+  auto fail = [&](std::string_view what) {
+    const std::string why = Cat(path, ": ", what, ": ", std::strerror(errno));
+    ::close(fd);
+    ::unlink(name.data());
+    return absl::InternalError(why);
+  };
+  size_t done = 0;
+  while (done < contents.size()) {
+    const ssize_t n = ::write(fd, contents.data() + done, contents.size() - done);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return fail("write failed");
+    }
+    done += static_cast<size_t>(n);
+  }
+  // mkstemp creates 0600; output files are ordinary user files.
+  const mode_t mask = ::umask(0);
+  ::umask(mask);
+  if (::fchmod(fd, 0666 & ~mask) != 0) return fail("chmod failed");
+  if (::fsync(fd) != 0) return fail("fsync failed");
+  if (::close(fd) != 0) {
+    const std::string why = Cat(path, ": close failed: ", std::strerror(errno));
+    ::unlink(name.data());
+    return absl::InternalError(why);
+  }
+  if (::rename(name.data(), path.c_str()) != 0) {
+    const std::string why = Cat(path, ": rename failed: ", std::strerror(errno));
+    ::unlink(name.data());
+    return absl::InternalError(why);
+  }
+  // Make the rename itself durable.
+  const size_t slash = path.find_last_of('/');
+  const std::string dir = slash == std::string::npos ? "." : path.substr(0, slash + 1);
+  if (const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY); dfd >= 0) {
+    ::fsync(dfd);
+    ::close(dfd);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace moeplan::proto

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Installs the Debian packages moeplan builds with (idempotent: apt runs only when
+# something is missing) and builds it with ccache into build/ (or $BUILD_DIR).
+#   bash scripts/setup.sh [extra cmake args...]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PACKAGES=(
+  build-essential cmake ninja-build pkgconf ccache
+  libboost-dev libeigen3-dev libabsl-dev
+  libprotobuf-dev protobuf-compiler libgrpc++-dev protobuf-compiler-grpc
+  libgtest-dev libgmock-dev libbenchmark-dev
+  libfmt-dev libspdlog-dev libcli11-dev
+  libopenmpi-dev openmpi-bin
+  python3 python3-grpcio python3-protobuf
+)
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "setup: installing ${missing[*]}" >&2
+  SUDO=""
+  if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+BUILD_DIR="${BUILD_DIR:-build}"
+export CCACHE_DIR="${CCACHE_DIR:-$HOME/.cache/ccache}"
+JOBS="${JOBS:-$(nproc)}"
+cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo "$@" >/dev/null
+cmake --build "$BUILD_DIR" -j "$JOBS"

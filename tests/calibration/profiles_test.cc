@@ -1,0 +1,88 @@
+#include "moeplan/calibration/profiles.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <filesystem>
+
+#include "moeplan/proto/json.h"
+
+namespace moeplan::calibration {
+namespace {
+
+std::string Msg(const absl::Status& s) { return std::string(s.message()); }
+
+TEST(BuiltinProfiles, TheThreeSpecProfilesAndTheDefault) {
+  const std::vector<std::string> names = BuiltinProfileNames();
+  EXPECT_EQ(names, (std::vector<std::string>{"a100-8x8", "h200-8x8", "rtx2080ti-8x4"}));
+  EXPECT_TRUE(BuiltinProfile(kDefaultProfileName).ok());
+}
+
+TEST(BuiltinProfiles, EachIsAValidCitedSpecProfile) {
+  for (const std::string& name : BuiltinProfileNames()) {
+    SCOPED_TRACE(name);
+    absl::StatusOr<LoadedProfile> p = LoadProfile(name);
+    ASSERT_TRUE(p.ok()) << p.status();
+    EXPECT_EQ(p->message.name(), name);
+    EXPECT_EQ(p->message.source(), v1::PROFILE_SOURCE_SPEC);
+    EXPECT_GE(p->message.citations_size(), 2);
+    EXPECT_FALSE(p->message.comment().empty());
+    EXPECT_GE(p->message.version(), 1u);
+    // The inter link is slower than the intra link on every one of these clusters.
+    EXPECT_GT(p->profile.inter.beta_us_per_byte, p->profile.intra.beta_us_per_byte);
+  }
+}
+
+TEST(BuiltinProfiles, NumbersFollowTheCitedSpecs) {
+  // a100-8x8: 4 x 100 Gb/s NICs shared by 8 GPUs = 6.25 GB/s per GPU; NVLink 3 at
+  // 300 GB/s per direction; 312 TFLOPS bf16 dense.
+  LoadedProfile a = *LoadProfile("a100-8x8");
+  EXPECT_EQ(a.profile.shape.nodes, 8);
+  EXPECT_EQ(a.profile.shape.gpus_per_node, 8);
+  EXPECT_DOUBLE_EQ(a.profile.inter.beta_us_per_byte, 1.0 / 6.25e3);
+  EXPECT_DOUBLE_EQ(a.profile.intra.beta_us_per_byte, 1.0 / 300e3);
+  EXPECT_DOUBLE_EQ(a.profile.gemm.peak_tflops, 312.0);
+  // rtx2080ti-8x4: PCIe 3.0 x16 15.75 GB/s, one 100 Gb/s NIC per 4 GPUs.
+  LoadedProfile r = *LoadProfile("rtx2080ti-8x4");
+  EXPECT_EQ(r.profile.shape.gpus_per_node, 4);
+  EXPECT_DOUBLE_EQ(r.profile.intra.beta_us_per_byte, 1.0 / 15.75e3);
+  EXPECT_DOUBLE_EQ(r.profile.inter.beta_us_per_byte, 1.0 / 3.125e3);
+  // h200-8x8: one 400 Gb/s NIC per GPU = 50 GB/s; NVLink 4 at 450 GB/s per direction.
+  LoadedProfile h = *LoadProfile("h200-8x8");
+  EXPECT_DOUBLE_EQ(h.profile.inter.beta_us_per_byte, 1.0 / 50e3);
+  EXPECT_DOUBLE_EQ(h.profile.intra.beta_us_per_byte, 1.0 / 450e3);
+  EXPECT_DOUBLE_EQ(h.profile.gemm.peak_tflops, 989.0);
+}
+
+TEST(ResolveProfile, UnknownNameListsTheBuiltins) {
+  absl::StatusOr<v1::ClusterProfile> p = ResolveProfile("dgx-9000");
+  EXPECT_EQ(p.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(Msg(p.status()),
+            "cluster: 'dgx-9000' is neither a built-in profile (a100-8x8, h200-8x8, "
+            "rtx2080ti-8x4) nor an existing file");
+}
+
+TEST(ResolveProfile, ReadsAndValidatesFiles) {
+  char tmpl[] = "/tmp/moeplan_profile_test.XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const std::string dir = tmpl;
+  v1::ClusterProfile p = *BuiltinProfile("h200-8x8");
+  p.set_name("my-cluster");
+  p.set_nodes(2);
+  const std::string good = dir + "/good.json";
+  ASSERT_TRUE(proto::WriteFileAtomic(good, *proto::ToJson(p)).ok());
+  absl::StatusOr<LoadedProfile> loaded = LoadProfile(good);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(loaded->profile.name, "my-cluster");
+  EXPECT_EQ(loaded->profile.shape.nodes, 2);
+
+  p.mutable_gemm()->set_peak_tflops(0);
+  const std::string bad = dir + "/bad.json";
+  ASSERT_TRUE(proto::WriteFileAtomic(bad, *proto::ToJson(p)).ok());
+  EXPECT_EQ(Msg(LoadProfile(bad).status()),
+            bad + ": gemm.peak_tflops: must be finite and > 0 (got 0)");
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace moeplan::calibration

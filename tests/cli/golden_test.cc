@@ -1,0 +1,73 @@
+// Golden dumps: `moeplan plan-layer --format json` for each example layer on two
+// built-in profiles must match tests/golden/ (regenerate with
+// scripts/regen-golden.sh and review the diff). Doubles compare to 1e-9 relative.
+#include <gtest/gtest.h>
+
+#include <google/protobuf/util/field_comparator.h>
+#include <google/protobuf/util/message_differencer.h>
+
+#include <filesystem>
+
+#include "moeplan/proto/json.h"
+#include "moeplan/v1/plan.pb.h"
+#include "run_cli.h"
+
+namespace moeplan::testing {
+namespace {
+
+std::vector<std::string> GoldenFiles() {
+  std::vector<std::string> out;
+  for (const auto& e : std::filesystem::directory_iterator(MOEPLAN_SOURCE_DIR "/tests/golden")) {
+    if (e.path().extension() == ".json") out.push_back(e.path().filename().string());
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+TEST(Golden, EveryExampleLayerHasGoldens) {
+  const std::vector<std::string> files = GoldenFiles();
+  for (const char* want : {"gpt2-moe-layer.a100-8x8.json", "gpt2-moe-layer.h200-8x8.json",
+                           "bert-moe-layer.a100-8x8.json", "bert-moe-layer.h200-8x8.json"}) {
+    EXPECT_NE(std::find(files.begin(), files.end(), want), files.end()) << want;
+  }
+}
+
+class GoldenTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(GoldenTest, PlanLayerJsonMatches) {
+  const std::string file = GetParam();
+  // <layer>.<cluster>.json
+  const std::string stem = file.substr(0, file.size() - 5);
+  const std::string layer = stem.substr(0, stem.find('.'));
+  const std::string cluster = stem.substr(stem.find('.') + 1);
+  CliResult r = RunCli("plan-layer --format json --layer examples/" + layer + ".json --cluster " +
+                       cluster);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  v1::PlanLayerResponse got, want;
+  ASSERT_TRUE(proto::ParseJson(r.out, &got).ok());
+  ASSERT_TRUE(proto::ParseJson(Slurp(MOEPLAN_SOURCE_DIR "/tests/golden/" + file), &want).ok());
+
+  google::protobuf::util::DefaultFieldComparator cmp;
+  cmp.set_float_comparison(google::protobuf::util::DefaultFieldComparator::APPROXIMATE);
+  cmp.SetDefaultFractionAndMargin(1e-9, 1e-9);
+  google::protobuf::util::MessageDifferencer diff;
+  diff.set_field_comparator(&cmp);
+  std::string report;
+  diff.ReportDifferencesToString(&report);
+  EXPECT_TRUE(diff.Compare(want, got))
+      << "plan differs from tests/golden/" << file
+      << " (if intended, run scripts/regen-golden.sh and review the diff):\n"
+      << report.substr(0, 4000);
+}
+
+INSTANTIATE_TEST_SUITE_P(Examples, GoldenTest, ::testing::ValuesIn(GoldenFiles()),
+                         [](const auto& info) {
+                           std::string n = info.param;
+                           for (char& c : n) {
+                             if (!isalnum(static_cast<unsigned char>(c))) c = '_';
+                           }
+                           return n;
+                         });
+
+}  // namespace
+}  // namespace moeplan::testing

@@ -1,0 +1,424 @@
+// Closed-form checks of the cost model (DESIGN §3): link-level fallback formulas
+// for every collective on intra, inter and hierarchical shapes, fitted overrides,
+// GEMM efficiency interpolation, memory-bound kernels and profile validation.
+#include "moeplan/planner/cost_model.h"
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "moeplan/planner/profile.h"
+#include "moeplan/planner/strings.h"
+
+namespace moeplan::planner {
+namespace {
+
+// Relative tolerance of 1e-9 (absolute near zero).
+#define EXPECT_REL(actual, expected) \
+  EXPECT_NEAR((actual), (expected), 1e-9 * std::max(1.0, std::abs(double(expected))))
+
+// Round numbers: intra alpha 2 us, beta 0.001 us/B; inter alpha 10 us, beta 0.01 us/B;
+// GEMM peak 100 TFLOP/s = 1e8 flop/us, overhead 5 us; memory 1000 GB/s = 1e6 B/us,
+// overhead 3 us.
+ClusterProfile MakeProfile() {
+  ClusterProfile p;
+  p.name = "test-4x8";
+  p.version = 1;
+  p.source = ProfileSource::kSpec;
+  p.shape = {4, 8};
+  p.intra = {2.0, 0.001};
+  p.inter = {10.0, 0.01};
+  p.gemm.peak_tflops = 100.0;
+  p.gemm.launch_overhead_us = 5.0;
+  p.memory.bandwidth_gbytes_per_s = 1000.0;
+  p.memory.launch_overhead_us = 3.0;
+  return p;
+}
+
+CostModel MakeModel(ClusterProfile p = MakeProfile()) {
+  absl::StatusOr<CostModel> m = CostModel::Create(std::move(p));
+  EXPECT_TRUE(m.ok()) << m.status();
+  return *std::move(m);
+}
+
+constexpr Collective kAllCollectives[] = {Collective::kAllReduce, Collective::kAllGather,
+                                          Collective::kReduceScatter, Collective::kAllToAll,
+                                          Collective::kSendRecv};
+
+TEST(CostModelTest, CollectiveNames) {
+  EXPECT_EQ(CollectiveName(Collective::kAllReduce), "allreduce");
+  EXPECT_EQ(CollectiveName(Collective::kAllGather), "allgather");
+  EXPECT_EQ(CollectiveName(Collective::kReduceScatter), "reducescatter");
+  EXPECT_EQ(CollectiveName(Collective::kAllToAll), "alltoall");
+  EXPECT_EQ(CollectiveName(Collective::kSendRecv), "sendrecv");
+}
+
+TEST(CostModelTest, FallbackIntraShape) {
+  const CostModel m = MakeModel();
+  const GroupShape s{4, 1};  // intra: alpha 2, beta 0.001
+  const double n = 4000;
+  EXPECT_FALSE(s.SpansNodes());
+  EXPECT_EQ(&m.LinkFor(s), &m.profile().intra);
+  // AllReduce 2(s-1)(a + n/s b) = 2*3*(2 + 1000*0.001) = 6*3 = 18.
+  EXPECT_REL(m.CollectiveUs(Collective::kAllReduce, s, n), 18.0);
+  // AllGather (s-1)(a + n b) = 3*(2 + 4) = 18.
+  EXPECT_REL(m.CollectiveUs(Collective::kAllGather, s, n), 18.0);
+  // ReduceScatter: same formula = 18.
+  EXPECT_REL(m.CollectiveUs(Collective::kReduceScatter, s, n), 18.0);
+  // AllToAll (s-1)(a + n/s b) = 3*(2 + 1) = 9.
+  EXPECT_REL(m.CollectiveUs(Collective::kAllToAll, s, n), 9.0);
+  // SendRecv on an intra pair: a + n b = 2 + 4 = 6.
+  EXPECT_REL(m.CollectiveUs(Collective::kSendRecv, GroupShape{2, 1}, n), 6.0);
+  // A larger intra group: AllGather over 8 ranks of 500 B = 7*(2 + 0.5) = 17.5.
+  EXPECT_REL(m.CollectiveUs(Collective::kAllGather, GroupShape{8, 1}, 500), 17.5);
+}
+
+TEST(CostModelTest, FallbackInterShape) {
+  const CostModel m = MakeModel();
+  const GroupShape s{4, 4};  // one rank per node: inter, alpha 10, beta 0.01
+  const double n = 4000;
+  EXPECT_TRUE(s.SpansNodes());
+  EXPECT_EQ(&m.LinkFor(s), &m.profile().inter);
+  // AllReduce 2*3*(10 + 1000*0.01) = 6*20 = 120.
+  EXPECT_REL(m.CollectiveUs(Collective::kAllReduce, s, n), 120.0);
+  // AllGather 3*(10 + 40) = 150.
+  EXPECT_REL(m.CollectiveUs(Collective::kAllGather, s, n), 150.0);
+  EXPECT_REL(m.CollectiveUs(Collective::kReduceScatter, s, n), 150.0);
+  // AllToAll 3*(10 + 10) = 60.
+  EXPECT_REL(m.CollectiveUs(Collective::kAllToAll, s, n), 60.0);
+  // SendRecv across nodes: 10 + 40 = 50.
+  EXPECT_REL(m.CollectiveUs(Collective::kSendRecv, GroupShape{2, 2}, n), 50.0);
+}
+
+TEST(CostModelTest, FallbackHierarchicalShapeUsesInterLink) {
+  const CostModel m = MakeModel();
+  const GroupShape s{16, 2};  // 8 ranks on each of 2 nodes: slowest link = inter
+  const double n = 1600;
+  EXPECT_TRUE(s.SpansNodes());
+  EXPECT_EQ(s.RanksPerNode(), 8);
+  EXPECT_EQ(&m.LinkFor(s), &m.profile().inter);
+  // AllReduce 2*15*(10 + 100*0.01) = 30*11 = 330.
+  EXPECT_REL(m.CollectiveUs(Collective::kAllReduce, s, n), 330.0);
+  // AllGather 15*(10 + 16) = 390.
+  EXPECT_REL(m.CollectiveUs(Collective::kAllGather, s, n), 390.0);
+  EXPECT_REL(m.CollectiveUs(Collective::kReduceScatter, s, n), 390.0);
+  // AllToAll 15*(10 + 1) = 165.
+  EXPECT_REL(m.CollectiveUs(Collective::kAllToAll, s, n), 165.0);
+  // SendRecv: a + n b with the inter link = 10 + 16 = 26.
+  EXPECT_REL(m.CollectiveUs(Collective::kSendRecv, s, n), 26.0);
+  // Another hierarchical shape, 4 ranks on 2 nodes: AllToAll 3*(10 + 400*0.01) = 42.
+  EXPECT_REL(m.CollectiveUs(Collective::kAllToAll, GroupShape{4, 2}, n), 42.0);
+}
+
+TEST(CostModelTest, GroupsOfOneRankCostNothing) {
+  const CostModel m = MakeModel();
+  for (Collective c : kAllCollectives) {
+    SCOPED_TRACE(std::string(CollectiveName(c)));
+    EXPECT_EQ(m.CollectiveUs(c, GroupShape{1, 1}, 1e9), 0.0);
+    EXPECT_EQ(m.CollectiveUs(c, GroupShape{1, 1}, 0.0), 0.0);
+  }
+}
+
+TEST(CostModelTest, ZeroBytesCostsOnlyStartUp) {
+  const CostModel m = MakeModel();
+  // AllReduce of 0 bytes on {4,4}: 2*3*10 = 60; AllToAll: 3*10 = 30; SendRecv: 10.
+  EXPECT_REL(m.CollectiveUs(Collective::kAllReduce, GroupShape{4, 4}, 0), 60.0);
+  EXPECT_REL(m.CollectiveUs(Collective::kAllToAll, GroupShape{4, 4}, 0), 30.0);
+  EXPECT_REL(m.CollectiveUs(Collective::kSendRecv, GroupShape{2, 2}, 0), 10.0);
+}
+
+TEST(CostModelTest, FitOverridesExactlyItsShapeAndCollective) {
+  ClusterProfile p = MakeProfile();
+  p.collectives.push_back({Collective::kAllToAll, GroupShape{4, 4}, AlphaBeta{1.0, 0.5}});
+  p.collectives.push_back({Collective::kAllReduce, GroupShape{8, 1}, AlphaBeta{7.0, 0.25}});
+  const CostModel m = MakeModel(p);
+
+  // The fitted pairs: t = alpha + beta n.
+  EXPECT_TRUE(m.HasFit(Collective::kAllToAll, GroupShape{4, 4}));
+  EXPECT_REL(m.CollectiveUs(Collective::kAllToAll, GroupShape{4, 4}, 4000), 1.0 + 0.5 * 4000);
+  EXPECT_TRUE(m.HasFit(Collective::kAllReduce, GroupShape{8, 1}));
+  EXPECT_REL(m.CollectiveUs(Collective::kAllReduce, GroupShape{8, 1}, 800), 7.0 + 0.25 * 800);
+
+  // Same shape, other collective: fallback. AllGather {4,4}, 4000 B = 150 (see above).
+  EXPECT_FALSE(m.HasFit(Collective::kAllGather, GroupShape{4, 4}));
+  EXPECT_REL(m.CollectiveUs(Collective::kAllGather, GroupShape{4, 4}, 4000), 150.0);
+  // AllReduce {4,4}: 120 (fallback).
+  EXPECT_FALSE(m.HasFit(Collective::kAllReduce, GroupShape{4, 4}));
+  EXPECT_REL(m.CollectiveUs(Collective::kAllReduce, GroupShape{4, 4}, 4000), 120.0);
+  // Same collective, other shapes: fallback.
+  // AllToAll {4,1}, 4000 B = 9 (intra); {8,8}: 7*(10 + 500*0.01) = 105; {4,2}: 3*(10+10) = 60.
+  EXPECT_FALSE(m.HasFit(Collective::kAllToAll, GroupShape{4, 1}));
+  EXPECT_REL(m.CollectiveUs(Collective::kAllToAll, GroupShape{4, 1}, 4000), 9.0);
+  EXPECT_FALSE(m.HasFit(Collective::kAllToAll, GroupShape{8, 8}));
+  EXPECT_REL(m.CollectiveUs(Collective::kAllToAll, GroupShape{8, 8}, 4000), 105.0);
+  EXPECT_FALSE(m.HasFit(Collective::kAllToAll, GroupShape{4, 2}));
+  EXPECT_REL(m.CollectiveUs(Collective::kAllToAll, GroupShape{4, 2}, 4000), 60.0);
+  // AllReduce {8,2} (same ranks, other nodes): 2*7*(10 + 100*0.01) = 154.
+  EXPECT_FALSE(m.HasFit(Collective::kAllReduce, GroupShape{8, 2}));
+  EXPECT_REL(m.CollectiveUs(Collective::kAllReduce, GroupShape{8, 2}, 800), 154.0);
+  // A fitted shape of one rank is impossible, and groups of one still cost 0.
+  EXPECT_EQ(m.CollectiveUs(Collective::kAllToAll, GroupShape{1, 1}, 4000), 0.0);
+}
+
+TEST(CostModelTest, NoFitsMeansHasFitIsFalseEverywhere) {
+  const CostModel m = MakeModel();
+  for (Collective c : kAllCollectives) {
+    EXPECT_FALSE(m.HasFit(c, GroupShape{2, 1}));
+    EXPECT_FALSE(m.HasFit(c, GroupShape{4, 4}));
+  }
+}
+
+TEST(CostModelTest, GemmWithEmptyGridHasEfficiencyOne) {
+  const CostModel m = MakeModel();
+  EXPECT_EQ(m.GemmEfficiency(1000, 1000, 1000), 1.0);
+  EXPECT_EQ(m.GemmEfficiency(1, 7, 1 << 20), 1.0);
+  // 5 + 2*1000^3 / 1e8 = 5 + 20 = 25.
+  EXPECT_REL(m.GemmUs(1000, 1000, 1000), 25.0);
+  // 5 + 2*256*128*64 / 1e8 = 5 + 4194304/1e8 = 5.04194304.
+  EXPECT_REL(m.GemmUs(256, 128, 64), 5.04194304);
+  // Empty GEMMs cost nothing (no launch).
+  EXPECT_EQ(m.GemmUs(0, 10, 10), 0.0);
+  EXPECT_EQ(m.GemmUs(10, 0, 10), 0.0);
+  EXPECT_EQ(m.GemmUs(10, 10, 0), 0.0);
+}
+
+// 2 x 2 x 2 grid, m {64, 256}, n {32, 128}, k {16, 256}, m-major; entry i = 0.1 (i + 1):
+//   (m, n, k) = (64,32,16) .1  (64,32,256) .2  (64,128,16) .3  (64,128,256) .4
+//               (256,32,16) .5 (256,32,256) .6 (256,128,16) .7 (256,128,256) .8
+ClusterProfile GridProfile() {
+  ClusterProfile p = MakeProfile();
+  p.gemm.grid.m = {64, 256};
+  p.gemm.grid.n = {32, 128};
+  p.gemm.grid.k = {16, 256};
+  p.gemm.grid.efficiency = {0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8};
+  return p;
+}
+
+TEST(CostModelTest, GemmEfficiencyAtGridPoints) {
+  const CostModel m = MakeModel(GridProfile());
+  EXPECT_REL(m.GemmEfficiency(64, 32, 16), 0.1);
+  EXPECT_REL(m.GemmEfficiency(64, 32, 256), 0.2);
+  EXPECT_REL(m.GemmEfficiency(64, 128, 16), 0.3);
+  EXPECT_REL(m.GemmEfficiency(64, 128, 256), 0.4);
+  EXPECT_REL(m.GemmEfficiency(256, 32, 16), 0.5);
+  EXPECT_REL(m.GemmEfficiency(256, 32, 256), 0.6);
+  EXPECT_REL(m.GemmEfficiency(256, 128, 16), 0.7);
+  EXPECT_REL(m.GemmEfficiency(256, 128, 256), 0.8);
+}
+
+TEST(CostModelTest, GemmEfficiencyInterpolatesInLogSpace) {
+  const CostModel m = MakeModel(GridProfile());
+  // m = 128 is the log2 midpoint of 64 and 256 (7 between 6 and 8): the average.
+  EXPECT_REL(m.GemmEfficiency(128, 32, 16), (0.1 + 0.5) / 2);   // 0.3
+  EXPECT_REL(m.GemmEfficiency(128, 128, 256), (0.4 + 0.8) / 2);  // 0.6
+  // n = 64 is the log2 midpoint of 32 and 128.
+  EXPECT_REL(m.GemmEfficiency(64, 64, 16), (0.1 + 0.3) / 2);  // 0.2
+  // k = 64 is the log2 midpoint of 16 and 256 (6 between 4 and 8).
+  EXPECT_REL(m.GemmEfficiency(256, 128, 64), (0.7 + 0.8) / 2);  // 0.75
+  // k = 32: log2 5, a quarter of the way from 4 to 8: 0.75*0.1 + 0.25*0.2 = 0.125.
+  EXPECT_REL(m.GemmEfficiency(64, 32, 32), 0.125);
+  // Linear (not log) interpolation would give m = 160 the midpoint; log space does not:
+  // t = (log2 160 - 6) / 2 = 0.66096..., e = 0.1 + 0.4 t.
+  EXPECT_REL(m.GemmEfficiency(160, 32, 16), 0.1 + 0.4 * (std::log2(160.0) - 6.0) / 2.0);
+  // The centre of the cube: the average of all eight = 0.45.
+  EXPECT_REL(m.GemmEfficiency(128, 64, 64), 0.45);
+}
+
+TEST(CostModelTest, GemmEfficiencyClampsOutsideTheGrid) {
+  const CostModel m = MakeModel(GridProfile());
+  EXPECT_REL(m.GemmEfficiency(1, 1, 1), 0.1);
+  EXPECT_REL(m.GemmEfficiency(8, 16, 2), 0.1);
+  EXPECT_REL(m.GemmEfficiency(1 << 20, 1 << 20, 1 << 20), 0.8);
+  EXPECT_REL(m.GemmEfficiency(1 << 20, 1, 1), 0.5);
+  EXPECT_REL(m.GemmEfficiency(1, 1 << 20, 1 << 20), 0.4);
+  // Clamped on m only, interpolated on n: m below the grid, n = 64: (0.1 + 0.3) / 2.
+  EXPECT_REL(m.GemmEfficiency(2, 64, 16), 0.2);
+  // Far above m, n midpoint, k midpoint: average of the m = 256 face = 0.65.
+  EXPECT_REL(m.GemmEfficiency(100000, 64, 64), 0.65);
+}
+
+TEST(CostModelTest, GemmTimeUsesInterpolatedEfficiency) {
+  const CostModel m = MakeModel(GridProfile());
+  // (256, 128, 256): e = 0.8, flops 2*256*128*256 = 16777216; 5 + 16777216 / (1e8*0.8)
+  // = 5 + 0.2097152 = 5.2097152.
+  EXPECT_REL(m.GemmUs(256, 128, 256), 5.2097152);
+  // (128, 64, 64): e = 0.45, flops 2*128*64*64 = 1048576; 5 + 1048576 / 4.5e7.
+  EXPECT_REL(m.GemmUs(128, 64, 64), 5.0 + 1048576.0 / 4.5e7);
+  // (4096, 4096, 4096): clamped to 0.8; flops 2*2^36 = 137438953472; / 8e7 = 1717.98691840.
+  EXPECT_REL(m.GemmUs(4096, 4096, 4096), 5.0 + 1717.9869184);
+}
+
+TEST(CostModelTest, GemmGridWithSingletonAxes) {
+  ClusterProfile p = MakeProfile();
+  p.gemm.grid.m = {128};
+  p.gemm.grid.n = {128};
+  p.gemm.grid.k = {64, 256};
+  p.gemm.grid.efficiency = {0.5, 1.0};
+  const CostModel m = MakeModel(p);
+  EXPECT_REL(m.GemmEfficiency(1, 1, 64), 0.5);
+  EXPECT_REL(m.GemmEfficiency(99999, 7, 128), 0.75);  // k = 128: log midpoint of 64, 256
+  EXPECT_REL(m.GemmEfficiency(128, 128, 1 << 30), 1.0);
+}
+
+TEST(CostModelTest, MemoryBoundKernels) {
+  const CostModel m = MakeModel();
+  // 3 + bytes / 1e6 B/us.
+  EXPECT_REL(m.MemoryBoundUs(2e6), 5.0);
+  EXPECT_REL(m.MemoryBoundUs(1), 3.000001);
+  EXPECT_REL(m.MemoryBoundUs(5e8), 503.0);
+  EXPECT_EQ(m.MemoryBoundUs(0), 0.0);
+  EXPECT_EQ(m.MemoryBoundUs(-5), 0.0);
+}
+
+TEST(CostModelTest, CreateKeepsTheProfile) {
+  const CostModel m = MakeModel();
+  EXPECT_EQ(m.profile().name, "test-4x8");
+  EXPECT_EQ(m.profile().shape.nodes, 4);
+  EXPECT_EQ(m.profile().shape.gpus_per_node, 8);
+  EXPECT_EQ(m.profile().inter.alpha_us, 10.0);
+  EXPECT_TRUE(ValidateProfile(MakeProfile()).ok());
+  ClusterProfile measured = MakeProfile();
+  measured.source = ProfileSource::kMeasured;
+  measured.name = "a.b_c-9";
+  EXPECT_TRUE(ValidateProfile(measured).ok());
+}
+
+struct BadProfileCase {
+  std::string label;
+  std::function<void(ClusterProfile&)> mutate;
+  std::string field_prefix;  // the message must start with this
+};
+
+std::vector<BadProfileCase> BadProfileCases() {
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  const double inf = std::numeric_limits<double>::infinity();
+  return {
+      {"empty name", [](ClusterProfile& p) { p.name = ""; }, "name: must not be empty"},
+      {"uppercase name", [](ClusterProfile& p) { p.name = "Test"; }, "name: must match"},
+      {"space in name", [](ClusterProfile& p) { p.name = "a b"; }, "name: must match"},
+      {"unspecified source", [](ClusterProfile& p) { p.source = ProfileSource::kUnspecified; },
+       "source: "},
+      {"zero nodes", [](ClusterProfile& p) { p.shape.nodes = 0; }, "nodes: must be >= 1"},
+      {"zero gpus per node", [](ClusterProfile& p) { p.shape.gpus_per_node = 0; },
+       "gpus_per_node: must be >= 1"},
+      {"too many gpus", [](ClusterProfile& p) { p.shape = {1 << 12, 1 << 9}; }, "nodes: "},
+      {"negative intra alpha", [](ClusterProfile& p) { p.intra.alpha_us = -1.0; },
+       "links.intra.alpha_us: must be finite and >= 0"},
+      {"nan intra alpha", [nan](ClusterProfile& p) { p.intra.alpha_us = nan; },
+       "links.intra.alpha_us: "},
+      {"zero intra beta", [](ClusterProfile& p) { p.intra.beta_us_per_byte = 0.0; },
+       "links.intra.beta_us_per_byte: must be finite and > 0"},
+      {"negative inter alpha", [](ClusterProfile& p) { p.inter.alpha_us = -0.5; },
+       "links.inter.alpha_us: "},
+      {"zero inter beta", [](ClusterProfile& p) { p.inter.beta_us_per_byte = 0.0; },
+       "links.inter.beta_us_per_byte: must be finite and > 0"},
+      {"infinite inter beta", [inf](ClusterProfile& p) { p.inter.beta_us_per_byte = inf; },
+       "links.inter.beta_us_per_byte: "},
+      {"fit of one rank",
+       [](ClusterProfile& p) {
+         p.collectives.push_back({Collective::kAllGather, GroupShape{1, 1}, AlphaBeta{1, 1}});
+       },
+       "collectives[0].shape.ranks: must be >= 2"},
+      {"fit nodes not dividing ranks",
+       [](ClusterProfile& p) {
+         p.collectives.push_back({Collective::kAllGather, GroupShape{6, 4}, AlphaBeta{1, 1}});
+       },
+       "collectives[0].shape.nodes: "},
+      {"fit with negative alpha",
+       [](ClusterProfile& p) {
+         p.collectives.push_back({Collective::kAllGather, GroupShape{4, 1}, AlphaBeta{1, 1}});
+         p.collectives.push_back({Collective::kAllToAll, GroupShape{4, 1}, AlphaBeta{-1, 1}});
+       },
+       "collectives[1].cost.alpha_us: "},
+      {"fit with zero beta",
+       [](ClusterProfile& p) {
+         p.collectives.push_back({Collective::kAllToAll, GroupShape{4, 1}, AlphaBeta{1, 0}});
+       },
+       "collectives[0].cost.beta_us_per_byte: "},
+      {"duplicate fit",
+       [](ClusterProfile& p) {
+         p.collectives.push_back({Collective::kAllToAll, GroupShape{4, 4}, AlphaBeta{1, 1}});
+         p.collectives.push_back({Collective::kAllGather, GroupShape{4, 4}, AlphaBeta{1, 1}});
+         p.collectives.push_back({Collective::kAllToAll, GroupShape{4, 4}, AlphaBeta{2, 2}});
+       },
+       "collectives[2]: duplicate (collective, shape) fit"},
+      {"zero peak", [](ClusterProfile& p) { p.gemm.peak_tflops = 0; },
+       "gemm.peak_tflops: must be finite and > 0"},
+      {"negative gemm overhead", [](ClusterProfile& p) { p.gemm.launch_overhead_us = -1; },
+       "gemm.launch_overhead_us: "},
+      {"grid without m axis",
+       [](ClusterProfile& p) {
+         p.gemm.grid.n = {1};
+         p.gemm.grid.k = {1};
+         p.gemm.grid.efficiency = {1.0};
+       },
+       "gemm.m: must not be empty"},
+      {"bad grid size",
+       [](ClusterProfile& p) {
+         p.gemm.grid.m = {64, 256};
+         p.gemm.grid.n = {32};
+         p.gemm.grid.k = {16};
+         p.gemm.grid.efficiency = {0.5, 0.5, 0.5};
+       },
+       "gemm.efficiency: must have |m|*|n|*|k| entries"},
+      {"non-increasing axis",
+       [](ClusterProfile& p) {
+         p.gemm.grid.m = {64};
+         p.gemm.grid.n = {32, 128, 128};
+         p.gemm.grid.k = {16};
+         p.gemm.grid.efficiency = {0.5, 0.5, 0.5};
+       },
+       "gemm.n[2]: axis must be strictly increasing"},
+      {"zero axis entry",
+       [](ClusterProfile& p) {
+         p.gemm.grid.m = {64};
+         p.gemm.grid.n = {32};
+         p.gemm.grid.k = {0, 16};
+         p.gemm.grid.efficiency = {0.5, 0.5};
+       },
+       "gemm.k[0]: must be > 0"},
+      {"efficiency above one",
+       [](ClusterProfile& p) {
+         p.gemm.grid = GridProfile().gemm.grid;
+         p.gemm.grid.efficiency[3] = 1.5;
+       },
+       "gemm.efficiency[3]: must be in (0, 1]"},
+      {"zero efficiency",
+       [](ClusterProfile& p) {
+         p.gemm.grid = GridProfile().gemm.grid;
+         p.gemm.grid.efficiency[0] = 0.0;
+       },
+       "gemm.efficiency[0]: must be in (0, 1]"},
+      {"nan memory bandwidth",
+       [nan](ClusterProfile& p) { p.memory.bandwidth_gbytes_per_s = nan; },
+       "memory.bandwidth_gbytes_per_s: must be finite and > 0"},
+      {"negative memory overhead", [](ClusterProfile& p) { p.memory.launch_overhead_us = -2; },
+       "memory.launch_overhead_us: "},
+  };
+}
+
+TEST(CostModelTest, BadProfilesAreRejectedNamingTheField) {
+  for (const BadProfileCase& c : BadProfileCases()) {
+    SCOPED_TRACE(c.label);
+    ClusterProfile p = MakeProfile();
+    c.mutate(p);
+    const absl::Status v = ValidateProfile(p);
+    EXPECT_EQ(v.code(), absl::StatusCode::kInvalidArgument) << v;
+    const std::string msg(View(v.message()));
+    EXPECT_EQ(msg.rfind(c.field_prefix, 0), 0u) << "message: " << msg;
+    EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
+    EXPECT_NE(msg.find("(got "), std::string::npos) << msg;
+
+    absl::StatusOr<CostModel> m = CostModel::Create(p);
+    ASSERT_FALSE(m.ok());
+    EXPECT_EQ(m.status(), v);
+  }
+}
+
+}  // namespace
+}  // namespace moeplan::planner

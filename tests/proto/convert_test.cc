@@ -1,0 +1,171 @@
+#include "moeplan/proto/convert.h"
+
+#include <gtest/gtest.h>
+
+#include "moeplan/calibration/profiles.h"
+#include "moeplan/planner/cost_model.h"
+#include "moeplan/proto/json.h"
+
+namespace moeplan::proto {
+namespace {
+
+std::string Msg(const absl::Status& s) { return std::string(s.message()); }
+
+v1::LayerConfig Layer(const char* json) {
+  v1::LayerConfig l;
+  absl::Status s = ParseJson(json, &l);
+  EXPECT_TRUE(s.ok()) << s;
+  return l;
+}
+
+constexpr const char* kLayer = R"({"name": "t", "batch_size": 8, "seq_len": 512,
+  "model_dim": 1024, "hidden_dim": 4096, "num_experts": 32, "top_k": 2,
+  "capacity_factor": 1.0, "parallel": {"mp": 4, "ep": 16, "esp": 4}})";
+
+TEST(LayerFromProto, FillsDefaults) {
+  absl::StatusOr<planner::LayerConfig> l = LayerFromProto(Layer(kLayer));
+  ASSERT_TRUE(l.ok()) << l.status();
+  EXPECT_EQ(l->bytes_per_element, 2);
+  EXPECT_EQ(l->token_skew, 1.0);
+  EXPECT_EQ(l->parallel.dp, 16);  // ep * esp / mp = 16 * 4 / 4
+  EXPECT_EQ(l->parallel.pp, 1);
+  EXPECT_EQ(l->batch_size, 8);
+}
+
+TEST(LayerFromProto, KeepsExplicitValuesAndChecksDerivation) {
+  absl::StatusOr<planner::LayerConfig> l = LayerFromProto(Layer(
+      R"({"bytes_per_element": 4, "token_skew": 1.5, "parallel": {"mp": 2, "ep": 4, "esp": 2, "dp": 3, "pp": 2}})"));
+  ASSERT_TRUE(l.ok());
+  EXPECT_EQ(l->bytes_per_element, 4);
+  EXPECT_EQ(l->token_skew, 1.5);
+  EXPECT_EQ(l->parallel.dp, 3);  // explicit, even if inconsistent: validation says so later
+  EXPECT_EQ(l->parallel.pp, 2);
+  absl::StatusOr<planner::LayerConfig> bad =
+      LayerFromProto(Layer(R"({"parallel": {"mp": 4, "ep": 3, "esp": 2}})"));
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Msg(bad.status()).rfind("parallel.dp: ", 0), 0u) << bad.status();
+  EXPECT_EQ(Msg(LayerFromProto(Layer(R"({"schema_version": 2})")).status()),
+            "schema_version: must be 1 (got 2)");
+}
+
+TEST(ProfileFromProto, NamesMissingAndBadFields) {
+  v1::ClusterProfile p = *calibration::BuiltinProfile("a100-8x8");
+  ASSERT_TRUE(ProfileFromProto(p).ok());
+  v1::ClusterProfile no_links = p;
+  no_links.clear_links();
+  EXPECT_EQ(Msg(ProfileFromProto(no_links).status()).rfind("links: ", 0), 0u);
+  v1::ClusterProfile bad_fit = p;
+  v1::CollectiveFit* f = bad_fit.add_collectives();
+  f->mutable_shape()->set_ranks(8);
+  f->mutable_shape()->set_nodes(1);
+  f->mutable_cost()->set_beta_us_per_byte(1e-6);
+  EXPECT_EQ(Msg(ProfileFromProto(bad_fit).status()).rfind("collectives[0].collective: ", 0), 0u)
+      << ProfileFromProto(bad_fit).status();
+  v1::ClusterProfile neg = p;
+  neg.mutable_links()->mutable_inter()->set_alpha_us(-1);
+  EXPECT_EQ(Msg(ProfileFromProto(neg).status()).rfind("links.inter.alpha_us: ", 0), 0u);
+}
+
+TEST(ExpandGrid, CartesianProductInFieldOrder) {
+  v1::LayerGrid g;
+  ASSERT_TRUE(ParseJson(R"({"name": "g", "batch_size": [1, 2], "seq_len": [8],
+      "model_dim": [16], "hidden_dim": [32, 64, 128], "num_experts": [4], "top_k": [1],
+      "capacity_factor": [1.0, 2.0], "parallel": [{"mp": 1, "ep": 1, "esp": 1}]})",
+                        &g)
+                  .ok());
+  absl::StatusOr<std::vector<v1::LayerConfig>> c = ExpandGrid(g);
+  ASSERT_TRUE(c.ok()) << c.status();
+  ASSERT_EQ(c->size(), 12u);  // 2 * 3 * 2
+  EXPECT_EQ((*c)[0].batch_size(), 1);
+  EXPECT_EQ((*c)[0].hidden_dim(), 32);
+  EXPECT_EQ((*c)[0].capacity_factor(), 1.0);
+  EXPECT_EQ((*c)[1].capacity_factor(), 2.0);  // innermost list that varies
+  EXPECT_EQ((*c)[2].hidden_dim(), 64);
+  EXPECT_EQ((*c)[11].batch_size(), 2);
+  EXPECT_EQ((*c)[11].hidden_dim(), 128);
+  EXPECT_EQ((*c)[5].name(), "g#5");
+  EXPECT_FALSE((*c)[0].has_bytes_per_element()) << "unset lists leave the field unset";
+}
+
+TEST(ExpandGrid, RejectsEmptyListsAndHugeGrids) {
+  v1::LayerGrid g;
+  g.add_batch_size(1);
+  EXPECT_EQ(Msg(ExpandGrid(g).status()),
+            "seq_len: a grid needs at least one value (got an empty list)");
+  for (int i = 0; i < 100; ++i) {
+    g.add_seq_len(i + 1);
+    g.add_model_dim(i + 1);
+    g.add_hidden_dim(i + 1);
+  }
+  g.add_num_experts(1);
+  g.add_top_k(1);
+  g.add_capacity_factor(1);
+  g.add_parallel();
+  EXPECT_EQ(ExpandGrid(g, 1000).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(Msg(ExpandGrid(g, 1000).status()).find("exceeds the limit of 1000"), std::string::npos);
+}
+
+class AnswerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    profile_ = *calibration::LoadProfile("a100-8x8");
+    cost_ = std::make_unique<planner::CostModel>(*planner::CostModel::Create(profile_.profile));
+    planner_ = std::make_unique<planner::LayerPlanner>(*cost_);
+  }
+  calibration::LoadedProfile profile_;
+  std::unique_ptr<planner::CostModel> cost_;
+  std::unique_ptr<planner::LayerPlanner> planner_;
+};
+
+TEST_F(AnswerTest, RanksAllSchedulesAndFillsTimelinesOnRequest) {
+  v1::PlanLayerRequest req;
+  *req.mutable_layer() = Layer(kLayer);
+  v1::PlanLayerResponse resp;
+  ASSERT_TRUE(AnswerPlanLayer(req, *planner_, profile_.profile, &resp).ok());
+  ASSERT_EQ(resp.candidates_size(), 3);
+  EXPECT_EQ(resp.best_schedule(), resp.candidates(0).schedule());
+  EXPECT_EQ(resp.decision().best(), resp.best_schedule());
+  EXPECT_LE(resp.candidates(0).total_us(), resp.candidates(1).total_us());
+  EXPECT_LE(resp.candidates(1).total_us(), resp.candidates(2).total_us());
+  EXPECT_EQ(resp.candidates(0).ops_size(), 0);
+  EXPECT_EQ(resp.profile_name(), "a100-8x8");
+  EXPECT_EQ(resp.derived().tokens(), 4096);
+  EXPECT_EQ(resp.derived().capacity(), 256);  // 2 * 1.0 * 4096 / 32
+  req.set_include_timeline(true);
+  ASSERT_TRUE(AnswerPlanLayer(req, *planner_, profile_.profile, &resp).ok());
+  for (const v1::CandidatePlan& c : resp.candidates()) {
+    ASSERT_GT(c.ops_size(), 0);
+    EXPECT_DOUBLE_EQ(c.forward_us() + c.backward_us(), c.total_us());
+    double last_end = 0;
+    double critical_sum = 0;
+    for (const v1::OpTiming& op : c.ops()) {
+      last_end = std::max(last_end, op.end_us());
+      if (op.critical()) critical_sum += op.end_us() - op.start_us();
+    }
+    EXPECT_DOUBLE_EQ(last_end, c.total_us());
+    EXPECT_NEAR(critical_sum, c.total_us(), 1e-6 * c.total_us());
+  }
+}
+
+TEST_F(AnswerTest, ErrorsNameRequestFields) {
+  v1::PlanLayerRequest req;
+  v1::PlanLayerResponse resp;
+  EXPECT_EQ(Msg(AnswerPlanLayer(req, *planner_, profile_.profile, &resp)), "layer: required");
+  *req.mutable_layer() = Layer(kLayer);
+  req.mutable_layer()->set_top_k(64);
+  EXPECT_EQ(Msg(AnswerPlanLayer(req, *planner_, profile_.profile, &resp)),
+            "layer.top_k: must be <= num_experts (got top_k=64, num_experts=32)");
+  *req.mutable_layer() = Layer(kLayer);
+  req.add_schedules(v1::SCHEDULE_S1);
+  req.add_schedules(v1::SCHEDULE_UNSPECIFIED);
+  EXPECT_EQ(Msg(AnswerPlanLayer(req, *planner_, profile_.profile, &resp)),
+            "schedules[1]: must be SCHEDULE_DEFAULT, SCHEDULE_S1 or SCHEDULE_S2 (got 0)");
+  req.clear_schedules();
+  req.add_schedules(v1::SCHEDULE_S2);
+  req.add_schedules(v1::SCHEDULE_S2);
+  EXPECT_EQ(Msg(AnswerPlanLayer(req, *planner_, profile_.profile, &resp)).rfind("schedules: ", 0),
+            0u);
+}
+
+}  // namespace
+}  // namespace moeplan::proto
