@@ -102,7 +102,7 @@ std::string FormatPlanTable(const v1::LayerConfig& l, const v1::PlanLayerRespons
 v1::ChromeTrace BuildTrace(const v1::PlanLayerResponse& plan) {
   static constexpr const char* kResources[] = {"compute", "intra", "inter"};
   v1::ChromeTrace trace;
-  trace.set_display_time_unit("ns");
+  trace.set_display_time_unit("ms");  // display only; ts and dur are microseconds
   auto meta = [&](int pid, int tid, const char* what, const std::string& value) {
     v1::TraceEvent* e = trace.add_trace_events();
     e->set_name(what);

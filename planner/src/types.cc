@@ -1,6 +1,7 @@
 #include "moeplan/planner/types.h"
 
 #include <cmath>
+#include <cstdint>
 
 namespace moeplan::planner {
 
@@ -27,9 +28,22 @@ bool ParseSchedule(std::string_view name, Schedule* out) {
 }
 
 int64_t Capacity(int64_t top_k, double capacity_factor, int64_t tokens, int64_t num_experts) {
-  const double want = static_cast<double>(top_k) * capacity_factor * static_cast<double>(tokens) /
-                      static_cast<double>(num_experts);
-  return static_cast<int64_t>(std::ceil(want * (1.0 - 1e-12)));
+  // Exact when f has at most 6 decimals (1.2, 1.25, 2.0, ...): f = F / 1e6 with
+  // integer F, and ceil(k * F * S / (E * 1e6)) in 128-bit integers (k < 2^25,
+  // F < 2^31, S < 2^32 after validation). Decimal literals such as 1.2 are not
+  // exact in binary, so a double product k*f*S would land just above an integer.
+  const double scaled = capacity_factor * 1e6;
+  const double rounded = std::nearbyint(scaled);
+  if (std::abs(scaled - rounded) < 1e-3 && rounded > 0 && rounded < 4e18) {
+    const __int128 num = static_cast<__int128>(top_k) * static_cast<int64_t>(rounded) * tokens;
+    const __int128 den = static_cast<__int128>(num_experts) * 1000000;
+    const __int128 cap = (num + den - 1) / den;
+    return cap > INT64_MAX ? INT64_MAX : static_cast<int64_t>(cap);
+  }
+  // Other factors: long double with a slack of one double ulp of f.
+  const long double want = static_cast<long double>(top_k) * capacity_factor *
+                           static_cast<long double>(tokens) / static_cast<long double>(num_experts);
+  return static_cast<int64_t>(std::ceil(want * (1.0L - 1.2e-16L)));
 }
 
 DerivedShape Derive(const LayerConfig& layer) {

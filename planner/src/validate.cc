@@ -67,11 +67,16 @@ absl::Status ValidateLayer(const LayerConfig& l, const ClusterShape& c) {
     return Bad("batch_size", Cat("batch_size*seq_len must be <= ", kMaxTokens),
                Cat(tokens));
   }
-  const DerivedShape d = Derive(l);
-  if (d.activation_bytes > kMaxBufferBytes || d.dispatch_bytes > kMaxBufferBytes) {
+  // Bound the buffers in double before Derive forms them in int64 (E*T*M*b can
+  // overflow for absurd but in-range fields).
+  const double cap = std::ceil(static_cast<double>(l.top_k) * l.capacity_factor *
+                               static_cast<double>(tokens) / static_cast<double>(l.num_experts));
+  const double x_bytes = static_cast<double>(tokens) * l.model_dim * l.bytes_per_element;
+  const double d_bytes = static_cast<double>(l.num_experts) * cap * l.model_dim * l.bytes_per_element;
+  if (x_bytes > kMaxBufferBytes || d_bytes > kMaxBufferBytes) {
     return Bad("batch_size",
                "the activation S*M*b and dispatch buffer E*T*M*b must each be <= 1 PiB",
-               Cat("X=", d.activation_bytes, " B, D=", d.dispatch_bytes, " B"));
+               Cat("X=", x_bytes, " B, D=", d_bytes, " B"));
   }
 
   const ParallelLayout& p = l.parallel;

@@ -148,6 +148,9 @@ TEST(TopologyTest, GroupShapes) {
   t = MakeTopology({.mp = 2, .ep = 4, .esp = 2, .dp = 4}, c);
   EXPECT_EQ(t.ep, (GroupShape{4, 1}));
   EXPECT_EQ(t.ep_ranks_per_node, 4);
+  t = MakeTopology({.mp = 2, .ep = 2, .esp = 2, .dp = 2}, c);  // ranks 0, 2 on node 0
+  EXPECT_EQ(t.ep, (GroupShape{2, 1}));
+  EXPECT_EQ(t.ep_ranks_per_node, 2);
   t = MakeTopology({.mp = 16, .ep = 2, .esp = 16, .dp = 2}, c);
   EXPECT_EQ(t.mp, (GroupShape{16, 2}));
   EXPECT_EQ(t.ep, (GroupShape{2, 2}));
@@ -530,6 +533,33 @@ TEST(SchedulesTest, BackwardUsesTheDuals) {
 // ---------------------------------------------------------------------------
 // Op costs come from the cost model (default, mp = esp = 4, ep = 8).
 
+// A collective holds the links its group crosses: intra only inside a node, inter only
+// with one rank per node, both for a hierarchical group.
+TEST(SchedulesTest, CollectivesHoldTheLinksTheirGroupCrosses) {
+  struct Case {
+    int mp, ep, esp, dp;
+    ResourceMask a2a;
+  };
+  for (const Case& c : {Case{2, 4, 2, 4, kIntra}, Case{8, 4, 8, 4, kInter},
+                        Case{4, 8, 4, 8, kIntra | kInter}}) {
+    SCOPED_TRACE(Cat("ep=", c.ep, " esp=", c.esp));
+    const OpGraph g = Build(Schedule::kDefault, MakeLayer(c.mp, c.ep, c.esp, c.dp));
+    for (const char* name : {"fwd.ep_alltoall_dispatch", "fwd.ep_alltoall_combine",
+                             "bwd.ep_alltoall_combine", "bwd.ep_alltoall_dispatch"}) {
+      const OpId v = Find(g, name);
+      ASSERT_NE(v, kNoOp) << name;
+      EXPECT_EQ(g.op(v).resources, c.a2a) << name;
+      EXPECT_EQ(g.op(v).kind, OpKind::kComm) << name;
+    }
+    EXPECT_EQ(g.op(Find(g, "fwd.esp_allreduce")).resources, kIntra);
+    EXPECT_EQ(g.op(Find(g, "fwd.expert")).resources, kCompute);
+    // S2's exchange steps run on inter whenever the EP group spans nodes.
+    const OpGraph g2 = Build(Schedule::kS2, MakeLayer(c.mp, c.ep, c.esp, c.dp));
+    EXPECT_EQ(g2.op(Find(g2, "fwd.saa_dispatch.alltoall.1")).resources,
+              c.a2a == kIntra ? kIntra : kInter);
+  }
+}
+
 TEST(SchedulesTest, DefaultOpCostsAreTheCostModels) {
   const OpGraph g = Build(Schedule::kDefault, MakeLayer(4, 8, 4, 8));
   // AlltoAll {8,4} of D: 7*(10 + 131072*0.01) = 9245.04; inter bytes D*6/8 = 786432.
@@ -571,7 +601,7 @@ TEST(SchedulesTest, TimeAccountingOfEverySchedule) {
       EXPECT_GT(c.forward_us(), 0.0);
       EXPECT_GT(c.backward_us(), 0.0);
       double path = 0.0;
-      for (OpId v : c.sim.critical_path) path += c.graph.op(v).cost_us;
+      for (OpId v : c.sim.critical_path) path += c.graph().op(v).cost_us;
       EXPECT_REL(path, c.sim.makespan_us);
       EXPECT_REL(std::accumulate(c.sim.critical_term_us.begin(), c.sim.critical_term_us.end(), 0.0),
                  c.sim.makespan_us);
@@ -584,7 +614,7 @@ TEST(SchedulesTest, TimeAccountingOfEverySchedule) {
                   c.sim.times[c.sim.critical_path[i - 1]].end_us);
       }
       // The simulator result equals a fresh simulation of the candidate's graph.
-      EXPECT_DOUBLE_EQ(Simulate(c.graph).makespan_us, c.total_us());
+      EXPECT_DOUBLE_EQ(Simulate(c.graph()).makespan_us, c.total_us());
       EXPECT_LE(c.sim.hidden_comm_us, c.sim.comm_busy_us);
       EXPECT_DOUBLE_EQ(c.sim.exposed_comm_us, c.sim.comm_busy_us - c.sim.hidden_comm_us);
     }
@@ -749,7 +779,7 @@ TEST(PlannerTest, SubsetsAndSingleSchedule) {
   ASSERT_EQ(reused.candidates.size(), 1u);
   EXPECT_EQ(reused.candidates[0].schedule, Schedule::kDefault);
   EXPECT_DOUBLE_EQ(reused.candidates[0].total_us(), plan->candidates[0].total_us());
-  EXPECT_EQ(reused.candidates[0].graph.size(), plan->candidates[0].graph.size());
+  EXPECT_EQ(reused.candidates[0].graph().size(), plan->candidates[0].graph().size());
 }
 
 // On this profile inter-node bandwidth dominates: S1 and S2 cut inter-node

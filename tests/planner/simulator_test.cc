@@ -232,6 +232,26 @@ TEST(SimulatorTest, TieBindsTheDependency) {
   (void)a;
 }
 
+// Between dependencies that end at the same time, the first listed one binds.
+//   0 a compute 2 [0,2]; 1 b intra 2 [0,2]; 2 c inter 1, deps {a, b}: [2,3], binding a;
+//   3 d inter 1, deps {b, a}: [3,4], binding c (its resource predecessor ends last).
+//   4 e intra 1, deps {b, a}: [2,3], binding b.
+TEST(SimulatorTest, TieBetweenDependenciesBindsTheFirstListed) {
+  OpGraph g;
+  const OpId a = g.Add(MakeOp("a", kCompute, 2), {});
+  const OpId b = g.Add(MakeOp("b", kIntra, 2), {});
+  const OpId c = g.Add(MakeOp("c", kInter, 1), {a, b});
+  g.Add(MakeOp("d", kInter, 1), {b, a});
+  g.Add(MakeOp("e", kIntra, 1), {b, a});
+  const SimResult r = MustRun(g);
+  ExpectTimes(r, {{0, 2, kNoOp, true},
+                  {0, 2, kNoOp, false},
+                  {2, 3, a, true},
+                  {3, 4, c, true},
+                  {2, 3, b, false}});
+  EXPECT_THAT(r.critical_path, ElementsAre(a, c, 3));
+}
+
 // A fused op holds intra and inter and blocks both.
 //   0 p intra 2                 [0,2]
 //   1 q inter 3                 [0,3]
@@ -379,6 +399,16 @@ TEST(SimulatorTest, ForwardEndWithMixedPhases) {
   EXPECT_DOUBLE_EQ(TermSum(r), r.makespan_us);
   EXPECT_DOUBLE_EQ(r.hidden_comm_us, 1);  // [2,5] vs compute [2,3]
   EXPECT_DOUBLE_EQ(r.exposed_comm_us, 2);
+
+  // A forward op issued later that ends earlier does not move forward_end_us back.
+  //   0 f1 fwd compute 4 [0,4]; 1 f2 fwd intra 1 [0,1]; 2 b1 bwd compute 1 [4,5].
+  OpGraph m;
+  m.Add(MakeOp("f1", kCompute, 4, Term::kGate, Phase::kForward), {});
+  m.Add(MakeOp("f2", kIntra, 1, Term::kAllToAll, Phase::kForward), {});
+  m.Add(MakeOp("b1", kCompute, 1, Term::kGate, Phase::kBackward), {});
+  const SimResult rm = MustRun(m);
+  EXPECT_DOUBLE_EQ(rm.forward_end_us, 4);
+  EXPECT_DOUBLE_EQ(rm.makespan_us, 5);
 
   // Only backward ops: forward_end_us stays 0.
   OpGraph h;

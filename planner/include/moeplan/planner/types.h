@@ -57,9 +57,9 @@ struct DerivedShape {
   int64_t dispatch_bytes = 0;    // D = E * T * M * b
 };
 
-// ceil(k * f * tokens / E), computed so that exact products do not round up
-// (k * f * S is formed in double; a relative slack of 1e-12 absorbs representation
-// error such as 1.2 * 1000 = 1200.0000000000002).
+// T = ceil(k * f * tokens / E), exact for capacity factors with up to six
+// decimals (the product is formed in integers, so 2 * 1.2 * 1000 / 8 is 300,
+// not 301).
 int64_t Capacity(int64_t top_k, double capacity_factor, int64_t tokens, int64_t num_experts);
 
 DerivedShape Derive(const LayerConfig& layer);
