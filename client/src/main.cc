@@ -104,21 +104,16 @@ absl::Status PlanLayerCmd(const PlanLayerArgs& a) {
   const v1::LayerConfig shown = proto::LayerToProto(*layer);
 
   // Everything is computed before anything is written: an error leaves no output.
+  v1::PlanLayerResponse printed = response;
+  if (a.no_timeline) {
+    for (v1::CandidatePlan& c : *printed.mutable_candidates()) c.clear_ops();
+  }
   std::string text;
   if (a.format == "json") {
-    v1::PlanLayerResponse printed = response;
-    if (a.no_timeline) {
-      for (v1::CandidatePlan& c : *printed.mutable_candidates()) c.clear_ops();
-    }
     absl::StatusOr<std::string> json = proto::ToJson(printed);
     if (!json.ok()) return json.status();
-    text = *std::move(json);
-    text += '\n';
+    text = *std::move(json) + "\n";
   } else {
-    v1::PlanLayerResponse printed = response;
-    if (a.no_timeline) {
-      for (v1::CandidatePlan& c : *printed.mutable_candidates()) c.clear_ops();
-    }
     text = FormatPlanTable(shown, printed, profile->message);
   }
   if (!a.trace.empty()) {

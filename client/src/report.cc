@@ -2,7 +2,11 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
+#include <vector>
+
+#include "absl/strings/str_split.h"
 
 namespace moeplan::client {
 
@@ -124,19 +128,10 @@ v1::ChromeTrace BuildTrace(const v1::PlanLayerResponse& plan) {
     (*sort->mutable_args())["sort_index"] = std::to_string(i);
     for (int r = 0; r < 3; ++r) meta(pid, r + 1, "thread_name", kResources[r]);
     for (const v1::OpTiming& op : c.ops()) {
+      // op.resource() is the '+'-joined names of the held resources.
+      const std::vector<absl::string_view> held = absl::StrSplit(op.resource(), '+');
       for (int r = 0; r < 3; ++r) {
-        // op.resource() is '+'-joined resource names.
-        const std::string& res = op.resource();
-        const std::string name = kResources[r];
-        size_t pos = 0;
-        bool held = false;
-        while (pos <= res.size()) {
-          const size_t end = res.find('+', pos);
-          const size_t stop = end == std::string::npos ? res.size() : end;
-          if (res.compare(pos, stop - pos, name) == 0) held = true;
-          pos = stop + 1;
-        }
-        if (!held) continue;
+        if (std::find(held.begin(), held.end(), kResources[r]) == held.end()) continue;
         v1::TraceEvent* e = trace.add_trace_events();
         e->set_name(op.name());
         e->set_cat(fmt::format("{},{}", op.kind(), op.phase() == v1::PHASE_FORWARD ? "fwd" : "bwd"));

@@ -32,9 +32,10 @@ int64_t Capacity(int64_t top_k, double capacity_factor, int64_t tokens, int64_t 
   // integer F, and ceil(k * F * S / (E * 1e6)) in 128-bit integers (k < 2^25,
   // F < 2^31, S < 2^32 after validation). Decimal literals such as 1.2 are not
   // exact in binary, so a double product k*f*S would land just above an integer.
-  const double scaled = capacity_factor * 1e6;
-  const double rounded = std::nearbyint(scaled);
-  if (std::abs(scaled - rounded) < 1e-3 && rounded > 0 && rounded < 4e18) {
+  // f qualifies only if it *is* the double nearest to F / 1e6 (what parsing the
+  // decimal yields), not merely close to it.
+  const double rounded = std::nearbyint(capacity_factor * 1e6);
+  if (rounded > 0 && rounded < 4e18 && rounded / 1e6 == capacity_factor) {
     const __int128 num = static_cast<__int128>(top_k) * static_cast<int64_t>(rounded) * tokens;
     const __int128 den = static_cast<__int128>(num_experts) * 1000000;
     const __int128 cap = (num + den - 1) / den;

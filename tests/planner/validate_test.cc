@@ -386,11 +386,10 @@ TEST(CapacityTest, DeriveUsesIt) {
   EXPECT_EQ(d.dispatch_bytes, 8 * 300 * 64 * 2);
 }
 
-// BUG: planner/src/types.cc:32 Capacity() subtracts a *relative* slack of 1e-12 before ceil, i.e.
-// an absolute slack of want * 1e-12, which exceeds 1 once k*f*S/E > 1e12. Configs that
-// ValidateLayer accepts reach that range (f <= 1024, S <= 2^31): here k = 1, f = 1024,
-// S = 2^31, E = 1 gives the exact integer 2^41 = 2199023255552, but Capacity returns
-// 2199023255550 (rounded *down* by 2). Expected: exactly 2^41.
+// Regression (a bug found while writing these tests, fixed in 095835c): Capacity()
+// used to subtract a relative slack of 1e-12 before ceil, an absolute slack above 1 once
+// k*f*S/E > 1e12, which ValidateLayer allows (f <= 1024, S <= 2^31). k = 1, f = 1024,
+// S = 2^31, E = 1 is exactly 2^41 = 2199023255552 but came out as 2199023255550.
 TEST(CapacityTest, LargeExactProductsAreNotRoundedDown) {
   LayerConfig l;
   l.batch_size = int64_t{1} << 24;
@@ -406,9 +405,8 @@ TEST(CapacityTest, LargeExactProductsAreNotRoundedDown) {
   EXPECT_EQ(Derive(l).capacity, int64_t{1} << 41);
 }
 
-// BUG: planner/src/types.cc:32, same cause: k*f*S/E = 1024 * 2^30 / 3 = 366503875925.33 must round up
-// to 366503875926, but the slack of 0.37 swallows the fraction .33 and Capacity returns
-// 366503875925 (one slot short: tokens are dropped that the capacity should hold).
+// Regression, same cause: 1024 * 2^30 / 3 = 366503875925.33 must round up to
+// 366503875926; the old slack of 0.37 swallowed the fraction and returned ...925.
 TEST(CapacityTest, LargeNonIntegersStillRoundUp) {
   LayerConfig l;
   l.batch_size = int64_t{1} << 15;
@@ -423,8 +421,31 @@ TEST(CapacityTest, LargeNonIntegersStillRoundUp) {
   EXPECT_EQ(Capacity(1, 1024.0, int64_t{1} << 30, 3), int64_t{366503875926});
 }
 
-// Regression (found while writing these tests; the working tree now bounds the buffers
-// in double before Derive): for accepted field values E*T can reach
+// Regression: the 6-decimal integer path once snapped any factor within 1e-9 of a
+// 6-decimal value to it. f = 1 + 2^-30 is exactly representable and passes
+// ValidateLayer; with k = 1, E = 1, S = 2^31, k*f*S/E = 2^31 + 2 exactly, so
+// T = ceil(...) = 2147483650 (DESIGN §2), not 2147483648.
+TEST(CapacityTest, FactorsCloseToSixDecimalsAreNotSnapped) {
+  const double f = 1.0 + 1.0 / (1 << 30);
+  LayerConfig l = BaseLayer();
+  l.batch_size = int64_t{1} << 24;
+  l.seq_len = 128;  // S = 2^31
+  l.model_dim = 1;
+  l.hidden_dim = 1;
+  l.num_experts = 1;
+  l.top_k = 1;
+  l.capacity_factor = f;
+  l.bytes_per_element = 1;
+  SetLayout(l, 1, 1, 1, 1);
+  ASSERT_TRUE(ValidateLayer(l, ClusterShape{1, 1}).ok()) << ValidateLayer(l, ClusterShape{1, 1});
+  EXPECT_EQ(Capacity(1, f, int64_t{1} << 31, 1), int64_t{2147483650});
+  // A 7-decimal factor far from any 6-decimal value takes the long-double path:
+  // 1.0000001 * 10^7 = 10000001 slots (the double 1.0000001 is a hair above, 1e-16 rel.).
+  EXPECT_EQ(Capacity(1, 1.0000001, 10000000, 1), 10000001);
+}
+
+// Regression (a bug found while writing these tests, fixed in 095835c by bounding the
+// buffers in double before Derive): for accepted field values E*T can reach
 // k*f*S <= 2^24 * 2^10 * 2^31 = 2^65, so forming D = E*T*M*b in int64 (types.cc Derive)
 // overflowed and the wrapped, negative D passed the "<= 1 PiB" check: ValidateLayer
 // returned OK. Here E = k = 2^24, f = 1024, S = 2^31, M = b = 1: D is about 2^65 B and
