@@ -1,5 +1,6 @@
 // moeplan: the command-line planner (DESIGN §7). Plans locally against built-in
 // or file profiles; the --server mode arrives with the service issue.
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -14,6 +15,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_split.h"
 #include "moeplan/calibration/profiles.h"
+#include "moeplan/client/planner_client.h"
 #include "moeplan/client/report.h"
 #include "moeplan/client/sweep.h"
 #include "moeplan/planner/cost_model.h"
@@ -57,9 +59,11 @@ absl::StatusOr<std::vector<p::Schedule>> ParseSchedules(const std::string& list)
 
 // Prefixes a layer error with the file it came from; the file *is* the layer, so
 // the request path "layer." is dropped.
+// Errors about other request fields (profile_name, schedules) pass unchanged.
 absl::Status InFile(const std::string& path, const absl::Status& s) {
   std::string_view msg = View(s.message());
-  if (msg.rfind("layer.", 0) == 0) msg.remove_prefix(6);
+  if (msg.rfind("layer.", 0) != 0) return s;
+  msg.remove_prefix(6);
   return absl::Status(s.code(), Cat(path, ": ", msg));
 }
 
@@ -77,30 +81,66 @@ struct PlanLayerArgs {
   std::string format = "table";
   std::string trace;
   bool no_timeline = false;
+  std::string server;  // empty: plan locally
 };
+
+bool IsFile(const std::string& path) {
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
+}
+
+// Plans on a server: a --cluster that names an existing file is sent inline,
+// anything else is a profile name the server resolves (built-in or stored).
+absl::Status PlanOnServer(const std::string& server, const std::string& cluster,
+                          v1::PlanLayerRequest* request, v1::PlanLayerResponse* response,
+                          v1::ClusterProfile* profile) {
+  PlannerClient client(server);
+  if (IsFile(cluster) && !calibration::BuiltinProfile(cluster).ok()) {
+    if (absl::Status s = proto::ReadJsonFile(cluster, request->mutable_profile()); !s.ok()) return s;
+    *profile = request->profile();
+  } else {
+    request->set_profile_name(cluster);
+  }
+  absl::StatusOr<v1::PlanLayerResponse> r = client.PlanLayer(*request);
+  if (!r.ok()) return r.status();
+  *response = *std::move(r);
+  if (request->has_profile()) return absl::OkStatus();
+  absl::StatusOr<v1::ClusterProfile> p = client.GetProfile(cluster);
+  if (!p.ok()) return p.status();
+  *profile = *std::move(p);
+  return absl::OkStatus();
+}
 
 absl::Status PlanLayerCmd(const PlanLayerArgs& a) {
   absl::StatusOr<std::vector<p::Schedule>> schedules = ParseSchedules(a.schedules);
   if (!schedules.ok()) return schedules.status();
   v1::PlanLayerRequest request;
   if (absl::Status s = proto::ReadJsonFile(a.layer, request.mutable_layer()); !s.ok()) return s;
-  absl::StatusOr<calibration::LoadedProfile> profile = calibration::LoadProfile(a.cluster);
-  if (!profile.ok()) return profile.status();
-  request.set_profile_name(profile->message.name());
   for (p::Schedule s : *schedules) request.add_schedules(proto::ScheduleToProto(s));
   request.set_include_timeline(!a.no_timeline || !a.trace.empty());
-
-  absl::StatusOr<p::CostModel> cost = p::CostModel::Create(profile->profile);
-  if (!cost.ok()) return cost.status();
-  p::LayerPlanner planner(*cost);
   v1::PlanLayerResponse response;
-  if (absl::Status s = proto::AnswerPlanLayer(request, planner, profile->profile, &response);
-      !s.ok()) {
-    return InFile(a.layer, s);
+  v1::ClusterProfile profile_message;
+  if (!a.server.empty()) {
+    if (absl::Status s = PlanOnServer(a.server, a.cluster, &request, &response, &profile_message);
+        !s.ok()) {
+      return InFile(a.layer, s);
+    }
+  } else {
+    absl::StatusOr<calibration::LoadedProfile> profile = calibration::LoadProfile(a.cluster);
+    if (!profile.ok()) return profile.status();
+    request.set_profile_name(profile->message.name());
+    absl::StatusOr<p::CostModel> cost = p::CostModel::Create(profile->profile);
+    if (!cost.ok()) return cost.status();
+    p::LayerPlanner planner(*cost);
+    if (absl::Status s = proto::AnswerPlanLayer(request, planner, profile->profile, &response);
+        !s.ok()) {
+      return InFile(a.layer, s);
+    }
+    profile_message = std::move(profile->message);
   }
   // Echo the layer with defaults filled in (dp, pp, b, skew) for the table.
   absl::StatusOr<p::LayerConfig> layer = proto::LayerFromProto(request.layer());
-  if (!layer.ok()) return InFile(a.layer, layer.status());
+  if (!layer.ok()) return absl::Status(layer.status().code(), Cat(a.layer, ": ", View(layer.status().message())));
   const v1::LayerConfig shown = proto::LayerToProto(*layer);
 
   // Everything is computed before anything is written: an error leaves no output.
@@ -114,7 +154,7 @@ absl::Status PlanLayerCmd(const PlanLayerArgs& a) {
     if (!json.ok()) return json.status();
     text = *std::move(json) + "\n";
   } else {
-    text = FormatPlanTable(shown, printed, profile->message);
+    text = FormatPlanTable(shown, printed, profile_message);
   }
   if (!a.trace.empty()) {
     proto::JsonStyle style;
@@ -173,27 +213,58 @@ absl::Status SweepCmd(const SweepArgs& a) {
   return WriteStdout(text);
 }
 
-absl::Status ProfilesListCmd() {
-  std::string text = fmt::format("{:<16}{:<10}{:>8}{:>8}{:>6}  {}\n", "name", "source",
-                                 "version", "nodes", "gpus", "summary");
+absl::StatusOr<v1::ListProfilesResponse> LocalProfiles() {
+  v1::ListProfilesResponse out;
   for (const std::string& name : calibration::BuiltinProfileNames()) {
     absl::StatusOr<v1::ClusterProfile> prof = calibration::BuiltinProfile(name);
     if (!prof.ok()) return prof.status();
-    std::string summary = prof->comment().substr(0, prof->comment().find(". "));
-    if (name == calibration::kDefaultProfileName) summary += " [default]";
-    fmt::format_to(std::back_inserter(text), "{:<16}{:<10}{:>8}{:>8}{:>6}  {}\n", name,
-                   prof->source() == v1::PROFILE_SOURCE_SPEC ? "spec" : "measured",
-                   prof->version(), prof->nodes(), prof->gpus_per_node(), summary);
+    v1::ProfileSummary* s = out.add_profiles();
+    s->set_name(prof->name());
+    s->set_version(prof->version());
+    s->set_source(prof->source());
+    s->set_nodes(prof->nodes());
+    s->set_gpus_per_node(prof->gpus_per_node());
+    s->set_comment(prof->comment());
+  }
+  return out;
+}
+
+absl::Status ProfilesListCmd(const std::string& server) {
+  absl::StatusOr<v1::ListProfilesResponse> list =
+      server.empty() ? LocalProfiles() : PlannerClient(server).ListProfiles();
+  if (!list.ok()) return list.status();
+  std::string text = fmt::format("{:<16}{:<10}{:>8}{:>8}{:>6}  {}\n", "name", "source",
+                                 "version", "nodes", "gpus", "summary");
+  for (const v1::ProfileSummary& prof : list->profiles()) {
+    std::string summary = prof.comment().substr(0, prof.comment().find(". "));
+    if (prof.name() == calibration::kDefaultProfileName) summary += " [default]";
+    fmt::format_to(std::back_inserter(text), "{:<16}{:<10}{:>8}{:>8}{:>6}  {}\n", prof.name(),
+                   prof.source() == v1::PROFILE_SOURCE_SPEC ? "spec" : "measured",
+                   prof.version(), prof.nodes(), prof.gpus_per_node(), summary);
   }
   return WriteStdout(text);
 }
 
-absl::Status ProfilesShowCmd(const std::string& name) {
-  absl::StatusOr<v1::ClusterProfile> prof = calibration::ResolveProfile(name);
+absl::Status ProfilesShowCmd(const std::string& name, const std::string& server) {
+  absl::StatusOr<v1::ClusterProfile> prof =
+      server.empty() ? calibration::ResolveProfile(name) : PlannerClient(server).GetProfile(name);
   if (!prof.ok()) return prof.status();
   absl::StatusOr<std::string> json = proto::ToJson(*prof);
   if (!json.ok()) return json.status();
   return WriteStdout(*json + "\n");
+}
+
+absl::Status ProfilesPutCmd(const std::string& file, const std::string& server) {
+  if (server.empty()) {
+    return absl::InvalidArgumentError(
+        "--server: profiles put stores a profile on a server; give its address");
+  }
+  v1::ClusterProfile prof;
+  if (absl::Status s = proto::ReadJsonFile(file, &prof); !s.ok()) return s;
+  absl::StatusOr<v1::PutProfileResponse> r = PlannerClient(server).PutProfile(prof);
+  if (!r.ok()) return absl::Status(r.status().code(), Cat(file, ": ", View(r.status().message())));
+  return WriteStdout(fmt::format("stored profile {} version {} on {}\n", r->name(), r->version(),
+                                 server));
 }
 
 int Main(int argc, char** argv) {
@@ -221,6 +292,8 @@ int Main(int argc, char** argv) {
   plan->add_option("--trace", pl.trace,
                    "Write a Chrome trace (open in Perfetto / chrome://tracing) to this file");
   plan->add_flag("--no-timeline", pl.no_timeline, "Leave the per-op timelines out of the output");
+  plan->add_option("--server", pl.server,
+                   "Plan on a moeplan-server at host:port instead of locally (same output)");
 
   SweepArgs sw;
   CLI::App* sweep = app.add_subcommand(
@@ -234,12 +307,20 @@ int Main(int argc, char** argv) {
   sweep->add_flag("--skip-invalid", sw.skip_invalid,
                   "Skip configs that fail validation (counted in the summary) instead of failing");
 
-  CLI::App* profiles = app.add_subcommand("profiles", "Built-in cluster profiles");
+  CLI::App* profiles = app.add_subcommand("profiles", "Cluster profiles (built-in, or a server's)");
   profiles->require_subcommand(1);
-  profiles->add_subcommand("list", "List the built-in profiles");
-  std::string show_name;
-  CLI::App* show = profiles->add_subcommand("show", "Print a profile (built-in name or file) as JSON");
-  show->add_option("name", show_name, "Profile name or file")->required();
+  std::string server, profile_name, profile_file;
+  CLI::App* list = profiles->add_subcommand("list", "List the profiles");
+  list->add_option("--server", server, "List a moeplan-server's profiles (host:port)");
+  CLI::App* show = profiles->add_subcommand("show", "Print a profile (name or file) as JSON");
+  show->add_option("name", profile_name, "Profile name or file")->required();
+  show->add_option("--server", server, "Ask a moeplan-server (host:port)");
+  CLI::App* get = profiles->add_subcommand("get", "Print a profile as JSON (same as show)");
+  get->add_option("name", profile_name, "Profile name or file")->required();
+  get->add_option("--server", server, "Ask a moeplan-server (host:port)");
+  CLI::App* put = profiles->add_subcommand("put", "Store a profile file on a moeplan-server");
+  put->add_option("file", profile_file, "Profile JSON (moeplan.v1.ClusterProfile)")->required();
+  put->add_option("--server", server, "The moeplan-server (host:port)")->required();
 
   try {
     app.parse(argc, argv);
@@ -252,10 +333,12 @@ int Main(int argc, char** argv) {
     status = PlanLayerCmd(pl);
   } else if (sweep->parsed()) {
     status = SweepCmd(sw);
-  } else if (show->parsed()) {
-    status = ProfilesShowCmd(show_name);
+  } else if (show->parsed() || get->parsed()) {
+    status = ProfilesShowCmd(profile_name, server);
+  } else if (put->parsed()) {
+    status = ProfilesPutCmd(profile_file, server);
   } else {
-    status = ProfilesListCmd();
+    status = ProfilesListCmd(server);
   }
   return status.ok() ? 0 : Fail(status);
 }

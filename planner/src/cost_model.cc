@@ -83,6 +83,10 @@ absl::Status ValidateProfile(const ClusterProfile& p) {
                     ch == '_' || ch == '-';
     if (!ok) return Bad("name", "must match [a-z0-9._-]+", Cat("\"", p.name, "\""));
   }
+  if (p.name.size() > 64) return Bad("name", "must be at most 64 characters", Cat(p.name.size()));
+  if (!((p.name[0] >= 'a' && p.name[0] <= 'z') || (p.name[0] >= '0' && p.name[0] <= '9'))) {
+    return Bad("name", "must start with [a-z0-9] (it names a file)", Cat("\"", p.name, "\""));
+  }
   if (p.source == ProfileSource::kUnspecified) {
     return Bad("source", "must be PROFILE_SOURCE_MEASURED or PROFILE_SOURCE_SPEC", "unset");
   }

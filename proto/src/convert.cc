@@ -248,6 +248,7 @@ absl::Status AnswerPlanLayer(const v1::PlanLayerRequest& request, p::LayerPlanne
     return absl::InvalidArgumentError(Cat("layer.", msg));
   }
   PlanToProto(plan, profile, request.include_timeline(), out);
+  out->mutable_derived()->set_ranks(layer->parallel.TotalRanks());
   return absl::OkStatus();
 }
 

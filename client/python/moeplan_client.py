@@ -1,0 +1,347 @@
+"""A thin Python client of the moeplan.v1.Planner gRPC service (DESIGN §7).
+
+Messages go in and come out as plain dicts in protobuf's JSON mapping with the
+.proto field names (snake_case), exactly as `moeplan plan-layer --format json`
+prints them:
+
+- every scalar field is present, defaults included (0, 0.0, "", false);
+- enums are their names ("SCHEDULE_S2", "PROFILE_SOURCE_SPEC");
+- 64-bit integers (e.g. `inter_node_bytes`, `bytes`, `tokens`) are *strings*,
+  as the JSON mapping prescribes; convert with int() where you need numbers.
+
+Units follow the .proto files: times in microseconds (`*_us`), sizes in bytes
+(`*_bytes`), layer dimensions in elements.
+
+Needs the generated stubs (`moeplan/v1/*_pb2.py`, `service_pb2_grpc.py`), which the
+CMake target `moeplan_python_stubs` writes to `build/client/python/` together with
+a copy of this file. If `moeplan.v1` is not importable as-is, this module looks in
+the directories of $MOEPLAN_PYTHONPATH (os.pathsep-separated), then next to itself,
+then in `<repo>/build/client/python`. Use Debian's /usr/bin/python3 (it sees
+python3-grpcio and python3-protobuf).
+
+    from moeplan_client import PlannerClient, PlannerError
+
+    with PlannerClient("127.0.0.1:50051") as client:
+        plan = client.plan_layer(layer_dict, profile="a100-8x8")
+        print(plan["best_schedule"], plan["candidates"][0]["total_us"])
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any, Iterable, Mapping, Optional, Sequence, Tuple, Union
+
+try:
+    import grpc
+    from google.protobuf import json_format
+except ImportError as e:  # pragma: no cover - environment problem
+    raise ImportError(
+        f"moeplan_client needs grpcio and protobuf ({e}); on Debian install python3-grpcio "
+        "and python3-protobuf and run /usr/bin/python3") from e
+
+_STUB_MARKER = os.path.join("moeplan", "v1", "service_pb2_grpc.py")
+
+
+def _stub_candidates() -> list:
+    here = os.path.dirname(os.path.abspath(__file__))
+    dirs = [d for d in os.environ.get("MOEPLAN_PYTHONPATH", "").split(os.pathsep) if d]
+    dirs.append(here)  # the copy in build/client/python sits next to the stubs
+    # client/python/moeplan_client.py -> <repo>/build/client/python
+    dirs.append(os.path.join(os.path.dirname(os.path.dirname(here)), "build", "client", "python"))
+    return dirs
+
+
+def _import_stubs():
+    try:
+        from moeplan.v1 import layer_pb2, plan_pb2, profile_pb2, service_pb2, service_pb2_grpc
+    except ImportError:
+        tried = _stub_candidates()
+        for d in tried:
+            if os.path.isfile(os.path.join(d, _STUB_MARKER)):
+                sys.path.insert(0, os.path.abspath(d))
+                break
+        else:
+            raise ImportError(
+                "moeplan_client: generated stubs (moeplan/v1/*_pb2.py) not found on sys.path nor in "
+                + ", ".join(tried)
+                + "; build them with `ninja -C build moeplan_python_stubs` and set "
+                "MOEPLAN_PYTHONPATH=build/client/python") from None
+        from moeplan.v1 import layer_pb2, plan_pb2, profile_pb2, service_pb2, service_pb2_grpc
+    return layer_pb2, plan_pb2, profile_pb2, service_pb2, service_pb2_grpc
+
+
+layer_pb2, plan_pb2, profile_pb2, service_pb2, service_pb2_grpc = _import_stubs()
+
+__all__ = ["PlannerClient", "PlannerError", "schedule_enum", "schedule_short_name"]
+
+DEFAULT_PROFILE = "a100-8x8"
+
+# Short names as the CLI spells them (`--schedules default,s1,s2`, `--moe-schedule s2`).
+_SHORT_TO_ENUM = {
+    "default": "SCHEDULE_DEFAULT",
+    "s1": "SCHEDULE_S1",
+    "s2": "SCHEDULE_S2",
+}
+
+
+def schedule_enum(schedule: Union[str, int]) -> int:
+    """Schedule enum value of `schedule`: "default"/"s1"/"s2" (any case), an enum
+    name such as "SCHEDULE_S2", or an int enum value. Raises ValueError otherwise."""
+    if isinstance(schedule, int) and not isinstance(schedule, bool):
+        if schedule in plan_pb2.Schedule.values() and schedule != plan_pb2.SCHEDULE_UNSPECIFIED:
+            return schedule
+        raise ValueError(f"schedule: unknown value {schedule}")
+    if isinstance(schedule, str):
+        name = _SHORT_TO_ENUM.get(schedule.lower(), schedule.upper())
+        if name in plan_pb2.Schedule.keys() and name != "SCHEDULE_UNSPECIFIED":
+            return plan_pb2.Schedule.Value(name)
+    raise ValueError(f"schedule: must be one of default, s1, s2 (got {schedule!r})")
+
+
+def schedule_short_name(schedule: Union[str, int]) -> str:
+    """"default", "s1" or "s2" for an enum name ("SCHEDULE_S2") or value."""
+    value = schedule_enum(schedule)
+    name = plan_pb2.Schedule.Name(value)
+    for short, enum_name in _SHORT_TO_ENUM.items():
+        if enum_name == name:
+            return short
+    raise ValueError(f"schedule: no short name for {name}")  # pragma: no cover
+
+
+class PlannerError(Exception):
+    """A failed call: the gRPC status code name and the server's one-line message.
+
+    Attributes:
+        code: the status code name, e.g. "INVALID_ARGUMENT", "NOT_FOUND",
+            "FAILED_PRECONDITION", "UNAVAILABLE", "DEADLINE_EXCEEDED".
+        message: the server's message, naming the field and the rule, e.g.
+            "layer.top_k: must be <= num_experts (got top_k=4, num_experts=2)".
+        method: the RPC, e.g. "PlanLayer".
+
+    A dict that does not parse as the request message (unknown field, wrong type)
+    raises PlannerError with code "INVALID_ARGUMENT" before anything is sent.
+    """
+
+    def __init__(self, code: str, message: str, method: str = ""):
+        self.code = code
+        self.message = " ".join(message.split("\n")).strip()
+        self.method = method
+        super().__init__(f"{code}: {self.message}")
+
+
+def _parse(value: Mapping[str, Any], message, field: str):
+    """ParseDict with unknown fields rejected; errors become PlannerError."""
+    if not isinstance(value, Mapping):
+        raise PlannerError("INVALID_ARGUMENT", f"{field}: must be a JSON object (a dict), got "
+                           f"{type(value).__name__}")
+    try:
+        return json_format.ParseDict(value, message, ignore_unknown_fields=False)
+    except json_format.ParseError as e:
+        # protobuf appends the list of available fields; keep the first sentence.
+        text = str(e).split("\n")[0].split("  Available Fields")[0].strip()
+        raise PlannerError("INVALID_ARGUMENT", f"{field}: {text}") from None
+
+
+def _to_dict(message) -> dict:
+    return json_format.MessageToDict(message, including_default_value_fields=True,
+                                     preserving_proto_field_name=True)
+
+
+class PlannerClient:
+    """Client of one moeplan-server.
+
+    Args:
+        address: "host:port" (e.g. "127.0.0.1:50051") or "unix:PATH". The channel is
+            plaintext: the server listens on loopback and has no authentication.
+        timeout_s: deadline of every call, in seconds.
+
+    Use as a context manager, or call close(), to release the channel.
+    """
+
+    def __init__(self, address: str, timeout_s: float = 10.0):
+        if timeout_s <= 0:
+            raise ValueError(f"timeout_s: must be > 0 (got {timeout_s})")
+        self.address = address
+        self.timeout_s = float(timeout_s)
+        self._channel = grpc.insecure_channel(address)
+        self._stub = service_pb2_grpc.PlannerStub(self._channel)
+        self._closed = False
+
+    # -- lifetime ---------------------------------------------------------------
+
+    def close(self) -> None:
+        """Closes the channel; idempotent. Calls after close() raise ValueError."""
+        if not self._closed:
+            self._closed = True
+            self._channel.close()
+
+    def __enter__(self) -> "PlannerClient":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _call(self, method: str, request):
+        if self._closed:
+            raise ValueError("PlannerClient: the channel is closed")
+        try:
+            return getattr(self._stub, method)(request, timeout=self.timeout_s)
+        except grpc.RpcError as e:
+            code = e.code() if hasattr(e, "code") else None
+            details = e.details() if hasattr(e, "details") else str(e)
+            raise PlannerError(code.name if code is not None else "UNKNOWN", details or "",
+                               method) from None
+
+    # -- Planner ----------------------------------------------------------------
+
+    def plan_layer(self, layer: Mapping[str, Any],
+                   profile: Union[str, Mapping[str, Any]] = DEFAULT_PROFILE,
+                   schedules: Optional[Iterable[Union[str, int]]] = None,
+                   include_timeline: bool = False) -> dict:
+        """Plans one MoE layer: PlanLayer.
+
+        Args:
+            layer: a moeplan.v1.LayerConfig as a dict (the layer JSON files' fields:
+                batch_size, seq_len, model_dim, hidden_dim, num_experts, top_k,
+                capacity_factor, optional bytes_per_element, token_skew, and
+                parallel {mp, ep, esp, dp?, pp?}). Unknown fields are rejected.
+            profile: a built-in or stored profile name ("a100-8x8", "h200-8x8",
+                "rtx2080ti-8x4", or one put with put_profile), or a whole
+                ClusterProfile dict sent inline (not stored).
+            schedules: schedules to plan, "default"/"s1"/"s2" or enum names;
+                None or empty: all three.
+            include_timeline: also return every candidate's op timeline
+                (candidates[].ops, start_us/end_us in microseconds).
+
+        Returns:
+            The PlanLayerResponse dict: profile_name, profile_version, derived
+            (tokens, capacity, activation_bytes, dispatch_bytes, ranks),
+            candidates (fastest first; forward_us, backward_us, total_us, comm_us,
+            hidden_comm_us, exposed_comm_us, compute_us in microseconds per layer
+            forward+backward on the representative rank, inter_node_bytes in bytes),
+            best_schedule ("SCHEDULE_S2", ...) and decision (margin_us, margin_pct,
+            speedup_over_default, deciding_terms, summary).
+
+        Raises:
+            PlannerError: INVALID_ARGUMENT with the offending field
+                ("layer.top_k: ..."), NOT_FOUND for an unknown profile name, ...
+            ValueError: an unknown schedule name.
+        """
+        request = plan_pb2.PlanLayerRequest()
+        request.layer.CopyFrom(_parse(layer, layer_pb2.LayerConfig(), "layer"))
+        if isinstance(profile, str):
+            request.profile_name = profile
+        else:
+            request.profile.CopyFrom(_parse(profile, profile_pb2.ClusterProfile(), "profile"))
+        for s in schedules or ():
+            request.schedules.append(schedule_enum(s))
+        request.include_timeline = bool(include_timeline)
+        return _to_dict(self._call("PlanLayer", request))
+
+    def list_profiles(self) -> list:
+        """Profiles the server knows (built-in and stored): ListProfiles.
+
+        Returns:
+            A list of ProfileSummary dicts: name, version, source
+            ("PROFILE_SOURCE_SPEC" / "PROFILE_SOURCE_MEASURED"), nodes,
+            gpus_per_node, comment.
+        """
+        response = self._call("ListProfiles", service_pb2.ListProfilesRequest())
+        return [_to_dict(p) for p in response.profiles]
+
+    def get_profile(self, name: str) -> dict:
+        """One whole ClusterProfile by name: GetProfile.
+
+        Returns:
+            The ClusterProfile dict (times in microseconds, alpha_us and
+            beta_us_per_byte, peak_tflops, bandwidth_gbytes_per_s, ...).
+
+        Raises:
+            PlannerError: NOT_FOUND for an unknown name (the message lists the
+                known ones), INVALID_ARGUMENT for an empty one.
+        """
+        return _to_dict(self._call("GetProfile", service_pb2.GetProfileRequest(name=name)))
+
+    def put_profile(self, profile: Mapping[str, Any]) -> dict:
+        """Stores a ClusterProfile on the server: PutProfile.
+
+        Args:
+            profile: a ClusterProfile dict. `name` ([a-z0-9._-]+) must not be a
+                built-in's; `version` (>= 1) must be greater than the stored
+                version of the same name (re-putting identical content at the same
+                version is accepted).
+
+        Returns:
+            {"name": ..., "version": ...} as stored.
+
+        Raises:
+            PlannerError: INVALID_ARGUMENT ("profile.<field>: ..."),
+                FAILED_PRECONDITION (built-in name, version not increased).
+        """
+        request = service_pb2.PutProfileRequest()
+        request.profile.CopyFrom(_parse(profile, profile_pb2.ClusterProfile(), "profile"))
+        return _to_dict(self._call("PutProfile", request))
+
+    def report_measurement(self, profile_name: str, profile_version: int,
+                           layer: Mapping[str, Any], schedule: Union[str, int],
+                           ops: Union[Mapping[str, float], Iterable[Tuple[str, float]]],
+                           total_us: float) -> int:
+        """Sends the op times a job measured back to the server: ReportMeasurement.
+
+        Args:
+            profile_name: the profile the plan was made with.
+            profile_version: its version (1 .. the stored version).
+            layer: the LayerConfig dict that was planned (and run).
+            schedule: the schedule that ran, "default"/"s1"/"s2" or an enum name.
+            ops: measured op durations in microseconds, by op name (the plan's
+                candidates[].ops[].name): a {name: duration_us} mapping or
+                (name, duration_us) pairs; at least one.
+            total_us: measured forward+backward time of the layer, microseconds.
+
+        Returns:
+            How many measurements the server has stored for this profile so far.
+        """
+        request = service_pb2.ReportMeasurementRequest(profile_name=profile_name,
+                                                       profile_version=int(profile_version),
+                                                       schedule=schedule_enum(schedule),
+                                                       total_us=float(total_us))
+        request.plan.layer.CopyFrom(_parse(layer, layer_pb2.LayerConfig(), "plan.layer"))
+        pairs: Sequence[Tuple[str, float]] = list(ops.items() if isinstance(ops, Mapping) else ops)
+        for name, duration_us in pairs:
+            request.ops.add(name=name, duration_us=float(duration_us))
+        return int(self._call("ReportMeasurement", request).stored)
+
+    def health(self, service: str = "") -> str:
+        """The standard gRPC health check (grpc.health.v1.Health/Check).
+
+        Args:
+            service: the service to ask about; "" means the server as a whole.
+
+        Returns:
+            "SERVING", "NOT_SERVING", "SERVICE_UNKNOWN" or "UNKNOWN".
+
+        Raises:
+            PlannerError: e.g. UNAVAILABLE when nothing listens at the address.
+        """
+        # Hand-encoded so the client does not need the grpcio-health-checking
+        # package: HealthCheckRequest{string service = 1},
+        # HealthCheckResponse{ServingStatus status = 1}.
+        if self._closed:
+            raise ValueError("PlannerClient: the channel is closed")
+        data = service.encode()
+        if len(data) > 127:
+            raise ValueError("health: service name too long")
+        request = (b"\x0a" + bytes([len(data)]) + data) if data else b""
+        check = self._channel.unary_unary("/grpc.health.v1.Health/Check",
+                                          request_serializer=lambda b: b,
+                                          response_deserializer=lambda b: b)
+        try:
+            reply = check(request, timeout=self.timeout_s)
+        except grpc.RpcError as e:
+            raise PlannerError(e.code().name, e.details() or "", "Health.Check") from None
+        status = 0
+        if len(reply) >= 2 and reply[0] == 0x08:
+            status = reply[1]
+        return {0: "UNKNOWN", 1: "SERVING", 2: "NOT_SERVING", 3: "SERVICE_UNKNOWN"}.get(
+            status, "UNKNOWN")

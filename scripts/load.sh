@@ -1,0 +1,154 @@
+#!/usr/bin/env bash
+# Load test of moeplan-server on loopback: starts a server from build/ on
+# 127.0.0.1:0 with a temporary data dir, runs build/bench/moeplan-loadgen for
+# every clients x mode pair against it, prints a Markdown table, and stops the
+# server with SIGTERM (also on error or Ctrl-C).
+#
+# Build first:  cmake -S . -B build && ninja -C build moeplan-loadgen moeplan-server
+#
+# Environment (all optional):
+#   DURATION=10        measured seconds per run (60 for the report run)
+#   WARMUP=1           unmeasured seconds before each run's window
+#   CLIENTS="1 8 64"   outstanding calls per run
+#   MODES="cached uncached"
+#   CHANNELS=1         gRPC channels (connections) of the load generator
+#   CACHE_ENTRIES=     server --cache-entries (unset: the server's default)
+#   BUILD_DIR=build
+#   LAYER=examples/gpt2-moe-layer.json   PROFILE=a100-8x8
+#   JSON_DIR=          keep each run's loadgen JSON there
+#
+# Exit status: 0 when every run had zero failed calls.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+DURATION=${DURATION:-10}
+WARMUP=${WARMUP:-1}
+CLIENTS=${CLIENTS:-"1 8 64"}
+MODES=${MODES:-"cached uncached"}
+CHANNELS=${CHANNELS:-1}
+CACHE_ENTRIES=${CACHE_ENTRIES:-}
+BUILD_DIR=${BUILD_DIR:-build}
+LAYER=${LAYER:-examples/gpt2-moe-layer.json}
+PROFILE=${PROFILE:-a100-8x8}
+JSON_DIR=${JSON_DIR:-}
+
+server_bin=$BUILD_DIR/server/moeplan-server
+loadgen_bin=$BUILD_DIR/bench/moeplan-loadgen
+for b in "$server_bin" "$loadgen_bin"; do
+  if [[ ! -x $b ]]; then
+    echo "load.sh: error: $b not built (ninja -C $BUILD_DIR moeplan-loadgen moeplan-server)" >&2
+    exit 2
+  fi
+done
+
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/moeplan-load.XXXXXX")
+server_pid=""
+cleanup() {
+  if [[ -n $server_pid ]] && kill -0 "$server_pid" 2>/dev/null; then
+    kill -TERM "$server_pid" 2>/dev/null || true
+    # The server drains for up to 10 s; do not wait longer than that.
+    for _ in $(seq 120); do
+      kill -0 "$server_pid" 2>/dev/null || break
+      sleep 0.1
+    done
+    if kill -0 "$server_pid" 2>/dev/null; then
+      echo "load.sh: server $server_pid did not stop on SIGTERM; killing it" >&2
+      kill -KILL "$server_pid" 2>/dev/null || true
+    fi
+    wait "$server_pid" 2>/dev/null || true
+  fi
+  rm -rf "$tmp"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+server_args=(--listen 127.0.0.1:0 --data-dir "$tmp/data" --no-request-log)
+[[ -n $CACHE_ENTRIES ]] && server_args+=(--cache-entries "$CACHE_ENTRIES")
+mkdir -p "$tmp/data"
+"$server_bin" "${server_args[@]}" >"$tmp/server.out" 2>"$tmp/server.err" &
+server_pid=$!
+
+port=""
+for _ in $(seq 100); do
+  if [[ $(head -n1 "$tmp/server.out" 2>/dev/null) =~ listening\ on\ 127\.0\.0\.1:([0-9]+) ]]; then
+    port=${BASH_REMATCH[1]}
+    break
+  fi
+  kill -0 "$server_pid" 2>/dev/null || break
+  sleep 0.1
+done
+if [[ -z $port ]]; then
+  echo "load.sh: error: the server did not report its port; its stderr:" >&2
+  cat "$tmp/server.err" >&2
+  exit 2
+fi
+echo "load.sh: moeplan-server pid $server_pid on 127.0.0.1:$port;" \
+  "${DURATION} s per run after ${WARMUP} s warmup, channels=$CHANNELS" >&2
+
+# One field of the loadgen's flat JSON.
+jget() {
+  local re="\"$1\":([-0-9.]+|null)"
+  if [[ $2 =~ $re ]]; then echo "${BASH_REMATCH[1]}"; else echo "-"; fi
+}
+
+rows=()
+failed=0
+uncached_runs=0
+for c in $CLIENTS; do
+  for m in $MODES; do
+    args=(--server "127.0.0.1:$port" --clients "$c" --mode "$m" --duration-s "$DURATION"
+          --warmup-s "$WARMUP" --channels "$CHANNELS" --layer "$LAYER" --profile "$PROFILE"
+          --server-pid "$server_pid" --json)
+    if [[ $m == uncached ]]; then
+      # Disjoint stretches of the batch_size sequence, so one run cannot hit what
+      # an earlier run left in the server's cache.
+      args+=(--uncached-offset $((uncached_runs * 700000)))
+      uncached_runs=$((uncached_runs + 1))
+    fi
+    echo "load.sh: clients=$c mode=$m ..." >&2
+    rc=0
+    out=$("$loadgen_bin" "${args[@]}") || rc=$?
+    if [[ -n $JSON_DIR ]]; then
+      mkdir -p "$JSON_DIR"
+      printf '%s\n' "$out" >"$JSON_DIR/c${c}-${m}.json"
+    fi
+    if [[ -z $out ]]; then
+      echo "load.sh: loadgen failed (exit $rc) for clients=$c mode=$m" >&2
+      rows+=("| $c | $m | - | - | - | loadgen exit $rc | - |")
+      failed=1
+      continue
+    fi
+    echo "$out" >&2
+    [[ $rc -ne 0 ]] && failed=1
+    errs=$(jget errors_total "$out")
+    [[ $errs != 0 && $errs != - ]] && failed=1
+    growth=$(jget growth_pct "$out")
+    rows+=("| $c | $m | $(jget throughput_rps "$out") | $(jget p50 "$out") | $(jget p99 "$out") | $(jget max "$out") | $errs | $growth |")
+  done
+done
+
+if ! kill -0 "$server_pid" 2>/dev/null; then
+  echo "load.sh: error: the server died during the runs; its stderr:" >&2
+  cat "$tmp/server.err" >&2
+  failed=1
+fi
+
+echo
+echo "moeplan-server load, ${DURATION} s per run (after ${WARMUP} s warmup), loopback, channels=$CHANNELS, $(nproc) CPU(s)"
+echo
+echo "| clients | mode | req/s | p50 µs | p99 µs | max µs | errors | server RSS growth % |"
+echo "|--:|---|--:|--:|--:|--:|--:|--:|"
+printf '%s\n' "${rows[@]}"
+
+# Stop the server now (the trap does the same on every other path) and check
+# that SIGTERM gives exit 0.
+kill -TERM "$server_pid"
+server_rc=0
+wait "$server_pid" || server_rc=$?
+server_pid=""
+if [[ $server_rc -ne 0 ]]; then
+  echo "load.sh: server exited $server_rc on SIGTERM" >&2
+  failed=1
+fi
+exit $failed

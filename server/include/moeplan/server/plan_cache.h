@@ -1,0 +1,55 @@
+// A bounded LRU cache of plan responses, keyed by the canonical bytes of a
+// normalised request and the profile's name and version (see PlanCacheKey), so
+// a new profile version never hits an old plan. Thread-safe; values are shared
+// immutable responses.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <list>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
+
+#include "absl/container/flat_hash_map.h"
+#include "moeplan/v1/plan.pb.h"
+
+namespace moeplan::server {
+
+// "<profile name>\0<version>\0<bytes>": `request_bytes` is the deterministic
+// serialisation of the normalised request (defaults filled in, schedules made
+// explicit), or of the inline profile too when the request carries one.
+std::string PlanCacheKey(std::string_view profile_name, uint32_t profile_version,
+                         std::string_view request_bytes);
+
+class PlanCache {
+ public:
+  using Value = std::shared_ptr<const v1::PlanLayerResponse>;
+
+  // capacity 0 disables caching.
+  explicit PlanCache(size_t capacity) : capacity_(capacity) {}
+
+  Value Get(const std::string& key);
+  void Put(const std::string& key, Value value);
+  // Drops every entry of a profile (after a new version is put).
+  size_t EraseProfile(std::string_view profile_name);
+
+  size_t size() const;
+  size_t capacity() const { return capacity_; }
+  uint64_t hits() const;
+  uint64_t misses() const;
+
+ private:
+  struct Entry {
+    std::string key;
+    Value value;
+  };
+  const size_t capacity_;
+  mutable std::mutex mu_;
+  std::list<Entry> lru_;  // most recent first
+  absl::flat_hash_map<std::string_view, std::list<Entry>::iterator> index_;  // views into lru_ keys
+  uint64_t hits_ = 0, misses_ = 0;
+};
+
+}  // namespace moeplan::server

@@ -1,0 +1,60 @@
+// moeplan-server: the moeplan.v1.Planner service over gRPC (DESIGN §7), with
+// the standard health service and server reflection. This header keeps gRPC
+// out of its includers; the implementation is the one gRPC translation unit.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "moeplan/server/plan_cache.h"
+#include "moeplan/server/profile_store.h"
+
+namespace moeplan::server {
+
+struct ServerOptions {
+  std::string listen = "127.0.0.1:50051";  // host:port; port 0 picks a free one
+  bool allow_public = false;  // needed to listen on a non-loopback address
+  std::string data_dir;
+  int threads = 0;  // >0: cap on gRPC's server threads (resource quota)
+  size_t cache_entries = 10000;
+  bool log_requests = true;  // one structured line per request on stderr
+};
+
+// InvalidArgument unless `listen` is host:port on a loopback host (127.0.0.0/8,
+// localhost, [::1]) or a unix: socket, or allow_public is set.
+absl::Status CheckListenAddress(const std::string& listen, bool allow_public);
+
+class PlannerServer {
+ public:
+  // Opens the store (`report` lists loaded and skipped profile files), binds and
+  // starts serving.
+  static absl::StatusOr<std::unique_ptr<PlannerServer>> Start(const ServerOptions& options,
+                                                              ProfileStore::OpenReport* report);
+  ~PlannerServer();
+
+  int port() const { return port_; }
+  // "host:port" with the port actually bound.
+  const std::string& address() const { return address_; }
+  // Stops accepting calls, lets in-flight calls finish for up to `drain`, then
+  // cancels what is left. Idempotent.
+  void Shutdown(std::chrono::milliseconds drain);
+  // Blocks until the server has shut down.
+  void Wait();
+
+  ProfileStore& store() { return *store_; }
+  PlanCache& cache() { return *cache_; }
+
+ private:
+  struct Impl;
+  PlannerServer() = default;
+  std::unique_ptr<ProfileStore> store_;
+  std::unique_ptr<PlanCache> cache_;
+  std::unique_ptr<Impl> impl_;
+  int port_ = 0;
+  std::string address_;
+};
+
+}  // namespace moeplan::server

@@ -1,0 +1,76 @@
+// moeplan-server --listen ADDR --data-dir DIR [--threads N] [--cache-entries N]
+// Serves until SIGTERM or SIGINT, then drains in-flight calls and exits 0.
+#include <pthread.h>
+#include <signal.h>
+
+#include <cstdio>
+
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include "moeplan/planner/strings.h"
+#include "moeplan/server/server.h"
+
+int main(int argc, char** argv) {
+  using namespace moeplan;
+  server::ServerOptions options;
+  int drain_ms = 10000;
+  CLI::App app{"moeplan-server: the moeplan planner over gRPC (moeplan.v1.Planner)"};
+  app.add_option("--listen", options.listen,
+                 "host:port to listen on (port 0: any free port); loopback unless --allow-public")
+      ->capture_default_str();
+  app.add_flag("--allow-public", options.allow_public,
+               "Allow listening on a non-loopback address (the service has no authentication)");
+  app.add_option("--data-dir", options.data_dir, "Directory for stored profiles and measurements")
+      ->required();
+  app.add_option("--threads", options.threads, "Cap on gRPC server threads (0: gRPC's default)")
+      ->capture_default_str();
+  app.add_option("--cache-entries", options.cache_entries, "Plan cache size (0 disables it)")
+      ->capture_default_str();
+  app.add_option("--drain-ms", drain_ms, "On SIGTERM/SIGINT, how long in-flight calls may finish")
+      ->capture_default_str();
+  bool quiet = false;
+  app.add_flag("--no-request-log", quiet, "Do not log one line per request on stderr");
+  app.failure_message([](const CLI::App*, const CLI::Error& e) {
+    return fmt::format("moeplan-server: error: {} (see --help)\n", e.what());
+  });
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  options.log_requests = !quiet;
+
+  // Block the stop signals in every thread (gRPC's inherit this mask) and wait
+  // for them here.
+  sigset_t stop;
+  sigemptyset(&stop);
+  sigaddset(&stop, SIGTERM);
+  sigaddset(&stop, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &stop, nullptr);
+
+  server::ProfileStore::OpenReport report;
+  absl::StatusOr<std::unique_ptr<server::PlannerServer>> srv =
+      server::PlannerServer::Start(options, &report);
+  for (const std::string& skipped : report.skipped) {
+    fmt::print(stderr, "moeplan-server: warning: {}\n", skipped);
+  }
+  if (!srv.ok()) {
+    fmt::print(stderr, "moeplan-server: error: {}\n", View(srv.status().message()));
+    return 1;
+  }
+  fmt::print(stderr, "moeplan-server: {} stored profile(s) loaded from {}\n", report.loaded.size(),
+             options.data_dir);
+  // The one line on stdout: scripts wait for it to know the port.
+  fmt::print("moeplan-server listening on {}\n", (*srv)->address());
+  std::fflush(stdout);
+
+  int sig = 0;
+  sigwait(&stop, &sig);
+  fmt::print(stderr, "moeplan-server: {} received, draining (up to {} ms)\n",
+             sig == SIGTERM ? "SIGTERM" : "SIGINT", drain_ms);
+  (*srv)->Shutdown(std::chrono::milliseconds(drain_ms));
+  (*srv)->Wait();
+  fmt::print(stderr, "moeplan-server: stopped\n");
+  return 0;
+}

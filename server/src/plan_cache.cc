@@ -1,0 +1,78 @@
+#include "moeplan/server/plan_cache.h"
+
+#include "moeplan/planner/strings.h"
+
+namespace moeplan::server {
+
+std::string PlanCacheKey(std::string_view profile_name, uint32_t profile_version,
+                         std::string_view request_bytes) {
+  std::string key;
+  key.reserve(profile_name.size() + request_bytes.size() + 16);
+  key.append(profile_name);
+  key.push_back('\0');
+  key.append(std::to_string(profile_version));
+  key.push_back('\0');
+  key.append(request_bytes);
+  return key;
+}
+
+PlanCache::Value PlanCache::Get(const std::string& key) {
+  if (capacity_ == 0) return nullptr;
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = index_.find(std::string_view(key));
+  if (it == index_.end()) {
+    ++misses_;
+    return nullptr;
+  }
+  ++hits_;
+  lru_.splice(lru_.begin(), lru_, it->second);
+  return it->second->value;
+}
+
+void PlanCache::Put(const std::string& key, Value value) {
+  if (capacity_ == 0) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (auto it = index_.find(std::string_view(key)); it != index_.end()) {
+    it->second->value = std::move(value);
+    lru_.splice(lru_.begin(), lru_, it->second);
+    return;
+  }
+  lru_.push_front(Entry{key, std::move(value)});
+  index_.emplace(std::string_view(lru_.front().key), lru_.begin());
+  while (lru_.size() > capacity_) {
+    index_.erase(std::string_view(lru_.back().key));
+    lru_.pop_back();
+  }
+}
+
+size_t PlanCache::EraseProfile(std::string_view profile_name) {
+  std::lock_guard<std::mutex> lock(mu_);
+  size_t erased = 0;
+  for (auto it = lru_.begin(); it != lru_.end();) {
+    const std::string& k = it->key;
+    if (k.size() > profile_name.size() && k.compare(0, profile_name.size(), profile_name) == 0 &&
+        k[profile_name.size()] == '\0') {
+      index_.erase(std::string_view(k));
+      it = lru_.erase(it);
+      ++erased;
+    } else {
+      ++it;
+    }
+  }
+  return erased;
+}
+
+size_t PlanCache::size() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return lru_.size();
+}
+uint64_t PlanCache::hits() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return hits_;
+}
+uint64_t PlanCache::misses() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return misses_;
+}
+
+}  // namespace moeplan::server

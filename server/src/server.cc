@@ -1,0 +1,411 @@
+// The gRPC translation unit of the server: the Planner service (callback API,
+// every handler answers inline: a cached plan is a copy, an uncached one ~20 us
+// of planning), health, reflection, and start/shutdown.
+#include "moeplan/server/server.h"
+
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/health_check_service_interface.h>
+#include <spdlog/async.h>
+#include <spdlog/sinks/stdout_sinks.h>
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+#include <cmath>
+#include <mutex>
+#include <optional>
+
+#include "absl/strings/str_join.h"
+#include "moeplan/planner/planner.h"
+#include "moeplan/planner/strings.h"
+#include "moeplan/planner/validate.h"
+#include "moeplan/proto/convert.h"
+#include "moeplan/proto/json.h"
+#include "moeplan/v1/service.grpc.pb.h"
+
+namespace moeplan::server {
+namespace {
+
+namespace p = ::moeplan::planner;
+using Clock = std::chrono::steady_clock;
+
+// absl and gRPC share the canonical status codes one to one.
+grpc::Status ToGrpc(const absl::Status& s) {
+  if (s.ok()) return grpc::Status::OK;
+  return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
+}
+
+absl::Status Invalid(std::string msg) { return absl::InvalidArgumentError(std::move(msg)); }
+
+// Prefixes a field error with the request field it came from.
+absl::Status Under(std::string_view prefix, const absl::Status& s) {
+  if (s.code() != absl::StatusCode::kInvalidArgument &&
+      s.code() != absl::StatusCode::kFailedPrecondition) {
+    return s;
+  }
+  return absl::Status(s.code(), Cat(prefix, View(s.message())));
+}
+
+const char* CodeName(absl::StatusCode c) {
+  switch (c) {
+    case absl::StatusCode::kOk: return "OK";
+    case absl::StatusCode::kCancelled: return "CANCELLED";
+    case absl::StatusCode::kInvalidArgument: return "INVALID_ARGUMENT";
+    case absl::StatusCode::kDeadlineExceeded: return "DEADLINE_EXCEEDED";
+    case absl::StatusCode::kNotFound: return "NOT_FOUND";
+    case absl::StatusCode::kAlreadyExists: return "ALREADY_EXISTS";
+    case absl::StatusCode::kPermissionDenied: return "PERMISSION_DENIED";
+    case absl::StatusCode::kFailedPrecondition: return "FAILED_PRECONDITION";
+    case absl::StatusCode::kDataLoss: return "DATA_LOSS";
+    case absl::StatusCode::kInternal: return "INTERNAL";
+    case absl::StatusCode::kUnavailable: return "UNAVAILABLE";
+    default: return "UNKNOWN";
+  }
+}
+
+// One logfmt line per request on stderr, through spdlog's async queue so the
+// handlers never wait on the terminal.
+class RequestLog {
+ public:
+  explicit RequestLog(bool enabled) : enabled_(enabled) {
+    if (!enabled_) return;
+    static std::once_flag once;
+    std::call_once(once, [] { spdlog::init_thread_pool(1 << 16, 1); });
+    logger_ = std::make_shared<spdlog::async_logger>(
+        "moeplan-server-requests", std::make_shared<spdlog::sinks::stderr_sink_mt>(),
+        spdlog::thread_pool(), spdlog::async_overflow_policy::block);
+    logger_->set_pattern("%Y-%m-%dT%H:%M:%S.%fZ %v", spdlog::pattern_time_type::utc);
+  }
+  ~RequestLog() {
+    if (logger_) logger_->flush();
+  }
+  void Log(std::string_view method, const absl::Status& s, Clock::time_point start,
+           std::string_view cache, std::string_view profile) {
+    if (!enabled_) return;
+    const auto us = std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - start);
+    if (s.ok()) {
+      logger_->info("method={} code=OK latency_us={} cache={} profile={}", method, us.count(),
+                    cache, profile.empty() ? "-" : profile);
+    } else {
+      std::string msg(View(s.message()));
+      for (char& c : msg) {
+        if (c == '"') c = '\'';
+      }
+      logger_->info("method={} code={} latency_us={} cache={} profile={} error=\"{}\"", method,
+                    CodeName(s.code()), us.count(), cache, profile.empty() ? "-" : profile, msg);
+    }
+  }
+
+ private:
+  bool enabled_;
+  std::shared_ptr<spdlog::async_logger> logger_;
+};
+
+absl::Status CheckDeadline(grpc::CallbackServerContext* ctx) {
+  if (ctx->IsCancelled()) return absl::CancelledError("the client cancelled the call");
+  if (ctx->deadline() <= std::chrono::system_clock::now()) {
+    return absl::DeadlineExceededError("the call's deadline passed before planning started");
+  }
+  return absl::OkStatus();
+}
+
+// A planner per thread, rebuilt when the thread plans against another profile
+// entry (holding the entry keeps its cost model alive).
+struct ThreadPlanner {
+  std::shared_ptr<const ProfileEntry> entry;
+  std::optional<p::LayerPlanner> planner;
+  p::LayerPlanner& For(const std::shared_ptr<const ProfileEntry>& e) {
+    if (entry != e) {
+      planner.reset();
+      entry = e;
+      planner.emplace(e->cost);
+    }
+    return *planner;
+  }
+};
+
+class PlannerService final : public v1::Planner::CallbackService {
+ public:
+  PlannerService(ProfileStore* store, PlanCache* cache, bool log_requests)
+      : store_(*store), cache_(*cache), log_(log_requests) {}
+
+  grpc::ServerUnaryReactor* PlanLayer(grpc::CallbackServerContext* ctx,
+                                      const v1::PlanLayerRequest* req,
+                                      v1::PlanLayerResponse* resp) override {
+    const auto start = Clock::now();
+    std::string_view cache_state = "-";
+    std::string profile_name;
+    absl::Status s = DoPlanLayer(ctx, *req, resp, &cache_state, &profile_name);
+    log_.Log("PlanLayer", s, start, cache_state, profile_name);
+    return Finish(ctx, s);
+  }
+
+  grpc::ServerUnaryReactor* ListProfiles(grpc::CallbackServerContext* ctx,
+                                         const v1::ListProfilesRequest*,
+                                         v1::ListProfilesResponse* resp) override {
+    const auto start = Clock::now();
+    for (const auto& e : store_.List()) {
+      v1::ProfileSummary* s = resp->add_profiles();
+      s->set_name(e->message.name());
+      s->set_version(e->message.version());
+      s->set_source(e->message.source());
+      s->set_nodes(e->message.nodes());
+      s->set_gpus_per_node(e->message.gpus_per_node());
+      s->set_comment(e->message.comment());
+    }
+    log_.Log("ListProfiles", absl::OkStatus(), start, "-", "");
+    return Finish(ctx, absl::OkStatus());
+  }
+
+  grpc::ServerUnaryReactor* GetProfile(grpc::CallbackServerContext* ctx,
+                                       const v1::GetProfileRequest* req,
+                                       v1::ClusterProfile* resp) override {
+    const auto start = Clock::now();
+    absl::Status s;
+    if (req->name().empty()) {
+      s = Invalid("name: required");
+    } else if (auto e = store_.Get(req->name())) {
+      *resp = e->message;
+    } else {
+      s = UnknownProfile("name", req->name());
+    }
+    log_.Log("GetProfile", s, start, "-", req->name());
+    return Finish(ctx, s);
+  }
+
+  grpc::ServerUnaryReactor* PutProfile(grpc::CallbackServerContext* ctx,
+                                       const v1::PutProfileRequest* req,
+                                       v1::PutProfileResponse* resp) override {
+    const auto start = Clock::now();
+    absl::Status s;
+    if (!req->has_profile()) {
+      s = Invalid("profile: required");
+    } else {
+      absl::StatusOr<std::shared_ptr<const ProfileEntry>> e = store_.Put(req->profile());
+      if (e.ok()) {
+        resp->set_name((*e)->message.name());
+        resp->set_version((*e)->message.version());
+        cache_.EraseProfile((*e)->message.name());
+      } else {
+        s = Under("profile.", e.status());
+      }
+    }
+    log_.Log("PutProfile", s, start, "-", req->profile().name());
+    return Finish(ctx, s);
+  }
+
+  grpc::ServerUnaryReactor* ReportMeasurement(grpc::CallbackServerContext* ctx,
+                                              const v1::ReportMeasurementRequest* req,
+                                              v1::ReportMeasurementResponse* resp) override {
+    const auto start = Clock::now();
+    absl::Status s = DoReport(*req, resp);
+    log_.Log("ReportMeasurement", s, start, "-", req->profile_name());
+    return Finish(ctx, s);
+  }
+
+ private:
+  static grpc::ServerUnaryReactor* Finish(grpc::CallbackServerContext* ctx, const absl::Status& s) {
+    grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+    reactor->Finish(ToGrpc(s));
+    return reactor;
+  }
+
+  absl::Status UnknownProfile(std::string_view field, std::string_view name) const {
+    return absl::NotFoundError(Cat(field, ": no profile named '", name, "' (known: ",
+                                   absl::StrJoin(store_.Names(), ", "), ")"));
+  }
+
+  absl::Status DoPlanLayer(grpc::CallbackServerContext* ctx, const v1::PlanLayerRequest& req,
+                           v1::PlanLayerResponse* resp, std::string_view* cache_state,
+                           std::string* profile_name) {
+    if (absl::Status s = CheckDeadline(ctx); !s.ok()) return s;
+    // Resolve the profile.
+    std::shared_ptr<const ProfileEntry> entry;
+    std::string inline_bytes;
+    switch (req.cluster_case()) {
+      case v1::PlanLayerRequest::kProfileName:
+        *profile_name = req.profile_name();
+        entry = store_.Get(req.profile_name());
+        if (!entry) return UnknownProfile("profile_name", req.profile_name());
+        break;
+      case v1::PlanLayerRequest::kProfile: {
+        *profile_name = req.profile().name();
+        absl::StatusOr<std::shared_ptr<const ProfileEntry>> e = MakeProfileEntry(req.profile(), false);
+        if (!e.ok()) return Under("profile.", e.status());
+        entry = *std::move(e);
+        inline_bytes = req.profile().SerializeAsString();
+        break;
+      }
+      default:
+        return Invalid("profile_name: required (or an inline profile)");
+    }
+    if (!req.has_layer()) return Invalid("layer: required");
+    // Normalise before keying, so equivalent requests share a cache entry.
+    absl::StatusOr<p::LayerConfig> layer = proto::LayerFromProto(req.layer());
+    if (!layer.ok()) return Under("layer.", layer.status());
+    v1::PlanLayerRequest canonical;
+    *canonical.mutable_layer() = proto::LayerToProto(*layer);
+    canonical.mutable_layer()->clear_name();  // a label, not an input
+    if (req.schedules_size() == 0) {
+      for (p::Schedule s : p::kAllSchedules) canonical.add_schedules(proto::ScheduleToProto(s));
+    } else {
+      *canonical.mutable_schedules() = req.schedules();
+    }
+    canonical.set_include_timeline(req.include_timeline());
+    const std::string key = PlanCacheKey(entry->message.name(), entry->message.version(),
+                                         canonical.SerializeAsString() + inline_bytes);
+    if (PlanCache::Value hit = cache_.Get(key)) {
+      *cache_state = "hit";
+      *resp = *hit;
+      return absl::OkStatus();
+    }
+    *cache_state = "miss";
+    thread_local ThreadPlanner tls;
+    absl::Status s =
+        inline_bytes.empty()
+            ? proto::AnswerPlanLayer(canonical, tls.For(entry), entry->profile, resp)
+            : [&] {
+                p::LayerPlanner planner(entry->cost);
+                return proto::AnswerPlanLayer(canonical, planner, entry->profile, resp);
+              }();
+    if (!s.ok()) return s;
+    cache_.Put(key, std::make_shared<const v1::PlanLayerResponse>(*resp));
+    return absl::OkStatus();
+  }
+
+  absl::Status DoReport(const v1::ReportMeasurementRequest& req,
+                        v1::ReportMeasurementResponse* resp) {
+    if (req.profile_name().empty()) return Invalid("profile_name: required");
+    std::shared_ptr<const ProfileEntry> entry = store_.Get(req.profile_name());
+    if (!entry) return UnknownProfile("profile_name", req.profile_name());
+    if (req.profile_version() < 1 || req.profile_version() > entry->message.version()) {
+      return Invalid(Cat("profile_version: must be between 1 and the stored version ",
+                         entry->message.version(), " (got ", req.profile_version(), ")"));
+    }
+    if (!req.has_plan() || !req.plan().has_layer()) return Invalid("plan.layer: required");
+    absl::StatusOr<p::LayerConfig> layer = proto::LayerFromProto(req.plan().layer());
+    if (!layer.ok()) return Under("plan.layer.", layer.status());
+    if (absl::Status s = p::ValidateLayer(*layer, entry->profile.shape); !s.ok()) {
+      return Under("plan.layer.", s);
+    }
+    absl::StatusOr<p::Schedule> schedule = proto::ScheduleFromProto(req.schedule());
+    if (!schedule.ok()) {
+      return Invalid(Cat("schedule: must be SCHEDULE_DEFAULT, SCHEDULE_S1 or SCHEDULE_S2 (got ",
+                         static_cast<int>(req.schedule()), ")"));
+    }
+    if (absl::Status s = p::ValidateForSchedule(*layer, *schedule); !s.ok()) {
+      return Under("plan.layer.", s);
+    }
+    if (req.ops_size() == 0) return Invalid("ops: at least one measured op is required");
+    for (int i = 0; i < req.ops_size(); ++i) {
+      const v1::MeasuredOp& op = req.ops(i);
+      if (op.name().empty()) return Invalid(Cat("ops[", i, "].name: required"));
+      if (!std::isfinite(op.duration_us()) || op.duration_us() < 0) {
+        return Invalid(Cat("ops[", i, "].duration_us: must be finite and >= 0 (got ",
+                           op.duration_us(), ")"));
+      }
+    }
+    if (!std::isfinite(req.total_us()) || req.total_us() <= 0) {
+      return Invalid(Cat("total_us: must be finite and > 0 (got ", req.total_us(), ")"));
+    }
+    proto::JsonStyle style;
+    style.pretty = false;
+    style.always_print_primitive_fields = false;
+    absl::StatusOr<std::string> line = proto::ToJson(req, style);
+    if (!line.ok()) return line.status();
+    absl::StatusOr<uint64_t> n = store_.AppendMeasurement(req.profile_name(), *line);
+    if (!n.ok()) return n.status();
+    resp->set_stored(*n);
+    return absl::OkStatus();
+  }
+
+  ProfileStore& store_;
+  PlanCache& cache_;
+  RequestLog log_;
+};
+
+}  // namespace
+
+absl::Status CheckListenAddress(const std::string& listen, bool allow_public) {
+  if (listen.rfind("unix:", 0) == 0) return absl::OkStatus();
+  const size_t colon = listen.rfind(':');
+  if (colon == std::string::npos || colon + 1 == listen.size()) {
+    return Invalid(Cat("--listen: must be host:port or unix:PATH (got '", listen, "')"));
+  }
+  const std::string port = listen.substr(colon + 1);
+  if (port.find_first_not_of("0123456789") != std::string::npos || port.size() > 5 ||
+      std::stoi(port) > 65535) {
+    return Invalid(Cat("--listen: port must be 0..65535 (got '", port, "')"));
+  }
+  const std::string host = listen.substr(0, colon);
+  const bool loopback = host.rfind("127.", 0) == 0 || host == "localhost" || host == "[::1]";
+  if (!loopback && !allow_public) {
+    return Invalid(Cat("--listen: '", host,
+                       "' is not a loopback address; pass --allow-public to serve beyond this "
+                       "machine"));
+  }
+  return absl::OkStatus();
+}
+
+struct PlannerServer::Impl {
+  std::unique_ptr<PlannerService> service;
+  std::unique_ptr<grpc::Server> server;
+  std::once_flag shutdown_once;
+};
+
+absl::StatusOr<std::unique_ptr<PlannerServer>> PlannerServer::Start(
+    const ServerOptions& options, ProfileStore::OpenReport* report) {
+  if (absl::Status s = CheckListenAddress(options.listen, options.allow_public); !s.ok()) return s;
+  if (options.threads < 0) return Invalid(Cat("--threads: must be >= 0 (got ", options.threads, ")"));
+  std::unique_ptr<PlannerServer> out(new PlannerServer());
+  absl::StatusOr<std::unique_ptr<ProfileStore>> store = ProfileStore::Open(options.data_dir, report);
+  if (!store.ok()) return store.status();
+  out->store_ = *std::move(store);
+  out->cache_ = std::make_unique<PlanCache>(options.cache_entries);
+  out->impl_ = std::make_unique<Impl>();
+  out->impl_->service =
+      std::make_unique<PlannerService>(out->store_.get(), out->cache_.get(), options.log_requests);
+
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(options.listen, grpc::InsecureServerCredentials(), &out->port_);
+  builder.RegisterService(out->impl_->service.get());
+  if (options.threads > 0) {
+    grpc::ResourceQuota quota("moeplan-server");
+    quota.SetMaxThreads(options.threads);
+    builder.SetResourceQuota(quota);
+  }
+  out->impl_->server = builder.BuildAndStart();
+  if (!out->impl_->server || (out->port_ == 0 && options.listen.rfind("unix:", 0) != 0)) {
+    return absl::UnavailableError(Cat("--listen: cannot listen on ", options.listen,
+                                      " (address in use or not available)"));
+  }
+  if (grpc::HealthCheckServiceInterface* h = out->impl_->server->GetHealthCheckService()) {
+    h->SetServingStatus(v1::Planner::service_full_name(), true);
+  }
+  out->address_ = options.listen.rfind("unix:", 0) == 0
+                      ? options.listen
+                      : Cat(options.listen.substr(0, options.listen.rfind(':')), ":", out->port_);
+  return out;
+}
+
+PlannerServer::~PlannerServer() {
+  if (impl_ && impl_->server) {
+    Shutdown(std::chrono::milliseconds(0));
+    impl_->server->Wait();
+  }
+}
+
+void PlannerServer::Shutdown(std::chrono::milliseconds drain) {
+  std::call_once(impl_->shutdown_once, [&] {
+    if (grpc::HealthCheckServiceInterface* h = impl_->server->GetHealthCheckService()) {
+      h->SetServingStatus(false);
+    }
+    impl_->server->Shutdown(std::chrono::system_clock::now() + drain);
+  });
+}
+
+void PlannerServer::Wait() { impl_->server->Wait(); }
+
+}  // namespace moeplan::server

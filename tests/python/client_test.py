@@ -1,0 +1,215 @@
+"""Tests of client/python/moeplan_client.py against a running moeplan-server.
+
+Run by tests/python/launcher_test.sh, which starts the server and sets
+  MOEPLAN_SERVER       host:port of the server
+  MOEPLAN_PYTHONPATH   the generated stubs (build/client/python)
+  MOEPLAN_SOURCE_DIR   the repository root (default: two levels up from here)
+Expects a fresh data directory (no stored profiles). Use /usr/bin/python3.
+"""
+
+import copy
+import json
+import os
+import sys
+import unittest
+
+SOURCE_DIR = os.environ.get(
+    "MOEPLAN_SOURCE_DIR",
+    os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+sys.path.insert(0, os.path.join(SOURCE_DIR, "client", "python"))
+
+import moeplan_client  # noqa: E402  (finds the stubs through MOEPLAN_PYTHONPATH)
+from moeplan_client import PlannerClient, PlannerError  # noqa: E402
+
+SERVER = os.environ.get("MOEPLAN_SERVER", "")
+BUILTINS = {"a100-8x8", "h200-8x8", "rtx2080ti-8x4"}
+SCHEDULES = {"SCHEDULE_DEFAULT", "SCHEDULE_S1", "SCHEDULE_S2"}
+
+
+def example_layer(name="gpt2-moe-layer.json"):
+    with open(os.path.join(SOURCE_DIR, "examples", name), encoding="utf-8") as f:
+        return json.load(f)
+
+
+class ClientTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        if not SERVER:
+            raise unittest.SkipTest("MOEPLAN_SERVER is not set (run launcher_test.sh)")
+        cls.client = PlannerClient(SERVER, timeout_s=10.0)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.client.close()
+
+    def test_health(self):
+        self.assertEqual(self.client.health(), "SERVING")
+
+    def test_plan_layer_all_schedules(self):
+        plan = self.client.plan_layer(example_layer())
+        self.assertEqual(plan["profile_name"], "a100-8x8")
+        self.assertGreaterEqual(plan["profile_version"], 1)
+        self.assertIn(plan["best_schedule"], SCHEDULES)
+        candidates = plan["candidates"]
+        self.assertEqual({c["schedule"] for c in candidates}, SCHEDULES)
+        totals = [c["total_us"] for c in candidates]
+        self.assertEqual(totals, sorted(totals), "candidates are fastest first")
+        self.assertEqual(candidates[0]["schedule"], plan["best_schedule"])
+        for c in candidates:
+            self.assertGreater(c["total_us"], 0.0)
+            self.assertAlmostEqual(c["forward_us"] + c["backward_us"], c["total_us"], places=3)
+            self.assertEqual(c["ops"], [], "no timeline unless asked")
+            self.assertGreaterEqual(int(c["inter_node_bytes"]), 0)  # int64: a JSON string
+        self.assertEqual(plan["derived"]["tokens"], "8192")  # B*L, int64 as a JSON string
+        # DerivedShape.ranks = mp*dp*pp = 4*16*1.
+        self.assertEqual(plan["derived"]["ranks"], 64)
+        decision = plan["decision"]
+        self.assertEqual(decision["best"], plan["best_schedule"])
+        self.assertAlmostEqual(decision["margin_us"],
+                               candidates[1]["total_us"] - candidates[0]["total_us"], places=3)
+        self.assertGreaterEqual(decision["speedup_over_default"], 1.0)
+
+    def test_plan_layer_one_schedule_with_timeline(self):
+        plan = self.client.plan_layer(example_layer(), profile="h200-8x8", schedules=["s2"],
+                                      include_timeline=True)
+        self.assertEqual(plan["profile_name"], "h200-8x8")
+        self.assertEqual(plan["best_schedule"], "SCHEDULE_S2")
+        (only,) = plan["candidates"]
+        self.assertTrue(only["ops"])
+        for op in only["ops"]:
+            self.assertLessEqual(op["start_us"], op["end_us"])
+            self.assertLessEqual(op["end_us"], only["total_us"] + 1e-6)
+        self.assertEqual(moeplan_client.schedule_short_name(plan["best_schedule"]), "s2")
+
+    def test_plan_layer_inline_profile(self):
+        profile = self.client.get_profile("h200-8x8")
+        by_name = self.client.plan_layer(example_layer("bert-moe-layer.json"),
+                                         profile="h200-8x8")
+        inline = self.client.plan_layer(example_layer("bert-moe-layer.json"), profile=profile)
+        self.assertEqual(by_name["candidates"], inline["candidates"])
+
+    def test_list_profiles(self):
+        profiles = self.client.list_profiles()
+        names = {p["name"] for p in profiles}
+        self.assertTrue(BUILTINS <= names, names)
+        for p in profiles:
+            if p["name"] in BUILTINS:
+                self.assertEqual(p["source"], "PROFILE_SOURCE_SPEC")
+                self.assertGreaterEqual(p["version"], 1)
+                self.assertGreaterEqual(p["nodes"] * p["gpus_per_node"], 32)
+
+    def test_get_profile(self):
+        profile = self.client.get_profile("a100-8x8")
+        self.assertEqual(profile["name"], "a100-8x8")
+        self.assertEqual((profile["nodes"], profile["gpus_per_node"]), (8, 8))
+        self.assertGreater(profile["links"]["inter"]["beta_us_per_byte"], 0.0)
+
+    def test_put_profile_round_trip(self):
+        profile = copy.deepcopy(self.client.get_profile("a100-8x8"))
+        profile["name"] = "py-client-test"
+        profile["version"] = 3
+        profile["source"] = "PROFILE_SOURCE_MEASURED"
+        profile["comment"] = "client_test.py: a100-8x8 with a slower inter-node link"
+        profile["links"]["inter"]["beta_us_per_byte"] *= 2.0
+
+        self.assertEqual(self.client.put_profile(profile),
+                         {"name": "py-client-test", "version": 3})
+        self.assertEqual(self.client.get_profile("py-client-test"), profile)
+        listed = {p["name"]: p for p in self.client.list_profiles()}
+        self.assertEqual(listed["py-client-test"]["version"], 3)
+
+        # Same version, different numbers: refused; a higher version: stored.
+        changed = copy.deepcopy(profile)
+        changed["links"]["inter"]["alpha_us"] += 1.0
+        with self.assertRaises(PlannerError) as ctx:
+            self.client.put_profile(changed)
+        self.assertEqual(ctx.exception.code, "FAILED_PRECONDITION")
+        self.assertIn("version", ctx.exception.message)
+        changed["version"] = 4
+        self.assertEqual(self.client.put_profile(changed)["version"], 4)
+        self.assertEqual(self.client.get_profile("py-client-test"), changed)
+
+        # Plans against the stored profile report its name and version, and the
+        # slower inter-node link makes the layer slower than on a100-8x8.
+        layer = example_layer()
+        slow = self.client.plan_layer(layer, profile="py-client-test", schedules=["default"])
+        base = self.client.plan_layer(layer, profile="a100-8x8", schedules=["default"])
+        self.assertEqual((slow["profile_name"], slow["profile_version"]), ("py-client-test", 4))
+        self.assertGreater(slow["candidates"][0]["total_us"], base["candidates"][0]["total_us"])
+
+    def test_put_profile_builtin_name_refused(self):
+        profile = self.client.get_profile("h200-8x8")
+        profile["version"] += 1
+        with self.assertRaises(PlannerError) as ctx:
+            self.client.put_profile(profile)
+        self.assertEqual(ctx.exception.code, "FAILED_PRECONDITION")
+
+    def test_invalid_argument_names_the_field(self):
+        layer = example_layer()
+        layer["num_experts"] = 2
+        layer["top_k"] = 4
+        layer["parallel"] = {"mp": 1, "ep": 2, "esp": 1}
+        with self.assertRaises(PlannerError) as ctx:
+            self.client.plan_layer(layer)
+        e = ctx.exception
+        self.assertEqual(e.code, "INVALID_ARGUMENT")
+        self.assertEqual(e.method, "PlanLayer")
+        self.assertIn("layer.top_k", e.message)
+        self.assertIn("num_experts", e.message)
+        self.assertTrue(str(e).startswith("INVALID_ARGUMENT: "))
+
+    def test_unknown_field_rejected_locally(self):
+        layer = example_layer()
+        layer["parallel"]["tp"] = 4
+        with self.assertRaises(PlannerError) as ctx:
+            self.client.plan_layer(layer)
+        self.assertEqual(ctx.exception.code, "INVALID_ARGUMENT")
+        self.assertIn("tp", ctx.exception.message)
+        self.assertNotIn("\n", ctx.exception.message)
+
+    def test_unknown_profile_not_found(self):
+        with self.assertRaises(PlannerError) as ctx:
+            self.client.plan_layer(example_layer(), profile="no-such-profile")
+        self.assertEqual(ctx.exception.code, "NOT_FOUND")
+        self.assertIn("a100-8x8", ctx.exception.message)  # lists the known ones
+        with self.assertRaises(PlannerError) as ctx:
+            self.client.get_profile("no-such-profile")
+        self.assertEqual(ctx.exception.code, "NOT_FOUND")
+
+    def test_bad_schedule_name(self):
+        with self.assertRaises(ValueError):
+            self.client.plan_layer(example_layer(), schedules=["s3"])
+
+    def test_report_measurement(self):
+        layer = example_layer()
+        plan = self.client.plan_layer(layer, schedules=["s1"], include_timeline=True)
+        ops = {op["name"]: (op["end_us"] - op["start_us"]) * 1.1
+               for op in plan["candidates"][0]["ops"]}
+        total = plan["candidates"][0]["total_us"] * 1.1
+        version = plan["profile_version"]
+        first = self.client.report_measurement("a100-8x8", version, layer, "s1", ops, total)
+        second = self.client.report_measurement("a100-8x8", version, layer, "SCHEDULE_S1",
+                                                list(ops.items()), total)
+        self.assertGreaterEqual(first, 1)
+        self.assertEqual(second, first + 1)
+        with self.assertRaises(PlannerError) as ctx:
+            self.client.report_measurement("a100-8x8", version, layer, "s1", {}, total)
+        self.assertEqual(ctx.exception.code, "INVALID_ARGUMENT")
+        self.assertIn("ops", ctx.exception.message)
+
+    def test_unreachable_server_is_unavailable(self):
+        with PlannerClient("127.0.0.1:1", timeout_s=2.0) as c:
+            with self.assertRaises(PlannerError) as ctx:
+                c.list_profiles()
+        self.assertIn(ctx.exception.code, {"UNAVAILABLE", "DEADLINE_EXCEEDED"})
+
+    def test_context_manager_closes(self):
+        with PlannerClient(SERVER) as c:
+            self.assertTrue(c.list_profiles())
+        with self.assertRaises(ValueError):
+            c.list_profiles()
+        c.close()  # idempotent
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,125 @@
+#!/usr/bin/env bash
+# The Python client against the real server, as ctest runs it (label "python"):
+#   launcher_test.sh SERVER_BIN STUB_DIR SOURCE_DIR
+# Starts moeplan-server on 127.0.0.1:0 with a temporary data dir, runs
+# examples/launcher.py (a good and a bad layer) and tests/python/client_test.py
+# under /usr/bin/python3, then stops the server with SIGTERM and expects exit 0.
+set -euo pipefail
+
+if [[ $# -ne 3 ]]; then
+  echo "usage: $0 SERVER_BIN STUB_DIR SOURCE_DIR" >&2
+  exit 2
+fi
+server_bin=$1
+stubs=$2
+src=$3
+py=/usr/bin/python3  # Debian's: sees python3-grpcio and python3-protobuf
+
+work=$(mktemp -d "${TMPDIR:-/tmp}/moeplan-python-test.XXXXXX")
+server_pid=""
+
+cleanup() {
+  if [[ -n $server_pid ]] && kill -0 "$server_pid" 2>/dev/null; then
+    kill -KILL "$server_pid" 2>/dev/null || true
+    wait "$server_pid" 2>/dev/null || true
+  fi
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+fail() {
+  echo "FAIL: $*" >&2
+  if [[ -s $work/server.err ]]; then
+    echo "--- server stderr (last 20 lines) ---" >&2
+    tail -n 20 "$work/server.err" >&2
+  fi
+  exit 1
+}
+
+[[ -x $server_bin ]] || fail "no server binary at $server_bin"
+[[ -f $stubs/moeplan/v1/service_pb2_grpc.py ]] ||
+  fail "no generated stubs in $stubs (build the moeplan_python_stubs target)"
+"$py" -c 'import grpc, google.protobuf' ||
+  fail "$py cannot import grpc/protobuf (install python3-grpcio python3-protobuf)"
+
+# --- start the server and wait (bounded) for its one stdout line --------------
+mkdir -p "$work/data"
+"$server_bin" --listen 127.0.0.1:0 --data-dir "$work/data" \
+  >"$work/server.out" 2>"$work/server.err" &
+server_pid=$!
+
+addr=""
+for _ in $(seq 1 200); do  # 200 x 0.1 s = 20 s
+  line=$(grep -m1 '^moeplan-server listening on ' "$work/server.out" || true)
+  if [[ -n $line ]]; then
+    addr=${line#moeplan-server listening on }
+    break
+  fi
+  kill -0 "$server_pid" 2>/dev/null || fail "server exited before listening"
+  sleep 0.1
+done
+[[ -n $addr ]] || fail "server did not print 'listening on' within 20 s"
+[[ $addr =~ ^127\.0\.0\.1:[0-9]+$ ]] || fail "unexpected listen address '$addr'"
+[[ $addr != 127.0.0.1:0 ]] || fail "server reported port 0"
+echo "server listening on $addr"
+
+# --- the launcher: a good layer ------------------------------------------------
+rc=0
+"$py" "$src/examples/launcher.py" --server "$addr" --stubs "$stubs" \
+  >"$work/launch.out" 2>"$work/launch.err" || rc=$?
+cat "$work/launch.out"
+[[ $rc -eq 0 ]] || fail "launcher exited $rc: $(cat "$work/launch.err")"
+schedule=$(sed -n 's/^schedule: \([a-z0-9]*\)$/\1/p' "$work/launch.out")
+[[ $schedule =~ ^(default|s1|s2)$ ]] || fail "no 'schedule: NAME' line in the launcher output"
+grep -q -- "--moe-schedule $schedule\$" "$work/launch.out" ||
+  fail "launcher output lacks '--moe-schedule $schedule'"
+grep -q -- "--tensor-model-parallel-size 4 --expert-parallel-size 16 --expert-slicing-size 4 --data-parallel-size 16 " \
+  "$work/launch.out" || fail "launcher output lacks the example layer's parallel flags"
+grep -q '^predicted iteration time: [0-9.]* us' "$work/launch.out" ||
+  fail "launcher output lacks the predicted iteration time"
+grep -q '^margin: ' "$work/launch.out" || fail "launcher output lacks the margin"
+
+# --- the launcher: a bad layer (top_k > num_experts), stubs via the env var ----
+cat >"$work/bad-layer.json" <<'JSON'
+{
+  "name": "bad-top-k",
+  "batch_size": 8, "seq_len": 1024, "model_dim": 1024, "hidden_dim": 4096,
+  "num_experts": 2, "top_k": 4, "capacity_factor": 1.2,
+  "parallel": {"mp": 1, "ep": 2, "esp": 1}
+}
+JSON
+rc=0
+MOEPLAN_PYTHONPATH=$stubs "$py" "$src/examples/launcher.py" --server "$addr" \
+  --layer "$work/bad-layer.json" >"$work/bad.out" 2>"$work/bad.err" || rc=$?
+echo "bad layer: exit $rc, stderr: $(cat "$work/bad.err")"
+[[ $rc -ne 0 ]] || fail "launcher accepted top_k > num_experts"
+grep -q 'top_k' "$work/bad.err" || fail "the error does not name top_k"
+grep -q 'INVALID_ARGUMENT' "$work/bad.err" || fail "the error is not INVALID_ARGUMENT"
+[[ $(wc -l <"$work/bad.err") -eq 1 ]] || fail "the error is not one line"
+[[ ! -s $work/bad.out ]] || fail "the launcher printed a plan for a bad layer"
+
+# --- the launcher: unknown profile -> NOT_FOUND ----------------------------------
+rc=0
+"$py" "$src/examples/launcher.py" --server "$addr" --stubs "$stubs" --cluster no-such-cluster \
+  >/dev/null 2>"$work/nf.err" || rc=$?
+[[ $rc -ne 0 ]] && grep -q 'NOT_FOUND' "$work/nf.err" ||
+  fail "unknown cluster: want NOT_FOUND, got exit $rc: $(cat "$work/nf.err")"
+
+# --- the client wrapper ------------------------------------------------------------
+rc=0
+MOEPLAN_SERVER=$addr MOEPLAN_PYTHONPATH=$stubs MOEPLAN_SOURCE_DIR=$src \
+  "$py" "$src/tests/python/client_test.py" -v || rc=$?
+[[ $rc -eq 0 ]] || fail "client_test.py exited $rc"
+
+# --- SIGTERM: the server drains and exits 0 ------------------------------------------
+kill -TERM "$server_pid"
+for _ in $(seq 1 150); do  # 15 s
+  kill -0 "$server_pid" 2>/dev/null || break
+  sleep 0.1
+done
+kill -0 "$server_pid" 2>/dev/null && fail "server still running 15 s after SIGTERM"
+rc=0
+wait "$server_pid" || rc=$?
+server_pid=""
+[[ $rc -eq 0 ]] || fail "server exited $rc after SIGTERM"
+echo "PASS"

@@ -1,0 +1,434 @@
+// moeplan-server in-process on an ephemeral loopback port, exercised through the
+// C++ client library and raw stubs: every RPC round trip, the cache, health,
+// reflection, and a table of invalid requests.
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <functional>
+#include <limits>
+
+#include "grpc_std/health.grpc.pb.h"
+#include "grpc_std/reflection.pb.h"
+#include <grpcpp/generic/generic_stub.h>
+#include "moeplan/calibration/profiles.h"
+#include "moeplan/client/planner_client.h"
+#include "moeplan/planner/cost_model.h"
+#include "moeplan/proto/convert.h"
+#include "moeplan/proto/json.h"
+#include "moeplan/server/server.h"
+
+namespace moeplan::server {
+namespace {
+
+std::string Msg(const absl::Status& s) { return std::string(s.message()); }
+
+v1::LayerConfig Gpt2Layer() {
+  v1::LayerConfig l;
+  EXPECT_TRUE(proto::ReadJsonFile(MOEPLAN_SOURCE_DIR "/examples/gpt2-moe-layer.json", &l).ok());
+  return l;
+}
+
+v1::PlanLayerRequest PlanRequest() {
+  v1::PlanLayerRequest r;
+  r.set_profile_name("a100-8x8");
+  *r.mutable_layer() = Gpt2Layer();
+  return r;
+}
+
+class ServerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/moeplan_server_test.XXXXXX";
+    ASSERT_NE(mkdtemp(tmpl), nullptr);
+    dir_ = tmpl;
+    StartServer();
+  }
+  void TearDown() override {
+    client_.reset();
+    server_.reset();
+    std::filesystem::remove_all(dir_);
+  }
+  void StartServer() {
+    ServerOptions options;
+    options.listen = "127.0.0.1:0";
+    options.data_dir = dir_;
+    options.log_requests = false;
+    ProfileStore::OpenReport report;
+    absl::StatusOr<std::unique_ptr<PlannerServer>> s = PlannerServer::Start(options, &report);
+    ASSERT_TRUE(s.ok()) << s.status();
+    server_ = *std::move(s);
+    ASSERT_GT(server_->port(), 0);
+    client_ = std::make_unique<client::PlannerClient>(server_->address());
+  }
+
+  std::string dir_;
+  std::unique_ptr<PlannerServer> server_;
+  std::unique_ptr<client::PlannerClient> client_;
+};
+
+TEST_F(ServerTest, PlanLayerEqualsLocalPlanning) {
+  v1::PlanLayerRequest req = PlanRequest();
+  req.set_include_timeline(true);
+  absl::StatusOr<v1::PlanLayerResponse> remote = client_->PlanLayer(req);
+  ASSERT_TRUE(remote.ok()) << remote.status();
+
+  calibration::LoadedProfile profile = *calibration::LoadProfile("a100-8x8");
+  planner::CostModel cost = *planner::CostModel::Create(profile.profile);
+  planner::LayerPlanner planner(cost);
+  v1::PlanLayerResponse local;
+  ASSERT_TRUE(proto::AnswerPlanLayer(req, planner, profile.profile, &local).ok());
+  EXPECT_EQ(remote->SerializeAsString(), local.SerializeAsString());
+  EXPECT_EQ(remote->candidates_size(), 3);
+  EXPECT_GT(remote->candidates(0).ops_size(), 0);
+}
+
+TEST_F(ServerTest, EquivalentRequestsShareACacheEntry) {
+  v1::PlanLayerRequest a = PlanRequest();
+  ASSERT_TRUE(client_->PlanLayer(a).ok());
+  EXPECT_EQ(server_->cache().misses(), 1u);
+  EXPECT_EQ(server_->cache().hits(), 0u);
+  // Same layer with the defaults written out, another name, schedules explicit.
+  v1::PlanLayerRequest b = a;
+  b.mutable_layer()->set_name("renamed");
+  b.mutable_layer()->mutable_parallel()->set_dp(16);
+  b.mutable_layer()->mutable_parallel()->set_pp(1);
+  b.mutable_layer()->set_token_skew(1.0);
+  b.add_schedules(v1::SCHEDULE_DEFAULT);
+  b.add_schedules(v1::SCHEDULE_S1);
+  b.add_schedules(v1::SCHEDULE_S2);
+  absl::StatusOr<v1::PlanLayerResponse> rb = client_->PlanLayer(b);
+  ASSERT_TRUE(rb.ok());
+  EXPECT_EQ(server_->cache().hits(), 1u);
+  // A different layer misses; asking for the timeline is a different answer too.
+  v1::PlanLayerRequest c = a;
+  c.mutable_layer()->set_batch_size(16);
+  ASSERT_TRUE(client_->PlanLayer(c).ok());
+  v1::PlanLayerRequest d = a;
+  d.set_include_timeline(true);
+  ASSERT_TRUE(client_->PlanLayer(d).ok());
+  EXPECT_EQ(server_->cache().misses(), 3u);
+  EXPECT_EQ(server_->cache().size(), 3u);
+}
+
+TEST_F(ServerTest, ProfilesListGetPutAndANewVersionInvalidatesPlans) {
+  absl::StatusOr<v1::ListProfilesResponse> list = client_->ListProfiles();
+  ASSERT_TRUE(list.ok());
+  ASSERT_EQ(list->profiles_size(), 3);
+  EXPECT_EQ(list->profiles(0).name(), "a100-8x8");
+
+  absl::StatusOr<v1::ClusterProfile> h200 = client_->GetProfile("h200-8x8");
+  ASSERT_TRUE(h200.ok());
+  EXPECT_EQ(h200->SerializeAsString(), calibration::BuiltinProfile("h200-8x8")->SerializeAsString());
+
+  v1::ClusterProfile mine = *h200;
+  mine.set_name("lab-cluster");
+  absl::StatusOr<v1::PutProfileResponse> put = client_->PutProfile(mine);
+  ASSERT_TRUE(put.ok()) << put.status();
+  EXPECT_EQ(put->name(), "lab-cluster");
+  EXPECT_EQ(put->version(), 1u);
+  EXPECT_TRUE(client_->PutProfile(mine).ok()) << "re-putting the same profile is idempotent";
+  EXPECT_EQ(client_->GetProfile("lab-cluster")->SerializeAsString(), mine.SerializeAsString());
+  EXPECT_EQ(client_->ListProfiles()->profiles_size(), 4);
+
+  ASSERT_TRUE(client_->PlanLayer(PlanRequest()).ok());  // an a100-8x8 entry
+  v1::PlanLayerRequest req = PlanRequest();
+  req.set_profile_name("lab-cluster");
+  absl::StatusOr<v1::PlanLayerResponse> v1_plan = client_->PlanLayer(req);
+  ASSERT_TRUE(v1_plan.ok());
+  ASSERT_TRUE(client_->PlanLayer(req).ok());
+  EXPECT_EQ(server_->cache().hits(), 1u);
+  EXPECT_EQ(server_->cache().size(), 2u);
+
+  // Version 2 with slower NICs: the cached plan must not be served.
+  mine.set_version(2);
+  mine.mutable_links()->mutable_inter()->set_beta_us_per_byte(
+      4 * mine.links().inter().beta_us_per_byte());
+  ASSERT_TRUE(client_->PutProfile(mine).ok());
+  EXPECT_EQ(server_->cache().size(), 1u) << "lab-cluster entries dropped, a100 one kept";
+  absl::StatusOr<v1::PlanLayerResponse> v2_plan = client_->PlanLayer(req);
+  ASSERT_TRUE(v2_plan.ok());
+  EXPECT_EQ(v2_plan->profile_version(), 2u);
+  EXPECT_GT(v2_plan->candidates(0).total_us(), v1_plan->candidates(0).total_us());
+
+  // Stale or equal versions with other numbers, and built-in names, are refused.
+  mine.set_version(1);
+  absl::StatusOr<v1::PutProfileResponse> stale = client_->PutProfile(mine);
+  EXPECT_EQ(stale.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(Msg(stale.status()).rfind("profile.version: must be greater than the stored version 2", 0), 0u)
+      << stale.status();
+  v1::ClusterProfile builtin = *h200;
+  builtin.set_version(9);
+  absl::StatusOr<v1::PutProfileResponse> ro = client_->PutProfile(builtin);
+  EXPECT_EQ(ro.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(Msg(ro.status()).find("built-in profile and read-only"), std::string::npos);
+
+  // Persisted: a restarted server on the same directory serves version 2.
+  client_.reset();
+  server_.reset();
+  StartServer();
+  absl::StatusOr<v1::ClusterProfile> back = client_->GetProfile("lab-cluster");
+  ASSERT_TRUE(back.ok());
+  EXPECT_EQ(back->version(), 2u);
+}
+
+TEST_F(ServerTest, UnknownProfilesAreNotFound) {
+  EXPECT_EQ(client_->GetProfile("nope").status().code(), absl::StatusCode::kNotFound);
+  v1::PlanLayerRequest req = PlanRequest();
+  req.set_profile_name("nope");
+  absl::StatusOr<v1::PlanLayerResponse> r = client_->PlanLayer(req);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(Msg(r.status()),
+            "profile_name: no profile named 'nope' (known: a100-8x8, h200-8x8, rtx2080ti-8x4)");
+}
+
+TEST_F(ServerTest, InlineProfilesArePlannedAndCachedByContent) {
+  v1::PlanLayerRequest req = PlanRequest();
+  *req.mutable_profile() = *calibration::BuiltinProfile("h200-8x8");
+  absl::StatusOr<v1::PlanLayerResponse> a = client_->PlanLayer(req);
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ(a->profile_name(), "h200-8x8");
+  req.mutable_profile()->mutable_links()->mutable_inter()->set_alpha_us(100);
+  absl::StatusOr<v1::PlanLayerResponse> b = client_->PlanLayer(req);
+  ASSERT_TRUE(b.ok());
+  EXPECT_EQ(server_->cache().hits(), 0u) << "same name and version, other numbers: no hit";
+  EXPECT_GT(b->candidates(0).total_us(), a->candidates(0).total_us());
+}
+
+TEST_F(ServerTest, ReportMeasurementAppendsDurably) {
+  v1::ReportMeasurementRequest req;
+  req.set_profile_name("a100-8x8");
+  req.set_profile_version(1);
+  *req.mutable_plan() = PlanRequest();
+  req.set_schedule(v1::SCHEDULE_S2);
+  v1::MeasuredOp* op = req.add_ops();
+  op->set_name("fwd.gate");
+  op->set_duration_us(25.5);
+  req.set_total_us(9000);
+  absl::StatusOr<v1::ReportMeasurementResponse> r1 = client_->ReportMeasurement(req);
+  ASSERT_TRUE(r1.ok()) << r1.status();
+  EXPECT_EQ(r1->stored(), 1u);
+  EXPECT_EQ(client_->ReportMeasurement(req)->stored(), 2u);
+  const std::string log = *proto::ReadFile(dir_ + "/measurements/a100-8x8.jsonl");
+  EXPECT_EQ(std::count(log.begin(), log.end(), '\n'), 2);
+  v1::ReportMeasurementRequest back;
+  ASSERT_TRUE(proto::ParseJson(log.substr(0, log.find('\n')), &back).ok());
+  EXPECT_EQ(back.SerializeAsString(), req.SerializeAsString());
+  // The count survives a restart.
+  client_.reset();
+  server_.reset();
+  StartServer();
+  EXPECT_EQ(client_->ReportMeasurement(req)->stored(), 3u);
+}
+
+TEST_F(ServerTest, HealthAndReflectionAnswer) {
+  auto channel = grpc::CreateChannel(server_->address(), grpc::InsecureChannelCredentials());
+  auto health = grpc::health::v1::Health::NewStub(channel);
+  for (const char* service : {"", "moeplan.v1.Planner"}) {
+    grpc::ClientContext ctx;
+    grpc::health::v1::HealthCheckRequest req;
+    req.set_service(service);
+    grpc::health::v1::HealthCheckResponse resp;
+    grpc::Status s = health->Check(&ctx, req, &resp);
+    ASSERT_TRUE(s.ok()) << service << ": " << s.error_message();
+    EXPECT_EQ(resp.status(), grpc::health::v1::HealthCheckResponse::SERVING) << service;
+  }
+  // Reflection: a bidi stream through the generic stub.
+  namespace refl = moeplan::testing::reflection;
+  grpc::GenericStub generic(channel);
+  grpc::CompletionQueue cq;
+  grpc::ClientContext ctx;
+  auto wait = [&cq](intptr_t want) {
+    void* tag = nullptr;
+    bool ok = false;
+    return cq.Next(&tag, &ok) && ok && reinterpret_cast<intptr_t>(tag) == want;
+  };
+  auto call = generic.PrepareCall(
+      &ctx, "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo", &cq);
+  call->StartCall(reinterpret_cast<void*>(1));
+  ASSERT_TRUE(wait(1));
+  refl::ServerReflectionRequest req;
+  req.set_list_services("");
+  const std::string bytes = req.SerializeAsString();
+  grpc::Slice slice(bytes);
+  grpc::ByteBuffer out(&slice, 1);
+  call->Write(out, reinterpret_cast<void*>(2));
+  ASSERT_TRUE(wait(2));
+  grpc::ByteBuffer in;
+  call->Read(&in, reinterpret_cast<void*>(3));
+  ASSERT_TRUE(wait(3));
+  std::vector<grpc::Slice> slices;
+  ASSERT_TRUE(in.Dump(&slices).ok());
+  std::string got;
+  for (const grpc::Slice& s : slices) got.append(reinterpret_cast<const char*>(s.begin()), s.size());
+  refl::ServerReflectionResponse resp;
+  ASSERT_TRUE(resp.ParseFromString(got));
+  std::set<std::string> names;
+  for (const auto& s : resp.list_services_response().service()) names.insert(s.name());
+  EXPECT_TRUE(names.count("moeplan.v1.Planner")) << resp.DebugString();
+  EXPECT_TRUE(names.count("grpc.health.v1.Health")) << resp.DebugString();
+  call->WritesDone(reinterpret_cast<void*>(4));
+  ASSERT_TRUE(wait(4));
+  grpc::Status status;
+  call->Finish(&status, reinterpret_cast<void*>(5));
+  ASSERT_TRUE(wait(5));
+  EXPECT_TRUE(status.ok()) << status.error_message();
+  cq.Shutdown();
+  void* tag;
+  bool ok;
+  while (cq.Next(&tag, &ok)) {
+  }
+}
+
+// ---- Invalid requests: INVALID_ARGUMENT naming the field ----
+
+struct BadRequest {
+  const char* label;
+  std::function<absl::Status(client::PlannerClient&)> call;
+  const char* field;  // the message must start with this
+};
+
+v1::ReportMeasurementRequest GoodReport() {
+  v1::ReportMeasurementRequest r;
+  r.set_profile_name("a100-8x8");
+  r.set_profile_version(1);
+  *r.mutable_plan() = PlanRequest();
+  r.set_schedule(v1::SCHEDULE_S1);
+  v1::MeasuredOp* op = r.add_ops();
+  op->set_name("fwd.gate");
+  op->set_duration_us(20);
+  r.set_total_us(9000);
+  return r;
+}
+
+using LayerEdit = std::function<void(v1::LayerConfig*)>;
+BadRequest Layer(const char* label, LayerEdit edit, const char* field) {
+  return {label,
+          [edit](client::PlannerClient& c) {
+            v1::PlanLayerRequest r = PlanRequest();
+            edit(r.mutable_layer());
+            return c.PlanLayer(r).status();
+          },
+          field};
+}
+BadRequest Plan(const char* label, std::function<void(v1::PlanLayerRequest*)> edit,
+                const char* field) {
+  return {label,
+          [edit](client::PlannerClient& c) {
+            v1::PlanLayerRequest r = PlanRequest();
+            edit(&r);
+            return c.PlanLayer(r).status();
+          },
+          field};
+}
+BadRequest Put(const char* label, std::function<void(v1::ClusterProfile*)> edit,
+               const char* field) {
+  return {label,
+          [edit](client::PlannerClient& c) {
+            v1::ClusterProfile p = *calibration::BuiltinProfile("h200-8x8");
+            p.set_name("new-profile");
+            edit(&p);
+            return c.PutProfile(p).status();
+          },
+          field};
+}
+BadRequest Report(const char* label, std::function<void(v1::ReportMeasurementRequest*)> edit,
+                  const char* field) {
+  return {label,
+          [edit](client::PlannerClient& c) {
+            v1::ReportMeasurementRequest r = GoodReport();
+            edit(&r);
+            return c.ReportMeasurement(r).status();
+          },
+          field};
+}
+
+std::vector<BadRequest> BadRequests() {
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  auto bad_inline = [](std::function<void(v1::ClusterProfile*)> edit) {
+    return [edit](v1::PlanLayerRequest* r) {
+      *r->mutable_profile() = *calibration::BuiltinProfile("a100-8x8");
+      edit(r->mutable_profile());
+    };
+  };
+  return {
+      Plan("no_layer", [](auto* r) { r->clear_layer(); }, "layer: required"),
+      Plan("no_profile", [](auto* r) { r->clear_cluster(); }, "profile_name: required"),
+      Layer("batch_zero", [](auto* l) { l->set_batch_size(0); }, "layer.batch_size: must be > 0"),
+      Layer("seq_negative", [](auto* l) { l->set_seq_len(-1); }, "layer.seq_len: must be > 0"),
+      Layer("model_dim_zero", [](auto* l) { l->set_model_dim(0); }, "layer.model_dim: "),
+      Layer("hidden_dim_zero", [](auto* l) { l->set_hidden_dim(0); }, "layer.hidden_dim: "),
+      Layer("experts_zero", [](auto* l) { l->set_num_experts(0); }, "layer.num_experts: "),
+      Layer("top_k_zero", [](auto* l) { l->set_top_k(0); }, "layer.top_k: must be >= 1"),
+      Layer("top_k_above_e", [](auto* l) { l->set_top_k(65); }, "layer.top_k: must be <= num_experts"),
+      Layer("capacity_zero", [](auto* l) { l->set_capacity_factor(0); }, "layer.capacity_factor: "),
+      Layer("capacity_nan", [nan](auto* l) { l->set_capacity_factor(nan); }, "layer.capacity_factor: "),
+      Layer("bytes_3", [](auto* l) { l->set_bytes_per_element(3); }, "layer.bytes_per_element: "),
+      Layer("skew_below_1", [](auto* l) { l->set_token_skew(0.5); }, "layer.token_skew: "),
+      Layer("mp_zero", [](auto* l) { l->mutable_parallel()->set_mp(0); }, "layer.parallel.mp: "),
+      Layer("ep_zero", [](auto* l) { l->mutable_parallel()->set_ep(0); }, "layer.parallel.ep: "),
+      Layer("esp_zero", [](auto* l) { l->mutable_parallel()->set_esp(0); }, "layer.parallel.esp: "),
+      Layer("dp_zero", [](auto* l) { l->mutable_parallel()->set_dp(0); }, "layer.parallel.dp: "),
+      Layer("pp_zero", [](auto* l) { l->mutable_parallel()->set_pp(0); }, "layer.parallel.pp: "),
+      Layer("ep_not_dividing_e", [](auto* l) { l->set_num_experts(24); }, "layer.parallel.ep: must divide num_experts"),
+      Layer("esp_not_dividing_h", [](auto* l) { l->set_hidden_dim(4098); }, "layer.parallel.esp: must divide hidden_dim"),
+      Layer("dense_ne_expert", [](auto* l) { l->mutable_parallel()->set_dp(8); }, "layer.parallel: mp*dp must equal ep*esp"),
+      Layer("too_many_ranks", [](auto* l) { l->mutable_parallel()->set_pp(2); }, "layer.parallel: mp*dp*pp must be <="),
+      Layer("mp_ne_esp", [](auto* l) { l->mutable_parallel()->set_mp(2); l->mutable_parallel()->set_dp(32); }, "layer.parallel.esp: schedules s1 and s2 need esp == mp"),
+      Layer("dp_underivable", [](auto* l) { l->mutable_parallel()->set_mp(3); }, "layer.parallel.dp: unset"),
+      Layer("schema_2", [](auto* l) { l->set_schema_version(2); }, "layer.schema_version: must be 1"),
+      Plan("schedule_unspecified", [](auto* r) { r->add_schedules(v1::SCHEDULE_UNSPECIFIED); }, "schedules[0]: "),
+      Plan("schedule_twice", [](auto* r) { r->add_schedules(v1::SCHEDULE_S1); r->add_schedules(v1::SCHEDULE_S1); }, "schedules: each schedule may be listed once"),
+      Plan("inline_beta_zero", bad_inline([](auto* p) { p->mutable_links()->mutable_intra()->set_beta_us_per_byte(0); }), "profile.links.intra.beta_us_per_byte: "),
+      Plan("inline_bad_name", bad_inline([](auto* p) { p->set_name("Big Cluster"); }), "profile.name: "),
+      Plan("inline_no_links", bad_inline([](auto* p) { p->clear_links(); }), "profile.links: "),
+      Plan("inline_no_source", bad_inline([](auto* p) { p->set_source(v1::PROFILE_SOURCE_UNSPECIFIED); }), "profile.source: "),
+      Plan("inline_grid_size", bad_inline([](auto* p) { p->mutable_gemm()->add_efficiency(0.5); }), "profile.gemm.efficiency: "),
+      Put("put_empty_profile", [](auto* p) { *p = v1::ClusterProfile(); }, "profile.links: "),
+      Put("put_peak_zero", [](auto* p) { p->mutable_gemm()->set_peak_tflops(0); }, "profile.gemm.peak_tflops: "),
+      Put("put_version_zero", [](auto* p) { p->set_version(0); }, "profile.version: must be >= 1"),
+      Put("put_path_name", [](auto* p) { p->set_name("../etc"); }, "profile.name: "),
+      Put("put_dup_fit", [](auto* p) {
+            for (int i = 0; i < 2; ++i) {
+              auto* f = p->add_collectives();
+              f->set_collective(v1::COLLECTIVE_ALL_GATHER);
+              f->mutable_shape()->set_ranks(8);
+              f->mutable_shape()->set_nodes(1);
+              f->mutable_cost()->set_beta_us_per_byte(1e-6);
+            }
+          }, "profile.collectives[1]: duplicate"),
+      Put("put_neg_memory", [](auto* p) { p->mutable_memory()->set_bandwidth_gbytes_per_s(-1); }, "profile.memory.bandwidth_gbytes_per_s: "),
+      Put("put_nodes_zero", [](auto* p) { p->set_nodes(0); }, "profile.nodes: "),
+      {"get_empty_name", [](client::PlannerClient& c) { return c.GetProfile("").status(); }, "name: required"},
+      Report("report_no_profile", [](auto* r) { r->clear_profile_name(); }, "profile_name: required"),
+      Report("report_version_zero", [](auto* r) { r->set_profile_version(0); }, "profile_version: "),
+      Report("report_version_future", [](auto* r) { r->set_profile_version(5); }, "profile_version: "),
+      Report("report_no_plan", [](auto* r) { r->clear_plan(); }, "plan.layer: required"),
+      Report("report_bad_layer", [](auto* r) { r->mutable_plan()->mutable_layer()->set_top_k(99); }, "plan.layer.top_k: "),
+      Report("report_no_schedule", [](auto* r) { r->set_schedule(v1::SCHEDULE_UNSPECIFIED); }, "schedule: "),
+      Report("report_schedule_invalid_for_layout", [](auto* r) { auto* p = r->mutable_plan()->mutable_layer()->mutable_parallel(); p->set_mp(2); p->set_dp(32); }, "plan.layer.parallel.esp: "),
+      Report("report_no_ops", [](auto* r) { r->clear_ops(); }, "ops: "),
+      Report("report_op_no_name", [](auto* r) { r->mutable_ops(0)->clear_name(); }, "ops[0].name: required"),
+      Report("report_op_negative", [](auto* r) { r->mutable_ops(0)->set_duration_us(-3); }, "ops[0].duration_us: "),
+      Report("report_total_zero", [](auto* r) { r->set_total_us(0); }, "total_us: "),
+  };
+}
+
+class BadRequestTest : public ServerTest, public ::testing::WithParamInterface<BadRequest> {};
+
+TEST_P(BadRequestTest, IsInvalidArgumentNamingTheField) {
+  const absl::Status s = GetParam().call(*client_);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_EQ(Msg(s).rfind(GetParam().field, 0), 0u) << s;
+  EXPECT_EQ(Msg(s).find('\n'), std::string::npos);
+  EXPECT_EQ(server_->cache().size(), 0u) << "nothing invalid is cached";
+}
+
+INSTANTIATE_TEST_SUITE_P(Table, BadRequestTest, ::testing::ValuesIn(BadRequests()),
+                         [](const auto& info) { return std::string(info.param.label); });
+
+TEST(BadRequestTable, HasAtLeastThirtyCases) { EXPECT_GE(BadRequests().size(), 30u); }
+
+}  // namespace
+}  // namespace moeplan::server
