@@ -7,8 +7,8 @@
 //
 // Keeps exactly --clients PlanLayer calls outstanding (gRPC async stubs over
 // --channels connections, one completion queue per polling thread; each
-// completion immediately re-issues its slot) for --warmup-s + --duration-s seconds, then stops issuing,
-// drains what is in flight (bounded by the deadline) and prints throughput, latency
+// completion immediately re-issues its slot) for --warmup-s + --duration-s seconds, then stops
+// issuing, drains what is in flight (bounded by the deadline) and prints throughput, latency
 // percentiles, errors by status code and, with --server-pid, the server's RSS
 // growth over the measured window.
 //
@@ -19,8 +19,10 @@
 //
 // Exit status: 0 when every call succeeded, 1 when any failed (warmup and drain
 // included), 2 on a usage or setup error.
+#include <fmt/format.h>
 #include <grpcpp/grpcpp.h>
 
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <array>
 #include <atomic>
@@ -39,9 +41,7 @@
 #include <thread>
 #include <vector>
 
-#include <CLI/CLI.hpp>
-#include <fmt/format.h>
-
+#include "absl/synchronization/mutex.h"
 #include "moeplan/proto/json.h"
 #include "moeplan/v1/service.grpc.pb.h"
 
@@ -121,17 +121,29 @@ class Histogram {
 };
 
 // --- status codes -------------------------------------------------------------
-constexpr int kNumCodes = 17;          // grpc::StatusCode OK..UNAUTHENTICATED
+constexpr int kNumCodes = 17;            // grpc::StatusCode OK..UNAUTHENTICATED
 constexpr int kBadResponse = kNumCodes;  // OK status but an empty / malformed plan
 constexpr int kNumErrorKinds = kNumCodes + 1;
 
 const char* CodeName(int c) {
-  static constexpr std::array<const char*, kNumErrorKinds> kNames = {
-      "OK",           "CANCELLED",         "UNKNOWN",        "INVALID_ARGUMENT",
-      "DEADLINE_EXCEEDED", "NOT_FOUND",    "ALREADY_EXISTS", "PERMISSION_DENIED",
-      "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION", "ABORTED", "OUT_OF_RANGE",
-      "UNIMPLEMENTED", "INTERNAL",         "UNAVAILABLE",    "DATA_LOSS",
-      "UNAUTHENTICATED", "BAD_RESPONSE"};
+  static constexpr std::array<const char*, kNumErrorKinds> kNames = {"OK",
+                                                                     "CANCELLED",
+                                                                     "UNKNOWN",
+                                                                     "INVALID_ARGUMENT",
+                                                                     "DEADLINE_EXCEEDED",
+                                                                     "NOT_FOUND",
+                                                                     "ALREADY_EXISTS",
+                                                                     "PERMISSION_DENIED",
+                                                                     "RESOURCE_EXHAUSTED",
+                                                                     "FAILED_PRECONDITION",
+                                                                     "ABORTED",
+                                                                     "OUT_OF_RANGE",
+                                                                     "UNIMPLEMENTED",
+                                                                     "INTERNAL",
+                                                                     "UNAVAILABLE",
+                                                                     "DATA_LOSS",
+                                                                     "UNAUTHENTICATED",
+                                                                     "BAD_RESPONSE"};
   return c >= 0 && c < kNumErrorKinds ? kNames[c] : "?";
 }
 
@@ -206,13 +218,25 @@ struct Window {
   Clock::time_point end;      // measured window ends; no new calls after it
 };
 
-// One in-flight call. Reused for the whole run: the request and response
-// messages keep their storage; the context is rebuilt in place per call (gRPC
-// contexts are single-use).
+// One in-flight call. Reused for the whole run: the request keeps its storage,
+// the response is parsed into a per-slot protobuf arena whose first block is
+// preallocated and kept across Reset() (so parsing a response of the size the
+// preflight saw allocates nothing), and the context is rebuilt in place per call
+// (gRPC contexts are single-use).
 struct Slot {
+  explicit Slot(size_t arena_bytes)
+      : arena_block(new char[arena_bytes]), arena(ArenaOptions(arena_block.get(), arena_bytes)) {}
+  static google::protobuf::ArenaOptions ArenaOptions(char* block, size_t bytes) {
+    google::protobuf::ArenaOptions o;
+    o.initial_block = block;
+    o.initial_block_size = bytes;
+    return o;
+  }
+  std::unique_ptr<char[]> arena_block;
+  google::protobuf::Arena arena;
+  v1::PlanLayerResponse* response = nullptr;  // on `arena`
   v1::Planner::Stub* stub = nullptr;
   v1::PlanLayerRequest request;
-  v1::PlanLayerResponse response;
   std::optional<grpc::ClientContext> ctx;
   std::unique_ptr<grpc::ClientAsyncResponseReader<v1::PlanLayerResponse>> rpc;
   grpc::Status status;
@@ -235,24 +259,20 @@ class Worker {
   // Slots first_slot, first_slot + stride, ... below `total` are this worker's;
   // slot i calls through stubs[i % stubs.size()].
   Worker(const std::vector<std::unique_ptr<v1::Planner::Stub>>& stubs, int first_slot, int stride,
-         int total, const v1::PlanLayerRequest& base, const Config& cfg, const Window& w,
-         const BatchSequence* seq, std::atomic<uint64_t>* seq_counter)
-      : slots_(static_cast<size_t>((total - first_slot + stride - 1) / stride)),
-        cfg_(cfg),
-        w_(w),
-        seq_(seq),
-        seq_counter_(seq_counter) {
-    int i = first_slot;
-    for (Slot& s : slots_) {
-      s.stub = stubs[static_cast<size_t>(i) % stubs.size()].get();
-      s.request = base;
-      i += stride;
+         int total, const v1::PlanLayerRequest& base, size_t arena_bytes, const Config& cfg,
+         const Window& w, const BatchSequence* seq, std::atomic<uint64_t>* seq_counter)
+      : cfg_(cfg), w_(w), seq_(seq), seq_counter_(seq_counter) {
+    for (int i = first_slot; i < total; i += stride) {
+      auto s = std::make_unique<Slot>(arena_bytes);
+      s->stub = stubs[static_cast<size_t>(i) % stubs.size()].get();
+      s->request = base;
+      slots_.push_back(std::move(s));
     }
   }
 
   void Run() {
     const auto deadline = std::chrono::milliseconds(cfg_.deadline_ms);
-    for (Slot& s : slots_) Issue(s, deadline);
+    for (auto& s : slots_) Issue(*s, deadline);
     bool stopping = false;
     const Clock::time_point drain_bound = w_.end + deadline + std::chrono::seconds(2);
     bool cancelled = false;
@@ -275,9 +295,9 @@ class Worker {
       }
       if (!stopping && now >= w_.end) stopping = true;
       if (stopping && !cancelled && now >= drain_bound) {
-        for (Slot& s : slots_) {
-          if (s.in_flight) {
-            s.ctx->TryCancel();
+        for (auto& s : slots_) {
+          if (s->in_flight) {
+            s->ctx->TryCancel();
             ++result_.cancelled_at_stop;
           }
         }
@@ -304,10 +324,13 @@ class Worker {
           seq_->At(seq_counter_->fetch_add(1, std::memory_order_relaxed)));
     }
     s.status = grpc::Status();
+    s.response = nullptr;
+    s.arena.Reset();
+    s.response = google::protobuf::Arena::CreateMessage<v1::PlanLayerResponse>(&s.arena);
     s.sent = Clock::now();
     s.rpc = s.stub->PrepareAsyncPlanLayer(&*s.ctx, s.request, &cq_);
     s.rpc->StartCall();
-    s.rpc->Finish(&s.response, &s.status, &s);
+    s.rpc->Finish(s.response, &s.status, &s);
     s.in_flight = true;
     ++outstanding_;
   }
@@ -318,8 +341,8 @@ class Worker {
     ++result_.completed_all;
     int code = static_cast<int>(s.status.error_code());
     if (code < 0 || code >= kNumCodes) code = static_cast<int>(grpc::StatusCode::UNKNOWN);
-    if (code == 0 && (s.response.candidates_size() == 0 ||
-                      s.response.best_schedule() == v1::SCHEDULE_UNSPECIFIED)) {
+    if (code == 0 && (s.response->candidates_size() == 0 ||
+                      s.response->best_schedule() == v1::SCHEDULE_UNSPECIFIED)) {
       code = kBadResponse;
     }
     const bool measured = now >= w_.measure && now < w_.end;
@@ -342,7 +365,7 @@ class Worker {
   }
 
   grpc::CompletionQueue cq_;
-  std::vector<Slot> slots_;
+  std::vector<std::unique_ptr<Slot>> slots_;
   const Config& cfg_;
   const Window& w_;
   const BatchSequence* seq_;
@@ -390,7 +413,8 @@ int main(int argc, char** argv) {
   app.add_option("--warmup-s", cfg.warmup_s, "Unmeasured seconds before the window")
       ->capture_default_str()
       ->check(CLI::Range(0.0, 3600.0));
-  app.add_option("--mode", cfg.mode, "cached: one request repeated; uncached: every request differs")
+  app.add_option("--mode", cfg.mode,
+                 "cached: one request repeated; uncached: every request differs")
       ->capture_default_str()
       ->check(CLI::IsMember({"cached", "uncached"}));
   app.add_option("--layer", cfg.layer_path, "LayerConfig JSON")->capture_default_str();
@@ -414,6 +438,10 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? 0 : 2;
   }
+  // gRPC's absl::Mutex calls otherwise pay for deadlock-graph bookkeeping in this
+  // build of absl (a few % of the generator's CPU); the generator is not the
+  // thing under test.
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   cfg.channels = std::min(cfg.channels, cfg.clients);
   if (cfg.threads == 0) cfg.threads = std::min(cfg.channels, 2);
   cfg.threads = std::min(cfg.threads, cfg.clients);
@@ -433,7 +461,8 @@ int main(int argc, char** argv) {
     seq = MakeBatchSequence(base.layer());
     if (cfg.uncached_offset < 0) {
       std::random_device rd;
-      seq.offset = static_cast<int64_t>((uint64_t{rd()} << 32 | rd()) % static_cast<uint64_t>(seq.count));
+      seq.offset =
+          static_cast<int64_t>((uint64_t{rd()} << 32 | rd()) % static_cast<uint64_t>(seq.count));
     } else {
       seq.offset = cfg.uncached_offset % seq.count;
     }
@@ -456,19 +485,23 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
+  size_t arena_bytes = 0;
   {
     auto stub = v1::Planner::NewStub(channels[0]);
     v1::PlanLayerRequest probe = base;
     if (uncached) probe.mutable_layer()->set_batch_size(static_cast<int32_t>(seq.step * seq.count));
-    v1::PlanLayerResponse resp;
+    google::protobuf::Arena arena;
+    auto* resp = google::protobuf::Arena::CreateMessage<v1::PlanLayerResponse>(&arena);
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
-    grpc::Status s = stub->PlanLayer(&ctx, probe, &resp);
+    grpc::Status s = stub->PlanLayer(&ctx, probe, resp);
     if (!s.ok()) {
       fmt::print(stderr, "moeplan-loadgen: error: preflight PlanLayer failed: {}: {}\n",
                  CodeName(static_cast<int>(s.error_code())), s.error_message());
       return 2;
     }
+    // Room for twice the probe's parsed size in each slot's first arena block.
+    arena_bytes = std::max<size_t>(16 << 10, (2 * arena.SpaceUsed() + 4095) / 4096 * 4096);
   }
 
   // Load.
@@ -483,8 +516,9 @@ int main(int argc, char** argv) {
   std::vector<std::unique_ptr<v1::Planner::Stub>> stubs;
   for (auto& ch : channels) stubs.push_back(v1::Planner::NewStub(ch));
   for (int i = 0; i < cfg.threads; ++i) {
-    workers.push_back(std::make_unique<Worker>(stubs, i, cfg.threads, slots_total, base, cfg, w,
-                                               uncached ? &seq : nullptr, &seq_counter));
+    workers.push_back(std::make_unique<Worker>(stubs, i, cfg.threads, slots_total, base,
+                                               arena_bytes, cfg, w, uncached ? &seq : nullptr,
+                                               &seq_counter));
   }
   std::vector<std::thread> threads;
   for (auto& wk : workers) threads.emplace_back([&wk] { wk->Run(); });
@@ -519,8 +553,8 @@ int main(int argc, char** argv) {
   const double throughput = static_cast<double>(ok) / cfg.duration_s;
   const auto us = [](uint64_t ns) { return static_cast<double>(ns) / 1000.0; };
   const double p50 = us(lat.Quantile(0.50)), p90 = us(lat.Quantile(0.90)),
-               p99 = us(lat.Quantile(0.99)), p999 = us(lat.Quantile(0.999)),
-               max = us(lat.max_ns()), mean = lat.mean_ns() / 1000.0;
+               p99 = us(lat.Quantile(0.99)), p999 = us(lat.Quantile(0.999)), max = us(lat.max_ns()),
+               mean = lat.mean_ns() / 1000.0;
   const bool have_rss = rss_start > 0 && rss_end > 0;
   const double rss_growth =
       have_rss ? 100.0 * static_cast<double>(rss_end - rss_start) / static_cast<double>(rss_start)
@@ -543,18 +577,19 @@ int main(int argc, char** argv) {
       if (static_cast<unsigned char>(ch) >= 0x20) escaped.push_back(ch);
     }
     fmt::print(
-        "{{\"server\":\"{}\",\"clients\":{},\"channels\":{},\"threads\":{},\"mode\":\"{}\",\"duration_s\":{},"
+        "{{\"server\":\"{}\",\"clients\":{},\"channels\":{},\"threads\":{},\"mode\":\"{}\","
+        "\"duration_s\":{},"
         "\"warmup_s\":{},\"requests\":{},\"ok\":{},\"errors\":{},\"errors_total\":{},"
         "\"errors_by_code\":{{{}}},\"cancelled_at_stop\":{},\"throughput_rps\":{:.1f},"
         "\"latency_us\":{{\"mean\":{:.1f},\"p50\":{:.1f},\"p90\":{:.1f},\"p99\":{:.1f},"
         "\"p999\":{:.1f},\"max\":{:.1f}}},\"rss\":{},\"first_error\":\"{}\"}}\n",
-        cfg.server, cfg.clients, cfg.channels, cfg.threads, cfg.mode, cfg.duration_s, cfg.warmup_s, requests,
-        ok, errors_measured, errors_all, codes, cancelled, throughput, mean, p50, p90, p99, p999,
-        max, rss, escaped);
+        cfg.server, cfg.clients, cfg.channels, cfg.threads, cfg.mode, cfg.duration_s, cfg.warmup_s,
+        requests, ok, errors_measured, errors_all, codes, cancelled, throughput, mean, p50, p90,
+        p99, p999, max, rss, escaped);
   } else {
     fmt::print("server      {}\n", cfg.server);
     fmt::print("clients     {} ({} channels, {} threads)\n", cfg.clients, cfg.channels,
-             cfg.threads);
+               cfg.threads);
     fmt::print("mode        {}\n", cfg.mode);
     fmt::print("window      {} s after {} s warmup\n", cfg.duration_s, cfg.warmup_s);
     fmt::print("requests    {} ({} ok)\n", requests, ok);
@@ -564,8 +599,9 @@ int main(int argc, char** argv) {
     }
     if (!first_error.empty()) fmt::print("  first: {}\n", first_error);
     fmt::print("throughput  {:.1f} req/s\n", throughput);
-    fmt::print("latency us  mean {:.1f}  p50 {:.1f}  p90 {:.1f}  p99 {:.1f}  p99.9 {:.1f}  max {:.1f}\n",
-               mean, p50, p90, p99, p999, max);
+    fmt::print(
+        "latency us  mean {:.1f}  p50 {:.1f}  p90 {:.1f}  p99 {:.1f}  p99.9 {:.1f}  max {:.1f}\n",
+        mean, p50, p90, p99, p999, max);
     if (have_rss) {
       fmt::print("server rss  start {} KiB  end {} KiB  growth {:+.2f}%\n", rss_start, rss_end,
                  rss_growth);

@@ -11,7 +11,8 @@
 #   WARMUP=1           unmeasured seconds before each run's window
 #   CLIENTS="1 8 64"   outstanding calls per run
 #   MODES="cached uncached"
-#   CHANNELS=1         gRPC channels (connections) of the load generator
+#   CHANNELS=2         gRPC channels (TCP connections) of the load generator
+#   THREADS=0          its completion-queue threads (0: min(CHANNELS, 2))
 #   CACHE_ENTRIES=     server --cache-entries (unset: the server's default)
 #   BUILD_DIR=build
 #   LAYER=examples/gpt2-moe-layer.json   PROFILE=a100-8x8
@@ -25,7 +26,8 @@ DURATION=${DURATION:-10}
 WARMUP=${WARMUP:-1}
 CLIENTS=${CLIENTS:-"1 8 64"}
 MODES=${MODES:-"cached uncached"}
-CHANNELS=${CHANNELS:-1}
+CHANNELS=${CHANNELS:-2}
+THREADS=${THREADS:-0}
 CACHE_ENTRIES=${CACHE_ENTRIES:-}
 BUILD_DIR=${BUILD_DIR:-build}
 LAYER=${LAYER:-examples/gpt2-moe-layer.json}
@@ -98,7 +100,7 @@ uncached_runs=0
 for c in $CLIENTS; do
   for m in $MODES; do
     args=(--server "127.0.0.1:$port" --clients "$c" --mode "$m" --duration-s "$DURATION"
-          --warmup-s "$WARMUP" --channels "$CHANNELS" --layer "$LAYER" --profile "$PROFILE"
+          --warmup-s "$WARMUP" --channels "$CHANNELS" --threads "$THREADS" --layer "$LAYER" --profile "$PROFILE"
           --server-pid "$server_pid" --json)
     if [[ $m == uncached ]]; then
       # Disjoint stretches of the batch_size sequence, so one run cannot hit what

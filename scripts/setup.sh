@@ -2,6 +2,7 @@
 # Installs the Debian packages moeplan builds with (idempotent: apt runs only when
 # something is missing) and builds it with ccache into build/ (or $BUILD_DIR).
 #   bash scripts/setup.sh [extra cmake args...]
+# Environment: BUILD_DIR (default build), BUILD_TARGETS (default all), JOBS.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -32,4 +33,6 @@ export CCACHE_DIR="${CCACHE_DIR:-$HOME/.cache/ccache}"
 export CCACHE_BASEDIR="${CCACHE_BASEDIR:-$PWD}"  # cache hits across clones
 JOBS="${JOBS:-$(nproc)}"
 cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo "$@" >/dev/null
-cmake --build "$BUILD_DIR" -j "$JOBS"
+# BUILD_TARGETS: build only these (space-separated); default everything.
+# shellcheck disable=SC2086
+cmake --build "$BUILD_DIR" -j "$JOBS" ${BUILD_TARGETS:+--target $BUILD_TARGETS}

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs, builds and runs every test: the full suite (ctest), then the unit
-# tests again under ASan+UBSan in build-asan/.
+# tests again under ASan+UBSan in build-asan/, then the server tests under TSan
+# in build-tsan/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 JOBS="${JOBS:-$(nproc)}"
@@ -10,7 +11,13 @@ bash scripts/setup.sh
 
 # ASan+UBSan: unit tests only (the CLI tests run the release binary above).
 export BUILD_DIR=build-asan
-bash scripts/setup.sh -DMOEPLAN_SANITIZER=asan -DMOEPLAN_BUILD_BENCH=OFF
+BUILD_TARGETS="planner_test proto_test" bash scripts/setup.sh -DMOEPLAN_SANITIZER=asan -DMOEPLAN_BUILD_BENCH=OFF
 export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1}"
 export UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}"
 (cd build-asan && ctest --output-on-failure -j "$JOBS" -L unit)
+
+# TSan: the server tests (in-process server, client threads, a real process).
+export BUILD_DIR=build-tsan
+BUILD_TARGETS="server_test server_process_test moeplan-server moeplan" bash scripts/setup.sh -DMOEPLAN_SANITIZER=tsan -DMOEPLAN_BUILD_BENCH=OFF
+export TSAN_OPTIONS="${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1:suppressions=$PWD/tests/tsan.supp}"
+(cd build-tsan && ctest --output-on-failure -j "$JOBS" -L server)

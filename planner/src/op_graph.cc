@@ -50,11 +50,35 @@ std::string Op::Name() const {
 }
 
 OpId OpGraph::Add(const Op& op, std::initializer_list<OpId> deps) {
-  const auto v = boost::add_vertex(op, graph_);
+  const OpId id = size();
+  ops_.push_back(op);
   for (OpId d : deps) {
-    if (d != kNoOp) boost::add_edge(static_cast<Graph::vertex_descriptor>(d), v, graph_);
+    if (d != kNoOp) dep_ids_.push_back(d);
   }
-  return static_cast<OpId>(v);
+  dep_begin_.push_back(static_cast<uint32_t>(dep_ids_.size()));
+  return id;
+}
+
+bool OpGraph::HasDep(OpId from, OpId to) const {
+  for (OpId d : deps(to)) {
+    if (d == from) return true;
+  }
+  return false;
+}
+
+void OpGraph::Clear() {
+  ops_.clear();
+  dep_ids_.clear();
+  dep_begin_.resize(1);
+}
+
+OpGraph::BoostGraph OpGraph::ToBoostGraph() const {
+  BoostGraph g(ops_.size());
+  for (int v = 0; v < size(); ++v) {
+    g[static_cast<BoostGraph::vertex_descriptor>(v)] = ops_[static_cast<size_t>(v)];
+    for (OpId d : deps(v)) boost::add_edge(static_cast<size_t>(d), static_cast<size_t>(v), g);
+  }
+  return g;
 }
 
 }  // namespace moeplan::planner

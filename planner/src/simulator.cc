@@ -12,7 +12,6 @@ constexpr int kComputeIndex = 0;
 }  // namespace
 
 absl::Status Simulator::Run(const OpGraph& graph, SimResult* r) {
-  const auto& g = graph.graph();
   const int n = graph.size();
   r->times.assign(n, OpTime{});
   r->critical_path.clear();
@@ -27,13 +26,12 @@ absl::Status Simulator::Run(const OpGraph& graph, SimResult* r) {
   OpId last_op = kNoOp;
 
   for (int v = 0; v < n; ++v) {
-    const Op& op = g[v];
+    const Op& op = graph.op(v);
     double start = 0.0;
     OpId binding = kNoOp;
     // Dependencies first, so that on ties the data dependency is reported as binding.
-    for (auto [e, e_end] = boost::in_edges(v, g); e != e_end; ++e) {
-      const int u = static_cast<int>(boost::source(*e, g));
-      if (u >= v) {
+    for (const OpId u : graph.deps(v)) {
+      if (u >= v || u < 0) {
         return absl::InternalError(Cat("op graph: op ", v, " (", op.Name(),
                                                 ") depends on op ", u,
                                                 " issued after it; builders must add "
@@ -73,7 +71,7 @@ absl::Status Simulator::Run(const OpGraph& graph, SimResult* r) {
   for (OpId v = last_op; v != kNoOp; v = r->times[v].binding) {
     r->times[v].critical = true;
     r->critical_path.push_back(v);
-    r->critical_term_us[static_cast<int>(g[v].term)] += g[v].cost_us;
+    r->critical_term_us[static_cast<int>(graph.op(v).term)] += graph.op(v).cost_us;
   }
   std::reverse(r->critical_path.begin(), r->critical_path.end());
 

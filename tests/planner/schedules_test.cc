@@ -113,7 +113,7 @@ OpId Find(const OpGraph& g, const std::string& name) {
 }
 
 bool HasEdge(const OpGraph& g, OpId from, OpId to) {
-  return boost::edge(from, to, g.graph()).second;
+  return g.HasDep(from, to);
 }
 
 int CountContaining(const OpGraph& g, const std::string& part) {

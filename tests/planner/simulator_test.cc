@@ -87,7 +87,8 @@ TEST(OpGraphTest, NamesAndResources) {
   EXPECT_EQ(g.Add(MakeOp("b", kCompute, 1), {0, kNoOp}), 1);
   EXPECT_EQ(g.size(), 2);
   EXPECT_EQ(g.op(1).Name(), "b");
-  EXPECT_EQ(boost::in_degree(1, g.graph()), 1u);  // kNoOp ignored
+  EXPECT_EQ(g.deps(1).size(), 1u);  // kNoOp ignored
+  EXPECT_EQ(boost::in_degree(1, g.ToBoostGraph()), 1u);
   g.Clear();
   EXPECT_EQ(g.size(), 0);
 }
@@ -473,6 +474,75 @@ TEST(SimulatorTest, HiddenCommAcrossSeveralIntervals) {
   EXPECT_DOUBLE_EQ(r.compute_busy_us, 5);
   EXPECT_DOUBLE_EQ(r.hidden_comm_us, 4);
   EXPECT_DOUBLE_EQ(r.exposed_comm_us, 1);
+}
+
+}  // namespace
+}  // namespace moeplan::planner
+
+// ---- Cross-check against Boost.Graph algorithms on every schedule's graph ----
+
+#include <boost/graph/topological_sort.hpp>
+
+#include "moeplan/planner/planner.h"
+
+namespace moeplan::planner {
+namespace {
+
+ClusterProfile CrossCheckProfile() {
+  ClusterProfile p;
+  p.name = "crosscheck";
+  p.version = 1;
+  p.source = ProfileSource::kSpec;
+  p.shape = {4, 8};
+  p.intra = {2.0, 1e-5};
+  p.inter = {8.0, 1e-4};
+  p.gemm.peak_tflops = 100;
+  p.gemm.launch_overhead_us = 3;
+  p.memory = {1000, 2};
+  return p;
+}
+
+TEST(BoostCrossCheck, ScheduleGraphsAreDagsAndMakespanBoundsLongestPath) {
+  const CostModel cost = *CostModel::Create(CrossCheckProfile());
+  LayerConfig l;
+  l.batch_size = 8;
+  l.seq_len = 512;
+  l.model_dim = 1024;
+  l.hidden_dim = 4096;
+  l.num_experts = 32;
+  l.top_k = 2;
+  l.capacity_factor = 1.0;
+  l.parallel = {4, 8, 4, 8, 1};
+  absl::StatusOr<LayerPlan> plan = PlanLayer(l, cost);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  for (const Candidate& c : plan->candidates) {
+    SCOPED_TRACE(std::string(ScheduleName(c.schedule)));
+    const OpGraph::BoostGraph g = c.graph().ToBoostGraph();
+    ASSERT_EQ(static_cast<int>(boost::num_vertices(g)), c.graph().size());
+    // Boost's topological sort throws not_a_dag on a cycle.
+    std::vector<size_t> reverse_topo;
+    ASSERT_NO_THROW(boost::topological_sort(g, std::back_inserter(reverse_topo)));
+    // Longest dependency path (ignoring resources) in topological order.
+    std::vector<double> finish(boost::num_vertices(g), 0.0);
+    double longest = 0.0;
+    for (auto it = reverse_topo.rbegin(); it != reverse_topo.rend(); ++it) {
+      double start = 0.0;
+      for (auto [e, end] = boost::in_edges(*it, g); e != end; ++e) {
+        start = std::max(start, finish[boost::source(*e, g)]);
+      }
+      finish[*it] = start + g[*it].cost_us;
+      longest = std::max(longest, finish[*it]);
+    }
+    EXPECT_GE(c.total_us() + 1e-9, longest) << "resources can only delay ops";
+    EXPECT_GT(longest, 0.0);
+    // Consecutive critical-path ops are joined by an edge or share a resource.
+    const auto& path = c.sim.critical_path;
+    for (size_t i = 1; i < path.size(); ++i) {
+      const bool edge = boost::edge(path[i - 1], path[i], g).second;
+      const bool shared = (c.graph().op(path[i - 1]).resources & c.graph().op(path[i]).resources) != 0;
+      EXPECT_TRUE(edge || shared) << c.graph().op(path[i]).Name();
+    }
+  }
 }
 
 }  // namespace

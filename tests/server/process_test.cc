@@ -65,6 +65,7 @@ TEST(ServerProcess, KillDashNineDuringPutsLosesNoAcknowledgedProfile) {
     ASSERT_FALSE(server.address().empty());
     std::mutex mu;
     std::atomic<bool> stop{false};
+    std::atomic<int> writers_done{0};
     // Four writers, so writes are in flight when the kill lands.
     std::vector<std::thread> writers;
     for (int w = 0; w < 4; ++w) {
@@ -75,13 +76,17 @@ TEST(ServerProcess, KillDashNineDuringPutsLosesNoAcknowledgedProfile) {
           p.set_name("p" + std::to_string(w) + "-" + std::to_string(i % 7));
           p.set_version(static_cast<uint32_t>(i / 7 + 1));
           p.mutable_links()->mutable_inter()->set_alpha_us(1.0 + i);
-          if (!c.PutProfile(p).ok()) return;  // the server is gone
+          if (!c.PutProfile(p).ok()) break;  // the server is gone
           std::lock_guard<std::mutex> lock(mu);
           acked.push_back(p);
         }
+        ++writers_done;
       });
     }
-    while (true) {
+    // Kill once 120 writes are acknowledged; give up (and fail below) if the
+    // writers stop first or it takes a minute.
+    const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    while (writers_done == 0 && std::chrono::steady_clock::now() < give_up) {
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
       std::lock_guard<std::mutex> lock(mu);
       if (acked.size() >= 120) break;

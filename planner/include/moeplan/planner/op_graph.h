@@ -1,11 +1,13 @@
-// The op graph of DESIGN §4: a DAG (Boost.Graph adjacency_list) of ops, each with
-// a name, kind, held resources, cost and dependencies. Ops are added in issue
+// The op graph of DESIGN §4: a DAG of ops, each with a name, kind, held
+// resources, cost and dependencies. Ops are added in issue
 // order and may only depend on ops added before them, so vertex order is both the
 // per-resource issue order and a topological order: the simulator needs one pass.
 #pragma once
 
 #include <cstdint>
 #include <initializer_list>
+#include <span>
+#include <vector>
 #include <string>
 #include <string_view>
 
@@ -56,23 +58,38 @@ struct Op {
 using OpId = int;
 inline constexpr OpId kNoOp = -1;
 
+// Storage is flat and reused: Clear() keeps every buffer's capacity, so
+// rebuilding a graph of the same size (every plan after the first on a planner)
+// allocates nothing. Dependencies are stored per op, CSR-style, in issue order.
+// ToBoostGraph() gives the same DAG as a Boost.Graph adjacency_list (edges run
+// dependency -> op) for graph algorithms and exports; it allocates, so it is not
+// for the hot path.
 class OpGraph {
  public:
-  using Graph = boost::adjacency_list<boost::vecS, boost::vecS, boost::bidirectionalS, Op,
-                                      boost::no_property, boost::no_property, boost::vecS>;
+  using BoostGraph = boost::adjacency_list<boost::vecS, boost::vecS, boost::bidirectionalS, Op,
+                                           boost::no_property, boost::no_property, boost::vecS>;
 
-  // Appends `op` after every op added so far (issue order) with edges from each
-  // dependency. Dependencies equal to kNoOp are ignored; others must be ids
-  // returned earlier (checked by the simulator).
+  // Appends `op` after every op added so far (issue order) depending on `deps`.
+  // kNoOp entries are ignored; others must be ids returned earlier (the
+  // simulator checks).
   OpId Add(const Op& op, std::initializer_list<OpId> deps);
 
-  int size() const { return static_cast<int>(boost::num_vertices(graph_)); }
-  const Op& op(OpId id) const { return graph_[static_cast<Graph::vertex_descriptor>(id)]; }
-  const Graph& graph() const { return graph_; }
-  void Clear() { graph_.clear(); }
+  int size() const { return static_cast<int>(ops_.size()); }
+  const Op& op(OpId id) const { return ops_[static_cast<size_t>(id)]; }
+  // The ops `id` depends on.
+  std::span<const OpId> deps(OpId id) const {
+    return {dep_ids_.data() + dep_begin_[static_cast<size_t>(id)],
+            dep_ids_.data() + dep_begin_[static_cast<size_t>(id) + 1]};
+  }
+  bool HasDep(OpId from, OpId to) const;
+  void Clear();
+
+  BoostGraph ToBoostGraph() const;
 
  private:
-  Graph graph_;
+  std::vector<Op> ops_;
+  std::vector<OpId> dep_ids_;
+  std::vector<uint32_t> dep_begin_ = {0};  // deps of op i: [dep_begin_[i], dep_begin_[i + 1])
 };
 
 }  // namespace moeplan::planner
