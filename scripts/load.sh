@@ -17,6 +17,7 @@
 #   BUILD_DIR=build
 #   LAYER=examples/gpt2-moe-layer.json   PROFILE=a100-8x8
 #   JSON_DIR=          keep each run's loadgen JSON there
+#   SERVER_CPUS= LOADGEN_CPUS=   pin each side to CPUs (taskset lists, e.g. 0 and 1)
 #
 # Exit status: 0 when every run had zero failed calls.
 set -euo pipefail
@@ -68,7 +69,7 @@ trap 'exit 143' TERM
 server_args=(--listen 127.0.0.1:0 --data-dir "$tmp/data" --no-request-log)
 [[ -n $CACHE_ENTRIES ]] && server_args+=(--cache-entries "$CACHE_ENTRIES")
 mkdir -p "$tmp/data"
-"$server_bin" "${server_args[@]}" >"$tmp/server.out" 2>"$tmp/server.err" &
+${SERVER_CPUS:+taskset -c "$SERVER_CPUS"} "$server_bin" "${server_args[@]}" >"$tmp/server.out" 2>"$tmp/server.err" &
 server_pid=$!
 
 port=""
@@ -110,7 +111,7 @@ for c in $CLIENTS; do
     fi
     echo "load.sh: clients=$c mode=$m ..." >&2
     rc=0
-    out=$("$loadgen_bin" "${args[@]}") || rc=$?
+    out=$(${LOADGEN_CPUS:+taskset -c "$LOADGEN_CPUS"} "$loadgen_bin" "${args[@]}") || rc=$?
     if [[ -n $JSON_DIR ]]; then
       mkdir -p "$JSON_DIR"
       printf '%s\n' "$out" >"$JSON_DIR/c${c}-${m}.json"
