@@ -28,8 +28,8 @@ T OrDie(absl::StatusOr<T> v) {
 }
 
 const planner::CostModel& Cost() {
-  static const planner::CostModel* cost = new planner::CostModel(OrDie(
-      planner::CostModel::Create(OrDie(calibration::LoadProfile("a100-8x8")).profile)));
+  static const planner::CostModel* cost = new planner::CostModel(
+      OrDie(planner::CostModel::Create(OrDie(calibration::LoadProfile("a100-8x8")).profile)));
   return *cost;
 }
 

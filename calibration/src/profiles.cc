@@ -1,11 +1,12 @@
 #include "moeplan/calibration/profiles.h"
 
-#include <algorithm>
-#include <cstddef>
 #include <sys/stat.h>
 
-#include "moeplan/planner/strings.h"
+#include <algorithm>
+#include <cstddef>
+
 #include "absl/strings/str_join.h"
+#include "moeplan/planner/strings.h"
 #include "moeplan/proto/convert.h"
 #include "moeplan/proto/json.h"
 
@@ -54,9 +55,8 @@ std::vector<std::string> BuiltinProfileNames() {
 absl::StatusOr<v1::ClusterProfile> BuiltinProfile(std::string_view name) {
   const internal::EmbeddedFile* f = FindBuiltin(name);
   if (f == nullptr) {
-    return absl::NotFoundError(Cat("cluster: no built-in profile named '", name,
-                                            "' (built-ins: ",
-                                            absl::StrJoin(BuiltinProfileNames(), ", "), ")"));
+    return absl::NotFoundError(Cat("cluster: no built-in profile named '", name, "' (built-ins: ",
+                                   absl::StrJoin(BuiltinProfileNames(), ", "), ")"));
   }
   v1::ClusterProfile msg;
   const std::string what = Cat("built-in profile ", name);
@@ -76,9 +76,9 @@ absl::StatusOr<v1::ClusterProfile> ResolveProfile(std::string_view name_or_path)
   const std::string path(name_or_path);
   struct stat st;
   if (::stat(path.c_str(), &st) != 0) {
-    return absl::NotFoundError(Cat(
-        "cluster: '", name_or_path, "' is neither a built-in profile (",
-        absl::StrJoin(BuiltinProfileNames(), ", "), ") nor an existing file"));
+    return absl::NotFoundError(Cat("cluster: '", name_or_path, "' is neither a built-in profile (",
+                                   absl::StrJoin(BuiltinProfileNames(), ", "),
+                                   ") nor an existing file"));
   }
   v1::ClusterProfile msg;
   if (absl::Status s = proto::ReadJsonFile(path, &msg); !s.ok()) return s;

@@ -1,16 +1,15 @@
 // moeplan: the command-line planner (DESIGN §7). Plans locally against built-in
 // or file profiles; the --server mode arrives with the service issue.
+#include <fmt/format.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <CLI/CLI.hpp>
 #include <chrono>
 #include <cstdio>
 #include <iostream>
 #include <string>
 #include <vector>
-
-#include <CLI/CLI.hpp>
-#include <fmt/format.h>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_split.h"
@@ -96,7 +95,8 @@ absl::Status PlanOnServer(const std::string& server, const std::string& cluster,
                           v1::ClusterProfile* profile) {
   PlannerClient client(server);
   if (IsFile(cluster) && !calibration::BuiltinProfile(cluster).ok()) {
-    if (absl::Status s = proto::ReadJsonFile(cluster, request->mutable_profile()); !s.ok()) return s;
+    if (absl::Status s = proto::ReadJsonFile(cluster, request->mutable_profile()); !s.ok())
+      return s;
     *profile = request->profile();
   } else {
     request->set_profile_name(cluster);
@@ -140,7 +140,8 @@ absl::Status PlanLayerCmd(const PlanLayerArgs& a) {
   }
   // Echo the layer with defaults filled in (dp, pp, b, skew) for the table.
   absl::StatusOr<p::LayerConfig> layer = proto::LayerFromProto(request.layer());
-  if (!layer.ok()) return absl::Status(layer.status().code(), Cat(a.layer, ": ", View(layer.status().message())));
+  if (!layer.ok())
+    return absl::Status(layer.status().code(), Cat(a.layer, ": ", View(layer.status().message())));
   const v1::LayerConfig shown = proto::LayerToProto(*layer);
 
   // Everything is computed before anything is written: an error leaves no output.
@@ -186,7 +187,8 @@ absl::Status SweepCmd(const SweepArgs& a) {
   v1::LayerGrid grid;
   if (absl::Status s = proto::ReadJsonFile(a.grid, &grid); !s.ok()) return s;
   absl::StatusOr<std::vector<v1::LayerConfig>> configs = proto::ExpandGrid(grid);
-  if (!configs.ok()) return absl::InvalidArgumentError(Cat(a.grid, ": ", View(configs.status().message())));
+  if (!configs.ok())
+    return absl::InvalidArgumentError(Cat(a.grid, ": ", View(configs.status().message())));
   absl::StatusOr<calibration::LoadedProfile> profile = calibration::LoadProfile(a.cluster);
   if (!profile.ok()) return profile.status();
   absl::StatusOr<p::CostModel> cost = p::CostModel::Create(profile->profile);
@@ -233,14 +235,14 @@ absl::Status ProfilesListCmd(const std::string& server) {
   absl::StatusOr<v1::ListProfilesResponse> list =
       server.empty() ? LocalProfiles() : PlannerClient(server).ListProfiles();
   if (!list.ok()) return list.status();
-  std::string text = fmt::format("{:<16}{:<10}{:>8}{:>8}{:>6}  {}\n", "name", "source",
-                                 "version", "nodes", "gpus", "summary");
+  std::string text = fmt::format("{:<16}{:<10}{:>8}{:>8}{:>6}  {}\n", "name", "source", "version",
+                                 "nodes", "gpus", "summary");
   for (const v1::ProfileSummary& prof : list->profiles()) {
     std::string summary = prof.comment().substr(0, prof.comment().find(". "));
     if (prof.name() == calibration::kDefaultProfileName) summary += " [default]";
     fmt::format_to(std::back_inserter(text), "{:<16}{:<10}{:>8}{:>8}{:>6}  {}\n", prof.name(),
-                   prof.source() == v1::PROFILE_SOURCE_SPEC ? "spec" : "measured",
-                   prof.version(), prof.nodes(), prof.gpus_per_node(), summary);
+                   prof.source() == v1::PROFILE_SOURCE_SPEC ? "spec" : "measured", prof.version(),
+                   prof.nodes(), prof.gpus_per_node(), summary);
   }
   return WriteStdout(text);
 }
@@ -263,8 +265,8 @@ absl::Status ProfilesPutCmd(const std::string& file, const std::string& server) 
   if (absl::Status s = proto::ReadJsonFile(file, &prof); !s.ok()) return s;
   absl::StatusOr<v1::PutProfileResponse> r = PlannerClient(server).PutProfile(prof);
   if (!r.ok()) return absl::Status(r.status().code(), Cat(file, ": ", View(r.status().message())));
-  return WriteStdout(fmt::format("stored profile {} version {} on {}\n", r->name(), r->version(),
-                                 server));
+  return WriteStdout(
+      fmt::format("stored profile {} version {} on {}\n", r->name(), r->version(), server));
 }
 
 int Main(int argc, char** argv) {
@@ -278,9 +280,9 @@ int Main(int argc, char** argv) {
 
   PlanLayerArgs pl;
   CLI::App* plan = app.add_subcommand(
-      "plan-layer", "Simulate default, S1 and S2 for one MoE layer (forward + backward) and rank them");
-  plan->add_option("--layer", pl.layer, "Layer config (moeplan.v1.LayerConfig JSON)")
-      ->required();
+      "plan-layer",
+      "Simulate default, S1 and S2 for one MoE layer (forward + backward) and rank them");
+  plan->add_option("--layer", pl.layer, "Layer config (moeplan.v1.LayerConfig JSON)")->required();
   plan->add_option("--cluster", pl.cluster,
                    "Built-in profile name (see `moeplan profiles list`) or profile JSON file")
       ->capture_default_str();
@@ -297,7 +299,8 @@ int Main(int argc, char** argv) {
 
   SweepArgs sw;
   CLI::App* sweep = app.add_subcommand(
-      "sweep", "Plan every config of a grid (cartesian product of lists) and summarise the choices");
+      "sweep",
+      "Plan every config of a grid (cartesian product of lists) and summarise the choices");
   sweep->add_option("--grid", sw.grid, "Grid file (moeplan.v1.LayerGrid JSON)")->required();
   sweep->add_option("--cluster", sw.cluster, "Built-in profile name or profile JSON file")
       ->capture_default_str();

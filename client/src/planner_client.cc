@@ -39,7 +39,8 @@ absl::StatusOr<Response> Invoke(const std::string& address, std::chrono::millise
 
 }  // namespace
 
-absl::StatusOr<v1::PlanLayerResponse> PlannerClient::PlanLayer(const v1::PlanLayerRequest& request) {
+absl::StatusOr<v1::PlanLayerResponse> PlannerClient::PlanLayer(
+    const v1::PlanLayerRequest& request) {
   return Invoke<v1::PlanLayerResponse>(address_, timeout_, [&](auto* ctx, auto* resp) {
     return impl_->stub->PlanLayer(ctx, request, resp);
   });
@@ -59,7 +60,8 @@ absl::StatusOr<v1::ClusterProfile> PlannerClient::GetProfile(const std::string& 
   });
 }
 
-absl::StatusOr<v1::PutProfileResponse> PlannerClient::PutProfile(const v1::ClusterProfile& profile) {
+absl::StatusOr<v1::PutProfileResponse> PlannerClient::PutProfile(
+    const v1::ClusterProfile& profile) {
   v1::PutProfileRequest request;
   *request.mutable_profile() = profile;
   return Invoke<v1::PutProfileResponse>(address_, timeout_, [&](auto* ctx, auto* resp) {

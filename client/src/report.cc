@@ -134,7 +134,8 @@ v1::ChromeTrace BuildTrace(const v1::PlanLayerResponse& plan) {
         if (std::find(held.begin(), held.end(), kResources[r]) == held.end()) continue;
         v1::TraceEvent* e = trace.add_trace_events();
         e->set_name(op.name());
-        e->set_cat(fmt::format("{},{}", op.kind(), op.phase() == v1::PHASE_FORWARD ? "fwd" : "bwd"));
+        e->set_cat(
+            fmt::format("{},{}", op.kind(), op.phase() == v1::PHASE_FORWARD ? "fwd" : "bwd"));
         e->set_ph("X");
         e->set_ts(op.start_us());
         e->set_dur(op.end_us() - op.start_us());

@@ -29,8 +29,8 @@ absl::StatusOr<SweepResult> RunSweep(const std::vector<v1::LayerConfig>& configs
     }
     if (!status.ok()) {
       if (!options.skip_invalid || status.code() != absl::StatusCode::kInvalidArgument) {
-        return absl::Status(status.code(), Cat("config #", i, " (", configs[i].name(), "): ",
-                                               View(status.message())));
+        return absl::Status(status.code(), Cat("config #", i, " (", configs[i].name(),
+                                               "): ", View(status.message())));
       }
       ++result.skipped;
       const std::string_view msg = View(status.message());
@@ -76,16 +76,15 @@ std::string SweepCsv(const SweepResult& r) {
   for (const SweepRow& row : r.rows) {
     const p::LayerConfig& l = row.layer;
     const p::ParallelLayout& par = l.parallel;
-    fmt::format_to(w, "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}\n",
-                   row.index, CsvField(l.name), l.batch_size, l.seq_len, l.model_dim,
-                   l.hidden_dim, l.num_experts, l.top_k, l.capacity_factor, l.bytes_per_element,
-                   l.token_skew, par.mp, par.ep, par.esp, par.dp, par.pp,
-                   TimeCell(row.total_us[0]), TimeCell(row.total_us[1]),
-                   TimeCell(row.total_us[2]), p::ScheduleName(row.best),
-                   TimeCell(row.total_us[static_cast<int>(row.best)]),
-                   row.speedup_vs_default > 0.0 ? fmt::format("{:.4f}", row.speedup_vs_default)
-                                                : "",
-                   fmt::format("{:.2f}", row.margin_pct));
+    fmt::format_to(
+        w, "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}\n", row.index,
+        CsvField(l.name), l.batch_size, l.seq_len, l.model_dim, l.hidden_dim, l.num_experts,
+        l.top_k, l.capacity_factor, l.bytes_per_element, l.token_skew, par.mp, par.ep, par.esp,
+        par.dp, par.pp, TimeCell(row.total_us[0]), TimeCell(row.total_us[1]),
+        TimeCell(row.total_us[2]), p::ScheduleName(row.best),
+        TimeCell(row.total_us[static_cast<int>(row.best)]),
+        row.speedup_vs_default > 0.0 ? fmt::format("{:.4f}", row.speedup_vs_default) : "",
+        fmt::format("{:.2f}", row.margin_pct));
   }
   return out;
 }
@@ -115,8 +114,7 @@ std::string SweepSummary(const SweepResult& r) {
   if (!speedups.empty()) {
     std::sort(speedups.begin(), speedups.end());
     const size_t n = speedups.size();
-    const double median =
-        n % 2 ? speedups[n / 2] : 0.5 * (speedups[n / 2 - 1] + speedups[n / 2]);
+    const double median = n % 2 ? speedups[n / 2] : 0.5 * (speedups[n / 2 - 1] + speedups[n / 2]);
     fmt::format_to(w,
                    "speedup of the chosen schedule over default: min {:.3f}x, median {:.3f}x, "
                    "max {:.3f}x\n",

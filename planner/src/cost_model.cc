@@ -31,12 +31,10 @@ absl::Status Bad(std::string_view field, std::string_view rule, std::string_view
 
 absl::Status CheckAlphaBeta(std::string_view field, const AlphaBeta& ab) {
   if (!(ab.alpha_us >= 0.0) || !std::isfinite(ab.alpha_us)) {
-    return Bad(Cat(field, ".alpha_us"), "must be finite and >= 0",
-               Cat(ab.alpha_us));
+    return Bad(Cat(field, ".alpha_us"), "must be finite and >= 0", Cat(ab.alpha_us));
   }
   if (!(ab.beta_us_per_byte > 0.0) || !std::isfinite(ab.beta_us_per_byte)) {
-    return Bad(Cat(field, ".beta_us_per_byte"), "must be finite and > 0",
-               Cat(ab.beta_us_per_byte));
+    return Bad(Cat(field, ".beta_us_per_byte"), "must be finite and > 0", Cat(ab.beta_us_per_byte));
   }
   return absl::OkStatus();
 }
@@ -69,7 +67,8 @@ inline void Bracket(const std::vector<double>& axis, double x, size_t* i, double
     *t = 1.0;
     return;
   }
-  const size_t hi = static_cast<size_t>(std::upper_bound(axis.begin(), axis.end(), x) - axis.begin());
+  const size_t hi =
+      static_cast<size_t>(std::upper_bound(axis.begin(), axis.end(), x) - axis.begin());
   *i = hi - 1;
   *t = (x - axis[hi - 1]) / (axis[hi] - axis[hi - 1]);
 }
@@ -79,8 +78,8 @@ inline void Bracket(const std::vector<double>& axis, double x, size_t* i, double
 absl::Status ValidateProfile(const ClusterProfile& p) {
   if (p.name.empty()) return Bad("name", "must not be empty", "\"\"");
   for (char ch : p.name) {
-    const bool ok = (ch >= 'a' && ch <= 'z') || (ch >= '0' && ch <= '9') || ch == '.' ||
-                    ch == '_' || ch == '-';
+    const bool ok =
+        (ch >= 'a' && ch <= 'z') || (ch >= '0' && ch <= '9') || ch == '.' || ch == '_' || ch == '-';
     if (!ok) return Bad("name", "must match [a-z0-9._-]+", Cat("\"", p.name, "\""));
   }
   if (p.name.size() > 64) return Bad("name", "must be at most 64 characters", Cat(p.name.size()));
@@ -113,8 +112,7 @@ absl::Status ValidateProfile(const ClusterProfile& p) {
     if (absl::Status s = CheckAlphaBeta(Cat(field, ".cost"), f.cost); !s.ok()) return s;
     for (size_t j = 0; j < i; ++j) {
       if (p.collectives[j].collective == f.collective && p.collectives[j].shape == f.shape) {
-        return Bad(field, "duplicate (collective, shape) fit",
-                   Cat("same as collectives[", j, "]"));
+        return Bad(field, "duplicate (collective, shape) fit", Cat("same as collectives[", j, "]"));
       }
     }
   }
@@ -139,8 +137,7 @@ absl::Status ValidateProfile(const ClusterProfile& p) {
     for (size_t i = 0; i < want; ++i) {
       const double e = g.efficiency[i];
       if (!(e > 0.0 && e <= 1.0)) {
-        return Bad(Cat("gemm.efficiency[", i, "]"), "must be in (0, 1]",
-                   Cat(e));
+        return Bad(Cat("gemm.efficiency[", i, "]"), "must be in (0, 1]", Cat(e));
       }
     }
   }
@@ -169,7 +166,7 @@ CostModel::CostModel(ClusterProfile profile) : profile_(std::move(profile)) {
   for (int a = 0; a < 3; ++a) {
     for (int64_t v : *axes[a]) log_axes_[a].push_back(std::log2(static_cast<double>(v)));
   }
-  flops_per_us_ = profile_.gemm.peak_tflops * 1e6;  // 1 TFLOP/s = 1e6 flop/us
+  flops_per_us_ = profile_.gemm.peak_tflops * 1e6;                   // 1 TFLOP/s = 1e6 flop/us
   mem_bytes_per_us_ = profile_.memory.bandwidth_gbytes_per_s * 1e3;  // 1 GB/s = 1e3 B/us
 }
 
@@ -232,7 +229,8 @@ double CostModel::GemmEfficiency(int64_t m, int64_t n, int64_t k) const {
 
 double CostModel::GemmUs(int64_t m, int64_t n, int64_t k) const {
   if (m <= 0 || n <= 0 || k <= 0) return 0.0;
-  const double flops = 2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
+  const double flops =
+      2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
   return profile_.gemm.launch_overhead_us + flops / (flops_per_us_ * GemmEfficiency(m, n, k));
 }
 

@@ -3,8 +3,8 @@
 #include <algorithm>
 #include <cmath>
 
-#include "moeplan/planner/strings.h"
 #include "moeplan/planner/schedules.h"
+#include "moeplan/planner/strings.h"
 #include "moeplan/planner/validate.h"
 
 namespace moeplan::planner {
@@ -43,7 +43,7 @@ void Decide(LayerPlan* plan) {
   const size_t shown = std::min<size_t>(3, d.deciding_terms.size());
   for (size_t i = 0; i < shown; ++i) {
     terms += Cat(i ? ", " : "", TermName(d.deciding_terms[i].term), " ",
-                    fmt::format("{:+.1f} us", d.deciding_terms[i].delta_us));
+                 fmt::format("{:+.1f} us", d.deciding_terms[i].delta_us));
   }
   d.summary = fmt::format(
       "{} is fastest, {:.1f} us ({:.1f}%) ahead of {}; critical-path terms vs {}: {}",
@@ -71,11 +71,11 @@ absl::Status LayerPlanner::Plan(const LayerConfig& layer, std::span<const Schedu
   bool seen[kNumSchedules] = {};
   for (Schedule s : schedules) {
     const int i = static_cast<int>(s);
-    if (i < 0 || i >= kNumSchedules) return absl::InvalidArgumentError("schedules: unknown schedule");
+    if (i < 0 || i >= kNumSchedules)
+      return absl::InvalidArgumentError("schedules: unknown schedule");
     if (seen[i]) {
       return absl::InvalidArgumentError(
-          Cat("schedules: each schedule may be listed once (got ", ScheduleName(s),
-                       " twice)"));
+          Cat("schedules: each schedule may be listed once (got ", ScheduleName(s), " twice)"));
     }
     seen[i] = true;
     if (absl::Status st = ValidateForSchedule(layer, s); !st.ok()) return st;
@@ -95,8 +95,9 @@ absl::Status LayerPlanner::Plan(const LayerConfig& layer, std::span<const Schedu
     if (absl::Status s = BuildSchedule(c.schedule, ctx, c.graph_ptr.get()); !s.ok()) return s;
     if (absl::Status s = simulator_.Run(*c.graph_ptr, &c.sim); !s.ok()) return s;
   }
-  std::stable_sort(out->candidates.begin(), out->candidates.end(),
-                   [](const Candidate& a, const Candidate& b) { return a.total_us() < b.total_us(); });
+  std::stable_sort(
+      out->candidates.begin(), out->candidates.end(),
+      [](const Candidate& a, const Candidate& b) { return a.total_us() < b.total_us(); });
   Decide(out);
   return absl::OkStatus();
 }

@@ -148,9 +148,9 @@ class Builder {
   // SAA forward form: AlltoAll steps on one stream, AllGather of each arrived
   // chunk (the local chunk 0 first) on a second. Issue order a2a.1, allgather.0,
   // a2a.2, allgather.1, ... so each gather is issued behind the next exchange.
-  Deps SaaGather(std::string_view a2a_name, std::string_view ag_name, Phase phase,
-                 GroupShape a2a, int ranks_per_node, GroupShape gather, double a2a_bytes,
-                 double gather_chunk_bytes, Deps dep) {
+  Deps SaaGather(std::string_view a2a_name, std::string_view ag_name, Phase phase, GroupShape a2a,
+                 int ranks_per_node, GroupShape gather, double a2a_bytes, double gather_chunk_bytes,
+                 Deps dep) {
     const int w = a2a.ranks;
     const double chunk = a2a_bytes / w;
     const bool gathers = gather.ranks > 1;
@@ -163,20 +163,19 @@ class Builder {
               : A2aStep(a2a_name, i, phase, a2a, ranks_per_node, chunk, {a2a_prev});
       if (gathers) {
         // Gather chunk i-1: it arrived with step i-1 (chunk 0 is local).
-        ag_prev = GatherChunk(ag_name, i - 1, phase, gather, gather_chunk_bytes, ag_prev,
-                              a2a_prev, dep);
+        ag_prev =
+            GatherChunk(ag_name, i - 1, phase, gather, gather_chunk_bytes, ag_prev, a2a_prev, dep);
       }
       a2a_prev = step;
     }
     if (!gathers) return a2a_prev == kNoOp ? dep : Deps{a2a_prev};
-    return {GatherChunk(ag_name, w - 1, phase, gather, gather_chunk_bytes, ag_prev, a2a_prev,
-                        dep)};
+    return {GatherChunk(ag_name, w - 1, phase, gather, gather_chunk_bytes, ag_prev, a2a_prev, dep)};
   }
 
   // SAA backward (dual) form: ReduceScatter of the chunk for peer i, then its
   // exchange, pipelined on two streams; the local chunk 0 is reduced last.
-  Deps SaaScatter(std::string_view rs_name, std::string_view a2a_name, Phase phase,
-                  GroupShape a2a, int ranks_per_node, GroupShape scatter, double a2a_bytes,
+  Deps SaaScatter(std::string_view rs_name, std::string_view a2a_name, Phase phase, GroupShape a2a,
+                  int ranks_per_node, GroupShape scatter, double a2a_bytes,
                   double scatter_chunk_bytes, Deps dep) {
     const int w = a2a.ranks;
     const double chunk = a2a_bytes / w;
@@ -191,8 +190,8 @@ class Builder {
       }
       const Deps in = after(rs_prev);
       const Deps prev = after(a2a_prev);
-      a2a_prev = A2aStep(a2a_name, i, phase, a2a, ranks_per_node, chunk,
-                         {in.a, in.b, prev.a, prev.b});
+      a2a_prev =
+          A2aStep(a2a_name, i, phase, a2a, ranks_per_node, chunk, {in.a, in.b, prev.a, prev.b});
     }
     if (scatters) {
       const Deps d = after(rs_prev);
@@ -237,8 +236,8 @@ class Kernels {
   }
   // dX = dL·Wg^T and dWg = X^T·dL, plus the softmax backward.
   double GateBwd(int64_t s) const {
-    return c_.GemmUs(s, l_.model_dim, l_.num_experts) +
-           c_.GemmUs(l_.model_dim, l_.num_experts, s) + c_.MemoryBoundUs(GateBytes(s));
+    return c_.GemmUs(s, l_.model_dim, l_.num_experts) + c_.GemmUs(l_.model_dim, l_.num_experts, s) +
+           c_.MemoryBoundUs(GateBytes(s));
   }
   // Order / i-order: scatter S tokens into the (E, T, M) buffer or gather back.
   double OrderBytes(int64_t s, int64_t t) const {
@@ -273,7 +272,8 @@ class Kernels {
     return LocalExperts() * (c_.GemmUs(h, m, rows) + c_.GemmUs(m, h, rows));
   }
   double ExpertBytes(int64_t rows) const {
-    return static_cast<double>(LocalExperts()) * rows * l_.model_dim * b_ * 2.0 + 2.0 * ActBytes(rows);
+    return static_cast<double>(LocalExperts()) * rows * l_.model_dim * b_ * 2.0 +
+           2.0 * ActBytes(rows);
   }
   // Token skew scales the heaviest rank's expert-side rows.
   int64_t Skewed(int64_t rows) const {
@@ -378,8 +378,8 @@ absl::Status BuildS2(const LayerContext& ctx, OpGraph* g) {
   // Routing and dropping are exactly the default's at capacity T; the (E, T, M)
   // buffer is split along T, padded to a multiple of N with empty slots.
   const int64_t cap2 = (d.capacity + n - 1) / n * n;
-  const double dn = static_cast<double>(l.num_experts) * cap2 * l.model_dim *
-                    l.bytes_per_element / n;  // per rank after the split
+  const double dn = static_cast<double>(l.num_experts) * cap2 * l.model_dim * l.bytes_per_element /
+                    n;  // per rank after the split
   const double skew = l.token_skew;
   const int64_t rows = k.Skewed(int64_t{l.parallel.ep} * cap2);
   const int q = t.ep_ranks_per_node;
@@ -410,8 +410,8 @@ absl::Status BuildS2(const LayerContext& ctx, OpGraph* g) {
                   dn * skew, dn * skew / w, x);
   x = b.Compute("bwd.expert_dx", B, Term::kExpert, k.ExpertDx(rows), k.ExpertBytes(rows), x);
   x = b.Compute("bwd.expert_dw", B, Term::kExpert, k.ExpertDw(rows), k.ExpertBytes(rows), x);
-  x = b.SaaScatter("bwd.saa_dispatch.reducescatter", "bwd.saa_dispatch.alltoall", B, t.ep, q,
-                   t.esp, dn * skew, dn * skew / w, x);
+  x = b.SaaScatter("bwd.saa_dispatch.reducescatter", "bwd.saa_dispatch.alltoall", B, t.ep, q, t.esp,
+                   dn * skew, dn * skew / w, x);
   x = b.Coll("bwd.mp_allgather", B, Collective::kAllGather, t.mp, dn, x);
   x = b.Compute("bwd.order", B, Term::kOrder, k.Order(s, cap2), k.OrderBytes(s, cap2), x);
   b.Compute("bwd.gate", B, Term::kGate, k.GateBwd(s), k.GateBytes(s), x);
@@ -421,8 +421,7 @@ absl::Status BuildS2(const LayerContext& ctx, OpGraph* g) {
 }  // namespace
 
 OpId AppendSaa(const CostModel& cost, GroupShape a2a, int a2a_ranks_per_node, GroupShape gather,
-               double a2a_bytes, double gather_chunk_bytes, Phase phase, OpId dep,
-               OpGraph* graph) {
+               double a2a_bytes, double gather_chunk_bytes, Phase phase, OpId dep, OpGraph* graph) {
   Builder b(cost, graph);
   const Deps out = b.SaaGather("saa.alltoall", "saa.allgather", phase, a2a, a2a_ranks_per_node,
                                gather, a2a_bytes, gather_chunk_bytes, Deps{dep});

@@ -32,10 +32,9 @@ absl::Status Simulator::Run(const OpGraph& graph, SimResult* r) {
     // Dependencies first, so that on ties the data dependency is reported as binding.
     for (const OpId u : graph.deps(v)) {
       if (u >= v || u < 0) {
-        return absl::InternalError(Cat("op graph: op ", v, " (", op.Name(),
-                                                ") depends on op ", u,
-                                                " issued after it; builders must add "
-                                                "dependencies first"));
+        return absl::InternalError(Cat("op graph: op ", v, " (", op.Name(), ") depends on op ", u,
+                                       " issued after it; builders must add "
+                                       "dependencies first"));
       }
       if (binding == kNoOp || r->times[u].end_us > start) {
         start = r->times[u].end_us;
@@ -85,7 +84,7 @@ absl::Status Simulator::Run(const OpGraph& graph, SimResult* r) {
   while (a < intra.size() || b < inter.size()) {
     const Interval next =
         (b == inter.size() || (a < intra.size() && intra[a].begin <= inter[b].begin)) ? intra[a++]
-                                                                                       : inter[b++];
+                                                                                      : inter[b++];
     if (!comm_union_.empty() && next.begin <= comm_union_.back().end) {
       comm_union_.back().end = std::max(comm_union_.back().end, next.end);
     } else {

@@ -59,20 +59,19 @@ absl::Status ValidateLayer(const LayerConfig& l, const ClusterShape& c) {
                Cat(l.bytes_per_element));
   }
   if (!(l.token_skew >= 1.0) || !std::isfinite(l.token_skew) || l.token_skew > 1024.0) {
-    return Bad("token_skew", "must be >= 1 (1 = balanced routing) and <= 1024",
-               Cat(l.token_skew));
+    return Bad("token_skew", "must be >= 1 (1 = balanced routing) and <= 1024", Cat(l.token_skew));
   }
   const int64_t tokens = l.batch_size * l.seq_len;
   if (tokens > kMaxTokens) {
-    return Bad("batch_size", Cat("batch_size*seq_len must be <= ", kMaxTokens),
-               Cat(tokens));
+    return Bad("batch_size", Cat("batch_size*seq_len must be <= ", kMaxTokens), Cat(tokens));
   }
   // Bound the buffers in double before Derive forms them in int64 (E*T*M*b can
   // overflow for absurd but in-range fields).
   const double cap = std::ceil(static_cast<double>(l.top_k) * l.capacity_factor *
                                static_cast<double>(tokens) / static_cast<double>(l.num_experts));
   const double x_bytes = static_cast<double>(tokens) * l.model_dim * l.bytes_per_element;
-  const double d_bytes = static_cast<double>(l.num_experts) * cap * l.model_dim * l.bytes_per_element;
+  const double d_bytes =
+      static_cast<double>(l.num_experts) * cap * l.model_dim * l.bytes_per_element;
   if (x_bytes > kMaxBufferBytes || d_bytes > kMaxBufferBytes) {
     return Bad("batch_size",
                "the activation S*M*b and dispatch buffer E*T*M*b must each be <= 1 PiB",
@@ -88,8 +87,7 @@ absl::Status ValidateLayer(const LayerConfig& l, const ClusterShape& c) {
   const int64_t dense = int64_t{p.mp} * p.dp;
   const int64_t expert = int64_t{p.ep} * p.esp;
   if (dense != expert) {
-    return Bad("parallel",
-               "mp*dp must equal ep*esp (both are the ranks of one pipeline stage)",
+    return Bad("parallel", "mp*dp must equal ep*esp (both are the ranks of one pipeline stage)",
                Cat("mp*dp=", dense, ", ep*esp=", expert));
   }
   if (l.num_experts % p.ep != 0) {
@@ -102,25 +100,22 @@ absl::Status ValidateLayer(const LayerConfig& l, const ClusterShape& c) {
   }
   const int64_t total = dense * p.pp;
   if (total > c.TotalGpus()) {
-    return Bad("parallel",
-               Cat("mp*dp*pp must be <= the cluster's GPUs (", c.nodes, " nodes x ",
-                            c.gpus_per_node, ")"),
-               Cat(total, " ranks"));
+    return Bad(
+        "parallel",
+        Cat("mp*dp*pp must be <= the cluster's GPUs (", c.nodes, " nodes x ", c.gpus_per_node, ")"),
+        Cat(total, " ranks"));
   }
   const int g = c.gpus_per_node;
   if (!TilesNodes(p.mp, g)) {
-    return Bad("parallel.mp",
-               Cat("must divide gpus_per_node (", g, ") or be a multiple of it"),
+    return Bad("parallel.mp", Cat("must divide gpus_per_node (", g, ") or be a multiple of it"),
                Cat(p.mp));
   }
   if (!TilesNodes(p.esp, g)) {
-    return Bad("parallel.esp",
-               Cat("must divide gpus_per_node (", g, ") or be a multiple of it"),
+    return Bad("parallel.esp", Cat("must divide gpus_per_node (", g, ") or be a multiple of it"),
                Cat(p.esp));
   }
   if (!TilesNodes(dense, g)) {
-    return Bad("parallel",
-               Cat("mp*dp must divide gpus_per_node (", g, ") or be a multiple of it"),
+    return Bad("parallel", Cat("mp*dp must divide gpus_per_node (", g, ") or be a multiple of it"),
                Cat(dense));
   }
   return absl::OkStatus();
@@ -132,7 +127,7 @@ absl::Status ValidateForSchedule(const LayerConfig& l, Schedule schedule) {
   if (p.mp != p.esp) {
     return Bad("parallel.esp",
                Cat("schedules s1 and s2 need esp == mp (the ESP group is the MP group); "
-                            "plan only the default schedule for this layout"),
+                   "plan only the default schedule for this layout"),
                Cat("mp=", p.mp, ", esp=", p.esp, ", schedule ", ScheduleName(schedule)));
   }
   if (schedule == Schedule::kS1 && (l.batch_size * l.seq_len) % p.mp != 0) {

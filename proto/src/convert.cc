@@ -32,10 +32,10 @@ absl::StatusOr<p::LayerConfig> LayerFromProto(const v1::LayerConfig& m) {
   } else if (par.mp() >= 1 && par.ep() >= 1 && par.esp() >= 1) {
     const int64_t expert = int64_t{par.ep()} * par.esp();
     if (expert % par.mp() != 0) {
-      return absl::InvalidArgumentError(Cat(
-          "parallel.dp: unset, so it is derived as ep*esp/mp, which needs mp to divide ep*esp "
-          "(got mp=",
-          par.mp(), ", ep*esp=", expert, ")"));
+      return absl::InvalidArgumentError(
+          Cat("parallel.dp: unset, so it is derived as ep*esp/mp, which needs mp to divide ep*esp "
+              "(got mp=",
+              par.mp(), ", ep*esp=", expert, ")"));
     }
     l.parallel.dp = static_cast<int>(expert / par.mp());
   }
@@ -85,7 +85,7 @@ absl::StatusOr<p::Collective> CollectiveFromProto(v1::Collective c, std::string_
     default:
       return absl::InvalidArgumentError(
           Cat(field, ": must be a COLLECTIVE_* value other than UNSPECIFIED (got ",
-                       static_cast<int>(c), ")"));
+              static_cast<int>(c), ")"));
   }
 }
 
@@ -122,8 +122,8 @@ absl::StatusOr<p::ClusterProfile> ProfileFromProto(const v1::ClusterProfile& m) 
     absl::StatusOr<p::Collective> c =
         CollectiveFromProto(f.collective(), Cat("collectives[", i, "].collective"));
     if (!c.ok()) return c.status();
-    pr.collectives.push_back({*c, {f.shape().ranks(), f.shape().nodes()},
-                              AlphaBetaFromProto(f.cost())});
+    pr.collectives.push_back(
+        {*c, {f.shape().ranks(), f.shape().nodes()}, AlphaBetaFromProto(f.cost())});
   }
   pr.gemm.peak_tflops = m.gemm().peak_tflops();
   pr.gemm.launch_overhead_us = m.gemm().launch_overhead_us();
@@ -158,14 +158,14 @@ absl::StatusOr<p::Schedule> ScheduleFromProto(v1::Schedule s) {
     case v1::SCHEDULE_S2:
       return p::Schedule::kS2;
     default:
-      return absl::InvalidArgumentError(Cat(
-          "schedules: must be SCHEDULE_DEFAULT, SCHEDULE_S1 or SCHEDULE_S2 (got ",
-          static_cast<int>(s), ")"));
+      return absl::InvalidArgumentError(
+          Cat("schedules: must be SCHEDULE_DEFAULT, SCHEDULE_S1 or SCHEDULE_S2 (got ",
+              static_cast<int>(s), ")"));
   }
 }
 
-void PlanToProto(const p::LayerPlan& plan, const p::ClusterProfile& profile,
-                 bool include_timeline, v1::PlanLayerResponse* out) {
+void PlanToProto(const p::LayerPlan& plan, const p::ClusterProfile& profile, bool include_timeline,
+                 v1::PlanLayerResponse* out) {
   out->Clear();
   out->set_profile_name(profile.name);
   out->set_profile_version(profile.version);
@@ -264,11 +264,15 @@ absl::StatusOr<std::vector<v1::LayerConfig>> ExpandGrid(const v1::LayerGrid& g,
   };
   const int bpe = g.bytes_per_element_size() ? g.bytes_per_element_size() : 1;
   const int skew = g.token_skew_size() ? g.token_skew_size() : 1;
-  const Axis axes[] = {{"batch_size", g.batch_size_size()},   {"seq_len", g.seq_len_size()},
-                       {"model_dim", g.model_dim_size()},     {"hidden_dim", g.hidden_dim_size()},
-                       {"num_experts", g.num_experts_size()}, {"top_k", g.top_k_size()},
+  const Axis axes[] = {{"batch_size", g.batch_size_size()},
+                       {"seq_len", g.seq_len_size()},
+                       {"model_dim", g.model_dim_size()},
+                       {"hidden_dim", g.hidden_dim_size()},
+                       {"num_experts", g.num_experts_size()},
+                       {"top_k", g.top_k_size()},
                        {"capacity_factor", g.capacity_factor_size()},
-                       {"bytes_per_element", bpe},             {"token_skew", skew},
+                       {"bytes_per_element", bpe},
+                       {"token_skew", skew},
                        {"parallel", g.parallel_size()}};
   size_t total = 1;
   for (const Axis& a : axes) {
@@ -278,9 +282,9 @@ absl::StatusOr<std::vector<v1::LayerConfig>> ExpandGrid(const v1::LayerGrid& g,
     }
     total *= static_cast<size_t>(a.size);
     if (total > max_configs) {
-      return absl::InvalidArgumentError(Cat(
-          a.field, ": the grid's product of list lengths exceeds the limit of ", max_configs,
-          " configs"));
+      return absl::InvalidArgumentError(
+          Cat(a.field, ": the grid's product of list lengths exceeds the limit of ", max_configs,
+              " configs"));
     }
   }
   std::vector<v1::LayerConfig> out;

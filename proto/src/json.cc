@@ -1,6 +1,7 @@
 #include "moeplan/proto/json.h"
 
 #include <fcntl.h>
+#include <google/protobuf/util/json_util.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -9,8 +10,6 @@
 #include <fstream>
 #include <sstream>
 #include <vector>
-
-#include <google/protobuf/util/json_util.h>
 
 #include "moeplan/planner/strings.h"
 
@@ -73,9 +72,9 @@ absl::Status ParseJson(std::string_view json, google::protobuf::Message* msg) {
       google::protobuf::StringPiece(json.data(), json.size()), msg, options);
   if (!status.ok()) {
     msg->Clear();
-    return absl::InvalidArgumentError(NormalizeJsonError(
-        std::string_view(status.message().data(), status.message().size()),
-        msg->GetDescriptor()->full_name()));
+    return absl::InvalidArgumentError(
+        NormalizeJsonError(std::string_view(status.message().data(), status.message().size()),
+                           msg->GetDescriptor()->full_name()));
   }
   return absl::OkStatus();
 }

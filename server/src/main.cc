@@ -1,12 +1,11 @@
 // moeplan-server --listen ADDR --data-dir DIR [--threads N] [--cache-entries N]
 // Serves until SIGTERM or SIGINT, then drains in-flight calls and exits 0.
+#include <fmt/format.h>
 #include <pthread.h>
 #include <signal.h>
 
-#include <cstdio>
-
 #include <CLI/CLI.hpp>
-#include <fmt/format.h>
+#include <cstdio>
 
 #include "absl/synchronization/mutex.h"
 #include "moeplan/planner/strings.h"
@@ -24,7 +23,9 @@ int main(int argc, char** argv) {
                "Allow listening on a non-loopback address (the service has no authentication)");
   app.add_option("--data-dir", options.data_dir, "Directory for stored profiles and measurements")
       ->required();
-  app.add_option("--threads", options.threads, "Cap on gRPC server threads (0: gRPC's default)")
+  app.add_option("--threads", options.threads,
+                 "Cap on the threads that run requests (synchronous gRPC API); 0: gRPC's callback "
+                 "API on its own pool, the fastest")
       ->capture_default_str();
   app.add_option("--cache-entries", options.cache_entries, "Plan cache size (0 disables it)")
       ->capture_default_str();

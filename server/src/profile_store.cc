@@ -2,6 +2,7 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <fmt/format.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <zlib.h>
@@ -9,8 +10,6 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
-
-#include <fmt/format.h>
 
 #include "moeplan/calibration/profiles.h"
 #include "moeplan/planner/strings.h"
@@ -69,7 +68,8 @@ absl::StatusOr<uint64_t> CountAndRepairLines(const std::string& path, std::strin
   const size_t keep = text->rfind('\n') == std::string::npos ? 0 : text->rfind('\n') + 1;
   if (keep != text->size()) {
     if (::truncate(path.c_str(), static_cast<off_t>(keep)) != 0) {
-      return absl::InternalError(Cat(path, ": cannot truncate a torn last line: ", std::strerror(errno)));
+      return absl::InternalError(
+          Cat(path, ": cannot truncate a torn last line: ", std::strerror(errno)));
     }
     *repaired = Cat(path, ": dropped a torn last line of ", text->size() - keep, " bytes");
   }
@@ -106,8 +106,8 @@ absl::StatusOr<std::string> DecodeProfileFile(std::string_view contents) {
   }
   const std::string_view body = contents.substr(eol + 1);
   if (body.size() != bytes) {
-    return absl::DataLossError(Cat("truncated or extended: header says ", bytes,
-                                   " bytes, file has ", body.size()));
+    return absl::DataLossError(
+        Cat("truncated or extended: header says ", bytes, " bytes, file has ", body.size()));
   }
   if (const uint32_t actual = Crc32(body); actual != crc) {
     return absl::DataLossError(
@@ -147,8 +147,9 @@ absl::StatusOr<std::unique_ptr<ProfileStore>> ProfileStore::Open(const std::stri
       if (name.find(".profile.tmp.") != std::string::npos) {
         const std::string path = Cat(data_dir, "/profiles/", name);
         ::unlink(path.c_str());
-        report->skipped.push_back(Cat(path, ": unacknowledged temporary file of an interrupted "
-                                            "write; removed"));
+        report->skipped.push_back(Cat(path,
+                                      ": unacknowledged temporary file of an interrupted "
+                                      "write; removed"));
       }
     }
     ::closedir(d);
@@ -157,8 +158,9 @@ absl::StatusOr<std::unique_ptr<ProfileStore>> ProfileStore::Open(const std::stri
     const std::string path = Cat(data_dir, "/profiles/", file);
     const std::string name = file.substr(0, file.size() - kProfileSuffix.size());
     absl::StatusOr<std::string> contents = proto::ReadFile(path);
-    absl::StatusOr<std::string> json =
-        contents.ok() ? DecodeProfileFile(*contents) : absl::StatusOr<std::string>(contents.status());
+    absl::StatusOr<std::string> json = contents.ok()
+                                           ? DecodeProfileFile(*contents)
+                                           : absl::StatusOr<std::string>(contents.status());
     v1::ClusterProfile msg;
     absl::Status s = json.ok() ? proto::ParseJson(*json, &msg) : json.status();
     absl::StatusOr<std::shared_ptr<const ProfileEntry>> entry =
@@ -228,9 +230,9 @@ absl::StatusOr<std::shared_ptr<const ProfileEntry>> ProfileStore::Put(
       return old;  // an idempotent retry: already durable
     }
     if (profile.version() <= old->message.version()) {
-      return absl::FailedPreconditionError(
-          Cat("version: must be greater than the stored version ", old->message.version(),
-              " of '", name, "' (got ", profile.version(), ")"));
+      return absl::FailedPreconditionError(Cat("version: must be greater than the stored version ",
+                                               old->message.version(), " of '", name, "' (got ",
+                                               profile.version(), ")"));
     }
   }
   absl::StatusOr<std::string> json = proto::ToJson(profile);

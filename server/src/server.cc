@@ -1,6 +1,9 @@
-// The gRPC translation unit of the server: the Planner service (callback API,
-// every handler answers inline: a cached plan is a copy, an uncached one ~20 us
-// of planning), health, reflection, and start/shutdown.
+// The gRPC translation unit of the server: the Planner service, health,
+// reflection, start and shutdown. The handlers' logic (PlannerCore) is shared by
+// two thin adapters: the callback API (default; handlers answer inline on gRPC's
+// own pool: a cached plan is a copy, an uncached one ~10 us of planning) and the
+// synchronous API, used when --threads caps the handler threads (gRPC 1.51's
+// resource quota bounds only the synchronous server's threads).
 #include "moeplan/server/server.h"
 
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
@@ -48,18 +51,30 @@ absl::Status Under(std::string_view prefix, const absl::Status& s) {
 
 const char* CodeName(absl::StatusCode c) {
   switch (c) {
-    case absl::StatusCode::kOk: return "OK";
-    case absl::StatusCode::kCancelled: return "CANCELLED";
-    case absl::StatusCode::kInvalidArgument: return "INVALID_ARGUMENT";
-    case absl::StatusCode::kDeadlineExceeded: return "DEADLINE_EXCEEDED";
-    case absl::StatusCode::kNotFound: return "NOT_FOUND";
-    case absl::StatusCode::kAlreadyExists: return "ALREADY_EXISTS";
-    case absl::StatusCode::kPermissionDenied: return "PERMISSION_DENIED";
-    case absl::StatusCode::kFailedPrecondition: return "FAILED_PRECONDITION";
-    case absl::StatusCode::kDataLoss: return "DATA_LOSS";
-    case absl::StatusCode::kInternal: return "INTERNAL";
-    case absl::StatusCode::kUnavailable: return "UNAVAILABLE";
-    default: return "UNKNOWN";
+    case absl::StatusCode::kOk:
+      return "OK";
+    case absl::StatusCode::kCancelled:
+      return "CANCELLED";
+    case absl::StatusCode::kInvalidArgument:
+      return "INVALID_ARGUMENT";
+    case absl::StatusCode::kDeadlineExceeded:
+      return "DEADLINE_EXCEEDED";
+    case absl::StatusCode::kNotFound:
+      return "NOT_FOUND";
+    case absl::StatusCode::kAlreadyExists:
+      return "ALREADY_EXISTS";
+    case absl::StatusCode::kPermissionDenied:
+      return "PERMISSION_DENIED";
+    case absl::StatusCode::kFailedPrecondition:
+      return "FAILED_PRECONDITION";
+    case absl::StatusCode::kDataLoss:
+      return "DATA_LOSS";
+    case absl::StatusCode::kInternal:
+      return "INTERNAL";
+    case absl::StatusCode::kUnavailable:
+      return "UNAVAILABLE";
+    default:
+      return "UNKNOWN";
   }
 }
 
@@ -101,7 +116,7 @@ class RequestLog {
   std::shared_ptr<spdlog::async_logger> logger_;
 };
 
-absl::Status CheckDeadline(grpc::CallbackServerContext* ctx) {
+absl::Status CheckDeadline(grpc::ServerContextBase* ctx) {
   if (ctx->IsCancelled()) return absl::CancelledError("the client cancelled the call");
   if (ctx->deadline() <= std::chrono::system_clock::now()) {
     return absl::DeadlineExceededError("the call's deadline passed before planning started");
@@ -124,25 +139,22 @@ struct ThreadPlanner {
   }
 };
 
-class PlannerService final : public v1::Planner::CallbackService {
+class PlannerCore {
  public:
-  PlannerService(ProfileStore* store, PlanCache* cache, bool log_requests)
+  PlannerCore(ProfileStore* store, PlanCache* cache, bool log_requests)
       : store_(*store), cache_(*cache), log_(log_requests) {}
 
-  grpc::ServerUnaryReactor* PlanLayer(grpc::CallbackServerContext* ctx,
-                                      const v1::PlanLayerRequest* req,
-                                      v1::PlanLayerResponse* resp) override {
+  absl::Status PlanLayer(grpc::ServerContextBase* ctx, const v1::PlanLayerRequest* req,
+                         v1::PlanLayerResponse* resp) {
     const auto start = Clock::now();
     std::string_view cache_state = "-";
     std::string profile_name;
     absl::Status s = DoPlanLayer(ctx, *req, resp, &cache_state, &profile_name);
     log_.Log("PlanLayer", s, start, cache_state, profile_name);
-    return Finish(ctx, s);
+    return s;
   }
 
-  grpc::ServerUnaryReactor* ListProfiles(grpc::CallbackServerContext* ctx,
-                                         const v1::ListProfilesRequest*,
-                                         v1::ListProfilesResponse* resp) override {
+  absl::Status ListProfiles(const v1::ListProfilesRequest*, v1::ListProfilesResponse* resp) {
     const auto start = Clock::now();
     for (const auto& e : store_.List()) {
       v1::ProfileSummary* s = resp->add_profiles();
@@ -154,12 +166,10 @@ class PlannerService final : public v1::Planner::CallbackService {
       s->set_comment(e->message.comment());
     }
     log_.Log("ListProfiles", absl::OkStatus(), start, "-", "");
-    return Finish(ctx, absl::OkStatus());
+    return absl::OkStatus();
   }
 
-  grpc::ServerUnaryReactor* GetProfile(grpc::CallbackServerContext* ctx,
-                                       const v1::GetProfileRequest* req,
-                                       v1::ClusterProfile* resp) override {
+  absl::Status GetProfile(const v1::GetProfileRequest* req, v1::ClusterProfile* resp) {
     const auto start = Clock::now();
     absl::Status s;
     if (req->name().empty()) {
@@ -170,12 +180,10 @@ class PlannerService final : public v1::Planner::CallbackService {
       s = UnknownProfile("name", req->name());
     }
     log_.Log("GetProfile", s, start, "-", req->name());
-    return Finish(ctx, s);
+    return s;
   }
 
-  grpc::ServerUnaryReactor* PutProfile(grpc::CallbackServerContext* ctx,
-                                       const v1::PutProfileRequest* req,
-                                       v1::PutProfileResponse* resp) override {
+  absl::Status PutProfile(const v1::PutProfileRequest* req, v1::PutProfileResponse* resp) {
     const auto start = Clock::now();
     absl::Status s;
     if (!req->has_profile()) {
@@ -191,31 +199,24 @@ class PlannerService final : public v1::Planner::CallbackService {
       }
     }
     log_.Log("PutProfile", s, start, "-", req->profile().name());
-    return Finish(ctx, s);
+    return s;
   }
 
-  grpc::ServerUnaryReactor* ReportMeasurement(grpc::CallbackServerContext* ctx,
-                                              const v1::ReportMeasurementRequest* req,
-                                              v1::ReportMeasurementResponse* resp) override {
+  absl::Status ReportMeasurement(const v1::ReportMeasurementRequest* req,
+                                 v1::ReportMeasurementResponse* resp) {
     const auto start = Clock::now();
     absl::Status s = DoReport(*req, resp);
     log_.Log("ReportMeasurement", s, start, "-", req->profile_name());
-    return Finish(ctx, s);
+    return s;
   }
 
  private:
-  static grpc::ServerUnaryReactor* Finish(grpc::CallbackServerContext* ctx, const absl::Status& s) {
-    grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-    reactor->Finish(ToGrpc(s));
-    return reactor;
-  }
-
   absl::Status UnknownProfile(std::string_view field, std::string_view name) const {
-    return absl::NotFoundError(Cat(field, ": no profile named '", name, "' (known: ",
-                                   absl::StrJoin(store_.Names(), ", "), ")"));
+    return absl::NotFoundError(Cat(field, ": no profile named '", name,
+                                   "' (known: ", absl::StrJoin(store_.Names(), ", "), ")"));
   }
 
-  absl::Status DoPlanLayer(grpc::CallbackServerContext* ctx, const v1::PlanLayerRequest& req,
+  absl::Status DoPlanLayer(grpc::ServerContextBase* ctx, const v1::PlanLayerRequest& req,
                            v1::PlanLayerResponse* resp, std::string_view* cache_state,
                            std::string* profile_name) {
     if (absl::Status s = CheckDeadline(ctx); !s.ok()) return s;
@@ -230,7 +231,8 @@ class PlannerService final : public v1::Planner::CallbackService {
         break;
       case v1::PlanLayerRequest::kProfile: {
         *profile_name = req.profile().name();
-        absl::StatusOr<std::shared_ptr<const ProfileEntry>> e = MakeProfileEntry(req.profile(), false);
+        absl::StatusOr<std::shared_ptr<const ProfileEntry>> e =
+            MakeProfileEntry(req.profile(), false);
         if (!e.ok()) return Under("profile.", e.status());
         entry = *std::move(e);
         inline_bytes = req.profile().SerializeAsString();
@@ -301,8 +303,8 @@ class PlannerService final : public v1::Planner::CallbackService {
       const v1::MeasuredOp& op = req.ops(i);
       if (op.name().empty()) return Invalid(Cat("ops[", i, "].name: required"));
       if (!std::isfinite(op.duration_us()) || op.duration_us() < 0) {
-        return Invalid(Cat("ops[", i, "].duration_us: must be finite and >= 0 (got ",
-                           op.duration_us(), ")"));
+        return Invalid(
+            Cat("ops[", i, "].duration_us: must be finite and >= 0 (got ", op.duration_us(), ")"));
       }
     }
     if (!std::isfinite(req.total_us()) || req.total_us() <= 0) {
@@ -322,6 +324,74 @@ class PlannerService final : public v1::Planner::CallbackService {
   ProfileStore& store_;
   PlanCache& cache_;
   RequestLog log_;
+};
+
+// The callback API: handlers run inline on gRPC's pool and finish at once.
+class CallbackPlanner final : public v1::Planner::CallbackService {
+ public:
+  explicit CallbackPlanner(PlannerCore* core) : core_(*core) {}
+  grpc::ServerUnaryReactor* PlanLayer(grpc::CallbackServerContext* ctx,
+                                      const v1::PlanLayerRequest* req,
+                                      v1::PlanLayerResponse* resp) override {
+    return Finish(ctx, core_.PlanLayer(ctx, req, resp));
+  }
+  grpc::ServerUnaryReactor* ListProfiles(grpc::CallbackServerContext* ctx,
+                                         const v1::ListProfilesRequest* req,
+                                         v1::ListProfilesResponse* resp) override {
+    return Finish(ctx, core_.ListProfiles(req, resp));
+  }
+  grpc::ServerUnaryReactor* GetProfile(grpc::CallbackServerContext* ctx,
+                                       const v1::GetProfileRequest* req,
+                                       v1::ClusterProfile* resp) override {
+    return Finish(ctx, core_.GetProfile(req, resp));
+  }
+  grpc::ServerUnaryReactor* PutProfile(grpc::CallbackServerContext* ctx,
+                                       const v1::PutProfileRequest* req,
+                                       v1::PutProfileResponse* resp) override {
+    return Finish(ctx, core_.PutProfile(req, resp));
+  }
+  grpc::ServerUnaryReactor* ReportMeasurement(grpc::CallbackServerContext* ctx,
+                                              const v1::ReportMeasurementRequest* req,
+                                              v1::ReportMeasurementResponse* resp) override {
+    return Finish(ctx, core_.ReportMeasurement(req, resp));
+  }
+
+ private:
+  static grpc::ServerUnaryReactor* Finish(grpc::CallbackServerContext* ctx, const absl::Status& s) {
+    grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+    reactor->Finish(ToGrpc(s));
+    return reactor;
+  }
+  PlannerCore& core_;
+};
+
+// The synchronous API: gRPC's thread manager, bounded by the resource quota.
+class SyncPlanner final : public v1::Planner::Service {
+ public:
+  explicit SyncPlanner(PlannerCore* core) : core_(*core) {}
+  grpc::Status PlanLayer(grpc::ServerContext* ctx, const v1::PlanLayerRequest* req,
+                         v1::PlanLayerResponse* resp) override {
+    return ToGrpc(core_.PlanLayer(ctx, req, resp));
+  }
+  grpc::Status ListProfiles(grpc::ServerContext*, const v1::ListProfilesRequest* req,
+                            v1::ListProfilesResponse* resp) override {
+    return ToGrpc(core_.ListProfiles(req, resp));
+  }
+  grpc::Status GetProfile(grpc::ServerContext*, const v1::GetProfileRequest* req,
+                          v1::ClusterProfile* resp) override {
+    return ToGrpc(core_.GetProfile(req, resp));
+  }
+  grpc::Status PutProfile(grpc::ServerContext*, const v1::PutProfileRequest* req,
+                          v1::PutProfileResponse* resp) override {
+    return ToGrpc(core_.PutProfile(req, resp));
+  }
+  grpc::Status ReportMeasurement(grpc::ServerContext*, const v1::ReportMeasurementRequest* req,
+                                 v1::ReportMeasurementResponse* resp) override {
+    return ToGrpc(core_.ReportMeasurement(req, resp));
+  }
+
+ private:
+  PlannerCore& core_;
 };
 
 }  // namespace
@@ -348,7 +418,8 @@ absl::Status CheckListenAddress(const std::string& listen, bool allow_public) {
 }
 
 struct PlannerServer::Impl {
-  std::unique_ptr<PlannerService> service;
+  std::unique_ptr<PlannerCore> core;
+  std::unique_ptr<grpc::Service> service;
   std::unique_ptr<grpc::Server> server;
   std::once_flag shutdown_once;
 };
@@ -356,15 +427,22 @@ struct PlannerServer::Impl {
 absl::StatusOr<std::unique_ptr<PlannerServer>> PlannerServer::Start(
     const ServerOptions& options, ProfileStore::OpenReport* report) {
   if (absl::Status s = CheckListenAddress(options.listen, options.allow_public); !s.ok()) return s;
-  if (options.threads < 0) return Invalid(Cat("--threads: must be >= 0 (got ", options.threads, ")"));
+  if (options.threads < 0)
+    return Invalid(Cat("--threads: must be >= 0 (got ", options.threads, ")"));
   std::unique_ptr<PlannerServer> out(new PlannerServer());
-  absl::StatusOr<std::unique_ptr<ProfileStore>> store = ProfileStore::Open(options.data_dir, report);
+  absl::StatusOr<std::unique_ptr<ProfileStore>> store =
+      ProfileStore::Open(options.data_dir, report);
   if (!store.ok()) return store.status();
   out->store_ = *std::move(store);
   out->cache_ = std::make_unique<PlanCache>(options.cache_entries);
   out->impl_ = std::make_unique<Impl>();
-  out->impl_->service =
-      std::make_unique<PlannerService>(out->store_.get(), out->cache_.get(), options.log_requests);
+  out->impl_->core =
+      std::make_unique<PlannerCore>(out->store_.get(), out->cache_.get(), options.log_requests);
+  if (options.threads > 0) {
+    out->impl_->service = std::make_unique<SyncPlanner>(out->impl_->core.get());
+  } else {
+    out->impl_->service = std::make_unique<CallbackPlanner>(out->impl_->core.get());
+  }
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
@@ -378,8 +456,8 @@ absl::StatusOr<std::unique_ptr<PlannerServer>> PlannerServer::Start(
   }
   out->impl_->server = builder.BuildAndStart();
   if (!out->impl_->server || (out->port_ == 0 && options.listen.rfind("unix:", 0) != 0)) {
-    return absl::UnavailableError(Cat("--listen: cannot listen on ", options.listen,
-                                      " (address in use or not available)"));
+    return absl::UnavailableError(
+        Cat("--listen: cannot listen on ", options.listen, " (address in use or not available)"));
   }
   if (grpc::HealthCheckServiceInterface* h = out->impl_->server->GetHealthCheckService()) {
     h->SetServingStatus(v1::Planner::service_full_name(), true);

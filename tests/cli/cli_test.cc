@@ -25,7 +25,8 @@ TEST(PlanLayerCli, TableShowsAllSchedulesWithFullTimelines) {
   CliResult r = RunCli(std::string("plan-layer --layer ") + kGpt2);
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(r.err, "");
-  for (const char* s : {"\ns2 ", "\ns1 ", "\ndefault "}) EXPECT_NE(r.out.find(s), std::string::npos) << s;
+  for (const char* s : {"\ns2 ", "\ns1 ", "\ndefault "})
+    EXPECT_NE(r.out.find(s), std::string::npos) << s;
   for (const char* s : {"timeline of s2", "timeline of s1", "timeline of default"}) {
     EXPECT_NE(r.out.find(s), std::string::npos) << s;
   }
@@ -106,8 +107,10 @@ TEST(SweepCli, SkipInvalidCountsReasons) {
   EXPECT_NE(strict.exit_code, 0);
   EXPECT_NE(strict.err.find("--skip-invalid"), std::string::npos) << strict.err;
   EXPECT_FALSE(std::filesystem::exists(tmp.File("a.csv")));
-  CliResult r = RunCli("sweep --grid examples/parm-grid.json --cluster rtx2080ti-8x4 "
-                       "--skip-invalid --out " + tmp.File("b.csv"));
+  CliResult r = RunCli(
+      "sweep --grid examples/parm-grid.json --cluster rtx2080ti-8x4 "
+      "--skip-invalid --out " +
+      tmp.File("b.csv"));
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.out.find("configs: 1296 in the grid, 432 planned, 864 skipped as invalid"),
             std::string::npos)
@@ -195,7 +198,8 @@ std::vector<BadCase> BadCases() {
       {"ep_not_dividing_e", ep_indiv.c_str(), "", "parallel.ep: must divide num_experts"},
       {"esp_not_dividing_h", h_indiv.c_str(), "", "parallel.esp: must divide hidden_dim"},
       {"unknown_field", unknown.c_str(), "", "topk: unknown field"},
-      {"mp_ne_esp_for_s1_s2", mp_esp.c_str(), "", "parallel.esp: schedules s1 and s2 need esp == mp"},
+      {"mp_ne_esp_for_s1_s2", mp_esp.c_str(), "",
+       "parallel.esp: schedules s1 and s2 need esp == mp"},
       {"mp_ne_esp_s2_only", mp_esp.c_str(), "--schedules s2", "parallel.esp: schedules s1 and s2"},
       {"too_many_ranks", too_big.c_str(), "", "parallel: mp*dp*pp must be <= the cluster's GPUs"},
       {"inconsistent_dp", ranks.c_str(), "", "parallel: mp*dp must equal ep*esp"},

@@ -1,10 +1,9 @@
 // Golden dumps: `moeplan plan-layer --format json` for each example layer on two
 // built-in profiles must match tests/golden/ (regenerate with
 // scripts/regen-golden.sh and review the diff). Doubles compare to 1e-9 relative.
-#include <gtest/gtest.h>
-
 #include <google/protobuf/util/field_comparator.h>
 #include <google/protobuf/util/message_differencer.h>
+#include <gtest/gtest.h>
 
 #include <filesystem>
 
@@ -40,8 +39,8 @@ TEST_P(GoldenTest, PlanLayerJsonMatches) {
   const std::string stem = file.substr(0, file.size() - 5);
   const std::string layer = stem.substr(0, stem.find('.'));
   const std::string cluster = stem.substr(stem.find('.') + 1);
-  CliResult r = RunCli("plan-layer --format json --layer examples/" + layer + ".json --cluster " +
-                       cluster);
+  CliResult r =
+      RunCli("plan-layer --format json --layer examples/" + layer + ".json --cluster " + cluster);
   ASSERT_EQ(r.exit_code, 0) << r.err;
   v1::PlanLayerResponse got, want;
   ASSERT_TRUE(proto::ParseJson(r.out, &got).ok());

@@ -3,6 +3,8 @@
 // GEMM efficiency interpolation, memory-bound kernels and profile validation.
 #include "moeplan/planner/cost_model.h"
 
+#include <gtest/gtest.h>
+
 #include <algorithm>
 #include <cmath>
 #include <functional>
@@ -10,35 +12,15 @@
 #include <string>
 #include <vector>
 
-#include <gtest/gtest.h>
-
 #include "moeplan/planner/profile.h"
 #include "moeplan/planner/strings.h"
+#include "test_profile.h"
 
 namespace moeplan::planner {
 namespace {
 
-// Relative tolerance of 1e-9 (absolute near zero).
-#define EXPECT_REL(actual, expected) \
-  EXPECT_NEAR((actual), (expected), 1e-9 * std::max(1.0, std::abs(double(expected))))
-
-// Round numbers: intra alpha 2 us, beta 0.001 us/B; inter alpha 10 us, beta 0.01 us/B;
-// GEMM peak 100 TFLOP/s = 1e8 flop/us, overhead 5 us; memory 1000 GB/s = 1e6 B/us,
-// overhead 3 us.
-ClusterProfile MakeProfile() {
-  ClusterProfile p;
-  p.name = "test-4x8";
-  p.version = 1;
-  p.source = ProfileSource::kSpec;
-  p.shape = {4, 8};
-  p.intra = {2.0, 0.001};
-  p.inter = {10.0, 0.01};
-  p.gemm.peak_tflops = 100.0;
-  p.gemm.launch_overhead_us = 5.0;
-  p.memory.bandwidth_gbytes_per_s = 1000.0;
-  p.memory.launch_overhead_us = 3.0;
-  return p;
-}
+using testing::RoundNumberProfile;
+ClusterProfile MakeProfile() { return RoundNumberProfile(); }
 
 CostModel MakeModel(ClusterProfile p = MakeProfile()) {
   absl::StatusOr<CostModel> m = CostModel::Create(std::move(p));
@@ -214,7 +196,7 @@ TEST(CostModelTest, GemmEfficiencyAtGridPoints) {
 TEST(CostModelTest, GemmEfficiencyInterpolatesInLogSpace) {
   const CostModel m = MakeModel(GridProfile());
   // m = 128 is the log2 midpoint of 64 and 256 (7 between 6 and 8): the average.
-  EXPECT_REL(m.GemmEfficiency(128, 32, 16), (0.1 + 0.5) / 2);   // 0.3
+  EXPECT_REL(m.GemmEfficiency(128, 32, 16), (0.1 + 0.5) / 2);    // 0.3
   EXPECT_REL(m.GemmEfficiency(128, 128, 256), (0.4 + 0.8) / 2);  // 0.6
   // n = 64 is the log2 midpoint of 32 and 128.
   EXPECT_REL(m.GemmEfficiency(64, 64, 16), (0.1 + 0.3) / 2);  // 0.2
@@ -306,7 +288,11 @@ std::vector<BadProfileCase> BadProfileCases() {
       {"zero nodes", [](ClusterProfile& p) { p.shape.nodes = 0; }, "nodes: must be >= 1"},
       {"zero gpus per node", [](ClusterProfile& p) { p.shape.gpus_per_node = 0; },
        "gpus_per_node: must be >= 1"},
-      {"too many gpus", [](ClusterProfile& p) { p.shape = {1 << 12, 1 << 9}; }, "nodes: "},
+      {"too many gpus",
+       [](ClusterProfile& p) {
+         p.shape = {1 << 12, 1 << 9};
+       },
+       "nodes: "},
       {"negative intra alpha", [](ClusterProfile& p) { p.intra.alpha_us = -1.0; },
        "links.intra.alpha_us: must be finite and >= 0"},
       {"nan intra alpha", [nan](ClusterProfile& p) { p.intra.alpha_us = nan; },
@@ -394,8 +380,7 @@ std::vector<BadProfileCase> BadProfileCases() {
          p.gemm.grid.efficiency[0] = 0.0;
        },
        "gemm.efficiency[0]: must be in (0, 1]"},
-      {"nan memory bandwidth",
-       [nan](ClusterProfile& p) { p.memory.bandwidth_gbytes_per_s = nan; },
+      {"nan memory bandwidth", [nan](ClusterProfile& p) { p.memory.bandwidth_gbytes_per_s = nan; },
        "memory.bandwidth_gbytes_per_s: must be finite and > 0"},
       {"negative memory overhead", [](ClusterProfile& p) { p.memory.launch_overhead_us = -2; },
        "memory.launch_overhead_us: "},

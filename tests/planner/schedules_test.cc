@@ -3,6 +3,9 @@
 // planner's ranking and explanation, and token skew.
 #include "moeplan/planner/schedules.h"
 
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
@@ -10,48 +13,22 @@
 #include <string>
 #include <vector>
 
-#include <gmock/gmock.h>
-#include <gtest/gtest.h>
-
 #include "moeplan/planner/cost_model.h"
 #include "moeplan/planner/planner.h"
 #include "moeplan/planner/simulator.h"
 #include "moeplan/planner/strings.h"
 #include "moeplan/planner/types.h"
+#include "test_profile.h"
 
 namespace moeplan::planner {
 namespace {
 
+using testing::RoundNumberModel;
+using testing::RoundNumberProfile;
+const CostModel& Model() { return RoundNumberModel(); }
+ClusterProfile MakeProfile() { return RoundNumberProfile(); }
+
 using ::testing::ElementsAreArray;
-
-#define EXPECT_REL(actual, expected) \
-  EXPECT_NEAR((actual), (expected), 1e-9 * std::max(1.0, std::abs(double(expected))))
-
-// 4 nodes x 8 GPUs. intra alpha 2 us, beta 0.001 us/B; inter alpha 10 us, beta 0.01 us/B;
-// GEMM 100 TFLOP/s (1e8 flop/us) + 5 us; memory 1000 GB/s (1e6 B/us) + 3 us.
-ClusterProfile MakeProfile() {
-  ClusterProfile p;
-  p.name = "sched-4x8";
-  p.version = 1;
-  p.source = ProfileSource::kSpec;
-  p.shape = {4, 8};
-  p.intra = {2.0, 0.001};
-  p.inter = {10.0, 0.01};
-  p.gemm.peak_tflops = 100.0;
-  p.gemm.launch_overhead_us = 5.0;
-  p.memory.bandwidth_gbytes_per_s = 1000.0;
-  p.memory.launch_overhead_us = 3.0;
-  return p;
-}
-
-const CostModel& Model() {
-  static const CostModel* m = [] {
-    absl::StatusOr<CostModel> c = CostModel::Create(MakeProfile());
-    if (!c.ok()) std::abort();
-    return new CostModel(*std::move(c));
-  }();
-  return *m;
-}
 
 // S = B*L = 4*256 = 1024 tokens, M = 256, H = 1024, E = 16, k = 2, f = 1, b = 2:
 // T = 2*1024/16 = 128 (divisible by 2, 4, 8), X = 1024*256*2 = 524288 B,
@@ -112,9 +89,7 @@ OpId Find(const OpGraph& g, const std::string& name) {
   return kNoOp;
 }
 
-bool HasEdge(const OpGraph& g, OpId from, OpId to) {
-  return g.HasDep(from, to);
-}
+bool HasEdge(const OpGraph& g, OpId from, OpId to) { return g.HasDep(from, to); }
 
 int CountContaining(const OpGraph& g, const std::string& part) {
   int n = 0;
@@ -210,10 +185,10 @@ TEST(SchedulesTest, DefaultOpSequence) {
   EXPECT_THAT(Names(g, Phase::kForward),
               ElementsAreArray({"fwd.gate", "fwd.order", "fwd.ep_alltoall_dispatch", "fwd.expert",
                                 "fwd.esp_allreduce", "fwd.ep_alltoall_combine", "fwd.iorder"}));
-  EXPECT_THAT(Names(g, Phase::kBackward),
-              ElementsAreArray({"bwd.iorder", "bwd.ep_alltoall_combine", "bwd.expert_dx",
-                                "bwd.expert_dw", "bwd.esp_allreduce", "bwd.ep_alltoall_dispatch",
-                                "bwd.order", "bwd.gate"}));
+  EXPECT_THAT(
+      Names(g, Phase::kBackward),
+      ElementsAreArray({"bwd.iorder", "bwd.ep_alltoall_combine", "bwd.expert_dx", "bwd.expert_dw",
+                        "bwd.esp_allreduce", "bwd.ep_alltoall_dispatch", "bwd.order", "bwd.gate"}));
   // Forward ops are all issued before backward ops.
   EXPECT_EQ(g.size(), 15);
   for (OpId v = 0; v < 7; ++v) EXPECT_EQ(g.op(v).phase, Phase::kForward);
@@ -236,49 +211,47 @@ TEST(SchedulesTest, S2OpSequenceInterleavesSaaSteps) {
   const OpGraph g = Build(Schedule::kS2, SequenceLayer());
   // schedules.cc: "Issue order a2a.1, allgather.0, a2a.2, allgather.1, ..." then the
   // last chunk's gather; the dual issues rs.i before a2a.i and reduces chunk 0 last.
-  EXPECT_THAT(Names(g, Phase::kForward),
-              ElementsAreArray({"fwd.gate",
-                                "fwd.order",
-                                "fwd.mp_split",
-                                "fwd.saa_dispatch.alltoall.1",
-                                "fwd.saa_dispatch.allgather.0",
-                                "fwd.saa_dispatch.alltoall.2",
-                                "fwd.saa_dispatch.allgather.1",
-                                "fwd.saa_dispatch.alltoall.3",
-                                "fwd.saa_dispatch.allgather.2",
-                                "fwd.saa_dispatch.allgather.3",
-                                "fwd.expert",
-                                "fwd.esp_reducescatter",
-                                "fwd.saa_combine.alltoall.1",
-                                "fwd.saa_combine.allgather.0",
-                                "fwd.saa_combine.alltoall.2",
-                                "fwd.saa_combine.allgather.1",
-                                "fwd.saa_combine.alltoall.3",
-                                "fwd.saa_combine.allgather.2",
-                                "fwd.saa_combine.allgather.3",
-                                "fwd.iorder"}));
-  EXPECT_THAT(Names(g, Phase::kBackward),
-              ElementsAreArray({"bwd.iorder",
-                                "bwd.mp_split",
-                                "bwd.saa_combine.alltoall.1",
-                                "bwd.saa_combine.allgather.0",
-                                "bwd.saa_combine.alltoall.2",
-                                "bwd.saa_combine.allgather.1",
-                                "bwd.saa_combine.alltoall.3",
-                                "bwd.saa_combine.allgather.2",
-                                "bwd.saa_combine.allgather.3",
-                                "bwd.expert_dx",
-                                "bwd.expert_dw",
-                                "bwd.saa_dispatch.reducescatter.1",
-                                "bwd.saa_dispatch.alltoall.1",
-                                "bwd.saa_dispatch.reducescatter.2",
-                                "bwd.saa_dispatch.alltoall.2",
-                                "bwd.saa_dispatch.reducescatter.3",
-                                "bwd.saa_dispatch.alltoall.3",
-                                "bwd.saa_dispatch.reducescatter.0",
-                                "bwd.mp_allgather",
-                                "bwd.order",
-                                "bwd.gate"}));
+  EXPECT_THAT(Names(g, Phase::kForward), ElementsAreArray({"fwd.gate",
+                                                           "fwd.order",
+                                                           "fwd.mp_split",
+                                                           "fwd.saa_dispatch.alltoall.1",
+                                                           "fwd.saa_dispatch.allgather.0",
+                                                           "fwd.saa_dispatch.alltoall.2",
+                                                           "fwd.saa_dispatch.allgather.1",
+                                                           "fwd.saa_dispatch.alltoall.3",
+                                                           "fwd.saa_dispatch.allgather.2",
+                                                           "fwd.saa_dispatch.allgather.3",
+                                                           "fwd.expert",
+                                                           "fwd.esp_reducescatter",
+                                                           "fwd.saa_combine.alltoall.1",
+                                                           "fwd.saa_combine.allgather.0",
+                                                           "fwd.saa_combine.alltoall.2",
+                                                           "fwd.saa_combine.allgather.1",
+                                                           "fwd.saa_combine.alltoall.3",
+                                                           "fwd.saa_combine.allgather.2",
+                                                           "fwd.saa_combine.allgather.3",
+                                                           "fwd.iorder"}));
+  EXPECT_THAT(Names(g, Phase::kBackward), ElementsAreArray({"bwd.iorder",
+                                                            "bwd.mp_split",
+                                                            "bwd.saa_combine.alltoall.1",
+                                                            "bwd.saa_combine.allgather.0",
+                                                            "bwd.saa_combine.alltoall.2",
+                                                            "bwd.saa_combine.allgather.1",
+                                                            "bwd.saa_combine.alltoall.3",
+                                                            "bwd.saa_combine.allgather.2",
+                                                            "bwd.saa_combine.allgather.3",
+                                                            "bwd.expert_dx",
+                                                            "bwd.expert_dw",
+                                                            "bwd.saa_dispatch.reducescatter.1",
+                                                            "bwd.saa_dispatch.alltoall.1",
+                                                            "bwd.saa_dispatch.reducescatter.2",
+                                                            "bwd.saa_dispatch.alltoall.2",
+                                                            "bwd.saa_dispatch.reducescatter.3",
+                                                            "bwd.saa_dispatch.alltoall.3",
+                                                            "bwd.saa_dispatch.reducescatter.0",
+                                                            "bwd.mp_allgather",
+                                                            "bwd.order",
+                                                            "bwd.gate"}));
 }
 
 // The SAA dispatch with W = 8 (mp = esp = 4, ep = 8 over 4 nodes): a2a.1..7 and
@@ -329,8 +302,8 @@ TEST(SchedulesTest, S2SaaDispatchStepsAndDependencies) {
     EXPECT_EQ(g.op(a2a).inter_node_bytes, i >= 2 ? 32768 : 0);
     // SendRecv {2,2} of 32768 B: 10 + 327.68 = 337.68.
     EXPECT_REL(g.op(a2a).cost_us, 337.68);
-    EXPECT_TRUE(HasEdge(g, i == 1 ? split : Find(g, Cat("fwd.saa_dispatch.alltoall.", i - 1)),
-                        a2a));
+    EXPECT_TRUE(
+        HasEdge(g, i == 1 ? split : Find(g, Cat("fwd.saa_dispatch.alltoall.", i - 1)), a2a));
   }
   // The expert waits for the last gather.
   EXPECT_TRUE(HasEdge(g, Find(g, "fwd.saa_dispatch.allgather.7"), Find(g, "fwd.expert")));
@@ -346,8 +319,8 @@ struct SaaTimes {
 // SAA over an inter-node group of W ranks (one per node) with an intra gather over
 // `gather` ranks, against one AlltoAll of a2a_bytes then one AllGather of
 // W * chunk bytes.
-SaaTimes CompareSaa(const CostModel& cost, int w, int gather, double a2a_bytes,
-                    double gather_chunk, OpGraph* saa_graph = nullptr) {
+SaaTimes CompareSaa(const CostModel& cost, int w, int gather, double a2a_bytes, double gather_chunk,
+                    OpGraph* saa_graph = nullptr) {
   const GroupShape a2a{w, w};
   const GroupShape ag{gather, 1};
   OpGraph saa;
@@ -420,17 +393,17 @@ TEST(SaaTest, MatchesTheClosedForm) {
   };
   for (const SaaCase& c : cases) {
     SCOPED_TRACE(Cat("W=", c.w, " N=", c.gather, " n=", c.a2a_bytes, " c=", c.gather_chunk));
-    const double a = Model().CollectiveUs(Collective::kSendRecv, GroupShape{2, 2},
-                                          c.a2a_bytes / c.w);
-    const double g = Model().CollectiveUs(Collective::kAllGather, GroupShape{c.gather, 1},
-                                          c.gather_chunk);
+    const double a =
+        Model().CollectiveUs(Collective::kSendRecv, GroupShape{2, 2}, c.a2a_bytes / c.w);
+    const double g =
+        Model().CollectiveUs(Collective::kAllGather, GroupShape{c.gather, 1}, c.gather_chunk);
     const double closed = a >= g ? (c.w - 1) * std::max(a, g) + g : c.w * g;
     const SaaTimes t = CompareSaa(Model(), c.w, c.gather, c.a2a_bytes, c.gather_chunk);
     EXPECT_REL(t.saa, closed);
     // SAA never loses when the exchange step dominates: it saves (N-1)(W-1) c beta_intra.
     if (a >= g) {
-      EXPECT_REL(t.sequential - t.saa,
-                 (c.gather - 1) * (c.w - 1) * c.gather_chunk * MakeProfile().intra.beta_us_per_byte);
+      EXPECT_REL(t.sequential - t.saa, (c.gather - 1) * (c.w - 1) * c.gather_chunk *
+                                           MakeProfile().intra.beta_us_per_byte);
     }
   }
 }
@@ -466,8 +439,7 @@ TEST(SaaTest, DegenerateGroups) {
   EXPECT_REL(Simulate(g).makespan_us, 60.0);
   // W = 1: only the gather of the local chunk, 1*(2 + 1) = 3.
   OpGraph h;
-  AppendSaa(Model(), GroupShape{1, 1}, 1, GroupShape{2, 1}, 4000, 1000, Phase::kForward, kNoOp,
-            &h);
+  AppendSaa(Model(), GroupShape{1, 1}, 1, GroupShape{2, 1}, 4000, 1000, Phase::kForward, kNoOp, &h);
   ASSERT_EQ(h.size(), 1);
   EXPECT_EQ(h.op(0).Name(), "saa.allgather.0");
   EXPECT_REL(Simulate(h).makespan_us, 3.0);
@@ -540,8 +512,8 @@ TEST(SchedulesTest, CollectivesHoldTheLinksTheirGroupCrosses) {
     int mp, ep, esp, dp;
     ResourceMask a2a;
   };
-  for (const Case& c : {Case{2, 4, 2, 4, kIntra}, Case{8, 4, 8, 4, kInter},
-                        Case{4, 8, 4, 8, kIntra | kInter}}) {
+  for (const Case& c :
+       {Case{2, 4, 2, 4, kIntra}, Case{8, 4, 8, 4, kInter}, Case{4, 8, 4, 8, kIntra | kInter}}) {
     SCOPED_TRACE(Cat("ep=", c.ep, " esp=", c.esp));
     const OpGraph g = Build(Schedule::kDefault, MakeLayer(c.mp, c.ep, c.esp, c.dp));
     for (const char* name : {"fwd.ep_alltoall_dispatch", "fwd.ep_alltoall_combine",

@@ -3,12 +3,12 @@
 // critical flag; makespan; critical path; busy / hidden / exposed comm time).
 #include "moeplan/planner/simulator.h"
 
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
 #include <numeric>
 #include <string>
 #include <vector>
-
-#include <gmock/gmock.h>
-#include <gtest/gtest.h>
 
 #include "moeplan/planner/op_graph.h"
 #include "moeplan/planner/strings.h"
@@ -322,11 +322,9 @@ TEST(SimulatorTest, ZeroCostOps) {
   const OpId b = g.Add(MakeOp("b", kInter, 3, Term::kAllToAll), {z1});
   const OpId c = g.Add(MakeOp("c", kCompute, 1, Term::kOrder), {b});
   const SimResult r = MustRun(g);
-  ExpectTimes(r, {{0, 0, kNoOp, true},
-                  {0, 2, z0, true},
-                  {2, 2, a, true},
-                  {2, 5, z1, true},
-                  {5, 6, b, true}});
+  ExpectTimes(
+      r,
+      {{0, 0, kNoOp, true}, {0, 2, z0, true}, {2, 2, a, true}, {2, 5, z1, true}, {5, 6, b, true}});
   EXPECT_DOUBLE_EQ(r.makespan_us, 6);
   EXPECT_THAT(r.critical_path, ElementsAre(z0, a, z1, b, c));
   EXPECT_DOUBLE_EQ(r.compute_busy_us, 3);
@@ -539,7 +537,8 @@ TEST(BoostCrossCheck, ScheduleGraphsAreDagsAndMakespanBoundsLongestPath) {
     const auto& path = c.sim.critical_path;
     for (size_t i = 1; i < path.size(); ++i) {
       const bool edge = boost::edge(path[i - 1], path[i], g).second;
-      const bool shared = (c.graph().op(path[i - 1]).resources & c.graph().op(path[i]).resources) != 0;
+      const bool shared =
+          (c.graph().op(path[i - 1]).resources & c.graph().op(path[i]).resources) != 0;
       EXPECT_TRUE(edge || shared) << c.graph().op(path[i]).Name();
     }
   }

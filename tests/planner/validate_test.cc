@@ -3,6 +3,8 @@
 // valid configs that pass; and the capacity rounding of Capacity() / Derive().
 #include "moeplan/planner/validate.h"
 
+#include <gtest/gtest.h>
+
 #include <cctype>
 #include <cmath>
 #include <cstdint>
@@ -12,42 +14,22 @@
 #include <string>
 #include <vector>
 
-#include <gtest/gtest.h>
-
 #include "moeplan/planner/cost_model.h"
 #include "moeplan/planner/planner.h"
 #include "moeplan/planner/schedules.h"
 #include "moeplan/planner/strings.h"
 #include "moeplan/planner/types.h"
+#include "test_profile.h"
 
 namespace moeplan::planner {
 namespace {
 
+using testing::RoundNumberModel;
+using testing::RoundNumberProfile;
+const CostModel& Model() { return RoundNumberModel(); }
+ClusterProfile MakeProfile() { return RoundNumberProfile(); }
+
 constexpr ClusterShape kCluster{4, 8};  // 32 GPUs
-
-ClusterProfile MakeProfile() {
-  ClusterProfile p;
-  p.name = "validate-4x8";
-  p.version = 1;
-  p.source = ProfileSource::kSpec;
-  p.shape = kCluster;
-  p.intra = {2.0, 0.001};
-  p.inter = {10.0, 0.01};
-  p.gemm.peak_tflops = 100.0;
-  p.gemm.launch_overhead_us = 5.0;
-  p.memory.bandwidth_gbytes_per_s = 1000.0;
-  p.memory.launch_overhead_us = 3.0;
-  return p;
-}
-
-const CostModel& Model() {
-  static const CostModel* m = [] {
-    absl::StatusOr<CostModel> c = CostModel::Create(MakeProfile());
-    if (!c.ok()) std::abort();
-    return new CostModel(*std::move(c));
-  }();
-  return *m;
-}
 
 // A valid layer for every schedule: S = 1024, T = 128, mp = esp = 4, ep = 8, dp = 8.
 LayerConfig BaseLayer() {
@@ -92,8 +74,7 @@ std::vector<BadCase> BadCases() {
   const double inf = std::numeric_limits<double>::infinity();
   return {
       {"batch_size 0", [](LayerConfig& l) { l.batch_size = 0; }, "batch_size: must be > 0"},
-      {"batch_size negative", [](LayerConfig& l) { l.batch_size = -4; },
-       "batch_size: must be > 0"},
+      {"batch_size negative", [](LayerConfig& l) { l.batch_size = -4; }, "batch_size: must be > 0"},
       {"seq_len negative", [](LayerConfig& l) { l.seq_len = -3; }, "seq_len: must be > 0"},
       {"model_dim 0", [](LayerConfig& l) { l.model_dim = 0; }, "model_dim: must be > 0"},
       {"hidden_dim too large", [](LayerConfig& l) { l.hidden_dim = (int64_t{1} << 24) + 1; },
@@ -156,8 +137,7 @@ std::vector<BadCase> BadCases() {
        "parallel.esp: must divide hidden_dim"},
       {"too many ranks for the cluster", [](LayerConfig& l) { SetLayout(l, 4, 16, 4, 16); },
        "parallel: mp*dp*pp must be <= the cluster's GPUs (4 nodes x 8)"},
-      {"too many ranks with pipeline stages",
-       [](LayerConfig& l) { SetLayout(l, 4, 8, 4, 8, 2); },
+      {"too many ranks with pipeline stages", [](LayerConfig& l) { SetLayout(l, 4, 8, 4, 8, 2); },
        "parallel: mp*dp*pp must be <= the cluster's GPUs"},
       {"mp not tiling gpus_per_node",
        [](LayerConfig& l) {
@@ -183,24 +163,38 @@ std::vector<BadCase> BadCases() {
          SetLayout(l, 2, 12, 1, 6);
        },
        "parallel: mp*dp must divide gpus_per_node (8) or be a multiple of it"},
-      {"s1 with esp != mp", [](LayerConfig& l) { SetLayout(l, 2, 8, 1, 4); },
-       "parallel.esp: schedules s1 and s2 need esp == mp", Stage::kSchedule, {Schedule::kS1}},
-      {"s2 with esp != mp", [](LayerConfig& l) { SetLayout(l, 4, 4, 8, 8); },
-       "parallel.esp: schedules s1 and s2 need esp == mp", Stage::kSchedule, {Schedule::kS2}},
+      {"s1 with esp != mp",
+       [](LayerConfig& l) { SetLayout(l, 2, 8, 1, 4); },
+       "parallel.esp: schedules s1 and s2 need esp == mp",
+       Stage::kSchedule,
+       {Schedule::kS1}},
+      {"s2 with esp != mp",
+       [](LayerConfig& l) { SetLayout(l, 4, 4, 8, 8); },
+       "parallel.esp: schedules s1 and s2 need esp == mp",
+       Stage::kSchedule,
+       {Schedule::kS2}},
       {"s1 with tokens not divisible by mp",
        [](LayerConfig& l) {
          l.batch_size = 1;
          l.seq_len = 6;
        },
-       "batch_size: s1 splits the batch_size*seq_len tokens over the mp ranks", Stage::kSchedule,
+       "batch_size: s1 splits the batch_size*seq_len tokens over the mp ranks",
+       Stage::kSchedule,
        {Schedule::kS1}},
       {"all schedules (empty list) for a default-only layout",
        [](LayerConfig& l) { SetLayout(l, 2, 8, 1, 4); },
-       "parallel.esp: schedules s1 and s2 need esp == mp", Stage::kPlan, {}},
-      {"duplicate schedule in the list", [](LayerConfig&) {},
-       "schedules: each schedule may be listed once", Stage::kPlan,
+       "parallel.esp: schedules s1 and s2 need esp == mp",
+       Stage::kPlan,
+       {}},
+      {"duplicate schedule in the list",
+       [](LayerConfig&) {},
+       "schedules: each schedule may be listed once",
+       Stage::kPlan,
        {Schedule::kDefault, Schedule::kS1, Schedule::kDefault}},
-      {"unknown schedule", [](LayerConfig&) {}, "schedules: unknown schedule", Stage::kPlan,
+      {"unknown schedule",
+       [](LayerConfig&) {},
+       "schedules: unknown schedule",
+       Stage::kPlan,
        {Schedule::kS2, static_cast<Schedule>(7)}},
   };
 }
@@ -315,8 +309,7 @@ TEST(ValidLayerTest, PassAndPlan) {
     EXPECT_EQ(ValidateForSchedule(l, Schedule::kS1).ok(), c.s1_s2);
     EXPECT_EQ(ValidateForSchedule(l, Schedule::kS2).ok(), c.s1_s2);
     const Schedule def[] = {Schedule::kDefault};
-    absl::StatusOr<LayerPlan> plan =
-        c.s1_s2 ? PlanLayer(l, Model()) : PlanLayer(l, Model(), def);
+    absl::StatusOr<LayerPlan> plan = c.s1_s2 ? PlanLayer(l, Model()) : PlanLayer(l, Model(), def);
     ASSERT_TRUE(plan.ok()) << plan.status();
     EXPECT_EQ(plan->candidates.size(), c.s1_s2 ? 3u : 1u);
     for (const Candidate& cand : plan->candidates) {
@@ -361,10 +354,10 @@ TEST(CapacityTest, ExactProductsDoNotRoundUp) {
 }
 
 TEST(CapacityTest, NonIntegersRoundUp) {
-  EXPECT_EQ(Capacity(1, 1.0, 10, 3), 4);      // 3.33
-  EXPECT_EQ(Capacity(2, 1.25, 100, 8), 32);   // 31.25
-  EXPECT_EQ(Capacity(2, 1.0, 1, 8), 1);       // 0.25
-  EXPECT_EQ(Capacity(2, 1.0, 1001, 8), 251);  // 250.25
+  EXPECT_EQ(Capacity(1, 1.0, 10, 3), 4);       // 3.33
+  EXPECT_EQ(Capacity(2, 1.25, 100, 8), 32);    // 31.25
+  EXPECT_EQ(Capacity(2, 1.0, 1, 8), 1);        // 0.25
+  EXPECT_EQ(Capacity(2, 1.0, 1001, 8), 251);   // 250.25
   EXPECT_EQ(Capacity(1, 1.0, 8193, 8192), 2);  // 1.000122
   EXPECT_EQ(Capacity(1, 1.2, 1001, 1), 1202);  // 1201.2
   EXPECT_EQ(Capacity(2, 1.2, 1001, 8), 301);   // 300.3

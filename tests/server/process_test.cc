@@ -23,8 +23,10 @@ TEST(ServerProcess, CliOutputMatchesLocalAndSigtermExitsZero) {
   const std::string server_flag = " --server " + server.address();
   for (const std::string& args :
        {std::string("plan-layer --layer examples/gpt2-moe-layer.json"),
-        std::string("plan-layer --layer examples/bert-moe-layer.json --cluster h200-8x8 --format json"),
-        std::string("plan-layer --layer examples/gpt2-moe-layer.json --schedules s1,default --no-timeline"),
+        std::string(
+            "plan-layer --layer examples/bert-moe-layer.json --cluster h200-8x8 --format json"),
+        std::string(
+            "plan-layer --layer examples/gpt2-moe-layer.json --schedules s1,default --no-timeline"),
         std::string("profiles list"), std::string("profiles get rtx2080ti-8x4")}) {
     SCOPED_TRACE(args);
     CliResult local = RunCli(args);

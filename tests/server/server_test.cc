@@ -1,6 +1,9 @@
 // moeplan-server in-process on an ephemeral loopback port, exercised through the
 // C++ client library and raw stubs: every RPC round trip, the cache, health,
 // reflection, and a table of invalid requests.
+#include "moeplan/server/server.h"
+
+#include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 
@@ -11,13 +14,11 @@
 
 #include "grpc_std/health.grpc.pb.h"
 #include "grpc_std/reflection.pb.h"
-#include <grpcpp/generic/generic_stub.h>
 #include "moeplan/calibration/profiles.h"
 #include "moeplan/client/planner_client.h"
 #include "moeplan/planner/cost_model.h"
 #include "moeplan/proto/convert.h"
 #include "moeplan/proto/json.h"
-#include "moeplan/server/server.h"
 
 namespace moeplan::server {
 namespace {
@@ -120,7 +121,8 @@ TEST_F(ServerTest, ProfilesListGetPutAndANewVersionInvalidatesPlans) {
 
   absl::StatusOr<v1::ClusterProfile> h200 = client_->GetProfile("h200-8x8");
   ASSERT_TRUE(h200.ok());
-  EXPECT_EQ(h200->SerializeAsString(), calibration::BuiltinProfile("h200-8x8")->SerializeAsString());
+  EXPECT_EQ(h200->SerializeAsString(),
+            calibration::BuiltinProfile("h200-8x8")->SerializeAsString());
 
   v1::ClusterProfile mine = *h200;
   mine.set_name("lab-cluster");
@@ -156,7 +158,9 @@ TEST_F(ServerTest, ProfilesListGetPutAndANewVersionInvalidatesPlans) {
   mine.set_version(1);
   absl::StatusOr<v1::PutProfileResponse> stale = client_->PutProfile(mine);
   EXPECT_EQ(stale.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_EQ(Msg(stale.status()).rfind("profile.version: must be greater than the stored version 2", 0), 0u)
+  EXPECT_EQ(
+      Msg(stale.status()).rfind("profile.version: must be greater than the stored version 2", 0),
+      0u)
       << stale.status();
   v1::ClusterProfile builtin = *h200;
   builtin.set_version(9);
@@ -171,6 +175,34 @@ TEST_F(ServerTest, ProfilesListGetPutAndANewVersionInvalidatesPlans) {
   absl::StatusOr<v1::ClusterProfile> back = client_->GetProfile("lab-cluster");
   ASSERT_TRUE(back.ok());
   EXPECT_EQ(back->version(), 2u);
+}
+
+TEST(ServerThreadsTest, ThreadCapServesTheSameAnswersOnTheSynchronousApi) {
+  char tmpl[] = "/tmp/moeplan_server_threads.XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  ServerOptions options;
+  options.listen = "127.0.0.1:0";
+  options.data_dir = tmpl;
+  options.log_requests = false;
+  options.threads = 2;
+  ProfileStore::OpenReport report;
+  absl::StatusOr<std::unique_ptr<PlannerServer>> server = PlannerServer::Start(options, &report);
+  ASSERT_TRUE(server.ok()) << server.status();
+  client::PlannerClient c((*server)->address());
+  v1::PlanLayerRequest req = PlanRequest();
+  absl::StatusOr<v1::PlanLayerResponse> r = c.PlanLayer(req);
+  ASSERT_TRUE(r.ok()) << r.status();
+  calibration::LoadedProfile profile = *calibration::LoadProfile("a100-8x8");
+  planner::CostModel cost = *planner::CostModel::Create(profile.profile);
+  planner::LayerPlanner planner(cost);
+  v1::PlanLayerResponse local;
+  ASSERT_TRUE(proto::AnswerPlanLayer(req, planner, profile.profile, &local).ok());
+  EXPECT_EQ(r->SerializeAsString(), local.SerializeAsString());
+  req.mutable_layer()->set_top_k(0);
+  EXPECT_EQ(c.PlanLayer(req).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(c.ListProfiles()->profiles_size(), 3);
+  server->reset();
+  std::filesystem::remove_all(tmpl);
 }
 
 TEST_F(ServerTest, UnknownProfilesAreNotFound) {
@@ -261,7 +293,8 @@ TEST_F(ServerTest, HealthAndReflectionAnswer) {
   std::vector<grpc::Slice> slices;
   ASSERT_TRUE(in.Dump(&slices).ok());
   std::string got;
-  for (const grpc::Slice& s : slices) got.append(reinterpret_cast<const char*>(s.begin()), s.size());
+  for (const grpc::Slice& s : slices)
+    got.append(reinterpret_cast<const char*>(s.begin()), s.size());
   refl::ServerReflectionResponse resp;
   ASSERT_TRUE(resp.ParseFromString(got));
   std::set<std::string> names;
@@ -353,43 +386,102 @@ std::vector<BadRequest> BadRequests() {
     };
   };
   return {
-      Plan("no_layer", [](auto* r) { r->clear_layer(); }, "layer: required"),
-      Plan("no_profile", [](auto* r) { r->clear_cluster(); }, "profile_name: required"),
-      Layer("batch_zero", [](auto* l) { l->set_batch_size(0); }, "layer.batch_size: must be > 0"),
-      Layer("seq_negative", [](auto* l) { l->set_seq_len(-1); }, "layer.seq_len: must be > 0"),
-      Layer("model_dim_zero", [](auto* l) { l->set_model_dim(0); }, "layer.model_dim: "),
-      Layer("hidden_dim_zero", [](auto* l) { l->set_hidden_dim(0); }, "layer.hidden_dim: "),
-      Layer("experts_zero", [](auto* l) { l->set_num_experts(0); }, "layer.num_experts: "),
-      Layer("top_k_zero", [](auto* l) { l->set_top_k(0); }, "layer.top_k: must be >= 1"),
-      Layer("top_k_above_e", [](auto* l) { l->set_top_k(65); }, "layer.top_k: must be <= num_experts"),
-      Layer("capacity_zero", [](auto* l) { l->set_capacity_factor(0); }, "layer.capacity_factor: "),
-      Layer("capacity_nan", [nan](auto* l) { l->set_capacity_factor(nan); }, "layer.capacity_factor: "),
-      Layer("bytes_3", [](auto* l) { l->set_bytes_per_element(3); }, "layer.bytes_per_element: "),
-      Layer("skew_below_1", [](auto* l) { l->set_token_skew(0.5); }, "layer.token_skew: "),
-      Layer("mp_zero", [](auto* l) { l->mutable_parallel()->set_mp(0); }, "layer.parallel.mp: "),
-      Layer("ep_zero", [](auto* l) { l->mutable_parallel()->set_ep(0); }, "layer.parallel.ep: "),
-      Layer("esp_zero", [](auto* l) { l->mutable_parallel()->set_esp(0); }, "layer.parallel.esp: "),
-      Layer("dp_zero", [](auto* l) { l->mutable_parallel()->set_dp(0); }, "layer.parallel.dp: "),
-      Layer("pp_zero", [](auto* l) { l->mutable_parallel()->set_pp(0); }, "layer.parallel.pp: "),
-      Layer("ep_not_dividing_e", [](auto* l) { l->set_num_experts(24); }, "layer.parallel.ep: must divide num_experts"),
-      Layer("esp_not_dividing_h", [](auto* l) { l->set_hidden_dim(4098); }, "layer.parallel.esp: must divide hidden_dim"),
-      Layer("dense_ne_expert", [](auto* l) { l->mutable_parallel()->set_dp(8); }, "layer.parallel: mp*dp must equal ep*esp"),
-      Layer("too_many_ranks", [](auto* l) { l->mutable_parallel()->set_pp(2); }, "layer.parallel: mp*dp*pp must be <="),
-      Layer("mp_ne_esp", [](auto* l) { l->mutable_parallel()->set_mp(2); l->mutable_parallel()->set_dp(32); }, "layer.parallel.esp: schedules s1 and s2 need esp == mp"),
-      Layer("dp_underivable", [](auto* l) { l->mutable_parallel()->set_mp(3); }, "layer.parallel.dp: unset"),
-      Layer("schema_2", [](auto* l) { l->set_schema_version(2); }, "layer.schema_version: must be 1"),
-      Plan("schedule_unspecified", [](auto* r) { r->add_schedules(v1::SCHEDULE_UNSPECIFIED); }, "schedules[0]: "),
-      Plan("schedule_twice", [](auto* r) { r->add_schedules(v1::SCHEDULE_S1); r->add_schedules(v1::SCHEDULE_S1); }, "schedules: each schedule may be listed once"),
-      Plan("inline_beta_zero", bad_inline([](auto* p) { p->mutable_links()->mutable_intra()->set_beta_us_per_byte(0); }), "profile.links.intra.beta_us_per_byte: "),
-      Plan("inline_bad_name", bad_inline([](auto* p) { p->set_name("Big Cluster"); }), "profile.name: "),
+      Plan(
+          "no_layer", [](auto* r) { r->clear_layer(); }, "layer: required"),
+      Plan(
+          "no_profile", [](auto* r) { r->clear_cluster(); }, "profile_name: required"),
+      Layer(
+          "batch_zero", [](auto* l) { l->set_batch_size(0); }, "layer.batch_size: must be > 0"),
+      Layer(
+          "seq_negative", [](auto* l) { l->set_seq_len(-1); }, "layer.seq_len: must be > 0"),
+      Layer(
+          "model_dim_zero", [](auto* l) { l->set_model_dim(0); }, "layer.model_dim: "),
+      Layer(
+          "hidden_dim_zero", [](auto* l) { l->set_hidden_dim(0); }, "layer.hidden_dim: "),
+      Layer(
+          "experts_zero", [](auto* l) { l->set_num_experts(0); }, "layer.num_experts: "),
+      Layer(
+          "top_k_zero", [](auto* l) { l->set_top_k(0); }, "layer.top_k: must be >= 1"),
+      Layer(
+          "top_k_above_e", [](auto* l) { l->set_top_k(65); },
+          "layer.top_k: must be <= num_experts"),
+      Layer(
+          "capacity_zero", [](auto* l) { l->set_capacity_factor(0); }, "layer.capacity_factor: "),
+      Layer(
+          "capacity_nan", [nan](auto* l) { l->set_capacity_factor(nan); },
+          "layer.capacity_factor: "),
+      Layer(
+          "bytes_3", [](auto* l) { l->set_bytes_per_element(3); }, "layer.bytes_per_element: "),
+      Layer(
+          "skew_below_1", [](auto* l) { l->set_token_skew(0.5); }, "layer.token_skew: "),
+      Layer(
+          "mp_zero", [](auto* l) { l->mutable_parallel()->set_mp(0); }, "layer.parallel.mp: "),
+      Layer(
+          "ep_zero", [](auto* l) { l->mutable_parallel()->set_ep(0); }, "layer.parallel.ep: "),
+      Layer(
+          "esp_zero", [](auto* l) { l->mutable_parallel()->set_esp(0); }, "layer.parallel.esp: "),
+      Layer(
+          "dp_zero", [](auto* l) { l->mutable_parallel()->set_dp(0); }, "layer.parallel.dp: "),
+      Layer(
+          "pp_zero", [](auto* l) { l->mutable_parallel()->set_pp(0); }, "layer.parallel.pp: "),
+      Layer(
+          "ep_not_dividing_e", [](auto* l) { l->set_num_experts(24); },
+          "layer.parallel.ep: must divide num_experts"),
+      Layer(
+          "esp_not_dividing_h", [](auto* l) { l->set_hidden_dim(4098); },
+          "layer.parallel.esp: must divide hidden_dim"),
+      Layer(
+          "dense_ne_expert", [](auto* l) { l->mutable_parallel()->set_dp(8); },
+          "layer.parallel: mp*dp must equal ep*esp"),
+      Layer(
+          "too_many_ranks", [](auto* l) { l->mutable_parallel()->set_pp(2); },
+          "layer.parallel: mp*dp*pp must be <="),
+      Layer(
+          "mp_ne_esp",
+          [](auto* l) {
+            l->mutable_parallel()->set_mp(2);
+            l->mutable_parallel()->set_dp(32);
+          },
+          "layer.parallel.esp: schedules s1 and s2 need esp == mp"),
+      Layer(
+          "dp_underivable", [](auto* l) { l->mutable_parallel()->set_mp(3); },
+          "layer.parallel.dp: unset"),
+      Layer(
+          "schema_2", [](auto* l) { l->set_schema_version(2); }, "layer.schema_version: must be 1"),
+      Plan(
+          "schedule_unspecified", [](auto* r) { r->add_schedules(v1::SCHEDULE_UNSPECIFIED); },
+          "schedules[0]: "),
+      Plan(
+          "schedule_twice",
+          [](auto* r) {
+            r->add_schedules(v1::SCHEDULE_S1);
+            r->add_schedules(v1::SCHEDULE_S1);
+          },
+          "schedules: each schedule may be listed once"),
+      Plan("inline_beta_zero", bad_inline([](auto* p) {
+             p->mutable_links()->mutable_intra()->set_beta_us_per_byte(0);
+           }),
+           "profile.links.intra.beta_us_per_byte: "),
+      Plan("inline_bad_name", bad_inline([](auto* p) { p->set_name("Big Cluster"); }),
+           "profile.name: "),
       Plan("inline_no_links", bad_inline([](auto* p) { p->clear_links(); }), "profile.links: "),
-      Plan("inline_no_source", bad_inline([](auto* p) { p->set_source(v1::PROFILE_SOURCE_UNSPECIFIED); }), "profile.source: "),
-      Plan("inline_grid_size", bad_inline([](auto* p) { p->mutable_gemm()->add_efficiency(0.5); }), "profile.gemm.efficiency: "),
-      Put("put_empty_profile", [](auto* p) { *p = v1::ClusterProfile(); }, "profile.links: "),
-      Put("put_peak_zero", [](auto* p) { p->mutable_gemm()->set_peak_tflops(0); }, "profile.gemm.peak_tflops: "),
-      Put("put_version_zero", [](auto* p) { p->set_version(0); }, "profile.version: must be >= 1"),
-      Put("put_path_name", [](auto* p) { p->set_name("../etc"); }, "profile.name: "),
-      Put("put_dup_fit", [](auto* p) {
+      Plan("inline_no_source",
+           bad_inline([](auto* p) { p->set_source(v1::PROFILE_SOURCE_UNSPECIFIED); }),
+           "profile.source: "),
+      Plan("inline_grid_size", bad_inline([](auto* p) { p->mutable_gemm()->add_efficiency(0.5); }),
+           "profile.gemm.efficiency: "),
+      Put(
+          "put_empty_profile", [](auto* p) { *p = v1::ClusterProfile(); }, "profile.links: "),
+      Put(
+          "put_peak_zero", [](auto* p) { p->mutable_gemm()->set_peak_tflops(0); },
+          "profile.gemm.peak_tflops: "),
+      Put(
+          "put_version_zero", [](auto* p) { p->set_version(0); }, "profile.version: must be >= 1"),
+      Put(
+          "put_path_name", [](auto* p) { p->set_name("../etc"); }, "profile.name: "),
+      Put(
+          "put_dup_fit",
+          [](auto* p) {
             for (int i = 0; i < 2; ++i) {
               auto* f = p->add_collectives();
               f->set_collective(v1::COLLECTIVE_ALL_GATHER);
@@ -397,21 +489,47 @@ std::vector<BadRequest> BadRequests() {
               f->mutable_shape()->set_nodes(1);
               f->mutable_cost()->set_beta_us_per_byte(1e-6);
             }
-          }, "profile.collectives[1]: duplicate"),
-      Put("put_neg_memory", [](auto* p) { p->mutable_memory()->set_bandwidth_gbytes_per_s(-1); }, "profile.memory.bandwidth_gbytes_per_s: "),
-      Put("put_nodes_zero", [](auto* p) { p->set_nodes(0); }, "profile.nodes: "),
-      {"get_empty_name", [](client::PlannerClient& c) { return c.GetProfile("").status(); }, "name: required"},
-      Report("report_no_profile", [](auto* r) { r->clear_profile_name(); }, "profile_name: required"),
-      Report("report_version_zero", [](auto* r) { r->set_profile_version(0); }, "profile_version: "),
-      Report("report_version_future", [](auto* r) { r->set_profile_version(5); }, "profile_version: "),
-      Report("report_no_plan", [](auto* r) { r->clear_plan(); }, "plan.layer: required"),
-      Report("report_bad_layer", [](auto* r) { r->mutable_plan()->mutable_layer()->set_top_k(99); }, "plan.layer.top_k: "),
-      Report("report_no_schedule", [](auto* r) { r->set_schedule(v1::SCHEDULE_UNSPECIFIED); }, "schedule: "),
-      Report("report_schedule_invalid_for_layout", [](auto* r) { auto* p = r->mutable_plan()->mutable_layer()->mutable_parallel(); p->set_mp(2); p->set_dp(32); }, "plan.layer.parallel.esp: "),
-      Report("report_no_ops", [](auto* r) { r->clear_ops(); }, "ops: "),
-      Report("report_op_no_name", [](auto* r) { r->mutable_ops(0)->clear_name(); }, "ops[0].name: required"),
-      Report("report_op_negative", [](auto* r) { r->mutable_ops(0)->set_duration_us(-3); }, "ops[0].duration_us: "),
-      Report("report_total_zero", [](auto* r) { r->set_total_us(0); }, "total_us: "),
+          },
+          "profile.collectives[1]: duplicate"),
+      Put(
+          "put_neg_memory", [](auto* p) { p->mutable_memory()->set_bandwidth_gbytes_per_s(-1); },
+          "profile.memory.bandwidth_gbytes_per_s: "),
+      Put(
+          "put_nodes_zero", [](auto* p) { p->set_nodes(0); }, "profile.nodes: "),
+      {"get_empty_name", [](client::PlannerClient& c) { return c.GetProfile("").status(); },
+       "name: required"},
+      Report(
+          "report_no_profile", [](auto* r) { r->clear_profile_name(); }, "profile_name: required"),
+      Report(
+          "report_version_zero", [](auto* r) { r->set_profile_version(0); }, "profile_version: "),
+      Report(
+          "report_version_future", [](auto* r) { r->set_profile_version(5); }, "profile_version: "),
+      Report(
+          "report_no_plan", [](auto* r) { r->clear_plan(); }, "plan.layer: required"),
+      Report(
+          "report_bad_layer", [](auto* r) { r->mutable_plan()->mutable_layer()->set_top_k(99); },
+          "plan.layer.top_k: "),
+      Report(
+          "report_no_schedule", [](auto* r) { r->set_schedule(v1::SCHEDULE_UNSPECIFIED); },
+          "schedule: "),
+      Report(
+          "report_schedule_invalid_for_layout",
+          [](auto* r) {
+            auto* p = r->mutable_plan()->mutable_layer()->mutable_parallel();
+            p->set_mp(2);
+            p->set_dp(32);
+          },
+          "plan.layer.parallel.esp: "),
+      Report(
+          "report_no_ops", [](auto* r) { r->clear_ops(); }, "ops: "),
+      Report(
+          "report_op_no_name", [](auto* r) { r->mutable_ops(0)->clear_name(); },
+          "ops[0].name: required"),
+      Report(
+          "report_op_negative", [](auto* r) { r->mutable_ops(0)->set_duration_us(-3); },
+          "ops[0].duration_us: "),
+      Report(
+          "report_total_zero", [](auto* r) { r->set_total_us(0); }, "total_us: "),
   };
 }
 

@@ -1,7 +1,5 @@
 // The profile store on disk: checksummed files, corrupt files reported and
 // skipped (never used), torn measurement lines repaired, stale temporaries removed.
-#include "moeplan/server/profile_store.h"
-
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -9,6 +7,7 @@
 
 #include "moeplan/calibration/profiles.h"
 #include "moeplan/proto/json.h"
+#include "moeplan/server/profile_store.h"
 
 namespace moeplan::server {
 namespace {
@@ -24,7 +23,8 @@ TEST(ProfileFile, EncodeDecodeRoundTripAndDetectsDamage) {
   flipped[flipped.size() - 3] ^= 0x20;
   EXPECT_EQ(DecodeProfileFile(flipped).status().code(), absl::StatusCode::kDataLoss);
   EXPECT_EQ(Msg(DecodeProfileFile(flipped).status()).rfind("checksum mismatch", 0), 0u);
-  EXPECT_EQ(Msg(DecodeProfileFile(file.substr(0, file.size() - 1)).status()).rfind("truncated", 0), 0u);
+  EXPECT_EQ(Msg(DecodeProfileFile(file.substr(0, file.size() - 1)).status()).rfind("truncated", 0),
+            0u);
   EXPECT_EQ(Msg(DecodeProfileFile("{}").status()).rfind("not a moeplan profile file", 0), 0u);
 }
 

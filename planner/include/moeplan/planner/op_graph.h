@@ -4,14 +4,13 @@
 // per-resource issue order and a topological order: the simulator needs one pass.
 #pragma once
 
+#include <boost/graph/adjacency_list.hpp>
 #include <cstdint>
 #include <initializer_list>
 #include <span>
-#include <vector>
 #include <string>
 #include <string_view>
-
-#include <boost/graph/adjacency_list.hpp>
+#include <vector>
 
 namespace moeplan::planner {
 
@@ -28,8 +27,8 @@ enum class Phase : uint8_t { kForward, kBackward };
 // The cost-model term an op is accounted under (critical-path attribution).
 enum class Term : uint8_t {
   kGate,
-  kOrder,   // order, i-order
-  kSplit,   // local MP splits
+  kOrder,  // order, i-order
+  kSplit,  // local MP splits
   kExpert,
   kAllToAll,
   kAllGather,

@@ -39,9 +39,9 @@ struct Decision {
   Schedule best = Schedule::kDefault;
   bool has_runner_up = false;
   Schedule runner_up = Schedule::kDefault;
-  double margin_us = 0.0;             // runner-up total minus best total
-  double margin_pct = 0.0;            // of the runner-up's total
-  double speedup_over_default = 0.0;  // default total / best total; 0 if default not planned
+  double margin_us = 0.0;                 // runner-up total minus best total
+  double margin_pct = 0.0;                // of the runner-up's total
+  double speedup_over_default = 0.0;      // default total / best total; 0 if default not planned
   std::vector<TermDelta> deciding_terms;  // largest |delta| first, zero deltas left out
   std::string summary;                    // one line, for people
 };
@@ -63,8 +63,7 @@ class LayerPlanner {
   // Validates `layer` against the profile's cluster and every requested schedule
   // (InvalidArgument naming the field), then plans. Empty `schedules`: all three.
   // Duplicate schedules are an error. On error `out` is left unspecified.
-  absl::Status Plan(const LayerConfig& layer, std::span<const Schedule> schedules,
-                    LayerPlan* out);
+  absl::Status Plan(const LayerConfig& layer, std::span<const Schedule> schedules, LayerPlan* out);
 
  private:
   const CostModel& cost_;

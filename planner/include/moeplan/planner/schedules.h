@@ -41,7 +41,6 @@ absl::Status BuildSchedule(Schedule schedule, const LayerContext& ctx, OpGraph* 
 // for tests and closed-form cross-checks. `a2a_bytes` is the AlltoAll's per-rank
 // input n; `gather_chunk_bytes` the AllGather's per-rank input per chunk.
 OpId AppendSaa(const CostModel& cost, GroupShape a2a, int a2a_ranks_per_node, GroupShape gather,
-               double a2a_bytes, double gather_chunk_bytes, Phase phase, OpId dep,
-               OpGraph* graph);
+               double a2a_bytes, double gather_chunk_bytes, Phase phase, OpId dep, OpGraph* graph);
 
 }  // namespace moeplan::planner

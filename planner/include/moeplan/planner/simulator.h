@@ -23,14 +23,14 @@ struct OpTime {
 };
 
 struct SimResult {
-  std::vector<OpTime> times;       // per op id
+  std::vector<OpTime> times;        // per op id
   std::vector<OpId> critical_path;  // first op to last
   double makespan_us = 0.0;
-  double forward_end_us = 0.0;      // end of the last forward op
-  double compute_busy_us = 0.0;     // busy time of the compute resource
-  double comm_busy_us = 0.0;        // union of intra and inter busy time
-  double hidden_comm_us = 0.0;      // comm busy time overlapped by compute
-  double exposed_comm_us = 0.0;     // comm_busy_us - hidden_comm_us
+  double forward_end_us = 0.0;   // end of the last forward op
+  double compute_busy_us = 0.0;  // busy time of the compute resource
+  double comm_busy_us = 0.0;     // union of intra and inter busy time
+  double hidden_comm_us = 0.0;   // comm busy time overlapped by compute
+  double exposed_comm_us = 0.0;  // comm_busy_us - hidden_comm_us
   int64_t inter_node_bytes = 0;
   // Critical-path time per term (indexed by Term); sums to makespan_us.
   std::array<double, kNumTerms> critical_term_us{};

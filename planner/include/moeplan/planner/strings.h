@@ -3,11 +3,11 @@
 // Cat formats every argument with fmt instead.
 #pragma once
 
+#include <fmt/format.h>
+
 #include <iterator>
 #include <string>
 #include <string_view>
-
-#include <fmt/format.h>
 
 #include "absl/strings/string_view.h"
 

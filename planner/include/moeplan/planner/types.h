@@ -23,12 +23,12 @@ struct ParallelLayout {
 // One MoE layer. Dimensions are element counts.
 struct LayerConfig {
   std::string name;
-  int64_t batch_size = 0;   // B: sequences per micro-batch on one MP group
-  int64_t seq_len = 0;      // L
-  int64_t model_dim = 0;    // M
-  int64_t hidden_dim = 0;   // H
-  int64_t num_experts = 0;  // E
-  int64_t top_k = 0;        // k
+  int64_t batch_size = 0;        // B: sequences per micro-batch on one MP group
+  int64_t seq_len = 0;           // L
+  int64_t model_dim = 0;         // M
+  int64_t hidden_dim = 0;        // H
+  int64_t num_experts = 0;       // E
+  int64_t top_k = 0;             // k
   double capacity_factor = 0.0;  // f
   int bytes_per_element = 2;     // b
   double token_skew = 1.0;       // >= 1; scales the heaviest rank's a2a bytes and expert work

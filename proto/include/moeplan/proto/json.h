@@ -2,10 +2,10 @@
 // fields are rejected, errors say which field. Files are written atomically.
 #pragma once
 
+#include <google/protobuf/message.h>
+
 #include <string>
 #include <string_view>
-
-#include <google/protobuf/message.h>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"

@@ -47,7 +47,7 @@ class PlanCache {
   };
   const size_t capacity_;
   mutable std::mutex mu_;
-  std::list<Entry> lru_;  // most recent first
+  std::list<Entry> lru_;                                                     // most recent first
   absl::flat_hash_map<std::string_view, std::list<Entry>::iterator> index_;  // views into lru_ keys
   uint64_t hits_ = 0, misses_ = 0;
 };

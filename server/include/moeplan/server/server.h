@@ -16,9 +16,9 @@ namespace moeplan::server {
 
 struct ServerOptions {
   std::string listen = "127.0.0.1:50051";  // host:port; port 0 picks a free one
-  bool allow_public = false;  // needed to listen on a non-loopback address
+  bool allow_public = false;               // needed to listen on a non-loopback address
   std::string data_dir;
-  int threads = 0;  // >0: cap on gRPC's server threads (resource quota)
+  int threads = 0;  // >0: cap on the threads that run handlers (gRPC resource quota)
   size_t cache_entries = 10000;
   bool log_requests = true;  // one structured line per request on stderr
 };

@@ -1,0 +1,48 @@
+// The hand-made profile the planner tests compute expectations from: round
+// numbers so every cost can be checked by hand.
+//   4 nodes x 8 GPUs; intra alpha 2 us, beta 0.001 us/B; inter alpha 10 us,
+//   beta 0.01 us/B; GEMM peak 100 TFLOP/s = 1e8 flop/us, overhead 5 us, no
+//   efficiency grid (efficiency 1); memory 1000 GB/s = 1e6 B/us, overhead 3 us.
+#pragma once
+
+#include <cmath>
+#include <cstdlib>
+#include <utility>
+
+#include <gtest/gtest.h>
+
+#include "moeplan/planner/cost_model.h"
+#include "moeplan/planner/profile.h"
+
+// Relative tolerance of 1e-9 (absolute near zero).
+#define EXPECT_REL(actual, expected) \
+  EXPECT_NEAR((actual), (expected), 1e-9 * std::max(1.0, std::abs(double(expected))))
+
+namespace moeplan::planner::testing {
+
+inline ClusterProfile RoundNumberProfile() {
+  ClusterProfile p;
+  p.name = "test-4x8";
+  p.version = 1;
+  p.source = ProfileSource::kSpec;
+  p.shape = {4, 8};
+  p.intra = {2.0, 0.001};
+  p.inter = {10.0, 0.01};
+  p.gemm.peak_tflops = 100.0;
+  p.gemm.launch_overhead_us = 5.0;
+  p.memory.bandwidth_gbytes_per_s = 1000.0;
+  p.memory.launch_overhead_us = 3.0;
+  return p;
+}
+
+// A shared model of RoundNumberProfile().
+inline const CostModel& RoundNumberModel() {
+  static const CostModel* m = [] {
+    absl::StatusOr<CostModel> c = CostModel::Create(RoundNumberProfile());
+    if (!c.ok()) std::abort();
+    return new CostModel(*std::move(c));
+  }();
+  return *m;
+}
+
+}  // namespace moeplan::planner::testing
