@@ -1,11 +1,14 @@
-// moeplan-loadgen: closed-loop load generator for moeplan-server's PlanLayer.
+// moeplan-loadgen: load generator for moeplan-server's PlanLayer, closed loop
+// (default) or open loop at a fixed rate (--rate).
 //
 //   moeplan-loadgen --server 127.0.0.1:PORT [--clients 8] [--duration-s 10] [--warmup-s 1]
 //                   [--mode cached|uncached] [--layer FILE] [--profile NAME]
 //                   [--server-pid PID] [--deadline-ms 1000] [--channels 2] [--threads 0]
-//                   [--json]
+//                   [--rate R] [--json]
 //
-// Keeps exactly --clients PlanLayer calls outstanding (gRPC async stubs over
+// With --rate R, calls are sent on a fixed schedule (R per second in all) with at
+// most --clients outstanding, and latency counts from each call's scheduled time.
+// Without it, keeps exactly --clients PlanLayer calls outstanding (gRPC async stubs over
 // --channels connections, one completion queue per polling thread; each
 // completion immediately re-issues its slot) for --warmup-s + --duration-s seconds, then stops
 // issuing, drains what is in flight (bounded by the deadline) and prints throughput, latency
@@ -210,6 +213,10 @@ struct Config {
   int deadline_ms = 1000;
   bool include_timeline = false;
   int64_t uncached_offset = -1;  // -1: random
+  // > 0: open loop at this many calls per second in all (at most `clients`
+  // outstanding); latency counts from each call's scheduled send time, so a
+  // backlog shows up in the percentiles instead of slowing the offered load.
+  double rate = 0;
 };
 
 struct Window {
@@ -270,25 +277,54 @@ class Worker {
     }
   }
 
-  void Run() {
+  // `rate_share`: this worker's calls per second in open-loop mode (0: closed loop).
+  void Run(double rate_share) {
     const auto deadline = std::chrono::milliseconds(cfg_.deadline_ms);
-    for (auto& s : slots_) Issue(*s, deadline);
+    const bool open_loop = rate_share > 0;
+    const auto interval = std::chrono::duration_cast<Clock::duration>(
+        std::chrono::duration<double>(open_loop ? 1.0 / rate_share : 0.0));
+    Clock::time_point next_due = w_.start;
+    std::vector<Slot*> idle;
+    if (open_loop) {
+      for (auto& s : slots_) idle.push_back(s.get());
+    } else {
+      for (auto& s : slots_) Issue(*s, deadline, Clock::now());
+    }
     bool stopping = false;
     const Clock::time_point drain_bound = w_.end + deadline + std::chrono::seconds(2);
     bool cancelled = false;
-    while (outstanding_ > 0) {
+    while (outstanding_ > 0 || (open_loop && Clock::now() < w_.end)) {
+      if (open_loop) {
+        // Send everything that is due and has a free slot; what has no slot stays
+        // due (sent late, its latency counted from next_due).
+        for (Clock::time_point now = Clock::now(); now < w_.end && next_due <= now && !idle.empty();
+             next_due += interval) {
+          Slot* s = idle.back();
+          idle.pop_back();
+          Issue(*s, deadline, next_due);
+        }
+      }
       void* tag = nullptr;
       bool ok = false;
-      // Wake at least every 100 ms so a stalled server cannot hold us past the bound.
-      const auto wake = std::chrono::system_clock::now() + std::chrono::milliseconds(100);
+      // Wake at least every 100 ms so a stalled server cannot hold us past the bound,
+      // and in open loop when the next call is due.
+      auto wake = std::chrono::system_clock::now() + std::chrono::milliseconds(100);
+      if (open_loop && !idle.empty() && next_due < w_.end) {
+        const auto until_due = next_due - Clock::now();
+        wake = std::min(wake, std::chrono::system_clock::now() +
+                                  std::chrono::duration_cast<std::chrono::system_clock::duration>(
+                                      std::max(until_due, Clock::duration::zero())));
+      }
       const grpc::CompletionQueue::NextStatus ns = cq_.AsyncNext(&tag, &ok, wake);
       if (ns == grpc::CompletionQueue::SHUTDOWN) break;
       const Clock::time_point now = Clock::now();
       if (ns == grpc::CompletionQueue::GOT_EVENT) {
         Slot& s = *static_cast<Slot*>(tag);
         Complete(s, now);
-        if (now < w_.end) {
-          Issue(s, deadline);
+        if (open_loop) {
+          idle.push_back(&s);
+        } else if (now < w_.end) {
+          Issue(s, deadline, now);
         } else {
           stopping = true;
         }
@@ -314,7 +350,8 @@ class Worker {
   const WorkerResult& result() const { return result_; }
 
  private:
-  void Issue(Slot& s, std::chrono::milliseconds deadline) {
+  // `sent`: when the call counts as sent (its scheduled time in open loop).
+  void Issue(Slot& s, std::chrono::milliseconds deadline, Clock::time_point sent) {
     s.rpc.reset();
     s.ctx.reset();
     s.ctx.emplace();
@@ -327,7 +364,7 @@ class Worker {
     s.response = nullptr;
     s.arena.Reset();
     s.response = google::protobuf::Arena::CreateMessage<v1::PlanLayerResponse>(&s.arena);
-    s.sent = Clock::now();
+    s.sent = sent;
     s.rpc = s.stub->PrepareAsyncPlanLayer(&*s.ctx, s.request, &cq_);
     s.rpc->StartCall();
     s.rpc->Finish(s.response, &s.status, &s);
@@ -430,6 +467,11 @@ int main(int argc, char** argv) {
                  "uncached: start of the batch_size sequence (default random), so that "
                  "successive runs against one server do not revisit each other's entries")
       ->check(CLI::NonNegativeNumber);
+  app.add_option("--rate", cfg.rate,
+                 "Open loop: calls per second in all, sent on schedule with at most --clients "
+                 "outstanding; latency from the scheduled time (0: closed loop)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   app.failure_message([](const CLI::App*, const CLI::Error& e) {
     return fmt::format("moeplan-loadgen: error: {} (see --help)\n", e.what());
   });
@@ -521,7 +563,8 @@ int main(int argc, char** argv) {
                                                &seq_counter));
   }
   std::vector<std::thread> threads;
-  for (auto& wk : workers) threads.emplace_back([&wk] { wk->Run(); });
+  const double rate_share = cfg.rate / static_cast<double>(workers.size());
+  for (auto& wk : workers) threads.emplace_back([&wk, rate_share] { wk->Run(rate_share); });
 
   int64_t rss_start = -1, rss_end = -1;
   std::this_thread::sleep_until(w.measure);
@@ -590,7 +633,9 @@ int main(int argc, char** argv) {
     fmt::print("server      {}\n", cfg.server);
     fmt::print("clients     {} ({} channels, {} threads)\n", cfg.clients, cfg.channels,
                cfg.threads);
-    fmt::print("mode        {}\n", cfg.mode);
+    fmt::print(
+        "mode        {}{}\n", cfg.mode,
+        cfg.rate > 0 ? fmt::format(", open loop at {:.0f} req/s", cfg.rate) : ", closed loop");
     fmt::print("window      {} s after {} s warmup\n", cfg.duration_s, cfg.warmup_s);
     fmt::print("requests    {} ({} ok)\n", requests, ok);
     fmt::print("errors      {} in window, {} in all\n", errors_measured, errors_all);

@@ -18,6 +18,8 @@
 #   LAYER=examples/gpt2-moe-layer.json   PROFILE=a100-8x8
 #   JSON_DIR=          keep each run's loadgen JSON there
 #   SERVER_CPUS= LOADGEN_CPUS=   pin each side to CPUs (taskset lists, e.g. 0 and 1)
+#   RATE=              open loop: calls per second (moeplan-loadgen --rate); unset: closed loop
+#   RATE_CACHED= RATE_UNCACHED=   per-mode rates (override RATE)
 #
 # Exit status: 0 when every run had zero failed calls.
 set -euo pipefail
@@ -103,6 +105,9 @@ for c in $CLIENTS; do
     args=(--server "127.0.0.1:$port" --clients "$c" --mode "$m" --duration-s "$DURATION"
           --warmup-s "$WARMUP" --channels "$CHANNELS" --threads "$THREADS" --layer "$LAYER" --profile "$PROFILE"
           --server-pid "$server_pid" --json)
+    rate_var="RATE_${m^^}"
+    rate="${!rate_var:-${RATE:-}}"
+    if [[ -n $rate ]]; then args+=(--rate "$rate"); fi
     if [[ $m == uncached ]]; then
       # Disjoint stretches of the batch_size sequence, so one run cannot hit what
       # an earlier run left in the server's cache.

@@ -30,23 +30,8 @@ ClusterProfile MakeProfile() { return RoundNumberProfile(); }
 
 using ::testing::ElementsAreArray;
 
-// S = B*L = 4*256 = 1024 tokens, M = 256, H = 1024, E = 16, k = 2, f = 1, b = 2:
-// T = 2*1024/16 = 128 (divisible by 2, 4, 8), X = 1024*256*2 = 524288 B,
-// D = 16*128*256*2 = 1048576 B.
 LayerConfig MakeLayer(int mp, int ep, int esp, int dp) {
-  LayerConfig l;
-  l.name = "moe";
-  l.batch_size = 4;
-  l.seq_len = 256;
-  l.model_dim = 256;
-  l.hidden_dim = 1024;
-  l.num_experts = 16;
-  l.top_k = 2;
-  l.capacity_factor = 1.0;
-  l.bytes_per_element = 2;
-  l.token_skew = 1.0;
-  l.parallel = {.mp = mp, .ep = ep, .esp = esp, .dp = dp, .pp = 1};
-  return l;
+  return testing::SmallLayer(mp, ep, esp, dp);
 }
 constexpr int64_t kD = 1048576;
 constexpr int64_t kX = 524288;

@@ -5,14 +5,15 @@
 //   efficiency grid (efficiency 1); memory 1000 GB/s = 1e6 B/us, overhead 3 us.
 #pragma once
 
+#include <gtest/gtest.h>
+
 #include <cmath>
 #include <cstdlib>
 #include <utility>
 
-#include <gtest/gtest.h>
-
 #include "moeplan/planner/cost_model.h"
 #include "moeplan/planner/profile.h"
+#include "moeplan/planner/types.h"
 
 // Relative tolerance of 1e-9 (absolute near zero).
 #define EXPECT_REL(actual, expected) \
@@ -43,6 +44,26 @@ inline const CostModel& RoundNumberModel() {
     return new CostModel(*std::move(c));
   }();
   return *m;
+}
+
+// A small layer valid for every schedule on RoundNumberProfile():
+// S = B*L = 4*256 = 1024 tokens, M = 256, H = 1024, E = 16, k = 2, f = 1, b = 2:
+// T = 2*1024/16 = 128 (divisible by 2, 4, 8), X = 1024*256*2 = 524288 B,
+// D = 16*128*256*2 = 1048576 B.
+inline LayerConfig SmallLayer(int mp, int ep, int esp, int dp) {
+  LayerConfig l;
+  l.name = "moe";
+  l.batch_size = 4;
+  l.seq_len = 256;
+  l.model_dim = 256;
+  l.hidden_dim = 1024;
+  l.num_experts = 16;
+  l.top_k = 2;
+  l.capacity_factor = 1.0;
+  l.bytes_per_element = 2;
+  l.token_skew = 1.0;
+  l.parallel = {.mp = mp, .ep = ep, .esp = esp, .dp = dp, .pp = 1};
+  return l;
 }
 
 }  // namespace moeplan::planner::testing

@@ -32,21 +32,7 @@ ClusterProfile MakeProfile() { return RoundNumberProfile(); }
 constexpr ClusterShape kCluster{4, 8};  // 32 GPUs
 
 // A valid layer for every schedule: S = 1024, T = 128, mp = esp = 4, ep = 8, dp = 8.
-LayerConfig BaseLayer() {
-  LayerConfig l;
-  l.name = "moe";
-  l.batch_size = 4;
-  l.seq_len = 256;
-  l.model_dim = 256;
-  l.hidden_dim = 1024;
-  l.num_experts = 16;
-  l.top_k = 2;
-  l.capacity_factor = 1.0;
-  l.bytes_per_element = 2;
-  l.token_skew = 1.0;
-  l.parallel = {.mp = 4, .ep = 8, .esp = 4, .dp = 8, .pp = 1};
-  return l;
-}
+LayerConfig BaseLayer() { return testing::SmallLayer(4, 8, 4, 8); }
 
 void SetLayout(LayerConfig& l, int mp, int ep, int esp, int dp, int pp = 1) {
   l.parallel = {.mp = mp, .ep = ep, .esp = esp, .dp = dp, .pp = pp};
