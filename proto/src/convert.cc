@@ -228,6 +228,12 @@ absl::Status AnswerPlanLayer(const v1::PlanLayerRequest& request, p::LayerPlanne
   if (!request.has_layer()) return absl::InvalidArgumentError("layer: required");
   absl::StatusOr<p::LayerConfig> layer = LayerFromProto(request.layer());
   if (!layer.ok()) return absl::InvalidArgumentError(Cat("layer.", View(layer.status().message())));
+  return AnswerPlanLayer(*layer, request, planner, profile, out);
+}
+
+absl::Status AnswerPlanLayer(const p::LayerConfig& layer, const v1::PlanLayerRequest& request,
+                             p::LayerPlanner& planner, const p::ClusterProfile& profile,
+                             v1::PlanLayerResponse* out) {
   std::vector<p::Schedule> schedules;
   schedules.reserve(request.schedules_size());
   for (int i = 0; i < request.schedules_size(); ++i) {
@@ -240,7 +246,7 @@ absl::Status AnswerPlanLayer(const v1::PlanLayerRequest& request, p::LayerPlanne
     schedules.push_back(*s);
   }
   p::LayerPlan plan;
-  if (absl::Status s = planner.Plan(*layer, schedules, &plan); !s.ok()) {
+  if (absl::Status s = planner.Plan(layer, schedules, &plan); !s.ok()) {
     if (s.code() != absl::StatusCode::kInvalidArgument) return s;
     const std::string_view msg = View(s.message());
     // Layer fields get the request's path; "schedules: ..." already is one.
@@ -248,7 +254,7 @@ absl::Status AnswerPlanLayer(const v1::PlanLayerRequest& request, p::LayerPlanne
     return absl::InvalidArgumentError(Cat("layer.", msg));
   }
   PlanToProto(plan, profile, request.include_timeline(), out);
-  out->mutable_derived()->set_ranks(layer->parallel.TotalRanks());
+  out->mutable_derived()->set_ranks(layer.parallel.TotalRanks());
   return absl::OkStatus();
 }
 

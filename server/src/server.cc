@@ -265,10 +265,10 @@ class PlannerCore {
     thread_local ThreadPlanner tls;
     absl::Status s =
         inline_bytes.empty()
-            ? proto::AnswerPlanLayer(canonical, tls.For(entry), entry->profile, resp)
+            ? proto::AnswerPlanLayer(*layer, canonical, tls.For(entry), entry->profile, resp)
             : [&] {
                 p::LayerPlanner planner(entry->cost);
-                return proto::AnswerPlanLayer(canonical, planner, entry->profile, resp);
+                return proto::AnswerPlanLayer(*layer, canonical, planner, entry->profile, resp);
               }();
     if (!s.ok()) return s;
     cache_.Put(key, std::make_shared<const v1::PlanLayerResponse>(*resp));

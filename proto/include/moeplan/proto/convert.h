@@ -34,6 +34,11 @@ void PlanToProto(const planner::LayerPlan& plan, const planner::ClusterProfile& 
 // naming the field (prefixed "layer." for layer fields).
 absl::Status AnswerPlanLayer(const v1::PlanLayerRequest& request, planner::LayerPlanner& planner,
                              const planner::ClusterProfile& profile, v1::PlanLayerResponse* out);
+// The same for a layer already converted with LayerFromProto (request.layer()
+// is then not read; schedules and include_timeline are).
+absl::Status AnswerPlanLayer(const planner::LayerConfig& layer, const v1::PlanLayerRequest& request,
+                             planner::LayerPlanner& planner, const planner::ClusterProfile& profile,
+                             v1::PlanLayerResponse* out);
 
 // Expands a grid into its configs (cartesian product in field order). Checks that
 // every list is non-empty and the product is at most `max_configs`.
