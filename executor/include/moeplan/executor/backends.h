@@ -1,0 +1,50 @@
+// Factories of the two backends. CPU + MPI is always built; CUDA + NCCL is built
+// whenever CMake finds a CUDA toolkit with NCCL, and otherwise the same
+// functions come from stub files and return Unimplemented.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "moeplan/executor/comm.h"
+#include "moeplan/executor/device.h"
+#include "moeplan/executor/kernels.h"
+
+namespace moeplan::executor {
+
+// ---- CPU + MPI (host memory; MPI must be initialised for the communicator) ----
+std::unique_ptr<Device> MakeCpuDevice();
+std::unique_ptr<Kernels> MakeCpuKernels();
+// A communicator over a duplicate of MPI_COMM_WORLD.
+absl::StatusOr<std::unique_ptr<Communicator>> MakeMpiWorld(Device* device);
+// "Open MPI v4.1.4, ..." (MPI_Get_library_version, first line).
+std::string MpiVersion();
+
+// ---- CUDA + NCCL ----
+// Whether this build has the CUDA backend (false: the functions below return
+// Unimplemented, CudaDeviceCount returns 0).
+bool CudaBuilt();
+// Usable GPUs; 0 when there is none or the driver reports any error.
+int CudaDeviceCount();
+// A device on GPU `ordinal` (sets it current for the calling thread).
+absl::StatusOr<std::unique_ptr<Device>> MakeCudaDevice(int ordinal);
+// cuBLAS + kernels on a device from MakeCudaDevice.
+absl::StatusOr<std::unique_ptr<Kernels>> MakeCudaKernels(Device* device);
+// NCCL over MPI_COMM_WORLD's ranks on a device from MakeCudaDevice: the unique id
+// is broadcast with MPI; Split() bootstraps sub-communicators the same way.
+absl::StatusOr<std::unique_ptr<Communicator>> MakeNcclWorld(Device* device);
+// "cuda runtime 13.0, cublas 13.x, nccl 2.28.x" or why there is none.
+std::string CudaVersions();
+
+// A device, kernels and world communicator of one backend.
+struct Backend {
+  std::unique_ptr<Device> device;
+  std::unique_ptr<Kernels> kernels;
+  std::unique_ptr<Communicator> world;
+};
+// backend "mpi": CPU device and kernels, MPI communicator; "nccl": GPU
+// (local rank modulo the GPUs of the host), CUDA kernels, NCCL communicator.
+absl::StatusOr<Backend> MakeBackend(std::string_view backend);
+
+}  // namespace moeplan::executor

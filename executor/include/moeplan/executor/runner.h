@@ -1,0 +1,105 @@
+// The MoE-layer runner (DESIGN §5.1, §6): one MoE layer forward and backward
+// under the default, S1 or S2 schedule with real data, every op timed under the
+// name the planner gives it.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "moeplan/executor/comm.h"
+#include "moeplan/executor/device.h"
+#include "moeplan/executor/kernels.h"
+#include "moeplan/planner/op_graph.h"
+#include "moeplan/planner/types.h"
+
+namespace moeplan::executor {
+
+// A rank's place in the layout of DESIGN §2: MP and ESP groups are consecutive
+// ranks, EP groups strided by esp.
+struct RankPlace {
+  int rank = 0;
+  int mp_group = 0, mp_rank = 0;
+  int esp_group = 0, esp_rank = 0;
+  int ep_group = 0, ep_rank = 0;
+};
+RankPlace PlaceOf(const planner::ParallelLayout& p, int rank);
+
+// The layout fits the job: one pipeline stage (pp = 1) on exactly mp*dp ranks.
+absl::Status ValidateWorld(const planner::LayerConfig& layer, int world_size);
+
+// What the executor runs on top of the planner's rules (ValidateLayer and
+// ValidateForSchedule): one pipeline stage on exactly mp*dp ranks, and for the
+// default schedule ESP groups inside MP groups (esp divides mp), so that every
+// shard of an expert sees the same tokens. Same answer on every rank.
+absl::Status ValidateForExecutor(const planner::LayerConfig& layer, planner::Schedule schedule,
+                                 int world_size);
+
+struct RunOptions {
+  planner::Schedule schedule = planner::Schedule::kDefault;
+  DType dtype = DType::kF32;
+  uint64_t seed = 1;
+};
+
+// One timed op of an iteration, microseconds from the iteration's start.
+struct OpTime {
+  std::string name;  // the planner's op name, e.g. "fwd.saa_dispatch.alltoall.3"
+  planner::Phase phase = planner::Phase::kForward;
+  planner::OpKind kind = planner::OpKind::kCompute;
+  double start_us = 0.0;
+  double end_us = 0.0;
+};
+
+// Host copies (fp32) of what a rank computed, for correctness checks.
+struct LayerResults {
+  std::vector<float> y;     // [S x M]: the MP group's output
+  std::vector<float> dx;    // [S x M]: gradient of the MP group's input
+  std::vector<float> dgate; // [M x E]: gate weight gradient (summed over the MP group's tokens)
+  std::vector<float> dw1;   // [El x M x Hs]: this rank's expert shards
+  std::vector<float> dw2;   // [El x Hs x M]
+  // Routing of the tokens this rank gated: tokens [route_offset, route_offset + n).
+  int64_t route_offset = 0;
+  std::vector<int32_t> expert;  // [n x k]
+  std::vector<int32_t> slot;    // [n x k], -1 = dropped
+};
+
+class MoeLayerRunner {
+ public:
+  // Validates (ValidateLayer on the world's shape, ValidateForSchedule,
+  // ValidateForExecutor), then — collective over `world` — splits the MP, EP
+  // and ESP groups, allocates every buffer and fills inputs, weights and the
+  // output gradient from `seed` (the same global tensors for every schedule and
+  // layout). Device, kernels and world must outlive the runner.
+  static absl::StatusOr<std::unique_ptr<MoeLayerRunner>> Create(const planner::LayerConfig& layer,
+                                                                const RunOptions& options,
+                                                                Device* device, Kernels* kernels,
+                                                                Communicator* world);
+  ~MoeLayerRunner();
+
+  // Barrier, forward, backward, synchronize; then timings() holds the ops of
+  // this iteration in issue order.
+  absl::Status RunIteration();
+  const std::vector<OpTime>& timings() const;
+  double forward_us() const;  // end of the last forward op
+  double total_us() const;    // end of the last op
+
+  // Downloads the results of the last iteration.
+  absl::StatusOr<LayerResults> Results();
+
+  const RankPlace& place() const;
+
+  class Impl;
+
+ private:
+  explicit MoeLayerRunner(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+// The seeded value of element `index` of a named global tensor: uniform in
+// [-scale, scale), a pure function of (seed, tensor, index).
+float SeededValue(uint64_t seed, uint32_t tensor, uint64_t index, float scale);
+
+}  // namespace moeplan::executor

@@ -1,0 +1,43 @@
+// MakeBackend: a device, kernels and world communicator of one backend.
+#include <mpi.h>
+
+#include "moeplan/executor/backends.h"
+#include "moeplan/planner/strings.h"
+#include "status_macros.h"
+
+namespace moeplan::executor {
+
+absl::StatusOr<Backend> MakeBackend(std::string_view backend) {
+  Backend b;
+  if (backend == "mpi") {
+    b.device = MakeCpuDevice();
+    b.kernels = MakeCpuKernels();
+    MOEPLAN_ASSIGN_OR_RETURN(b.world, MakeMpiWorld(b.device.get()));
+    return b;
+  }
+  if (backend == "nccl") {
+    if (!CudaBuilt()) {
+      return absl::UnimplementedError(
+          "backend: nccl needs the CUDA backend, and this build has none (configure with a CUDA "
+          "toolkit and NCCL)");
+    }
+    const int gpus = CudaDeviceCount();
+    if (gpus == 0) return absl::FailedPreconditionError("backend: nccl needs a GPU; none is usable");
+    // One GPU per rank: the rank's index among the ranks of its host.
+    MPI_Comm local = MPI_COMM_NULL;
+    int local_rank = 0;
+    if (MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &local) !=
+        MPI_SUCCESS) {
+      return absl::InternalError("mpi: MPI_Comm_split_type(MPI_COMM_TYPE_SHARED) failed");
+    }
+    MPI_Comm_rank(local, &local_rank);
+    MPI_Comm_free(&local);
+    MOEPLAN_ASSIGN_OR_RETURN(b.device, MakeCudaDevice(local_rank % gpus));
+    MOEPLAN_ASSIGN_OR_RETURN(b.kernels, MakeCudaKernels(b.device.get()));
+    MOEPLAN_ASSIGN_OR_RETURN(b.world, MakeNcclWorld(b.device.get()));
+    return b;
+  }
+  return absl::InvalidArgumentError(Cat("backend: must be mpi or nccl (got ", backend, ")"));
+}
+
+}  // namespace moeplan::executor

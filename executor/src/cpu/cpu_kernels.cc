@@ -1,0 +1,492 @@
+// CPU kernels (DESIGN §6): Eigen GEMMs on host memory, plain loops for gating,
+// order / i-order and the elementwise parts. fp32 only: the CPU backend is the
+// correctness reference and the small-scale runner, so bf16 is not worth an
+// emulation path here.
+#include <Eigen/Core>
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <string_view>
+#include <vector>
+
+#include "moeplan/executor/backends.h"
+#include "moeplan/executor/kernels.h"
+#include "moeplan/planner/strings.h"
+
+namespace moeplan::executor {
+namespace {
+
+using RowMat = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+using Stride = Eigen::OuterStride<>;
+using ConstStridedMap = Eigen::Map<const RowMat, Eigen::Unaligned, Stride>;
+using StridedMap = Eigen::Map<RowMat, Eigen::Unaligned, Stride>;
+using ConstMatMap = Eigen::Map<const RowMat, Eigen::Unaligned>;
+using MatMap = Eigen::Map<RowMat, Eigen::Unaligned>;
+
+// sqrt(2 / pi) and the cubic coefficient of the tanh form of GELU.
+constexpr float kGeluC = 0.7978845608028654f;
+constexpr float kGeluA = 0.044715f;
+
+float Gelu(float x) {
+  const float u = kGeluC * (x + kGeluA * x * x * x);
+  return 0.5f * x * (1.0f + std::tanh(u));
+}
+
+// d/dx of Gelu: 0.5 (1 + t) + 0.5 x (1 - t^2) c (1 + 3 a x^2), t = tanh(u).
+float GeluGrad(float x) {
+  const float u = kGeluC * (x + kGeluA * x * x * x);
+  const float t = std::tanh(u);
+  return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * kGeluC * (1.0f + 3.0f * kGeluA * x * x);
+}
+
+absl::Status Bad(std::string_view fn, std::string_view what) {
+  return absl::InvalidArgumentError(Cat("cpu kernels: ", fn, ": ", what));
+}
+
+// Every entry point rejects bf16 with the same message, so callers can tell the
+// backend limitation from a bad argument.
+absl::Status CheckDType(std::string_view fn, DType t) {
+  if (t == DType::kF32) return absl::OkStatus();
+  return absl::UnimplementedError(
+      Cat("cpu kernels: ", fn, ": ", DTypeName(t), " is not supported; use f32"));
+}
+
+absl::Status CheckNonNegative(std::string_view fn, std::string_view name, int64_t v) {
+  if (v >= 0) return absl::OkStatus();
+  return Bad(fn, Cat(name, " (", v, ") must be >= 0"));
+}
+
+// A pointer may only be null when nothing is read or written through it.
+absl::Status CheckPtr(std::string_view fn, std::string_view name, const void* p, int64_t count) {
+  if (p != nullptr || count == 0) return absl::OkStatus();
+  return Bad(fn, Cat(name, " is null but has ", count, " elements"));
+}
+
+// Shared checks of the gating arguments (tokens, experts, top_k).
+absl::Status CheckGating(std::string_view fn, int64_t tokens, int64_t experts, int64_t top_k) {
+  if (absl::Status s = CheckNonNegative(fn, "tokens", tokens); !s.ok()) return s;
+  if (absl::Status s = CheckNonNegative(fn, "top_k", top_k); !s.ok()) return s;
+  // A softmax over no experts is meaningless (and has no row max to subtract).
+  if (experts < 1) return Bad(fn, Cat("experts (", experts, ") must be >= 1"));
+  if (top_k > experts) {
+    return Bad(fn, Cat("top_k (", top_k, ") must be <= experts (", experts, ")"));
+  }
+  return absl::OkStatus();
+}
+
+// Checks a BufferShape and the routing entries the order kernels follow: an
+// out-of-range expert or slot would write outside the buffer.
+absl::Status CheckBuffer(std::string_view fn, const BufferShape& s, const RouteBuffers& r,
+                         bool needs_weight) {
+  if (absl::Status st = CheckDType(fn, s.dtype); !st.ok()) return st;
+  if (absl::Status st = CheckGating(fn, s.tokens, s.experts, s.top_k); !st.ok()) return st;
+  if (absl::Status st = CheckNonNegative(fn, "model", s.model); !st.ok()) return st;
+  if (absl::Status st = CheckNonNegative(fn, "capacity", s.capacity); !st.ok()) return st;
+  if (s.parts < 1) return Bad(fn, Cat("parts (", s.parts, ") must be >= 1"));
+  if (s.capacity % s.parts != 0) {
+    return Bad(fn, Cat("capacity (", s.capacity, ") must be a multiple of parts (", s.parts, ")"));
+  }
+  const int64_t choices = s.tokens * s.top_k;
+  if (absl::Status st = CheckPtr(fn, "expert", r.expert, choices); !st.ok()) return st;
+  if (absl::Status st = CheckPtr(fn, "slot", r.slot, choices); !st.ok()) return st;
+  if (needs_weight) {
+    if (absl::Status st = CheckPtr(fn, "weight", r.weight, choices); !st.ok()) return st;
+  }
+  for (int64_t i = 0; i < choices; ++i) {
+    if (r.expert[i] < 0 || r.expert[i] >= s.experts) {
+      return Bad(fn, Cat("expert[", i, "] (", r.expert[i], ") must be in [0, ", s.experts, ")"));
+    }
+    if (r.slot[i] < -1 || r.slot[i] >= s.capacity) {
+      return Bad(fn, Cat("slot[", i, "] (", r.slot[i], ") must be in [-1, ", s.capacity, ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckExpert(std::string_view fn, const ExpertShape& e) {
+  if (absl::Status s = CheckDType(fn, e.dtype); !s.ok()) return s;
+  if (absl::Status s = CheckNonNegative(fn, "groups", e.groups); !s.ok()) return s;
+  if (absl::Status s = CheckNonNegative(fn, "local_experts", e.local_experts); !s.ok()) return s;
+  if (absl::Status s = CheckNonNegative(fn, "rows", e.rows); !s.ok()) return s;
+  if (absl::Status s = CheckNonNegative(fn, "model", e.model); !s.ok()) return s;
+  if (absl::Status s = CheckNonNegative(fn, "shard", e.shard); !s.ok()) return s;
+  return absl::OkStatus();
+}
+
+// Element offset of (expert e, slot t) in the `parts`-block dispatch buffer.
+int64_t SlotOffset(const BufferShape& s, int64_t e, int64_t t) {
+  const int64_t per_part = s.capacity / s.parts;
+  const int64_t p = t / per_part;
+  return ((p * s.experts + e) * per_part + t % per_part) * s.model;
+}
+
+class CpuKernels final : public Kernels {
+ public:
+  std::string_view name() const override { return "cpu-eigen"; }
+  bool Supports(DType t) const override { return t == DType::kF32; }
+
+  absl::Status Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+                    const void* a, int64_t lda, const void* b, int64_t ldb, float beta, void* c,
+                    int64_t ldc, DType t) override {
+    constexpr std::string_view fn = "Gemm";
+    if (absl::Status s = CheckDType(fn, t); !s.ok()) return s;
+    if (absl::Status s = CheckNonNegative(fn, "m", m); !s.ok()) return s;
+    if (absl::Status s = CheckNonNegative(fn, "n", n); !s.ok()) return s;
+    if (absl::Status s = CheckNonNegative(fn, "k", k); !s.ok()) return s;
+    // Stored shapes: a is m x k (k x m when transposed), b is k x n (n x k).
+    const int64_t a_rows = trans_a ? k : m, a_cols = trans_a ? m : k;
+    const int64_t b_rows = trans_b ? n : k, b_cols = trans_b ? k : n;
+    if (absl::Status s = CheckPtr(fn, "a", a, m * k); !s.ok()) return s;
+    if (absl::Status s = CheckPtr(fn, "b", b, k * n); !s.ok()) return s;
+    if (absl::Status s = CheckPtr(fn, "c", c, m * n); !s.ok()) return s;
+    if (m * k > 0 && lda < a_cols) {
+      return Bad(fn, Cat("lda (", lda, ") must be >= ", a_cols, " (columns of stored a)"));
+    }
+    if (k * n > 0 && ldb < b_cols) {
+      return Bad(fn, Cat("ldb (", ldb, ") must be >= ", b_cols, " (columns of stored b)"));
+    }
+    if (m * n > 0 && ldc < n) return Bad(fn, Cat("ldc (", ldc, ") must be >= n (", n, ")"));
+    if (m * n == 0) return absl::OkStatus();
+
+    StridedMap cm(static_cast<float*>(c), m, n, Stride(ldc));
+    // beta == 0 overwrites (BLAS semantics): NaN or garbage in c must not leak.
+    if (beta == 0.0f) {
+      cm.setZero();
+    } else if (beta != 1.0f) {
+      cm *= beta;
+    }
+    // Like BLAS, alpha == 0 (or k == 0) does not read a and b at all.
+    if (alpha == 0.0f || k == 0) return absl::OkStatus();
+    ConstStridedMap am(static_cast<const float*>(a), a_rows, a_cols, Stride(lda));
+    ConstStridedMap bm(static_cast<const float*>(b), b_rows, b_cols, Stride(ldb));
+    // Eigen folds the transposes and alpha into one GEMM call; no temporaries.
+    if (!trans_a && !trans_b) {
+      cm.noalias() += alpha * am * bm;
+    } else if (trans_a && !trans_b) {
+      cm.noalias() += alpha * am.transpose() * bm;
+    } else if (!trans_a && trans_b) {
+      cm.noalias() += alpha * am * bm.transpose();
+    } else {
+      cm.noalias() += alpha * am.transpose() * bm.transpose();
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status Route(const float* logits, int64_t tokens, int64_t experts, int64_t top_k,
+                     int64_t capacity, const RouteBuffers& r) override {
+    constexpr std::string_view fn = "Route";
+    if (absl::Status s = CheckGating(fn, tokens, experts, top_k); !s.ok()) return s;
+    if (absl::Status s = CheckNonNegative(fn, "capacity", capacity); !s.ok()) return s;
+    const int64_t n = tokens * experts, choices = tokens * top_k;
+    if (absl::Status s = CheckPtr(fn, "logits", logits, n); !s.ok()) return s;
+    if (absl::Status s = CheckPtr(fn, "probs", r.probs, n); !s.ok()) return s;
+    if (absl::Status s = CheckPtr(fn, "expert", r.expert, choices); !s.ok()) return s;
+    if (absl::Status s = CheckPtr(fn, "slot", r.slot, choices); !s.ok()) return s;
+    if (absl::Status s = CheckPtr(fn, "weight", r.weight, choices); !s.ok()) return s;
+
+    for (int64_t s = 0; s < tokens; ++s) {
+      const float* x = logits + s * experts;
+      float* p = r.probs + s * experts;
+      // Subtracting the row max keeps exp() finite for any logit range.
+      float mx = x[0];
+      for (int64_t e = 1; e < experts; ++e) mx = std::max(mx, x[e]);
+      double sum = 0.0;
+      for (int64_t e = 0; e < experts; ++e) {
+        p[e] = std::exp(x[e] - mx);
+        sum += p[e];
+      }
+      const float inv = static_cast<float>(1.0 / sum);
+      for (int64_t e = 0; e < experts; ++e) p[e] *= inv;
+
+      // Top-k by repeated selection (k is small): a strict '>' while scanning
+      // upwards gives ties to the lower expert index; a NaN never wins, so a
+      // valid expert is still chosen.
+      int32_t* chosen = r.expert + s * top_k;
+      for (int64_t j = 0; j < top_k; ++j) {
+        int64_t best = -1;
+        for (int64_t e = 0; e < experts; ++e) {
+          if (std::find(chosen, chosen + j, static_cast<int32_t>(e)) != chosen + j) continue;
+          if (best < 0 || p[e] > p[best]) best = e;
+        }
+        chosen[j] = static_cast<int32_t>(best);
+        r.weight[s * top_k + j] = p[best];
+      }
+    }
+
+    // Capacity, choice-major: every token's first choice is served before any
+    // second choice, so a token's top expert is never displaced by another
+    // token's runner-up.
+    fill_.assign(static_cast<size_t>(experts), 0);
+    for (int64_t j = 0; j < top_k; ++j) {
+      for (int64_t s = 0; s < tokens; ++s) {
+        const int64_t i = s * top_k + j;
+        int64_t& used = fill_[static_cast<size_t>(r.expert[i])];
+        r.slot[i] = used < capacity ? static_cast<int32_t>(used++) : -1;
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status RouteBackward(const RouteBuffers& r, const float* dweight, int64_t tokens,
+                             int64_t experts, int64_t top_k, float* dlogits) override {
+    constexpr std::string_view fn = "RouteBackward";
+    if (absl::Status s = CheckGating(fn, tokens, experts, top_k); !s.ok()) return s;
+    const int64_t n = tokens * experts, choices = tokens * top_k;
+    if (absl::Status s = CheckPtr(fn, "probs", r.probs, n); !s.ok()) return s;
+    if (absl::Status s = CheckPtr(fn, "expert", r.expert, choices); !s.ok()) return s;
+    if (absl::Status s = CheckPtr(fn, "slot", r.slot, choices); !s.ok()) return s;
+    if (absl::Status s = CheckPtr(fn, "dweight", dweight, choices); !s.ok()) return s;
+    if (absl::Status s = CheckPtr(fn, "dlogits", dlogits, n); !s.ok()) return s;
+    for (int64_t i = 0; i < choices; ++i) {
+      if (r.expert[i] < 0 || r.expert[i] >= experts) {
+        return Bad(fn, Cat("expert[", i, "] (", r.expert[i], ") must be in [0, ", experts, ")"));
+      }
+    }
+
+    grad_.resize(static_cast<size_t>(experts));
+    for (int64_t s = 0; s < tokens; ++s) {
+      const float* p = r.probs + s * experts;
+      std::fill(grad_.begin(), grad_.end(), 0.0f);
+      for (int64_t j = 0; j < top_k; ++j) {
+        const int64_t i = s * top_k + j;
+        // Dropped choices contribute nothing to the output, hence no gradient.
+        if (r.slot[i] >= 0) grad_[static_cast<size_t>(r.expert[i])] += dweight[i];
+      }
+      double dot = 0.0;
+      for (int64_t e = 0; e < experts; ++e) dot += static_cast<double>(p[e]) * grad_[e];
+      float* d = dlogits + s * experts;
+      for (int64_t e = 0; e < experts; ++e) {
+        d[e] = p[e] * (grad_[e] - static_cast<float>(dot));
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status Order(const void* x, const RouteBuffers& r, const BufferShape& s,
+                     void* buf) override {
+    constexpr std::string_view fn = "Order";
+    if (absl::Status st = CheckBuffer(fn, s, r, false); !st.ok()) return st;
+    if (absl::Status st = CheckPtr(fn, "x", x, s.tokens * s.model); !st.ok()) return st;
+    if (absl::Status st = CheckPtr(fn, "buf", buf, s.BufferElements()); !st.ok()) return st;
+    const float* xf = static_cast<const float*>(x);
+    float* bf = static_cast<float*>(buf);
+    // Unused slots must read as zero rows: the experts run on the whole buffer.
+    std::fill(bf, bf + s.BufferElements(), 0.0f);
+    for (int64_t t = 0; t < s.tokens; ++t) {
+      for (int64_t j = 0; j < s.top_k; ++j) {
+        const int64_t i = t * s.top_k + j;
+        if (r.slot[i] < 0) continue;
+        std::copy_n(xf + t * s.model, s.model, bf + SlotOffset(s, r.expert[i], r.slot[i]));
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status IOrder(const void* buf, const RouteBuffers& r, const BufferShape& s,
+                      void* y) override {
+    constexpr std::string_view fn = "IOrder";
+    if (absl::Status st = CheckBuffer(fn, s, r, true); !st.ok()) return st;
+    if (absl::Status st = CheckPtr(fn, "buf", buf, s.BufferElements()); !st.ok()) return st;
+    if (absl::Status st = CheckPtr(fn, "y", y, s.tokens * s.model); !st.ok()) return st;
+    const float* bf = static_cast<const float*>(buf);
+    float* yf = static_cast<float*>(y);
+    for (int64_t t = 0; t < s.tokens; ++t) {
+      float* yr = yf + t * s.model;
+      std::fill(yr, yr + s.model, 0.0f);
+      for (int64_t j = 0; j < s.top_k; ++j) {
+        const int64_t i = t * s.top_k + j;
+        if (r.slot[i] < 0) continue;
+        const float w = r.weight[i];
+        const float* br = bf + SlotOffset(s, r.expert[i], r.slot[i]);
+        for (int64_t c = 0; c < s.model; ++c) yr[c] += w * br[c];
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status IOrderBackward(const void* dy, const void* out_buf, const RouteBuffers& r,
+                              const BufferShape& s, void* dbuf, float* dweight) override {
+    constexpr std::string_view fn = "IOrderBackward";
+    if (absl::Status st = CheckBuffer(fn, s, r, true); !st.ok()) return st;
+    const int64_t elems = s.BufferElements();
+    if (absl::Status st = CheckPtr(fn, "dy", dy, s.tokens * s.model); !st.ok()) return st;
+    if (absl::Status st = CheckPtr(fn, "out_buf", out_buf, elems); !st.ok()) return st;
+    if (absl::Status st = CheckPtr(fn, "dbuf", dbuf, elems); !st.ok()) return st;
+    if (absl::Status st = CheckPtr(fn, "dweight", dweight, s.tokens * s.top_k); !st.ok()) {
+      return st;
+    }
+    const float* dyf = static_cast<const float*>(dy);
+    const float* of = static_cast<const float*>(out_buf);
+    float* db = static_cast<float*>(dbuf);
+    // Unused slots get zero gradient (their expert outputs were never read).
+    std::fill(db, db + elems, 0.0f);
+    for (int64_t t = 0; t < s.tokens; ++t) {
+      const float* g = dyf + t * s.model;
+      for (int64_t j = 0; j < s.top_k; ++j) {
+        const int64_t i = t * s.top_k + j;
+        if (r.slot[i] < 0) {
+          dweight[i] = 0.0f;
+          continue;
+        }
+        const int64_t off = SlotOffset(s, r.expert[i], r.slot[i]);
+        const float w = r.weight[i];
+        double dot = 0.0;
+        for (int64_t c = 0; c < s.model; ++c) {
+          db[off + c] = w * g[c];
+          dot += static_cast<double>(g[c]) * of[off + c];
+        }
+        dweight[i] = static_cast<float>(dot);
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status OrderBackward(const void* dbuf, const RouteBuffers& r, const BufferShape& s,
+                             void* dx) override {
+    constexpr std::string_view fn = "OrderBackward";
+    if (absl::Status st = CheckBuffer(fn, s, r, false); !st.ok()) return st;
+    if (absl::Status st = CheckPtr(fn, "dbuf", dbuf, s.BufferElements()); !st.ok()) return st;
+    if (absl::Status st = CheckPtr(fn, "dx", dx, s.tokens * s.model); !st.ok()) return st;
+    const float* db = static_cast<const float*>(dbuf);
+    float* dxf = static_cast<float*>(dx);
+    for (int64_t t = 0; t < s.tokens; ++t) {
+      float* d = dxf + t * s.model;
+      std::fill(d, d + s.model, 0.0f);
+      for (int64_t j = 0; j < s.top_k; ++j) {
+        const int64_t i = t * s.top_k + j;
+        if (r.slot[i] < 0) continue;
+        const float* src = db + SlotOffset(s, r.expert[i], r.slot[i]);
+        for (int64_t c = 0; c < s.model; ++c) d[c] += src[c];
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status ExpertForward(const ExpertShape& e, const void* x, const void* w1, const void* w2,
+                             void* z, void* a, void* out) override {
+    constexpr std::string_view fn = "ExpertForward";
+    if (absl::Status s = CheckExpert(fn, e); !s.ok()) return s;
+    const int64_t te = e.TokenElements(), he = e.HiddenElements(), we = e.WeightElements();
+    if (absl::Status s = CheckPtr(fn, "x", x, te); !s.ok()) return s;
+    if (absl::Status s = CheckPtr(fn, "w1", w1, we); !s.ok()) return s;
+    if (absl::Status s = CheckPtr(fn, "w2", w2, we); !s.ok()) return s;
+    if (absl::Status s = CheckPtr(fn, "z", z, he); !s.ok()) return s;
+    if (absl::Status s = CheckPtr(fn, "a", a, he); !s.ok()) return s;
+    if (absl::Status s = CheckPtr(fn, "out", out, te); !s.ok()) return s;
+    const int64_t R = e.rows, M = e.model, H = e.shard;
+    for (int64_t g = 0; g < e.groups; ++g) {
+      for (int64_t l = 0; l < e.local_experts; ++l) {
+        const int64_t block = g * e.local_experts + l;
+        ConstMatMap xm(static_cast<const float*>(x) + block * R * M, R, M);
+        ConstMatMap w1m(static_cast<const float*>(w1) + l * M * H, M, H);
+        ConstMatMap w2m(static_cast<const float*>(w2) + l * H * M, H, M);
+        MatMap zm(static_cast<float*>(z) + block * R * H, R, H);
+        MatMap am(static_cast<float*>(a) + block * R * H, R, H);
+        MatMap om(static_cast<float*>(out) + block * R * M, R, M);
+        zm.noalias() = xm * w1m;
+        am = zm.unaryExpr([](float v) { return Gelu(v); });
+        om.noalias() = am * w2m;
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status ExpertBackwardData(const ExpertShape& e, const void* dout, const void* w1,
+                                  const void* w2, const void* z, void* dz, void* dx) override {
+    constexpr std::string_view fn = "ExpertBackwardData";
+    if (absl::Status s = CheckExpert(fn, e); !s.ok()) return s;
+    const int64_t te = e.TokenElements(), he = e.HiddenElements(), we = e.WeightElements();
+    if (absl::Status s = CheckPtr(fn, "dout", dout, te); !s.ok()) return s;
+    if (absl::Status s = CheckPtr(fn, "w1", w1, we); !s.ok()) return s;
+    if (absl::Status s = CheckPtr(fn, "w2", w2, we); !s.ok()) return s;
+    if (absl::Status s = CheckPtr(fn, "z", z, he); !s.ok()) return s;
+    if (absl::Status s = CheckPtr(fn, "dz", dz, he); !s.ok()) return s;
+    if (absl::Status s = CheckPtr(fn, "dx", dx, te); !s.ok()) return s;
+    const int64_t R = e.rows, M = e.model, H = e.shard;
+    for (int64_t g = 0; g < e.groups; ++g) {
+      for (int64_t l = 0; l < e.local_experts; ++l) {
+        const int64_t block = g * e.local_experts + l;
+        ConstMatMap dom(static_cast<const float*>(dout) + block * R * M, R, M);
+        ConstMatMap w1m(static_cast<const float*>(w1) + l * M * H, M, H);
+        ConstMatMap w2m(static_cast<const float*>(w2) + l * H * M, H, M);
+        ConstMatMap zm(static_cast<const float*>(z) + block * R * H, R, H);
+        MatMap dzm(static_cast<float*>(dz) + block * R * H, R, H);
+        MatMap dxm(static_cast<float*>(dx) + block * R * M, R, M);
+        // da lands in dz itself and is scaled in place, so no scratch is needed
+        // (dz must therefore not overlap z).
+        dzm.noalias() = dom * w2m.transpose();
+        dzm.array() *= zm.unaryExpr([](float v) { return GeluGrad(v); }).array();
+        dxm.noalias() = dzm * w1m.transpose();
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status ExpertBackwardWeights(const ExpertShape& e, const void* x, const void* a,
+                                     const void* dout, const void* dz, float scale, void* dw1,
+                                     void* dw2) override {
+    constexpr std::string_view fn = "ExpertBackwardWeights";
+    if (absl::Status s = CheckExpert(fn, e); !s.ok()) return s;
+    const int64_t te = e.TokenElements(), he = e.HiddenElements(), we = e.WeightElements();
+    if (absl::Status s = CheckPtr(fn, "x", x, te); !s.ok()) return s;
+    if (absl::Status s = CheckPtr(fn, "a", a, he); !s.ok()) return s;
+    if (absl::Status s = CheckPtr(fn, "dout", dout, te); !s.ok()) return s;
+    if (absl::Status s = CheckPtr(fn, "dz", dz, he); !s.ok()) return s;
+    if (absl::Status s = CheckPtr(fn, "dw1", dw1, we); !s.ok()) return s;
+    if (absl::Status s = CheckPtr(fn, "dw2", dw2, we); !s.ok()) return s;
+    const int64_t R = e.rows, M = e.model, H = e.shard;
+    for (int64_t l = 0; l < e.local_experts; ++l) {
+      MatMap dw1m(static_cast<float*>(dw1) + l * M * H, M, H);
+      MatMap dw2m(static_cast<float*>(dw2) + l * H * M, H, M);
+      // Overwrite semantics: start from zero and accumulate the groups with the
+      // scale folded into each GEMM.
+      dw1m.setZero();
+      dw2m.setZero();
+      for (int64_t g = 0; g < e.groups; ++g) {
+        const int64_t block = g * e.local_experts + l;
+        ConstMatMap xm(static_cast<const float*>(x) + block * R * M, R, M);
+        ConstMatMap am(static_cast<const float*>(a) + block * R * H, R, H);
+        ConstMatMap dom(static_cast<const float*>(dout) + block * R * M, R, M);
+        ConstMatMap dzm(static_cast<const float*>(dz) + block * R * H, R, H);
+        dw2m.noalias() += scale * am.transpose() * dom;
+        dw1m.noalias() += scale * xm.transpose() * dzm;
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status ToF32(const void* src, DType t, float* dst, int64_t count) override {
+    constexpr std::string_view fn = "ToF32";
+    if (absl::Status s = CheckDType(fn, t); !s.ok()) return s;
+    if (absl::Status s = CheckNonNegative(fn, "count", count); !s.ok()) return s;
+    if (absl::Status s = CheckPtr(fn, "src", src, count); !s.ok()) return s;
+    if (absl::Status s = CheckPtr(fn, "dst", dst, count); !s.ok()) return s;
+    // memmove: callers may convert in place (src == dst).
+    if (count > 0) std::memmove(dst, src, static_cast<size_t>(count) * sizeof(float));
+    return absl::OkStatus();
+  }
+
+  absl::Status AddF32(void* y, DType t, const float* x, int64_t count) override {
+    constexpr std::string_view fn = "AddF32";
+    if (absl::Status s = CheckDType(fn, t); !s.ok()) return s;
+    if (absl::Status s = CheckNonNegative(fn, "count", count); !s.ok()) return s;
+    if (absl::Status s = CheckPtr(fn, "y", y, count); !s.ok()) return s;
+    if (absl::Status s = CheckPtr(fn, "x", x, count); !s.ok()) return s;
+    float* yf = static_cast<float*>(y);
+    for (int64_t i = 0; i < count; ++i) yf[i] += x[i];
+    return absl::OkStatus();
+  }
+
+ private:
+  // Scratch reused across calls (kernels are used from one thread, like a lane).
+  std::vector<int64_t> fill_;  // Route: slots handed out per expert
+  std::vector<float> grad_;    // RouteBackward: g[e] of one token
+};
+
+}  // namespace
+
+std::unique_ptr<Kernels> MakeCpuKernels() { return std::make_unique<CpuKernels>(); }
+
+}  // namespace moeplan::executor

@@ -1,0 +1,253 @@
+// MpiCommunicator: the collectives on host buffers with Open MPI's non-blocking
+// operations. Errors come back as codes (MPI_ERRORS_RETURN on every
+// communicator) and become Status with the call and its sizes.
+#include <mpi.h>
+
+#include <cstring>
+#include <vector>
+
+#include "../status_macros.h"
+#include "moeplan/executor/backends.h"
+#include "moeplan/planner/strings.h"
+
+namespace moeplan::executor {
+namespace {
+
+absl::Status MpiError(int code, std::string_view call) {
+  char text[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  if (MPI_Error_string(code, text, &len) != MPI_SUCCESS) len = 0;
+  return absl::InternalError(Cat("mpi: ", call, ": ", std::string_view(text, len)));
+}
+
+#define MOEPLAN_MPI(call, what)                               \
+  do {                                                        \
+    if (int _rc = (call); _rc != MPI_SUCCESS) return MpiError(_rc, what); \
+  } while (0)
+
+class MpiCommunicator final : public Communicator {
+ public:
+  MpiCommunicator(MPI_Comm comm, Device* dev) : comm_(comm), dev_(dev) {
+    MPI_Comm_rank(comm_, &rank_);
+    MPI_Comm_size(comm_, &size_);
+  }
+  ~MpiCommunicator() override {
+    for (Slot& s : slots_) {
+      if (s.busy) MPI_Waitall(s.nreq, s.reqs, MPI_STATUSES_IGNORE);
+    }
+    for (StridedType& t : types_) MPI_Type_free(&t.type);
+    MPI_Comm_free(&comm_);
+  }
+
+  std::string_view backend() const override { return "mpi"; }
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  LaneId lane() const override { return kComputeLane; }
+
+  absl::StatusOr<Request> StartAllGather(const void* send, void* recv, size_t count, DType t,
+                                         size_t recv_stride) override {
+    MOEPLAN_ASSIGN_OR_RETURN(MPI_Datatype type, Type(t, false, "AllGather"));
+    MOEPLAN_ASSIGN_OR_RETURN(int count_i, Count(count, "AllGather"));
+    Request r = Begin();
+    Slot& s = slots_[static_cast<size_t>(r.slot)];
+    if (recv_stride == 0 || recv_stride == count) {
+      MOEPLAN_MPI(MPI_Iallgather(send, count_i, type, recv, count_i, type, comm_, &s.reqs[0]),
+                  Cat("MPI_Iallgather(count=", count, ")"));
+    } else {
+      // Each rank's block lands recv_stride elements after the previous one: a
+      // contiguous type resized to that extent (cached: no type per call).
+      MOEPLAN_ASSIGN_OR_RETURN(MPI_Datatype strided, Strided(type, count, recv_stride, t));
+      MOEPLAN_MPI(MPI_Iallgather(send, count_i, type, recv, 1, strided, comm_, &s.reqs[0]),
+                  Cat("MPI_Iallgather(count=", count, ", stride=", recv_stride, ")"));
+    }
+    s.nreq = 1;
+    return r;
+  }
+
+  absl::StatusOr<Request> StartReduceScatter(const void* send, void* recv, size_t recv_count,
+                                             DType t, size_t send_stride) override {
+    MOEPLAN_ASSIGN_OR_RETURN(MPI_Datatype type, Type(t, true, "ReduceScatter"));
+    MOEPLAN_ASSIGN_OR_RETURN(int count_i, Count(recv_count, "ReduceScatter"));
+    Request r = Begin();
+    Slot& s = slots_[static_cast<size_t>(r.slot)];
+    const void* input = send;
+    if (send_stride != 0 && send_stride != recv_count) {
+      // MPI reduces contiguous blocks only: pack the strided blocks (the
+      // staging buffer keeps its capacity across calls).
+      const size_t block = recv_count * SizeOf(t);
+      s.staging.resize(block * static_cast<size_t>(size_));
+      for (int p = 0; p < size_; ++p) {
+        std::memcpy(s.staging.data() + block * static_cast<size_t>(p),
+                    static_cast<const char*>(send) + send_stride * SizeOf(t) * static_cast<size_t>(p),
+                    block);
+      }
+      input = s.staging.data();
+    }
+    MOEPLAN_MPI(MPI_Ireduce_scatter_block(input, recv, count_i, type, MPI_SUM, comm_, &s.reqs[0]),
+                Cat("MPI_Ireduce_scatter_block(count=", recv_count, ")"));
+    s.nreq = 1;
+    return r;
+  }
+
+  absl::StatusOr<Request> StartAllReduce(const void* send, void* recv, size_t count,
+                                         DType t) override {
+    MOEPLAN_ASSIGN_OR_RETURN(MPI_Datatype type, Type(t, true, "AllReduce"));
+    MOEPLAN_ASSIGN_OR_RETURN(int count_i, Count(count, "AllReduce"));
+    Request r = Begin();
+    Slot& s = slots_[static_cast<size_t>(r.slot)];
+    MOEPLAN_MPI(MPI_Iallreduce(send == recv ? MPI_IN_PLACE : send, recv, count_i, type, MPI_SUM,
+                               comm_, &s.reqs[0]),
+                Cat("MPI_Iallreduce(count=", count, ")"));
+    s.nreq = 1;
+    return r;
+  }
+
+  absl::StatusOr<Request> StartAlltoAll(const void* send, void* recv, size_t count_per_peer,
+                                        DType t) override {
+    MOEPLAN_ASSIGN_OR_RETURN(MPI_Datatype type, Type(t, false, "AlltoAll"));
+    MOEPLAN_ASSIGN_OR_RETURN(int count_i, Count(count_per_peer, "AlltoAll"));
+    Request r = Begin();
+    Slot& s = slots_[static_cast<size_t>(r.slot)];
+    MOEPLAN_MPI(MPI_Ialltoall(send, count_i, type, recv, count_i, type, comm_, &s.reqs[0]),
+                Cat("MPI_Ialltoall(count_per_peer=", count_per_peer, ")"));
+    s.nreq = 1;
+    return r;
+  }
+
+  absl::StatusOr<Request> StartSendRecv(const void* send, size_t send_count, int dst, void* recv,
+                                        size_t recv_count, int src, DType t) override {
+    MOEPLAN_ASSIGN_OR_RETURN(MPI_Datatype type, Type(t, false, "SendRecv"));
+    MOEPLAN_ASSIGN_OR_RETURN(int send_i, Count(send_count, "SendRecv"));
+    MOEPLAN_ASSIGN_OR_RETURN(int recv_i, Count(recv_count, "SendRecv"));
+    if (dst >= size_ || src >= size_ || dst < -1 || src < -1) {
+      return absl::InvalidArgumentError(
+          Cat("mpi: SendRecv: peers must be -1 or in [0, ", size_, ") (got dst=", dst, ", src=", src, ")"));
+    }
+    Request r = Begin();
+    Slot& s = slots_[static_cast<size_t>(r.slot)];
+    s.nreq = 0;
+    if (src >= 0) {
+      MOEPLAN_MPI(MPI_Irecv(recv, recv_i, type, src, kTag, comm_, &s.reqs[s.nreq++]),
+                  Cat("MPI_Irecv(count=", recv_count, ", src=", src, ")"));
+    }
+    if (dst >= 0) {
+      MOEPLAN_MPI(MPI_Isend(send, send_i, type, dst, kTag, comm_, &s.reqs[s.nreq++]),
+                  Cat("MPI_Isend(count=", send_count, ", dst=", dst, ")"));
+    }
+    return r;
+  }
+
+  absl::Status Wait(Request* r) override {
+    if (r->slot < 0 || r->slot >= static_cast<int>(slots_.size()) ||
+        !slots_[static_cast<size_t>(r->slot)].busy) {
+      return absl::FailedPreconditionError("mpi: Wait on a request that is not in flight");
+    }
+    Slot& s = slots_[static_cast<size_t>(r->slot)];
+    const int rc = MPI_Waitall(s.nreq, s.reqs, MPI_STATUSES_IGNORE);
+    s.busy = false;
+    s.nreq = 0;
+    r->slot = -1;
+    if (rc != MPI_SUCCESS) return MpiError(rc, "MPI_Waitall");
+    r->end = Stamp{MPI_Wtime() * 1e6, -1};
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<std::unique_ptr<Communicator>> Split(int color, int key) override {
+    MPI_Comm sub = MPI_COMM_NULL;
+    MOEPLAN_MPI(MPI_Comm_split(comm_, color, key, &sub), Cat("MPI_Comm_split(color=", color, ")"));
+    MOEPLAN_MPI(MPI_Comm_set_errhandler(sub, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
+    return std::unique_ptr<Communicator>(new MpiCommunicator(sub, dev_));
+  }
+
+  absl::Status Barrier() override {
+    MOEPLAN_MPI(MPI_Barrier(comm_), "MPI_Barrier");
+    return absl::OkStatus();
+  }
+
+ private:
+  static constexpr int kTag = 7301;
+
+  struct Slot {
+    bool busy = false;
+    int nreq = 0;
+    MPI_Request reqs[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
+    std::vector<char> staging;
+  };
+  struct StridedType {
+    size_t count, stride;
+    DType t;
+    MPI_Datatype type;
+  };
+
+  // A free slot (slots are reused, so a warm communicator allocates nothing).
+  Request Begin() {
+    size_t i = 0;
+    while (i < slots_.size() && slots_[i].busy) ++i;
+    if (i == slots_.size()) slots_.emplace_back();
+    slots_[i].busy = true;
+    Request r;
+    r.slot = static_cast<int>(i);
+    r.begin = Stamp{MPI_Wtime() * 1e6, -1};
+    return r;
+  }
+
+  static absl::StatusOr<MPI_Datatype> Type(DType t, bool reduces, std::string_view op) {
+    if (t == DType::kF32) return MPI_FLOAT;
+    // MPI has no bf16 arithmetic; moving bf16 bits needs none.
+    if (!reduces) return MPI_UINT16_T;
+    return absl::UnimplementedError(
+        Cat("mpi: ", op, ": bf16 reductions are not supported by the mpi backend (use f32)"));
+  }
+
+  static absl::StatusOr<int> Count(size_t n, std::string_view op) {
+    if (n > static_cast<size_t>(INT32_MAX)) {
+      return absl::InvalidArgumentError(
+          Cat("mpi: ", op, ": count ", n, " exceeds MPI's int range (2^31-1 elements)"));
+    }
+    return static_cast<int>(n);
+  }
+
+  absl::StatusOr<MPI_Datatype> Strided(MPI_Datatype base, size_t count, size_t stride, DType t) {
+    for (const StridedType& s : types_) {
+      if (s.count == count && s.stride == stride && s.t == t) return s.type;
+    }
+    MPI_Datatype block = MPI_DATATYPE_NULL, resized = MPI_DATATYPE_NULL;
+    MOEPLAN_MPI(MPI_Type_contiguous(static_cast<int>(count), base, &block), "MPI_Type_contiguous");
+    MOEPLAN_MPI(MPI_Type_create_resized(block, 0,
+                                        static_cast<MPI_Aint>(stride * SizeOf(t)), &resized),
+                "MPI_Type_create_resized");
+    MPI_Type_free(&block);
+    MOEPLAN_MPI(MPI_Type_commit(&resized), "MPI_Type_commit");
+    types_.push_back({count, stride, t, resized});
+    return resized;
+  }
+
+  MPI_Comm comm_;
+  Device* dev_;
+  int rank_ = 0, size_ = 1;
+  std::vector<Slot> slots_;
+  std::vector<StridedType> types_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Communicator>> MakeMpiWorld(Device* device) {
+  int initialized = 0;
+  MPI_Initialized(&initialized);
+  if (!initialized) return absl::FailedPreconditionError("mpi: MPI_Init has not been called");
+  MPI_Comm world = MPI_COMM_NULL;
+  MOEPLAN_MPI(MPI_Comm_dup(MPI_COMM_WORLD, &world), "MPI_Comm_dup(MPI_COMM_WORLD)");
+  MOEPLAN_MPI(MPI_Comm_set_errhandler(world, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
+  return std::unique_ptr<Communicator>(new MpiCommunicator(world, device));
+}
+
+std::string MpiVersion() {
+  char text[MPI_MAX_LIBRARY_VERSION_STRING];
+  int len = 0;
+  MPI_Get_library_version(text, &len);
+  std::string_view v(text, static_cast<size_t>(len));
+  const size_t end = v.find_first_of(",\n");
+  return std::string(v.substr(0, end));
+}
+
+}  // namespace moeplan::executor

@@ -1,0 +1,437 @@
+// moeplan-exec: runs one MoE layer forward and backward under the default, S1
+// and S2 schedules with the bundled executor, under mpirun:
+//   mpirun -np P moeplan-exec --layer FILE.json [--schedule default|s1|s2|auto|all]
+//     [--backend mpi|nccl] [--iters N] [--warmup W] [--check] [--json]
+// prints per-op and total times (median over iterations of the max over ranks)
+// in plan-layer's candidate shape, next to the planner's prediction.
+//
+// Errors: every rank validates its inputs before the first collective and the
+// ranks agree on the outcome (one MPI_Allreduce), so a bad layer or layout makes
+// every rank exit 1 with the message printed once — no rank is left waiting.
+#include <mpi.h>
+
+#include <CLI/CLI.hpp>
+#include <climits>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "exec_report.h"
+#include "moeplan/calibration/profiles.h"
+#include "moeplan/executor/backends.h"
+#include "moeplan/executor/check.h"
+#include "moeplan/executor/runner.h"
+#include "moeplan/planner/planner.h"
+#include "moeplan/planner/strings.h"
+#include "moeplan/planner/validate.h"
+#include "moeplan/proto/convert.h"
+#include "moeplan/proto/json.h"
+
+namespace moeplan::exec {
+namespace {
+
+namespace ex = executor;
+namespace p = planner;
+
+struct Args {
+  std::string layer;
+  std::string schedule = "all";
+  std::string backend = "mpi";
+  std::string dtype = "auto";
+  std::string profile = std::string(calibration::kDefaultProfileName);
+  int iters = 10;
+  int warmup = 2;
+  uint64_t seed = 1;
+  bool check = false;
+  bool json = false;
+};
+
+int Rank() {
+  int r = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &r);
+  return r;
+}
+int Size() {
+  int s = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &s);
+  return s;
+}
+
+// Every rank learns whether any rank failed; the lowest failing rank prints.
+absl::Status Agree(const absl::Status& local) {
+  const int rank = Rank();
+  int bad = local.ok() ? INT_MAX : rank, first = INT_MAX;
+  MPI_Allreduce(&bad, &first, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  if (first == INT_MAX) return absl::OkStatus();
+  if (rank == first) {
+    std::fprintf(stderr, "moeplan-exec: %s%s\n", first == 0 ? "" : Cat("rank ", first, ": ").c_str(),
+                 std::string(View(local.message())).c_str());
+  }
+  return local.ok() ? absl::AbortedError("another rank failed") : local;
+}
+
+// A failure after the ranks agreed to run (inside the schedules' collectives):
+// other ranks may be waiting in a collective, so the job is aborted.
+[[noreturn]] void Abort(const absl::Status& s) {
+  std::fprintf(stderr, "moeplan-exec: rank %d: %s\n", Rank(), std::string(View(s.message())).c_str());
+  std::fflush(stderr);
+  MPI_Abort(MPI_COMM_WORLD, 1);
+  std::abort();
+}
+
+v1::Schedule ToProto(p::Schedule s) { return proto::ScheduleToProto(s); }
+
+struct Setup {
+  p::LayerConfig layer;
+  v1::LayerConfig layer_msg;
+  ex::DType dtype = ex::DType::kF32;
+  std::vector<p::Schedule> schedules;
+  bool auto_schedule = false;
+};
+
+// Everything that can be checked without talking to other ranks.
+absl::Status Prepare(const Args& a, Setup* s) {
+  if (a.iters < 1) return absl::InvalidArgumentError(Cat("--iters: must be >= 1 (got ", a.iters, ")"));
+  if (a.warmup < 0) {
+    return absl::InvalidArgumentError(Cat("--warmup: must be >= 0 (got ", a.warmup, ")"));
+  }
+  if (a.backend != "mpi" && a.backend != "nccl") {
+    return absl::InvalidArgumentError(Cat("--backend: must be mpi or nccl (got ", a.backend, ")"));
+  }
+  if (absl::Status st = proto::ReadJsonFile(a.layer, &s->layer_msg); !st.ok()) return st;
+  absl::StatusOr<p::LayerConfig> layer = proto::LayerFromProto(s->layer_msg);
+  if (!layer.ok()) return absl::Status(layer.status().code(), Cat(a.layer, ": ", View(layer.status().message())));
+  s->layer = *layer;
+  s->layer_msg = proto::LayerToProto(s->layer);  // derived fields (dp, pp, skew) spelled out
+  if (a.dtype == "auto") {
+    // The CPU kernels compute in fp32; on GPUs the layer's element size decides.
+    if (a.backend == "mpi" || s->layer.bytes_per_element == 4) {
+      s->dtype = ex::DType::kF32;
+    } else if (s->layer.bytes_per_element == 2) {
+      s->dtype = ex::DType::kBF16;
+    } else {
+      return absl::InvalidArgumentError(Cat(a.layer, ": bytes_per_element: the executor runs 4 (f32) or 2 (bf16) (got ", s->layer.bytes_per_element, ")"));
+    }
+  } else if (!ex::ParseDType(a.dtype, &s->dtype)) {
+    return absl::InvalidArgumentError(Cat("--dtype: must be auto, f32 or bf16 (got ", a.dtype, ")"));
+  }
+  if (a.backend == "mpi" && s->dtype != ex::DType::kF32) {
+    return absl::InvalidArgumentError("--dtype: the mpi backend computes in f32 only");
+  }
+  // What runs is what is predicted: the element size follows the dtype.
+  s->layer.bytes_per_element = static_cast<int>(ex::SizeOf(s->dtype));
+  s->layer_msg.set_bytes_per_element(s->layer.bytes_per_element);
+
+  const int world = Size();
+  const p::ClusterShape cluster{1, world};
+  auto in_file = [&](const absl::Status& st) {
+    return absl::Status(st.code(), Cat(a.layer, ": ", View(st.message())));
+  };
+  if (absl::Status st = ex::ValidateWorld(s->layer, world); !st.ok()) return in_file(st);
+  if (absl::Status st = p::ValidateLayer(s->layer, cluster); !st.ok()) return in_file(st);
+  auto runnable = [&](p::Schedule sch) -> absl::Status {
+    if (absl::Status st = p::ValidateForSchedule(s->layer, sch); !st.ok()) return st;
+    return ex::ValidateForExecutor(s->layer, sch, world);
+  };
+  if (a.schedule == "all" || a.schedule == "auto" || a.check) {
+    for (p::Schedule sch : p::kAllSchedules) {
+      if (runnable(sch).ok()) s->schedules.push_back(sch);
+    }
+    if (s->schedules.empty()) return in_file(runnable(p::Schedule::kDefault));
+    s->auto_schedule = a.schedule == "auto";
+    if (a.schedule != "all" && a.schedule != "auto") {
+      p::Schedule one;
+      if (!p::ParseSchedule(a.schedule, &one)) {
+        return absl::InvalidArgumentError(Cat("--schedule: must be default, s1, s2, auto or all (got ", a.schedule, ")"));
+      }
+      if (absl::Status st = runnable(one); !st.ok()) return in_file(st);
+    }
+    if (a.check && !runnable(p::Schedule::kDefault).ok()) {
+      return in_file(runnable(p::Schedule::kDefault));
+    }
+  } else {
+    p::Schedule one;
+    if (!p::ParseSchedule(a.schedule, &one)) {
+      return absl::InvalidArgumentError(Cat("--schedule: must be default, s1, s2, auto or all (got ", a.schedule, ")"));
+    }
+    if (absl::Status st = runnable(one); !st.ok()) return in_file(st);
+    s->schedules.push_back(one);
+  }
+  return absl::OkStatus();
+}
+
+int Hosts() {
+  MPI_Comm local;
+  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &local);
+  int local_rank = 0, leaders = 0;
+  MPI_Comm_rank(local, &local_rank);
+  MPI_Comm_free(&local);
+  const int leader = local_rank == 0 ? 1 : 0;
+  MPI_Allreduce(&leader, &leaders, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+  return leaders;
+}
+
+struct Measured {
+  p::Schedule schedule;
+  std::vector<ex::OpTime> ops;
+  std::vector<IterationTimes> iterations;  // rank 0 only
+  ex::LayerResults results;
+};
+
+Measured Measure(const Args& a, const Setup& s, p::Schedule schedule, ex::Backend& b) {
+  ex::RunOptions opt;
+  opt.schedule = schedule;
+  opt.dtype = s.dtype;
+  opt.seed = a.seed;
+  absl::StatusOr<std::unique_ptr<ex::MoeLayerRunner>> runner =
+      ex::MoeLayerRunner::Create(s.layer, opt, b.device.get(), b.kernels.get(), b.world.get());
+  if (absl::Status st = Agree(runner.status()); !st.ok()) {
+    MPI_Finalize();  // every rank agreed to stop here
+    std::exit(1);
+  }
+  Measured m;
+  m.schedule = schedule;
+  for (int i = 0; i < a.warmup; ++i) {
+    if (absl::Status st = (*runner)->RunIteration(); !st.ok()) Abort(st);
+  }
+  std::vector<double> local, global;
+  for (int it = 0; it < a.iters; ++it) {
+    if (absl::Status st = (*runner)->RunIteration(); !st.ok()) Abort(st);
+    const std::vector<ex::OpTime>& ops = (*runner)->timings();
+    const size_t n = ops.size();
+    local.assign(2 * n + 2, 0.0);
+    for (size_t i = 0; i < n; ++i) {
+      local[i] = ops[i].start_us;
+      local[n + i] = ops[i].end_us;
+    }
+    local[2 * n] = (*runner)->forward_us();
+    local[2 * n + 1] = (*runner)->total_us();
+    global.assign(local.size(), 0.0);
+    MPI_Reduce(local.data(), global.data(), static_cast<int>(local.size()), MPI_DOUBLE, MPI_MAX, 0,
+               MPI_COMM_WORLD);
+    if (Rank() == 0) {
+      IterationTimes t;
+      t.start_us.assign(global.begin(), global.begin() + static_cast<std::ptrdiff_t>(n));
+      t.end_us.assign(global.begin() + static_cast<std::ptrdiff_t>(n),
+                      global.begin() + static_cast<std::ptrdiff_t>(2 * n));
+      t.forward_us = global[2 * n];
+      t.total_us = global[2 * n + 1];
+      m.iterations.push_back(std::move(t));
+    }
+    if (it + 1 == a.iters) m.ops = ops;
+  }
+  if (a.check) {
+    absl::StatusOr<ex::LayerResults> r = (*runner)->Results();
+    if (!r.ok()) Abort(r.status());
+    m.results = *std::move(r);
+  }
+  return m;
+}
+
+double MaxAll(double v) {
+  double out = v;
+  MPI_Allreduce(&v, &out, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  return out;
+}
+int64_t SumAll(int64_t v) {
+  int64_t out = v;
+  MPI_Allreduce(&v, &out, 1, MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD);
+  return out;
+}
+bool AllTrue(bool v) {
+  int in = v ? 1 : 0, out = 0;
+  MPI_Allreduce(&in, &out, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  return out == 1;
+}
+
+// Compares every schedule's results with the default's (collective).
+v1::ExecCheck Check(const Setup& s, const std::vector<Measured>& runs, ex::DType dtype) {
+  v1::ExecCheck ck;
+  ck.set_reference(v1::SCHEDULE_DEFAULT);
+  ck.set_tolerance(dtype == ex::DType::kF32 ? 1e-4 : 5e-2);
+  const ex::RankPlace place = ex::PlaceOf(s.layer.parallel, Rank());
+  const Measured* ref = nullptr;
+  std::vector<int64_t> dropped;
+  for (const Measured& m : runs) {
+    // Default and S2 gate the MP group's tokens on every MP rank: count once.
+    const bool counts = m.schedule == p::Schedule::kS1 || place.mp_rank == 0;
+    dropped.push_back(SumAll(counts ? ex::DroppedChoices(m.results) : 0));
+    ck.add_schedules(ToProto(m.schedule));
+    ck.add_dropped(dropped.back());
+    if (m.schedule == p::Schedule::kDefault) ref = &m;
+  }
+  bool passed = true;
+  for (size_t i = 0; i < runs.size(); ++i) {
+    const Measured& m = runs[i];
+    if (ref == nullptr || &m == ref) continue;
+    const bool s1 = m.schedule == p::Schedule::kS1;
+    const bool drops = dropped[i] > 0 || dropped[0] > 0;
+    v1::TensorCheck routing;
+    routing.set_schedule(ToProto(m.schedule));
+    routing.set_tensor("routing");
+    if (s1 && drops) {
+      routing.set_passed(true);
+      routing.set_note(Cat("not compared: s1 applies capacity per rank on S/N tokens, so it drops "
+                           "other tokens (documented behaviour)"));
+      *ck.add_tensors() = routing;
+      for (const char* t : {"y", "dx", "dgate", "dw1", "dw2"}) {
+        v1::TensorCheck tc = routing;
+        tc.set_tensor(t);
+        *ck.add_tensors() = tc;
+      }
+      continue;
+    }
+    // S2 routes and drops exactly like the default; S1 without drops picks
+    // the same experts (its slots differ: capacity per rank).
+    const bool same = AllTrue(ex::SameRouting(ref->results, m.results, s.layer.top_k, !s1));
+    routing.set_passed(same);
+    if (!same) routing.set_note(s1 ? "expert choices differ" : "experts or slots differ");
+    passed = passed && same;
+    *ck.add_tensors() = routing;
+    for (const ex::TensorDiff& d : ex::CompareResults(ref->results, m.results)) {
+      v1::TensorCheck tc;
+      tc.set_schedule(ToProto(m.schedule));
+      tc.set_tensor(d.tensor);
+      tc.set_max_abs_diff(MaxAll(d.max_abs_diff));
+      tc.set_max_abs_ref(MaxAll(d.max_abs_ref));
+      tc.set_passed(tc.max_abs_diff() <= ck.tolerance() * tc.max_abs_ref());
+      passed = passed && tc.passed();
+      *ck.add_tensors() = tc;
+    }
+  }
+  ck.set_passed(passed);
+  return ck;
+}
+
+int Run(const Args& a) {
+  Setup s;
+  if (!Agree(Prepare(a, &s)).ok()) return 1;
+
+  // The planner's prediction for the same layer (every rank: cheap, no I/O
+  // beyond the profile) — also what --schedule auto follows.
+  v1::PlanLayerResponse predicted;
+  absl::Status predict_status = [&]() -> absl::Status {
+    absl::StatusOr<calibration::LoadedProfile> profile = calibration::LoadProfile(a.profile);
+    if (!profile.ok()) return profile.status();
+    absl::StatusOr<p::CostModel> cost = p::CostModel::Create(profile->profile);
+    if (!cost.ok()) return cost.status();
+    p::LayerPlanner planner(*cost);
+    v1::PlanLayerRequest request;
+    request.set_profile_name(profile->message.name());
+    request.set_include_timeline(true);
+    for (p::Schedule sch : s.schedules) request.add_schedules(ToProto(sch));
+    return proto::AnswerPlanLayer(s.layer, request, planner, profile->profile, &predicted);
+  }();
+  if (s.auto_schedule) {
+    if (!Agree(predict_status).ok()) return 1;
+    absl::StatusOr<p::Schedule> best = proto::ScheduleFromProto(predicted.best_schedule());
+    if (!best.ok()) return 1;
+    if (!a.check) s.schedules = {*best};
+  } else if (!predict_status.ok() && Rank() == 0) {
+    std::fprintf(stderr, "moeplan-exec: no prediction with profile %s: %s\n", a.profile.c_str(),
+                 std::string(View(predict_status.message())).c_str());
+  }
+
+  absl::StatusOr<ex::Backend> backend = ex::MakeBackend(a.backend);
+  if (!Agree(backend.status()).ok()) return 1;
+  const int hosts = Hosts();
+
+  std::vector<Measured> runs;
+  for (p::Schedule sch : s.schedules) runs.push_back(Measure(a, s, sch, *backend));
+
+  v1::ExecReport report;
+  if (a.check) *report.mutable_check() = Check(s, runs, s.dtype);
+  if (Rank() != 0) return report.check().passed() || !a.check ? 0 : 1;
+
+  *report.mutable_layer() = s.layer_msg;
+  report.set_backend(a.backend);
+  report.set_dtype(std::string(ex::DTypeName(s.dtype)));
+  report.set_ranks(Size());
+  report.set_hosts(hosts);
+  report.set_iters(a.iters);
+  report.set_warmup(a.warmup);
+  report.set_versions(a.backend == "mpi" ? ex::MpiVersion()
+                                         : Cat(ex::MpiVersion(), "; ", ex::CudaVersions()));
+  for (const Measured& m : runs) {
+    const v1::CandidatePlan* pred = nullptr;
+    for (const v1::CandidatePlan& c : predicted.candidates()) {
+      if (c.schedule() == ToProto(m.schedule)) pred = &c;
+    }
+    v1::CandidatePlan c = MeasuredCandidate(ToProto(m.schedule), m.ops, m.iterations, pred);
+    if (pred != nullptr) {
+      // Same op names as the planner, or the diff is meaningless: say so loudly.
+      for (const std::string& op : MissingOps(c, *pred)) {
+        std::fprintf(stderr, "moeplan-exec: warning: measured op %s has no predicted op\n", op.c_str());
+      }
+      for (const std::string& op : MissingOps(*pred, c)) {
+        std::fprintf(stderr, "moeplan-exec: warning: predicted op %s was not measured\n", op.c_str());
+      }
+    }
+    *report.add_candidates() = std::move(c);
+  }
+  std::string text;
+  if (a.json) {
+    absl::StatusOr<std::string> json = proto::ToJson(report);
+    if (!json.ok()) {
+      std::fprintf(stderr, "moeplan-exec: %s\n", std::string(View(json.status().message())).c_str());
+      return 1;
+    }
+    text = *json + "\n";
+  } else {
+    text = RenderTable(report);
+  }
+  std::fwrite(text.data(), 1, text.size(), stdout);
+  std::fflush(stdout);
+  if (a.check && !report.check().passed()) {
+    std::fprintf(stderr, "moeplan-exec: check failed: a schedule's results differ from the default's\n");
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace moeplan::exec
+
+int main(int argc, char** argv) {
+  MPI_Init(&argc, &argv);
+  moeplan::exec::Args a;
+  CLI::App app{
+      "Runs one MoE layer forward and backward under the default, S1 and S2 schedules "
+      "(launch with mpirun -np P, P = mp*dp ranks) and prints per-op times: median over "
+      "iterations of the max over ranks, next to the planner's op names."};
+  app.add_option("--layer", a.layer, "layer config (JSON, moeplan.v1.LayerConfig)")->required();
+  app.add_option("--schedule", a.schedule, "default, s1, s2, auto (the planner's choice) or all")
+      ->capture_default_str();
+  app.add_option("--backend", a.backend, "mpi (CPU, host buffers) or nccl (GPU)")
+      ->capture_default_str();
+  app.add_option("--dtype", a.dtype,
+                 "auto (mpi: f32; nccl: from bytes_per_element), f32 or bf16; the layer's "
+                 "bytes_per_element is set to match")
+      ->capture_default_str();
+  app.add_option("--iters", a.iters, "timed iterations")->capture_default_str();
+  app.add_option("--warmup", a.warmup, "untimed iterations first")->capture_default_str();
+  app.add_option("--seed", a.seed, "seed of inputs, weights and output gradient")
+      ->capture_default_str();
+  app.add_option("--profile", a.profile, "profile for the prediction and --schedule auto")
+      ->capture_default_str();
+  app.add_flag("--check", a.check,
+               "also run every schedule the layout allows on the same inputs and compare "
+               "outputs, gradients and routing with the default's (exit 1 on mismatch)");
+  app.add_flag("--json", a.json, "print the report as JSON (moeplan.v1.ExecReport)");
+  int rc = 0;
+  try {
+    app.parse(argc, argv);
+    rc = moeplan::exec::Run(a);
+  } catch (const CLI::ParseError& e) {
+    // Every rank parsed the same arguments: all stop here, rank 0 explains.
+    int rank = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    if (rank == 0) {
+      rc = app.exit(e);
+    } else {
+      rc = e.get_exit_code();
+    }
+  }
+  MPI_Finalize();
+  return rc;
+}

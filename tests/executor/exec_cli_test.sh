@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# moeplan-exec as users run it, under mpirun (label "mpi"):
+#   exec_cli_test.sh MOEPLAN_EXEC MOEPLAN_CLI SOURCE_DIR
+# - --check --json on 4 ranks: exit 0, three schedules, check passed, and every
+#   schedule's measured op names equal `moeplan plan-layer`'s, in order;
+# - bad inputs: exit 1 on every rank within the timeout (no rank left waiting),
+#   one error line naming the field.
+set -uo pipefail
+EXEC=$1 CLI=$2 SRC=$3
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
+  OMPI_MCA_rmaps_base_oversubscribe=1 OMPI_MCA_btl_vader_single_copy_mechanism=none
+PY=/usr/bin/python3
+TMP=$(mktemp -d)
+trap 'rm -rf "$TMP"' EXIT
+LAYER=$SRC/tests/executor/layers/tiny-4.json
+fail=0
+bad() { echo "FAIL: $*" >&2; fail=1; }
+
+# 1. A good run.
+if ! timeout 120 mpirun -np 4 "$EXEC" --layer "$LAYER" --check --json --iters 3 --warmup 1 \
+    >"$TMP/exec.json" 2>"$TMP/exec.err"; then
+  bad "moeplan-exec --check failed: $(cat "$TMP/exec.err")"
+fi
+"$CLI" plan-layer --layer "$LAYER" --format json >"$TMP/plan.json" || bad "plan-layer failed"
+$PY - "$TMP/exec.json" "$TMP/plan.json" <<'PYEOF' || fail=1
+import json, sys
+exe = json.load(open(sys.argv[1]))
+plan = json.load(open(sys.argv[2]))
+ok = True
+def check(cond, msg):
+    global ok
+    if not cond:
+        print("FAIL:", msg, file=sys.stderr); ok = False
+check(exe["check"]["passed"], "check did not pass")
+check(len(exe["candidates"]) == 3, "expected three schedules")
+predicted = {c["schedule"]: [o["name"] for o in c["ops"]] for c in plan["candidates"]}
+for c in exe["candidates"]:
+    names = [o["name"] for o in c["ops"]]
+    check(names == predicted[c["schedule"]], f'{c["schedule"]}: op names differ from the planner\'s:\n {names}\n {predicted[c["schedule"]]}')
+    check(c["total_us"] > c["forward_us"] > 0, f'{c["schedule"]}: totals')
+    for o in c["ops"]:
+        check(o["end_us"] >= o["start_us"] >= 0, f'{o["name"]}: times')
+        check(o["resource"] != "", f'{o["name"]}: no metadata from the planner')
+sys.exit(0 if ok else 1)
+PYEOF
+
+# 2. Bad inputs: every rank exits 1, promptly, one message naming the field.
+expect_error() {  # name, np, pattern, args...
+  local name=$1 np=$2 pattern=$3
+  shift 3
+  timeout 60 mpirun -np "$np" "$EXEC" "$@" >"$TMP/out" 2>"$TMP/err"
+  local rc=$?
+  if [ $rc -eq 124 ]; then bad "$name: hung (timeout)"; return; fi
+  if [ $rc -eq 0 ]; then bad "$name: exit 0"; return; fi
+  local n
+  n=$(grep -c '^moeplan-exec: ' "$TMP/err")
+  [ "$n" = 1 ] || bad "$name: expected one error line, got $n: $(cat "$TMP/err")"
+  grep -q -- "$pattern" "$TMP/err" || bad "$name: no '$pattern' in: $(cat "$TMP/err")"
+}
+sed 's/"mp": 2, "ep": 2, "esp": 2/"mp": 2, "ep": 4, "esp": 2/' "$LAYER" >"$TMP/ranks.json"
+expect_error "mp*dp != ranks" 4 "parallel: mp\*dp must equal the number of ranks" --layer "$TMP/ranks.json"
+sed 's/"mp": 2, "ep": 2, "esp": 2/"mp": 2, "ep": 4, "esp": 1/' "$LAYER" >"$TMP/esp.json"
+expect_error "s1 needs esp == mp" 4 "parallel.esp: schedules s1 and s2 need esp == mp" --layer "$TMP/esp.json" --schedule s1
+sed 's/"mp": 2, "ep": 2, "esp": 2/"mp": 1, "ep": 2, "esp": 2/' "$LAYER" >"$TMP/def.json"
+expect_error "default needs esp | mp" 4 "parallel.esp: the default schedule needs esp to divide mp" --layer "$TMP/def.json"
+sed 's/"top_k": 2/"top_k": 2, "bogus": 1/' "$LAYER" >"$TMP/unknown.json"
+expect_error "unknown field" 4 "bogus" --layer "$TMP/unknown.json"
+expect_error "missing file" 4 "no-such-file.json" --layer "$TMP/no-such-file.json"
+expect_error "bad schedule" 4 "--schedule: must be" --layer "$LAYER" --schedule s3
+expect_error "bad iters" 4 "--iters: must be >= 1" --layer "$LAYER" --iters 0
+expect_error "bf16 on mpi" 4 "--dtype: the mpi backend computes in f32" --layer "$LAYER" --dtype bf16
+expect_error "nccl without GPU" 4 "nccl" --layer "$LAYER" --backend nccl
+
+exit $fail

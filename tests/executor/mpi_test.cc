@@ -1,0 +1,396 @@
+// Multi-rank tests of the executor on the CPU + MPI backend, run by ctest under
+// `mpirun -np 4` and `-np 8` (label "mpi"). Every rank runs every test; checks
+// that involve other ranks reduce over MPI so all ranks agree, and every
+// collective is reached by all ranks whatever a check found (no early ASSERT
+// around collectives), so a failure cannot hang the job.
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "../planner/test_profile.h"
+#include "moeplan/executor/backends.h"
+#include "moeplan/executor/check.h"
+#include "moeplan/executor/runner.h"
+#include "moeplan/executor/saa.h"
+#include "moeplan/planner/planner.h"
+
+namespace moeplan::executor {
+namespace {
+
+using planner::LayerConfig;
+using planner::Schedule;
+
+Backend* g_backend = nullptr;
+
+int WorldSize() { return g_backend->world->size(); }
+int WorldRank() { return g_backend->world->rank(); }
+
+double MaxAll(double v) {
+  double out = v;
+  MPI_Allreduce(&v, &out, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  return out;
+}
+int64_t SumAll(int64_t v) {
+  int64_t out = v;
+  MPI_Allreduce(&v, &out, 1, MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD);
+  return out;
+}
+bool AllTrue(bool v) {
+  int in = v ? 1 : 0, out = 0;
+  MPI_Allreduce(&in, &out, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  return out == 1;
+}
+
+// S = 32 tokens per MP group, E = 8 experts, top-2. capacity_factor 4 = E/k
+// gives T = S: no token can be dropped.
+LayerConfig Tiny(int mp, int ep, int esp, double capacity_factor = 4.0) {
+  LayerConfig l;
+  l.name = "tiny";
+  l.batch_size = 2;
+  l.seq_len = 16;
+  l.model_dim = 32;
+  l.hidden_dim = 64;
+  l.num_experts = 8;
+  l.top_k = 2;
+  l.capacity_factor = capacity_factor;
+  l.bytes_per_element = 4;
+  l.parallel.mp = mp;
+  l.parallel.ep = ep;
+  l.parallel.esp = esp;
+  l.parallel.dp = ep * esp / mp;
+  return l;
+}
+
+struct Layout {
+  int mp, ep, esp;
+};
+// Layouts with esp == mp (all three schedules) for the world size.
+std::vector<Layout> SharedLayouts() {
+  const int p = WorldSize();
+  std::vector<Layout> out;
+  for (int n = 1; n <= p; n *= 2) {
+    if (p % n == 0 && 64 % n == 0) out.push_back({n, p / n, n});
+  }
+  return out;
+}
+
+std::unique_ptr<MoeLayerRunner> MakeRunner(const LayerConfig& l, Schedule s, uint64_t seed = 1) {
+  RunOptions opt;
+  opt.schedule = s;
+  opt.seed = seed;
+  absl::StatusOr<std::unique_ptr<MoeLayerRunner>> r = MoeLayerRunner::Create(
+      l, opt, g_backend->device.get(), g_backend->kernels.get(), g_backend->world.get());
+  EXPECT_TRUE(r.ok()) << r.status();
+  return r.ok() ? *std::move(r) : nullptr;
+}
+
+LayerResults RunLayer(const LayerConfig& l, Schedule s, int iterations = 2) {
+  std::unique_ptr<MoeLayerRunner> r = MakeRunner(l, s);
+  if (r == nullptr) std::abort();  // Create failed on this rank: the others are stuck anyway
+  for (int i = 0; i < iterations; ++i) {
+    absl::Status st = r->RunIteration();
+    if (!st.ok()) {
+      ADD_FAILURE() << st;
+      std::abort();
+    }
+  }
+  absl::StatusOr<LayerResults> res = r->Results();
+  EXPECT_TRUE(res.ok()) << res.status();
+  return res.ok() ? *std::move(res) : LayerResults{};
+}
+
+// fp32 tolerance, relative to the tensor's largest magnitude: the schedules sum
+// the same terms in different orders (ESP partial sums, gate GEMMs over S or
+// S/N rows, weight gradients over differently grouped rows).
+constexpr double kTol = 1e-4;
+
+void ExpectSameValues(const LayerResults& ref, const LayerResults& got, const char* what) {
+  for (const TensorDiff& d : CompareResults(ref, got)) {
+    const double diff = MaxAll(d.max_abs_diff), scale = MaxAll(d.max_abs_ref);
+    EXPECT_GT(scale, 0.0) << what << " " << d.tensor << " is all zero: the test proves nothing";
+    EXPECT_LE(diff, kTol * scale) << what << ": " << d.tensor << " max |diff| " << diff
+                                  << " vs max |ref| " << scale;
+  }
+}
+
+// Every rank's expert-weight-gradient shard placed in the global [E][M][H] and
+// [E][H][M] tensors, summed over ranks (each element comes from one rank).
+std::vector<double> GlobalExpertGrads(const LayerConfig& l, const LayerResults& r) {
+  const RankPlace pl = PlaceOf(l.parallel, WorldRank());
+  const int64_t m = l.model_dim, h = l.hidden_dim, el = l.num_experts / l.parallel.ep,
+                hs = l.hidden_dim / l.parallel.esp;
+  const int64_t e0 = int64_t{pl.ep_rank} * el, h0 = int64_t{pl.esp_rank} * hs;
+  std::vector<double> g(static_cast<size_t>(2 * l.num_experts * m * h), 0.0);
+  const size_t w2_base = static_cast<size_t>(l.num_experts * m * h);
+  for (int64_t e = 0; e < el; ++e) {
+    for (int64_t i = 0; i < m; ++i) {
+      for (int64_t j = 0; j < hs; ++j) {
+        g[static_cast<size_t>(((e0 + e) * m + i) * h + h0 + j)] =
+            r.dw1[static_cast<size_t>((e * m + i) * hs + j)];
+        g[w2_base + static_cast<size_t>(((e0 + e) * h + h0 + j) * m + i)] =
+            r.dw2[static_cast<size_t>((e * hs + j) * m + i)];
+      }
+    }
+  }
+  std::vector<double> sum(g.size());
+  MPI_Allreduce(g.data(), sum.data(), static_cast<int>(g.size()), MPI_DOUBLE, MPI_SUM,
+                MPI_COMM_WORLD);
+  return sum;
+}
+
+// The dropping rule, computed on the host from the routing's expert choices:
+// slots are handed out choice by choice (all first choices in token order,
+// then all second choices), an expert keeps its first `capacity`.
+std::vector<int32_t> ReferenceSlots(const LayerResults& r, int64_t top_k, int64_t experts,
+                                    int64_t capacity) {
+  const int64_t tokens = static_cast<int64_t>(r.expert.size()) / top_k;
+  std::vector<int32_t> slots(r.expert.size(), -1);
+  std::vector<int64_t> used(static_cast<size_t>(experts), 0);
+  for (int64_t j = 0; j < top_k; ++j) {
+    for (int64_t s = 0; s < tokens; ++s) {
+      const size_t i = static_cast<size_t>(s * top_k + j);
+      int64_t& u = used[static_cast<size_t>(r.expert[i])];
+      if (u < capacity) slots[i] = static_cast<int32_t>(u++);
+    }
+  }
+  return slots;
+}
+
+TEST(MpiExecutor, SchedulesComputeTheSameWithoutDrops) {
+  for (const Layout& lay : SharedLayouts()) {
+    SCOPED_TRACE(testing::Message() << "mp=" << lay.mp << " ep=" << lay.ep << " esp=" << lay.esp);
+    const LayerConfig l = Tiny(lay.mp, lay.ep, lay.esp);
+    const LayerResults ref = RunLayer(l, Schedule::kDefault);
+    EXPECT_EQ(SumAll(DroppedChoices(ref)), 0);
+    for (Schedule s : {Schedule::kS1, Schedule::kS2}) {
+      SCOPED_TRACE(std::string(planner::ScheduleName(s)));
+      const LayerResults got = RunLayer(l, s);
+      EXPECT_EQ(SumAll(DroppedChoices(got)), 0);
+      ExpectSameValues(ref, got, "no drops");
+      // S2 routes exactly as the default; S1 picks the same experts for its
+      // S/N tokens (its slots count per rank).
+      EXPECT_TRUE(AllTrue(SameRouting(ref, got, l.top_k, s == Schedule::kS2)));
+    }
+  }
+}
+
+TEST(MpiExecutor, S2RoutesAndDropsExactlyLikeTheDefault) {
+  for (const Layout& lay : SharedLayouts()) {
+    if (lay.mp == 1) continue;  // S2 == default trivially
+    SCOPED_TRACE(testing::Message() << "mp=" << lay.mp << " ep=" << lay.ep);
+    // capacity_factor 0.5: T = ceil(2 * 0.5 * 32 / 8) = 4 slots for ~8 choices per expert.
+    const LayerConfig l = Tiny(lay.mp, lay.ep, lay.esp, 0.5);
+    const LayerResults ref = RunLayer(l, Schedule::kDefault);
+    const LayerResults s2 = RunLayer(l, Schedule::kS2);
+    EXPECT_GT(SumAll(DroppedChoices(ref)), 0) << "the test needs dropped tokens";
+    EXPECT_TRUE(AllTrue(SameRouting(ref, s2, l.top_k, /*slots=*/true)));
+    ExpectSameValues(ref, s2, "drops");
+  }
+}
+
+TEST(MpiExecutor, CapacityIsAppliedChoiceMajorOnTheGatingRank) {
+  for (const Layout& lay : SharedLayouts()) {
+    if (lay.mp == 1) continue;
+    SCOPED_TRACE(testing::Message() << "mp=" << lay.mp);
+    const LayerConfig l = Tiny(lay.mp, lay.ep, lay.esp, 0.5);
+    const int64_t s = l.batch_size * l.seq_len;
+    const int64_t t = planner::Capacity(l.top_k, l.capacity_factor, s, l.num_experts);
+    const int64_t t1 = planner::Capacity(l.top_k, l.capacity_factor, s / lay.mp, l.num_experts);
+    const LayerResults def = RunLayer(l, Schedule::kDefault);
+    const LayerResults s1 = RunLayer(l, Schedule::kS1);
+    // The default keeps the first T choices per expert over the MP group's S
+    // tokens; S1 (documented behaviour) keeps the first T1 = ceil(k f S/N / E)
+    // over each rank's S/N tokens, so it keeps up to N*T1 >= T per expert and
+    // drops other tokens.
+    EXPECT_EQ(def.slot, ReferenceSlots(def, l.top_k, l.num_experts, t));
+    EXPECT_EQ(s1.slot, ReferenceSlots(s1, l.top_k, l.num_experts, t1));
+    EXPECT_EQ(static_cast<int64_t>(s1.expert.size()), s / lay.mp * l.top_k);
+    EXPECT_EQ(s1.route_offset, PlaceOf(l.parallel, WorldRank()).mp_rank * (s / lay.mp));
+    // Top-k does not depend on capacity: the same experts are chosen.
+    EXPECT_TRUE(AllTrue(SameRouting(def, s1, l.top_k, /*slots=*/false)));
+    EXPECT_GE(int64_t{lay.mp} * t1, t);
+  }
+}
+
+TEST(MpiExecutor, DefaultWithTokensDuplicatedOverMpGivesTheSameGradients) {
+  // mp=2, esp=1: both MP ranks send the same tokens to every expert (the
+  // planner's N_MP-fold redundancy); the runner scales the copies' weight
+  // gradients by esp/mp. Against mp=2, esp=2 (no copies) on the same tensors.
+  const int p = WorldSize();
+  const LayerConfig dup = Tiny(2, p, 1);
+  const LayerConfig shard = Tiny(2, p / 2, 2);
+  const LayerResults a = RunLayer(dup, Schedule::kDefault);
+  const LayerResults b = RunLayer(shard, Schedule::kDefault);
+  // Same MP groups: the outputs, input and gate gradients compare per rank.
+  for (const TensorDiff& d : CompareResults(a, b)) {
+    if (d.tensor == "dw1" || d.tensor == "dw2") continue;  // shards differ in shape
+    EXPECT_LE(MaxAll(d.max_abs_diff), kTol * MaxAll(d.max_abs_ref)) << d.tensor;
+  }
+  const std::vector<double> ga = GlobalExpertGrads(dup, a), gb = GlobalExpertGrads(shard, b);
+  double diff = 0.0, scale = 0.0;
+  for (size_t i = 0; i < ga.size(); ++i) {
+    diff = std::max(diff, std::fabs(ga[i] - gb[i]));
+    scale = std::max(scale, std::fabs(gb[i]));
+  }
+  EXPECT_GT(scale, 0.0);
+  EXPECT_LE(diff, kTol * scale);
+}
+
+TEST(MpiExecutor, IterationsAreIndependent) {
+  const LayerConfig l = Tiny(2, WorldSize() / 2, 2, 0.5);
+  for (Schedule s : planner::kAllSchedules) {
+    const LayerResults once = RunLayer(l, s, 1);
+    const LayerResults thrice = RunLayer(l, s, 3);
+    EXPECT_EQ(once.y, thrice.y) << planner::ScheduleName(s);
+    EXPECT_EQ(once.dx, thrice.dx) << planner::ScheduleName(s);
+    EXPECT_EQ(once.dw1, thrice.dw1) << planner::ScheduleName(s);
+    EXPECT_EQ(once.dgate, thrice.dgate) << planner::ScheduleName(s);
+  }
+}
+
+TEST(MpiExecutor, OpsAreTimedUnderThePlannersNames) {
+  for (const Layout& lay : SharedLayouts()) {
+    const LayerConfig l = Tiny(lay.mp, lay.ep, lay.esp);
+    for (Schedule s : planner::kAllSchedules) {
+      SCOPED_TRACE(testing::Message() << planner::ScheduleName(s) << " mp=" << lay.mp);
+      std::unique_ptr<MoeLayerRunner> r = MakeRunner(l, s);
+      if (r == nullptr) std::abort();
+      ASSERT_TRUE(r->RunIteration().ok());
+      const Schedule one[] = {s};
+      absl::StatusOr<planner::LayerPlan> plan =
+          planner::PlanLayer(l, planner::testing::RoundNumberModel(), one);
+      ASSERT_TRUE(plan.ok()) << plan.status();
+      const planner::OpGraph& g = plan->candidates[0].graph();
+      std::vector<std::string> planned, measured;
+      for (int i = 0; i < g.size(); ++i) planned.push_back(g.op(i).Name());
+      double last_start = 0.0;
+      for (const OpTime& t : r->timings()) {
+        measured.push_back(t.name);
+        EXPECT_LE(t.start_us, t.end_us) << t.name;
+        EXPECT_GE(t.start_us, 0.0) << t.name;
+        EXPECT_LE(t.end_us, r->total_us() + 1e-9) << t.name;
+        if (t.kind == planner::OpKind::kCompute) {
+          EXPECT_GE(t.start_us, last_start) << t.name;  // compute ops run in issue order
+          last_start = t.start_us;
+        }
+      }
+      EXPECT_EQ(measured, planned);
+      EXPECT_GT(r->forward_us(), 0.0);
+      EXPECT_GT(r->total_us(), r->forward_us());
+    }
+  }
+}
+
+TEST(MpiExecutor, SaaEqualsAlltoAllThenAllGatherElementForElement) {
+  const int p = WorldSize();
+  for (int n : {2, 4}) {
+    if (p % n != 0 || p / n < 2) continue;
+    SCOPED_TRACE(testing::Message() << "group " << n << " x a2a " << p / n);
+    const RankPlace pl = PlaceOf(Tiny(n, p / n, n).parallel, WorldRank());
+    Communicator* world = g_backend->world.get();
+    auto group = world->Split(pl.esp_group, pl.esp_rank);
+    auto a2a = world->Split(pl.ep_group, pl.ep_rank);
+    ASSERT_TRUE(group.ok() && a2a.ok());
+    const int w = p / n;
+    const int64_t chunk = 5;  // odd on purpose
+    // Integer-valued floats: sums are exact in any order, so the dual compares exactly too.
+    std::vector<float> send(static_cast<size_t>(w * chunk));
+    for (size_t i = 0; i < send.size(); ++i) send[i] = static_cast<float>(WorldRank() * 1000 + i);
+    std::vector<float> recv(send.size()), ref(static_cast<size_t>(n * w * chunk)),
+        saa_recv(send.size()), out(ref.size(), -1.0f);
+    // Reference: AlltoAll, then AllGather of the whole receive buffer.
+    ASSERT_TRUE((*a2a)->AlltoAll(send.data(), recv.data(), chunk, DType::kF32).ok());
+    ASSERT_TRUE((*group)->AllGather(recv.data(), ref.data(), w * chunk, DType::kF32).ok());
+    SaaArgs args;
+    args.device = g_backend->device.get();
+    args.a2a = a2a->get();
+    args.group = group->get();
+    args.chunk = chunk;
+    args.stride = w * chunk;
+    args.a2a_name = "saa.alltoall";
+    args.group_name = "saa.allgather";
+    ASSERT_TRUE(SaaGather(args, send.data(), saa_recv.data(), out.data()).ok());
+    EXPECT_TRUE(AllTrue(out == ref));
+
+    // The dual: ReduceScatter of every chunk then AlltoAll.
+    std::vector<float> in(ref.size());
+    for (size_t i = 0; i < in.size(); ++i) in[i] = static_cast<float>((WorldRank() + 1) * 7 + i);
+    std::vector<float> reduced(send.size()), dual_ref(send.size()), staging(send.size()),
+        dual(send.size(), -1.0f);
+    ASSERT_TRUE((*group)->ReduceScatter(in.data(), reduced.data(), w * chunk, DType::kF32).ok());
+    ASSERT_TRUE((*a2a)->AlltoAll(reduced.data(), dual_ref.data(), chunk, DType::kF32).ok());
+    args.group_name = "saa.reducescatter";
+    ASSERT_TRUE(SaaScatter(args, in.data(), staging.data(), dual.data()).ok());
+    EXPECT_TRUE(AllTrue(dual == dual_ref));
+  }
+}
+
+TEST(MpiExecutor, InvalidLayoutsAreRejectedOnEveryRankBeforeAnyCollective) {
+  // Each Create below fails validation on every rank before its first
+  // collective (the group splits); if one rank went on, the next test's
+  // collectives would hang, and ctest's timeout would report it.
+  const int p = WorldSize();
+  struct Case {
+    LayerConfig layer;
+    Schedule schedule;
+    const char* field;
+  };
+  LayerConfig too_many = Tiny(2, p, 2);  // mp*dp = 2p ranks
+  LayerConfig s1_esp = Tiny(2, p, 1);    // esp != mp
+  LayerConfig def_esp = Tiny(1, p / 2, 2);  // esp does not divide mp
+  LayerConfig pp = Tiny(2, p / 2, 2);
+  pp.parallel.pp = 2;
+  LayerConfig experts = Tiny(2, p / 2, 2);
+  experts.num_experts = 3;  // ep does not divide E
+  const Case cases[] = {
+      {too_many, Schedule::kDefault, "parallel"},
+      {s1_esp, Schedule::kS1, "parallel.esp"},
+      {s1_esp, Schedule::kS2, "parallel.esp"},
+      {def_esp, Schedule::kDefault, "parallel.esp"},
+      {pp, Schedule::kDefault, "parallel.pp"},
+      {experts, Schedule::kDefault, "parallel.ep"},
+  };
+  for (const Case& c : cases) {
+    RunOptions opt;
+    opt.schedule = c.schedule;
+    absl::StatusOr<std::unique_ptr<MoeLayerRunner>> r = MoeLayerRunner::Create(
+        c.layer, opt, g_backend->device.get(), g_backend->kernels.get(), g_backend->world.get());
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << c.field;
+    EXPECT_EQ(std::string(r.status().message()).rfind(std::string(c.field) + ":", 0), 0u)
+        << r.status();
+  }
+  EXPECT_TRUE(AllTrue(true));  // every rank got here
+}
+
+}  // namespace
+}  // namespace moeplan::executor
+
+int main(int argc, char** argv) {
+  MPI_Init(&argc, &argv);
+  testing::InitGoogleTest(&argc, argv);
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  if (rank != 0) {
+    // One report: rank 0's. Failures elsewhere still fail the job (exit code).
+    testing::TestEventListeners& l = testing::UnitTest::GetInstance()->listeners();
+    delete l.Release(l.default_result_printer());
+  }
+  absl::StatusOr<moeplan::executor::Backend> b = moeplan::executor::MakeBackend("mpi");
+  if (!b.ok()) {
+    std::fprintf(stderr, "mpi backend: %s\n", std::string(b.status().message()).c_str());
+    MPI_Abort(MPI_COMM_WORLD, 2);
+  }
+  moeplan::executor::g_backend = &*b;
+  const int local = RUN_ALL_TESTS();
+  int worst = local;
+  MPI_Allreduce(&local, &worst, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  if (worst != 0 && local == 0) {
+    std::fprintf(stderr, "rank %d: passed here, but a test failed on another rank\n", rank);
+  }
+  b->world.reset();
+  MPI_Finalize();
+  return worst;
+}
