@@ -93,8 +93,11 @@ void Bench(benchmark::State& state, Mode mode) {
 }
 
 void Sizes(benchmark::internal::Benchmark* b) {
-  b->RangeMultiplier(8)->Range(16 << 10, 16 << 20)->UseManualTime()->Iterations(20)->Unit(
-      benchmark::kMicrosecond);
+  b->RangeMultiplier(8)
+      ->Range(16 << 10, 16 << 20)
+      ->UseManualTime()
+      ->Iterations(20)
+      ->Unit(benchmark::kMicrosecond);
 }
 
 BENCHMARK_CAPTURE(Bench, alltoall, kAlltoAll)->Apply(Sizes);

@@ -1,7 +1,8 @@
 // MakeBackend: a device, kernels and world communicator of one backend.
+#include "moeplan/executor/backends.h"
+
 #include <mpi.h>
 
-#include "moeplan/executor/backends.h"
 #include "moeplan/planner/strings.h"
 #include "status_macros.h"
 
@@ -22,7 +23,8 @@ absl::StatusOr<Backend> MakeBackend(std::string_view backend) {
           "toolkit and NCCL)");
     }
     const int gpus = CudaDeviceCount();
-    if (gpus == 0) return absl::FailedPreconditionError("backend: nccl needs a GPU; none is usable");
+    if (gpus == 0)
+      return absl::FailedPreconditionError("backend: nccl needs a GPU; none is usable");
     // One GPU per rank: the rank's index among the ranks of its host.
     MPI_Comm local = MPI_COMM_NULL;
     int local_rank = 0;

@@ -23,9 +23,8 @@ TensorDiff Diff(std::string name, const std::vector<float>& ref, const std::vect
 }  // namespace
 
 std::vector<TensorDiff> CompareResults(const LayerResults& ref, const LayerResults& got) {
-  return {Diff("y", ref.y, got.y), Diff("dx", ref.dx, got.dx),
-          Diff("dgate", ref.dgate, got.dgate), Diff("dw1", ref.dw1, got.dw1),
-          Diff("dw2", ref.dw2, got.dw2)};
+  return {Diff("y", ref.y, got.y), Diff("dx", ref.dx, got.dx), Diff("dgate", ref.dgate, got.dgate),
+          Diff("dw1", ref.dw1, got.dw1), Diff("dw2", ref.dw2, got.dw2)};
 }
 
 int64_t DroppedChoices(const LayerResults& r) {

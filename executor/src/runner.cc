@@ -39,7 +39,13 @@ namespace {
 constexpr Phase F = Phase::kForward;
 constexpr Phase B = Phase::kBackward;
 
-enum Tensor : uint32_t { kTensorX = 1, kTensorGate = 2, kTensorW1 = 3, kTensorW2 = 4, kTensorDy = 5 };
+enum Tensor : uint32_t {
+  kTensorX = 1,
+  kTensorGate = 2,
+  kTensorW1 = 3,
+  kTensorW2 = 4,
+  kTensorDy = 5
+};
 
 uint16_t ToBf16(float f) {
   uint32_t u;
@@ -258,9 +264,9 @@ class MoeLayerRunner::Impl final : public OpRecorder {
   int64_t S_ = 0, M_ = 0, H_ = 0, E_ = 0, K_ = 0;
   int N_ = 1, W_ = 1;
   int64_t El_ = 1, Hs_ = 1;
-  int64_t gated_ = 0;          // tokens this rank gates
-  int64_t route_cap_ = 0;      // capacity the routing applies
-  int64_t part_rows_ = 0;      // T / parts: rows per expert in one part
+  int64_t gated_ = 0;      // tokens this rank gates
+  int64_t route_cap_ = 0;  // capacity the routing applies
+  int64_t part_rows_ = 0;  // T / parts: rows per expert in one part
   float dw_scale_ = 1.0f;
   BufferShape bshape_;
   ExpertShape xshape_;
@@ -290,8 +296,8 @@ absl::Status MoeLayerRunner::Impl::Init() {
   MOEPLAN_RETURN_IF_ERROR(planner::ValidateForSchedule(layer_, opt_.schedule));
   MOEPLAN_RETURN_IF_ERROR(ValidateForExecutor(layer_, opt_.schedule, world));
   if (!k_->Supports(opt_.dtype)) {
-    return absl::InvalidArgumentError(Cat("dtype: the ", k_->name(), " kernels do not support ",
-                                          DTypeName(opt_.dtype)));
+    return absl::InvalidArgumentError(
+        Cat("dtype: the ", k_->name(), " kernels do not support ", DTypeName(opt_.dtype)));
   }
   const planner::ParallelLayout& p = layer_.parallel;
   dt_ = opt_.dtype;
@@ -353,8 +359,8 @@ absl::Status MoeLayerRunner::Impl::Init() {
   xshape_.rows = part_rows_;
 
   const int64_t tok = S_ * M_;
-  const int64_t buf = bshape_.BufferElements();     // E * T * M
-  const int64_t part = E_ * part_rows_ * M_;        // what one rank dispatches
+  const int64_t buf = bshape_.BufferElements();  // E * T * M
+  const int64_t part = E_ * part_rows_ * M_;     // what one rank dispatches
   MOEPLAN_RETURN_IF_ERROR(Alloc(&x_, tok, es_));
   MOEPLAN_RETURN_IF_ERROR(Alloc(&dy_, tok, es_));
   MOEPLAN_RETURN_IF_ERROR(Alloc(&y_, tok, es_));
@@ -470,12 +476,12 @@ absl::Status MoeLayerRunner::Impl::GateForward(const void* x) {
 absl::Status MoeLayerRunner::Impl::GateBackward(void* dx) {
   MOEPLAN_RETURN_IF_ERROR(
       k_->RouteBackward(route_, dweight_.as<float>(), gated_, E_, K_, dlogits_.as<float>()));
-  const void* x32 = dt_ == DType::kF32 ? static_cast<const void*>(opt_.schedule == Schedule::kS1
-                                                                      ? xs_.data()
-                                                                      : x_.data())
-                                       : x32_.data();
-  MOEPLAN_RETURN_IF_ERROR(k_->Gemm(true, false, M_, E_, gated_, 1.0f, x32, M_, dlogits_.data(),
-                                   E_, 0.0f, dwg_.data(), E_, DType::kF32));
+  const void* x32 =
+      dt_ == DType::kF32
+          ? static_cast<const void*>(opt_.schedule == Schedule::kS1 ? xs_.data() : x_.data())
+          : x32_.data();
+  MOEPLAN_RETURN_IF_ERROR(k_->Gemm(true, false, M_, E_, gated_, 1.0f, x32, M_, dlogits_.data(), E_,
+                                   0.0f, dwg_.data(), E_, DType::kF32));
   if (dt_ == DType::kF32) {
     return k_->Gemm(false, true, gated_, M_, E_, 1.0f, dlogits_.data(), E_, wg_.data(), E_, 1.0f,
                     dx, M_, DType::kF32);
@@ -525,8 +531,9 @@ absl::Status MoeLayerRunner::Impl::BackwardDefault() {
                                            xshape_.TokenElements(), dt_));
   MOEPLAN_RETURN_IF_ERROR(
       AlltoAll("bwd.ep_alltoall_dispatch", B, dein_.data(), ddisp_.data(), per_peer));
-  MOEPLAN_RETURN_IF_ERROR(Compute(
-      "bwd.order", B, [&] { return k_->OrderBackward(ddisp_.data(), route_, bshape_, dx_.data()); }));
+  MOEPLAN_RETURN_IF_ERROR(Compute("bwd.order", B, [&] {
+    return k_->OrderBackward(ddisp_.data(), route_, bshape_, dx_.data());
+  }));
   return Compute("bwd.gate", B, [&] { return GateBackward(dx_.data()); });
 }
 
@@ -535,9 +542,8 @@ absl::Status MoeLayerRunner::Impl::ForwardS1() {
   const int64_t per_peer = El_ * part_rows_ * M_;
   const int64_t part = E_ * part_rows_ * M_;
   const int64_t slice = gated_ * M_;
-  MOEPLAN_RETURN_IF_ERROR(Compute("fwd.mp_split", F, [&] {
-    return Copy(xs_.data(), At(x_, place_.mp_rank * slice), slice);
-  }));
+  MOEPLAN_RETURN_IF_ERROR(Compute(
+      "fwd.mp_split", F, [&] { return Copy(xs_.data(), At(x_, place_.mp_rank * slice), slice); }));
   MOEPLAN_RETURN_IF_ERROR(Compute("fwd.gate", F, [&] { return GateForward(xs_.data()); }));
   MOEPLAN_RETURN_IF_ERROR(Compute(
       "fwd.order", F, [&] { return k_->Order(xs_.data(), route_, bshape_, disp_.data()); }));
@@ -590,14 +596,14 @@ absl::Status MoeLayerRunner::Impl::BackwardS1() {
   }));
   MOEPLAN_RETURN_IF_ERROR(Compute("bwd.gate", B, [&] { return GateBackward(dxs_.data()); }));
   // The gate saw only this rank's S/N tokens: sum its gradient over the MP group.
-  MOEPLAN_RETURN_IF_ERROR(AllReduceInPlace("bwd.mp_allreduce_gate", B, mp_.get(), dwg_.data(),
-                                           M_ * E_, DType::kF32));
+  MOEPLAN_RETURN_IF_ERROR(
+      AllReduceInPlace("bwd.mp_allreduce_gate", B, mp_.get(), dwg_.data(), M_ * E_, DType::kF32));
   return AllGather("bwd.mp_allgather", B, mp_.get(), dxs_.data(), dx_.data(), slice);
 }
 
 // ---- S2 ----
 absl::Status MoeLayerRunner::Impl::ForwardS2() {
-  const int64_t part = E_ * part_rows_ * M_;    // the MP rank's part
+  const int64_t part = E_ * part_rows_ * M_;  // the MP rank's part
   MOEPLAN_RETURN_IF_ERROR(Compute("fwd.gate", F, [&] { return GateForward(x_.data()); }));
   MOEPLAN_RETURN_IF_ERROR(
       Compute("fwd.order", F, [&] { return k_->Order(x_.data(), route_, bshape_, disp_.data()); }));
@@ -644,13 +650,14 @@ absl::Status MoeLayerRunner::Impl::BackwardS2() {
     return k_->ExpertBackwardWeights(xshape_, ein_.data(), a_.data(), deout_.data(), dz_.data(),
                                      1.0f, dw1_.data(), dw2_.data());
   }));
-  MOEPLAN_RETURN_IF_ERROR(SaaScatter(
-      Saa(esp_.get(), "bwd.saa_dispatch.alltoall", "bwd.saa_dispatch.reducescatter", B),
-      dein_.data(), stage_.data(), recv_.data()));
+  MOEPLAN_RETURN_IF_ERROR(
+      SaaScatter(Saa(esp_.get(), "bwd.saa_dispatch.alltoall", "bwd.saa_dispatch.reducescatter", B),
+                 dein_.data(), stage_.data(), recv_.data()));
   MOEPLAN_RETURN_IF_ERROR(
       AllGather("bwd.mp_allgather", B, mp_.get(), recv_.data(), ddisp_.data(), part));
-  MOEPLAN_RETURN_IF_ERROR(Compute(
-      "bwd.order", B, [&] { return k_->OrderBackward(ddisp_.data(), route_, bshape_, dx_.data()); }));
+  MOEPLAN_RETURN_IF_ERROR(Compute("bwd.order", B, [&] {
+    return k_->OrderBackward(ddisp_.data(), route_, bshape_, dx_.data());
+  }));
   return Compute("bwd.gate", B, [&] { return GateBackward(dx_.data()); });
 }
 
@@ -735,4 +742,3 @@ absl::StatusOr<LayerResults> MoeLayerRunner::Results() { return impl_->Results()
 const RankPlace& MoeLayerRunner::place() const { return impl_->place(); }
 
 }  // namespace moeplan::executor
-

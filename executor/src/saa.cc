@@ -90,8 +90,9 @@ absl::Status SaaGather(const SaaArgs& a, const void* send_v, void* a2a_recv_v, v
   for (int i = 1; i < w; ++i) {
     MOEPLAN_RETURN_IF_ERROR(st.Finish(&step));  // the exchange steps run one after another
     const int to = (q + i) % w, from = (q - i + w) % w;
-    MOEPLAN_ASSIGN_OR_RETURN(step, st.Exchange(i, send + cb * static_cast<size_t>(to),
-                                               a2a_recv + cb * static_cast<size_t>(from), to, from));
+    MOEPLAN_ASSIGN_OR_RETURN(step,
+                             st.Exchange(i, send + cb * static_cast<size_t>(to),
+                                         a2a_recv + cb * static_cast<size_t>(from), to, from));
     // The chunk that arrived with step i-1 (the local chunk q first).
     MOEPLAN_RETURN_IF_ERROR(st.Finish(&ag));  // the gathers too
     MOEPLAN_ASSIGN_OR_RETURN(ag, gather(i - 1, (q - (i - 1) + w) % w));

@@ -8,11 +8,11 @@
 #define MOEPLAN_CONCAT(a, b) MOEPLAN_CONCAT_INNER(a, b)
 
 // Returns the status of `expr` from the enclosing function unless it is OK.
-#define MOEPLAN_RETURN_IF_ERROR(expr)          \
-  do {                                         \
+#define MOEPLAN_RETURN_IF_ERROR(expr)           \
+  do {                                          \
     if (absl::Status _st = (expr); !_st.ok()) { \
-      return _st;                              \
-    }                                          \
+      return _st;                               \
+    }                                           \
   } while (0)
 
 // `lhs` = the value of the StatusOr `expr`, or returns its status.

@@ -6,6 +6,8 @@
 #include <iterator>
 #include <unordered_map>
 
+#include "moeplan/proto/convert.h"
+
 namespace moeplan::exec {
 namespace {
 
@@ -50,22 +52,13 @@ double Overlap(const std::vector<Interval>& x, const std::vector<Interval>& y) {
 }
 
 std::string_view ScheduleLabel(v1::Schedule s) {
-  switch (s) {
-    case v1::SCHEDULE_DEFAULT:
-      return "default";
-    case v1::SCHEDULE_S1:
-      return "s1";
-    case v1::SCHEDULE_S2:
-      return "s2";
-    default:
-      return "?";
-  }
+  absl::StatusOr<planner::Schedule> p = proto::ScheduleFromProto(s);
+  return p.ok() ? planner::ScheduleName(*p) : std::string_view("unspecified");
 }
 
 }  // namespace
 
-v1::CandidatePlan MeasuredCandidate(v1::Schedule schedule,
-                                    const std::vector<executor::OpTime>& ops,
+v1::CandidatePlan MeasuredCandidate(v1::Schedule schedule, const std::vector<executor::OpTime>& ops,
                                     const std::vector<IterationTimes>& iterations,
                                     const v1::CandidatePlan* predicted) {
   v1::CandidatePlan c;
@@ -82,7 +75,7 @@ v1::CandidatePlan MeasuredCandidate(v1::Schedule schedule,
     if (auto it = meta.find(ops[i].name); it != meta.end()) *op = *it->second;
     op->set_name(ops[i].name);
     op->set_phase(ops[i].phase == planner::Phase::kForward ? v1::PHASE_FORWARD
-                                                            : v1::PHASE_BACKWARD);
+                                                           : v1::PHASE_BACKWARD);
     const bool is_comm = ops[i].kind == planner::OpKind::kComm;
     op->set_kind(is_comm ? "comm" : "compute");
     op->set_critical(false);
@@ -133,8 +126,8 @@ std::string RenderTable(const v1::ExecReport& r) {
   for (const v1::CandidatePlan& c : r.candidates()) {
     put("\n{}: total {:.1f} us (forward {:.1f}, backward {:.1f}); compute {:.1f}, comm {:.1f} "
         "({:.1f} hidden)\n",
-        ScheduleLabel(c.schedule()), c.total_us(), c.forward_us(), c.backward_us(),
-        c.compute_us(), c.comm_us(), c.hidden_comm_us());
+        ScheduleLabel(c.schedule()), c.total_us(), c.forward_us(), c.backward_us(), c.compute_us(),
+        c.comm_us(), c.hidden_comm_us());
     put("  {:<36} {:>7} {:>12} {:>12} {:>12}\n", "op", "kind", "start", "end", "duration");
     for (const v1::OpTiming& op : c.ops()) {
       put("  {:<36} {:>7} {:>12.1f} {:>12.1f} {:>12.1f}\n", op.name(), op.kind(), op.start_us(),

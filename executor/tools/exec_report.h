@@ -21,8 +21,7 @@ struct IterationTimes {
 // Median over iterations; op names, phases and kinds from `ops` (rank 0's last
 // iteration, same sequence on every iteration). Op metadata (resource, term,
 // bytes) is copied from `predicted` where an op of the same name exists.
-v1::CandidatePlan MeasuredCandidate(v1::Schedule schedule,
-                                    const std::vector<executor::OpTime>& ops,
+v1::CandidatePlan MeasuredCandidate(v1::Schedule schedule, const std::vector<executor::OpTime>& ops,
                                     const std::vector<IterationTimes>& iterations,
                                     const v1::CandidatePlan* predicted);
 

@@ -64,7 +64,8 @@ absl::Status Agree(const absl::Status& local) {
   MPI_Allreduce(&bad, &first, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
   if (first == INT_MAX) return absl::OkStatus();
   if (rank == first) {
-    std::fprintf(stderr, "moeplan-exec: %s%s\n", first == 0 ? "" : Cat("rank ", first, ": ").c_str(),
+    std::fprintf(stderr, "moeplan-exec: %s%s\n",
+                 first == 0 ? "" : Cat("rank ", first, ": ").c_str(),
                  std::string(View(local.message())).c_str());
   }
   return local.ok() ? absl::AbortedError("another rank failed") : local;
@@ -73,7 +74,8 @@ absl::Status Agree(const absl::Status& local) {
 // A failure after the ranks agreed to run (inside the schedules' collectives):
 // other ranks may be waiting in a collective, so the job is aborted.
 [[noreturn]] void Abort(const absl::Status& s) {
-  std::fprintf(stderr, "moeplan-exec: rank %d: %s\n", Rank(), std::string(View(s.message())).c_str());
+  std::fprintf(stderr, "moeplan-exec: rank %d: %s\n", Rank(),
+               std::string(View(s.message())).c_str());
   std::fflush(stderr);
   MPI_Abort(MPI_COMM_WORLD, 1);
   std::abort();
@@ -91,7 +93,8 @@ struct Setup {
 
 // Everything that can be checked without talking to other ranks.
 absl::Status Prepare(const Args& a, Setup* s) {
-  if (a.iters < 1) return absl::InvalidArgumentError(Cat("--iters: must be >= 1 (got ", a.iters, ")"));
+  if (a.iters < 1)
+    return absl::InvalidArgumentError(Cat("--iters: must be >= 1 (got ", a.iters, ")"));
   if (a.warmup < 0) {
     return absl::InvalidArgumentError(Cat("--warmup: must be >= 0 (got ", a.warmup, ")"));
   }
@@ -100,7 +103,8 @@ absl::Status Prepare(const Args& a, Setup* s) {
   }
   if (absl::Status st = proto::ReadJsonFile(a.layer, &s->layer_msg); !st.ok()) return st;
   absl::StatusOr<p::LayerConfig> layer = proto::LayerFromProto(s->layer_msg);
-  if (!layer.ok()) return absl::Status(layer.status().code(), Cat(a.layer, ": ", View(layer.status().message())));
+  if (!layer.ok())
+    return absl::Status(layer.status().code(), Cat(a.layer, ": ", View(layer.status().message())));
   s->layer = *layer;
   s->layer_msg = proto::LayerToProto(s->layer);  // derived fields (dp, pp, skew) spelled out
   if (a.dtype == "auto") {
@@ -110,10 +114,13 @@ absl::Status Prepare(const Args& a, Setup* s) {
     } else if (s->layer.bytes_per_element == 2) {
       s->dtype = ex::DType::kBF16;
     } else {
-      return absl::InvalidArgumentError(Cat(a.layer, ": bytes_per_element: the executor runs 4 (f32) or 2 (bf16) (got ", s->layer.bytes_per_element, ")"));
+      return absl::InvalidArgumentError(
+          Cat(a.layer, ": bytes_per_element: the executor runs 4 (f32) or 2 (bf16) (got ",
+              s->layer.bytes_per_element, ")"));
     }
   } else if (!ex::ParseDType(a.dtype, &s->dtype)) {
-    return absl::InvalidArgumentError(Cat("--dtype: must be auto, f32 or bf16 (got ", a.dtype, ")"));
+    return absl::InvalidArgumentError(
+        Cat("--dtype: must be auto, f32 or bf16 (got ", a.dtype, ")"));
   }
   if (a.backend == "mpi" && s->dtype != ex::DType::kF32) {
     return absl::InvalidArgumentError("--dtype: the mpi backend computes in f32 only");
@@ -142,7 +149,8 @@ absl::Status Prepare(const Args& a, Setup* s) {
     if (a.schedule != "all" && a.schedule != "auto") {
       p::Schedule one;
       if (!p::ParseSchedule(a.schedule, &one)) {
-        return absl::InvalidArgumentError(Cat("--schedule: must be default, s1, s2, auto or all (got ", a.schedule, ")"));
+        return absl::InvalidArgumentError(
+            Cat("--schedule: must be default, s1, s2, auto or all (got ", a.schedule, ")"));
       }
       if (absl::Status st = runnable(one); !st.ok()) return in_file(st);
     }
@@ -152,7 +160,8 @@ absl::Status Prepare(const Args& a, Setup* s) {
   } else {
     p::Schedule one;
     if (!p::ParseSchedule(a.schedule, &one)) {
-      return absl::InvalidArgumentError(Cat("--schedule: must be default, s1, s2, auto or all (got ", a.schedule, ")"));
+      return absl::InvalidArgumentError(
+          Cat("--schedule: must be default, s1, s2, auto or all (got ", a.schedule, ")"));
     }
     if (absl::Status st = runnable(one); !st.ok()) return in_file(st);
     s->schedules.push_back(one);
@@ -228,22 +237,6 @@ Measured Measure(const Args& a, const Setup& s, p::Schedule schedule, ex::Backen
   return m;
 }
 
-double MaxAll(double v) {
-  double out = v;
-  MPI_Allreduce(&v, &out, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-  return out;
-}
-int64_t SumAll(int64_t v) {
-  int64_t out = v;
-  MPI_Allreduce(&v, &out, 1, MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD);
-  return out;
-}
-bool AllTrue(bool v) {
-  int in = v ? 1 : 0, out = 0;
-  MPI_Allreduce(&in, &out, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-  return out == 1;
-}
-
 // Compares every schedule's results with the default's (collective).
 v1::ExecCheck Check(const Setup& s, const std::vector<Measured>& runs, ex::DType dtype) {
   v1::ExecCheck ck;
@@ -255,7 +248,7 @@ v1::ExecCheck Check(const Setup& s, const std::vector<Measured>& runs, ex::DType
   for (const Measured& m : runs) {
     // Default and S2 gate the MP group's tokens on every MP rank: count once.
     const bool counts = m.schedule == p::Schedule::kS1 || place.mp_rank == 0;
-    dropped.push_back(SumAll(counts ? ex::DroppedChoices(m.results) : 0));
+    dropped.push_back(ex::SumOverWorld(counts ? ex::DroppedChoices(m.results) : 0));
     ck.add_schedules(ToProto(m.schedule));
     ck.add_dropped(dropped.back());
     if (m.schedule == p::Schedule::kDefault) ref = &m;
@@ -271,8 +264,9 @@ v1::ExecCheck Check(const Setup& s, const std::vector<Measured>& runs, ex::DType
     routing.set_tensor("routing");
     if (s1 && drops) {
       routing.set_passed(true);
-      routing.set_note(Cat("not compared: s1 applies capacity per rank on S/N tokens, so it drops "
-                           "other tokens (documented behaviour)"));
+      routing.set_note(
+          Cat("not compared: s1 applies capacity per rank on S/N tokens, so it drops "
+              "other tokens (documented behaviour)"));
       *ck.add_tensors() = routing;
       for (const char* t : {"y", "dx", "dgate", "dw1", "dw2"}) {
         v1::TensorCheck tc = routing;
@@ -283,7 +277,8 @@ v1::ExecCheck Check(const Setup& s, const std::vector<Measured>& runs, ex::DType
     }
     // S2 routes and drops exactly like the default; S1 without drops picks
     // the same experts (its slots differ: capacity per rank).
-    const bool same = AllTrue(ex::SameRouting(ref->results, m.results, s.layer.top_k, !s1));
+    const bool same =
+        ex::TrueOnAllRanks(ex::SameRouting(ref->results, m.results, s.layer.top_k, !s1));
     routing.set_passed(same);
     if (!same) routing.set_note(s1 ? "expert choices differ" : "experts or slots differ");
     passed = passed && same;
@@ -292,8 +287,8 @@ v1::ExecCheck Check(const Setup& s, const std::vector<Measured>& runs, ex::DType
       v1::TensorCheck tc;
       tc.set_schedule(ToProto(m.schedule));
       tc.set_tensor(d.tensor);
-      tc.set_max_abs_diff(MaxAll(d.max_abs_diff));
-      tc.set_max_abs_ref(MaxAll(d.max_abs_ref));
+      tc.set_max_abs_diff(ex::MaxOverWorld(d.max_abs_diff));
+      tc.set_max_abs_ref(ex::MaxOverWorld(d.max_abs_ref));
       tc.set_passed(tc.max_abs_diff() <= ck.tolerance() * tc.max_abs_ref());
       passed = passed && tc.passed();
       *ck.add_tensors() = tc;
@@ -361,10 +356,12 @@ int Run(const Args& a) {
     if (pred != nullptr) {
       // Same op names as the planner, or the diff is meaningless: say so loudly.
       for (const std::string& op : MissingOps(c, *pred)) {
-        std::fprintf(stderr, "moeplan-exec: warning: measured op %s has no predicted op\n", op.c_str());
+        std::fprintf(stderr, "moeplan-exec: warning: measured op %s has no predicted op\n",
+                     op.c_str());
       }
       for (const std::string& op : MissingOps(*pred, c)) {
-        std::fprintf(stderr, "moeplan-exec: warning: predicted op %s was not measured\n", op.c_str());
+        std::fprintf(stderr, "moeplan-exec: warning: predicted op %s was not measured\n",
+                     op.c_str());
       }
     }
     *report.add_candidates() = std::move(c);
@@ -373,7 +370,8 @@ int Run(const Args& a) {
   if (a.json) {
     absl::StatusOr<std::string> json = proto::ToJson(report);
     if (!json.ok()) {
-      std::fprintf(stderr, "moeplan-exec: %s\n", std::string(View(json.status().message())).c_str());
+      std::fprintf(stderr, "moeplan-exec: %s\n",
+                   std::string(View(json.status().message())).c_str());
       return 1;
     }
     text = *json + "\n";
@@ -383,7 +381,8 @@ int Run(const Args& a) {
   std::fwrite(text.data(), 1, text.size(), stdout);
   std::fflush(stdout);
   if (a.check && !report.check().passed()) {
-    std::fprintf(stderr, "moeplan-exec: check failed: a schedule's results differ from the default's\n");
+    std::fprintf(stderr,
+                 "moeplan-exec: check failed: a schedule's results differ from the default's\n");
     return 1;
   }
   return 0;

@@ -28,22 +28,6 @@ Backend* g_backend = nullptr;
 int WorldSize() { return g_backend->world->size(); }
 int WorldRank() { return g_backend->world->rank(); }
 
-double MaxAll(double v) {
-  double out = v;
-  MPI_Allreduce(&v, &out, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-  return out;
-}
-int64_t SumAll(int64_t v) {
-  int64_t out = v;
-  MPI_Allreduce(&v, &out, 1, MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD);
-  return out;
-}
-bool AllTrue(bool v) {
-  int in = v ? 1 : 0, out = 0;
-  MPI_Allreduce(&in, &out, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-  return out == 1;
-}
-
 // S = 32 tokens per MP group, E = 8 experts, top-2. capacity_factor 4 = E/k
 // gives T = S: no token can be dropped.
 LayerConfig Tiny(int mp, int ep, int esp, double capacity_factor = 4.0) {
@@ -109,7 +93,7 @@ constexpr double kTol = 1e-4;
 
 void ExpectSameValues(const LayerResults& ref, const LayerResults& got, const char* what) {
   for (const TensorDiff& d : CompareResults(ref, got)) {
-    const double diff = MaxAll(d.max_abs_diff), scale = MaxAll(d.max_abs_ref);
+    const double diff = MaxOverWorld(d.max_abs_diff), scale = MaxOverWorld(d.max_abs_ref);
     EXPECT_GT(scale, 0.0) << what << " " << d.tensor << " is all zero: the test proves nothing";
     EXPECT_LE(diff, kTol * scale) << what << ": " << d.tensor << " max |diff| " << diff
                                   << " vs max |ref| " << scale;
@@ -164,15 +148,15 @@ TEST(MpiExecutor, SchedulesComputeTheSameWithoutDrops) {
     SCOPED_TRACE(testing::Message() << "mp=" << lay.mp << " ep=" << lay.ep << " esp=" << lay.esp);
     const LayerConfig l = Tiny(lay.mp, lay.ep, lay.esp);
     const LayerResults ref = RunLayer(l, Schedule::kDefault);
-    EXPECT_EQ(SumAll(DroppedChoices(ref)), 0);
+    EXPECT_EQ(SumOverWorld(DroppedChoices(ref)), 0);
     for (Schedule s : {Schedule::kS1, Schedule::kS2}) {
       SCOPED_TRACE(std::string(planner::ScheduleName(s)));
       const LayerResults got = RunLayer(l, s);
-      EXPECT_EQ(SumAll(DroppedChoices(got)), 0);
+      EXPECT_EQ(SumOverWorld(DroppedChoices(got)), 0);
       ExpectSameValues(ref, got, "no drops");
       // S2 routes exactly as the default; S1 picks the same experts for its
       // S/N tokens (its slots count per rank).
-      EXPECT_TRUE(AllTrue(SameRouting(ref, got, l.top_k, s == Schedule::kS2)));
+      EXPECT_TRUE(TrueOnAllRanks(SameRouting(ref, got, l.top_k, s == Schedule::kS2)));
     }
   }
 }
@@ -185,8 +169,8 @@ TEST(MpiExecutor, S2RoutesAndDropsExactlyLikeTheDefault) {
     const LayerConfig l = Tiny(lay.mp, lay.ep, lay.esp, 0.5);
     const LayerResults ref = RunLayer(l, Schedule::kDefault);
     const LayerResults s2 = RunLayer(l, Schedule::kS2);
-    EXPECT_GT(SumAll(DroppedChoices(ref)), 0) << "the test needs dropped tokens";
-    EXPECT_TRUE(AllTrue(SameRouting(ref, s2, l.top_k, /*slots=*/true)));
+    EXPECT_GT(SumOverWorld(DroppedChoices(ref)), 0) << "the test needs dropped tokens";
+    EXPECT_TRUE(TrueOnAllRanks(SameRouting(ref, s2, l.top_k, /*slots=*/true)));
     ExpectSameValues(ref, s2, "drops");
   }
 }
@@ -210,7 +194,7 @@ TEST(MpiExecutor, CapacityIsAppliedChoiceMajorOnTheGatingRank) {
     EXPECT_EQ(static_cast<int64_t>(s1.expert.size()), s / lay.mp * l.top_k);
     EXPECT_EQ(s1.route_offset, PlaceOf(l.parallel, WorldRank()).mp_rank * (s / lay.mp));
     // Top-k does not depend on capacity: the same experts are chosen.
-    EXPECT_TRUE(AllTrue(SameRouting(def, s1, l.top_k, /*slots=*/false)));
+    EXPECT_TRUE(TrueOnAllRanks(SameRouting(def, s1, l.top_k, /*slots=*/false)));
     EXPECT_GE(int64_t{lay.mp} * t1, t);
   }
 }
@@ -227,7 +211,7 @@ TEST(MpiExecutor, DefaultWithTokensDuplicatedOverMpGivesTheSameGradients) {
   // Same MP groups: the outputs, input and gate gradients compare per rank.
   for (const TensorDiff& d : CompareResults(a, b)) {
     if (d.tensor == "dw1" || d.tensor == "dw2") continue;  // shards differ in shape
-    EXPECT_LE(MaxAll(d.max_abs_diff), kTol * MaxAll(d.max_abs_ref)) << d.tensor;
+    EXPECT_LE(MaxOverWorld(d.max_abs_diff), kTol * MaxOverWorld(d.max_abs_ref)) << d.tensor;
   }
   const std::vector<double> ga = GlobalExpertGrads(dup, a), gb = GlobalExpertGrads(shard, b);
   double diff = 0.0, scale = 0.0;
@@ -313,7 +297,7 @@ TEST(MpiExecutor, SaaEqualsAlltoAllThenAllGatherElementForElement) {
     args.a2a_name = "saa.alltoall";
     args.group_name = "saa.allgather";
     ASSERT_TRUE(SaaGather(args, send.data(), saa_recv.data(), out.data()).ok());
-    EXPECT_TRUE(AllTrue(out == ref));
+    EXPECT_TRUE(TrueOnAllRanks(out == ref));
 
     // The dual: ReduceScatter of every chunk then AlltoAll.
     std::vector<float> in(ref.size());
@@ -324,7 +308,7 @@ TEST(MpiExecutor, SaaEqualsAlltoAllThenAllGatherElementForElement) {
     ASSERT_TRUE((*a2a)->AlltoAll(reduced.data(), dual_ref.data(), chunk, DType::kF32).ok());
     args.group_name = "saa.reducescatter";
     ASSERT_TRUE(SaaScatter(args, in.data(), staging.data(), dual.data()).ok());
-    EXPECT_TRUE(AllTrue(dual == dual_ref));
+    EXPECT_TRUE(TrueOnAllRanks(dual == dual_ref));
   }
 }
 
@@ -338,20 +322,17 @@ TEST(MpiExecutor, InvalidLayoutsAreRejectedOnEveryRankBeforeAnyCollective) {
     Schedule schedule;
     const char* field;
   };
-  LayerConfig too_many = Tiny(2, p, 2);  // mp*dp = 2p ranks
-  LayerConfig s1_esp = Tiny(2, p, 1);    // esp != mp
+  LayerConfig too_many = Tiny(2, p, 2);     // mp*dp = 2p ranks
+  LayerConfig s1_esp = Tiny(2, p, 1);       // esp != mp
   LayerConfig def_esp = Tiny(1, p / 2, 2);  // esp does not divide mp
   LayerConfig pp = Tiny(2, p / 2, 2);
   pp.parallel.pp = 2;
   LayerConfig experts = Tiny(2, p / 2, 2);
   experts.num_experts = 3;  // ep does not divide E
   const Case cases[] = {
-      {too_many, Schedule::kDefault, "parallel"},
-      {s1_esp, Schedule::kS1, "parallel.esp"},
-      {s1_esp, Schedule::kS2, "parallel.esp"},
-      {def_esp, Schedule::kDefault, "parallel.esp"},
-      {pp, Schedule::kDefault, "parallel.pp"},
-      {experts, Schedule::kDefault, "parallel.ep"},
+      {too_many, Schedule::kDefault, "parallel"}, {s1_esp, Schedule::kS1, "parallel.esp"},
+      {s1_esp, Schedule::kS2, "parallel.esp"},    {def_esp, Schedule::kDefault, "parallel.esp"},
+      {pp, Schedule::kDefault, "parallel.pp"},    {experts, Schedule::kDefault, "parallel.ep"},
   };
   for (const Case& c : cases) {
     RunOptions opt;
@@ -362,7 +343,7 @@ TEST(MpiExecutor, InvalidLayoutsAreRejectedOnEveryRankBeforeAnyCollective) {
     EXPECT_EQ(std::string(r.status().message()).rfind(std::string(c.field) + ":", 0), 0u)
         << r.status();
   }
-  EXPECT_TRUE(AllTrue(true));  // every rank got here
+  EXPECT_TRUE(TrueOnAllRanks(true));  // every rank got here
 }
 
 }  // namespace

@@ -22,8 +22,7 @@ class CpuDevice final : public Device {
     const size_t rounded = (bytes + 63) / 64 * 64;
     void* p = std::aligned_alloc(64, rounded);
     if (p == nullptr) {
-      return absl::ResourceExhaustedError(
-          Cat("cpu device: cannot allocate ", bytes, " bytes"));
+      return absl::ResourceExhaustedError(Cat("cpu device: cannot allocate ", bytes, " bytes"));
     }
     std::memset(p, 0, rounded);
     return p;

@@ -20,8 +20,8 @@ absl::Status MpiError(int code, std::string_view call) {
   return absl::InternalError(Cat("mpi: ", call, ": ", std::string_view(text, len)));
 }
 
-#define MOEPLAN_MPI(call, what)                               \
-  do {                                                        \
+#define MOEPLAN_MPI(call, what)                                           \
+  do {                                                                    \
     if (int _rc = (call); _rc != MPI_SUCCESS) return MpiError(_rc, what); \
   } while (0)
 
@@ -77,9 +77,10 @@ class MpiCommunicator final : public Communicator {
       const size_t block = recv_count * SizeOf(t);
       s.staging.resize(block * static_cast<size_t>(size_));
       for (int p = 0; p < size_; ++p) {
-        std::memcpy(s.staging.data() + block * static_cast<size_t>(p),
-                    static_cast<const char*>(send) + send_stride * SizeOf(t) * static_cast<size_t>(p),
-                    block);
+        std::memcpy(
+            s.staging.data() + block * static_cast<size_t>(p),
+            static_cast<const char*>(send) + send_stride * SizeOf(t) * static_cast<size_t>(p),
+            block);
       }
       input = s.staging.data();
     }
@@ -120,8 +121,8 @@ class MpiCommunicator final : public Communicator {
     MOEPLAN_ASSIGN_OR_RETURN(int send_i, Count(send_count, "SendRecv"));
     MOEPLAN_ASSIGN_OR_RETURN(int recv_i, Count(recv_count, "SendRecv"));
     if (dst >= size_ || src >= size_ || dst < -1 || src < -1) {
-      return absl::InvalidArgumentError(
-          Cat("mpi: SendRecv: peers must be -1 or in [0, ", size_, ") (got dst=", dst, ", src=", src, ")"));
+      return absl::InvalidArgumentError(Cat("mpi: SendRecv: peers must be -1 or in [0, ", size_,
+                                            ") (got dst=", dst, ", src=", src, ")"));
     }
     Request r = Begin();
     Slot& s = slots_[static_cast<size_t>(r.slot)];
@@ -213,9 +214,9 @@ class MpiCommunicator final : public Communicator {
     }
     MPI_Datatype block = MPI_DATATYPE_NULL, resized = MPI_DATATYPE_NULL;
     MOEPLAN_MPI(MPI_Type_contiguous(static_cast<int>(count), base, &block), "MPI_Type_contiguous");
-    MOEPLAN_MPI(MPI_Type_create_resized(block, 0,
-                                        static_cast<MPI_Aint>(stride * SizeOf(t)), &resized),
-                "MPI_Type_create_resized");
+    MOEPLAN_MPI(
+        MPI_Type_create_resized(block, 0, static_cast<MPI_Aint>(stride * SizeOf(t)), &resized),
+        "MPI_Type_create_resized");
     MPI_Type_free(&block);
     MOEPLAN_MPI(MPI_Type_commit(&resized), "MPI_Type_commit");
     types_.push_back({count, stride, t, resized});
@@ -248,6 +249,24 @@ std::string MpiVersion() {
   std::string_view v(text, static_cast<size_t>(len));
   const size_t end = v.find_first_of(",\n");
   return std::string(v.substr(0, end));
+}
+
+double MaxOverWorld(double v) {
+  double out = v;
+  MPI_Allreduce(&v, &out, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  return out;
+}
+
+int64_t SumOverWorld(int64_t v) {
+  int64_t out = v;
+  MPI_Allreduce(&v, &out, 1, MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD);
+  return out;
+}
+
+bool TrueOnAllRanks(bool v) {
+  int in = v ? 1 : 0, out = 0;
+  MPI_Allreduce(&in, &out, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  return out == 1;
 }
 
 }  // namespace moeplan::executor

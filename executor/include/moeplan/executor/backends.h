@@ -20,6 +20,11 @@ std::unique_ptr<Kernels> MakeCpuKernels();
 absl::StatusOr<std::unique_ptr<Communicator>> MakeMpiWorld(Device* device);
 // "Open MPI v4.1.4, ..." (MPI_Get_library_version, first line).
 std::string MpiVersion();
+// Host-side reductions over MPI_COMM_WORLD (collective: every rank calls them),
+// for results and checks.
+double MaxOverWorld(double v);
+int64_t SumOverWorld(int64_t v);
+bool TrueOnAllRanks(bool v);
 
 // ---- CUDA + NCCL ----
 // Whether this build has the CUDA backend (false: the functions below return

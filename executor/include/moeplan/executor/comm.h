@@ -53,8 +53,8 @@ class Communicator {
                                                  DType t) = 0;
   // AlltoAll: block p of send (count elements) goes to rank p, lands at block
   // `rank()` of its recv.
-  virtual absl::StatusOr<Request> StartAlltoAll(const void* send, void* recv,
-                                                size_t count_per_peer, DType t) = 0;
+  virtual absl::StatusOr<Request> StartAlltoAll(const void* send, void* recv, size_t count_per_peer,
+                                                DType t) = 0;
   // Sends to `dst` and receives from `src` (either may be -1 for none).
   virtual absl::StatusOr<Request> StartSendRecv(const void* send, size_t send_count, int dst,
                                                 void* recv, size_t recv_count, int src,
@@ -70,8 +70,8 @@ class Communicator {
                          Request* timing = nullptr);
   absl::Status AlltoAll(const void* send, void* recv, size_t count_per_peer, DType t,
                         Request* timing = nullptr);
-  absl::Status SendRecv(const void* send, size_t send_count, int dst, void* recv,
-                        size_t recv_count, int src, DType t, Request* timing = nullptr);
+  absl::Status SendRecv(const void* send, size_t send_count, int dst, void* recv, size_t recv_count,
+                        int src, DType t, Request* timing = nullptr);
 
   // A sub-group: ranks with the same `color` form one, ordered by `key`.
   // Collective over this communicator.

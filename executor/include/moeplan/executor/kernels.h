@@ -18,10 +18,10 @@ namespace moeplan::executor {
 // Routing of S tokens to k experts each (arrays of the device, S*k entries in
 // token-major order: entry s*k + j is token s's j-th choice).
 struct RouteBuffers {
-  float* probs = nullptr;      // [S x E] softmax of the logits
-  int32_t* expert = nullptr;   // [S x k] chosen experts, by decreasing probability
-  int32_t* slot = nullptr;     // [S x k] slot in the expert's capacity, -1 = dropped
-  float* weight = nullptr;     // [S x k] the chosen expert's probability
+  float* probs = nullptr;     // [S x E] softmax of the logits
+  int32_t* expert = nullptr;  // [S x k] chosen experts, by decreasing probability
+  int32_t* slot = nullptr;    // [S x k] slot in the expert's capacity, -1 = dropped
+  float* weight = nullptr;    // [S x k] the chosen expert's probability
 };
 
 // The dispatch buffer: capacity T slots per expert, stored as `parts` blocks of
@@ -29,11 +29,11 @@ struct RouteBuffers {
 // rank i owns block i). Slot t of expert e lives in block t / (T/parts), row
 // t % (T/parts). T must be a multiple of parts.
 struct BufferShape {
-  int64_t tokens = 0;     // S
-  int64_t model = 0;      // M
-  int64_t experts = 0;    // E
-  int64_t top_k = 0;      // k
-  int64_t capacity = 0;   // T
+  int64_t tokens = 0;    // S
+  int64_t model = 0;     // M
+  int64_t experts = 0;   // E
+  int64_t top_k = 0;     // k
+  int64_t capacity = 0;  // T
   int64_t parts = 1;
   DType dtype = DType::kF32;
 
@@ -96,8 +96,8 @@ class Kernels {
                                       const BufferShape& s, void* dbuf, float* dweight) = 0;
   // Backward of Order: dx[s] = sum over kept choices of dbuf[expert, slot]
   // (overwrites dx; 0 for a token with every choice dropped).
-  virtual absl::Status OrderBackward(const void* dbuf, const RouteBuffers& r,
-                                     const BufferShape& s, void* dx) = 0;
+  virtual absl::Status OrderBackward(const void* dbuf, const RouteBuffers& r, const BufferShape& s,
+                                     void* dx) = 0;
 
   // Expert forward: z = x W1[l], a = gelu(z), out = a W2[l].
   virtual absl::Status ExpertForward(const ExpertShape& e, const void* x, const void* w1,

@@ -55,11 +55,11 @@ struct OpTime {
 
 // Host copies (fp32) of what a rank computed, for correctness checks.
 struct LayerResults {
-  std::vector<float> y;     // [S x M]: the MP group's output
-  std::vector<float> dx;    // [S x M]: gradient of the MP group's input
-  std::vector<float> dgate; // [M x E]: gate weight gradient (summed over the MP group's tokens)
-  std::vector<float> dw1;   // [El x M x Hs]: this rank's expert shards
-  std::vector<float> dw2;   // [El x Hs x M]
+  std::vector<float> y;      // [S x M]: the MP group's output
+  std::vector<float> dx;     // [S x M]: gradient of the MP group's input
+  std::vector<float> dgate;  // [M x E]: gate weight gradient (summed over the MP group's tokens)
+  std::vector<float> dw1;    // [El x M x Hs]: this rank's expert shards
+  std::vector<float> dw2;    // [El x Hs x M]
   // Routing of the tokens this rank gated: tokens [route_offset, route_offset + n).
   int64_t route_offset = 0;
   std::vector<int32_t> expert;  // [n x k]
