@@ -223,6 +223,8 @@ class MoeLayerRunner::Impl final : public OpRecorder {
         [] { return absl::OkStatus(); });
   }
 
+  absl::Status ExpertForward();
+  absl::Status ExpertBackward();
   absl::Status GateForward(const void* x);
   absl::Status GateBackward(void* dx);
   // The S2 fused collectives on the EP group and `group`, recorded here.
@@ -491,6 +493,27 @@ absl::Status MoeLayerRunner::Impl::GateBackward(void* dx) {
   return k_->AddF32(dx, dt_, dxg32_.as<float>(), gated_ * M_);
 }
 
+// fwd.expert on the expert input buffer, the same in every schedule.
+absl::Status MoeLayerRunner::Impl::ExpertForward() {
+  return Compute("fwd.expert", F, [&] {
+    return k_->ExpertForward(xshape_, ein_.data(), w1_.data(), w2_.data(), z_.data(), a_.data(),
+                             eout_.data());
+  });
+}
+
+// bwd.expert_dx then bwd.expert_dw (weight gradients scaled by dw_scale_: 1
+// except for the default's duplicated tokens).
+absl::Status MoeLayerRunner::Impl::ExpertBackward() {
+  MOEPLAN_RETURN_IF_ERROR(Compute("bwd.expert_dx", B, [&] {
+    return k_->ExpertBackwardData(xshape_, deout_.data(), w1_.data(), w2_.data(), z_.data(),
+                                  dz_.data(), dein_.data());
+  }));
+  return Compute("bwd.expert_dw", B, [&] {
+    return k_->ExpertBackwardWeights(xshape_, ein_.data(), a_.data(), deout_.data(), dz_.data(),
+                                     dw_scale_, dw1_.data(), dw2_.data());
+  });
+}
+
 // ---- default ----
 absl::Status MoeLayerRunner::Impl::ForwardDefault() {
   const int64_t per_peer = El_ * part_rows_ * M_;
@@ -499,10 +522,7 @@ absl::Status MoeLayerRunner::Impl::ForwardDefault() {
       Compute("fwd.order", F, [&] { return k_->Order(x_.data(), route_, bshape_, disp_.data()); }));
   MOEPLAN_RETURN_IF_ERROR(
       AlltoAll("fwd.ep_alltoall_dispatch", F, disp_.data(), ein_.data(), per_peer));
-  MOEPLAN_RETURN_IF_ERROR(Compute("fwd.expert", F, [&] {
-    return k_->ExpertForward(xshape_, ein_.data(), w1_.data(), w2_.data(), z_.data(), a_.data(),
-                             eout_.data());
-  }));
+  MOEPLAN_RETURN_IF_ERROR(ExpertForward());
   MOEPLAN_RETURN_IF_ERROR(AllReduceInPlace("fwd.esp_allreduce", F, esp_.get(), eout_.data(),
                                            xshape_.TokenElements(), dt_));
   MOEPLAN_RETURN_IF_ERROR(
@@ -519,14 +539,7 @@ absl::Status MoeLayerRunner::Impl::BackwardDefault() {
   }));
   MOEPLAN_RETURN_IF_ERROR(
       AlltoAll("bwd.ep_alltoall_combine", B, dcomb_.data(), deout_.data(), per_peer));
-  MOEPLAN_RETURN_IF_ERROR(Compute("bwd.expert_dx", B, [&] {
-    return k_->ExpertBackwardData(xshape_, deout_.data(), w1_.data(), w2_.data(), z_.data(),
-                                  dz_.data(), dein_.data());
-  }));
-  MOEPLAN_RETURN_IF_ERROR(Compute("bwd.expert_dw", B, [&] {
-    return k_->ExpertBackwardWeights(xshape_, ein_.data(), a_.data(), deout_.data(), dz_.data(),
-                                     dw_scale_, dw1_.data(), dw2_.data());
-  }));
+  MOEPLAN_RETURN_IF_ERROR(ExpertBackward());
   MOEPLAN_RETURN_IF_ERROR(AllReduceInPlace("bwd.esp_allreduce", B, esp_.get(), dein_.data(),
                                            xshape_.TokenElements(), dt_));
   MOEPLAN_RETURN_IF_ERROR(
@@ -551,10 +564,7 @@ absl::Status MoeLayerRunner::Impl::ForwardS1() {
       AlltoAll("fwd.ep_alltoall_dispatch", F, disp_.data(), recv_.data(), per_peer));
   MOEPLAN_RETURN_IF_ERROR(
       AllGather("fwd.esp_allgather", F, esp_.get(), recv_.data(), ein_.data(), part));
-  MOEPLAN_RETURN_IF_ERROR(Compute("fwd.expert", F, [&] {
-    return k_->ExpertForward(xshape_, ein_.data(), w1_.data(), w2_.data(), z_.data(), a_.data(),
-                             eout_.data());
-  }));
+  MOEPLAN_RETURN_IF_ERROR(ExpertForward());
   MOEPLAN_RETURN_IF_ERROR(
       ReduceScatter("fwd.esp_reducescatter", F, esp_.get(), eout_.data(), back_.data(), part));
   MOEPLAN_RETURN_IF_ERROR(
@@ -579,14 +589,7 @@ absl::Status MoeLayerRunner::Impl::BackwardS1() {
       AlltoAll("bwd.ep_alltoall_combine", B, dcomb_.data(), drecv_.data(), per_peer));
   MOEPLAN_RETURN_IF_ERROR(
       AllGather("bwd.esp_allgather", B, esp_.get(), drecv_.data(), deout_.data(), part));
-  MOEPLAN_RETURN_IF_ERROR(Compute("bwd.expert_dx", B, [&] {
-    return k_->ExpertBackwardData(xshape_, deout_.data(), w1_.data(), w2_.data(), z_.data(),
-                                  dz_.data(), dein_.data());
-  }));
-  MOEPLAN_RETURN_IF_ERROR(Compute("bwd.expert_dw", B, [&] {
-    return k_->ExpertBackwardWeights(xshape_, ein_.data(), a_.data(), deout_.data(), dz_.data(),
-                                     1.0f, dw1_.data(), dw2_.data());
-  }));
+  MOEPLAN_RETURN_IF_ERROR(ExpertBackward());
   MOEPLAN_RETURN_IF_ERROR(
       ReduceScatter("bwd.esp_reducescatter", B, esp_.get(), dein_.data(), dback_.data(), part));
   MOEPLAN_RETURN_IF_ERROR(
@@ -613,10 +616,7 @@ absl::Status MoeLayerRunner::Impl::ForwardS2() {
   MOEPLAN_RETURN_IF_ERROR(
       SaaGather(Saa(esp_.get(), "fwd.saa_dispatch.alltoall", "fwd.saa_dispatch.allgather", F),
                 part_.data(), recv_.data(), ein_.data()));
-  MOEPLAN_RETURN_IF_ERROR(Compute("fwd.expert", F, [&] {
-    return k_->ExpertForward(xshape_, ein_.data(), w1_.data(), w2_.data(), z_.data(), a_.data(),
-                             eout_.data());
-  }));
+  MOEPLAN_RETURN_IF_ERROR(ExpertForward());
   MOEPLAN_RETURN_IF_ERROR(
       ReduceScatter("fwd.esp_reducescatter", F, esp_.get(), eout_.data(), back_.data(), part));
   // Chunk c back from EP rank c holds this rank's tokens on c's experts: MP
@@ -642,14 +642,7 @@ absl::Status MoeLayerRunner::Impl::BackwardS2() {
   MOEPLAN_RETURN_IF_ERROR(
       SaaGather(Saa(esp_.get(), "bwd.saa_combine.alltoall", "bwd.saa_combine.allgather", B),
                 dpart_.data(), drecv_.data(), deout_.data()));
-  MOEPLAN_RETURN_IF_ERROR(Compute("bwd.expert_dx", B, [&] {
-    return k_->ExpertBackwardData(xshape_, deout_.data(), w1_.data(), w2_.data(), z_.data(),
-                                  dz_.data(), dein_.data());
-  }));
-  MOEPLAN_RETURN_IF_ERROR(Compute("bwd.expert_dw", B, [&] {
-    return k_->ExpertBackwardWeights(xshape_, ein_.data(), a_.data(), deout_.data(), dz_.data(),
-                                     1.0f, dw1_.data(), dw2_.data());
-  }));
+  MOEPLAN_RETURN_IF_ERROR(ExpertBackward());
   MOEPLAN_RETURN_IF_ERROR(
       SaaScatter(Saa(esp_.get(), "bwd.saa_dispatch.alltoall", "bwd.saa_dispatch.reducescatter", B),
                  dein_.data(), stage_.data(), recv_.data()));
