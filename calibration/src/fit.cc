@@ -1,0 +1,2 @@
+// Placeholder: being written (fit.h).
+#include "moeplan/calibration/fit.h"

@@ -1,0 +1,2 @@
+// Placeholder: being written (validation.h).
+#include "moeplan/calibration/validation.h"
