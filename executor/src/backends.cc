@@ -4,7 +4,7 @@
 #include <mpi.h>
 
 #include "moeplan/planner/strings.h"
-#include "status_macros.h"
+#include "moeplan/planner/status_macros.h"
 
 namespace moeplan::executor {
 

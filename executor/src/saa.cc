@@ -1,7 +1,7 @@
 #include "moeplan/executor/saa.h"
 
 #include "moeplan/planner/strings.h"
-#include "status_macros.h"
+#include "moeplan/planner/status_macros.h"
 
 namespace moeplan::executor {
 namespace {

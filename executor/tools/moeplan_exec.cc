@@ -91,8 +91,19 @@ struct Setup {
   bool auto_schedule = false;
 };
 
+int Hosts() {
+  MPI_Comm local;
+  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &local);
+  int local_rank = 0, leaders = 0;
+  MPI_Comm_rank(local, &local_rank);
+  MPI_Comm_free(&local);
+  const int leader = local_rank == 0 ? 1 : 0;
+  MPI_Allreduce(&leader, &leaders, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+  return leaders;
+}
+
 // Everything that can be checked without talking to other ranks.
-absl::Status Prepare(const Args& a, Setup* s) {
+absl::Status Prepare(const Args& a, int hosts, Setup* s) {
   if (a.iters < 1)
     return absl::InvalidArgumentError(Cat("--iters: must be >= 1 (got ", a.iters, ")"));
   if (a.warmup < 0) {
@@ -130,7 +141,10 @@ absl::Status Prepare(const Args& a, Setup* s) {
   s->layer_msg.set_bytes_per_element(s->layer.bytes_per_element);
 
   const int world = Size();
-  const p::ClusterShape cluster{1, world};
+  // The cluster is what the ranks run on: `hosts` nodes (ranks sharing a host),
+  // so that the prediction's intra/inter links are the real ones.
+  const p::ClusterShape cluster =
+      world % hosts == 0 ? p::ClusterShape{hosts, world / hosts} : p::ClusterShape{1, world};
   auto in_file = [&](const absl::Status& st) {
     return absl::Status(st.code(), Cat(a.layer, ": ", View(st.message())));
   };
@@ -167,17 +181,6 @@ absl::Status Prepare(const Args& a, Setup* s) {
     s->schedules.push_back(one);
   }
   return absl::OkStatus();
-}
-
-int Hosts() {
-  MPI_Comm local;
-  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &local);
-  int local_rank = 0, leaders = 0;
-  MPI_Comm_rank(local, &local_rank);
-  MPI_Comm_free(&local);
-  const int leader = local_rank == 0 ? 1 : 0;
-  MPI_Allreduce(&leader, &leaders, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
-  return leaders;
 }
 
 struct Measured {
@@ -300,7 +303,8 @@ v1::ExecCheck Check(const Setup& s, const std::vector<Measured>& runs, ex::DType
 
 int Run(const Args& a) {
   Setup s;
-  if (!Agree(Prepare(a, &s)).ok()) return 1;
+  const int hosts = Hosts();
+  if (!Agree(Prepare(a, hosts, &s)).ok()) return 1;
 
   // The planner's prediction for the same layer (every rank: cheap, no I/O
   // beyond the profile) — also what --schedule auto follows.
@@ -329,7 +333,6 @@ int Run(const Args& a) {
 
   absl::StatusOr<ex::Backend> backend = ex::MakeBackend(a.backend);
   if (!Agree(backend.status()).ok()) return 1;
-  const int hosts = Hosts();
 
   std::vector<Measured> runs;
   for (p::Schedule sch : s.schedules) runs.push_back(Measure(a, s, sch, *backend));

@@ -6,7 +6,7 @@
 #include <cstring>
 #include <vector>
 
-#include "../status_macros.h"
+#include "moeplan/planner/status_macros.h"
 #include "moeplan/executor/backends.h"
 #include "moeplan/planner/strings.h"
 

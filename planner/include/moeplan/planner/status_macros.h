@@ -1,4 +1,4 @@
-// Status plumbing for the executor's sources (private header).
+// Status plumbing for the sources of the libraries built on the planner.
 #pragma once
 
 #include "absl/status/status.h"

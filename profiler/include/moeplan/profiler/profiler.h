@@ -1,0 +1,65 @@
+// Timing the sweep's points on the executor's own primitives (DESIGN §6): the
+// Communicator's collectives on every sibling group of a shape at once, SAA and
+// its dual, Kernels::Gemm and the memory-bound kernels. Collective over all
+// ranks: every rank calls Measure with the same point, in the same order.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "moeplan/executor/backends.h"
+#include "moeplan/profiler/sweep.h"
+#include "moeplan/v1/samples.pb.h"
+
+namespace moeplan::profiler {
+
+struct MeasureOptions {
+  int iters = 20;  // timed repetitions at most
+  int warmup = 3;  // untimed repetitions first (at least one: it is checked)
+  // Budget of the timed repetitions of one point: a point whose warm-up took
+  // t runs max(min_iters, min(iters, budget / t)) repetitions.
+  double point_budget_s = 2.0;
+  int min_iters = 3;
+  // A kernel's repetition runs it back to back for at least this long, so that
+  // ranks sharing cores (or a GPU) are timed while they all compute.
+  double kernel_min_rep_us = 20000.0;
+  executor::DType kernel_dtype = executor::DType::kF32;  // GEMM and memory kernels
+};
+
+class Profiler {
+ public:
+  // `world` spans every rank, numbered node-major (see NodeLayout); `backend`
+  // provides the device and kernels. Neither is owned; both outlive this.
+  static absl::StatusOr<std::unique_ptr<Profiler>> Create(executor::Backend* backend,
+                                                          executor::Communicator* world,
+                                                          NodeLayout layout,
+                                                          MeasureOptions options);
+
+  ~Profiler();
+
+  // Times one point. The sample (op, iters, warmup, median/min/max over
+  // repetitions of the max over ranks, correctness) is the same on every rank;
+  // `run` is left for the caller. Errors are the backend's (a failed
+  // collective leaves the ranks out of step: the caller aborts).
+  absl::StatusOr<v1::ProfileSample> Measure(const Point& p);
+
+ private:
+  struct Group;
+  Profiler(executor::Backend* backend, executor::Communicator* world, NodeLayout layout,
+           MeasureOptions options);
+  absl::StatusOr<Group*> GroupFor(GroupShape shape);
+  absl::StatusOr<Group*> SaaGroup(int gather_ranks, bool gather);
+  absl::StatusOr<v1::ProfileSample> Collective(const Point& p);
+  absl::StatusOr<v1::ProfileSample> Saa(const Point& p);
+  absl::StatusOr<v1::ProfileSample> Gemm(const Point& p);
+  absl::StatusOr<v1::ProfileSample> Memory(const Point& p);
+
+  executor::Backend* backend_;
+  executor::Communicator* world_;
+  NodeLayout layout_;
+  MeasureOptions options_;
+  std::vector<std::unique_ptr<Group>> groups_;
+};
+
+}  // namespace moeplan::profiler

@@ -1,0 +1,118 @@
+// What moeplan-profile measures (DESIGN §3): the group shapes of a cluster of
+// `nodes` x `ranks_per_node` ranks, how each shape's sibling groups are formed,
+// and the points of the sweep. Pure: no MPI, no devices, so it is unit-tested.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "moeplan/planner/profile.h"
+
+namespace moeplan::profiler {
+
+using planner::Collective;
+using planner::GroupShape;
+
+// Ranks are numbered node-major: rank = node * ranks_per_node + local.
+struct NodeLayout {
+  int nodes = 1;
+  int ranks_per_node = 1;
+  int ranks() const { return nodes * ranks_per_node; }
+};
+
+// The shapes the planner can ask for on this layout: intra-node groups of r
+// ranks (r | ranks_per_node), inter-node groups of n nodes with one rank each
+// (n | nodes), and hierarchical groups of r ranks on each of n nodes — every
+// (r, n) with r | ranks_per_node, n | nodes, r * n >= 2. Sorted by (nodes, ranks).
+std::vector<GroupShape> ProfiledShapes(const NodeLayout& layout);
+
+// The sibling groups of `shape` that together cover every rank: nodes are taken
+// in consecutive blocks of shape.nodes, and each node's ranks in consecutive
+// slices of shape.RanksPerNode(). Returns (color, key) for `rank`: the group id
+// and the rank's position in its group (node-major inside the group).
+struct GroupSlot {
+  int color = 0;
+  int key = 0;
+};
+GroupSlot SlotOf(const NodeLayout& layout, GroupShape shape, int rank);
+int GroupsOf(const NodeLayout& layout, GroupShape shape);
+
+// SAA's two groups as S2 forms them (DESIGN §5.1): consecutive gather groups of
+// `gather_ranks` (the MP group) and AlltoAll groups strided by it (EP).
+struct SaaShape {
+  int gather_ranks = 1;
+  GroupShape gather;
+  GroupShape a2a;
+  int a2a_ranks_per_node = 1;
+};
+// One per divisor N of the world with 1 < N and P / N > 1 and N <= ranks_per_node
+// (the MP group inside a node, as Parm assumes), shapes as the planner's
+// MakeTopology computes them.
+std::vector<SaaShape> SaaShapes(const NodeLayout& layout);
+
+// nccl-tests' bandwidth figures for one collective of `bytes` (the proto
+// convention) on `ranks` ranks taking `us`: algbw = S / t with S the data size
+// nccl-tests reports (AllGather: the output, ReduceScatter: the input, others:
+// the buffer), busbw = algbw * (AllReduce 2(n-1)/n; AllGather, ReduceScatter,
+// AlltoAll (n-1)/n; SendRecv 1). GB/s (1e9 bytes).
+struct Bandwidth {
+  double algbw = 0.0;
+  double busbw = 0.0;
+};
+Bandwidth BandwidthOf(Collective c, int ranks, int64_t bytes, double us);
+
+// The memory-bound kernels run on a fixed routing of S tokens: E experts, top-k,
+// capacity factor 1 (T = ceil(k S / E) slots per expert).
+inline constexpr int64_t kMemoryExperts = 16;
+inline constexpr int64_t kMemoryTopK = 2;
+
+struct SweepOptions {
+  int64_t min_bytes = 1 << 10;
+  int64_t max_bytes = int64_t{256} << 20;
+  int size_step = 2;  // multiply by this from min to max
+  std::vector<Collective> collectives = {Collective::kAllReduce, Collective::kAllGather,
+                                         Collective::kReduceScatter, Collective::kAllToAll,
+                                         Collective::kSendRecv};
+  bool saa = true;
+  // GEMM grid: every (m, n, k) from `gemm_sizes`^3 with 2mnk <= gemm_max_flop,
+  // plus the 1x1x1 launch-overhead probe.
+  std::vector<int64_t> gemm_sizes = {16, 64, 256, 1024, 4096};
+  double gemm_max_flop = 4e9;
+  // Memory-bound kernels: tokens per sweep point, for copy / order / iorder / route.
+  std::vector<int64_t> memory_tokens = {256, 1024, 4096, 16384};
+  int64_t memory_model_dim = 1024;
+  // Per-rank memory the buffers of one point may take; larger points are skipped.
+  int64_t max_point_bytes = int64_t{4} << 30;
+};
+
+// One point of the sweep.
+struct Point {
+  enum class Kind { kCollective, kSaa, kGemm, kMemory };
+  Kind kind = Kind::kCollective;
+  Collective collective = Collective::kAllReduce;
+  GroupShape shape;             // collectives
+  SaaShape saa;                 // SAA
+  bool dual = false;            // SAA backward form
+  int64_t bytes = 0;            // collectives, SAA: n in the proto's convention
+  int64_t m = 0, n = 0, k = 0;  // GEMM
+  std::string kernel;           // memory: copy, order, iorder, route
+  int64_t tokens = 0;           // memory
+  // Per-rank bytes of the buffers the point allocates (for the memory guard).
+  int64_t buffer_bytes = 0;
+  std::string Label() const;  // "allgather 4 ranks/2 nodes 1 MiB", "gemm 64x1024x256", ...
+};
+
+struct Sweep {
+  std::vector<Point> points;
+  std::vector<std::string> skipped;  // what was left out and why
+};
+// The whole sweep, in the order it runs: collectives by shape then size, SAA,
+// GEMMs, memory-bound kernels. InvalidArgument for inconsistent options (named).
+absl::StatusOr<Sweep> PlanSweep(const NodeLayout& layout, const SweepOptions& options);
+
+// "1 KiB", "256 MiB", "1.5 GiB"
+std::string HumanBytes(int64_t bytes);
+
+}  // namespace moeplan::profiler

@@ -1,0 +1,246 @@
+#include "moeplan/profiler/sweep.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "fmt/format.h"
+#include "moeplan/planner/schedules.h"
+#include "moeplan/planner/strings.h"
+
+namespace moeplan::profiler {
+namespace {
+
+std::vector<int> Divisors(int v) {
+  std::vector<int> d;
+  for (int i = 1; i <= v; ++i) {
+    if (v % i == 0) d.push_back(i);
+  }
+  return d;
+}
+
+std::string ShapeLabel(GroupShape s) {
+  return fmt::format("{} ranks/{} node{}", s.ranks, s.nodes, s.nodes == 1 ? "" : "s");
+}
+
+constexpr int64_t kF32 = 4;
+
+}  // namespace
+
+std::vector<GroupShape> ProfiledShapes(const NodeLayout& layout) {
+  std::vector<GroupShape> out;
+  for (int n : Divisors(layout.nodes)) {
+    for (int r : Divisors(layout.ranks_per_node)) {
+      if (r * n >= 2) out.push_back({r * n, n});
+    }
+  }
+  std::sort(out.begin(), out.end(), [](GroupShape a, GroupShape b) {
+    return a.nodes != b.nodes ? a.nodes < b.nodes : a.ranks < b.ranks;
+  });
+  return out;
+}
+
+GroupSlot SlotOf(const NodeLayout& layout, GroupShape shape, int rank) {
+  const int g = layout.ranks_per_node;
+  const int per_node = shape.RanksPerNode();
+  const int node = rank / g, local = rank % g;
+  const int block = node / shape.nodes;  // which block of shape.nodes nodes
+  const int slice = local / per_node;    // which slice of each node's ranks
+  GroupSlot s;
+  s.color = block * (g / per_node) + slice;
+  s.key = (node % shape.nodes) * per_node + local % per_node;
+  return s;
+}
+
+int GroupsOf(const NodeLayout& layout, GroupShape shape) { return layout.ranks() / shape.ranks; }
+
+std::vector<SaaShape> SaaShapes(const NodeLayout& layout) {
+  std::vector<SaaShape> out;
+  const int p = layout.ranks();
+  const planner::ClusterShape cluster{layout.nodes, layout.ranks_per_node};
+  for (int n : Divisors(p)) {
+    if (n < 2 || p / n < 2 || n > layout.ranks_per_node) continue;
+    planner::ParallelLayout par;
+    par.mp = n;
+    par.esp = n;
+    par.ep = p / n;
+    const planner::Topology t = planner::MakeTopology(par, cluster);
+    SaaShape s;
+    s.gather_ranks = n;
+    s.gather = t.esp;
+    s.a2a = t.ep;
+    s.a2a_ranks_per_node = t.ep_ranks_per_node;
+    out.push_back(s);
+  }
+  return out;
+}
+
+Bandwidth BandwidthOf(Collective c, int ranks, int64_t bytes, double us) {
+  const double r = ranks;
+  double data = static_cast<double>(bytes), factor = 1.0;
+  switch (c) {
+    case Collective::kAllReduce:
+      factor = 2.0 * (r - 1.0) / r;
+      break;
+    case Collective::kAllGather:
+      data *= r;  // nccl-tests counts the gathered output
+      factor = (r - 1.0) / r;
+      break;
+    case Collective::kReduceScatter:
+      data *= r;  // and the scattered input
+      factor = (r - 1.0) / r;
+      break;
+    case Collective::kAllToAll:
+      factor = (r - 1.0) / r;
+      break;
+    case Collective::kSendRecv:
+      break;
+  }
+  Bandwidth b;
+  if (us <= 0.0) return b;
+  b.algbw = data / us * 1e-3;  // bytes/us -> GB/s
+  b.busbw = b.algbw * factor;
+  return b;
+}
+
+std::string HumanBytes(int64_t bytes) {
+  static constexpr const char* kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double v = static_cast<double>(bytes);
+  int u = 0;
+  while (v >= 1024.0 && u < 4) {
+    v /= 1024.0;
+    ++u;
+  }
+  if (v == std::floor(v)) return fmt::format("{:.0f} {}", v, kUnits[u]);
+  return fmt::format("{:.3g} {}", v, kUnits[u]);
+}
+
+std::string Point::Label() const {
+  switch (kind) {
+    case Kind::kCollective:
+      return fmt::format("{} {} {}", std::string(planner::CollectiveName(collective)),
+                         ShapeLabel(shape), HumanBytes(bytes));
+    case Kind::kSaa:
+      return fmt::format("saa{} a2a {} gather {} {}", dual ? "-dual" : "", ShapeLabel(saa.a2a),
+                         ShapeLabel(saa.gather), HumanBytes(bytes));
+    case Kind::kGemm:
+      return fmt::format("gemm {}x{}x{}", m, n, k);
+    case Kind::kMemory:
+      return fmt::format("{} {} tokens x {}", kernel, tokens, n);
+  }
+  return "";
+}
+
+absl::StatusOr<Sweep> PlanSweep(const NodeLayout& layout, const SweepOptions& o) {
+  if (layout.nodes < 1 || layout.ranks_per_node < 1) {
+    return absl::InvalidArgumentError("layout: nodes and ranks per node must be >= 1");
+  }
+  if (o.min_bytes < 4) return absl::InvalidArgumentError("--min-bytes: must be >= 4");
+  if (o.max_bytes < o.min_bytes) {
+    return absl::InvalidArgumentError(
+        Cat("--max-bytes: must be >= --min-bytes (", o.max_bytes, " < ", o.min_bytes, ")"));
+  }
+  if (o.size_step < 2) return absl::InvalidArgumentError("--size-step: must be >= 2");
+  for (int64_t s : o.gemm_sizes) {
+    if (s < 1) return absl::InvalidArgumentError(Cat("--gemm-sizes: must be >= 1 (got ", s, ")"));
+  }
+  for (int64_t t : o.memory_tokens) {
+    if (t < 1) {
+      return absl::InvalidArgumentError(Cat("--memory-tokens: must be >= 1 (got ", t, ")"));
+    }
+  }
+  Sweep sw;
+  auto add = [&](Point p) {
+    if (p.buffer_bytes > o.max_point_bytes) {
+      sw.skipped.push_back(fmt::format("{}: needs {} per rank, more than the {} allowed", p.Label(),
+                                       HumanBytes(p.buffer_bytes), HumanBytes(o.max_point_bytes)));
+      return;
+    }
+    sw.points.push_back(std::move(p));
+  };
+  std::vector<int64_t> sizes;
+  for (int64_t b = o.min_bytes; b <= o.max_bytes; b *= o.size_step) sizes.push_back(b);
+
+  for (GroupShape shape : ProfiledShapes(layout)) {
+    for (Collective c : o.collectives) {
+      // SendRecv is the link-level probe: pairs only (an SAA step is one pair
+      // exchange per rank, every rank at once).
+      if (c == Collective::kSendRecv && shape.ranks != 2) continue;
+      for (int64_t b : sizes) {
+        Point p;
+        p.kind = Point::Kind::kCollective;
+        p.collective = c;
+        p.shape = shape;
+        const int64_t r = shape.ranks;
+        if (c == Collective::kAllToAll && b < r * kF32) continue;  // < one element per peer
+        p.bytes = c == Collective::kAllToAll ? b / (r * kF32) * r * kF32 : b / kF32 * kF32;
+        switch (c) {
+          case Collective::kAllGather:
+          case Collective::kReduceScatter:
+            p.buffer_bytes = p.bytes * (r + 1);
+            break;
+          default:
+            p.buffer_bytes = 2 * p.bytes;
+        }
+        add(std::move(p));
+      }
+    }
+  }
+  if (o.saa) {
+    for (const SaaShape& s : SaaShapes(layout)) {
+      for (bool dual : {false, true}) {
+        for (int64_t b : sizes) {
+          const int64_t w = s.a2a.ranks;
+          if (b < w * kF32) continue;
+          Point p;
+          p.kind = Point::Kind::kSaa;
+          p.saa = s;
+          p.dual = dual;
+          p.bytes = b / (w * kF32) * w * kF32;
+          // send + a2a_recv (+ staging) + the gathered output (N copies).
+          p.buffer_bytes = p.bytes * (3 + s.gather_ranks);
+          add(std::move(p));
+        }
+      }
+    }
+  }
+  {
+    Point probe;
+    probe.kind = Point::Kind::kGemm;
+    probe.m = probe.n = probe.k = 1;
+    probe.buffer_bytes = 3 * kF32;
+    add(probe);
+    for (int64_t m : o.gemm_sizes) {
+      for (int64_t n : o.gemm_sizes) {
+        for (int64_t k : o.gemm_sizes) {
+          Point p;
+          p.kind = Point::Kind::kGemm;
+          p.m = m;
+          p.n = n;
+          p.k = k;
+          if (2.0 * m * n * k > o.gemm_max_flop) {
+            sw.skipped.push_back(fmt::format("{}: {:.3g} GFLOP, above --gemm-max-gflop", p.Label(),
+                                             2e-9 * m * n * k));
+            continue;
+          }
+          p.buffer_bytes = (m * k + k * n + m * n) * kF32;
+          add(std::move(p));
+        }
+      }
+    }
+  }
+  for (const char* kernel : {"copy", "order", "iorder", "route"}) {
+    for (int64_t t : o.memory_tokens) {
+      Point p;
+      p.kind = Point::Kind::kMemory;
+      p.kernel = kernel;
+      p.tokens = t;
+      p.n = o.memory_model_dim;
+      const int64_t tokens_bytes = t * o.memory_model_dim * kF32;
+      p.buffer_bytes = tokens_bytes * (2 + kMemoryTopK) + t * kMemoryExperts * kF32 * 2;
+      add(std::move(p));
+    }
+  }
+  return sw;
+}
+
+}  // namespace moeplan::profiler

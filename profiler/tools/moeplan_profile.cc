@@ -1,0 +1,433 @@
+// moeplan-profile: measures a cluster for `moeplan calibrate` (DESIGN §1, §3),
+// under mpirun / srun with one rank per GPU or CPU slot:
+//   mpirun -np P moeplan-profile --out samples.jsonl [--quick] [--backend mpi|nccl] ...
+// Discovers the node layout (ranks sharing a host), times every collective on
+// every group shape the planner uses (all sibling groups at once), SAA and its
+// dual, a GEMM grid and the memory-bound kernels, and writes one
+// moeplan.v1.ProfileSample per line. Rank 0 shows progress on stderr.
+//
+// The file is written as samples are measured, to OUT.partial, and renamed to
+// OUT when the sweep completes, so an interrupted run keeps what it measured and
+// never leaves a truncated OUT.
+#include <mpi.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <chrono>
+#include <climits>
+#include <cstdio>
+#include <ctime>
+#include <string>
+#include <vector>
+
+#include "fmt/format.h"
+#include "moeplan/executor/backends.h"
+#include "moeplan/planner/status_macros.h"
+#include "moeplan/planner/strings.h"
+#include "moeplan/profiler/profiler.h"
+#include "moeplan/profiler/sweep.h"
+#include "moeplan/proto/json.h"
+
+namespace moeplan::profiler {
+namespace {
+
+namespace ex = executor;
+
+struct Args {
+  std::string out;
+  bool quick = false;
+  std::string backend = "mpi";
+  std::string dtype = "auto";
+  std::string min_bytes = "1KiB";
+  std::string max_bytes = "256MiB";
+  int size_step = 2;
+  int iters = 20;
+  int warmup = 3;
+  double budget_s = 2.0;
+  std::vector<std::string> parts = {"collectives", "saa", "gemm", "memory"};
+  std::vector<int64_t> gemm_sizes;
+  double gemm_max_gflop = 0.0;  // 0: the backend's default
+  std::vector<int64_t> memory_tokens;
+  std::string max_point_memory = "auto";
+};
+
+int Rank() {
+  int r = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &r);
+  return r;
+}
+
+// Every rank learns whether any rank failed; the lowest failing rank explains.
+bool AllOk(const absl::Status& local) {
+  int bad = local.ok() ? INT_MAX : Rank(), first = INT_MAX;
+  MPI_Allreduce(&bad, &first, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  if (first == INT_MAX) return true;
+  if (Rank() == first) {
+    std::fprintf(stderr, "moeplan-profile: %s%s\n",
+                 first == 0 ? "" : Cat("rank ", first, ": ").c_str(),
+                 std::string(View(local.message())).c_str());
+  }
+  return false;
+}
+
+[[noreturn]] void Abort(const absl::Status& s, const std::string& partial) {
+  std::fprintf(stderr, "moeplan-profile: rank %d: %s\n", Rank(),
+               std::string(View(s.message())).c_str());
+  if (Rank() == 0 && !partial.empty()) {
+    std::fprintf(stderr, "moeplan-profile: the samples measured so far are in %s\n",
+                 partial.c_str());
+  }
+  std::fflush(stderr);
+  MPI_Abort(MPI_COMM_WORLD, 1);
+  std::abort();
+}
+
+absl::StatusOr<int64_t> ParseSize(const std::string& flag, const std::string& text) {
+  // "64", "1KiB", "16MiB", "2GiB" (also K/M/G, KB/MB/GB as powers of 1024).
+  size_t pos = 0;
+  int64_t v = 0;
+  try {
+    v = std::stoll(text, &pos);
+  } catch (...) {
+    return absl::InvalidArgumentError(
+        Cat(flag, ": not a size: '", text, "' (e.g. 4096, 1KiB, 16MiB)"));
+  }
+  std::string unit = text.substr(pos);
+  int shift = 0;
+  if (unit.empty() || unit == "B") {
+    shift = 0;
+  } else if (unit == "K" || unit == "KiB" || unit == "KB" || unit == "k") {
+    shift = 10;
+  } else if (unit == "M" || unit == "MiB" || unit == "MB") {
+    shift = 20;
+  } else if (unit == "G" || unit == "GiB" || unit == "GB") {
+    shift = 30;
+  } else {
+    return absl::InvalidArgumentError(
+        Cat(flag, ": unknown unit '", unit, "' in '", text, "' (B, KiB, MiB, GiB)"));
+  }
+  if (v < 0 || v > (INT64_MAX >> shift)) {
+    return absl::InvalidArgumentError(Cat(flag, ": out of range: '", text, "'"));
+  }
+  return v << shift;
+}
+
+// The node layout: ranks sharing a host (MPI_COMM_TYPE_SHARED) form a node;
+// nodes are numbered by their lowest rank. Every node must hold the same
+// number of ranks (the planner's cluster is nodes x G).
+struct Discovered {
+  NodeLayout layout;
+  int node = 0, local = 0;
+  std::vector<std::string> hosts;  // rank 0 only
+};
+
+absl::StatusOr<Discovered> Discover() {
+  Discovered d;
+  MPI_Comm local;
+  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &local);
+  int local_size = 0;
+  MPI_Comm_rank(local, &d.local);
+  MPI_Comm_size(local, &local_size);
+  MPI_Comm leaders;
+  MPI_Comm_split(MPI_COMM_WORLD, d.local == 0 ? 0 : MPI_UNDEFINED, Rank(), &leaders);
+  int nodes = 0;
+  char name[MPI_MAX_PROCESSOR_NAME] = {};
+  if (leaders != MPI_COMM_NULL) {
+    MPI_Comm_rank(leaders, &d.node);
+    MPI_Comm_size(leaders, &nodes);
+    int len = 0;
+    MPI_Get_processor_name(name, &len);
+    std::vector<char> all(static_cast<size_t>(nodes) * MPI_MAX_PROCESSOR_NAME);
+    MPI_Gather(name, MPI_MAX_PROCESSOR_NAME, MPI_CHAR, all.data(), MPI_MAX_PROCESSOR_NAME, MPI_CHAR,
+               0, leaders);
+    if (d.node == 0) {
+      for (int i = 0; i < nodes; ++i)
+        d.hosts.emplace_back(&all[static_cast<size_t>(i) * MPI_MAX_PROCESSOR_NAME]);
+    }
+    MPI_Comm_free(&leaders);
+  }
+  MPI_Bcast(&d.node, 1, MPI_INT, 0, local);
+  MPI_Comm_free(&local);
+  MPI_Allreduce(MPI_IN_PLACE, &nodes, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  int lo = local_size, hi = local_size;
+  MPI_Allreduce(MPI_IN_PLACE, &lo, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  MPI_Allreduce(MPI_IN_PLACE, &hi, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  if (lo != hi) {
+    return absl::InvalidArgumentError(
+        Cat("uneven nodes: between ", lo, " and ", hi,
+            " ranks per host; launch the same number of ranks on every node"));
+  }
+  d.layout.nodes = nodes;
+  d.layout.ranks_per_node = lo;
+  return d;
+}
+
+std::string Timestamp() {
+  const std::time_t now = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&now, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
+}
+
+// A one-line progress bar on a terminal; elsewhere (logs, CI) a line per 10 %.
+class Progress {
+ public:
+  explicit Progress(size_t total) : total_(total), tty_(isatty(2) != 0), start_(Clock::now()) {}
+  void Update(size_t done, const std::string& label) {
+    const double frac = total_ == 0 ? 1.0 : static_cast<double>(done) / static_cast<double>(total_);
+    const double secs = std::chrono::duration<double>(Clock::now() - start_).count();
+    if (tty_) {
+      constexpr int kWidth = 30;
+      const int fill = static_cast<int>(frac * kWidth);
+      std::fprintf(stderr, "\r[%s%s] %3.0f%% %zu/%zu %6.0fs %-48.48s",
+                   std::string(static_cast<size_t>(fill), '#').c_str(),
+                   std::string(static_cast<size_t>(kWidth - fill), '.').c_str(), 100 * frac, done,
+                   total_, secs, label.c_str());
+      if (done == total_) std::fputc('\n', stderr);
+    } else if (static_cast<int>(frac * 10) > last_decile_ || done == total_) {
+      last_decile_ = static_cast<int>(frac * 10);
+      std::fprintf(stderr, "moeplan-profile: %3.0f%% (%zu/%zu points, %.0f s) %s\n", 100 * frac,
+                   done, total_, secs, label.c_str());
+    }
+    std::fflush(stderr);
+  }
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  size_t total_;
+  bool tty_;
+  Clock::time_point start_;
+  int last_decile_ = 0;
+};
+
+int64_t PhysicalMemory() {
+  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+  return pages > 0 && page > 0 ? int64_t{pages} * page : int64_t{0};
+}
+
+absl::Status MakeOptions(const Args& a, const NodeLayout& layout, bool gpu, SweepOptions* o,
+                         MeasureOptions* m) {
+  if (a.quick) {
+    // CI's round trip: a few sizes, few repetitions, a small GEMM grid.
+    o->min_bytes = 4 << 10;
+    o->max_bytes = 1 << 20;
+    o->size_step = 4;
+    o->gemm_sizes = {16, 128, 512};
+    o->memory_tokens = {256, 2048};
+    m->iters = 5;
+    m->warmup = 1;
+    m->point_budget_s = 0.25;
+  } else {
+    MOEPLAN_ASSIGN_OR_RETURN(o->min_bytes, ParseSize("--min-bytes", a.min_bytes));
+    MOEPLAN_ASSIGN_OR_RETURN(o->max_bytes, ParseSize("--max-bytes", a.max_bytes));
+    o->size_step = a.size_step;
+    m->iters = a.iters;
+    m->warmup = a.warmup;
+    m->point_budget_s = a.budget_s;
+    if (gpu) o->gemm_sizes = {16, 64, 256, 1024, 4096, 16384};
+  }
+  if (!a.gemm_sizes.empty()) o->gemm_sizes = a.gemm_sizes;
+  if (!a.memory_tokens.empty()) o->memory_tokens = a.memory_tokens;
+  // A CPU does a few GFLOP/s: cap the grid so a run takes minutes, not hours.
+  o->gemm_max_flop = a.gemm_max_gflop > 0 ? a.gemm_max_gflop * 1e9 : (gpu ? 1e15 : 4e9);
+  if (a.budget_s <= 0) return absl::InvalidArgumentError("--budget: must be > 0 seconds");
+  if (a.max_point_memory == "auto") {
+    // Half of the host's memory shared by its ranks (GPUs: device allocation
+    // fails first and says so).
+    const int64_t phys = PhysicalMemory();
+    o->max_point_bytes = phys > 0 ? phys / 2 / layout.ranks_per_node : o->max_point_bytes;
+  } else {
+    MOEPLAN_ASSIGN_OR_RETURN(o->max_point_bytes,
+                             ParseSize("--max-point-memory", a.max_point_memory));
+  }
+  bool coll = false, saa = false, gemm = false, mem = false;
+  for (const std::string& p : a.parts) {
+    if (p == "collectives") {
+      coll = true;
+    } else if (p == "saa") {
+      saa = true;
+    } else if (p == "gemm") {
+      gemm = true;
+    } else if (p == "memory") {
+      mem = true;
+    } else {
+      return absl::InvalidArgumentError(
+          Cat("--only: unknown part '", p, "' (collectives, saa, gemm, memory)"));
+    }
+  }
+  if (!coll) o->collectives.clear();
+  o->saa = saa;
+  if (!gemm) o->gemm_sizes.clear();
+  if (!mem) o->memory_tokens.clear();
+  return absl::OkStatus();
+}
+
+int Run(const Args& a) {
+  absl::StatusOr<Discovered> found = Discover();
+  if (!AllOk(found.status())) return 1;
+  const NodeLayout layout = found->layout;
+
+  absl::StatusOr<ex::Backend> backend = ex::MakeBackend(a.backend);
+  if (!AllOk(backend.status())) return 1;
+  const bool gpu = backend->device->is_gpu();
+  SweepOptions sweep_options;
+  MeasureOptions measure_options;
+  absl::Status st = MakeOptions(a, layout, gpu, &sweep_options, &measure_options);
+  if (st.ok()) {
+    if (a.dtype == "auto") {
+      measure_options.kernel_dtype = gpu ? ex::DType::kBF16 : ex::DType::kF32;
+    } else if (!ex::ParseDType(a.dtype, &measure_options.kernel_dtype)) {
+      st =
+          absl::InvalidArgumentError(Cat("--dtype: must be auto, f32 or bf16 (got ", a.dtype, ")"));
+    }
+  }
+  absl::StatusOr<Sweep> sweep =
+      st.ok() ? PlanSweep(layout, sweep_options) : absl::StatusOr<Sweep>(st);
+  if (!AllOk(sweep.status())) return 1;
+  if (sweep->points.empty()) {
+    if (Rank() == 0) std::fprintf(stderr, "moeplan-profile: nothing to measure (see --only)\n");
+    return 1;
+  }
+
+  // Node-major ranks, whatever order the launcher used (the planner's ranks
+  // fill node 0 first).
+  absl::StatusOr<std::unique_ptr<ex::Communicator>> world =
+      backend->world->Split(0, found->node * layout.ranks_per_node + found->local);
+  if (!AllOk(world.status())) return 1;
+  absl::StatusOr<std::unique_ptr<Profiler>> profiler =
+      Profiler::Create(&*backend, world->get(), layout, measure_options);
+  if (!AllOk(profiler.status())) return 1;
+
+  v1::ProfileRun run;
+  const std::string partial = a.out + ".partial";
+  std::FILE* out = nullptr;
+  absl::Status open_status;
+  if (Rank() == 0) {
+    run.set_host(found->hosts.empty() ? "" : found->hosts[0]);
+    for (const std::string& h : found->hosts) run.add_hosts(h);
+    run.set_backend(a.backend);
+    run.set_dtype(std::string(ex::DTypeName(measure_options.kernel_dtype)));
+    run.set_versions(a.backend == "mpi" ? ex::MpiVersion()
+                                        : Cat(ex::MpiVersion(), "; ", ex::CudaVersions()));
+    run.set_timestamp(Timestamp());
+    run.set_ranks(layout.ranks());
+    run.set_nodes(layout.nodes);
+    run.set_ranks_per_node(layout.ranks_per_node);
+    run.set_moeplan_version(MOEPLAN_VERSION);
+    out = std::fopen(partial.c_str(), "w");
+    if (out == nullptr)
+      open_status =
+          absl::PermissionDeniedError(Cat(partial, ": cannot write: ", std::strerror(errno)));
+  }
+  if (!AllOk(open_status)) return 1;
+  if (Rank() == 0) {
+    std::fprintf(
+        stderr,
+        "moeplan-profile: %d ranks on %d node(s) x %d, backend %s, %zu points (%zu left out)\n",
+        layout.ranks(), layout.nodes, layout.ranks_per_node, a.backend.c_str(),
+        sweep->points.size(), sweep->skipped.size());
+    for (const std::string& s : sweep->skipped)
+      std::fprintf(stderr, "moeplan-profile: left out %s\n", s.c_str());
+  }
+
+  Progress progress(sweep->points.size());
+  size_t done = 0;
+  for (const Point& p : sweep->points) {
+    if (Rank() == 0) progress.Update(done, p.Label());
+    absl::StatusOr<v1::ProfileSample> sample = (*profiler)->Measure(p);
+    if (!sample.ok())
+      Abort(absl::Status(sample.status().code(),
+                         Cat(p.Label(), ": ", View(sample.status().message()))),
+            partial);
+    ++done;
+    if (Rank() != 0) continue;
+    *sample->mutable_run() = run;
+    absl::StatusOr<std::string> line =
+        proto::ToJson(*sample, {.pretty = false, .always_print_primitive_fields = true});
+    if (!line.ok()) Abort(line.status(), partial);
+    if (std::fprintf(out, "%s\n", line->c_str()) < 0 || std::fflush(out) != 0) {
+      Abort(absl::DataLossError(Cat(partial, ": write failed: ", std::strerror(errno))), partial);
+    }
+    if (sample->wrong_elements() > 0) {
+      std::fprintf(
+          stderr,
+          "\nmoeplan-profile: %s: %lld wrong elements: the collective is broken on this cluster\n",
+          p.Label().c_str(), static_cast<long long>(sample->wrong_elements()));
+    }
+  }
+  if (Rank() == 0) {
+    progress.Update(done, "done");
+    if (std::fclose(out) != 0 || std::rename(partial.c_str(), a.out.c_str()) != 0) {
+      std::fprintf(stderr, "moeplan-profile: %s: %s (samples kept in %s)\n", a.out.c_str(),
+                   std::strerror(errno), partial.c_str());
+      return 1;
+    }
+    std::fprintf(stderr,
+                 "moeplan-profile: wrote %zu samples to %s; next: moeplan calibrate --samples %s "
+                 "--out PROFILE.json\n",
+                 done, a.out.c_str(), a.out.c_str());
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace moeplan::profiler
+
+int main(int argc, char** argv) {
+  MPI_Init(&argc, &argv);
+  moeplan::profiler::Args a;
+  CLI::App app{
+      "Measures this cluster for moeplan calibrate: every collective on every group shape the "
+      "planner uses (all sibling groups at once), SAA, a GEMM grid and the memory-bound kernels, "
+      "on the executor's own primitives. Launch with mpirun/srun, one rank per GPU or CPU slot. "
+      "Writes JSON Lines (moeplan.v1.ProfileSample)."};
+  app.add_option("--out", a.out, "samples file to write (JSON Lines)")->required();
+  app.add_flag("--quick", a.quick,
+               "a short sweep for CI: 4 KiB..1 MiB by 4x, 5 repetitions, 3^3 GEMM grid "
+               "(ignores the size and repetition flags)");
+  app.add_option("--backend", a.backend, "mpi (CPU, host buffers) or nccl (GPU)")
+      ->capture_default_str();
+  app.add_option("--dtype", a.dtype,
+                 "element type of the GEMM and memory kernels: auto (mpi: f32, nccl: bf16), f32, "
+                 "bf16; collectives always move f32")
+      ->capture_default_str();
+  app.add_option("--min-bytes", a.min_bytes, "smallest message (n of profile.proto), e.g. 1KiB")
+      ->capture_default_str();
+  app.add_option("--max-bytes", a.max_bytes, "largest message, e.g. 256MiB")->capture_default_str();
+  app.add_option("--size-step", a.size_step, "multiply the message size by this")
+      ->capture_default_str();
+  app.add_option("--iters", a.iters, "timed repetitions per point, at most")->capture_default_str();
+  app.add_option("--warmup", a.warmup, "untimed repetitions per point (>= 1; the first is checked)")
+      ->capture_default_str();
+  app.add_option("--budget", a.budget_s,
+                 "seconds of timed repetitions per point: slow points run fewer repetitions (>= 3)")
+      ->capture_default_str();
+  app.add_option("--only", a.parts, "parts to measure: collectives, saa, gemm, memory")
+      ->delimiter(',')
+      ->capture_default_str();
+  app.add_option("--gemm-sizes", a.gemm_sizes,
+                 "GEMM grid axis (m, n and k), e.g. 16,64,256,1024,4096")
+      ->delimiter(',');
+  app.add_option("--gemm-max-gflop", a.gemm_max_gflop,
+                 "skip GEMMs above this many GFLOP (default: 4 on CPUs, none on GPUs)");
+  app.add_option("--memory-tokens", a.memory_tokens, "tokens per memory-bound kernel point")
+      ->delimiter(',');
+  app.add_option(
+         "--max-point-memory", a.max_point_memory,
+         "per-rank buffer memory one point may take; larger points are left out (auto: half the "
+         "host's memory over its ranks)")
+      ->capture_default_str();
+  int rc = 0;
+  try {
+    app.parse(argc, argv);
+    rc = moeplan::profiler::Run(a);
+  } catch (const CLI::ParseError& e) {
+    int rank = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    rc = rank == 0 ? app.exit(e) : e.get_exit_code();
+  }
+  MPI_Finalize();
+  return rc;
+}
