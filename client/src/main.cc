@@ -14,6 +14,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_split.h"
 #include "moeplan/calibration/profiles.h"
+#include "moeplan/client/calibration_cmds.h"
 #include "moeplan/client/planner_client.h"
 #include "moeplan/client/report.h"
 #include "moeplan/client/sweep.h"
@@ -325,6 +326,42 @@ int Main(int argc, char** argv) {
   put->add_option("file", profile_file, "Profile JSON (moeplan.v1.ClusterProfile)")->required();
   put->add_option("--server", server, "The moeplan-server (host:port)")->required();
 
+  CalibrateArgs ca;
+  CLI::App* calibrate = app.add_subcommand(
+      "calibrate",
+      "Fit a measured cluster profile (alpha-beta per collective and link, GEMM efficiency, "
+      "memory bandwidth) from moeplan-profile samples and report how well each fit holds");
+  calibrate->add_option("--samples", ca.samples, "Samples from moeplan-profile (JSON Lines)")
+      ->required();
+  calibrate->add_option("--out", ca.out, "Profile JSON to write")->required();
+  calibrate->add_option("--name", ca.name, "Profile name (default: the --out file's stem)");
+  calibrate->add_option("--comment", ca.comment, "Free text added to the profile's comment");
+  calibrate
+      ->add_option("--tolerance", ca.tolerance_pct,
+                   "Relative error (%) under which a fit counts as holding")
+      ->capture_default_str();
+
+  ValidateArgs va;
+  CLI::App* validate = app.add_subcommand(
+      "validate",
+      "Run moeplan-exec (under mpirun) on every config of a grid and schedule, predict the same "
+      "with the planner, and report the error (Markdown + PNG scatter plot)");
+  validate->add_option("--profile", va.profile, "Profile to validate (name or file)")->required();
+  validate->add_option("--layers", va.layers, "Layer grid (moeplan.v1.LayerGrid JSON)")->required();
+  validate->add_option("--ranks", va.ranks,
+                       "Ranks to launch (default: the profile's nodes x GPUs)");
+  validate
+      ->add_option("--launcher", va.launcher,
+                   "Shell text that launches moeplan-exec; {ranks} is replaced")
+      ->capture_default_str();
+  validate->add_option("--exec", va.exec, "moeplan-exec binary (default: next to moeplan)");
+  validate->add_option("--iters", va.iters, "Timed iterations per schedule")->capture_default_str();
+  validate->add_option("--warmup", va.warmup, "Untimed iterations first")->capture_default_str();
+  validate
+      ->add_option("--out-dir", va.out_dir, "Directory for report.md, plot.png and the runs' files")
+      ->capture_default_str();
+  validate->add_flag("--json", va.json, "Print the summary as JSON (moeplan.v1.ValidationSummary)");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -336,6 +373,10 @@ int Main(int argc, char** argv) {
     status = PlanLayerCmd(pl);
   } else if (sweep->parsed()) {
     status = SweepCmd(sw);
+  } else if (calibrate->parsed()) {
+    status = CalibrateCmd(ca);
+  } else if (validate->parsed()) {
+    status = ValidateCmd(va);
   } else if (show->parsed() || get->parsed()) {
     status = ProfilesShowCmd(profile_name, server);
   } else if (put->parsed()) {

@@ -1,2 +1,386 @@
-// Placeholder: being written.
+#include "moeplan/calibration/validation.h"
+
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace moeplan::calibration {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+v1::CandidatePlan Plan(v1::Schedule s, double total_us) {
+  v1::CandidatePlan p;
+  p.set_schedule(s);
+  p.set_total_us(total_us);
+  return p;
+}
+
+void AddOp(v1::CandidatePlan* p, const std::string& name, double start_us, double end_us) {
+  v1::OpTiming* op = p->add_ops();
+  op->set_name(name);
+  op->set_start_us(start_us);
+  op->set_end_us(end_us);
+}
+
+ValidationInput Config(const std::string& name, std::vector<v1::CandidatePlan> measured,
+                       std::vector<v1::CandidatePlan> predicted) {
+  ValidationInput in;
+  in.name = name;
+  in.layer.set_name(name);
+  in.layer.set_batch_size(4);
+  in.measured = std::move(measured);
+  in.predicted = std::move(predicted);
+  return in;
+}
+
+// Two configs x three schedules, totals in us chosen so every error is exact:
+//   config a: default 1000 -> 1100 (+10 %), s1 800 -> 760 (-5 %), s2 900 -> 720 (-20 %)
+//             measured best s1, predicted best s2: a miss, regret 100*(900-800)/800 = 12.5 %
+//   config b: default 2000 -> 2080 (+4 %), s1 2500 -> 2750 (+10 %), s2 1600 -> 1520 (-5 %)
+//             measured best s2, predicted best s2: a hit, regret 0
+// |errors| = 10 5 20 4 10 5: MAPE 54/6 = 9; sorted 4 5 5 10 10 20, p90 at rank
+// 0.9*5 = 4.5 -> 10 + 0.5*(20-10) = 15; max 20 (a, s2); signed sum -6 -> mean -1.
+// Selection: 1 of 2 -> 50 %; mean regret (12.5+0)/2 = 6.25; when wrong 12.5; max 12.5.
+std::vector<ValidationInput> TwoByThree() {
+  return {
+      Config("a",
+             {Plan(v1::SCHEDULE_DEFAULT, 1000), Plan(v1::SCHEDULE_S1, 800),
+              Plan(v1::SCHEDULE_S2, 900)},
+             {Plan(v1::SCHEDULE_S2, 720), Plan(v1::SCHEDULE_DEFAULT, 1100),
+              Plan(v1::SCHEDULE_S1, 760)}),
+      Config("b",
+             {Plan(v1::SCHEDULE_DEFAULT, 2000), Plan(v1::SCHEDULE_S1, 2500),
+              Plan(v1::SCHEDULE_S2, 1600)},
+             {Plan(v1::SCHEDULE_DEFAULT, 2080), Plan(v1::SCHEDULE_S1, 2750),
+              Plan(v1::SCHEDULE_S2, 1520)}),
+  };
+}
+
+TEST(SummarizeTest, TwoConfigsThreeSchedulesHandComputed) {
+  absl::StatusOr<v1::ValidationSummary> s = Summarize(TwoByThree(), "h200", 8, 2);
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->profile(), "h200");
+  EXPECT_EQ(s->ranks(), 8);
+  EXPECT_EQ(s->hosts(), 2);
+  EXPECT_EQ(s->configs(), 2);
+  EXPECT_EQ(s->points(), 6);
+  EXPECT_DOUBLE_EQ(s->mape_pct(), 9.0);
+  EXPECT_DOUBLE_EQ(s->p90_pct(), 15.0);
+  EXPECT_DOUBLE_EQ(s->max_pct(), 20.0);
+  EXPECT_EQ(s->worst_config(), "a");
+  EXPECT_EQ(s->worst_schedule(), v1::SCHEDULE_S2);
+  EXPECT_DOUBLE_EQ(s->mean_signed_pct(), -1.0);
+  EXPECT_DOUBLE_EQ(s->selection_accuracy_pct(), 50.0);
+  EXPECT_DOUBLE_EQ(s->mean_regret_pct(), 6.25);
+  EXPECT_DOUBLE_EQ(s->mean_regret_when_wrong_pct(), 12.5);
+  EXPECT_DOUBLE_EQ(s->max_regret_pct(), 12.5);
+  EXPECT_EQ(s->ops_size(), 0);
+  EXPECT_EQ(s->unmatched_ops(), 0);
+
+  ASSERT_EQ(s->results_size(), 2);
+  const v1::ValidationConfig& a = s->results(0);
+  EXPECT_EQ(a.name(), "a");
+  EXPECT_EQ(a.layer().batch_size(), 4);
+  // Points in schedule order, whatever order the inputs came in.
+  ASSERT_EQ(a.points_size(), 3);
+  EXPECT_EQ(a.points(0).schedule(), v1::SCHEDULE_DEFAULT);
+  EXPECT_DOUBLE_EQ(a.points(0).measured_us(), 1000);
+  EXPECT_DOUBLE_EQ(a.points(0).predicted_us(), 1100);
+  EXPECT_DOUBLE_EQ(a.points(0).error_pct(), 10.0);
+  EXPECT_EQ(a.points(2).schedule(), v1::SCHEDULE_S2);
+  EXPECT_DOUBLE_EQ(a.points(2).error_pct(), -20.0);
+  EXPECT_EQ(a.measured_best(), v1::SCHEDULE_S1);
+  EXPECT_EQ(a.predicted_best(), v1::SCHEDULE_S2);
+  EXPECT_DOUBLE_EQ(a.regret_pct(), 12.5);
+  const v1::ValidationConfig& b = s->results(1);
+  EXPECT_EQ(b.measured_best(), v1::SCHEDULE_S2);
+  EXPECT_EQ(b.predicted_best(), v1::SCHEDULE_S2);
+  EXPECT_DOUBLE_EQ(b.regret_pct(), 0.0);
+}
+
+// One config, schedule s2, durations (end - start) in us:
+//   op                              measured  predicted  error
+//   fwd.gate                        100       110        +10 %
+//   fwd.saa_dispatch.alltoall.1     100        80        -20 %
+//   fwd.saa_dispatch.alltoall.2     200       220        +10 %
+//   fwd.expert                      600       540        -10 %
+//   fwd.idle                          0         5        skipped (measured 0)
+//   fwd.only_measured                50         -        unmatched
+// Matched measured time 1000: expert 60 %, alltoall (steps pooled) 30 %, gate 10 %.
+// alltoall: |errors| 10 20 -> MAPE 15, p90 at rank 0.9 -> 10 + 0.9*10 = 19, signed -5.
+TEST(SummarizeTest, OpErrorsPoolStepsAndComputeShares) {
+  v1::CandidatePlan m = Plan(v1::SCHEDULE_S2, 1000);
+  AddOp(&m, "fwd.gate", 0, 100);
+  AddOp(&m, "fwd.saa_dispatch.alltoall.1", 100, 200);
+  AddOp(&m, "fwd.saa_dispatch.alltoall.2", 200, 400);
+  AddOp(&m, "fwd.expert", 400, 1000);
+  AddOp(&m, "fwd.idle", 50, 50);
+  AddOp(&m, "fwd.only_measured", 0, 50);
+  v1::CandidatePlan p = Plan(v1::SCHEDULE_S2, 950);
+  AddOp(&p, "fwd.expert", 410, 950);
+  AddOp(&p, "fwd.saa_dispatch.alltoall.2", 190, 410);
+  AddOp(&p, "fwd.saa_dispatch.alltoall.1", 110, 190);
+  AddOp(&p, "fwd.gate", 0, 110);
+  AddOp(&p, "fwd.idle", 0, 5);
+  AddOp(&p, "fwd.only_predicted", 0, 5);
+
+  absl::StatusOr<v1::ValidationSummary> s = Summarize({Config("c", {m}, {p})}, "x", 4, 1);
+  ASSERT_TRUE(s.ok()) << s.status();
+  ASSERT_EQ(s->ops_size(), 3);
+  EXPECT_EQ(s->ops(0).op(), "fwd.expert");
+  EXPECT_EQ(s->ops(0).count(), 1);
+  EXPECT_DOUBLE_EQ(s->ops(0).measured_share_pct(), 60.0);
+  EXPECT_DOUBLE_EQ(s->ops(0).mape_pct(), 10.0);
+  EXPECT_DOUBLE_EQ(s->ops(0).mean_signed_pct(), -10.0);
+
+  EXPECT_EQ(s->ops(1).op(), "fwd.saa_dispatch.alltoall");
+  EXPECT_EQ(s->ops(1).count(), 2);
+  EXPECT_DOUBLE_EQ(s->ops(1).measured_share_pct(), 30.0);
+  EXPECT_DOUBLE_EQ(s->ops(1).mape_pct(), 15.0);
+  EXPECT_NEAR(s->ops(1).p90_pct(), 19.0, 1e-12);
+  EXPECT_DOUBLE_EQ(s->ops(1).mean_signed_pct(), -5.0);
+
+  EXPECT_EQ(s->ops(2).op(), "fwd.gate");
+  EXPECT_DOUBLE_EQ(s->ops(2).measured_share_pct(), 10.0);
+  EXPECT_DOUBLE_EQ(s->ops(2).mean_signed_pct(), 10.0);
+
+  EXPECT_EQ(s->unmatched_ops(), 1);
+  // The total error is independent of the ops: 100 * (950 - 1000) / 1000.
+  EXPECT_DOUBLE_EQ(s->mape_pct(), 5.0);
+}
+
+// Only a trailing ".<digits>" is a step: other dots and digits stay.
+TEST(SummarizeTest, OpGroupingStripsOnlyTrailingStepNumbers) {
+  v1::CandidatePlan m = Plan(v1::SCHEDULE_S1, 100);
+  AddOp(&m, "bwd.w2", 0, 10);
+  AddOp(&m, "bwd.saa.a2a.12", 10, 40);
+  AddOp(&m, "bwd.saa.a2a.3", 40, 100);
+  v1::CandidatePlan p = m;
+  absl::StatusOr<v1::ValidationSummary> s = Summarize({Config("c", {m}, {p})}, "x", 4, 1);
+  ASSERT_TRUE(s.ok()) << s.status();
+  ASSERT_EQ(s->ops_size(), 2);
+  EXPECT_EQ(s->ops(0).op(), "bwd.saa.a2a");
+  EXPECT_EQ(s->ops(0).count(), 2);
+  EXPECT_DOUBLE_EQ(s->ops(0).measured_share_pct(), 90.0);
+  EXPECT_EQ(s->ops(1).op(), "bwd.w2");
+  EXPECT_DOUBLE_EQ(s->ops(1).mape_pct(), 0.0);
+}
+
+// default measured only, s2 predicted only: both skipped; s1 pairs. A config
+// with one paired schedule has no choice, so it is left out of selection.
+TEST(SummarizeTest, SkipsSchedulesMissingOnOneSide) {
+  std::vector<ValidationInput> in = {
+      Config("one", {Plan(v1::SCHEDULE_DEFAULT, 100), Plan(v1::SCHEDULE_S1, 200)},
+             {Plan(v1::SCHEDULE_S1, 300), Plan(v1::SCHEDULE_S2, 50)}),
+  };
+  absl::StatusOr<v1::ValidationSummary> s = Summarize(in, "x", 4, 1);
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->points(), 1);
+  ASSERT_EQ(s->results(0).points_size(), 1);
+  EXPECT_EQ(s->results(0).points(0).schedule(), v1::SCHEDULE_S1);
+  EXPECT_DOUBLE_EQ(s->mape_pct(), 50.0);  // 100 * (300 - 200) / 200
+  EXPECT_EQ(s->results(0).measured_best(), v1::SCHEDULE_S1);
+  EXPECT_EQ(s->results(0).predicted_best(), v1::SCHEDULE_S1);
+  // No config with a choice: selection statistics stay 0 and the report says so.
+  EXPECT_DOUBLE_EQ(s->selection_accuracy_pct(), 0.0);
+  EXPECT_DOUBLE_EQ(s->mean_regret_pct(), 0.0);
+  const std::string md = RenderMarkdown(*s, {});
+  EXPECT_THAT(md, HasSubstr("| selection accuracy | not measured |"));
+  EXPECT_THAT(md, HasSubstr("Selection was not measured"));
+}
+
+// Adding a one-schedule config to TwoByThree leaves the selection numbers of
+// the two configs that had a choice alone.
+TEST(SummarizeTest, SingleScheduleConfigsAreLeftOutOfSelection) {
+  std::vector<ValidationInput> in = TwoByThree();
+  in.push_back(Config("single", {Plan(v1::SCHEDULE_S1, 100)}, {Plan(v1::SCHEDULE_S1, 100)}));
+  absl::StatusOr<v1::ValidationSummary> s = Summarize(in, "x", 4, 1);
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->configs(), 3);
+  EXPECT_EQ(s->points(), 7);
+  EXPECT_DOUBLE_EQ(s->selection_accuracy_pct(), 50.0);
+  EXPECT_DOUBLE_EQ(s->mean_regret_pct(), 6.25);
+  EXPECT_THAT(RenderMarkdown(*s, {}),
+              HasSubstr("1 config with a single schedule both measured and predicted is left out "
+                        "of the selection statistics"));
+}
+
+TEST(SummarizeTest, RejectsBadInput) {
+  absl::StatusOr<v1::ValidationSummary> s = Summarize({}, "x", 4, 1);
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument);
+
+  s = Summarize({Config("lonely", {Plan(v1::SCHEDULE_S1, 100)}, {Plan(v1::SCHEDULE_S2, 100)})}, "x",
+                4, 1);
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.status().message(), HasSubstr("'lonely'"));
+  EXPECT_THAT(s.status().message(), HasSubstr("no schedule is both measured and predicted"));
+
+  s = Summarize({Config("zero", {Plan(v1::SCHEDULE_S1, 0)}, {Plan(v1::SCHEDULE_S1, 100)})}, "x", 4,
+                1);
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.status().message(), HasSubstr("'zero', schedule s1: measured total_us"));
+
+  s = Summarize({Config("neg", {Plan(v1::SCHEDULE_S1, -5)}, {Plan(v1::SCHEDULE_S1, 100)})}, "x", 4,
+                1);
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument);
+
+  s = Summarize({Config("twice", {Plan(v1::SCHEDULE_S1, 1), Plan(v1::SCHEDULE_S1, 2)},
+                        {Plan(v1::SCHEDULE_S1, 1)})},
+                "x", 4, 1);
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.status().message(), HasSubstr("schedule s1 measured twice"));
+}
+
+TEST(RenderMarkdownTest, ShowsSummaryMissesAndEveryConfig) {
+  absl::StatusOr<v1::ValidationSummary> s = Summarize(TwoByThree(), "h200", 8, 2);
+  ASSERT_TRUE(s.ok()) << s.status();
+  ReportContext ctx;
+  ctx.command = "mpirun -np 8 moeplan-exec --json --schedule all";
+  ctx.plot_file = "validation.png";
+  ctx.profile_comment = "spec sheet numbers";
+  const std::string md = RenderMarkdown(*s, ctx);
+
+  EXPECT_THAT(md, HasSubstr("# moeplan validation: h200\n"));
+  EXPECT_THAT(md, HasSubstr("8 ranks on 2 hosts"));
+  EXPECT_THAT(md, HasSubstr("spec sheet numbers"));
+  EXPECT_THAT(md, HasSubstr("```\nmpirun -np 8 moeplan-exec --json --schedule all\n```\n"));
+  EXPECT_THAT(md, HasSubstr("| configs | 2 |"));
+  EXPECT_THAT(md, HasSubstr("| points (config × schedule) | 6 |"));
+  EXPECT_THAT(md, HasSubstr("| MAPE | 9.0 % |"));
+  EXPECT_THAT(md, HasSubstr("| p90 absolute error | 15.0 % |"));
+  EXPECT_THAT(md, HasSubstr("| max absolute error | 20.0 % (a, s2) |"));
+  EXPECT_THAT(md, HasSubstr("| mean signed error | -1.0 % |"));
+  EXPECT_THAT(md, HasSubstr("| selection accuracy | 50.0 % (1 of 2 configs) |"));
+  EXPECT_THAT(md, HasSubstr("| mean regret when wrong | 12.5 % |"));
+  EXPECT_THAT(md, HasSubstr("| max regret | 12.5 % |"));
+  EXPECT_THAT(md, HasSubstr("numpy"));
+  EXPECT_THAT(md, HasSubstr("![predicted vs measured](validation.png)"));
+  // Per schedule: s2 has -20 and -5 -> MAPE 12.5, p90 5 + 0.9*15 = 18.5, max 20, signed -12.5.
+  EXPECT_THAT(md, HasSubstr("| s2 | 2 | 12.5 | 18.5 | 20.0 | -12.5 |"));
+  // The miss: config a, predicted s2, measured s1, regret 12.5 %.
+  EXPECT_THAT(md, HasSubstr("| a | s2 | s1 | 12.5 |"));
+  // Worst point first.
+  EXPECT_THAT(md, HasSubstr("|---:|\n| a | s2 | 0.900 | 0.720 | -20.0 |"));
+  // Every config, every schedule.
+  EXPECT_THAT(md, HasSubstr("| a | 1.000 | 1.100 | +10.0 | 0.800 | 0.760 | -5.0 | 0.900 | 0.720 | "
+                            "-20.0 | s1 | s2 | 12.5 |"));
+  EXPECT_THAT(md, HasSubstr("| b | 2.000 | 2.080 | +4.0 | 2.500 | 2.750 | +10.0 | 1.600 | 1.520 | "
+                            "-5.0 | s2 | s2 | 0.0 |"));
+  EXPECT_THAT(md, HasSubstr("No measured op matched"));
+}
+
+TEST(RenderMarkdownTest, NoPlotLinkWithoutPlotFileAndFenceOutgrowsBackticks) {
+  absl::StatusOr<v1::ValidationSummary> s = Summarize(TwoByThree(), "h200", 8, 2);
+  ASSERT_TRUE(s.ok()) << s.status();
+  ReportContext ctx;
+  ctx.command = "run ```x```";
+  const std::string md = RenderMarkdown(*s, ctx);
+  EXPECT_THAT(md, Not(HasSubstr("![predicted vs measured]")));
+  ctx.plot_file = "my plot.png";
+  EXPECT_THAT(RenderMarkdown(*s, ctx), HasSubstr("![predicted vs measured](<my plot.png>)"));
+  EXPECT_THAT(md, HasSubstr("````\nrun ```x```\n````\n"));
+}
+
+TEST(PlotDataTest, OneBlockPerSchedule) {
+  absl::StatusOr<v1::ValidationSummary> s = Summarize(TwoByThree(), "h200", 8, 2);
+  ASSERT_TRUE(s.ok()) << s.status();
+  const std::string data = PlotData(*s);
+  EXPECT_THAT(data, HasSubstr("# schedule measured_ms predicted_ms config_name\n"
+                              "default 1 1.1 \"a\"\n"
+                              "default 2 2.08 \"b\"\n"
+                              "\n\n"
+                              "s1 0.8 0.76 \"a\"\n"
+                              "s1 2.5 2.75 \"b\"\n"
+                              "\n\n"
+                              "s2 0.9 0.72 \"a\"\n"
+                              "s2 1.6 1.52 \"b\"\n"));
+  EXPECT_EQ(data.substr(data.size() - 1), "\n");
+  EXPECT_THAT(data, HasSubstr("index 0, 1, ...): default s1 s2\n"));
+}
+
+TEST(GnuplotScriptTest, QuotesPathsAndPlotsEverySchedule) {
+  absl::StatusOr<v1::ValidationSummary> s = Summarize(TwoByThree(), "h200", 8, 2);
+  ASSERT_TRUE(s.ok()) << s.status();
+  const std::string gp = GnuplotScript(*s, "/tmp/it's `here`/d.dat", "out \"1\".png");
+  // Single-quoted: a quote doubled; backquotes and double quotes literal.
+  EXPECT_THAT(gp, HasSubstr("data_file = '/tmp/it''s `here`/d.dat'\n"));
+  EXPECT_THAT(gp, HasSubstr("png_file = 'out \"1\".png'\n"));
+  EXPECT_THAT(gp, HasSubstr("set output png_file\n"));
+  EXPECT_THAT(gp, HasSubstr("set logscale xy\n"));
+  EXPECT_THAT(gp, HasSubstr("(ms)"));
+  EXPECT_THAT(gp, HasSubstr("1.1*x"));
+  EXPECT_THAT(gp, HasSubstr("0.9*x"));
+  EXPECT_THAT(gp, HasSubstr("data_file index 0 using 2:3 with points pt 7 ps 1.3 lc rgb "
+                            "'#1f77b4' title 'default'"));
+  EXPECT_THAT(gp, HasSubstr("data_file index 2 using 2:3 with points pt 9 ps 1.3 lc rgb "
+                            "'#2ca02c' title 's2'"));
+  // Range: 0.72 / 1.25 to 2.75 * 1.25.
+  EXPECT_THAT(gp, HasSubstr("set xrange [0.576:3.4375]\n"));
+  // Inside one decade 1-2-5 tics would be only 1 and 2, so every 1..9 step.
+  EXPECT_THAT(gp, HasSubstr("set xtics (0.6, 0.7, 0.8, 0.9, 1, 2, 3)\n"));
+
+  const std::string nl = GnuplotScript(*s, "a\nb", "p.png");
+  EXPECT_THAT(nl, HasSubstr("data_file = 'a'.\"\\n\".'b'\n"));
+}
+
+std::string ShellQuote(const std::string& s) {
+  std::string out = "'";
+  for (char c : s) {
+    if (c == '\'') {
+      out += "'\\''";
+    } else {
+      out += c;
+    }
+  }
+  return out + "'";
+}
+
+bool WriteFile(const std::string& path, const std::string& text) {
+  std::ofstream f(path, std::ios::binary);
+  f << text;
+  return static_cast<bool>(f);
+}
+
+TEST(GnuplotScriptTest, GnuplotRendersPng) {
+  struct stat st;
+  if (::stat("/usr/bin/gnuplot", &st) != 0) {
+    GTEST_SKIP() << "/usr/bin/gnuplot is not installed (Debian: apt-get install gnuplot-nox)";
+  }
+  absl::StatusOr<v1::ValidationSummary> s = Summarize(TwoByThree(), "h200", 8, 2);
+  ASSERT_TRUE(s.ok()) << s.status();
+
+  std::string tmpl = ::testing::TempDir() + "validation_plotXXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl.data()), nullptr);
+  // A quote and a space in the paths, and gnuplot run from another directory.
+  const std::string dir = tmpl + "/it's here";
+  ASSERT_EQ(::mkdir(dir.c_str(), 0700), 0);
+  const std::string data = dir + "/validation.dat";
+  const std::string script = dir + "/validation.gp";
+  const std::string png = dir + "/validation.png";
+  ASSERT_TRUE(WriteFile(data, PlotData(*s)));
+  ASSERT_TRUE(WriteFile(script, GnuplotScript(*s, data, png)));
+
+  const std::string cmd = "cd / && /usr/bin/gnuplot " + ShellQuote(script) + " 2>&1";
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  std::ifstream f(png, std::ios::binary);
+  ASSERT_TRUE(f) << png << " was not written";
+  std::string head(8, '\0');
+  f.read(head.data(), 8);
+  EXPECT_EQ(head, std::string("\x89PNG\r\n\x1a\n", 8));
+  f.close();
+  std::error_code ec;
+  std::filesystem::remove_all(tmpl, ec);
+}
+
+}  // namespace
+}  // namespace moeplan::calibration

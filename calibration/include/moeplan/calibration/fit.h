@@ -23,7 +23,9 @@ absl::StatusOr<std::vector<v1::ProfileSample>> ParseSamples(std::string_view tex
 
 // t(n) = alpha + beta * n fitted by least squares weighted for relative error
 // (each point's residual divided by its measured time), with alpha >= 0 and
-// beta > 0 enforced (refit through the origin when alpha comes out negative).
+// beta > 0 enforced (refit through the origin when alpha comes out negative;
+// timings that do not grow with n get beta = 1e-12 us/B, which Calibrate
+// warns about).
 struct LineFit {
   double alpha_us = 0.0;
   double beta_us_per_byte = 0.0;
@@ -31,11 +33,13 @@ struct LineFit {
   double max_rel_err = 0.0;  // max |fit - t| / t over the points
   int points = 0;
   int64_t min_bytes = 0, max_bytes = 0;  // range of n fitted
-  // The widest run of consecutive sizes (sorted) whose relative error is
-  // <= the tolerance the fit was made with: where the line holds.
+  // The widest run (most points; on a tie the larger sizes) of consecutive
+  // sizes (sorted) whose relative error is <= the tolerance the fit was made
+  // with: where the line holds. Both 0 when no point is within tolerance.
   int64_t holds_from_bytes = 0, holds_to_bytes = 0;
 };
-// `n` and `t` have equal length >= 2 with distinct n. InvalidArgument otherwise.
+// `n` and `t` have equal length >= 2, all finite and > 0, with distinct n, and
+// tolerance >= 0. InvalidArgument otherwise, naming the entry ("t[3]: ...").
 absl::StatusOr<LineFit> FitLine(const std::vector<double>& n, const std::vector<double>& t,
                                 double tolerance);
 
@@ -47,9 +51,16 @@ struct CalibrateOptions {
   double gpu_memory_gib = 0;  // 0: unknown, left unset
 };
 
-// What one fit is and how well it holds.
+// What one fit is and how well it holds. Rows, in order: one per fitted
+// (collective, shape) ("allgather 4 ranks / 1 node"; the pair SendRecv rows
+// end in "(intra link)" / "(inter link)"), "gemm", "memory", "memory kernel
+// <name>" (the shared line on that kernel's samples), "saa a2a 4x2 / gather
+// 2x1" (the planner's SAA composition against the fused measurement).
+// "gemm" and "memory" rows compare planner::CostModel with the samples.
 struct FitQuality {
-  std::string what;  // "allgather 4 ranks / 1 node", "link intra", "gemm", "memory"
+  std::string what;
+  // Rows that are not one line have beta 0: "gemm" (alpha is the launch
+  // overhead; sizes are flops, 2mnk) and "saa" (alpha 0).
   LineFit fit;
   std::vector<std::string> warnings;  // empty: the fit holds over the sampled range
 };
@@ -57,12 +68,19 @@ struct FitQuality {
 struct Calibration {
   v1::ClusterProfile profile;  // source: PROFILE_SOURCE_MEASURED, valid for the planner
   std::vector<FitQuality> fits;
-  std::vector<std::string> warnings;  // about the samples as a whole
+  // About the samples as a whole: groups skipped (one size only), a link level
+  // copied from the other, GEMM grid cells filled, a missing launch probe.
+  std::vector<std::string> warnings;
 };
 
 // Fits a profile from the samples of one run (one backend / dtype / node layout;
 // mixing runs is InvalidArgument naming the differing field). Samples with
 // wrong_elements > 0 are InvalidArgument: a wrong collective is not timed.
+// Also InvalidArgument: no samples, a bad options.name ("name: ..."), no
+// SendRecv sweep on {2 ranks, 1 node} (unless one rank per node) or on {2, 2}
+// (unless one node: then inter copies intra, with a warning), no
+// GEMM besides the 1x1x1 probe, fewer than 2 memory-kernel sizes. Groups of
+// one size are skipped with a warning; dual SAA samples are not compared.
 absl::StatusOr<Calibration> Calibrate(const std::vector<v1::ProfileSample>& samples,
                                       const CalibrateOptions& options);
 

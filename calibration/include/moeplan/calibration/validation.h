@@ -22,8 +22,9 @@ struct ValidationInput {
 };
 
 // Total and per-op errors, selection accuracy and regret. InvalidArgument when
-// there are no inputs, a config has no schedule both measured and predicted, or
-// a measured total is not > 0.
+// there are no inputs, a config has no schedule both measured and predicted,
+// lists a schedule twice on one side, or a paired measured total is not finite
+// and > 0 (or the predicted one not finite).
 absl::StatusOr<v1::ValidationSummary> Summarize(const std::vector<ValidationInput>& inputs,
                                                 const std::string& profile, int ranks, int hosts);
 

@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# The calibration round trip as an operator runs it (label "mpi"), short:
+#   roundtrip_test.sh MOEPLAN_PROFILE MOEPLAN_CLI MOEPLAN_EXEC SOURCE_DIR
+# mpirun -np 4 moeplan-profile --quick -> moeplan calibrate -> moeplan validate
+# (4 ranks, a 4-config grid): the samples are checked and complete, the fitted
+# profile is measured and has the fits the planner needs, and the validation
+# writes its report, its plot and a JSON summary with the documented keys.
+set -uo pipefail
+PROFILE_BIN=$1 CLI=$2 EXEC=$3 SRC=$4
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
+  OMPI_MCA_rmaps_base_oversubscribe=1 OMPI_MCA_btl_vader_single_copy_mechanism=none
+PY=/usr/bin/python3
+TMP=$(mktemp -d)
+trap 'rm -rf "$TMP"' EXIT
+fail=0
+bad() { echo "FAIL: $*" >&2; fail=1; }
+
+# 1. Profile.
+if ! timeout 300 mpirun -np 4 "$PROFILE_BIN" --quick --out "$TMP/samples.jsonl" 2>"$TMP/profile.err"; then
+  bad "moeplan-profile failed: $(tail -5 "$TMP/profile.err")"
+fi
+[ -e "$TMP/samples.jsonl.partial" ] && bad "the .partial file was left behind"
+$PY - "$TMP/samples.jsonl" <<'PYEOF' || fail=1
+import json, sys
+kinds, ok = {}, True
+for line in open(sys.argv[1]):
+    s = json.loads(line)
+    kind = next(k for k in ("collective", "saa", "gemm", "memory") if k in s)
+    kinds[kind] = kinds.get(kind, 0) + 1
+    for key in ("host", "backend", "versions", "timestamp"):
+        if not s["run"].get(key):
+            print("FAIL: sample without run." + key, file=sys.stderr); ok = False
+    if kind in ("collective", "saa") and (not s["checked"] or s["wrong_elements"] != "0"):
+        print("FAIL: unchecked or wrong collective:", line, file=sys.stderr); ok = False
+    if not (s["min_us"] <= s["median_us"] <= s["max_us"]) or s["median_us"] <= 0:
+        print("FAIL: inconsistent times:", line, file=sys.stderr); ok = False
+for k in ("collective", "saa", "gemm", "memory"):
+    if kinds.get(k, 0) == 0:
+        print("FAIL: no", k, "samples", file=sys.stderr); ok = False
+sys.exit(0 if ok else 1)
+PYEOF
+
+# 2. Calibrate.
+if ! "$CLI" calibrate --samples "$TMP/samples.jsonl" --out "$TMP/cpu-quick.json" >"$TMP/fit.txt" 2>&1; then
+  bad "calibrate failed: $(cat "$TMP/fit.txt")"
+fi
+grep -q "R" "$TMP/fit.txt" || bad "no fit report printed"
+$PY - "$TMP/cpu-quick.json" <<'PYEOF' || fail=1
+import json, sys
+p = json.load(open(sys.argv[1]))
+ok = True
+def check(cond, msg):
+    global ok
+    if not cond: print("FAIL:", msg, file=sys.stderr); ok = False
+check(p["source"] == "PROFILE_SOURCE_MEASURED", "source is not measured")
+check(p["name"] == "cpu-quick", "name is not the file's stem")
+check(p["nodes"] == 1 and p["gpus_per_node"] == 4, "cluster shape is not 1 x 4")
+shapes = {(f["collective"], f["shape"]["ranks"], f["shape"]["nodes"]) for f in p["collectives"]}
+for c in ("COLLECTIVE_ALL_REDUCE", "COLLECTIVE_ALL_GATHER", "COLLECTIVE_REDUCE_SCATTER", "COLLECTIVE_ALL_TO_ALL"):
+    for r in (2, 4):
+        check((c, r, 1) in shapes, f"no fit for {c} on {r} ranks")
+check(p["links"]["intra"]["beta_us_per_byte"] > 0, "no intra link beta")
+check(p["gemm"]["peak_tflops"] > 0 and len(p["gemm"]["efficiency"]) == 27, "GEMM table is not 3x3x3")
+check(p["memory"]["bandwidth_gbytes_per_s"] > 0, "no memory bandwidth")
+sys.exit(0 if ok else 1)
+PYEOF
+# The profile plans.
+"$CLI" plan-layer --layer "$SRC/tests/executor/layers/tiny-4.json" --cluster "$TMP/cpu-quick.json" \
+  >"$TMP/plan.txt" 2>&1 || bad "plan-layer on the fitted profile failed: $(cat "$TMP/plan.txt")"
+
+# 3. Validate.
+if ! timeout 600 "$CLI" validate --profile "$TMP/cpu-quick.json" --layers "$SRC/tests/calibration/quick-grid.json" \
+    --exec "$EXEC" --iters 2 --warmup 1 --out-dir "$TMP/val" --json >"$TMP/summary.json" 2>"$TMP/validate.err"; then
+  bad "validate failed: $(tail -5 "$TMP/validate.err")"
+fi
+$PY - "$TMP/summary.json" <<'PYEOF' || fail=1
+import json, sys
+s = json.load(open(sys.argv[1]))
+ok = True
+for k in ("mape_pct", "p90_pct", "selection_accuracy_pct", "mean_regret_pct", "configs"):
+    if k not in s:
+        print("FAIL: summary without", k, file=sys.stderr); ok = False
+if s.get("configs") != 4 or s.get("points") != 12:
+    print("FAIL: expected 4 configs x 3 schedules, got", s.get("configs"), s.get("points"), file=sys.stderr); ok = False
+if not s.get("ops"):
+    print("FAIL: no per-op errors", file=sys.stderr); ok = False
+sys.exit(0 if ok else 1)
+PYEOF
+grep -q "MAPE" "$TMP/val/report.md" || bad "report.md has no MAPE"
+if command -v gnuplot >/dev/null; then
+  head -c 8 "$TMP/val/plot.png" | od -An -tx1 | grep -q "89 50 4e 47" || bad "plot.png is not a PNG"
+  grep -q "plot.png" "$TMP/val/report.md" || bad "report.md does not show the plot"
+else
+  bad "gnuplot is not installed (scripts/setup.sh installs gnuplot-nox)"
+fi
+[ "$(ls "$TMP/val/exec" | wc -l)" = 4 ] || bad "expected 4 saved moeplan-exec reports"
+
+[ $fail = 0 ] && echo "roundtrip: all checks passed"
+exit $fail
