@@ -148,6 +148,35 @@ LineFit FitPoints(const std::vector<Obs>& pts, double tolerance) {
   return fit;
 }
 
+// A piecewise line over `pts` (distinct sizes): each piece grows from its
+// first point while its own weighted line stays within `tolerance` of every
+// point in it; at least 3 points per piece where there are (2 points always
+// fit exactly), at most kMaxPieces (the last takes the rest). Returns
+// (from_bytes, line) per piece; the first starts at 0.
+constexpr int kMaxPieces = 4;
+std::vector<std::pair<double, LineFit>> FitPieces(std::vector<Obs> pts, double tolerance) {
+  std::sort(pts.begin(), pts.end(), [](const Obs& a, const Obs& b) { return a.n < b.n; });
+  const size_t n = pts.size();
+  auto fit = [&](size_t i, size_t j) {
+    return FitPoints(std::vector<Obs>(pts.begin() + static_cast<std::ptrdiff_t>(i),
+                                      pts.begin() + static_cast<std::ptrdiff_t>(j) + 1),
+                     tolerance);
+  };
+  std::vector<std::pair<double, LineFit>> out;
+  for (size_t i = 0; i < n;) {
+    size_t j = std::min(i + 2, n - 1);
+    if (static_cast<int>(out.size()) + 1 == kMaxPieces) {
+      j = n - 1;
+    } else {
+      while (j + 1 < n && fit(i, j + 1).max_rel_err <= tolerance) ++j;
+      if (n - 1 - j < 2) j = n - 1;  // a lone last point joins this piece
+    }
+    out.emplace_back(i == 0 ? 0.0 : pts[i].n, fit(i, j));
+    i = j + 1;
+  }
+  return out;
+}
+
 int DistinctSizes(std::vector<Obs> pts) {
   std::sort(pts.begin(), pts.end(), [](const Obs& a, const Obs& b) { return a.n < b.n; });
   int distinct = 0;
@@ -505,13 +534,40 @@ absl::StatusOr<Calibration> Calibrate(const std::vector<v1::ProfileSample>& samp
     }
     if (is_intra) what += " (intra link)";
     if (is_inter) what += " (inter link)";
-    FitQuality q{what, FitPoints(pts, tol), {}};
+    const LineFit line = FitPoints(pts, tol);
+    // Regimes (protocol or algorithm switches, caches) a single line cannot
+    // follow: a piecewise line when it is closer. The row then reports the
+    // pieces' quality; `cost` keeps the single line.
+    std::vector<std::pair<double, LineFit>> pieces;
+    FitQuality q{what, line, {}};
+    if (line.max_rel_err > tol && DistinctSizes(pts) >= 4) {
+      pieces = FitPieces(pts, tol);
+      std::vector<Obs> obs = pts;
+      for (Obs& o : obs) {
+        size_t k = pieces.size() - 1;
+        while (k > 0 && o.n < pieces[k].first) --k;
+        o.pred = pieces[k].second.alpha_us + pieces[k].second.beta_us_per_byte * o.n;
+      }
+      LineFit pw = line;
+      FillQuality(std::move(obs), tol, &pw);
+      if (pieces.size() > 1 && pw.max_rel_err < line.max_rel_err) {
+        q.fit = pw;
+        q.what += Cat(" (", pieces.size(), " pieces)");
+      } else {
+        pieces.clear();
+      }
+    }
     LineWarnings(q, options, "small messages", "large messages", &q.warnings);
     v1::CollectiveFit* f = prof.add_collectives();
     f->set_collective(static_cast<v1::Collective>(coll));
     f->mutable_shape()->set_ranks(ranks);
     f->mutable_shape()->set_nodes(nodes);
-    SetAlphaBeta(q.fit, f->mutable_cost());
+    SetAlphaBeta(line, f->mutable_cost());
+    for (const auto& [from, piece] : pieces) {
+      v1::FitPiece* fp = f->add_pieces();
+      fp->set_from_bytes(ToInt64(from));
+      SetAlphaBeta(piece, fp->mutable_cost());
+    }
     f->set_r_squared(q.fit.r_squared);
     f->set_min_bytes(q.fit.min_bytes);
     f->set_max_bytes(q.fit.max_bytes);

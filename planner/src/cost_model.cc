@@ -110,6 +110,22 @@ absl::Status ValidateProfile(const ClusterProfile& p) {
                  Cat("ranks=", f.shape.ranks, ", nodes=", f.shape.nodes));
     }
     if (absl::Status s = CheckAlphaBeta(Cat(field, ".cost"), f.cost); !s.ok()) return s;
+    if (f.pieces.size() > static_cast<size_t>(kMaxFitPieces)) {
+      return Bad(Cat(field, ".pieces"), Cat("must have at most ", kMaxFitPieces, " pieces"),
+                 Cat(f.pieces.size()));
+    }
+    for (size_t k = 0; k < f.pieces.size(); ++k) {
+      const std::string piece = Cat(field, ".pieces[", k, "]");
+      const double from = f.pieces[k].from_bytes;
+      if (k == 0 && from != 0.0) return Bad(Cat(piece, ".from_bytes"), "must be 0", Cat(from));
+      if (k > 0 && !(from > f.pieces[k - 1].from_bytes)) {
+        return Bad(Cat(piece, ".from_bytes"), "must be greater than the previous piece's",
+                   Cat(from));
+      }
+      if (absl::Status s = CheckAlphaBeta(Cat(piece, ".cost"), f.pieces[k].cost); !s.ok()) {
+        return s;
+      }
+    }
     for (size_t j = 0; j < i; ++j) {
       if (p.collectives[j].collective == f.collective && p.collectives[j].shape == f.shape) {
         return Bad(field, "duplicate (collective, shape) fit", Cat("same as collectives[", j, "]"));
@@ -159,7 +175,18 @@ absl::StatusOr<CostModel> CostModel::Create(ClusterProfile profile) {
 
 CostModel::CostModel(ClusterProfile profile) : profile_(std::move(profile)) {
   for (const CollectiveFit& f : profile_.collectives) {
-    fits_.emplace(FitKey(f.collective, f.shape), f.cost);
+    Piecewise pw;
+    if (f.pieces.empty()) {
+      pw.count = 1;
+      pw.cost[0] = f.cost;
+    } else {
+      pw.count = static_cast<int>(f.pieces.size());
+      for (int i = 0; i < pw.count; ++i) {
+        pw.from[i] = f.pieces[static_cast<size_t>(i)].from_bytes;
+        pw.cost[i] = f.pieces[static_cast<size_t>(i)].cost;
+      }
+    }
+    fits_.emplace(FitKey(f.collective, f.shape), pw);
   }
   const GemmEfficiencyGrid& g = profile_.gemm.grid;
   const std::vector<int64_t>* axes[3] = {&g.m, &g.n, &g.k};

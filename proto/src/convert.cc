@@ -122,8 +122,13 @@ absl::StatusOr<p::ClusterProfile> ProfileFromProto(const v1::ClusterProfile& m) 
     absl::StatusOr<p::Collective> c =
         CollectiveFromProto(f.collective(), Cat("collectives[", i, "].collective"));
     if (!c.ok()) return c.status();
-    pr.collectives.push_back(
-        {*c, {f.shape().ranks(), f.shape().nodes()}, AlphaBetaFromProto(f.cost())});
+    p::CollectiveFit fit{
+        *c, {f.shape().ranks(), f.shape().nodes()}, AlphaBetaFromProto(f.cost()), {}};
+    for (const v1::FitPiece& piece : f.pieces()) {
+      fit.pieces.push_back(
+          {static_cast<double>(piece.from_bytes()), AlphaBetaFromProto(piece.cost())});
+    }
+    pr.collectives.push_back(std::move(fit));
   }
   pr.gemm.peak_tflops = m.gemm().peak_tflops();
   pr.gemm.launch_overhead_us = m.gemm().launch_overhead_us();

@@ -147,11 +147,11 @@ planner::ClusterProfile Reference(int nodes = 2) {
   p.shape = {nodes, 2};
   p.intra = {2.0, 1e-4};
   p.inter = nodes > 1 ? planner::AlphaBeta{10.0, 1e-3} : p.intra;
-  p.collectives.push_back({Collective::kSendRecv, {2, 1}, p.intra});
-  p.collectives.push_back({Collective::kAllGather, {2, 1}, {3.0, 2e-4}});
+  p.collectives.push_back({Collective::kSendRecv, {2, 1}, p.intra, {}});
+  p.collectives.push_back({Collective::kAllGather, {2, 1}, {3.0, 2e-4}, {}});
   if (nodes > 1) {
-    p.collectives.push_back({Collective::kSendRecv, {2, 2}, p.inter});
-    p.collectives.push_back({Collective::kAllToAll, {4, 2}, {20.0, 5e-4}});
+    p.collectives.push_back({Collective::kSendRecv, {2, 2}, p.inter, {}});
+    p.collectives.push_back({Collective::kAllToAll, {4, 2}, {20.0, 5e-4}, {}});
   }
   p.gemm.peak_tflops = 100.0;
   p.gemm.launch_overhead_us = 5.0;
@@ -464,27 +464,41 @@ TEST(CalibrateTest, MissingLaunchProbeIsEstimated) {
   EXPECT_THAT(c->warnings, Contains(HasSubstr("no 1x1x1 launch probe")));
 }
 
-TEST(CalibrateTest, WarnsWhenALineDoesNotHold) {
-  // AllGather {2,1} at 1 KiB takes 30 us (the line: 3.2 us). It drags the fit
-  // to 8 % off at 4 KiB, within the 10 % tolerance, and 88 % off at 1 KiB.
+TEST(CalibrateTest, PiecewiseWhereTheTimesChangeRegime) {
+  // AllGather {2,1} leaves its line (3 us + 2e-4 us/B) from 1 MiB on for a
+  // slower one (50 us + 4e-4 us/B), as when buffers leave the cache: no single
+  // line holds, so the fit is two exact pieces split at 1 MiB; `cost` keeps
+  // the single line.
   std::vector<v1::ProfileSample> s = Samples(Reference());
   for (v1::ProfileSample& x : s) {
     if (x.has_collective() && x.collective().collective() == v1::COLLECTIVE_ALL_GATHER &&
-        x.collective().bytes() == 1024) {
-      x.set_median_us(30.0);
+        x.collective().bytes() >= (1 << 20)) {
+      x.set_median_us(50.0 + 4e-4 * static_cast<double>(x.collective().bytes()));
     }
   }
   absl::StatusOr<Calibration> c = Calibrate(s, Options());
   ASSERT_TRUE(c.ok()) << c.status();
-  const FitQuality* q = FindFit(*c, "allgather 2 ranks / 1 node");
+  const v1::CollectiveFit* ag = FindCollective(c->profile, v1::COLLECTIVE_ALL_GATHER, 2, 1);
+  ASSERT_NE(ag, nullptr);
+  ASSERT_EQ(ag->pieces_size(), 2);
+  EXPECT_EQ(ag->pieces(0).from_bytes(), 0);
+  EXPECT_EQ(ag->pieces(1).from_bytes(), 1 << 20);
+  EXPECT_NEAR(ag->pieces(0).cost().alpha_us(), 3.0, 1e-6);
+  EXPECT_NEAR(ag->pieces(1).cost().beta_us_per_byte(), 4e-4, 1e-12);
+  const FitQuality* q = FindFit(*c, "allgather 2 ranks / 1 node (2 pieces)");
   ASSERT_NE(q, nullptr);
-  EXPECT_EQ(q->fit.holds_from_bytes, 4096);
-  EXPECT_EQ(q->fit.holds_to_bytes, 64 << 20);
-  ASSERT_EQ(q->warnings.size(), 1u) << testing::PrintToString(q->warnings);
-  EXPECT_THAT(q->warnings[0],
-              AllOf(StartsWith("allgather 2 ranks / 1 node: the line is off by up to "),
-                    HasSubstr("off by up to 88 % (holds from 4 KiB to 64 MiB)"),
-                    HasSubstr("small messages are latency-bound differently")));
+  EXPECT_LT(q->fit.max_rel_err, 1e-9);
+  EXPECT_TRUE(q->warnings.empty()) << testing::PrintToString(q->warnings);
+  // The planner follows the pieces.
+  absl::StatusOr<planner::ClusterProfile> pr = proto::ProfileFromProto(c->profile);
+  ASSERT_TRUE(pr.ok()) << pr.status();
+  absl::StatusOr<planner::CostModel> m = planner::CostModel::Create(*pr);
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_NEAR(m->CollectiveUs(planner::Collective::kAllGather, {2, 1}, 1024), 3.0 + 2e-4 * 1024,
+              1e-6);
+  const double big = 64.0 * (1 << 20);
+  EXPECT_NEAR(m->CollectiveUs(planner::Collective::kAllGather, {2, 1}, big), 50.0 + 4e-4 * big,
+              1e-6 * big);
 }
 
 TEST(CalibrateTest, FlatTimingsAreFittedAsAConstantWithAWarning) {

@@ -3,6 +3,7 @@
 // GEMM efficiency interpolation, memory-bound kernels and profile validation.
 #include "moeplan/planner/cost_model.h"
 
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -116,8 +117,8 @@ TEST(CostModelTest, ZeroBytesCostsOnlyStartUp) {
 
 TEST(CostModelTest, FitOverridesExactlyItsShapeAndCollective) {
   ClusterProfile p = MakeProfile();
-  p.collectives.push_back({Collective::kAllToAll, GroupShape{4, 4}, AlphaBeta{1.0, 0.5}});
-  p.collectives.push_back({Collective::kAllReduce, GroupShape{8, 1}, AlphaBeta{7.0, 0.25}});
+  p.collectives.push_back({Collective::kAllToAll, GroupShape{4, 4}, AlphaBeta{1.0, 0.5}, {}});
+  p.collectives.push_back({Collective::kAllReduce, GroupShape{8, 1}, AlphaBeta{7.0, 0.25}, {}});
   const CostModel m = MakeModel(p);
 
   // The fitted pairs: t = alpha + beta n.
@@ -307,30 +308,30 @@ std::vector<BadProfileCase> BadProfileCases() {
        "links.inter.beta_us_per_byte: "},
       {"fit of one rank",
        [](ClusterProfile& p) {
-         p.collectives.push_back({Collective::kAllGather, GroupShape{1, 1}, AlphaBeta{1, 1}});
+         p.collectives.push_back({Collective::kAllGather, GroupShape{1, 1}, AlphaBeta{1, 1}, {}});
        },
        "collectives[0].shape.ranks: must be >= 2"},
       {"fit nodes not dividing ranks",
        [](ClusterProfile& p) {
-         p.collectives.push_back({Collective::kAllGather, GroupShape{6, 4}, AlphaBeta{1, 1}});
+         p.collectives.push_back({Collective::kAllGather, GroupShape{6, 4}, AlphaBeta{1, 1}, {}});
        },
        "collectives[0].shape.nodes: "},
       {"fit with negative alpha",
        [](ClusterProfile& p) {
-         p.collectives.push_back({Collective::kAllGather, GroupShape{4, 1}, AlphaBeta{1, 1}});
-         p.collectives.push_back({Collective::kAllToAll, GroupShape{4, 1}, AlphaBeta{-1, 1}});
+         p.collectives.push_back({Collective::kAllGather, GroupShape{4, 1}, AlphaBeta{1, 1}, {}});
+         p.collectives.push_back({Collective::kAllToAll, GroupShape{4, 1}, AlphaBeta{-1, 1}, {}});
        },
        "collectives[1].cost.alpha_us: "},
       {"fit with zero beta",
        [](ClusterProfile& p) {
-         p.collectives.push_back({Collective::kAllToAll, GroupShape{4, 1}, AlphaBeta{1, 0}});
+         p.collectives.push_back({Collective::kAllToAll, GroupShape{4, 1}, AlphaBeta{1, 0}, {}});
        },
        "collectives[0].cost.beta_us_per_byte: "},
       {"duplicate fit",
        [](ClusterProfile& p) {
-         p.collectives.push_back({Collective::kAllToAll, GroupShape{4, 4}, AlphaBeta{1, 1}});
-         p.collectives.push_back({Collective::kAllGather, GroupShape{4, 4}, AlphaBeta{1, 1}});
-         p.collectives.push_back({Collective::kAllToAll, GroupShape{4, 4}, AlphaBeta{2, 2}});
+         p.collectives.push_back({Collective::kAllToAll, GroupShape{4, 4}, AlphaBeta{1, 1}, {}});
+         p.collectives.push_back({Collective::kAllGather, GroupShape{4, 4}, AlphaBeta{1, 1}, {}});
+         p.collectives.push_back({Collective::kAllToAll, GroupShape{4, 4}, AlphaBeta{2, 2}, {}});
        },
        "collectives[2]: duplicate (collective, shape) fit"},
       {"zero peak", [](ClusterProfile& p) { p.gemm.peak_tflops = 0; },
@@ -403,6 +404,45 @@ TEST(CostModelTest, BadProfilesAreRejectedNamingTheField) {
     ASSERT_FALSE(m.ok());
     EXPECT_EQ(m.status(), v);
   }
+}
+
+}  // namespace
+}  // namespace moeplan::planner
+
+namespace moeplan::planner {
+namespace {
+
+// A piecewise fit: the piece whose range holds n applies, boundaries
+// included in the upper piece; below the first boundary the first piece.
+TEST(CostModelPiecewise, PicksThePieceForTheSize) {
+  ClusterProfile p = testing::RoundNumberProfile();
+  CollectiveFit f{Collective::kAllToAll, GroupShape{4, 1}, AlphaBeta{100.0, 1.0}, {}};
+  f.pieces = {{0.0, {1.0, 0.5}}, {1024.0, {10.0, 0.25}}, {1 << 20, {50.0, 0.125}}};
+  p.collectives.push_back(f);
+  absl::StatusOr<CostModel> m = CostModel::Create(p);
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_DOUBLE_EQ(m->CollectiveUs(Collective::kAllToAll, {4, 1}, 1000), 1.0 + 500.0);
+  EXPECT_DOUBLE_EQ(m->CollectiveUs(Collective::kAllToAll, {4, 1}, 1024), 10.0 + 256.0);
+  EXPECT_DOUBLE_EQ(m->CollectiveUs(Collective::kAllToAll, {4, 1}, 1 << 20), 50.0 + 131072.0);
+  EXPECT_DOUBLE_EQ(m->CollectiveUs(Collective::kAllToAll, {4, 1}, 4 << 20), 50.0 + 524288.0);
+}
+
+TEST(CostModelPiecewise, RejectsBadPiecesNamingTheField) {
+  auto err = [](std::vector<FitPiece> pieces) {
+    ClusterProfile p = testing::RoundNumberProfile();
+    CollectiveFit f{Collective::kAllToAll, GroupShape{4, 1}, AlphaBeta{1.0, 1.0}, {}};
+    f.pieces = std::move(pieces);
+    p.collectives.push_back(f);
+    return std::string(CostModel::Create(p).status().message());
+  };
+  EXPECT_THAT(err({{8.0, {1, 1}}}), ::testing::HasSubstr("pieces[0].from_bytes: must be 0"));
+  EXPECT_THAT(
+      err({{0.0, {1, 1}}, {0.0, {1, 1}}}),
+      ::testing::HasSubstr("pieces[1].from_bytes: must be greater than the previous piece's"));
+  EXPECT_THAT(err({{0.0, {1, 1}}, {64.0, {1, 0}}}), ::testing::HasSubstr("pieces[1].cost"));
+  std::vector<FitPiece> many;
+  for (int i = 0; i < 9; ++i) many.push_back({i * 10.0, {1, 1}});
+  EXPECT_THAT(err(many), ::testing::HasSubstr("at most 8 pieces"));
 }
 
 }  // namespace

@@ -29,17 +29,9 @@ using MatMap = Eigen::Map<RowMat, Eigen::Unaligned>;
 constexpr float kGeluC = 0.7978845608028654f;
 constexpr float kGeluA = 0.044715f;
 
-float Gelu(float x) {
-  const float u = kGeluC * (x + kGeluA * x * x * x);
-  return 0.5f * x * (1.0f + std::tanh(u));
-}
-
-// d/dx of Gelu: 0.5 (1 + t) + 0.5 x (1 - t^2) c (1 + 3 a x^2), t = tanh(u).
-float GeluGrad(float x) {
-  const float u = kGeluC * (x + kGeluA * x * x * x);
-  const float t = std::tanh(u);
-  return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * kGeluC * (1.0f + 3.0f * kGeluA * x * x);
-}
+// GELU(x) = 0.5 x (1 + t), t = tanh(c (x + a x^3)); its derivative is
+// 0.5 (1 + t) + 0.5 x (1 - t^2) c (1 + 3 a x^2). Both are evaluated as Eigen
+// array expressions below.
 
 absl::Status Bad(std::string_view fn, std::string_view what) {
   return absl::InvalidArgumentError(Cat("cpu kernels: ", fn, ": ", what));
@@ -386,7 +378,10 @@ class CpuKernels final : public Kernels {
         MatMap am(static_cast<float*>(a) + block * R * H, R, H);
         MatMap om(static_cast<float*>(out) + block * R * M, R, M);
         zm.noalias() = xm * w1m;
-        am = zm.unaryExpr([](float v) { return Gelu(v); });
+        // Eigen's vectorised tanh: a scalar std::tanh per element made the
+        // activation ~15 % of the expert's time on CPUs.
+        const auto za = zm.array();
+        am.array() = 0.5f * za * (1.0f + (kGeluC * (za + kGeluA * za.cube())).tanh());
         om.noalias() = am * w2m;
       }
     }
@@ -417,7 +412,10 @@ class CpuKernels final : public Kernels {
         // da lands in dz itself and is scaled in place, so no scratch is needed
         // (dz must therefore not overlap z).
         dzm.noalias() = dom * w2m.transpose();
-        dzm.array() *= zm.unaryExpr([](float v) { return GeluGrad(v); }).array();
+        const auto za = zm.array();
+        const auto t = (kGeluC * (za + kGeluA * za.cube())).tanh();
+        dzm.array() *= 0.5f * (1.0f + t) + 0.5f * za * (1.0f - t.square()) * kGeluC *
+                                               (1.0f + 3.0f * kGeluA * za.square());
         dxm.noalias() = dzm * w1m.transpose();
       }
     }

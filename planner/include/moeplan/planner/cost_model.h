@@ -22,7 +22,8 @@ class CostModel {
 
   // Time of collective `c` on a group of shape `shape` with per-rank size `bytes`
   // in the convention of profile.proto. A fit for (c, shape) is used when the
-  // profile has one; otherwise the link-level fallback:
+  // profile has one (its piece for `bytes` when piecewise); otherwise the
+  // link-level fallback:
   //   AllReduce 2(s-1)(a + n/s b); AllGather, ReduceScatter (s-1)(a + n b);
   //   AlltoAll (s-1)(a + n/s b); SendRecv a + n b,
   // with (a, b) of the slowest link the group crosses. Groups of one rank cost 0
@@ -45,8 +46,21 @@ class CostModel {
   explicit CostModel(ClusterProfile profile);
   static uint64_t FitKey(Collective c, GroupShape shape);
 
+  // A fit's pieces inline (no pointer chasing in the simulator's hot path):
+  // the last piece whose `from` is <= n applies.
+  struct Piecewise {
+    int count = 0;
+    std::array<double, kMaxFitPieces> from{};
+    std::array<AlphaBeta, kMaxFitPieces> cost{};
+    double At(double n) const {
+      int i = count - 1;
+      while (i > 0 && n < from[static_cast<size_t>(i)]) --i;
+      return cost[static_cast<size_t>(i)].At(n);
+    }
+  };
+
   ClusterProfile profile_;
-  absl::flat_hash_map<uint64_t, AlphaBeta> fits_;
+  absl::flat_hash_map<uint64_t, Piecewise> fits_;
   std::array<std::vector<double>, 3> log_axes_;  // log2 of m, n, k grid axes
   double flops_per_us_ = 0.0;                    // peak, in flop per microsecond
   double mem_bytes_per_us_ = 0.0;

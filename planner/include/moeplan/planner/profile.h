@@ -34,11 +34,21 @@ struct GroupShape {
   friend bool operator==(const GroupShape&, const GroupShape&) = default;
 };
 
+// One piece of a piecewise cost: applies from `from_bytes` to the next piece's.
+struct FitPiece {
+  double from_bytes = 0.0;
+  AlphaBeta cost;
+};
+inline constexpr int kMaxFitPieces = 8;
+
 // A fitted (collective, shape) cost; n in the proto's convention (see profile.proto).
+// `pieces` (first from 0, strictly increasing, at most kMaxFitPieces) takes
+// precedence over `cost` when not empty.
 struct CollectiveFit {
   Collective collective = Collective::kAllReduce;
   GroupShape shape;
   AlphaBeta cost;
+  std::vector<FitPiece> pieces;
 };
 
 // efficiency over an m x n x k grid (axes strictly increasing), m-major.
