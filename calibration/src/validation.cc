@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstddef>
 #include <iterator>
+#include <limits>
 #include <map>
 #include <string_view>
 #include <unordered_map>
@@ -16,6 +17,10 @@
 
 namespace moeplan::calibration {
 namespace {
+
+// Schedules measured closer than this are within run-to-run noise on a shared
+// machine: the selection statistics also report the configs beyond it.
+constexpr double kDecisiveMarginPct = 5.0;
 
 // Lower-case like planner::ScheduleName, so reports and plan dumps agree.
 std::string ScheduleLabel(v1::Schedule s) {
@@ -276,6 +281,7 @@ absl::StatusOr<v1::ValidationSummary> Summarize(const std::vector<ValidationInpu
   double regret_sum = 0.0;
   double miss_regret_sum = 0.0;
   double max_regret = 0.0;
+  int decisive = 0, decisive_hits = 0;
 
   for (const ValidationInput& in : inputs) {
     absl::StatusOr<std::map<int, const v1::CandidatePlan*>> measured =
@@ -339,8 +345,19 @@ absl::StatusOr<v1::ValidationSummary> Summarize(const std::vector<ValidationInpu
       } else {
         miss_regret_sum += regret;
       }
+      double runner_up = std::numeric_limits<double>::infinity();
+      for (const v1::ValidationPoint& pt : c->points()) {
+        if (pt.schedule() != c->measured_best()) runner_up = std::min(runner_up, pt.measured_us());
+      }
+      if (ErrorPct(runner_up, meas_best->total_us()) >= kDecisiveMarginPct) {
+        ++decisive;
+        decisive_hits += c->measured_best() == c->predicted_best();
+      }
     }
   }
+  s.set_decisive_margin_pct(kDecisiveMarginPct);
+  s.set_decisive_configs(decisive);
+  if (decisive > 0) s.set_selection_accuracy_decisive_pct(100.0 * decisive_hits / decisive);
 
   const ErrorStats total = StatsOf(errors);
   s.set_points(total.count);
@@ -426,6 +443,18 @@ std::string RenderMarkdown(const v1::ValidationSummary& s, const ReportContext& 
       md += "| mean regret when wrong | – (no misses) |\n";
     }
     fmt::format_to(out, "| max regret | {} % |\n", Pct(s.max_regret_pct()));
+    if (s.decisive_configs() > 0) {
+      fmt::format_to(out,
+                     "| selection accuracy where the measured best leads by >= {:g} % | {} % "
+                     "({} configs) |\n",
+                     s.decisive_margin_pct(), Pct(s.selection_accuracy_decisive_pct()),
+                     s.decisive_configs());
+    } else {
+      fmt::format_to(out,
+                     "| selection accuracy where the measured best leads by >= {:g} % | – (no "
+                     "such config) |\n",
+                     s.decisive_margin_pct());
+    }
   } else {
     md += "| selection accuracy | not measured |\n";
   }

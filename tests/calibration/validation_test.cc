@@ -66,6 +66,20 @@ std::vector<ValidationInput> TwoByThree() {
   };
 }
 
+// Measured 1000 vs 1020 (2 % apart) is a near tie: missing it counts against
+// the strict selection accuracy but not against the decisive one.
+TEST(SummarizeTest, NearTiesAreNotDecisive) {
+  std::vector<ValidationInput> in = TwoByThree();
+  in.push_back(Config("tie", {Plan(v1::SCHEDULE_DEFAULT, 1000), Plan(v1::SCHEDULE_S1, 1020)},
+                      {Plan(v1::SCHEDULE_DEFAULT, 1100), Plan(v1::SCHEDULE_S1, 1050)}));
+  absl::StatusOr<v1::ValidationSummary> s = Summarize(in, "p", 4, 2);
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_NEAR(s->selection_accuracy_pct(), 100.0 / 3.0, 1e-9);
+  EXPECT_EQ(s->decisive_configs(), 2);
+  EXPECT_DOUBLE_EQ(s->selection_accuracy_decisive_pct(), 50.0);
+  EXPECT_DOUBLE_EQ(s->results(2).regret_pct(), 2.0);
+}
+
 TEST(SummarizeTest, TwoConfigsThreeSchedulesHandComputed) {
   absl::StatusOr<v1::ValidationSummary> s = Summarize(TwoByThree(), "h200", 8, 2);
   ASSERT_TRUE(s.ok()) << s.status();
@@ -84,6 +98,11 @@ TEST(SummarizeTest, TwoConfigsThreeSchedulesHandComputed) {
   EXPECT_DOUBLE_EQ(s->mean_regret_pct(), 6.25);
   EXPECT_DOUBLE_EQ(s->mean_regret_when_wrong_pct(), 12.5);
   EXPECT_DOUBLE_EQ(s->max_regret_pct(), 12.5);
+  // Both configs are decisive: a's runner-up (s2, 900) is 12.5 % behind s1,
+  // b's (default, 2000) 25 % behind s2.
+  EXPECT_DOUBLE_EQ(s->decisive_margin_pct(), 5.0);
+  EXPECT_EQ(s->decisive_configs(), 2);
+  EXPECT_DOUBLE_EQ(s->selection_accuracy_decisive_pct(), 50.0);
   EXPECT_EQ(s->ops_size(), 0);
   EXPECT_EQ(s->unmatched_ops(), 0);
 
