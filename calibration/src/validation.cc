@@ -14,6 +14,7 @@
 
 #include "absl/status/status.h"
 #include "moeplan/planner/strings.h"
+#include "moeplan/proto/convert.h"
 
 namespace moeplan::calibration {
 namespace {
@@ -24,18 +25,8 @@ constexpr double kDecisiveMarginPct = 5.0;
 
 // Lower-case like planner::ScheduleName, so reports and plan dumps agree.
 std::string ScheduleLabel(v1::Schedule s) {
-  switch (s) {
-    case v1::SCHEDULE_DEFAULT:
-      return "default";
-    case v1::SCHEDULE_S1:
-      return "s1";
-    case v1::SCHEDULE_S2:
-      return "s2";
-    case v1::SCHEDULE_UNSPECIFIED:
-      return "unspecified";
-    default:
-      return Cat("schedule(", static_cast<int>(s), ")");
-  }
+  absl::StatusOr<planner::Schedule> p = proto::ScheduleFromProto(s);
+  return p.ok() ? std::string(planner::ScheduleName(*p)) : "unspecified";
 }
 
 double ErrorPct(double predicted, double measured) {

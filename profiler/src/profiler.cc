@@ -11,6 +11,7 @@
 #include "moeplan/executor/saa.h"
 #include "moeplan/planner/status_macros.h"
 #include "moeplan/planner/strings.h"
+#include "moeplan/proto/convert.h"
 
 namespace moeplan::profiler {
 
@@ -43,22 +44,6 @@ double Median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   const size_t n = v.size();
   return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
-v1::Collective ToProto(Collective c) {
-  switch (c) {
-    case Collective::kAllReduce:
-      return v1::COLLECTIVE_ALL_REDUCE;
-    case Collective::kAllGather:
-      return v1::COLLECTIVE_ALL_GATHER;
-    case Collective::kReduceScatter:
-      return v1::COLLECTIVE_REDUCE_SCATTER;
-    case Collective::kAllToAll:
-      return v1::COLLECTIVE_ALL_TO_ALL;
-    case Collective::kSendRecv:
-      return v1::COLLECTIVE_SEND_RECV;
-  }
-  return v1::COLLECTIVE_UNSPECIFIED;
 }
 
 void SetShape(GroupShape s, v1::GroupShape* out) {
@@ -267,9 +252,11 @@ absl::StatusOr<v1::ProfileSample> Profiler::Collective(const Point& p) {
   const auto& m = g->members;
   switch (p.collective) {
     case Collective::kAllReduce: {
-      MOEPLAN_ASSIGN_OR_RETURN(send, buf.From(Values(me, count)));
-      MOEPLAN_ASSIGN_OR_RETURN(recv, buf.Make(static_cast<size_t>(count) * 4));
-      op = [&] { return c.AllReduce(send, recv, static_cast<size_t>(count), DType::kF32); };
+      // In place, as the executor reduces its activations and gradients (the
+      // values keep growing over repetitions; only the first is checked).
+      MOEPLAN_ASSIGN_OR_RETURN(recv, buf.From(Values(me, count)));
+      send = recv;
+      op = [&] { return c.AllReduce(recv, recv, static_cast<size_t>(count), DType::kF32); };
       out_count = count;
       want = [&](int64_t i) {
         float sum = 0.0f;
@@ -333,7 +320,7 @@ absl::StatusOr<v1::ProfileSample> Profiler::Collective(const Point& p) {
   const Repeater rep{backend_->device.get(), options_};
   MOEPLAN_RETURN_IF_ERROR(rep.Run(op, check, &sample));
   v1::CollectiveSample* cs = sample.mutable_collective();
-  cs->set_collective(ToProto(p.collective));
+  cs->set_collective(proto::CollectiveToProto(p.collective));
   SetShape(p.shape, cs->mutable_shape());
   cs->set_groups(GroupsOf(layout_, p.shape));
   cs->set_bytes(p.bytes);

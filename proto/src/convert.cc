@@ -142,6 +142,22 @@ absl::StatusOr<p::ClusterProfile> ProfileFromProto(const v1::ClusterProfile& m) 
   return pr;
 }
 
+v1::Collective CollectiveToProto(p::Collective c) {
+  switch (c) {
+    case p::Collective::kAllReduce:
+      return v1::COLLECTIVE_ALL_REDUCE;
+    case p::Collective::kAllGather:
+      return v1::COLLECTIVE_ALL_GATHER;
+    case p::Collective::kReduceScatter:
+      return v1::COLLECTIVE_REDUCE_SCATTER;
+    case p::Collective::kAllToAll:
+      return v1::COLLECTIVE_ALL_TO_ALL;
+    case p::Collective::kSendRecv:
+      return v1::COLLECTIVE_SEND_RECV;
+  }
+  return v1::COLLECTIVE_UNSPECIFIED;
+}
+
 v1::Schedule ScheduleToProto(p::Schedule s) {
   switch (s) {
     case p::Schedule::kDefault:

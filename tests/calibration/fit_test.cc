@@ -197,22 +197,6 @@ v1::ProfileSample Sample(const v1::ProfileRun& run, double median_us) {
   return s;
 }
 
-v1::Collective ToProto(planner::Collective c) {
-  switch (c) {
-    case planner::Collective::kAllReduce:
-      return v1::COLLECTIVE_ALL_REDUCE;
-    case planner::Collective::kAllGather:
-      return v1::COLLECTIVE_ALL_GATHER;
-    case planner::Collective::kReduceScatter:
-      return v1::COLLECTIVE_REDUCE_SCATTER;
-    case planner::Collective::kAllToAll:
-      return v1::COLLECTIVE_ALL_TO_ALL;
-    case planner::Collective::kSendRecv:
-      return v1::COLLECTIVE_SEND_RECV;
-  }
-  return v1::COLLECTIVE_UNSPECIFIED;
-}
-
 // The profiler's output for the reference cluster: every fitted collective over
 // 1 KiB .. 64 MiB (x4 steps), the GEMM grid and the 1x1x1 probe, two memory
 // kernels over 64 KiB .. 64 MiB.
@@ -224,7 +208,7 @@ std::vector<v1::ProfileSample> Samples(const planner::ClusterProfile& p) {
     for (double b = kKiB; b <= 64 * kMiB; b *= 4) {
       v1::ProfileSample s = Sample(run, cost.CollectiveUs(f.collective, f.shape, b));
       v1::CollectiveSample* c = s.mutable_collective();
-      c->set_collective(ToProto(f.collective));
+      c->set_collective(proto::CollectiveToProto(f.collective));
       c->mutable_shape()->set_ranks(f.shape.ranks);
       c->mutable_shape()->set_nodes(f.shape.nodes);
       c->set_groups(p.shape.nodes * p.shape.gpus_per_node / f.shape.ranks);

@@ -93,7 +93,7 @@ if command -v gnuplot >/dev/null; then
 else
   bad "gnuplot is not installed (scripts/setup.sh installs gnuplot-nox)"
 fi
-[ "$(ls "$TMP/val/exec" | wc -l)" = 4 ] || bad "expected 4 saved moeplan-exec reports"
+[ "$(find "$TMP/val/exec" -name "*.json" | wc -l)" = 4 ] || bad "expected 4 saved moeplan-exec reports"
 
 [ $fail = 0 ] && echo "roundtrip: all checks passed"
 exit $fail

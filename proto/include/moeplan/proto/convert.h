@@ -22,6 +22,7 @@ v1::LayerConfig LayerToProto(const planner::LayerConfig& layer);
 absl::StatusOr<planner::ClusterProfile> ProfileFromProto(const v1::ClusterProfile& msg);
 
 v1::Schedule ScheduleToProto(planner::Schedule s);
+v1::Collective CollectiveToProto(planner::Collective c);
 absl::StatusOr<planner::Schedule> ScheduleFromProto(v1::Schedule s);
 
 // Fills a response from a plan (ops only with include_timeline).
