@@ -658,7 +658,11 @@ absl::StatusOr<Calibration> Calibrate(const std::vector<v1::ProfileSample>& samp
   double peak = 0.0;
   for (const auto& [mnk, ts] : shapes) {
     const auto [m, n, k] = mnk;
-    const double t = Median(ts);
+    // Several samples of one shape are its transpose variants (NN, NT, TN):
+    // the executor runs each about equally often (forward, input gradient,
+    // weight gradient) and the planner's GEMM has no transpose, so their mean.
+    double t = 0.0;
+    for (double x : ts) t += x / static_cast<double>(ts.size());
     const double flops = 2.0 * double(m) * double(n) * double(k);
     const double r = flops / std::max(t - overhead, kMinBusyFraction * t);
     rate[(index_of(axes[0], m) * nn + index_of(axes[1], n)) * nk + index_of(axes[2], k)] = r;

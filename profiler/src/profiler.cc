@@ -432,8 +432,10 @@ absl::StatusOr<v1::ProfileSample> Profiler::Gemm(const Point& p) {
   MOEPLAN_ASSIGN_OR_RETURN(void* c, buf.Make(static_cast<size_t>(p.m * p.n) * es));
   MOEPLAN_ASSIGN_OR_RETURN(void* c32, buf.Make(static_cast<size_t>(p.m * p.n) * 4));
   ex::Kernels& k = *backend_->kernels;
+  // Row-major storage: A is m x k (k x m when transposed), B k x n (n x k).
+  const int64_t lda = p.trans_a ? p.m : p.k, ldb = p.trans_b ? p.k : p.n;
   auto op = [&] {
-    return k.Gemm(false, false, p.m, p.n, p.k, 1.0f, a, p.k, b, p.n, 0.0f, c, p.n, t);
+    return k.Gemm(p.trans_a, p.trans_b, p.m, p.n, p.k, 1.0f, a, lda, b, ldb, 0.0f, c, p.n, t);
   };
   auto check = [&]() -> absl::StatusOr<int64_t> {
     MOEPLAN_RETURN_IF_ERROR(k.ToF32(c, t, static_cast<float*>(c32), p.m * p.n));
@@ -453,6 +455,8 @@ absl::StatusOr<v1::ProfileSample> Profiler::Gemm(const Point& p) {
   gs->set_m(p.m);
   gs->set_n(p.n);
   gs->set_k(p.k);
+  gs->set_trans_a(p.trans_a);
+  gs->set_trans_b(p.trans_b);
   gs->set_tflops(2.0 * p.m * p.n * p.k / std::max(sample.median_us(), 1e-9) * 1e-6);
   return sample;
 }

@@ -123,7 +123,11 @@ std::string Point::Label() const {
       return fmt::format("saa{} a2a {} gather {} {}", dual ? "-dual" : "", ShapeLabel(saa.a2a),
                          ShapeLabel(saa.gather), HumanBytes(bytes));
     case Kind::kGemm:
-      return fmt::format("gemm {}x{}x{}", m, n, k);
+      return fmt::format("gemm {}x{}x{}{}", m, n, k,
+                         m == 1 && n == 1 && k == 1 ? ""
+                                                    : (trans_a   ? " TN"
+                                                       : trans_b ? " NT"
+                                                                 : " NN"));
     case Kind::kMemory:
       return fmt::format("{} {} tokens x {}", kernel, tokens, n);
   }
@@ -218,12 +222,18 @@ absl::StatusOr<Sweep> PlanSweep(const NodeLayout& layout, const SweepOptions& o)
           p.n = n;
           p.k = k;
           if (2.0 * m * n * k > o.gemm_max_flop) {
-            sw.skipped.push_back(fmt::format("{}: {:.3g} GFLOP, above --gemm-max-gflop", p.Label(),
-                                             2e-9 * m * n * k));
+            sw.skipped.push_back(
+                fmt::format("gemm {}x{}x{} (NN, NT, TN): {:.3g} GFLOP, above --gemm-max-gflop", m,
+                            n, k, 2e-9 * m * n * k));
             continue;
           }
           p.buffer_bytes = (m * k + k * n + m * n) * kF32;
-          add(std::move(p));
+          for (const auto& [ta, tb] : {std::pair{false, false}, {false, true}, {true, false}}) {
+            Point v = p;
+            v.trans_a = ta;
+            v.trans_b = tb;
+            add(std::move(v));
+          }
         }
       }
     }

@@ -109,11 +109,13 @@ TEST(PlanSweep, CountsPointsAndLeavesOutWithReasons) {
   // two pairs only.
   EXPECT_EQ(kinds[Point::Kind::kCollective], 3 * 4 * 3 + 2 * 3);
   EXPECT_EQ(kinds[Point::Kind::kSaa], 1 * 2 * 3);  // N = 2, forward and dual
-  // The probe and 7 of the 8 grid points (the cap is inclusive).
-  EXPECT_EQ(kinds[Point::Kind::kGemm], 1 + 7);
+  // The probe and 7 of the 8 grid points (the cap is inclusive), each as NN,
+  // NT and TN.
+  EXPECT_EQ(kinds[Point::Kind::kGemm], 1 + 7 * 3);
   EXPECT_EQ(kinds[Point::Kind::kMemory], 4);
   ASSERT_EQ(s->skipped.size(), 1u);
-  EXPECT_THAT(s->skipped[0], HasSubstr("gemm 4096x4096x4096: 137 GFLOP, above --gemm-max-gflop"));
+  EXPECT_THAT(s->skipped[0],
+              HasSubstr("gemm 4096x4096x4096 (NN, NT, TN): 137 GFLOP, above --gemm-max-gflop"));
 
   o.max_point_bytes = 8 * 1024;  // AllGather of 4 KiB on 4 ranks needs 20 KiB
   s = PlanSweep({2, 2}, o);

@@ -77,7 +77,8 @@ struct SweepOptions {
                                          Collective::kSendRecv};
   bool saa = true;
   // GEMM grid: every (m, n, k) from `gemm_sizes`^3 with 2mnk <= gemm_max_flop,
-  // plus the 1x1x1 launch-overhead probe.
+  // each as NN, NT and TN (the executor's forward, input-gradient and
+  // weight-gradient forms), plus the 1x1x1 launch-overhead probe.
   std::vector<int64_t> gemm_sizes = {16, 64, 256, 1024, 4096};
   double gemm_max_flop = 4e9;
   // Memory-bound kernels: tokens per sweep point, for copy / order / iorder / route.
@@ -92,13 +93,14 @@ struct Point {
   enum class Kind { kCollective, kSaa, kGemm, kMemory };
   Kind kind = Kind::kCollective;
   Collective collective = Collective::kAllReduce;
-  GroupShape shape;             // collectives
-  SaaShape saa;                 // SAA
-  bool dual = false;            // SAA backward form
-  int64_t bytes = 0;            // collectives, SAA: n in the proto's convention
-  int64_t m = 0, n = 0, k = 0;  // GEMM
-  std::string kernel;           // memory: copy, order, iorder, route
-  int64_t tokens = 0;           // memory
+  GroupShape shape;                       // collectives
+  SaaShape saa;                           // SAA
+  bool dual = false;                      // SAA backward form
+  int64_t bytes = 0;                      // collectives, SAA: n in the proto's convention
+  int64_t m = 0, n = 0, k = 0;            // GEMM
+  bool trans_a = false, trans_b = false;  // GEMM: NN, NT (input grads), TN (weight grads)
+  std::string kernel;                     // memory: copy, order, iorder, route
+  int64_t tokens = 0;                     // memory
   // Per-rank bytes of the buffers the point allocates (for the memory guard).
   int64_t buffer_bytes = 0;
   std::string Label() const;  // "allgather 4 ranks/2 nodes 1 MiB", "gemm 64x1024x256", ...
