@@ -1,5 +1,6 @@
 #include "moeplan/calibration/profiles.h"
 
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -12,24 +13,35 @@ namespace {
 
 std::string Msg(const absl::Status& s) { return std::string(s.message()); }
 
-TEST(BuiltinProfiles, TheThreeSpecProfilesAndTheDefault) {
+TEST(BuiltinProfiles, TheSpecAndMeasuredProfilesAndTheDefault) {
   const std::vector<std::string> names = BuiltinProfileNames();
-  EXPECT_EQ(names, (std::vector<std::string>{"a100-8x8", "h200-8x8", "rtx2080ti-8x4"}));
+  EXPECT_EQ(names, (std::vector<std::string>{"a100-8x8", "cpu-testbed-1x4", "cpu-testbed-2x2",
+                                             "h200-8x8", "rtx2080ti-8x4"}));
   EXPECT_TRUE(BuiltinProfile(kDefaultProfileName).ok());
 }
 
-TEST(BuiltinProfiles, EachIsAValidCitedSpecProfile) {
+TEST(BuiltinProfiles, EachIsAValidCitedSpecOrMeasuredProfile) {
   for (const std::string& name : BuiltinProfileNames()) {
     SCOPED_TRACE(name);
     absl::StatusOr<LoadedProfile> p = LoadProfile(name);
     ASSERT_TRUE(p.ok()) << p.status();
     EXPECT_EQ(p->message.name(), name);
-    EXPECT_EQ(p->message.source(), v1::PROFILE_SOURCE_SPEC);
-    EXPECT_GE(p->message.citations_size(), 2);
     EXPECT_FALSE(p->message.comment().empty());
     EXPECT_GE(p->message.version(), 1u);
-    // The inter link is slower than the intra link on every one of these clusters.
-    EXPECT_GT(p->profile.inter.beta_us_per_byte, p->profile.intra.beta_us_per_byte);
+    if (name.rfind("cpu-testbed-", 0) == 0) {
+      // Fitted by moeplan calibrate from moeplan-profile samples.
+      EXPECT_EQ(p->message.source(), v1::PROFILE_SOURCE_MEASURED);
+      EXPECT_THAT(p->message.comment(), ::testing::HasSubstr("moeplan-profile"));
+      EXPECT_FALSE(p->message.collectives().empty());
+    } else {
+      EXPECT_EQ(p->message.source(), v1::PROFILE_SOURCE_SPEC);
+      EXPECT_GE(p->message.citations_size(), 2);
+    }
+    // The inter link is slower than the intra link on every one of these
+    // clusters (the one-node testbed copies intra to inter).
+    if (name != "cpu-testbed-1x4") {
+      EXPECT_GT(p->profile.inter.beta_us_per_byte, p->profile.intra.beta_us_per_byte);
+    }
   }
 }
 
@@ -58,8 +70,8 @@ TEST(ResolveProfile, UnknownNameListsTheBuiltins) {
   absl::StatusOr<v1::ClusterProfile> p = ResolveProfile("dgx-9000");
   EXPECT_EQ(p.status().code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(Msg(p.status()),
-            "cluster: 'dgx-9000' is neither a built-in profile (a100-8x8, h200-8x8, "
-            "rtx2080ti-8x4) nor an existing file");
+            "cluster: 'dgx-9000' is neither a built-in profile (a100-8x8, cpu-testbed-1x4, "
+            "cpu-testbed-2x2, h200-8x8, rtx2080ti-8x4) nor an existing file");
 }
 
 TEST(ResolveProfile, ReadsAndValidatesFiles) {

@@ -116,7 +116,8 @@ TEST_F(ServerTest, EquivalentRequestsShareACacheEntry) {
 TEST_F(ServerTest, ProfilesListGetPutAndANewVersionInvalidatesPlans) {
   absl::StatusOr<v1::ListProfilesResponse> list = client_->ListProfiles();
   ASSERT_TRUE(list.ok());
-  ASSERT_EQ(list->profiles_size(), 3);
+  // The built-ins: three spec profiles and the two measured testbed ones.
+  ASSERT_EQ(list->profiles_size(), 5);
   EXPECT_EQ(list->profiles(0).name(), "a100-8x8");
 
   absl::StatusOr<v1::ClusterProfile> h200 = client_->GetProfile("h200-8x8");
@@ -132,7 +133,7 @@ TEST_F(ServerTest, ProfilesListGetPutAndANewVersionInvalidatesPlans) {
   EXPECT_EQ(put->version(), 1u);
   EXPECT_TRUE(client_->PutProfile(mine).ok()) << "re-putting the same profile is idempotent";
   EXPECT_EQ(client_->GetProfile("lab-cluster")->SerializeAsString(), mine.SerializeAsString());
-  EXPECT_EQ(client_->ListProfiles()->profiles_size(), 4);
+  EXPECT_EQ(client_->ListProfiles()->profiles_size(), 6);
 
   ASSERT_TRUE(client_->PlanLayer(PlanRequest()).ok());  // an a100-8x8 entry
   v1::PlanLayerRequest req = PlanRequest();
@@ -200,7 +201,7 @@ TEST(ServerThreadsTest, ThreadCapServesTheSameAnswersOnTheSynchronousApi) {
   EXPECT_EQ(r->SerializeAsString(), local.SerializeAsString());
   req.mutable_layer()->set_top_k(0);
   EXPECT_EQ(c.PlanLayer(req).status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(c.ListProfiles()->profiles_size(), 3);
+  EXPECT_EQ(c.ListProfiles()->profiles_size(), 5);
   server->reset();
   std::filesystem::remove_all(tmpl);
 }
@@ -212,7 +213,8 @@ TEST_F(ServerTest, UnknownProfilesAreNotFound) {
   absl::StatusOr<v1::PlanLayerResponse> r = client_->PlanLayer(req);
   EXPECT_EQ(r.status().code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(Msg(r.status()),
-            "profile_name: no profile named 'nope' (known: a100-8x8, h200-8x8, rtx2080ti-8x4)");
+            "profile_name: no profile named 'nope' (known: a100-8x8, cpu-testbed-1x4, "
+            "cpu-testbed-2x2, h200-8x8, rtx2080ti-8x4)");
 }
 
 TEST_F(ServerTest, InlineProfilesArePlannedAndCachedByContent) {
