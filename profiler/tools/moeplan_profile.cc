@@ -38,8 +38,9 @@ struct Args {
   bool quick = false;
   std::string backend = "mpi";
   std::string dtype = "auto";
-  std::string min_bytes = "1KiB";
-  std::string max_bytes = "256MiB";
+  // Sizes in bytes; the flags take units through CLI11 (1KiB, 16MiB, 2GiB).
+  int64_t min_bytes = int64_t{1} << 10;
+  int64_t max_bytes = int64_t{256} << 20;
   int size_step = 2;
   int iters = 20;
   int warmup = 3;
@@ -48,7 +49,7 @@ struct Args {
   std::vector<int64_t> gemm_sizes;
   double gemm_max_gflop = 0.0;  // 0: the backend's default
   std::vector<int64_t> memory_tokens;
-  std::string max_point_memory = "auto";
+  int64_t max_point_memory = 0;  // 0: auto
 };
 
 int Rank() {
@@ -80,36 +81,6 @@ bool AllOk(const absl::Status& local) {
   std::fflush(stderr);
   MPI_Abort(MPI_COMM_WORLD, 1);
   std::abort();
-}
-
-absl::StatusOr<int64_t> ParseSize(const std::string& flag, const std::string& text) {
-  // "64", "1KiB", "16MiB", "2GiB" (also K/M/G, KB/MB/GB as powers of 1024).
-  size_t pos = 0;
-  int64_t v = 0;
-  try {
-    v = std::stoll(text, &pos);
-  } catch (...) {
-    return absl::InvalidArgumentError(
-        Cat(flag, ": not a size: '", text, "' (e.g. 4096, 1KiB, 16MiB)"));
-  }
-  std::string unit = text.substr(pos);
-  int shift = 0;
-  if (unit.empty() || unit == "B") {
-    shift = 0;
-  } else if (unit == "K" || unit == "KiB" || unit == "KB" || unit == "k") {
-    shift = 10;
-  } else if (unit == "M" || unit == "MiB" || unit == "MB") {
-    shift = 20;
-  } else if (unit == "G" || unit == "GiB" || unit == "GB") {
-    shift = 30;
-  } else {
-    return absl::InvalidArgumentError(
-        Cat(flag, ": unknown unit '", unit, "' in '", text, "' (B, KiB, MiB, GiB)"));
-  }
-  if (v < 0 || v > (INT64_MAX >> shift)) {
-    return absl::InvalidArgumentError(Cat(flag, ": out of range: '", text, "'"));
-  }
-  return v << shift;
 }
 
 // The node layout: ranks sharing a host (MPI_COMM_TYPE_SHARED) form a node;
@@ -220,8 +191,8 @@ absl::Status MakeOptions(const Args& a, const NodeLayout& layout, bool gpu, Swee
     m->warmup = 1;
     m->point_budget_s = 0.25;
   } else {
-    MOEPLAN_ASSIGN_OR_RETURN(o->min_bytes, ParseSize("--min-bytes", a.min_bytes));
-    MOEPLAN_ASSIGN_OR_RETURN(o->max_bytes, ParseSize("--max-bytes", a.max_bytes));
+    o->min_bytes = a.min_bytes;
+    o->max_bytes = a.max_bytes;
     o->size_step = a.size_step;
     m->iters = a.iters;
     m->warmup = a.warmup;
@@ -233,14 +204,13 @@ absl::Status MakeOptions(const Args& a, const NodeLayout& layout, bool gpu, Swee
   // A CPU does a few GFLOP/s: cap the grid so a run takes minutes, not hours.
   o->gemm_max_flop = a.gemm_max_gflop > 0 ? a.gemm_max_gflop * 1e9 : (gpu ? 1e15 : 4e9);
   if (a.budget_s <= 0) return absl::InvalidArgumentError("--budget: must be > 0 seconds");
-  if (a.max_point_memory == "auto") {
+  if (a.max_point_memory == 0) {
     // Half of the host's memory shared by its ranks (GPUs: device allocation
     // fails first and says so).
     const int64_t phys = PhysicalMemory();
     o->max_point_bytes = phys > 0 ? phys / 2 / layout.ranks_per_node : o->max_point_bytes;
   } else {
-    MOEPLAN_ASSIGN_OR_RETURN(o->max_point_bytes,
-                             ParseSize("--max-point-memory", a.max_point_memory));
+    o->max_point_bytes = a.max_point_memory;
   }
   bool coll = false, saa = false, gemm = false, mem = false;
   for (const std::string& p : a.parts) {
@@ -393,9 +363,14 @@ int main(int argc, char** argv) {
                  "element type of the GEMM and memory kernels: auto (mpi: f32, nccl: bf16), f32, "
                  "bf16; collectives always move f32")
       ->capture_default_str();
+  // Sizes: CLI11's AsSizeValue (KiB/MiB/GiB, and KB/MB/GB as powers of 1024).
+  const CLI::AsSizeValue size_units(/*kb_is_1000=*/false);
   app.add_option("--min-bytes", a.min_bytes, "smallest message (n of profile.proto), e.g. 1KiB")
+      ->transform(size_units)
       ->capture_default_str();
-  app.add_option("--max-bytes", a.max_bytes, "largest message, e.g. 256MiB")->capture_default_str();
+  app.add_option("--max-bytes", a.max_bytes, "largest message, e.g. 256MiB")
+      ->transform(size_units)
+      ->capture_default_str();
   app.add_option("--size-step", a.size_step, "multiply the message size by this")
       ->capture_default_str();
   app.add_option("--iters", a.iters, "timed repetitions per point, at most")->capture_default_str();
@@ -417,8 +392,8 @@ int main(int argc, char** argv) {
   app.add_option(
          "--max-point-memory", a.max_point_memory,
          "per-rank buffer memory one point may take; larger points are left out (auto: half the "
-         "host's memory over its ranks)")
-      ->capture_default_str();
+         "host's memory over its ranks), e.g. 2GiB; 0: auto")
+      ->transform(size_units);
   int rc = 0;
   try {
     app.parse(argc, argv);
