@@ -4,6 +4,7 @@
 
 #include <Eigen/Dense>
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstddef>
 #include <limits>
@@ -490,6 +491,7 @@ absl::StatusOr<Calibration> Calibrate(const std::vector<v1::ProfileSample>& samp
   if (!(options.tolerance >= 0.0) || !std::isfinite(options.tolerance)) {
     return Bad("tolerance", Cat("must be finite and >= 0 (got ", options.tolerance, ")"));
   }
+  if (options.version < 1) return Bad("version", "must be >= 1 (got 0)");
   if (!(options.gpu_memory_gib >= 0.0) || !std::isfinite(options.gpu_memory_gib)) {
     return Bad("gpu_memory_gib", Cat("must be finite and >= 0 (got ", options.gpu_memory_gib, ")"));
   }
@@ -505,7 +507,7 @@ absl::StatusOr<Calibration> Calibrate(const std::vector<v1::ProfileSample>& samp
   v1::ClusterProfile& prof = out.profile;
   prof.set_schema_version(1);
   prof.set_name(options.name);
-  prof.set_version(1);
+  prof.set_version(options.version);
   prof.set_source(v1::PROFILE_SOURCE_MEASURED);
   prof.set_comment(RunComment(run, options.comment));
   prof.set_nodes(run.nodes());
@@ -722,14 +724,21 @@ absl::StatusOr<Calibration> Calibrate(const std::vector<v1::ProfileSample>& samp
   // (and its launch overhead, charged to every memory-bound op) far off; its
   // own row below says how well the line covers it. Routing counts only when
   // nothing else was measured.
+  // The expert activation (gelu, gelu_bwd) gets lines of its own: on CPUs it
+  // is bound by tanh, not by memory, and it is a large part of the expert's time.
   std::vector<Obs> mem, all_mem;
   std::map<std::string, std::vector<Obs>> kernels;
+  std::array<std::vector<Obs>, 2> act;  // forward, backward
   for (const v1::ProfileSample& s : samples) {
     if (s.op_case() != v1::ProfileSample::kMemory) continue;
     const Obs o{static_cast<double>(s.memory().bytes()), s.median_us(), 0.0};
+    kernels[s.memory().kernel()].push_back(o);
+    if (s.memory().kernel() == "gelu" || s.memory().kernel() == "gelu_bwd") {
+      act[s.memory().kernel() == "gelu" ? 0 : 1].push_back(o);
+      continue;
+    }
     all_mem.push_back(o);
     if (s.memory().kernel() != "route") mem.push_back(o);
-    kernels[s.memory().kernel()].push_back(o);
   }
   if (DistinctSizes(mem) < 2) mem = all_mem;
   if (DistinctSizes(mem) < 2) {
@@ -740,6 +749,22 @@ absl::StatusOr<Calibration> Calibrate(const std::vector<v1::ProfileSample>& samp
   const LineFit mem_line = FitPoints(mem, tol);
   prof.mutable_memory()->set_launch_overhead_us(mem_line.alpha_us);
   prof.mutable_memory()->set_bandwidth_gbytes_per_s(1e-3 / mem_line.beta_us_per_byte);
+  std::array<LineFit, 2> act_line{mem_line, mem_line};
+  for (int i = 0; i < 2; ++i) {
+    const char* name = i == 0 ? "gelu" : "gelu_bwd";
+    if (act[i].empty()) continue;
+    if (DistinctSizes(act[i]) < 2) {
+      out.warnings.push_back(Cat("memory kernel ", name,
+                                 ": fewer than 2 distinct sizes; the "
+                                 "activation keeps the memory model"));
+      continue;
+    }
+    act_line[i] = FitPoints(act[i], tol);
+    v1::MemoryModel* m = i == 0 ? prof.mutable_activation()->mutable_forward()
+                                : prof.mutable_activation()->mutable_backward();
+    m->set_launch_overhead_us(act_line[i].alpha_us);
+    m->set_bandwidth_gbytes_per_s(1e-3 / act_line[i].beta_us_per_byte);
+  }
 
   // ---- The planner must accept what was fitted. ----
   absl::StatusOr<planner::ClusterProfile> converted = proto::ProfileFromProto(prof);
@@ -776,18 +801,25 @@ absl::StatusOr<Calibration> Calibrate(const std::vector<v1::ProfileSample>& samp
     }
     out.fits.push_back(std::move(q));
   }
-  auto memory_quality = [&](std::string what, const std::vector<Obs>& pts) {
+  // line: -1 the memory model, 0/1 the activation forward/backward.
+  auto memory_quality = [&](std::string what, const std::vector<Obs>& pts, int line) {
     std::vector<Obs> obs = pts;
-    for (Obs& o : obs) o.pred = cost->MemoryBoundUs(o.n);
+    for (Obs& o : obs) o.pred = line < 0 ? cost->MemoryBoundUs(o.n) : cost->ActivationUs(o.n, line);
     FitQuality q{std::move(what), {}, {}};
     FillQuality(std::move(obs), tol, &q.fit);
-    q.fit.alpha_us = mem_line.alpha_us;
-    q.fit.beta_us_per_byte = mem_line.beta_us_per_byte;
+    const LineFit& l = line < 0 ? mem_line : act_line[static_cast<size_t>(line)];
+    q.fit.alpha_us = l.alpha_us;
+    q.fit.beta_us_per_byte = l.beta_us_per_byte;
     LineWarnings(q, options, "small buffers", "large buffers", &q.warnings);
     out.fits.push_back(std::move(q));
   };
-  memory_quality("memory", mem);
-  for (const auto& [name, pts] : kernels) memory_quality(Cat("memory kernel ", name), pts);
+  memory_quality("memory", mem, -1);
+  for (const auto& [name, pts] : kernels) {
+    memory_quality(Cat("memory kernel ", name), pts,
+                   name == "gelu"       ? 0
+                   : name == "gelu_bwd" ? 1
+                                        : -1);
+  }
 
   // ---- SAA: the planner composes it; compare with the fused measurement. ----
   // Dual (ReduceScatter + AlltoAll) samples have no public builder to compare
@@ -844,6 +876,14 @@ std::string RenderFitReport(const Calibration& c) {
                    p.gemm().n_size(), p.gemm().k_size()));
   line(fmt::format("memory: {:.4g} GB/s, launch {:.3g} us", p.memory().bandwidth_gbytes_per_s(),
                    p.memory().launch_overhead_us()));
+  auto act = [](const v1::MemoryModel& m) {
+    return m.bandwidth_gbytes_per_s() > 0.0
+               ? fmt::format("{:.4g} GB/s, launch {:.3g} us", m.bandwidth_gbytes_per_s(),
+                             m.launch_overhead_us())
+               : std::string("the memory model");
+  };
+  line(fmt::format("activation: forward {}; backward {}", act(p.activation().forward()),
+                   act(p.activation().backward())));
   line("");
 
   size_t what_w = 4;

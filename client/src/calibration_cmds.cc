@@ -120,6 +120,7 @@ absl::Status CalibrateCmd(const CalibrateArgs& a) {
   calibration::CalibrateOptions options;
   options.name = a.name.empty() ? StemOf(a.out) : a.name;
   options.comment = a.comment;
+  options.version = a.version;
   options.tolerance = a.tolerance_pct / 100.0;
   absl::StatusOr<calibration::Calibration> c = calibration::Calibrate(samples, options);
   if (!c.ok()) {

@@ -337,6 +337,12 @@ int Main(int argc, char** argv) {
   calibrate->add_option("--name", ca.name, "Profile name (default: the --out file's stem)");
   calibrate->add_option("--comment", ca.comment, "Free text added to the profile's comment");
   calibrate
+      ->add_option("--version", ca.version,
+                   "Profile version: bump it when re-calibrating a profile of the same name, so "
+                   "servers and clients see the numbers changed")
+      ->check(CLI::Range(1u, 1000000u))
+      ->capture_default_str();
+  calibrate
       ->add_option("--tolerance", ca.tolerance_pct,
                    "Relative error (%) under which a fit counts as holding")
       ->capture_default_str();

@@ -165,6 +165,22 @@ absl::Status ValidateProfile(const ClusterProfile& p) {
     return Bad("memory.launch_overhead_us", "must be finite and >= 0",
                Cat(p.memory.launch_overhead_us));
   }
+  for (const auto& [name, m] : {std::pair{"activation.forward", &p.activation.forward},
+                                {"activation.backward", &p.activation.backward}}) {
+    if (!(m->bandwidth_gbytes_per_s >= 0.0) || !std::isfinite(m->bandwidth_gbytes_per_s)) {
+      return Bad(Cat(name, ".bandwidth_gbytes_per_s"),
+                 "must be finite and >= 0 (0: the memory model)", Cat(m->bandwidth_gbytes_per_s));
+    }
+    if (!(m->launch_overhead_us >= 0.0) || !std::isfinite(m->launch_overhead_us)) {
+      return Bad(Cat(name, ".launch_overhead_us"), "must be finite and >= 0",
+                 Cat(m->launch_overhead_us));
+    }
+    if (m->bandwidth_gbytes_per_s == 0.0 && m->launch_overhead_us != 0.0) {
+      return Bad(Cat(name, ".launch_overhead_us"),
+                 "must be 0 when bandwidth_gbytes_per_s is 0 (the memory model applies)",
+                 Cat(m->launch_overhead_us));
+    }
+  }
   return absl::OkStatus();
 }
 
@@ -195,6 +211,12 @@ CostModel::CostModel(ClusterProfile profile) : profile_(std::move(profile)) {
   }
   flops_per_us_ = profile_.gemm.peak_tflops * 1e6;                   // 1 TFLOP/s = 1e6 flop/us
   mem_bytes_per_us_ = profile_.memory.bandwidth_gbytes_per_s * 1e3;  // 1 GB/s = 1e3 B/us
+  const MemoryModel* act[2] = {&profile_.activation.forward, &profile_.activation.backward};
+  for (int i = 0; i < 2; ++i) {
+    const bool own = act[i]->bandwidth_gbytes_per_s > 0.0;
+    act_[i] = {own ? act[i]->launch_overhead_us : profile_.memory.launch_overhead_us,
+               own ? act[i]->bandwidth_gbytes_per_s * 1e3 : mem_bytes_per_us_};
+  }
 }
 
 uint64_t CostModel::FitKey(Collective c, GroupShape shape) {
@@ -259,6 +281,12 @@ double CostModel::GemmUs(int64_t m, int64_t n, int64_t k) const {
   const double flops =
       2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
   return profile_.gemm.launch_overhead_us + flops / (flops_per_us_ * GemmEfficiency(m, n, k));
+}
+
+double CostModel::ActivationUs(double bytes, bool backward) const {
+  if (bytes <= 0.0) return 0.0;
+  const ActLine& l = act_[backward ? 1 : 0];
+  return l.overhead_us + bytes / l.bytes_per_us;
 }
 
 double CostModel::MemoryBoundUs(double bytes) const {

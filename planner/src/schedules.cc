@@ -258,13 +258,13 @@ class Kernels {
   double ExpertFwd(int64_t rows) const {
     const int64_t h = Shard(), m = l_.model_dim;
     return LocalExperts() * (c_.GemmUs(rows, h, m) + c_.GemmUs(rows, m, h)) +
-           c_.MemoryBoundUs(2.0 * ActBytes(rows));
+           c_.ActivationUs(2.0 * ActBytes(rows), /*backward=*/false);
   }
   // Input gradients: the two GEMMs transposed, and the activation backward.
   double ExpertDx(int64_t rows) const {
     const int64_t h = Shard(), m = l_.model_dim;
     return LocalExperts() * (c_.GemmUs(rows, h, m) + c_.GemmUs(rows, m, h)) +
-           c_.MemoryBoundUs(3.0 * ActBytes(rows));
+           c_.ActivationUs(3.0 * ActBytes(rows), /*backward=*/true);
   }
   // Weight gradients: dW2 = A^T·dY [H' x M], dW1 = X^T·dA [M x H'], reducing over rows.
   double ExpertDw(int64_t rows) const {

@@ -472,6 +472,45 @@ absl::StatusOr<v1::ProfileSample> Profiler::Memory(const Point& p) {
   ex::Device* dev = backend_->device.get();
   ex::Kernels& k = *backend_->kernels;
   Buffers buf{dev, {}};
+  auto run = [&](const std::function<absl::Status()>& op,
+                 int64_t bytes) -> absl::StatusOr<v1::ProfileSample> {
+    v1::ProfileSample sample;
+    const Repeater rep{dev, options_, /*kernel=*/true};
+    MOEPLAN_RETURN_IF_ERROR(rep.Run(op, nullptr, &sample));
+    v1::MemorySample* ms = sample.mutable_memory();
+    ms->set_kernel(p.kernel);
+    ms->set_bytes(bytes);
+    ms->set_gbytes_per_s(static_cast<double>(bytes) / std::max(sample.median_us(), 1e-9) * 1e-3);
+    return sample;
+  };
+  if (p.kernel == "gelu" || p.kernel == "gelu_bwd") {
+    // The expert's activation on S x M elements: forward reads z and writes a,
+    // backward reads z and da and writes dz (in place over da). z sits where
+    // gelu' is 1 in float for the backward, so repeating it in place keeps dz
+    // normal (a decaying dz would reach denormals and time those instead).
+    const int64_t n = s * m;
+    const bool bwd = p.kernel == "gelu_bwd";
+    std::vector<float> z(static_cast<size_t>(n));
+    for (size_t i = 0; i < z.size(); ++i) {
+      z[i] = bwd ? 5.0f + static_cast<float>(i % 64) * 0.0625f
+                 : -3.0f + static_cast<float>(i % 97) * (6.0f / 96.0f);
+    }
+    MOEPLAN_ASSIGN_OR_RETURN(void* zd, buf.Make(static_cast<size_t>(n * b)));
+    MOEPLAN_ASSIGN_OR_RETURN(void* out, buf.Make(static_cast<size_t>(n * b)));
+    std::vector<float> ones(z.size(), 1.0f);
+    if (t == DType::kF32) {
+      MOEPLAN_RETURN_IF_ERROR(dev->Upload(zd, z.data(), z.size() * 4));
+      MOEPLAN_RETURN_IF_ERROR(dev->Upload(out, ones.data(), ones.size() * 4));
+    } else {
+      std::vector<uint16_t> h(z.size());
+      for (size_t i = 0; i < z.size(); ++i) h[i] = ToBf16(z[i]);
+      MOEPLAN_RETURN_IF_ERROR(dev->Upload(zd, h.data(), h.size() * 2));
+      for (size_t i = 0; i < z.size(); ++i) h[i] = ToBf16(1.0f);
+      MOEPLAN_RETURN_IF_ERROR(dev->Upload(out, h.data(), h.size() * 2));
+    }
+    if (bwd) return run([&] { return k.ActivationBackward(zd, out, n, t); }, 3 * n * b);
+    return run([&] { return k.Activation(zd, out, n, t); }, 2 * n * b);
+  }
   // Deterministic logits spread over the experts (routing is data-dependent).
   std::vector<float> logits(static_cast<size_t>(s * e));
   for (size_t i = 0; i < logits.size(); ++i)
@@ -516,14 +555,7 @@ absl::StatusOr<v1::ProfileSample> Profiler::Memory(const Point& p) {
   } else {
     return absl::InvalidArgumentError(Cat("memory kernel: unknown ", p.kernel));
   }
-  v1::ProfileSample sample;
-  const Repeater rep{dev, options_, /*kernel=*/true};
-  MOEPLAN_RETURN_IF_ERROR(rep.Run(op, nullptr, &sample));
-  v1::MemorySample* ms = sample.mutable_memory();
-  ms->set_kernel(p.kernel);
-  ms->set_bytes(bytes);
-  ms->set_gbytes_per_s(static_cast<double>(bytes) / std::max(sample.median_us(), 1e-9) * 1e-3);
-  return sample;
+  return run(op, bytes);
 }
 
 }  // namespace moeplan::profiler

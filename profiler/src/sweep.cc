@@ -238,15 +238,18 @@ absl::StatusOr<Sweep> PlanSweep(const NodeLayout& layout, const SweepOptions& o)
       }
     }
   }
-  for (const char* kernel : {"copy", "order", "iorder", "route"}) {
+  for (std::string_view kernel : kMemoryKernels) {
     for (int64_t t : o.memory_tokens) {
       Point p;
       p.kind = Point::Kind::kMemory;
-      p.kernel = kernel;
+      p.kernel = std::string(kernel);
       p.tokens = t;
       p.n = o.memory_model_dim;
       const int64_t tokens_bytes = t * o.memory_model_dim * kF32;
-      p.buffer_bytes = tokens_bytes * (2 + kMemoryTopK) + t * kMemoryExperts * kF32 * 2;
+      const bool activation = kernel == "gelu" || kernel == "gelu_bwd";
+      p.buffer_bytes = activation
+                           ? 2 * tokens_bytes
+                           : tokens_bytes * (2 + kMemoryTopK) + t * kMemoryExperts * kF32 * 2;
       add(std::move(p));
     }
   }

@@ -138,6 +138,11 @@ absl::StatusOr<p::ClusterProfile> ProfileFromProto(const v1::ClusterProfile& m) 
   pr.gemm.grid.efficiency.assign(m.gemm().efficiency().begin(), m.gemm().efficiency().end());
   pr.memory.bandwidth_gbytes_per_s = m.memory().bandwidth_gbytes_per_s();
   pr.memory.launch_overhead_us = m.memory().launch_overhead_us();
+  pr.activation.forward.bandwidth_gbytes_per_s = m.activation().forward().bandwidth_gbytes_per_s();
+  pr.activation.forward.launch_overhead_us = m.activation().forward().launch_overhead_us();
+  pr.activation.backward.bandwidth_gbytes_per_s =
+      m.activation().backward().bandwidth_gbytes_per_s();
+  pr.activation.backward.launch_overhead_us = m.activation().backward().launch_overhead_us();
   if (absl::Status s = p::ValidateProfile(pr); !s.ok()) return s;
   return pr;
 }

@@ -161,6 +161,8 @@ planner::ClusterProfile Reference(int nodes = 2) {
   }
   p.memory.bandwidth_gbytes_per_s = 500.0;
   p.memory.launch_overhead_us = 3.0;
+  p.activation.forward = {50.0, 4.0};
+  p.activation.backward = {20.0, 6.0};
   return p;
 }
 
@@ -199,7 +201,7 @@ v1::ProfileSample Sample(const v1::ProfileRun& run, double median_us) {
 
 // The profiler's output for the reference cluster: every fitted collective over
 // 1 KiB .. 64 MiB (x4 steps), the GEMM grid and the 1x1x1 probe, two memory
-// kernels over 64 KiB .. 64 MiB.
+// kernels and the activation forward and backward over 64 KiB .. 64 MiB.
 std::vector<v1::ProfileSample> Samples(const planner::ClusterProfile& p) {
   const planner::CostModel cost = Model(p);
   const v1::ProfileRun run = MakeRun(p.shape.nodes);
@@ -229,9 +231,12 @@ std::vector<v1::ProfileSample> Samples(const planner::ClusterProfile& p) {
       for (int64_t k : {128, 1024}) gemm(m, n, k, cost.GemmUs(m, n, k));
     }
   }
-  for (const char* kernel : {"order", "copy"}) {
+  for (const char* kernel : {"order", "copy", "gelu", "gelu_bwd"}) {
+    const std::string_view k = kernel;
     for (double b = 64 * kKiB; b <= 64 * kMiB; b *= 4) {
-      v1::ProfileSample s = Sample(run, cost.MemoryBoundUs(b));
+      v1::ProfileSample s = Sample(run, k == "gelu"       ? cost.ActivationUs(b, false)
+                                        : k == "gelu_bwd" ? cost.ActivationUs(b, true)
+                                                          : cost.MemoryBoundUs(b));
       s.mutable_memory()->set_kernel(kernel);
       s.mutable_memory()->set_bytes(static_cast<int64_t>(b));
       out.push_back(std::move(s));
@@ -318,13 +323,19 @@ TEST(CalibrateTest, ReproducesTheKnownProfile) {
   }
   EXPECT_NEAR(p.memory().bandwidth_gbytes_per_s(), 500.0, 1e-6);
   EXPECT_NEAR(p.memory().launch_overhead_us(), 3.0, 1e-7);
+  // The activation has lines of its own, kept out of the memory line.
+  EXPECT_NEAR(p.activation().forward().bandwidth_gbytes_per_s(), 50.0, 1e-6);
+  EXPECT_NEAR(p.activation().forward().launch_overhead_us(), 4.0, 1e-7);
+  EXPECT_NEAR(p.activation().backward().bandwidth_gbytes_per_s(), 20.0, 1e-6);
+  EXPECT_NEAR(p.activation().backward().launch_overhead_us(), 6.0, 1e-7);
 
   // Every fit holds: no warnings; the kernel rows match to rounding.
   EXPECT_THAT(AllWarnings(*c), IsEmpty());
   for (std::string_view what :
-       {"gemm", "memory", "memory kernel copy", "memory kernel order",
-        "sendrecv 2 ranks / 1 node (intra link)", "sendrecv 2 ranks / 2 nodes (inter link)",
-        "alltoall 4 ranks / 2 nodes", "allgather 2 ranks / 1 node"}) {
+       {"gemm", "memory", "memory kernel copy", "memory kernel order", "memory kernel gelu",
+        "memory kernel gelu_bwd", "sendrecv 2 ranks / 1 node (intra link)",
+        "sendrecv 2 ranks / 2 nodes (inter link)", "alltoall 4 ranks / 2 nodes",
+        "allgather 2 ranks / 1 node"}) {
     const FitQuality* q = FindFit(*c, what);
     ASSERT_NE(q, nullptr) << what;
     EXPECT_LT(q->fit.max_rel_err, 1e-6) << what;
@@ -391,6 +402,15 @@ TEST(CalibrateTest, RejectsBadNameAndEmptyInput) {
   c = Calibrate({}, Options());
   EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(Msg(c.status()), StartsWith("samples:"));
+
+  o = Options();
+  o.version = 0;
+  c = Calibrate(Samples(Reference()), o);
+  EXPECT_THAT(Msg(c.status()), StartsWith("version: must be >= 1"));
+  o.version = 7;  // a re-calibration carries the version it is given
+  c = Calibrate(Samples(Reference()), o);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->profile.version(), 7u);
 }
 
 TEST(CalibrateTest, RequiresTheIntraLink) {
@@ -569,6 +589,8 @@ TEST(RenderFitReportTest, TableAndWarnings) {
   EXPECT_THAT(r, HasSubstr("1 KiB .. 64 MiB"));
   EXPECT_THAT(r, HasSubstr("gemm: peak 100 TFLOP/s, launch 5 us, grid 2x2x2"));
   EXPECT_THAT(r, HasSubstr("memory: 500 GB/s, launch 3 us"));
+  EXPECT_THAT(r,
+              HasSubstr("activation: forward 50 GB/s, launch 4 us; backward 20 GB/s, launch 6 us"));
   EXPECT_THAT(r, HasSubstr("warnings:\n  - inter link not measured"));
 }
 

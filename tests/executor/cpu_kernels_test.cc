@@ -611,6 +611,41 @@ TEST_F(CpuKernelsTest, GeluAndItsDerivativeMatchFiniteDifferences) {
   EXPECT_EQ(dz, dx);
 }
 
+TEST_F(CpuKernelsTest, ActivationAloneMatchesTheExpertsAcrossChunks) {
+  // 2500 elements: two full 1024-element chunks and a partial one.
+  std::vector<float> z(2500);
+  for (size_t i = 0; i < z.size(); ++i) z[i] = -6.0f + 12.0f * static_cast<float>(i) / 2499.0f;
+  std::vector<float> a(z.size(), -1.0f), dz(z.size(), 2.0f);
+  ASSERT_TRUE(k_->Activation(z.data(), a.data(), static_cast<int64_t>(z.size()), DType::kF32).ok());
+  ASSERT_TRUE(
+      k_->ActivationBackward(z.data(), dz.data(), static_cast<int64_t>(z.size()), DType::kF32)
+          .ok());
+  std::vector<double> want_a, want_dz, scale;
+  constexpr double h = 1e-4;
+  for (float v : z) {
+    want_a.push_back(GeluRef(v));
+    want_dz.push_back(2.0 * (GeluRef(v + h) - GeluRef(v - h)) / (2 * h));
+    scale.push_back(1.0 + std::abs(want_dz.back()));
+  }
+  ExpectClose(a, want_a, {}, 1e-5, 1e-6, "gelu");
+  ExpectClose(dz, want_dz, scale, 4e-5, 0.0, "2 gelu'");
+  // The expert kernels apply the same code: one expert, M = Hs = 1, unit weights.
+  const ExpertShape e{.groups = 1, .local_experts = 1, .rows = 2500, .model = 1, .shard = 1};
+  const float one = 1.0f;
+  std::vector<float> ez(z.size()), ea(z.size()), eout(z.size()), edz(z.size()), edx(z.size());
+  const std::vector<float> dout(z.size(), 2.0f);
+  ASSERT_TRUE(k_->ExpertForward(e, z.data(), &one, &one, ez.data(), ea.data(), eout.data()).ok());
+  ASSERT_TRUE(
+      k_->ExpertBackwardData(e, dout.data(), &one, &one, ez.data(), edz.data(), edx.data()).ok());
+  EXPECT_EQ(ea, a);
+  EXPECT_EQ(edz, dz);
+  // Nothing to do is fine with null pointers; a negative count is named.
+  EXPECT_TRUE(k_->Activation(nullptr, nullptr, 0, DType::kF32).ok());
+  const absl::Status bad = k_->ActivationBackward(z.data(), dz.data(), -1, DType::kF32);
+  EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(bad.message()), HasSubstr("count"));
+}
+
 TEST_F(CpuKernelsTest, ExpertBackwardMatchesFiniteDifferences) {
   // L = sum(dout * out) for a tiny shape with G > 1 and El > 1; the weight
   // gradients (scale 1) then sum over the groups that share the weights.
@@ -705,6 +740,8 @@ TEST_F(CpuKernelsTest, Bf16IsUnimplementedEverywhere) {
            k_->ExpertForward(es, f, f, f, f, f, f),
            k_->ExpertBackwardData(es, f, f, f, f, f, f),
            k_->ExpertBackwardWeights(es, f, f, f, f, 1.0f, f, f),
+           k_->Activation(f, f, 1, b),
+           k_->ActivationBackward(f, f, 1, b),
            k_->ToF32(f, b, f, 1),
            k_->AddF32(f, b, f, 1),
        }) {

@@ -258,6 +258,29 @@ TEST(CostModelTest, MemoryBoundKernels) {
   EXPECT_EQ(m.MemoryBoundUs(-5), 0.0);
 }
 
+TEST(CostModelTest, ActivationUsesItsOwnLinesElseTheMemoryModel) {
+  // Unset: the memory model (3 + bytes / 1e6 B/us) for both directions.
+  const CostModel plain = MakeModel();
+  EXPECT_REL(plain.ActivationUs(2e6, false), 5.0);
+  EXPECT_REL(plain.ActivationUs(2e6, true), 5.0);
+  EXPECT_EQ(plain.ActivationUs(0, true), 0.0);
+  // Forward 10 GB/s + 1 us, backward 4 GB/s + 2 us; memory untouched.
+  ClusterProfile p = MakeProfile();
+  p.activation.forward = {10.0, 1.0};
+  p.activation.backward = {4.0, 2.0};
+  absl::StatusOr<CostModel> m = CostModel::Create(p);
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_REL(m->ActivationUs(2e6, false), 1.0 + 2e6 / 1e4);
+  EXPECT_REL(m->ActivationUs(2e6, true), 2.0 + 2e6 / 4e3);
+  EXPECT_REL(m->MemoryBoundUs(2e6), 5.0);
+  // Only one direction measured: the other keeps the memory model.
+  p.activation.forward = {};
+  m = CostModel::Create(p);
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_REL(m->ActivationUs(2e6, false), 5.0);
+  EXPECT_REL(m->ActivationUs(2e6, true), 502.0);
+}
+
 TEST(CostModelTest, CreateKeepsTheProfile) {
   const CostModel m = MakeModel();
   EXPECT_EQ(m.profile().name, "test-4x8");
@@ -385,6 +408,17 @@ std::vector<BadProfileCase> BadProfileCases() {
        "memory.bandwidth_gbytes_per_s: must be finite and > 0"},
       {"negative memory overhead", [](ClusterProfile& p) { p.memory.launch_overhead_us = -2; },
        "memory.launch_overhead_us: "},
+      {"negative activation bandwidth",
+       [](ClusterProfile& p) { p.activation.forward.bandwidth_gbytes_per_s = -1; },
+       "activation.forward.bandwidth_gbytes_per_s: must be finite and >= 0"},
+      {"inf activation overhead",
+       [](ClusterProfile& p) {
+         p.activation.backward = {10.0, std::numeric_limits<double>::infinity()};
+       },
+       "activation.backward.launch_overhead_us: must be finite and >= 0"},
+      {"activation overhead without bandwidth",
+       [](ClusterProfile& p) { p.activation.backward.launch_overhead_us = 4; },
+       "activation.backward.launch_overhead_us: must be 0 when bandwidth_gbytes_per_s is 0"},
   };
 }
 

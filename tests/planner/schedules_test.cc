@@ -542,6 +542,31 @@ TEST(SchedulesTest, DefaultOpCostsAreTheCostModels) {
   EXPECT_REL(g.op(Find(g, "fwd.expert")).cost_us, 30.46586112);
 }
 
+TEST(SchedulesTest, ExpertActivationUsesTheProfilesActivationLines) {
+  // Same layer as above with a measured activation: forward 1 GB/s + 10 us,
+  // backward 0.5 GB/s + 20 us (1 GB/s = 1e3 B/us).
+  ClusterProfile p = MakeProfile();
+  p.activation.forward = {1.0, 10.0};
+  p.activation.backward = {0.5, 20.0};
+  absl::StatusOr<CostModel> cost = CostModel::Create(p);
+  ASSERT_TRUE(cost.ok()) << cost.status();
+  const LayerConfig l = MakeLayer(4, 8, 4, 8);
+  LayerContext ctx = Context(l);
+  ctx.cost = &*cost;
+  OpGraph g;
+  ASSERT_TRUE(BuildSchedule(Schedule::kDefault, ctx, &g).ok());
+  // GEMMs 25.36870912 as above; activation forward 2 * 1048576 B at 1e3 B/us:
+  // 10 + 2097.152.
+  EXPECT_REL(g.op(Find(g, "fwd.expert")).cost_us, 25.36870912 + 2107.152);
+  // Input gradients: the same GEMMs, activation backward 3 * 1048576 B at
+  // 500 B/us: 20 + 6291.456.
+  EXPECT_REL(g.op(Find(g, "bwd.expert_dx")).cost_us, 25.36870912 + 6311.456);
+  // Weight gradients have no activation: the same as without the lines.
+  const OpGraph plain = Build(Schedule::kDefault, l);
+  EXPECT_REL(g.op(Find(g, "bwd.expert_dw")).cost_us,
+             plain.op(Find(plain, "bwd.expert_dw")).cost_us);
+}
+
 // ---------------------------------------------------------------------------
 // (f) Time accounting of whole schedules.
 

@@ -59,6 +59,15 @@ TEST(ProfilerMpi, EveryPointKindMeasuresCorrectly) {
         pt.kind == Point::Kind::kGemm) {
       EXPECT_TRUE(s->checked()) << pt.Label();
     }
+    if (pt.kind == Point::Kind::kMemory) {
+      // The planner's byte counts: gelu reads z and writes a (2 x 64 x M x 4 B),
+      // gelu_bwd reads z and da and writes dz (3 x).
+      EXPECT_EQ(s->memory().kernel(), pt.kernel);
+      const int64_t elems = 64 * pt.n * 4;
+      if (pt.kernel == "gelu") EXPECT_EQ(s->memory().bytes(), 2 * elems);
+      if (pt.kernel == "gelu_bwd") EXPECT_EQ(s->memory().bytes(), 3 * elems);
+      EXPECT_GT(s->memory().bytes(), 0) << pt.Label();
+    }
     if (pt.kind == Point::Kind::kCollective) {
       EXPECT_EQ(s->collective().bytes(), pt.bytes);
       EXPECT_GT(s->collective().busbw_gbytes_per_s(), 0.0);
@@ -67,7 +76,7 @@ TEST(ProfilerMpi, EveryPointKindMeasuresCorrectly) {
   EXPECT_GT(kinds[Point::Kind::kCollective], 0);
   EXPECT_GT(kinds[Point::Kind::kSaa], 0);
   EXPECT_GT(kinds[Point::Kind::kGemm], 0);
-  EXPECT_EQ(kinds[Point::Kind::kMemory], 4);
+  EXPECT_EQ(kinds[Point::Kind::kMemory], static_cast<int>(kMemoryKernels.size()));
 }
 
 // Delegates to the MPI communicator, then adds 1 to the first received

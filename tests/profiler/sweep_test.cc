@@ -112,7 +112,7 @@ TEST(PlanSweep, CountsPointsAndLeavesOutWithReasons) {
   // The probe and 7 of the 8 grid points (the cap is inclusive), each as NN,
   // NT and TN.
   EXPECT_EQ(kinds[Point::Kind::kGemm], 1 + 7 * 3);
-  EXPECT_EQ(kinds[Point::Kind::kMemory], 4);
+  EXPECT_EQ(kinds[Point::Kind::kMemory], 6);  // copy, order, iorder, route, gelu, gelu_bwd
   ASSERT_EQ(s->skipped.size(), 1u);
   EXPECT_THAT(s->skipped[0],
               HasSubstr("gemm 4096x4096x4096 (NN, NT, TN): 137 GFLOP, above --gemm-max-gflop"));

@@ -716,15 +716,7 @@ class CudaKernels final : public Kernels {
         !st.ok()) {
       return st;
     }
-    const int64_t hidden = e.HiddenElements();
-    if (e.dtype == DType::kBF16) {
-      GeluKernel<bf16><<<BlocksFor(hidden, kThreads), kThreads, 0, stream_>>>(
-          static_cast<const bf16*>(z), static_cast<bf16*>(a), hidden);
-    } else {
-      GeluKernel<float><<<BlocksFor(hidden, kThreads), kThreads, 0, stream_>>>(
-          static_cast<const float*>(z), static_cast<float*>(a), hidden);
-    }
-    MOEPLAN_CUDA_CHECK_LAUNCH(kWho, " (gelu over ", hidden, " elements)");
+    if (absl::Status st = LaunchGelu(kWho, z, a, e.HiddenElements(), e.dtype); !st.ok()) return st;
     // out = a W2[l]: [R x Hs] [Hs x M]
     return ExpertGemm(kWho, e, false, R, M, H, a, H, R * H, w2, M, H * M, out, M, R * M);
   }
@@ -752,15 +744,9 @@ class CudaKernels final : public Kernels {
         !st.ok()) {
       return st;
     }
-    const int64_t hidden = e.HiddenElements();
-    if (e.dtype == DType::kBF16) {
-      GeluBackwardKernel<bf16><<<BlocksFor(hidden, kThreads), kThreads, 0, stream_>>>(
-          static_cast<const bf16*>(z), static_cast<bf16*>(dz), hidden);
-    } else {
-      GeluBackwardKernel<float><<<BlocksFor(hidden, kThreads), kThreads, 0, stream_>>>(
-          static_cast<const float*>(z), static_cast<float*>(dz), hidden);
+    if (absl::Status st = LaunchGeluBackward(kWho, z, dz, e.HiddenElements(), e.dtype); !st.ok()) {
+      return st;
     }
-    MOEPLAN_CUDA_CHECK_LAUNCH(kWho, " (gelu backward over ", hidden, " elements)");
     // dx = dz W1[l]^T: [R x Hs] [Hs x M] (W1[l] is [M x Hs]).
     return ExpertGemm(kWho, e, true, R, M, H, dz, H, R * H, w1, H, M * H, dx, M, R * M);
   }
@@ -794,6 +780,26 @@ class CudaKernels final : public Kernels {
     if (absl::Status st = WeightGrad(kWho, e, H, M, a, dout, scale, dw2); !st.ok()) return st;
     // dw1[l] = scale * sum_g x^T dz: [M x R] [R x Hs]
     return WeightGrad(kWho, e, M, H, x, dz, scale, dw1);
+  }
+
+  absl::Status Activation(const void* z, void* a, int64_t count, DType t) override {
+    constexpr std::string_view kWho = "Kernels::Activation";
+    if (absl::Status st = CheckType(kWho, t); !st.ok()) return st;
+    if (count < 0) return Invalid(kWho, Cat("count ", count, " < 0"));
+    if (count == 0) return absl::OkStatus();
+    if (z == nullptr || a == nullptr) return Invalid(kWho, "z or a is null");
+    MOEPLAN_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal_), kWho);
+    return LaunchGelu(kWho, z, a, count, t);
+  }
+
+  absl::Status ActivationBackward(const void* z, void* dz, int64_t count, DType t) override {
+    constexpr std::string_view kWho = "Kernels::ActivationBackward";
+    if (absl::Status st = CheckType(kWho, t); !st.ok()) return st;
+    if (count < 0) return Invalid(kWho, Cat("count ", count, " < 0"));
+    if (count == 0) return absl::OkStatus();
+    if (z == nullptr || dz == nullptr) return Invalid(kWho, "z or dz is null");
+    MOEPLAN_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal_), kWho);
+    return LaunchGeluBackward(kWho, z, dz, count, t);
   }
 
   absl::Status ToF32(const void* src, DType t, float* dst, int64_t count) override {
@@ -836,6 +842,31 @@ class CudaKernels final : public Kernels {
   }
 
  private:
+  // a = gelu(z) / dz *= gelu'(z) over n elements on the stream.
+  absl::Status LaunchGelu(std::string_view who, const void* z, void* a, int64_t n, DType t) {
+    if (t == DType::kBF16) {
+      GeluKernel<bf16><<<BlocksFor(n, kThreads), kThreads, 0, stream_>>>(
+          static_cast<const bf16*>(z), static_cast<bf16*>(a), n);
+    } else {
+      GeluKernel<float><<<BlocksFor(n, kThreads), kThreads, 0, stream_>>>(
+          static_cast<const float*>(z), static_cast<float*>(a), n);
+    }
+    MOEPLAN_CUDA_CHECK_LAUNCH(who, " (gelu over ", n, " elements)");
+    return absl::OkStatus();
+  }
+  absl::Status LaunchGeluBackward(std::string_view who, const void* z, void* dz, int64_t n,
+                                  DType t) {
+    if (t == DType::kBF16) {
+      GeluBackwardKernel<bf16><<<BlocksFor(n, kThreads), kThreads, 0, stream_>>>(
+          static_cast<const bf16*>(z), static_cast<bf16*>(dz), n);
+    } else {
+      GeluBackwardKernel<float><<<BlocksFor(n, kThreads), kThreads, 0, stream_>>>(
+          static_cast<const float*>(z), static_cast<float*>(dz), n);
+    }
+    MOEPLAN_CUDA_CHECK_LAUNCH(who, " (gelu backward over ", n, " elements)");
+    return absl::OkStatus();
+  }
+
   // Row-major c = alpha op(a) op(b) + beta c, `batch` times with element
   // strides sa/sb/sc. cuBLAS is column-major, where a row-major matrix reads as
   // its transpose, so this computes c^T = op(b)^T op(a)^T: operands swapped,

@@ -46,6 +46,7 @@ absl::StatusOr<LineFit> FitLine(const std::vector<double>& n, const std::vector<
 struct CalibrateOptions {
   std::string name;         // the profile's name: [a-z0-9._-]+
   std::string comment;      // appended to the generated comment
+  uint32_t version = 1;     // >= 1; bumped on every re-calibration of a name
   double tolerance = 0.10;  // relative error under which a fit "holds"
   double min_r_squared = 0.95;
   double gpu_memory_gib = 0;  // 0: unknown, left unset

@@ -4,6 +4,7 @@
 // layer configs.
 #pragma once
 
+#include <cstdint>
 #include <string>
 
 #include "absl/status/status.h"
@@ -16,6 +17,7 @@ struct CalibrateArgs {
   std::string name;     // default: the stem of `out`
   std::string comment;
   double tolerance_pct = 10.0;  // a fit "holds" where its error is below this
+  uint32_t version = 1;         // the profile's version: bump it on every re-calibration
 };
 // Prints the fit report to stdout and writes the profile.
 absl::Status CalibrateCmd(const CalibrateArgs& a);

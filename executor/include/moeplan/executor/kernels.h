@@ -105,6 +105,11 @@ class Kernels {
   // Input gradients: da = dout W2[l]^T, dz = da * gelu'(z), dx = dz W1[l]^T.
   virtual absl::Status ExpertBackwardData(const ExpertShape& e, const void* dout, const void* w1,
                                           const void* w2, const void* z, void* dz, void* dx) = 0;
+  // The expert's activation alone, over `count` elements of type t (the
+  // profiler times it; ExpertForward / ExpertBackwardData apply the same code):
+  // a = gelu(z), and dz = dz * gelu'(z) in place.
+  virtual absl::Status Activation(const void* z, void* a, int64_t count, DType t) = 0;
+  virtual absl::Status ActivationBackward(const void* z, void* dz, int64_t count, DType t) = 0;
   // Weight gradients summed over all groups, scaled:
   // dw2[l] = scale * sum_g a^T dout, dw1[l] = scale * sum_g x^T dz (overwrite).
   virtual absl::Status ExpertBackwardWeights(const ExpertShape& e, const void* x, const void* a,

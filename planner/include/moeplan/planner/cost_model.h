@@ -41,6 +41,9 @@ class CostModel {
   double GemmEfficiency(int64_t m, int64_t n, int64_t k) const;
   // A memory-bound kernel touching `bytes` (read + written).
   double MemoryBoundUs(double bytes) const;
+  // The expert activation (forward, or backward) touching `bytes`: the
+  // profile's activation line, else the memory model.
+  double ActivationUs(double bytes, bool backward) const;
 
  private:
   explicit CostModel(ClusterProfile profile);
@@ -64,6 +67,11 @@ class CostModel {
   std::array<std::vector<double>, 3> log_axes_;  // log2 of m, n, k grid axes
   double flops_per_us_ = 0.0;                    // peak, in flop per microsecond
   double mem_bytes_per_us_ = 0.0;
+  struct ActLine {
+    double overhead_us = 0.0;
+    double bytes_per_us = 1.0;
+  };
+  std::array<ActLine, 2> act_{};  // forward, backward
 };
 
 }  // namespace moeplan::planner

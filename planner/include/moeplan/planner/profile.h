@@ -68,6 +68,12 @@ struct MemoryModel {
   double launch_overhead_us = 0.0;
 };
 
+// The expert activation, forward and backward; bandwidth 0 = the memory model.
+struct ActivationModel {
+  MemoryModel forward;
+  MemoryModel backward;
+};
+
 struct ClusterProfile {
   std::string name;
   uint32_t version = 0;
@@ -78,6 +84,7 @@ struct ClusterProfile {
   std::vector<CollectiveFit> collectives;
   GemmModel gemm;
   MemoryModel memory;
+  ActivationModel activation;
 };
 
 // Field rules of a profile; errors name the JSON path, e.g. "links.inter.beta_us_per_byte".

@@ -3,8 +3,10 @@
 // and the points of the sweep. Pure: no MPI, no devices, so it is unit-tested.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -67,6 +69,11 @@ Bandwidth BandwidthOf(Collective c, int ranks, int64_t bytes, double us);
 // capacity factor 1 (T = ceil(k S / E) slots per expert).
 inline constexpr int64_t kMemoryExperts = 16;
 inline constexpr int64_t kMemoryTopK = 2;
+// The memory-bound kernels swept, in order: data movement, routing (softmax and
+// top-k), and the expert activation forward and backward (GELU; compute-bound
+// on CPUs, so calibrate fits it its own lines).
+inline constexpr std::array<std::string_view, 6> kMemoryKernels = {"copy",  "order", "iorder",
+                                                                   "route", "gelu",  "gelu_bwd"};
 
 struct SweepOptions {
   int64_t min_bytes = 1 << 10;
@@ -81,7 +88,7 @@ struct SweepOptions {
   // weight-gradient forms), plus the 1x1x1 launch-overhead probe.
   std::vector<int64_t> gemm_sizes = {16, 64, 256, 1024, 4096};
   double gemm_max_flop = 4e9;
-  // Memory-bound kernels: tokens per sweep point, for copy / order / iorder / route.
+  // Memory-bound kernels: tokens per sweep point, for each of kMemoryKernels.
   std::vector<int64_t> memory_tokens = {256, 1024, 4096, 16384};
   int64_t memory_model_dim = 1024;
   // Per-rank memory the buffers of one point may take; larger points are skipped.
@@ -99,7 +106,7 @@ struct Point {
   int64_t bytes = 0;                      // collectives, SAA: n in the proto's convention
   int64_t m = 0, n = 0, k = 0;            // GEMM
   bool trans_a = false, trans_b = false;  // GEMM: NN, NT (input grads), TN (weight grads)
-  std::string kernel;                     // memory: copy, order, iorder, route
+  std::string kernel;                     // memory: one of kMemoryKernels
   int64_t tokens = 0;                     // memory
   // Per-rank bytes of the buffers the point allocates (for the memory guard).
   int64_t buffer_bytes = 0;
