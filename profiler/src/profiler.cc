@@ -214,6 +214,15 @@ struct Buffers {
     MOEPLAN_RETURN_IF_ERROR(dev->Upload(p, host.data(), host.size() * 4));
     return p;
   }
+  // `host` stored as type t (bf16: rounded to nearest even).
+  absl::StatusOr<void*> FromAs(const std::vector<float>& host, DType t) {
+    if (t == DType::kF32) return From(host);
+    std::vector<uint16_t> h(host.size());
+    for (size_t i = 0; i < h.size(); ++i) h[i] = ToBf16(host[i]);
+    MOEPLAN_ASSIGN_OR_RETURN(void* p, Make(h.size() * 2));
+    MOEPLAN_RETURN_IF_ERROR(dev->Upload(p, h.data(), h.size() * 2));
+    return p;
+  }
   absl::StatusOr<std::vector<float>> Read(const void* p, int64_t count) {
     std::vector<float> host(static_cast<size_t>(count));
     MOEPLAN_RETURN_IF_ERROR(dev->Download(host.data(), p, host.size() * 4));
@@ -416,16 +425,8 @@ absl::StatusOr<v1::ProfileSample> Profiler::Gemm(const Point& p) {
   const size_t es = ex::SizeOf(t);
   ex::Device* dev = backend_->device.get();
   Buffers buf{dev, {}};
-  auto ones = [&](int64_t count) -> absl::StatusOr<void*> {
-    MOEPLAN_ASSIGN_OR_RETURN(void* d, buf.Make(static_cast<size_t>(count) * es));
-    if (t == DType::kF32) {
-      const std::vector<float> h(static_cast<size_t>(count), 1.0f);
-      MOEPLAN_RETURN_IF_ERROR(dev->Upload(d, h.data(), h.size() * 4));
-    } else {
-      const std::vector<uint16_t> h(static_cast<size_t>(count), ToBf16(1.0f));
-      MOEPLAN_RETURN_IF_ERROR(dev->Upload(d, h.data(), h.size() * 2));
-    }
-    return d;
+  auto ones = [&](int64_t count) {
+    return buf.FromAs(std::vector<float>(static_cast<size_t>(count), 1.0f), t);
   };
   MOEPLAN_ASSIGN_OR_RETURN(void* a, ones(p.m * p.k));
   MOEPLAN_ASSIGN_OR_RETURN(void* b, ones(p.k * p.n));
@@ -495,19 +496,8 @@ absl::StatusOr<v1::ProfileSample> Profiler::Memory(const Point& p) {
       z[i] = bwd ? 5.0f + static_cast<float>(i % 64) * 0.0625f
                  : -3.0f + static_cast<float>(i % 97) * (6.0f / 96.0f);
     }
-    MOEPLAN_ASSIGN_OR_RETURN(void* zd, buf.Make(static_cast<size_t>(n * b)));
-    MOEPLAN_ASSIGN_OR_RETURN(void* out, buf.Make(static_cast<size_t>(n * b)));
-    std::vector<float> ones(z.size(), 1.0f);
-    if (t == DType::kF32) {
-      MOEPLAN_RETURN_IF_ERROR(dev->Upload(zd, z.data(), z.size() * 4));
-      MOEPLAN_RETURN_IF_ERROR(dev->Upload(out, ones.data(), ones.size() * 4));
-    } else {
-      std::vector<uint16_t> h(z.size());
-      for (size_t i = 0; i < z.size(); ++i) h[i] = ToBf16(z[i]);
-      MOEPLAN_RETURN_IF_ERROR(dev->Upload(zd, h.data(), h.size() * 2));
-      for (size_t i = 0; i < z.size(); ++i) h[i] = ToBf16(1.0f);
-      MOEPLAN_RETURN_IF_ERROR(dev->Upload(out, h.data(), h.size() * 2));
-    }
+    MOEPLAN_ASSIGN_OR_RETURN(void* zd, buf.FromAs(z, t));
+    MOEPLAN_ASSIGN_OR_RETURN(void* out, buf.FromAs(std::vector<float>(z.size(), 1.0f), t));
     if (bwd) return run([&] { return k.ActivationBackward(zd, out, n, t); }, 3 * n * b);
     return run([&] { return k.Activation(zd, out, n, t); }, 2 * n * b);
   }

@@ -64,8 +64,12 @@ TEST(ProfilerMpi, EveryPointKindMeasuresCorrectly) {
       // gelu_bwd reads z and da and writes dz (3 x).
       EXPECT_EQ(s->memory().kernel(), pt.kernel);
       const int64_t elems = 64 * pt.n * 4;
-      if (pt.kernel == "gelu") EXPECT_EQ(s->memory().bytes(), 2 * elems);
-      if (pt.kernel == "gelu_bwd") EXPECT_EQ(s->memory().bytes(), 3 * elems);
+      if (pt.kernel == "gelu") {
+        EXPECT_EQ(s->memory().bytes(), 2 * elems);
+      }
+      if (pt.kernel == "gelu_bwd") {
+        EXPECT_EQ(s->memory().bytes(), 3 * elems);
+      }
       EXPECT_GT(s->memory().bytes(), 0) << pt.Label();
     }
     if (pt.kind == Point::Kind::kCollective) {

@@ -844,26 +844,26 @@ class CudaKernels final : public Kernels {
  private:
   // a = gelu(z) / dz *= gelu'(z) over n elements on the stream.
   absl::Status LaunchGelu(std::string_view who, const void* z, void* a, int64_t n, DType t) {
-    if (t == DType::kBF16) {
-      GeluKernel<bf16><<<BlocksFor(n, kThreads), kThreads, 0, stream_>>>(
-          static_cast<const bf16*>(z), static_cast<bf16*>(a), n);
-    } else {
-      GeluKernel<float><<<BlocksFor(n, kThreads), kThreads, 0, stream_>>>(
-          static_cast<const float*>(z), static_cast<float*>(a), n);
-    }
-    MOEPLAN_CUDA_CHECK_LAUNCH(who, " (gelu over ", n, " elements)");
-    return absl::OkStatus();
+    return LaunchElementwise(who, "gelu", GeluKernel<bf16>, GeluKernel<float>, z, a, n, t);
   }
   absl::Status LaunchGeluBackward(std::string_view who, const void* z, void* dz, int64_t n,
                                   DType t) {
+    return LaunchElementwise(who, "gelu backward", GeluBackwardKernel<bf16>,
+                             GeluBackwardKernel<float>, z, dz, n, t);
+  }
+  // out[i] = f(in[i], out[i]) by the kernel of type t, over n elements.
+  absl::Status LaunchElementwise(std::string_view who, std::string_view what,
+                                 void (*bf16_kernel)(const bf16*, bf16*, int64_t),
+                                 void (*f32_kernel)(const float*, float*, int64_t), const void* in,
+                                 void* out, int64_t n, DType t) {
     if (t == DType::kBF16) {
-      GeluBackwardKernel<bf16><<<BlocksFor(n, kThreads), kThreads, 0, stream_>>>(
-          static_cast<const bf16*>(z), static_cast<bf16*>(dz), n);
+      bf16_kernel<<<BlocksFor(n, kThreads), kThreads, 0, stream_>>>(static_cast<const bf16*>(in),
+                                                                    static_cast<bf16*>(out), n);
     } else {
-      GeluBackwardKernel<float><<<BlocksFor(n, kThreads), kThreads, 0, stream_>>>(
-          static_cast<const float*>(z), static_cast<float*>(dz), n);
+      f32_kernel<<<BlocksFor(n, kThreads), kThreads, 0, stream_>>>(static_cast<const float*>(in),
+                                                                   static_cast<float*>(out), n);
     }
-    MOEPLAN_CUDA_CHECK_LAUNCH(who, " (gelu backward over ", n, " elements)");
+    MOEPLAN_CUDA_CHECK_LAUNCH(who, " (", what, " over ", n, " elements)");
     return absl::OkStatus();
   }
 
