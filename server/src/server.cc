@@ -450,8 +450,13 @@ absl::StatusOr<std::unique_ptr<PlannerServer>> PlannerServer::Start(
   builder.AddListeningPort(options.listen, grpc::InsecureServerCredentials(), &out->port_);
   builder.RegisterService(out->impl_->service.get());
   if (options.threads > 0) {
+    // The synchronous thread manager keeps one thread polling: a call that
+    // takes the last poller must start a replacement or is refused with
+    // RESOURCE_EXHAUSTED. Counting the poller lets N calls run at once; with a
+    // cap of exactly N, a sequential client was refused whenever the previous
+    // call's thread had not yet returned to the pool (seen under TSan).
     grpc::ResourceQuota quota("moeplan-server");
-    quota.SetMaxThreads(options.threads);
+    quota.SetMaxThreads(options.threads + 1);
     builder.SetResourceQuota(quota);
   }
   out->impl_->server = builder.BuildAndStart();
