@@ -23,6 +23,12 @@ namespace {
 // machine: the selection statistics also report the configs beyond it.
 constexpr double kDecisiveMarginPct = 5.0;
 
+// Ties for best: a schedule is slower than the measured best only if the
+// one-sided sign test rejects equal speed at this level, on at least this many
+// paired iterations (with fewer, even all of them slower has p >= 1/16).
+constexpr double kTieAlpha = 0.05;
+constexpr int kMinPairedIterations = 5;
+
 // Lower-case like planner::ScheduleName, so reports and plan dumps agree.
 std::string ScheduleLabel(v1::Schedule s) {
   absl::StatusOr<planner::Schedule> p = proto::ScheduleFromProto(s);
@@ -97,6 +103,39 @@ absl::StatusOr<std::map<int, const v1::CandidatePlan*>> BySchedule(
     }
   }
   return out;
+}
+
+// The config's paired per-iteration totals by schedule, checked; empty when
+// they are not paired or too few to test.
+absl::StatusOr<std::map<int, const v1::ScheduleIterations*>> PairedIterations(
+    const ValidationInput& in) {
+  std::map<int, const v1::ScheduleIterations*> out;
+  if (!in.paired) return out;
+  int n = -1;
+  for (const v1::ScheduleIterations& it : in.iterations) {
+    const std::string where =
+        Cat("config '", in.name, "', schedule ", ScheduleLabel(it.schedule()));
+    if (!out.emplace(static_cast<int>(it.schedule()), &it).second) {
+      return absl::InvalidArgumentError(Cat(where, ": iterations listed twice"));
+    }
+    if (n >= 0 && it.total_us_size() != n) {
+      return absl::InvalidArgumentError(Cat(where, ": ", it.total_us_size(),
+                                            " paired iterations where another schedule has ", n));
+    }
+    n = it.total_us_size();
+    for (double t : it.total_us()) {
+      if (!(t > 0.0) || !std::isfinite(t)) {
+        return absl::InvalidArgumentError(
+            Cat(where, ": iteration totals must be finite and > 0 (got ", t, ")"));
+      }
+    }
+  }
+  if (n < kMinPairedIterations) out.clear();
+  return out;
+}
+
+std::vector<double> Values(const v1::ScheduleIterations& it) {
+  return {it.total_us().begin(), it.total_us().end()};
 }
 
 struct OpAccumulator {
@@ -188,6 +227,22 @@ const v1::ValidationPoint* PointOf(const v1::ValidationConfig& c, v1::Schedule s
 // Selection is only a question when there was a choice.
 bool HasChoice(const v1::ValidationConfig& c) { return c.points_size() >= 2; }
 
+bool IsTied(const v1::ValidationConfig& c, v1::Schedule s) {
+  return std::find(c.measured_tied().begin(), c.measured_tied().end(), s) !=
+         c.measured_tied().end();
+}
+
+// "s1 s2", or "–" when the config's iterations were not paired.
+std::string TiedLabel(const v1::ValidationConfig& c) {
+  if (c.measured_tied().empty()) return "–";
+  std::string out;
+  for (int s : c.measured_tied()) {
+    if (!out.empty()) out += ' ';
+    out += ScheduleLabel(static_cast<v1::Schedule>(s));
+  }
+  return out;
+}
+
 // ---- gnuplot helpers ----
 
 // A gnuplot string expression equal to `text`. Single-quoted strings take
@@ -254,6 +309,22 @@ std::string LogTics(double lo, double hi) {
 
 }  // namespace
 
+double SignTestP(const std::vector<double>& a, const std::vector<double>& b) {
+  int n = 0, k = 0;
+  for (std::size_t i = 0; i < a.size() && i < b.size(); ++i) {
+    if (a[i] == b[i]) continue;
+    ++n;
+    k += a[i] > b[i];
+  }
+  // P(X >= k), X ~ Binomial(n, 1/2), summed in log space (no overflow at large n).
+  double p = 0.0;
+  for (int j = k; j <= n; ++j) {
+    p += std::exp(std::lgamma(n + 1.0) - std::lgamma(j + 1.0) - std::lgamma(n - j + 1.0) -
+                  n * std::log(2.0));
+  }
+  return std::min(1.0, p);
+}
+
 absl::StatusOr<v1::ValidationSummary> Summarize(const std::vector<ValidationInput>& inputs,
                                                 const std::string& profile, int ranks, int hosts) {
   if (inputs.empty()) return absl::InvalidArgumentError("validation: no layer configs");
@@ -273,6 +344,7 @@ absl::StatusOr<v1::ValidationSummary> Summarize(const std::vector<ValidationInpu
   double miss_regret_sum = 0.0;
   double max_regret = 0.0;
   int decisive = 0, decisive_hits = 0;
+  int paired_configs = 0, tied_configs = 0, tied_hits = 0;
 
   for (const ValidationInput& in : inputs) {
     absl::StatusOr<std::map<int, const v1::CandidatePlan*>> measured =
@@ -345,7 +417,33 @@ absl::StatusOr<v1::ValidationSummary> Summarize(const std::vector<ValidationInpu
         decisive_hits += c->measured_best() == c->predicted_best();
       }
     }
+    absl::StatusOr<std::map<int, const v1::ScheduleIterations*>> iters = PairedIterations(in);
+    if (!iters.ok()) return iters.status();
+    auto best_iters = iters->find(static_cast<int>(c->measured_best()));
+    bool all_paired = best_iters != iters->end();
+    for (const v1::ValidationPoint& pt : c->points()) {
+      all_paired = all_paired && iters->count(static_cast<int>(pt.schedule())) > 0;
+    }
+    if (all_paired) {
+      const std::vector<double> best = Values(*best_iters->second);
+      for (const v1::ValidationPoint& pt : c->points()) {
+        if (pt.schedule() == c->measured_best() ||
+            SignTestP(Values(*iters->at(static_cast<int>(pt.schedule()))), best) >= kTieAlpha) {
+          c->add_measured_tied(pt.schedule());
+        }
+      }
+      if (HasChoice(*c)) {
+        ++paired_configs;
+        tied_configs += c->measured_tied_size() >= 2;
+        tied_hits += IsTied(*c, c->predicted_best());
+      }
+    }
   }
+  s.set_tie_alpha(kTieAlpha);
+  s.set_min_paired_iterations(kMinPairedIterations);
+  s.set_paired_configs(paired_configs);
+  s.set_tied_configs(tied_configs);
+  if (paired_configs > 0) s.set_selection_accuracy_tied_pct(100.0 * tied_hits / paired_configs);
   s.set_decisive_margin_pct(kDecisiveMarginPct);
   s.set_decisive_configs(decisive);
   if (decisive > 0) s.set_selection_accuracy_decisive_pct(100.0 * decisive_hits / decisive);
@@ -393,10 +491,12 @@ std::string RenderMarkdown(const v1::ValidationSummary& s, const ReportContext& 
 
   int choice_configs = 0;
   int hits = 0;
+  int tied_hits = 0;
   for (const v1::ValidationConfig& c : s.results()) {
     if (!HasChoice(c)) continue;
     ++choice_configs;
     if (c.measured_best() == c.predicted_best()) ++hits;
+    if (IsTied(c, c.predicted_best())) ++tied_hits;
   }
   const int single = static_cast<int>(s.results_size()) - choice_configs;
 
@@ -446,6 +546,15 @@ std::string RenderMarkdown(const v1::ValidationSummary& s, const ReportContext& 
                      "such config) |\n",
                      s.decisive_margin_pct());
     }
+    if (s.paired_configs() > 0) {
+      fmt::format_to(out,
+                     "| selection accuracy, ties for best counted | {} % ({} of {} configs; {} "
+                     "with a tie) |\n",
+                     Pct(s.selection_accuracy_tied_pct()), tied_hits, s.paired_configs(),
+                     s.tied_configs());
+    } else {
+      md += "| selection accuracy, ties for best counted | – (no paired iterations) |\n";
+    }
   } else {
     md += "| selection accuracy | not measured |\n";
   }
@@ -454,6 +563,17 @@ std::string RenderMarkdown(const v1::ValidationSummary& s, const ReportContext& 
       "MAPE is the mean absolute error; p90 interpolates linearly between order statistics "
       "(numpy's default). Regret = how much slower the predicted-best schedule measured than "
       "the measured-best one, in % of the latter.\n\n";
+  if (choice_configs > 0) {
+    fmt::format_to(out,
+                   "Ties for best: with the schedules' iterations interleaved (moeplan-exec "
+                   "`--schedule all`), iteration i of every schedule ran in the same round, so "
+                   "they pair up. A schedule is tied with the measured best (the lowest median) "
+                   "unless a one-sided exact sign test over the pairs says it is slower at level "
+                   "{:g}; it needs {} or more pairs to say so. Picking a tied schedule counts as "
+                   "a hit in the ties-counted accuracy; the strict accuracy counts only the "
+                   "measured best.\n\n",
+                   s.tie_alpha(), s.min_paired_iterations());
+  }
   if (choice_configs == 0) {
     md +=
         "Selection was not measured: no config has two or more schedules both measured and "
@@ -542,12 +662,14 @@ std::string RenderMarkdown(const v1::ValidationSummary& s, const ReportContext& 
   } else if (hits == choice_configs) {
     md += "None: the predicted best schedule measured fastest in every config.\n\n";
   } else {
-    md += "| config | predicted best | measured best | regret % |\n|---|---|---|---:|\n";
+    md +=
+        "| config | predicted best | measured best | regret % | tied for best |\n"
+        "|---|---|---|---:|---|\n";
     for (const v1::ValidationConfig& c : s.results()) {
       if (!HasChoice(c) || c.measured_best() == c.predicted_best()) continue;
-      fmt::format_to(out, "| {} | {} | {} | {} |\n", Cell(c.name()),
+      fmt::format_to(out, "| {} | {} | {} | {} | {} |\n", Cell(c.name()),
                      ScheduleLabel(c.predicted_best()), ScheduleLabel(c.measured_best()),
-                     Pct(c.regret_pct()));
+                     Pct(c.regret_pct()), TiedLabel(c));
     }
     md += "\n";
   }
@@ -557,9 +679,9 @@ std::string RenderMarkdown(const v1::ValidationSummary& s, const ReportContext& 
     const std::string name = ScheduleLabel(sched);
     fmt::format_to(out, " {0} meas ms | {0} pred ms | {0} err % |", name);
   }
-  md += " measured best | predicted best | regret % |\n|---|";
+  md += " measured best | predicted best | regret % | tied for best |\n|---|";
   for (std::size_t i = 0; i < schedules.size(); ++i) md += "---:|---:|---:|";
-  md += "---|---|---:|\n";
+  md += "---|---|---:|---|\n";
   for (const v1::ValidationConfig& c : s.results()) {
     fmt::format_to(out, "| {} |", Cell(c.name()));
     for (v1::Schedule sched : schedules) {
@@ -570,8 +692,9 @@ std::string RenderMarkdown(const v1::ValidationSummary& s, const ReportContext& 
         md += " – | – | – |";
       }
     }
-    fmt::format_to(out, " {} | {} | {} |\n", ScheduleLabel(c.measured_best()),
-                   ScheduleLabel(c.predicted_best()), HasChoice(c) ? Pct(c.regret_pct()) : "–");
+    fmt::format_to(out, " {} | {} | {} | {} |\n", ScheduleLabel(c.measured_best()),
+                   ScheduleLabel(c.predicted_best()), HasChoice(c) ? Pct(c.regret_pct()) : "–",
+                   TiedLabel(c));
   }
   return md;
 }

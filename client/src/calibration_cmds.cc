@@ -215,6 +215,8 @@ absl::Status ValidateCmd(const ValidateArgs& a) {
     in.layer = report.layer();
     in.measured.assign(report.candidates().begin(), report.candidates().end());
     in.predicted.assign(predicted.candidates().begin(), predicted.candidates().end());
+    in.iterations.assign(report.iterations().begin(), report.iterations().end());
+    in.paired = report.interleaved();
     std::string line = "moeplan validate:  ";
     for (const v1::CandidatePlan& m : in.measured) {
       for (const v1::CandidatePlan& pr : in.predicted) {
@@ -271,12 +273,19 @@ absl::Status ValidateCmd(const ValidateArgs& a) {
       "validated {} configs x schedules = {} points on {} ({} ranks, {} hosts){}\n"
       "total time: MAPE {:.1f} %, p90 {:.1f} %, max {:.1f} % ({})\n"
       "selection: predicted best = measured best in {:.1f} % of configs; mean regret {:.2f} %\n"
+      "{}"
       "report: {}{}\n",
       summary.configs(), summary.points(), profile.message.name(), ranks, hosts,
       skipped.empty() ? "" : fmt::format("; {} configs not run (see the report)", skipped.size()),
       summary.mape_pct(), summary.p90_pct(), summary.max_pct(), summary.worst_config(),
-      summary.selection_accuracy_pct(), summary.mean_regret_pct(), report_file,
-      ctx.plot_file.empty() ? "" : fmt::format(", plot: {}", png_file)));
+      summary.selection_accuracy_pct(), summary.mean_regret_pct(),
+      summary.paired_configs() == 0
+          ? std::string()
+          : fmt::format("selection, ties for best counted: {:.1f} % of {} configs ({} with a "
+                        "tie)\n",
+                        summary.selection_accuracy_tied_pct(), summary.paired_configs(),
+                        summary.tied_configs()),
+      report_file, ctx.plot_file.empty() ? "" : fmt::format(", plot: {}", png_file)));
 }
 
 }  // namespace moeplan::client

@@ -120,8 +120,9 @@ std::string RenderTable(const v1::ExecReport& r) {
       l.name().empty() ? "(unnamed)" : l.name(), l.batch_size(), l.seq_len(), l.model_dim(),
       l.hidden_dim(), l.num_experts(), l.top_k(), l.capacity_factor(), l.parallel().mp(),
       l.parallel().ep(), l.parallel().esp(), l.parallel().dp());
-  put("backend {} ({}), dtype {}, {} ranks on {} host(s), {} iterations after {} warm-up\n",
-      r.backend(), r.versions(), r.dtype(), r.ranks(), r.hosts(), r.iters(), r.warmup());
+  put("backend {} ({}), dtype {}, {} ranks on {} host(s), {} iterations after {} warm-up{}\n",
+      r.backend(), r.versions(), r.dtype(), r.ranks(), r.hosts(), r.iters(), r.warmup(),
+      r.interleaved() ? ", schedules interleaved" : "");
   put("times: median over iterations of the max over ranks, microseconds\n");
   for (const v1::CandidatePlan& c : r.candidates()) {
     put("\n{}: total {:.1f} us (forward {:.1f}, backward {:.1f}); compute {:.1f}, comm {:.1f} "

@@ -1,7 +1,7 @@
 // moeplan-exec: runs one MoE layer forward and backward under the default, S1
 // and S2 schedules with the bundled executor, under mpirun:
 //   mpirun -np P moeplan-exec --layer FILE.json [--schedule default|s1|s2|auto|all]
-//     [--backend mpi|nccl] [--iters N] [--warmup W] [--check] [--json]
+//     [--backend mpi|nccl] [--iters N] [--warmup W] [--sequential] [--check] [--json]
 // prints per-op and total times (median over iterations of the max over ranks)
 // in plan-layer's candidate shape, next to the planner's prediction.
 //
@@ -13,6 +13,7 @@
 #include <CLI/CLI.hpp>
 #include <climits>
 #include <cstdio>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -44,6 +45,7 @@ struct Args {
   uint64_t seed = 1;
   bool check = false;
   bool json = false;
+  bool sequential = false;
 };
 
 int Rank() {
@@ -184,13 +186,14 @@ absl::Status Prepare(const Args& a, int hosts, Setup* s) {
 }
 
 struct Measured {
-  p::Schedule schedule;
+  p::Schedule schedule = p::Schedule::kDefault;
   std::vector<ex::OpTime> ops;
   std::vector<IterationTimes> iterations;  // rank 0 only
   ex::LayerResults results;
 };
 
-Measured Measure(const Args& a, const Setup& s, p::Schedule schedule, ex::Backend& b) {
+std::unique_ptr<ex::MoeLayerRunner> CreateRunner(const Args& a, const Setup& s,
+                                                 p::Schedule schedule, ex::Backend& b) {
   ex::RunOptions opt;
   opt.schedule = schedule;
   opt.dtype = s.dtype;
@@ -201,43 +204,81 @@ Measured Measure(const Args& a, const Setup& s, p::Schedule schedule, ex::Backen
     MPI_Finalize();  // every rank agreed to stop here
     std::exit(1);
   }
-  Measured m;
-  m.schedule = schedule;
+  return *std::move(runner);
+}
+
+// One timed iteration: every op's start and end and the totals, max over
+// ranks, recorded on rank 0; the op names of the last one are kept.
+void TimeIteration(const Args& a, int it, ex::MoeLayerRunner& runner, Measured* m) {
+  if (absl::Status st = runner.RunIteration(); !st.ok()) Abort(st);
+  const std::vector<ex::OpTime>& ops = runner.timings();
+  const size_t n = ops.size();
+  std::vector<double> local(2 * n + 2, 0.0), global(2 * n + 2, 0.0);
+  for (size_t i = 0; i < n; ++i) {
+    local[i] = ops[i].start_us;
+    local[n + i] = ops[i].end_us;
+  }
+  local[2 * n] = runner.forward_us();
+  local[2 * n + 1] = runner.total_us();
+  MPI_Reduce(local.data(), global.data(), static_cast<int>(local.size()), MPI_DOUBLE, MPI_MAX, 0,
+             MPI_COMM_WORLD);
+  if (Rank() == 0) {
+    IterationTimes t;
+    t.start_us.assign(global.begin(), global.begin() + static_cast<std::ptrdiff_t>(n));
+    t.end_us.assign(global.begin() + static_cast<std::ptrdiff_t>(n),
+                    global.begin() + static_cast<std::ptrdiff_t>(2 * n));
+    t.forward_us = global[2 * n];
+    t.total_us = global[2 * n + 1];
+    m->iterations.push_back(std::move(t));
+  }
+  if (it + 1 == a.iters) m->ops = ops;
+}
+
+// An untimed iteration.
+void Warm(ex::MoeLayerRunner& runner) {
+  if (absl::Status st = runner.RunIteration(); !st.ok()) Abort(st);
+}
+
+void Finish(const Args& a, ex::MoeLayerRunner& runner, Measured* m) {
+  if (!a.check) return;
+  absl::StatusOr<ex::LayerResults> r = runner.Results();
+  if (!r.ok()) Abort(r.status());
+  m->results = *std::move(r);
+}
+
+// Every schedule of `s`, in its order. Interleaved (the default with more than
+// one schedule): every runner is built first, then round i runs iteration i of
+// each schedule back to back, starting one schedule later each round, so drift
+// of the machine (frequency, page cache, a neighbour's job) lands on every
+// schedule alike and entry i of two schedules are paired samples. Sequential:
+// one runner at a time (less memory; drift between schedules is not controlled).
+std::vector<Measured> MeasureAll(const Args& a, const Setup& s, ex::Backend& b) {
+  const size_t n = s.schedules.size();
+  std::vector<Measured> runs(n);
+  for (size_t j = 0; j < n; ++j) runs[j].schedule = s.schedules[j];
+  if (a.sequential || n == 1) {
+    for (Measured& m : runs) {
+      std::unique_ptr<ex::MoeLayerRunner> runner = CreateRunner(a, s, m.schedule, b);
+      for (int i = 0; i < a.warmup; ++i) Warm(*runner);
+      for (int it = 0; it < a.iters; ++it) TimeIteration(a, it, *runner, &m);
+      Finish(a, *runner, &m);
+    }
+    return runs;
+  }
+  std::vector<std::unique_ptr<ex::MoeLayerRunner>> runners;
+  runners.reserve(n);
+  for (const Measured& m : runs) runners.push_back(CreateRunner(a, s, m.schedule, b));
   for (int i = 0; i < a.warmup; ++i) {
-    if (absl::Status st = (*runner)->RunIteration(); !st.ok()) Abort(st);
+    for (auto& r : runners) Warm(*r);
   }
-  std::vector<double> local, global;
   for (int it = 0; it < a.iters; ++it) {
-    if (absl::Status st = (*runner)->RunIteration(); !st.ok()) Abort(st);
-    const std::vector<ex::OpTime>& ops = (*runner)->timings();
-    const size_t n = ops.size();
-    local.assign(2 * n + 2, 0.0);
-    for (size_t i = 0; i < n; ++i) {
-      local[i] = ops[i].start_us;
-      local[n + i] = ops[i].end_us;
+    for (size_t k = 0; k < n; ++k) {
+      const size_t j = (static_cast<size_t>(it) + k) % n;
+      TimeIteration(a, it, *runners[j], &runs[j]);
     }
-    local[2 * n] = (*runner)->forward_us();
-    local[2 * n + 1] = (*runner)->total_us();
-    global.assign(local.size(), 0.0);
-    MPI_Reduce(local.data(), global.data(), static_cast<int>(local.size()), MPI_DOUBLE, MPI_MAX, 0,
-               MPI_COMM_WORLD);
-    if (Rank() == 0) {
-      IterationTimes t;
-      t.start_us.assign(global.begin(), global.begin() + static_cast<std::ptrdiff_t>(n));
-      t.end_us.assign(global.begin() + static_cast<std::ptrdiff_t>(n),
-                      global.begin() + static_cast<std::ptrdiff_t>(2 * n));
-      t.forward_us = global[2 * n];
-      t.total_us = global[2 * n + 1];
-      m.iterations.push_back(std::move(t));
-    }
-    if (it + 1 == a.iters) m.ops = ops;
   }
-  if (a.check) {
-    absl::StatusOr<ex::LayerResults> r = (*runner)->Results();
-    if (!r.ok()) Abort(r.status());
-    m.results = *std::move(r);
-  }
-  return m;
+  for (size_t j = 0; j < n; ++j) Finish(a, *runners[j], &runs[j]);
+  return runs;
 }
 
 // Compares every schedule's results with the default's (collective).
@@ -334,8 +375,7 @@ int Run(const Args& a) {
   absl::StatusOr<ex::Backend> backend = ex::MakeBackend(a.backend);
   if (!Agree(backend.status()).ok()) return 1;
 
-  std::vector<Measured> runs;
-  for (p::Schedule sch : s.schedules) runs.push_back(Measure(a, s, sch, *backend));
+  const std::vector<Measured> runs = MeasureAll(a, s, *backend);
 
   v1::ExecReport report;
   if (a.check) *report.mutable_check() = Check(s, runs, s.dtype);
@@ -348,6 +388,7 @@ int Run(const Args& a) {
   report.set_hosts(hosts);
   report.set_iters(a.iters);
   report.set_warmup(a.warmup);
+  report.set_interleaved(!a.sequential && runs.size() > 1);
   report.set_versions(a.backend == "mpi" ? ex::MpiVersion()
                                          : Cat(ex::MpiVersion(), "; ", ex::CudaVersions()));
   for (const Measured& m : runs) {
@@ -368,6 +409,9 @@ int Run(const Args& a) {
       }
     }
     *report.add_candidates() = std::move(c);
+    v1::ScheduleIterations* its = report.add_iterations();
+    its->set_schedule(ToProto(m.schedule));
+    for (const IterationTimes& t : m.iterations) its->add_total_us(t.total_us);
   }
   std::string text;
   if (a.json) {
@@ -420,6 +464,10 @@ int main(int argc, char** argv) {
                "also run every schedule the layout allows on the same inputs and compare "
                "outputs, gradients and routing with the default's (exit 1 on mismatch)");
   app.add_flag("--json", a.json, "print the report as JSON (moeplan.v1.ExecReport)");
+  app.add_flag("--sequential", a.sequential,
+               "time one schedule after another, one runner alive at a time (less memory); by "
+               "default several schedules are built together and their iterations interleaved, so "
+               "machine drift hits all alike and the report's per-iteration totals are paired");
   int rc = 0;
   try {
     app.parse(argc, argv);

@@ -70,7 +70,7 @@ PYEOF
 
 # 3. Validate.
 if ! timeout 600 "$CLI" validate --profile "$TMP/cpu-quick.json" --layers "$SRC/tests/calibration/quick-grid.json" \
-    --exec "$EXEC" --iters 2 --warmup 1 --out-dir "$TMP/val" --json >"$TMP/summary.json" 2>"$TMP/validate.err"; then
+    --exec "$EXEC" --iters 5 --warmup 1 --out-dir "$TMP/val" --json >"$TMP/summary.json" 2>"$TMP/validate.err"; then
   bad "validate failed: $(tail -5 "$TMP/validate.err")"
 fi
 $PY - "$TMP/summary.json" <<'PYEOF' || fail=1
@@ -84,6 +84,13 @@ if s.get("configs") != 4 or s.get("points") != 12:
     print("FAIL: expected 4 configs x 3 schedules, got", s.get("configs"), s.get("points"), file=sys.stderr); ok = False
 if not s.get("ops"):
     print("FAIL: no per-op errors", file=sys.stderr); ok = False
+# Interleaved iterations, 5 of them: every config gets the tie test, and the
+# measured best is always among its own ties.
+if s.get("paired_configs") != 4:
+    print("FAIL: expected 4 configs with paired iterations, got", s.get("paired_configs"), file=sys.stderr); ok = False
+for c in s.get("results", []):
+    if c.get("measured_best") not in c.get("measured_tied", []):
+        print("FAIL:", c["name"], "measured best not among measured_tied", file=sys.stderr); ok = False
 sys.exit(0 if ok else 1)
 PYEOF
 grep -q "MAPE" "$TMP/val/report.md" || bad "report.md has no MAPE"

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <sys/stat.h>
 
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -78,6 +79,108 @@ TEST(SummarizeTest, NearTiesAreNotDecisive) {
   EXPECT_EQ(s->decisive_configs(), 2);
   EXPECT_DOUBLE_EQ(s->selection_accuracy_decisive_pct(), 50.0);
   EXPECT_DOUBLE_EQ(s->results(2).regret_pct(), 2.0);
+}
+
+// Binomial(n, 1/2) tails by hand: P(X >= 10 | 10) = 1/1024, P(X >= 9) = 11/1024,
+// P(X >= 8) = (1 + 10 + 45)/1024 = 56/1024; equal pairs are dropped.
+TEST(SignTestTest, ExactBinomialTails) {
+  const std::vector<double> ten(10, 1.0);
+  EXPECT_NEAR(SignTestP(std::vector<double>(10, 2.0), ten), 1.0 / 1024, 1e-12);
+  EXPECT_NEAR(SignTestP({2, 2, 2, 2, 2, 2, 2, 2, 2, 0}, ten), 11.0 / 1024, 1e-12);
+  EXPECT_NEAR(SignTestP({2, 2, 2, 2, 2, 2, 2, 2, 0, 0}, ten), 56.0 / 1024, 1e-12);
+  // Every pair faster: P(X >= 0) = 1.
+  EXPECT_NEAR(SignTestP(std::vector<double>(10, 0.5), ten), 1.0, 1e-12);
+  // Seven pairs, two equal: 5 of 5 slower -> 1/32.
+  EXPECT_NEAR(SignTestP({2, 2, 2, 2, 2, 1, 1}, {1, 1, 1, 1, 1, 1, 1}), 1.0 / 32, 1e-12);
+  EXPECT_DOUBLE_EQ(SignTestP({1, 1}, {1, 1}), 1.0);
+  EXPECT_DOUBLE_EQ(SignTestP({}, {}), 1.0);
+}
+
+v1::ScheduleIterations Iters(v1::Schedule s, std::vector<double> totals) {
+  v1::ScheduleIterations it;
+  it.set_schedule(s);
+  for (double t : totals) it.add_total_us(t);
+  return it;
+}
+
+// Paired iterations decide ties for best:
+//   "near": s2 median 1000 < s1 median 1010 (the measured best is s2), but s1
+//     is slower in only 4 of 6 pairs: P(X >= 4 | 6) = 22/64 > 0.05, tied. The
+//     planner's pick s1 misses strictly and hits with ties counted.
+//   "clear": s1 slower than s2 in all 6 pairs: P = 1/64 < 0.05, not tied;
+//     the pick s1 misses both ways.
+//   "unpaired": sequential iterations, no tie test: left out of the
+//     ties-counted accuracy.
+//   "few": paired but 4 iterations (fewer than 5): left out too.
+TEST(SummarizeTest, PairedIterationsDecideTiesForBest) {
+  ValidationInput near = Config("near", {Plan(v1::SCHEDULE_S1, 1010), Plan(v1::SCHEDULE_S2, 1000)},
+                                {Plan(v1::SCHEDULE_S1, 900), Plan(v1::SCHEDULE_S2, 950)});
+  near.paired = true;
+  near.iterations = {Iters(v1::SCHEDULE_S1, {1010, 990, 1020, 1005, 1030, 980}),
+                     Iters(v1::SCHEDULE_S2, {1000, 1000, 1000, 1000, 1000, 1000})};
+  ValidationInput clear = near;
+  clear.name = "clear";
+  clear.iterations[0] = Iters(v1::SCHEDULE_S1, {1010, 1001, 1020, 1005, 1030, 1002});
+  ValidationInput unpaired = near;
+  unpaired.name = "unpaired";
+  unpaired.paired = false;
+  ValidationInput few = near;
+  few.name = "few";
+  few.iterations = {Iters(v1::SCHEDULE_S1, {990, 1020, 1005, 980}),
+                    Iters(v1::SCHEDULE_S2, {1000, 1000, 1000, 1000})};
+
+  absl::StatusOr<v1::ValidationSummary> s = Summarize({near, clear, unpaired, few}, "p", 4, 2);
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_DOUBLE_EQ(s->selection_accuracy_pct(), 0.0);
+  EXPECT_DOUBLE_EQ(s->tie_alpha(), 0.05);
+  EXPECT_EQ(s->min_paired_iterations(), 5);
+  EXPECT_EQ(s->paired_configs(), 2);
+  EXPECT_EQ(s->tied_configs(), 1);
+  EXPECT_DOUBLE_EQ(s->selection_accuracy_tied_pct(), 50.0);
+  ASSERT_EQ(s->results_size(), 4);
+  EXPECT_EQ(s->results(0).measured_best(), v1::SCHEDULE_S2);
+  EXPECT_THAT(s->results(0).measured_tied(),
+              ::testing::ElementsAre(v1::SCHEDULE_S1, v1::SCHEDULE_S2));
+  EXPECT_THAT(s->results(1).measured_tied(), ::testing::ElementsAre(v1::SCHEDULE_S2));
+  EXPECT_TRUE(s->results(2).measured_tied().empty());
+  EXPECT_TRUE(s->results(3).measured_tied().empty());
+
+  const std::string md = RenderMarkdown(*s, ReportContext{});
+  EXPECT_THAT(md, HasSubstr("| selection accuracy, ties for best counted | 50.0 % (1 of 2 "
+                            "configs; 1 with a tie) |"));
+  EXPECT_THAT(md, HasSubstr("one-sided exact sign test"));
+  // Misses list what was tied; the unpaired config says it cannot tell.
+  EXPECT_THAT(md, HasSubstr("| near | s1 | s2 | 1.0 | s1 s2 |"));
+  EXPECT_THAT(md, HasSubstr("| clear | s1 | s2 | 1.0 | s2 |"));
+  EXPECT_THAT(md, HasSubstr("| unpaired | s1 | s2 | 1.0 | – |"));
+}
+
+TEST(SummarizeTest, RejectsBadPairedIterations) {
+  ValidationInput in = Config("c", {Plan(v1::SCHEDULE_S1, 1010), Plan(v1::SCHEDULE_S2, 1000)},
+                              {Plan(v1::SCHEDULE_S1, 900), Plan(v1::SCHEDULE_S2, 950)});
+  in.paired = true;
+  in.iterations = {Iters(v1::SCHEDULE_S1, {1, 2, 3, 4, 5}), Iters(v1::SCHEDULE_S2, {1, 2, 3, 4})};
+  absl::StatusOr<v1::ValidationSummary> s = Summarize({in}, "p", 4, 2);
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(
+      s.status().message(),
+      HasSubstr("config 'c', schedule s2: 4 paired iterations where another schedule has 5"));
+
+  in.iterations = {Iters(v1::SCHEDULE_S1, {1, 2, 3, 4, 5}),
+                   Iters(v1::SCHEDULE_S2, {1, 2, std::nan(""), 4, 5})};
+  s = Summarize({in}, "p", 4, 2);
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.status().message(), HasSubstr("iteration totals must be finite and > 0"));
+
+  in.iterations = {Iters(v1::SCHEDULE_S1, {1, 2, 3, 4, 5}),
+                   Iters(v1::SCHEDULE_S1, {1, 2, 3, 4, 5})};
+  s = Summarize({in}, "p", 4, 2);
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.status().message(), HasSubstr("schedule s1: iterations listed twice"));
+
+  // Not paired: the iterations are not looked at.
+  in.paired = false;
+  EXPECT_TRUE(Summarize({in}, "p", 4, 2).ok());
 }
 
 TEST(SummarizeTest, TwoConfigsThreeSchedulesHandComputed) {
@@ -287,14 +390,16 @@ TEST(RenderMarkdownTest, ShowsSummaryMissesAndEveryConfig) {
   // Per schedule: s2 has -20 and -5 -> MAPE 12.5, p90 5 + 0.9*15 = 18.5, max 20, signed -12.5.
   EXPECT_THAT(md, HasSubstr("| s2 | 2 | 12.5 | 18.5 | 20.0 | -12.5 |"));
   // The miss: config a, predicted s2, measured s1, regret 12.5 %.
-  EXPECT_THAT(md, HasSubstr("| a | s2 | s1 | 12.5 |"));
+  EXPECT_THAT(md, HasSubstr("| a | s2 | s1 | 12.5 | – |"));
+  EXPECT_THAT(md, HasSubstr("| selection accuracy, ties for best counted | – (no paired "
+                            "iterations) |"));
   // Worst point first.
   EXPECT_THAT(md, HasSubstr("|---:|\n| a | s2 | 0.900 | 0.720 | -20.0 |"));
   // Every config, every schedule.
   EXPECT_THAT(md, HasSubstr("| a | 1.000 | 1.100 | +10.0 | 0.800 | 0.760 | -5.0 | 0.900 | 0.720 | "
-                            "-20.0 | s1 | s2 | 12.5 |"));
+                            "-20.0 | s1 | s2 | 12.5 | – |"));
   EXPECT_THAT(md, HasSubstr("| b | 2.000 | 2.080 | +4.0 | 2.500 | 2.750 | +10.0 | 1.600 | 1.520 | "
-                            "-5.0 | s2 | s2 | 0.0 |"));
+                            "-5.0 | s2 | s2 | 0.0 | – |"));
   EXPECT_THAT(md, HasSubstr("No measured op matched"));
 }
 

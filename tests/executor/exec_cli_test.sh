@@ -2,7 +2,9 @@
 # moeplan-exec as users run it, under mpirun (label "mpi"):
 #   exec_cli_test.sh MOEPLAN_EXEC MOEPLAN_CLI SOURCE_DIR
 # - --check --json on 4 ranks: exit 0, three schedules, check passed, and every
-#   schedule's measured op names equal `moeplan plan-layer`'s, in order;
+#   schedule's measured op names equal `moeplan plan-layer`'s, in order; the
+#   schedules were interleaved and each one's per-iteration totals are reported,
+#   their median being its total; --sequential likewise, not interleaved;
 # - bad inputs: exit 1 on every rank within the timeout (no rank left waiting),
 #   one error line naming the field.
 set -uo pipefail
@@ -21,11 +23,16 @@ if ! timeout 120 mpirun -np 4 "$EXEC" --layer "$LAYER" --check --json --iters 3 
     >"$TMP/exec.json" 2>"$TMP/exec.err"; then
   bad "moeplan-exec --check failed: $(cat "$TMP/exec.err")"
 fi
+if ! timeout 120 mpirun -np 4 "$EXEC" --layer "$LAYER" --check --json --iters 4 --warmup 0 \
+    --sequential >"$TMP/seq.json" 2>"$TMP/seq.err"; then
+  bad "moeplan-exec --check --sequential failed: $(cat "$TMP/seq.err")"
+fi
 "$CLI" plan-layer --layer "$LAYER" --format json >"$TMP/plan.json" || bad "plan-layer failed"
-$PY - "$TMP/exec.json" "$TMP/plan.json" <<'PYEOF' || fail=1
-import json, sys
+$PY - "$TMP/exec.json" "$TMP/plan.json" "$TMP/seq.json" <<'PYEOF' || fail=1
+import json, statistics, sys
 exe = json.load(open(sys.argv[1]))
 plan = json.load(open(sys.argv[2]))
+seq = json.load(open(sys.argv[3]))
 ok = True
 def check(cond, msg):
     global ok
@@ -41,6 +48,16 @@ for c in exe["candidates"]:
     for o in c["ops"]:
         check(o["end_us"] >= o["start_us"] >= 0, f'{o["name"]}: times')
         check(o["resource"] != "", f'{o["name"]}: no metadata from the planner')
+for rep, iters, interleaved in ((exe, 3, True), (seq, 4, False)):
+    check(rep.get("interleaved", False) == interleaved, f"interleaved should be {interleaved}")
+    its = rep.get("iterations", [])
+    check([i["schedule"] for i in its] == [c["schedule"] for c in rep["candidates"]],
+          "iterations: one entry per candidate, same order")
+    for i, c in zip(its, rep["candidates"]):
+        check(len(i["total_us"]) == iters, f'{i["schedule"]}: {len(i["total_us"])} totals, expected {iters}')
+        check(abs(statistics.median(i["total_us"]) - c["total_us"]) <= 1e-6 * c["total_us"],
+              f'{i["schedule"]}: total_us is not the median of the iterations')
+check(seq["check"]["passed"], "--sequential: check did not pass")
 sys.exit(0 if ok else 1)
 PYEOF
 

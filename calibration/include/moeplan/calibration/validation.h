@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "moeplan/v1/exec.pb.h"
 #include "moeplan/v1/plan.pb.h"
 #include "moeplan/v1/validation.pb.h"
 
@@ -19,12 +20,24 @@ struct ValidationInput {
   v1::LayerConfig layer;
   std::vector<v1::CandidatePlan> measured;
   std::vector<v1::CandidatePlan> predicted;
+  // Every timed iteration's measured total per schedule (ExecReport.iterations)
+  // and whether entry i of every schedule was taken in the same round
+  // (ExecReport.interleaved): what decides ties for best. Optional.
+  std::vector<v1::ScheduleIterations> iterations;
+  bool paired = false;
 };
 
-// Total and per-op errors, selection accuracy and regret. InvalidArgument when
-// there are no inputs, a config has no schedule both measured and predicted,
-// lists a schedule twice on one side, or a paired measured total is not finite
-// and > 0 (or the predicted one not finite).
+// The exact one-sided sign test on paired samples: were `a` and `b` equally
+// fast, the probability of at least as many pairs with a[i] > b[i] as seen.
+// Equal pairs are dropped; 1 when none is left. Sizes must match.
+double SignTestP(const std::vector<double>& a, const std::vector<double>& b);
+
+// Total and per-op errors, selection accuracy (strict, decisive, and counting
+// ties) and regret. InvalidArgument when there are no inputs, a config has no
+// schedule both measured and predicted, lists a schedule twice on one side, a
+// paired measured total is not finite and > 0 (or the predicted one not
+// finite), or paired iterations differ in count or hold a value not finite
+// and > 0.
 absl::StatusOr<v1::ValidationSummary> Summarize(const std::vector<ValidationInput>& inputs,
                                                 const std::string& profile, int ranks, int hosts);
 
