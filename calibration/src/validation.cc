@@ -134,8 +134,8 @@ absl::StatusOr<std::map<int, const v1::ScheduleIterations*>> PairedIterations(
   return out;
 }
 
-std::vector<double> Values(const v1::ScheduleIterations& it) {
-  return {it.total_us().begin(), it.total_us().end()};
+absl::Span<const double> Values(const v1::ScheduleIterations& it) {
+  return {it.total_us().data(), static_cast<std::size_t>(it.total_us_size())};
 }
 
 struct OpAccumulator {
@@ -309,7 +309,7 @@ std::string LogTics(double lo, double hi) {
 
 }  // namespace
 
-double SignTestP(const std::vector<double>& a, const std::vector<double>& b) {
+double SignTestP(absl::Span<const double> a, absl::Span<const double> b) {
   int n = 0, k = 0;
   for (std::size_t i = 0; i < a.size() && i < b.size(); ++i) {
     if (a[i] == b[i]) continue;
@@ -425,7 +425,7 @@ absl::StatusOr<v1::ValidationSummary> Summarize(const std::vector<ValidationInpu
       all_paired = all_paired && iters->count(static_cast<int>(pt.schedule())) > 0;
     }
     if (all_paired) {
-      const std::vector<double> best = Values(*best_iters->second);
+      const absl::Span<const double> best = Values(*best_iters->second);
       for (const v1::ValidationPoint& pt : c->points()) {
         if (pt.schedule() == c->measured_best() ||
             SignTestP(Values(*iters->at(static_cast<int>(pt.schedule()))), best) >= kTieAlpha) {

@@ -190,6 +190,7 @@ struct Measured {
   std::vector<ex::OpTime> ops;
   std::vector<IterationTimes> iterations;  // rank 0 only
   ex::LayerResults results;
+  std::vector<double> local, global;  // TimeIteration's reduce buffers, reused
 };
 
 std::unique_ptr<ex::MoeLayerRunner> CreateRunner(const Args& a, const Setup& s,
@@ -213,7 +214,10 @@ void TimeIteration(const Args& a, int it, ex::MoeLayerRunner& runner, Measured* 
   if (absl::Status st = runner.RunIteration(); !st.ok()) Abort(st);
   const std::vector<ex::OpTime>& ops = runner.timings();
   const size_t n = ops.size();
-  std::vector<double> local(2 * n + 2, 0.0), global(2 * n + 2, 0.0);
+  std::vector<double>& local = m->local;
+  std::vector<double>& global = m->global;
+  local.assign(2 * n + 2, 0.0);
+  global.assign(2 * n + 2, 0.0);
   for (size_t i = 0; i < n; ++i) {
     local[i] = ops[i].start_us;
     local[n + i] = ops[i].end_us;

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 #include "moeplan/v1/exec.pb.h"
 #include "moeplan/v1/plan.pb.h"
 #include "moeplan/v1/validation.pb.h"
@@ -30,7 +31,7 @@ struct ValidationInput {
 // The exact one-sided sign test on paired samples: were `a` and `b` equally
 // fast, the probability of at least as many pairs with a[i] > b[i] as seen.
 // Equal pairs are dropped; 1 when none is left. Sizes must match.
-double SignTestP(const std::vector<double>& a, const std::vector<double>& b);
+double SignTestP(absl::Span<const double> a, absl::Span<const double> b);
 
 // Total and per-op errors, selection accuracy (strict, decisive, and counting
 // ties) and regret. InvalidArgument when there are no inputs, a config has no
