@@ -1,4 +1,4 @@
-// Planner speed (DESIGN §8: benchmarks, not timed tests).
+// Planner speed (docs/conventions.md: benchmarks, not timed tests).
 //   BM_PlanLayer/3 schedules fwd+bwd: the GPT-2-style example layer on the default
 //     profile, all three schedules built, simulated and ranked (target <= 50 us).
 //   BM_SweepGrid: the 1,296-config example grid, single thread (target <= 200 ms).

@@ -1,4 +1,4 @@
-// SAA against its parts (DESIGN §5.1), on the executor's MPI backend, under
+// SAA against its parts (docs/schedules.md), on the executor's MPI backend, under
 // mpirun:  mpirun -np 8 ./build/bench/saa_bench [--benchmark_...]
 // Ranks form N-rank groups (consecutive, the ESP/MP group) and W = P/N-rank
 // AlltoAll groups (strided by N, the EP group), as in S2. Per message size n

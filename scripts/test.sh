@@ -11,7 +11,7 @@ bash scripts/setup.sh
 
 # ASan+UBSan: unit tests only (the CLI tests run the release binary above).
 export BUILD_DIR=build-asan
-BUILD_TARGETS="planner_test proto_test calibration_test profiler_test executor_kernels_test" bash scripts/setup.sh -DMOEPLAN_SANITIZER=asan -DMOEPLAN_BUILD_BENCH=OFF
+BUILD_TARGETS="base_test planner_test proto_test calibration_test profiler_test executor_kernels_test" bash scripts/setup.sh -DMOEPLAN_SANITIZER=asan -DMOEPLAN_BUILD_BENCH=OFF
 export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1}"
 export UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}"
 (cd build-asan && ctest --output-on-failure -j "$JOBS" -L unit)

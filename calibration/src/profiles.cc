@@ -6,7 +6,8 @@
 #include <cstddef>
 
 #include "absl/strings/str_join.h"
-#include "moeplan/planner/strings.h"
+#include "moeplan/base/status.h"
+#include "moeplan/base/strings.h"
 #include "moeplan/proto/convert.h"
 #include "moeplan/proto/json.h"
 
@@ -81,8 +82,8 @@ absl::StatusOr<v1::ClusterProfile> ResolveProfile(std::string_view name_or_path)
                                    ") nor an existing file"));
   }
   v1::ClusterProfile msg;
-  if (absl::Status s = proto::ReadJsonFile(path, &msg); !s.ok()) return s;
-  if (absl::Status s = Validated(path, msg); !s.ok()) return s;
+  MOEPLAN_RETURN_IF_ERROR(proto::ReadJsonFile(path, &msg));
+  MOEPLAN_RETURN_IF_ERROR(Validated(path, msg));
   return msg;
 }
 

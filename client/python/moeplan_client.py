@@ -1,4 +1,4 @@
-"""A thin Python client of the moeplan.v1.Planner gRPC service (DESIGN §7).
+"""A thin Python client of the moeplan.v1.Planner gRPC service (docs/service.md).
 
 Messages go in and come out as plain dicts in protobuf's JSON mapping with the
 .proto field names (snake_case), exactly as `moeplan plan-layer --format json`

@@ -2,7 +2,7 @@
 
 #include <grpcpp/grpcpp.h>
 
-#include "moeplan/planner/strings.h"
+#include "moeplan/base/strings.h"
 #include "moeplan/v1/service.grpc.pb.h"
 
 namespace moeplan::client {

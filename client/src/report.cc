@@ -7,31 +7,12 @@
 #include <vector>
 
 #include "absl/strings/str_split.h"
+#include "moeplan/base/format.h"
+#include "moeplan/proto/convert.h"
 
 namespace moeplan::client {
 
-std::string ScheduleLabel(v1::Schedule s) {
-  switch (s) {
-    case v1::SCHEDULE_DEFAULT:
-      return "default";
-    case v1::SCHEDULE_S1:
-      return "s1";
-    case v1::SCHEDULE_S2:
-      return "s2";
-    default:
-      return "unspecified";
-  }
-}
-
-std::string FormatBytes(double bytes) {
-  static constexpr const char* kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  int u = 0;
-  while (std::abs(bytes) >= 1024.0 && u < 4) {
-    bytes /= 1024.0;
-    ++u;
-  }
-  return u == 0 ? fmt::format("{:.0f} B", bytes) : fmt::format("{:.1f} {}", bytes, kUnits[u]);
-}
+using proto::ScheduleLabel;
 
 namespace {
 

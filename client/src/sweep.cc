@@ -4,8 +4,8 @@
 
 #include <algorithm>
 
+#include "moeplan/base/strings.h"
 #include "moeplan/planner/planner.h"
-#include "moeplan/planner/strings.h"
 #include "moeplan/proto/convert.h"
 
 namespace moeplan::client {

@@ -3,8 +3,8 @@
 
 #include <mpi.h>
 
-#include "moeplan/planner/strings.h"
-#include "moeplan/planner/status_macros.h"
+#include "moeplan/base/status.h"
+#include "moeplan/base/strings.h"
 
 namespace moeplan::executor {
 

@@ -2,6 +2,8 @@
 // forms of the collectives.
 #include <utility>
 
+#include "moeplan/base/bf16.h"
+#include "moeplan/base/status.h"
 #include "moeplan/executor/comm.h"
 #include "moeplan/executor/device.h"
 
@@ -50,11 +52,32 @@ void DeviceBuffer::Reset() {
   bytes_ = 0;
 }
 
+absl::Status UploadAs(Device& dev, void* dst, absl::Span<const float> host, DType t,
+                      std::vector<uint16_t>* scratch) {
+  if (t == DType::kF32) return dev.Upload(dst, host.data(), host.size() * sizeof(float));
+  std::vector<uint16_t> local;
+  std::vector<uint16_t>& half = scratch != nullptr ? *scratch : local;
+  half.resize(host.size());
+  for (size_t i = 0; i < host.size(); ++i) half[i] = FloatToBf16(host[i]);
+  return dev.Upload(dst, half.data(), half.size() * sizeof(uint16_t));
+}
+
+absl::Status DownloadAs(Device& dev, absl::Span<float> host, const void* src, DType t,
+                        std::vector<uint16_t>* scratch) {
+  if (t == DType::kF32) return dev.Download(host.data(), src, host.size() * sizeof(float));
+  std::vector<uint16_t> local;
+  std::vector<uint16_t>& half = scratch != nullptr ? *scratch : local;
+  half.resize(host.size());
+  MOEPLAN_RETURN_IF_ERROR(dev.Download(half.data(), src, half.size() * sizeof(uint16_t)));
+  for (size_t i = 0; i < host.size(); ++i) host[i] = Bf16ToFloat(half[i]);
+  return absl::OkStatus();
+}
+
 namespace {
 absl::Status Finish(Communicator* c, absl::StatusOr<Request> r, Request* timing) {
   if (!r.ok()) return r.status();
   Request req = *r;
-  if (absl::Status s = c->Wait(&req); !s.ok()) return s;
+  MOEPLAN_RETURN_IF_ERROR(c->Wait(&req));
   if (timing != nullptr) *timing = req;
   return absl::OkStatus();
 }

@@ -1,4 +1,4 @@
-// The MoE-layer runner: default, S1 and S2 (DESIGN §5.1, planner/README.md for
+// The MoE-layer runner: default, S1 and S2 (docs/schedules.md, planner/README.md for
 // where the planner refines the design) forward and backward on real data, with
 // every op recorded under the planner's name.
 //
@@ -20,13 +20,12 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <iterator>
 
+#include "moeplan/base/status.h"
+#include "moeplan/base/strings.h"
 #include "moeplan/executor/saa.h"
-#include "moeplan/planner/strings.h"
 #include "moeplan/planner/validate.h"
-#include "moeplan/planner/status_macros.h"
 
 namespace moeplan::executor {
 
@@ -46,20 +45,6 @@ enum Tensor : uint32_t {
   kTensorW2 = 4,
   kTensorDy = 5
 };
-
-uint16_t ToBf16(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40);  // NaN
-  u += 0x7fffu + ((u >> 16) & 1u);  // round to nearest even
-  return static_cast<uint16_t>(u >> 16);
-}
-float FromBf16(uint16_t h) {
-  const uint32_t u = uint32_t{h} << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
 
 }  // namespace
 
@@ -416,12 +401,7 @@ absl::Status MoeLayerRunner::Impl::FillInputs() {
   const float ws2 = 1.0f / std::sqrt(static_cast<float>(H_));
   std::vector<float> host;
   std::vector<uint16_t> half;
-  auto upload = [&](DeviceBuffer& b, DType t) -> absl::Status {
-    if (t == DType::kF32) return dev_->Upload(b.data(), host.data(), host.size() * 4);
-    half.resize(host.size());
-    for (size_t i = 0; i < host.size(); ++i) half[i] = ToBf16(host[i]);
-    return dev_->Upload(b.data(), half.data(), half.size() * 2);
-  };
+  auto upload = [&](DeviceBuffer& b, DType t) { return UploadAs(*dev_, b.data(), host, t, &half); };
 
   const uint64_t g = static_cast<uint64_t>(place_.mp_group);
   const uint64_t tok = static_cast<uint64_t>(S_ * M_);
@@ -696,11 +676,7 @@ absl::StatusOr<LayerResults> MoeLayerRunner::Impl::Results() {
   std::vector<uint16_t> half;
   auto fetch = [&](const DeviceBuffer& b, int64_t n, DType t, std::vector<float>* out) {
     out->resize(static_cast<size_t>(n));
-    if (t == DType::kF32) return dev_->Download(out->data(), b.data(), out->size() * 4);
-    half.resize(out->size());
-    MOEPLAN_RETURN_IF_ERROR(dev_->Download(half.data(), b.data(), half.size() * 2));
-    for (size_t i = 0; i < half.size(); ++i) (*out)[i] = FromBf16(half[i]);
-    return absl::OkStatus();
+    return DownloadAs(*dev_, absl::MakeSpan(*out), b.data(), t, &half);
   };
   MOEPLAN_RETURN_IF_ERROR(fetch(y_, S_ * M_, dt_, &r.y));
   MOEPLAN_RETURN_IF_ERROR(fetch(dx_, S_ * M_, dt_, &r.dx));

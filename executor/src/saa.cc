@@ -1,7 +1,7 @@
 #include "moeplan/executor/saa.h"
 
-#include "moeplan/planner/strings.h"
-#include "moeplan/planner/status_macros.h"
+#include "moeplan/base/status.h"
+#include "moeplan/base/strings.h"
 
 namespace moeplan::executor {
 namespace {

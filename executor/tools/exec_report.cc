@@ -6,21 +6,13 @@
 #include <iterator>
 #include <unordered_map>
 
+#include "moeplan/base/stats.h"
 #include "moeplan/proto/convert.h"
 
 namespace moeplan::exec {
 namespace {
 
-double Median(std::vector<double> v) {
-  if (v.empty()) return 0.0;
-  const size_t mid = v.size() / 2;
-  std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(mid), v.end());
-  double m = v[mid];
-  if (v.size() % 2 == 0) {
-    m = (m + *std::max_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(mid))) / 2.0;
-  }
-  return m;
-}
+using proto::ScheduleLabel;
 
 // Total length of the union of intervals, and of its intersection with `other`'s union.
 struct Interval {
@@ -49,11 +41,6 @@ double Overlap(const std::vector<Interval>& x, const std::vector<Interval>& y) {
     for (const Interval& j : y) t += std::max(0.0, std::min(i.b, j.b) - std::max(i.a, j.a));
   }
   return t;
-}
-
-std::string_view ScheduleLabel(v1::Schedule s) {
-  absl::StatusOr<planner::Schedule> p = proto::ScheduleFromProto(s);
-  return p.ok() ? planner::ScheduleName(*p) : std::string_view("unspecified");
 }
 
 }  // namespace

@@ -18,12 +18,13 @@
 #include <vector>
 
 #include "exec_report.h"
+#include "moeplan/base/status.h"
+#include "moeplan/base/strings.h"
 #include "moeplan/calibration/profiles.h"
 #include "moeplan/executor/backends.h"
 #include "moeplan/executor/check.h"
 #include "moeplan/executor/runner.h"
 #include "moeplan/planner/planner.h"
-#include "moeplan/planner/strings.h"
 #include "moeplan/planner/validate.h"
 #include "moeplan/proto/convert.h"
 #include "moeplan/proto/json.h"
@@ -114,7 +115,7 @@ absl::Status Prepare(const Args& a, int hosts, Setup* s) {
   if (a.backend != "mpi" && a.backend != "nccl") {
     return absl::InvalidArgumentError(Cat("--backend: must be mpi or nccl (got ", a.backend, ")"));
   }
-  if (absl::Status st = proto::ReadJsonFile(a.layer, &s->layer_msg); !st.ok()) return st;
+  MOEPLAN_RETURN_IF_ERROR(proto::ReadJsonFile(a.layer, &s->layer_msg));
   absl::StatusOr<p::LayerConfig> layer = proto::LayerFromProto(s->layer_msg);
   if (!layer.ok())
     return absl::Status(layer.status().code(), Cat(a.layer, ": ", View(layer.status().message())));
@@ -153,7 +154,7 @@ absl::Status Prepare(const Args& a, int hosts, Setup* s) {
   if (absl::Status st = ex::ValidateWorld(s->layer, world); !st.ok()) return in_file(st);
   if (absl::Status st = p::ValidateLayer(s->layer, cluster); !st.ok()) return in_file(st);
   auto runnable = [&](p::Schedule sch) -> absl::Status {
-    if (absl::Status st = p::ValidateForSchedule(s->layer, sch); !st.ok()) return st;
+    MOEPLAN_RETURN_IF_ERROR(p::ValidateForSchedule(s->layer, sch));
     return ex::ValidateForExecutor(s->layer, sch, world);
   };
   if (a.schedule == "all" || a.schedule == "auto" || a.check) {

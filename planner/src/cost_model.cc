@@ -3,7 +3,8 @@
 #include <algorithm>
 #include <cmath>
 
-#include "moeplan/planner/strings.h"
+#include "moeplan/base/status.h"
+#include "moeplan/base/strings.h"
 
 namespace moeplan::planner {
 
@@ -97,8 +98,8 @@ absl::Status ValidateProfile(const ClusterProfile& p) {
     return Bad("nodes", "nodes*gpus_per_node must be <= 1048576",
                Cat(int64_t{p.shape.nodes} * p.shape.gpus_per_node));
   }
-  if (absl::Status s = CheckAlphaBeta("links.intra", p.intra); !s.ok()) return s;
-  if (absl::Status s = CheckAlphaBeta("links.inter", p.inter); !s.ok()) return s;
+  MOEPLAN_RETURN_IF_ERROR(CheckAlphaBeta("links.intra", p.intra));
+  MOEPLAN_RETURN_IF_ERROR(CheckAlphaBeta("links.inter", p.inter));
   for (size_t i = 0; i < p.collectives.size(); ++i) {
     const CollectiveFit& f = p.collectives[i];
     const std::string field = Cat("collectives[", i, "]");
@@ -109,7 +110,7 @@ absl::Status ValidateProfile(const ClusterProfile& p) {
       return Bad(Cat(field, ".shape.nodes"), "must be >= 1 and divide shape.ranks",
                  Cat("ranks=", f.shape.ranks, ", nodes=", f.shape.nodes));
     }
-    if (absl::Status s = CheckAlphaBeta(Cat(field, ".cost"), f.cost); !s.ok()) return s;
+    MOEPLAN_RETURN_IF_ERROR(CheckAlphaBeta(Cat(field, ".cost"), f.cost));
     if (f.pieces.size() > static_cast<size_t>(kMaxFitPieces)) {
       return Bad(Cat(field, ".pieces"), Cat("must have at most ", kMaxFitPieces, " pieces"),
                  Cat(f.pieces.size()));
@@ -122,9 +123,7 @@ absl::Status ValidateProfile(const ClusterProfile& p) {
         return Bad(Cat(piece, ".from_bytes"), "must be greater than the previous piece's",
                    Cat(from));
       }
-      if (absl::Status s = CheckAlphaBeta(Cat(piece, ".cost"), f.pieces[k].cost); !s.ok()) {
-        return s;
-      }
+      MOEPLAN_RETURN_IF_ERROR(CheckAlphaBeta(Cat(piece, ".cost"), f.pieces[k].cost));
     }
     for (size_t j = 0; j < i; ++j) {
       if (p.collectives[j].collective == f.collective && p.collectives[j].shape == f.shape) {
@@ -142,9 +141,9 @@ absl::Status ValidateProfile(const ClusterProfile& p) {
   const GemmEfficiencyGrid& g = p.gemm.grid;
   const bool any_grid = !g.m.empty() || !g.n.empty() || !g.k.empty() || !g.efficiency.empty();
   if (any_grid) {
-    if (absl::Status s = CheckAxis("gemm.m", g.m); !s.ok()) return s;
-    if (absl::Status s = CheckAxis("gemm.n", g.n); !s.ok()) return s;
-    if (absl::Status s = CheckAxis("gemm.k", g.k); !s.ok()) return s;
+    MOEPLAN_RETURN_IF_ERROR(CheckAxis("gemm.m", g.m));
+    MOEPLAN_RETURN_IF_ERROR(CheckAxis("gemm.n", g.n));
+    MOEPLAN_RETURN_IF_ERROR(CheckAxis("gemm.k", g.k));
     const size_t want = g.m.size() * g.n.size() * g.k.size();
     if (g.efficiency.size() != want) {
       return Bad("gemm.efficiency", "must have |m|*|n|*|k| entries",
@@ -185,7 +184,7 @@ absl::Status ValidateProfile(const ClusterProfile& p) {
 }
 
 absl::StatusOr<CostModel> CostModel::Create(ClusterProfile profile) {
-  if (absl::Status s = ValidateProfile(profile); !s.ok()) return s;
+  MOEPLAN_RETURN_IF_ERROR(ValidateProfile(profile));
   return CostModel(std::move(profile));
 }
 

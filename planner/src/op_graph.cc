@@ -1,6 +1,6 @@
 #include "moeplan/planner/op_graph.h"
 
-#include "moeplan/planner/strings.h"
+#include "moeplan/base/strings.h"
 
 namespace moeplan::planner {
 
@@ -70,15 +70,6 @@ void OpGraph::Clear() {
   ops_.clear();
   dep_ids_.clear();
   dep_begin_.resize(1);
-}
-
-OpGraph::BoostGraph OpGraph::ToBoostGraph() const {
-  BoostGraph g(ops_.size());
-  for (int v = 0; v < size(); ++v) {
-    g[static_cast<BoostGraph::vertex_descriptor>(v)] = ops_[static_cast<size_t>(v)];
-    for (OpId d : deps(v)) boost::add_edge(static_cast<size_t>(d), static_cast<size_t>(v), g);
-  }
-  return g;
 }
 
 }  // namespace moeplan::planner

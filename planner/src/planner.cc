@@ -3,8 +3,9 @@
 #include <algorithm>
 #include <cmath>
 
+#include "moeplan/base/status.h"
+#include "moeplan/base/strings.h"
 #include "moeplan/planner/schedules.h"
-#include "moeplan/planner/strings.h"
 #include "moeplan/planner/validate.h"
 
 namespace moeplan::planner {
@@ -67,7 +68,7 @@ absl::Status LayerPlanner::Plan(const LayerConfig& layer, std::span<const Schedu
                                 LayerPlan* out) {
   if (schedules.empty()) schedules = kAllSchedules;
   const ClusterShape& cluster = cost_.profile().shape;
-  if (absl::Status s = ValidateLayer(layer, cluster); !s.ok()) return s;
+  MOEPLAN_RETURN_IF_ERROR(ValidateLayer(layer, cluster));
   bool seen[kNumSchedules] = {};
   for (Schedule s : schedules) {
     const int i = static_cast<int>(s);
@@ -78,7 +79,7 @@ absl::Status LayerPlanner::Plan(const LayerConfig& layer, std::span<const Schedu
           Cat("schedules: each schedule may be listed once (got ", ScheduleName(s), " twice)"));
     }
     seen[i] = true;
-    if (absl::Status st = ValidateForSchedule(layer, s); !st.ok()) return st;
+    MOEPLAN_RETURN_IF_ERROR(ValidateForSchedule(layer, s));
   }
 
   LayerContext ctx;
@@ -90,10 +91,9 @@ absl::Status LayerPlanner::Plan(const LayerConfig& layer, std::span<const Schedu
   for (size_t i = 0; i < schedules.size(); ++i) {
     Candidate& c = out->candidates[i];
     c.schedule = schedules[i];
-    if (!c.graph_ptr) c.graph_ptr = std::make_unique<OpGraph>();
-    c.graph_ptr->Clear();
-    if (absl::Status s = BuildSchedule(c.schedule, ctx, c.graph_ptr.get()); !s.ok()) return s;
-    if (absl::Status s = simulator_.Run(*c.graph_ptr, &c.sim); !s.ok()) return s;
+    c.op_graph.Clear();
+    MOEPLAN_RETURN_IF_ERROR(BuildSchedule(c.schedule, ctx, &c.op_graph));
+    MOEPLAN_RETURN_IF_ERROR(simulator_.Run(c.op_graph, &c.sim));
   }
   std::stable_sort(
       out->candidates.begin(), out->candidates.end(),
@@ -106,7 +106,7 @@ absl::StatusOr<LayerPlan> PlanLayer(const LayerConfig& layer, const CostModel& c
                                     std::span<const Schedule> schedules) {
   LayerPlanner planner(cost);
   LayerPlan plan;
-  if (absl::Status s = planner.Plan(layer, schedules, &plan); !s.ok()) return s;
+  MOEPLAN_RETURN_IF_ERROR(planner.Plan(layer, schedules, &plan));
   return plan;
 }
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "moeplan/base/status.h"
 #include "moeplan/planner/validate.h"
 
 namespace moeplan::planner {
@@ -429,7 +430,7 @@ OpId AppendSaa(const CostModel& cost, GroupShape a2a, int a2a_ranks_per_node, Gr
 }
 
 absl::Status BuildSchedule(Schedule schedule, const LayerContext& ctx, OpGraph* graph) {
-  if (absl::Status s = ValidateForSchedule(*ctx.layer, schedule); !s.ok()) return s;
+  MOEPLAN_RETURN_IF_ERROR(ValidateForSchedule(*ctx.layer, schedule));
   switch (schedule) {
     case Schedule::kDefault:
       return BuildDefault(ctx, graph);

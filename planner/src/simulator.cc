@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-#include "moeplan/planner/strings.h"
+#include "moeplan/base/strings.h"
 
 namespace moeplan::planner {
 namespace {

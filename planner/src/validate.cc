@@ -2,7 +2,8 @@
 
 #include <cmath>
 
-#include "moeplan/planner/strings.h"
+#include "moeplan/base/status.h"
+#include "moeplan/base/strings.h"
 
 namespace moeplan::planner {
 namespace {
@@ -39,11 +40,11 @@ bool TilesNodes(int64_t size, int gpus_per_node) {
 }  // namespace
 
 absl::Status ValidateLayer(const LayerConfig& l, const ClusterShape& c) {
-  if (absl::Status s = CheckDim("batch_size", l.batch_size); !s.ok()) return s;
-  if (absl::Status s = CheckDim("seq_len", l.seq_len); !s.ok()) return s;
-  if (absl::Status s = CheckDim("model_dim", l.model_dim); !s.ok()) return s;
-  if (absl::Status s = CheckDim("hidden_dim", l.hidden_dim); !s.ok()) return s;
-  if (absl::Status s = CheckDim("num_experts", l.num_experts); !s.ok()) return s;
+  MOEPLAN_RETURN_IF_ERROR(CheckDim("batch_size", l.batch_size));
+  MOEPLAN_RETURN_IF_ERROR(CheckDim("seq_len", l.seq_len));
+  MOEPLAN_RETURN_IF_ERROR(CheckDim("model_dim", l.model_dim));
+  MOEPLAN_RETURN_IF_ERROR(CheckDim("hidden_dim", l.hidden_dim));
+  MOEPLAN_RETURN_IF_ERROR(CheckDim("num_experts", l.num_experts));
   if (l.top_k < 1) return Bad("top_k", "must be >= 1", Cat(l.top_k));
   if (l.top_k > l.num_experts) {
     return Bad("top_k", "must be <= num_experts",
@@ -79,11 +80,11 @@ absl::Status ValidateLayer(const LayerConfig& l, const ClusterShape& c) {
   }
 
   const ParallelLayout& p = l.parallel;
-  if (absl::Status s = CheckDegree("parallel.mp", p.mp); !s.ok()) return s;
-  if (absl::Status s = CheckDegree("parallel.ep", p.ep); !s.ok()) return s;
-  if (absl::Status s = CheckDegree("parallel.esp", p.esp); !s.ok()) return s;
-  if (absl::Status s = CheckDegree("parallel.dp", p.dp); !s.ok()) return s;
-  if (absl::Status s = CheckDegree("parallel.pp", p.pp); !s.ok()) return s;
+  MOEPLAN_RETURN_IF_ERROR(CheckDegree("parallel.mp", p.mp));
+  MOEPLAN_RETURN_IF_ERROR(CheckDegree("parallel.ep", p.ep));
+  MOEPLAN_RETURN_IF_ERROR(CheckDegree("parallel.esp", p.esp));
+  MOEPLAN_RETURN_IF_ERROR(CheckDegree("parallel.dp", p.dp));
+  MOEPLAN_RETURN_IF_ERROR(CheckDegree("parallel.pp", p.pp));
   const int64_t dense = int64_t{p.mp} * p.dp;
   const int64_t expert = int64_t{p.ep} * p.esp;
   if (dense != expert) {

@@ -4,13 +4,13 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <functional>
 
+#include "moeplan/base/stats.h"
+#include "moeplan/base/status.h"
+#include "moeplan/base/strings.h"
 #include "moeplan/executor/kernels.h"
 #include "moeplan/executor/saa.h"
-#include "moeplan/planner/status_macros.h"
-#include "moeplan/planner/strings.h"
 #include "moeplan/proto/convert.h"
 
 namespace moeplan::profiler {
@@ -30,20 +30,6 @@ std::vector<float> Values(int world_rank, int64_t count) {
   std::vector<float> v(static_cast<size_t>(count));
   for (int64_t i = 0; i < count; ++i) v[static_cast<size_t>(i)] = Value(world_rank, i);
   return v;
-}
-
-// bf16 with round-to-nearest-even (the values here are exact).
-uint16_t ToBf16(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  u += 0x7FFF + ((u >> 16) & 1);
-  return static_cast<uint16_t>(u >> 16);
-}
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
 void SetShape(GroupShape s, v1::GroupShape* out) {
@@ -214,13 +200,11 @@ struct Buffers {
     MOEPLAN_RETURN_IF_ERROR(dev->Upload(p, host.data(), host.size() * 4));
     return p;
   }
-  // `host` stored as type t (bf16: rounded to nearest even).
+  // `host` stored as type t (bf16: rounded to nearest even; the values here
+  // are exact).
   absl::StatusOr<void*> FromAs(const std::vector<float>& host, DType t) {
-    if (t == DType::kF32) return From(host);
-    std::vector<uint16_t> h(host.size());
-    for (size_t i = 0; i < h.size(); ++i) h[i] = ToBf16(host[i]);
-    MOEPLAN_ASSIGN_OR_RETURN(void* p, Make(h.size() * 2));
-    MOEPLAN_RETURN_IF_ERROR(dev->Upload(p, h.data(), h.size() * 2));
+    MOEPLAN_ASSIGN_OR_RETURN(void* p, Make(host.size() * ex::SizeOf(t)));
+    MOEPLAN_RETURN_IF_ERROR(ex::UploadAs(*dev, p, host, t));
     return p;
   }
   absl::StatusOr<std::vector<float>> Read(const void* p, int64_t count) {

@@ -4,8 +4,9 @@
 #include <cmath>
 
 #include "fmt/format.h"
+#include "moeplan/base/format.h"
+#include "moeplan/base/strings.h"
 #include "moeplan/planner/schedules.h"
-#include "moeplan/planner/strings.h"
 
 namespace moeplan::profiler {
 namespace {
@@ -102,26 +103,14 @@ Bandwidth BandwidthOf(Collective c, int ranks, int64_t bytes, double us) {
   return b;
 }
 
-std::string HumanBytes(int64_t bytes) {
-  static constexpr const char* kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  double v = static_cast<double>(bytes);
-  int u = 0;
-  while (v >= 1024.0 && u < 4) {
-    v /= 1024.0;
-    ++u;
-  }
-  if (v == std::floor(v)) return fmt::format("{:.0f} {}", v, kUnits[u]);
-  return fmt::format("{:.3g} {}", v, kUnits[u]);
-}
-
 std::string Point::Label() const {
   switch (kind) {
     case Kind::kCollective:
       return fmt::format("{} {} {}", std::string(planner::CollectiveName(collective)),
-                         ShapeLabel(shape), HumanBytes(bytes));
+                         ShapeLabel(shape), FormatBytes(static_cast<double>(bytes)));
     case Kind::kSaa:
       return fmt::format("saa{} a2a {} gather {} {}", dual ? "-dual" : "", ShapeLabel(saa.a2a),
-                         ShapeLabel(saa.gather), HumanBytes(bytes));
+                         ShapeLabel(saa.gather), FormatBytes(static_cast<double>(bytes)));
     case Kind::kGemm:
       return fmt::format("gemm {}x{}x{}{}", m, n, k,
                          m == 1 && n == 1 && k == 1 ? ""
@@ -156,7 +145,8 @@ absl::StatusOr<Sweep> PlanSweep(const NodeLayout& layout, const SweepOptions& o)
   auto add = [&](Point p) {
     if (p.buffer_bytes > o.max_point_bytes) {
       sw.skipped.push_back(fmt::format("{}: needs {} per rank, more than the {} allowed", p.Label(),
-                                       HumanBytes(p.buffer_bytes), HumanBytes(o.max_point_bytes)));
+                                       FormatBytes(static_cast<double>(p.buffer_bytes)),
+                                       FormatBytes(static_cast<double>(o.max_point_bytes))));
       return;
     }
     sw.points.push_back(std::move(p));

@@ -1,5 +1,5 @@
-// moeplan-profile: measures a cluster for `moeplan calibrate` (DESIGN §1, §3),
-// under mpirun / srun with one rank per GPU or CPU slot:
+// moeplan-profile: measures a cluster for `moeplan calibrate` (docs/architecture.md,
+// docs/cost-model.md), under mpirun / srun with one rank per GPU or CPU slot:
 //   mpirun -np P moeplan-profile --out samples.jsonl [--quick] [--backend mpi|nccl] ...
 // Discovers the node layout (ranks sharing a host), times every collective on
 // every group shape the planner uses (all sibling groups at once), SAA and its
@@ -21,9 +21,9 @@
 #include <vector>
 
 #include "fmt/format.h"
+#include "moeplan/base/status.h"
+#include "moeplan/base/strings.h"
 #include "moeplan/executor/backends.h"
-#include "moeplan/planner/status_macros.h"
-#include "moeplan/planner/strings.h"
 #include "moeplan/profiler/profiler.h"
 #include "moeplan/profiler/sweep.h"
 #include "moeplan/proto/json.h"

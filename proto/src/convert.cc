@@ -1,6 +1,7 @@
 #include "moeplan/proto/convert.h"
 
-#include "moeplan/planner/strings.h"
+#include "moeplan/base/status.h"
+#include "moeplan/base/strings.h"
 
 namespace moeplan::proto {
 
@@ -66,27 +67,43 @@ v1::LayerConfig LayerToProto(const p::LayerConfig& l) {
 
 namespace {
 
-p::AlphaBeta AlphaBetaFromProto(const v1::AlphaBeta& m) {
-  return {m.alpha_us(), m.beta_us_per_byte()};
+// The planner <-> wire enum pairs, one table per enum: both directions read
+// it, so a new value is added in one place.
+template <class P, class W>
+struct EnumPair {
+  P planner;
+  W wire;
+};
+constexpr EnumPair<p::Collective, v1::Collective> kCollectives[] = {
+    {p::Collective::kAllReduce, v1::COLLECTIVE_ALL_REDUCE},
+    {p::Collective::kAllGather, v1::COLLECTIVE_ALL_GATHER},
+    {p::Collective::kReduceScatter, v1::COLLECTIVE_REDUCE_SCATTER},
+    {p::Collective::kAllToAll, v1::COLLECTIVE_ALL_TO_ALL},
+    {p::Collective::kSendRecv, v1::COLLECTIVE_SEND_RECV},
+};
+constexpr EnumPair<p::Schedule, v1::Schedule> kSchedules[] = {
+    {p::Schedule::kDefault, v1::SCHEDULE_DEFAULT},
+    {p::Schedule::kS1, v1::SCHEDULE_S1},
+    {p::Schedule::kS2, v1::SCHEDULE_S2},
+};
+
+template <class P, class W, size_t N>
+W ToWire(const EnumPair<P, W> (&table)[N], P value, W unspecified) {
+  for (const auto& e : table) {
+    if (e.planner == value) return e.wire;
+  }
+  return unspecified;
+}
+template <class P, class W, size_t N>
+const P* FromWire(const EnumPair<P, W> (&table)[N], W value) {
+  for (const auto& e : table) {
+    if (e.wire == value) return &e.planner;
+  }
+  return nullptr;
 }
 
-absl::StatusOr<p::Collective> CollectiveFromProto(v1::Collective c, std::string_view field) {
-  switch (c) {
-    case v1::COLLECTIVE_ALL_REDUCE:
-      return p::Collective::kAllReduce;
-    case v1::COLLECTIVE_ALL_GATHER:
-      return p::Collective::kAllGather;
-    case v1::COLLECTIVE_REDUCE_SCATTER:
-      return p::Collective::kReduceScatter;
-    case v1::COLLECTIVE_ALL_TO_ALL:
-      return p::Collective::kAllToAll;
-    case v1::COLLECTIVE_SEND_RECV:
-      return p::Collective::kSendRecv;
-    default:
-      return absl::InvalidArgumentError(
-          Cat(field, ": must be a COLLECTIVE_* value other than UNSPECIFIED (got ",
-              static_cast<int>(c), ")"));
-  }
+p::AlphaBeta AlphaBetaFromProto(const v1::AlphaBeta& m) {
+  return {m.alpha_us(), m.beta_us_per_byte()};
 }
 
 }  // namespace
@@ -143,51 +160,40 @@ absl::StatusOr<p::ClusterProfile> ProfileFromProto(const v1::ClusterProfile& m) 
   pr.activation.backward.bandwidth_gbytes_per_s =
       m.activation().backward().bandwidth_gbytes_per_s();
   pr.activation.backward.launch_overhead_us = m.activation().backward().launch_overhead_us();
-  if (absl::Status s = p::ValidateProfile(pr); !s.ok()) return s;
+  MOEPLAN_RETURN_IF_ERROR(p::ValidateProfile(pr));
   return pr;
 }
 
+absl::StatusOr<p::Collective> CollectiveFromProto(v1::Collective c, std::string_view field) {
+  if (const p::Collective* out = FromWire(kCollectives, c)) return *out;
+  return absl::InvalidArgumentError(
+      Cat(field, ": must be a COLLECTIVE_* value other than UNSPECIFIED (got ", static_cast<int>(c),
+          ")"));
+}
+
 v1::Collective CollectiveToProto(p::Collective c) {
-  switch (c) {
-    case p::Collective::kAllReduce:
-      return v1::COLLECTIVE_ALL_REDUCE;
-    case p::Collective::kAllGather:
-      return v1::COLLECTIVE_ALL_GATHER;
-    case p::Collective::kReduceScatter:
-      return v1::COLLECTIVE_REDUCE_SCATTER;
-    case p::Collective::kAllToAll:
-      return v1::COLLECTIVE_ALL_TO_ALL;
-    case p::Collective::kSendRecv:
-      return v1::COLLECTIVE_SEND_RECV;
-  }
-  return v1::COLLECTIVE_UNSPECIFIED;
+  return ToWire(kCollectives, c, v1::COLLECTIVE_UNSPECIFIED);
+}
+
+std::string_view CollectiveLabel(v1::Collective c) {
+  const p::Collective* out = FromWire(kCollectives, c);
+  return out != nullptr ? p::CollectiveName(*out) : "unspecified";
 }
 
 v1::Schedule ScheduleToProto(p::Schedule s) {
-  switch (s) {
-    case p::Schedule::kDefault:
-      return v1::SCHEDULE_DEFAULT;
-    case p::Schedule::kS1:
-      return v1::SCHEDULE_S1;
-    case p::Schedule::kS2:
-      return v1::SCHEDULE_S2;
-  }
-  return v1::SCHEDULE_UNSPECIFIED;
+  return ToWire(kSchedules, s, v1::SCHEDULE_UNSPECIFIED);
 }
 
 absl::StatusOr<p::Schedule> ScheduleFromProto(v1::Schedule s) {
-  switch (s) {
-    case v1::SCHEDULE_DEFAULT:
-      return p::Schedule::kDefault;
-    case v1::SCHEDULE_S1:
-      return p::Schedule::kS1;
-    case v1::SCHEDULE_S2:
-      return p::Schedule::kS2;
-    default:
-      return absl::InvalidArgumentError(
-          Cat("schedules: must be SCHEDULE_DEFAULT, SCHEDULE_S1 or SCHEDULE_S2 (got ",
-              static_cast<int>(s), ")"));
-  }
+  if (const p::Schedule* out = FromWire(kSchedules, s)) return *out;
+  return absl::InvalidArgumentError(
+      Cat("schedules: must be SCHEDULE_DEFAULT, SCHEDULE_S1 or SCHEDULE_S2 (got ",
+          static_cast<int>(s), ")"));
+}
+
+std::string_view ScheduleLabel(v1::Schedule s) {
+  const p::Schedule* out = FromWire(kSchedules, s);
+  return out != nullptr ? p::ScheduleName(*out) : "unspecified";
 }
 
 void PlanToProto(const p::LayerPlan& plan, const p::ClusterProfile& profile, bool include_timeline,

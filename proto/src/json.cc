@@ -11,7 +11,7 @@
 #include <sstream>
 #include <vector>
 
-#include "moeplan/planner/strings.h"
+#include "moeplan/base/strings.h"
 
 namespace moeplan::proto {
 

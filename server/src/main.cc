@@ -8,7 +8,7 @@
 #include <cstdio>
 
 #include "absl/synchronization/mutex.h"
-#include "moeplan/planner/strings.h"
+#include "moeplan/base/strings.h"
 #include "moeplan/server/server.h"
 
 int main(int argc, char** argv) {

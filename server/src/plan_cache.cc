@@ -1,6 +1,6 @@
 #include "moeplan/server/plan_cache.h"
 
-#include "moeplan/planner/strings.h"
+#include "moeplan/base/strings.h"
 
 namespace moeplan::server {
 

@@ -11,8 +11,9 @@
 #include <cerrno>
 #include <cstring>
 
+#include "moeplan/base/status.h"
+#include "moeplan/base/strings.h"
 #include "moeplan/calibration/profiles.h"
-#include "moeplan/planner/strings.h"
 #include "moeplan/proto/convert.h"
 #include "moeplan/proto/json.h"
 
@@ -129,7 +130,7 @@ absl::StatusOr<std::unique_ptr<ProfileStore>> ProfileStore::Open(const std::stri
                                                                  OpenReport* report) {
   if (data_dir.empty()) return absl::InvalidArgumentError("--data-dir: must not be empty");
   for (const std::string& d : {data_dir, data_dir + "/profiles", data_dir + "/measurements"}) {
-    if (absl::Status s = MakeDir(d); !s.ok()) return s;
+    MOEPLAN_RETURN_IF_ERROR(MakeDir(d));
   }
   std::unique_ptr<ProfileStore> store(new ProfileStore(data_dir));
   for (const std::string& name : calibration::BuiltinProfileNames()) {
@@ -237,10 +238,7 @@ absl::StatusOr<std::shared_ptr<const ProfileEntry>> ProfileStore::Put(
   }
   absl::StatusOr<std::string> json = proto::ToJson(profile);
   if (!json.ok()) return json.status();
-  if (absl::Status s = proto::WriteFileAtomic(ProfilePath(name), EncodeProfileFile(*json));
-      !s.ok()) {
-    return s;
-  }
+  MOEPLAN_RETURN_IF_ERROR(proto::WriteFileAtomic(ProfilePath(name), EncodeProfileFile(*json)));
   std::lock_guard<std::mutex> lock(mu_);
   profiles_[name] = *entry;
   return *entry;

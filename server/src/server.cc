@@ -19,8 +19,9 @@
 #include <optional>
 
 #include "absl/strings/str_join.h"
+#include "moeplan/base/status.h"
+#include "moeplan/base/strings.h"
 #include "moeplan/planner/planner.h"
-#include "moeplan/planner/strings.h"
 #include "moeplan/planner/validate.h"
 #include "moeplan/proto/convert.h"
 #include "moeplan/proto/json.h"
@@ -219,7 +220,7 @@ class PlannerCore {
   absl::Status DoPlanLayer(grpc::ServerContextBase* ctx, const v1::PlanLayerRequest& req,
                            v1::PlanLayerResponse* resp, std::string_view* cache_state,
                            std::string* profile_name) {
-    if (absl::Status s = CheckDeadline(ctx); !s.ok()) return s;
+    MOEPLAN_RETURN_IF_ERROR(CheckDeadline(ctx));
     // Resolve the profile.
     std::shared_ptr<const ProfileEntry> entry;
     std::string inline_bytes;
@@ -426,7 +427,7 @@ struct PlannerServer::Impl {
 
 absl::StatusOr<std::unique_ptr<PlannerServer>> PlannerServer::Start(
     const ServerOptions& options, ProfileStore::OpenReport* report) {
-  if (absl::Status s = CheckListenAddress(options.listen, options.allow_public); !s.ok()) return s;
+  MOEPLAN_RETURN_IF_ERROR(CheckListenAddress(options.listen, options.allow_public));
   if (options.threads < 0)
     return Invalid(Cat("--threads: must be >= 0 (got ", options.threads, ")"));
   std::unique_ptr<PlannerServer> out(new PlannerServer());

@@ -11,12 +11,12 @@
 #include <string>
 #include <vector>
 
+#include "moeplan/base/strings.h"
 #include "moeplan/planner/cost_model.h"
 #include "moeplan/planner/op_graph.h"
 #include "moeplan/planner/profile.h"
 #include "moeplan/planner/schedules.h"
 #include "moeplan/planner/simulator.h"
-#include "moeplan/planner/strings.h"
 #include "moeplan/proto/convert.h"
 
 namespace moeplan::calibration {

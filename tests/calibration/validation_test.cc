@@ -13,6 +13,8 @@
 #include <string>
 #include <vector>
 
+#include "moeplan/base/strings.h"
+
 namespace moeplan::calibration {
 namespace {
 
@@ -455,18 +457,6 @@ TEST(GnuplotScriptTest, QuotesPathsAndPlotsEverySchedule) {
 
   const std::string nl = GnuplotScript(*s, "a\nb", "p.png");
   EXPECT_THAT(nl, HasSubstr("data_file = 'a'.\"\\n\".'b'\n"));
-}
-
-std::string ShellQuote(const std::string& s) {
-  std::string out = "'";
-  for (char c : s) {
-    if (c == '\'') {
-      out += "'\\''";
-    } else {
-      out += c;
-    }
-  }
-  return out + "'";
 }
 
 bool WriteFile(const std::string& path, const std::string& text) {

@@ -24,10 +24,11 @@
 #include <limits>
 #include <memory>
 #include <random>
-#include <sstream>
 #include <string>
 #include <vector>
 
+#include "moeplan/base/bf16.h"
+#include "moeplan/base/strings.h"
 #include "moeplan/executor/backends.h"
 
 namespace moeplan::executor {
@@ -47,30 +48,9 @@ constexpr double kBf16Tol = 2e-2;
     ASSERT_TRUE(st_.ok()) << #expr << ": " << st_.ToString(); \
   } while (0)
 
-// Message text (std::string_view-safe, unlike absl::StrCat with Debian's abseil).
-template <class... Args>
-std::string Str(const Args&... args) {
-  std::ostringstream out;
-  (out << ... << args);
-  return out.str();
-}
-
-// ---- bf16 on the host (this test sees no CUDA headers) ----
-uint16_t ToBf16(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;  // NaN
-  u += 0x7fffu + ((u >> 16) & 1u);                     // round to nearest even
-  return static_cast<uint16_t>(u >> 16);
-}
-float FromBf16(uint16_t h) {
-  const uint32_t u = static_cast<uint32_t>(h) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
+// ---- bf16 on the host (this test sees no CUDA headers): moeplan/base/bf16.h ----
 // The value a float has once stored as `t`.
-float RoundTo(float x, DType t) { return t == DType::kBF16 ? FromBf16(ToBf16(x)) : x; }
+float RoundTo(float x, DType t) { return t == DType::kBF16 ? RoundToBf16(x) : x; }
 
 double Tol(DType t) { return t == DType::kBF16 ? kBf16Tol : kF32Tol; }
 
@@ -170,7 +150,7 @@ class CudaTest : public ::testing::Test {
   DeviceBuffer UpAs(const std::vector<float>& v, DType t) {
     if (t == DType::kF32) return Up(v);
     std::vector<uint16_t> h(v.size());
-    for (size_t i = 0; i < v.size(); ++i) h[i] = ToBf16(v[i]);
+    for (size_t i = 0; i < v.size(); ++i) h[i] = FloatToBf16(v[i]);
     return Up(h);
   }
   // A buffer of n elements of `t` filled with NaN, to show that a kernel
@@ -189,7 +169,7 @@ class CudaTest : public ::testing::Test {
     if (t == DType::kF32) return Down<float>(b, n);
     std::vector<uint16_t> h = Down<uint16_t>(b, n);
     std::vector<float> v(n);
-    for (size_t i = 0; i < n; ++i) v[i] = FromBf16(h[i]);
+    for (size_t i = 0; i < n; ++i) v[i] = Bf16ToFloat(h[i]);
     return v;
   }
 
@@ -301,7 +281,7 @@ TEST_F(CudaTest, GemmMatchesCpu) {
             ASSERT_OK(cpu_->Gemm(ta, tb, sh.m, sh.n, sh.k, alpha, a.data(), lda, b.data(), ldb,
                                  beta, c.data(), ldc, DType::kF32));
             ExpectClose(DownAs(dc, c.size(), t), c, Tol(t),
-                        Str(DTypeName(t), " gemm m", sh.m, " n", sh.n, " k", sh.k, " ta", ta, " tb",
+                        Cat(DTypeName(t), " gemm m", sh.m, " n", sh.n, " k", sh.k, " ta", ta, " tb",
                             tb, " beta", beta));
           }
         }
@@ -313,7 +293,7 @@ TEST_F(CudaTest, GemmMatchesCpu) {
     ASSERT_OK(
         gpu_->Gemm(false, false, 3, 4, 0, 1.0f, nullptr, 1, nullptr, 4, 0.5f, dc.data(), 4, t));
     for (float& x : c) x = RoundTo(0.5f * x, t);
-    ExpectClose(DownAs(dc, 12, t), c, 0.0, Str(DTypeName(t), " gemm k=0"));
+    ExpectClose(DownAs(dc, 12, t), c, 0.0, Cat(DTypeName(t), " gemm k=0"));
   }
 }
 
@@ -386,7 +366,7 @@ TEST_F(CudaTest, RouteMatchesCpu) {
       RouteBuffers r{dp.as<float>(), dex.as<int32_t>(), dsl.as<int32_t>(), dw.as<float>()};
       ASSERT_OK(gpu_->Route(dl.as<float>(), c.s, c.e, c.k, c.cap, r));
       const std::string what =
-          Str("route S", c.s, " E", c.e, " k", c.k, " T", c.cap, all_equal ? " (all ties)" : "");
+          Cat("route S", c.s, " E", c.e, " k", c.k, " T", c.cap, all_equal ? " (all ties)" : "");
       const std::vector<int32_t> expert = Down<int32_t>(dex, c.s * c.k);
       const std::vector<int32_t> slot = Down<int32_t>(dsl, c.s * c.k);
       EXPECT_EQ(expert, want.expert) << what;
@@ -451,7 +431,7 @@ TEST_F(CudaTest, OrderFamilyMatchesReference) {
         s.capacity = 12;  // a multiple of every `parts`; some choices drop
         s.parts = parts;
         s.dtype = t;
-        const std::string what = Str(DTypeName(t), " parts ", parts, " model ", model);
+        const std::string what = Cat(DTypeName(t), " parts ", parts, " model ", model);
         const int64_t S = s.tokens, M = s.model, K = s.top_k, n_buf = s.BufferElements();
         const HostRoute hr =
             CpuRoute(cpu_.get(), GridLogits(S * s.experts, seed++), S, s.experts, K, s.capacity);
@@ -581,7 +561,7 @@ TEST_F(CudaTest, ExpertMatchesCpu) {
       ef.dtype = DType::kF32;
       const int64_t nt = e.TokenElements(), nh = e.HiddenElements(), nw = e.WeightElements();
       const std::string what =
-          Str(DTypeName(t), " G", c.g, " El", c.el, " R", c.r, " M", c.m, " Hs", c.h);
+          Cat(DTypeName(t), " G", c.g, " El", c.el, " R", c.r, " M", c.m, " Hs", c.h);
 
       // Forward.
       const std::vector<float> x = Random(nt, seed++, t), w1 = Random(nw, seed++, t),
@@ -649,15 +629,15 @@ TEST_F(CudaTest, ConversionsMatchCpu) {
   // bf16: both directions are exact functions (widening; round to nearest even).
   {
     std::vector<uint16_t> yh(n);
-    for (int64_t i = 0; i < n; ++i) yh[i] = ToBf16(y[i]);
+    for (int64_t i = 0; i < n; ++i) yh[i] = FloatToBf16(y[i]);
     DeviceBuffer dy = Up(yh), dst = Garbage(n, DType::kF32);
     ASSERT_OK(gpu_->ToF32(dy.data(), DType::kBF16, dst.as<float>(), n));
     const std::vector<float> widened = Down<float>(dst, n);
-    for (int64_t i = 0; i < n; ++i) ASSERT_EQ(widened[i], FromBf16(yh[i])) << i;
+    for (int64_t i = 0; i < n; ++i) ASSERT_EQ(widened[i], Bf16ToFloat(yh[i])) << i;
     ASSERT_OK(gpu_->AddF32(dy.data(), DType::kBF16, dx.as<float>(), n));
     const std::vector<uint16_t> sum = Down<uint16_t>(dy, n);
     for (int64_t i = 0; i < n; ++i) {
-      ASSERT_EQ(sum[i], ToBf16(FromBf16(yh[i]) + x[i])) << i;
+      ASSERT_EQ(sum[i], FloatToBf16(Bf16ToFloat(yh[i]) + x[i])) << i;
     }
   }
   EXPECT_EQ(gpu_->ToF32(dx.data(), DType::kF32, dx.as<float>(), -1).code(),

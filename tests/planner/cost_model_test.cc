@@ -1,4 +1,4 @@
-// Closed-form checks of the cost model (DESIGN §3): link-level fallback formulas
+// Closed-form checks of the cost model (docs/cost-model.md): link-level fallback formulas
 // for every collective on intra, inter and hierarchical shapes, fitted overrides,
 // GEMM efficiency interpolation, memory-bound kernels and profile validation.
 #include "moeplan/planner/cost_model.h"
@@ -13,8 +13,8 @@
 #include <string>
 #include <vector>
 
+#include "moeplan/base/strings.h"
 #include "moeplan/planner/profile.h"
-#include "moeplan/planner/strings.h"
 #include "test_profile.h"
 
 namespace moeplan::planner {

@@ -1,4 +1,4 @@
-// Invariants of the MP+EP+ESP schedules (DESIGN §5.1): traffic reduction of S1/S2,
+// Invariants of the MP+EP+ESP schedules (docs/schedules.md): traffic reduction of S1/S2,
 // op sequences, the SAA pipeline against its closed form, backward duals, the
 // planner's ranking and explanation, and token skew.
 #include "moeplan/planner/schedules.h"
@@ -13,10 +13,10 @@
 #include <string>
 #include <vector>
 
+#include "moeplan/base/strings.h"
 #include "moeplan/planner/cost_model.h"
 #include "moeplan/planner/planner.h"
 #include "moeplan/planner/simulator.h"
-#include "moeplan/planner/strings.h"
 #include "moeplan/planner/types.h"
 #include "test_profile.h"
 

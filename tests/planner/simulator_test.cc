@@ -1,4 +1,4 @@
-// Hand-checkable timelines of the simulator (DESIGN §4): small DAGs built with
+// Hand-checkable timelines of the simulator (docs/simulator.md): small DAGs built with
 // OpGraph::Add, each result compared whole (every op's start, end, binding op and
 // critical flag; makespan; critical path; busy / hidden / exposed comm time).
 #include "moeplan/planner/simulator.h"
@@ -10,8 +10,9 @@
 #include <string>
 #include <vector>
 
+#include "moeplan/base/strings.h"
+#include "moeplan/planner/boost_graph.h"
 #include "moeplan/planner/op_graph.h"
-#include "moeplan/planner/strings.h"
 
 namespace moeplan::planner {
 namespace {
@@ -88,7 +89,7 @@ TEST(OpGraphTest, NamesAndResources) {
   EXPECT_EQ(g.size(), 2);
   EXPECT_EQ(g.op(1).Name(), "b");
   EXPECT_EQ(g.deps(1).size(), 1u);  // kNoOp ignored
-  EXPECT_EQ(boost::in_degree(1, g.ToBoostGraph()), 1u);
+  EXPECT_EQ(boost::in_degree(1, ToBoostGraph(g)), 1u);
   g.Clear();
   EXPECT_EQ(g.size(), 0);
 }
@@ -515,7 +516,7 @@ TEST(BoostCrossCheck, ScheduleGraphsAreDagsAndMakespanBoundsLongestPath) {
   ASSERT_TRUE(plan.ok()) << plan.status();
   for (const Candidate& c : plan->candidates) {
     SCOPED_TRACE(std::string(ScheduleName(c.schedule)));
-    const OpGraph::BoostGraph g = c.graph().ToBoostGraph();
+    const OpBoostGraph g = ToBoostGraph(c.graph());
     ASSERT_EQ(static_cast<int>(boost::num_vertices(g)), c.graph().size());
     // Boost's topological sort throws not_a_dag on a cycle.
     std::vector<size_t> reverse_topo;

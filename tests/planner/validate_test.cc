@@ -1,4 +1,4 @@
-// Validation of layer configs and layouts (DESIGN §2): a table of bad configs, each
+// Validation of layer configs and layouts (docs/notation.md): a table of bad configs, each
 // rejected with InvalidArgument and a one-line message that starts with the field;
 // valid configs that pass; and the capacity rounding of Capacity() / Derive().
 #include "moeplan/planner/validate.h"
@@ -14,10 +14,10 @@
 #include <string>
 #include <vector>
 
+#include "moeplan/base/strings.h"
 #include "moeplan/planner/cost_model.h"
 #include "moeplan/planner/planner.h"
 #include "moeplan/planner/schedules.h"
-#include "moeplan/planner/strings.h"
 #include "moeplan/planner/types.h"
 #include "test_profile.h"
 
@@ -403,7 +403,7 @@ TEST(CapacityTest, LargeNonIntegersStillRoundUp) {
 // Regression: the 6-decimal integer path once snapped any factor within 1e-9 of a
 // 6-decimal value to it. f = 1 + 2^-30 is exactly representable and passes
 // ValidateLayer; with k = 1, E = 1, S = 2^31, k*f*S/E = 2^31 + 2 exactly, so
-// T = ceil(...) = 2147483650 (DESIGN §2), not 2147483648.
+// T = ceil(...) = 2147483650 (docs/notation.md), not 2147483648.
 TEST(CapacityTest, FactorsCloseToSixDecimalsAreNotSnapped) {
   const double f = 1.0 + 1.0 / (1 << 30);
   LayerConfig l = BaseLayer();

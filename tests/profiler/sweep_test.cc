@@ -138,11 +138,16 @@ TEST(PlanSweep, RejectsBadOptionsNamingTheFlag) {
   EXPECT_THAT(std::string(PlanSweep({1, 2}, o).status().message()), HasSubstr("--gemm-sizes"));
 }
 
-TEST(HumanBytes, Units) {
-  EXPECT_EQ(HumanBytes(1024), "1 KiB");
-  EXPECT_EQ(HumanBytes(256 << 20), "256 MiB");
-  EXPECT_EQ(HumanBytes(1536), "1.5 KiB");
-  EXPECT_EQ(HumanBytes(100), "100 B");
+// Labels name sizes as base's FormatBytes does (its units are tested in
+// tests/base/base_test.cc).
+TEST(Point, LabelNamesShapeAndSize) {
+  Point p;
+  p.collective = Collective::kAllGather;
+  p.shape = {4, 2};
+  p.bytes = 1536;
+  EXPECT_EQ(p.Label(), "allgather 4 ranks/2 nodes 1.5 KiB");
+  p.bytes = int64_t{256} << 20;
+  EXPECT_EQ(p.Label(), "allgather 4 ranks/2 nodes 256 MiB");
 }
 
 }  // namespace

@@ -5,8 +5,8 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "moeplan/base/strings.h"
 #include "moeplan/executor/backends.h"
-#include "moeplan/planner/strings.h"
 
 namespace moeplan::executor {
 namespace {

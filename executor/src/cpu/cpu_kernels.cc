@@ -1,4 +1,4 @@
-// CPU kernels (DESIGN §6): Eigen GEMMs on host memory, plain loops for gating,
+// CPU kernels (docs/executor.md): Eigen GEMMs on host memory, plain loops for gating,
 // order / i-order and the elementwise parts. fp32 only: the CPU backend is the
 // correctness reference and the small-scale runner, so bf16 is not worth an
 // emulation path here.
@@ -11,9 +11,11 @@
 #include <string_view>
 #include <vector>
 
+#include "../kernel_checks.h"
+#include "moeplan/base/status.h"
+#include "moeplan/base/strings.h"
 #include "moeplan/executor/backends.h"
 #include "moeplan/executor/kernels.h"
-#include "moeplan/planner/strings.h"
 
 namespace moeplan::executor {
 namespace {
@@ -62,78 +64,33 @@ void GeluBackwardInPlace(const float* z, float* dz, int64_t n) {
   }
 }
 
-absl::Status Bad(std::string_view fn, std::string_view what) {
-  return absl::InvalidArgumentError(Cat("cpu kernels: ", fn, ": ", what));
-}
+using internal::ArgCheck;
 
-// Every entry point rejects bf16 with the same message, so callers can tell the
-// backend limitation from a bad argument.
-absl::Status CheckDType(std::string_view fn, DType t) {
-  if (t == DType::kF32) return absl::OkStatus();
-  return absl::UnimplementedError(
-      Cat("cpu kernels: ", fn, ": ", DTypeName(t), " is not supported; use f32"));
-}
+// The CPU backend computes in fp32 only (see the top of this file).
+absl::Status CheckF32(const ArgCheck& check, DType t) { return check.Type(t, t == DType::kF32); }
 
-absl::Status CheckNonNegative(std::string_view fn, std::string_view name, int64_t v) {
-  if (v >= 0) return absl::OkStatus();
-  return Bad(fn, Cat(name, " (", v, ") must be >= 0"));
-}
-
-// A pointer may only be null when nothing is read or written through it.
-absl::Status CheckPtr(std::string_view fn, std::string_view name, const void* p, int64_t count) {
-  if (p != nullptr || count == 0) return absl::OkStatus();
-  return Bad(fn, Cat(name, " is null but has ", count, " elements"));
-}
-
-// Shared checks of the gating arguments (tokens, experts, top_k).
-absl::Status CheckGating(std::string_view fn, int64_t tokens, int64_t experts, int64_t top_k) {
-  if (absl::Status s = CheckNonNegative(fn, "tokens", tokens); !s.ok()) return s;
-  if (absl::Status s = CheckNonNegative(fn, "top_k", top_k); !s.ok()) return s;
-  // A softmax over no experts is meaningless (and has no row max to subtract).
-  if (experts < 1) return Bad(fn, Cat("experts (", experts, ") must be >= 1"));
-  if (top_k > experts) {
-    return Bad(fn, Cat("top_k (", top_k, ") must be <= experts (", experts, ")"));
-  }
-  return absl::OkStatus();
-}
-
-// Checks a BufferShape and the routing entries the order kernels follow: an
-// out-of-range expert or slot would write outside the buffer.
-absl::Status CheckBuffer(std::string_view fn, const BufferShape& s, const RouteBuffers& r,
+// The shared buffer checks, then the routing entries the order kernels follow:
+// an out-of-range expert or slot would write outside the buffer.
+absl::Status CheckBuffer(const ArgCheck& check, const BufferShape& s, const RouteBuffers& r,
                          bool needs_weight) {
-  if (absl::Status st = CheckDType(fn, s.dtype); !st.ok()) return st;
-  if (absl::Status st = CheckGating(fn, s.tokens, s.experts, s.top_k); !st.ok()) return st;
-  if (absl::Status st = CheckNonNegative(fn, "model", s.model); !st.ok()) return st;
-  if (absl::Status st = CheckNonNegative(fn, "capacity", s.capacity); !st.ok()) return st;
-  if (s.parts < 1) return Bad(fn, Cat("parts (", s.parts, ") must be >= 1"));
-  if (s.capacity % s.parts != 0) {
-    return Bad(fn, Cat("capacity (", s.capacity, ") must be a multiple of parts (", s.parts, ")"));
-  }
+  MOEPLAN_RETURN_IF_ERROR(CheckF32(check, s.dtype));
+  MOEPLAN_RETURN_IF_ERROR(check.Buffer(s));
   const int64_t choices = s.tokens * s.top_k;
-  if (absl::Status st = CheckPtr(fn, "expert", r.expert, choices); !st.ok()) return st;
-  if (absl::Status st = CheckPtr(fn, "slot", r.slot, choices); !st.ok()) return st;
-  if (needs_weight) {
-    if (absl::Status st = CheckPtr(fn, "weight", r.weight, choices); !st.ok()) return st;
-  }
+  MOEPLAN_RETURN_IF_ERROR(check.Routing(r, choices, needs_weight));
   for (int64_t i = 0; i < choices; ++i) {
     if (r.expert[i] < 0 || r.expert[i] >= s.experts) {
-      return Bad(fn, Cat("expert[", i, "] (", r.expert[i], ") must be in [0, ", s.experts, ")"));
+      return check.Bad(Cat("expert[", i, "] (", r.expert[i], ") must be in [0, ", s.experts, ")"));
     }
     if (r.slot[i] < -1 || r.slot[i] >= s.capacity) {
-      return Bad(fn, Cat("slot[", i, "] (", r.slot[i], ") must be in [-1, ", s.capacity, ")"));
+      return check.Bad(Cat("slot[", i, "] (", r.slot[i], ") must be in [-1, ", s.capacity, ")"));
     }
   }
   return absl::OkStatus();
 }
 
-absl::Status CheckExpert(std::string_view fn, const ExpertShape& e) {
-  if (absl::Status s = CheckDType(fn, e.dtype); !s.ok()) return s;
-  if (absl::Status s = CheckNonNegative(fn, "groups", e.groups); !s.ok()) return s;
-  if (absl::Status s = CheckNonNegative(fn, "local_experts", e.local_experts); !s.ok()) return s;
-  if (absl::Status s = CheckNonNegative(fn, "rows", e.rows); !s.ok()) return s;
-  if (absl::Status s = CheckNonNegative(fn, "model", e.model); !s.ok()) return s;
-  if (absl::Status s = CheckNonNegative(fn, "shard", e.shard); !s.ok()) return s;
-  return absl::OkStatus();
+absl::Status CheckExpert(const ArgCheck& check, const ExpertShape& e) {
+  MOEPLAN_RETURN_IF_ERROR(CheckF32(check, e.dtype));
+  return check.Expert(e);
 }
 
 // Element offset of (expert e, slot t) in the `parts`-block dispatch buffer.
@@ -151,24 +108,24 @@ class CpuKernels final : public Kernels {
   absl::Status Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
                     const void* a, int64_t lda, const void* b, int64_t ldb, float beta, void* c,
                     int64_t ldc, DType t) override {
-    constexpr std::string_view fn = "Gemm";
-    if (absl::Status s = CheckDType(fn, t); !s.ok()) return s;
-    if (absl::Status s = CheckNonNegative(fn, "m", m); !s.ok()) return s;
-    if (absl::Status s = CheckNonNegative(fn, "n", n); !s.ok()) return s;
-    if (absl::Status s = CheckNonNegative(fn, "k", k); !s.ok()) return s;
+    constexpr ArgCheck check("cpu", "Gemm");
+    MOEPLAN_RETURN_IF_ERROR(CheckF32(check, t));
+    MOEPLAN_RETURN_IF_ERROR(check.NonNegative("m", m));
+    MOEPLAN_RETURN_IF_ERROR(check.NonNegative("n", n));
+    MOEPLAN_RETURN_IF_ERROR(check.NonNegative("k", k));
     // Stored shapes: a is m x k (k x m when transposed), b is k x n (n x k).
     const int64_t a_rows = trans_a ? k : m, a_cols = trans_a ? m : k;
     const int64_t b_rows = trans_b ? n : k, b_cols = trans_b ? k : n;
-    if (absl::Status s = CheckPtr(fn, "a", a, m * k); !s.ok()) return s;
-    if (absl::Status s = CheckPtr(fn, "b", b, k * n); !s.ok()) return s;
-    if (absl::Status s = CheckPtr(fn, "c", c, m * n); !s.ok()) return s;
+    MOEPLAN_RETURN_IF_ERROR(check.Pointer("a", a, m * k));
+    MOEPLAN_RETURN_IF_ERROR(check.Pointer("b", b, k * n));
+    MOEPLAN_RETURN_IF_ERROR(check.Pointer("c", c, m * n));
     if (m * k > 0 && lda < a_cols) {
-      return Bad(fn, Cat("lda (", lda, ") must be >= ", a_cols, " (columns of stored a)"));
+      return check.Bad(Cat("lda (", lda, ") must be >= ", a_cols, " (columns of stored a)"));
     }
     if (k * n > 0 && ldb < b_cols) {
-      return Bad(fn, Cat("ldb (", ldb, ") must be >= ", b_cols, " (columns of stored b)"));
+      return check.Bad(Cat("ldb (", ldb, ") must be >= ", b_cols, " (columns of stored b)"));
     }
-    if (m * n > 0 && ldc < n) return Bad(fn, Cat("ldc (", ldc, ") must be >= n (", n, ")"));
+    if (m * n > 0 && ldc < n) return check.Bad(Cat("ldc (", ldc, ") must be >= n (", n, ")"));
     if (m * n == 0) return absl::OkStatus();
 
     StridedMap cm(static_cast<float*>(c), m, n, Stride(ldc));
@@ -197,15 +154,15 @@ class CpuKernels final : public Kernels {
 
   absl::Status Route(const float* logits, int64_t tokens, int64_t experts, int64_t top_k,
                      int64_t capacity, const RouteBuffers& r) override {
-    constexpr std::string_view fn = "Route";
-    if (absl::Status s = CheckGating(fn, tokens, experts, top_k); !s.ok()) return s;
-    if (absl::Status s = CheckNonNegative(fn, "capacity", capacity); !s.ok()) return s;
+    constexpr ArgCheck check("cpu", "Route");
+    MOEPLAN_RETURN_IF_ERROR(check.Gating(tokens, experts, top_k));
+    MOEPLAN_RETURN_IF_ERROR(check.NonNegative("capacity", capacity));
     const int64_t n = tokens * experts, choices = tokens * top_k;
-    if (absl::Status s = CheckPtr(fn, "logits", logits, n); !s.ok()) return s;
-    if (absl::Status s = CheckPtr(fn, "probs", r.probs, n); !s.ok()) return s;
-    if (absl::Status s = CheckPtr(fn, "expert", r.expert, choices); !s.ok()) return s;
-    if (absl::Status s = CheckPtr(fn, "slot", r.slot, choices); !s.ok()) return s;
-    if (absl::Status s = CheckPtr(fn, "weight", r.weight, choices); !s.ok()) return s;
+    MOEPLAN_RETURN_IF_ERROR(check.Pointer("logits", logits, n));
+    MOEPLAN_RETURN_IF_ERROR(check.Pointer("probs", r.probs, n));
+    MOEPLAN_RETURN_IF_ERROR(check.Pointer("expert", r.expert, choices));
+    MOEPLAN_RETURN_IF_ERROR(check.Pointer("slot", r.slot, choices));
+    MOEPLAN_RETURN_IF_ERROR(check.Pointer("weight", r.weight, choices));
 
     for (int64_t s = 0; s < tokens; ++s) {
       const float* x = logits + s * experts;
@@ -252,17 +209,17 @@ class CpuKernels final : public Kernels {
 
   absl::Status RouteBackward(const RouteBuffers& r, const float* dweight, int64_t tokens,
                              int64_t experts, int64_t top_k, float* dlogits) override {
-    constexpr std::string_view fn = "RouteBackward";
-    if (absl::Status s = CheckGating(fn, tokens, experts, top_k); !s.ok()) return s;
+    constexpr ArgCheck check("cpu", "RouteBackward");
+    MOEPLAN_RETURN_IF_ERROR(check.Gating(tokens, experts, top_k));
     const int64_t n = tokens * experts, choices = tokens * top_k;
-    if (absl::Status s = CheckPtr(fn, "probs", r.probs, n); !s.ok()) return s;
-    if (absl::Status s = CheckPtr(fn, "expert", r.expert, choices); !s.ok()) return s;
-    if (absl::Status s = CheckPtr(fn, "slot", r.slot, choices); !s.ok()) return s;
-    if (absl::Status s = CheckPtr(fn, "dweight", dweight, choices); !s.ok()) return s;
-    if (absl::Status s = CheckPtr(fn, "dlogits", dlogits, n); !s.ok()) return s;
+    MOEPLAN_RETURN_IF_ERROR(check.Pointer("probs", r.probs, n));
+    MOEPLAN_RETURN_IF_ERROR(check.Pointer("expert", r.expert, choices));
+    MOEPLAN_RETURN_IF_ERROR(check.Pointer("slot", r.slot, choices));
+    MOEPLAN_RETURN_IF_ERROR(check.Pointer("dweight", dweight, choices));
+    MOEPLAN_RETURN_IF_ERROR(check.Pointer("dlogits", dlogits, n));
     for (int64_t i = 0; i < choices; ++i) {
       if (r.expert[i] < 0 || r.expert[i] >= experts) {
-        return Bad(fn, Cat("expert[", i, "] (", r.expert[i], ") must be in [0, ", experts, ")"));
+        return check.Bad(Cat("expert[", i, "] (", r.expert[i], ") must be in [0, ", experts, ")"));
       }
     }
 
@@ -287,10 +244,10 @@ class CpuKernels final : public Kernels {
 
   absl::Status Order(const void* x, const RouteBuffers& r, const BufferShape& s,
                      void* buf) override {
-    constexpr std::string_view fn = "Order";
-    if (absl::Status st = CheckBuffer(fn, s, r, false); !st.ok()) return st;
-    if (absl::Status st = CheckPtr(fn, "x", x, s.tokens * s.model); !st.ok()) return st;
-    if (absl::Status st = CheckPtr(fn, "buf", buf, s.BufferElements()); !st.ok()) return st;
+    constexpr ArgCheck check("cpu", "Order");
+    MOEPLAN_RETURN_IF_ERROR(CheckBuffer(check, s, r, false));
+    MOEPLAN_RETURN_IF_ERROR(check.Pointer("x", x, s.tokens * s.model));
+    MOEPLAN_RETURN_IF_ERROR(check.Pointer("buf", buf, s.BufferElements()));
     const float* xf = static_cast<const float*>(x);
     float* bf = static_cast<float*>(buf);
     // Unused slots must read as zero rows: the experts run on the whole buffer.
@@ -307,10 +264,10 @@ class CpuKernels final : public Kernels {
 
   absl::Status IOrder(const void* buf, const RouteBuffers& r, const BufferShape& s,
                       void* y) override {
-    constexpr std::string_view fn = "IOrder";
-    if (absl::Status st = CheckBuffer(fn, s, r, true); !st.ok()) return st;
-    if (absl::Status st = CheckPtr(fn, "buf", buf, s.BufferElements()); !st.ok()) return st;
-    if (absl::Status st = CheckPtr(fn, "y", y, s.tokens * s.model); !st.ok()) return st;
+    constexpr ArgCheck check("cpu", "IOrder");
+    MOEPLAN_RETURN_IF_ERROR(CheckBuffer(check, s, r, true));
+    MOEPLAN_RETURN_IF_ERROR(check.Pointer("buf", buf, s.BufferElements()));
+    MOEPLAN_RETURN_IF_ERROR(check.Pointer("y", y, s.tokens * s.model));
     const float* bf = static_cast<const float*>(buf);
     float* yf = static_cast<float*>(y);
     for (int64_t t = 0; t < s.tokens; ++t) {
@@ -329,15 +286,13 @@ class CpuKernels final : public Kernels {
 
   absl::Status IOrderBackward(const void* dy, const void* out_buf, const RouteBuffers& r,
                               const BufferShape& s, void* dbuf, float* dweight) override {
-    constexpr std::string_view fn = "IOrderBackward";
-    if (absl::Status st = CheckBuffer(fn, s, r, true); !st.ok()) return st;
+    constexpr ArgCheck check("cpu", "IOrderBackward");
+    MOEPLAN_RETURN_IF_ERROR(CheckBuffer(check, s, r, true));
     const int64_t elems = s.BufferElements();
-    if (absl::Status st = CheckPtr(fn, "dy", dy, s.tokens * s.model); !st.ok()) return st;
-    if (absl::Status st = CheckPtr(fn, "out_buf", out_buf, elems); !st.ok()) return st;
-    if (absl::Status st = CheckPtr(fn, "dbuf", dbuf, elems); !st.ok()) return st;
-    if (absl::Status st = CheckPtr(fn, "dweight", dweight, s.tokens * s.top_k); !st.ok()) {
-      return st;
-    }
+    MOEPLAN_RETURN_IF_ERROR(check.Pointer("dy", dy, s.tokens * s.model));
+    MOEPLAN_RETURN_IF_ERROR(check.Pointer("out_buf", out_buf, elems));
+    MOEPLAN_RETURN_IF_ERROR(check.Pointer("dbuf", dbuf, elems));
+    MOEPLAN_RETURN_IF_ERROR(check.Pointer("dweight", dweight, s.tokens * s.top_k));
     const float* dyf = static_cast<const float*>(dy);
     const float* of = static_cast<const float*>(out_buf);
     float* db = static_cast<float*>(dbuf);
@@ -366,10 +321,10 @@ class CpuKernels final : public Kernels {
 
   absl::Status OrderBackward(const void* dbuf, const RouteBuffers& r, const BufferShape& s,
                              void* dx) override {
-    constexpr std::string_view fn = "OrderBackward";
-    if (absl::Status st = CheckBuffer(fn, s, r, false); !st.ok()) return st;
-    if (absl::Status st = CheckPtr(fn, "dbuf", dbuf, s.BufferElements()); !st.ok()) return st;
-    if (absl::Status st = CheckPtr(fn, "dx", dx, s.tokens * s.model); !st.ok()) return st;
+    constexpr ArgCheck check("cpu", "OrderBackward");
+    MOEPLAN_RETURN_IF_ERROR(CheckBuffer(check, s, r, false));
+    MOEPLAN_RETURN_IF_ERROR(check.Pointer("dbuf", dbuf, s.BufferElements()));
+    MOEPLAN_RETURN_IF_ERROR(check.Pointer("dx", dx, s.tokens * s.model));
     const float* db = static_cast<const float*>(dbuf);
     float* dxf = static_cast<float*>(dx);
     for (int64_t t = 0; t < s.tokens; ++t) {
@@ -387,15 +342,15 @@ class CpuKernels final : public Kernels {
 
   absl::Status ExpertForward(const ExpertShape& e, const void* x, const void* w1, const void* w2,
                              void* z, void* a, void* out) override {
-    constexpr std::string_view fn = "ExpertForward";
-    if (absl::Status s = CheckExpert(fn, e); !s.ok()) return s;
-    const int64_t te = e.TokenElements(), he = e.HiddenElements(), we = e.WeightElements();
-    if (absl::Status s = CheckPtr(fn, "x", x, te); !s.ok()) return s;
-    if (absl::Status s = CheckPtr(fn, "w1", w1, we); !s.ok()) return s;
-    if (absl::Status s = CheckPtr(fn, "w2", w2, we); !s.ok()) return s;
-    if (absl::Status s = CheckPtr(fn, "z", z, he); !s.ok()) return s;
-    if (absl::Status s = CheckPtr(fn, "a", a, he); !s.ok()) return s;
-    if (absl::Status s = CheckPtr(fn, "out", out, te); !s.ok()) return s;
+    constexpr ArgCheck check("cpu", "ExpertForward");
+    MOEPLAN_RETURN_IF_ERROR(CheckExpert(check, e));
+    using T = ArgCheck::Tensor;
+    MOEPLAN_RETURN_IF_ERROR(check.ExpertPointers(e, {{"x", x, T::kTokens},
+                                                     {"w1", w1, T::kWeights},
+                                                     {"w2", w2, T::kWeights},
+                                                     {"z", z, T::kHidden},
+                                                     {"a", a, T::kHidden},
+                                                     {"out", out, T::kTokens}}));
     const int64_t R = e.rows, M = e.model, H = e.shard;
     for (int64_t g = 0; g < e.groups; ++g) {
       for (int64_t l = 0; l < e.local_experts; ++l) {
@@ -416,15 +371,15 @@ class CpuKernels final : public Kernels {
 
   absl::Status ExpertBackwardData(const ExpertShape& e, const void* dout, const void* w1,
                                   const void* w2, const void* z, void* dz, void* dx) override {
-    constexpr std::string_view fn = "ExpertBackwardData";
-    if (absl::Status s = CheckExpert(fn, e); !s.ok()) return s;
-    const int64_t te = e.TokenElements(), he = e.HiddenElements(), we = e.WeightElements();
-    if (absl::Status s = CheckPtr(fn, "dout", dout, te); !s.ok()) return s;
-    if (absl::Status s = CheckPtr(fn, "w1", w1, we); !s.ok()) return s;
-    if (absl::Status s = CheckPtr(fn, "w2", w2, we); !s.ok()) return s;
-    if (absl::Status s = CheckPtr(fn, "z", z, he); !s.ok()) return s;
-    if (absl::Status s = CheckPtr(fn, "dz", dz, he); !s.ok()) return s;
-    if (absl::Status s = CheckPtr(fn, "dx", dx, te); !s.ok()) return s;
+    constexpr ArgCheck check("cpu", "ExpertBackwardData");
+    MOEPLAN_RETURN_IF_ERROR(CheckExpert(check, e));
+    using T = ArgCheck::Tensor;
+    MOEPLAN_RETURN_IF_ERROR(check.ExpertPointers(e, {{"dout", dout, T::kTokens},
+                                                     {"w1", w1, T::kWeights},
+                                                     {"w2", w2, T::kWeights},
+                                                     {"z", z, T::kHidden},
+                                                     {"dz", dz, T::kHidden},
+                                                     {"dx", dx, T::kTokens}}));
     const int64_t R = e.rows, M = e.model, H = e.shard;
     for (int64_t g = 0; g < e.groups; ++g) {
       for (int64_t l = 0; l < e.local_experts; ++l) {
@@ -446,21 +401,21 @@ class CpuKernels final : public Kernels {
   }
 
   absl::Status Activation(const void* z, void* a, int64_t count, DType t) override {
-    constexpr std::string_view fn = "Activation";
-    if (absl::Status s = CheckDType(fn, t); !s.ok()) return s;
-    if (absl::Status s = CheckNonNegative(fn, "count", count); !s.ok()) return s;
-    if (absl::Status s = CheckPtr(fn, "z", z, count); !s.ok()) return s;
-    if (absl::Status s = CheckPtr(fn, "a", a, count); !s.ok()) return s;
+    constexpr ArgCheck check("cpu", "Activation");
+    MOEPLAN_RETURN_IF_ERROR(CheckF32(check, t));
+    MOEPLAN_RETURN_IF_ERROR(check.NonNegative("count", count));
+    MOEPLAN_RETURN_IF_ERROR(check.Pointer("z", z, count));
+    MOEPLAN_RETURN_IF_ERROR(check.Pointer("a", a, count));
     GeluForward(static_cast<const float*>(z), static_cast<float*>(a), count);
     return absl::OkStatus();
   }
 
   absl::Status ActivationBackward(const void* z, void* dz, int64_t count, DType t) override {
-    constexpr std::string_view fn = "ActivationBackward";
-    if (absl::Status s = CheckDType(fn, t); !s.ok()) return s;
-    if (absl::Status s = CheckNonNegative(fn, "count", count); !s.ok()) return s;
-    if (absl::Status s = CheckPtr(fn, "z", z, count); !s.ok()) return s;
-    if (absl::Status s = CheckPtr(fn, "dz", dz, count); !s.ok()) return s;
+    constexpr ArgCheck check("cpu", "ActivationBackward");
+    MOEPLAN_RETURN_IF_ERROR(CheckF32(check, t));
+    MOEPLAN_RETURN_IF_ERROR(check.NonNegative("count", count));
+    MOEPLAN_RETURN_IF_ERROR(check.Pointer("z", z, count));
+    MOEPLAN_RETURN_IF_ERROR(check.Pointer("dz", dz, count));
     GeluBackwardInPlace(static_cast<const float*>(z), static_cast<float*>(dz), count);
     return absl::OkStatus();
   }
@@ -468,15 +423,15 @@ class CpuKernels final : public Kernels {
   absl::Status ExpertBackwardWeights(const ExpertShape& e, const void* x, const void* a,
                                      const void* dout, const void* dz, float scale, void* dw1,
                                      void* dw2) override {
-    constexpr std::string_view fn = "ExpertBackwardWeights";
-    if (absl::Status s = CheckExpert(fn, e); !s.ok()) return s;
-    const int64_t te = e.TokenElements(), he = e.HiddenElements(), we = e.WeightElements();
-    if (absl::Status s = CheckPtr(fn, "x", x, te); !s.ok()) return s;
-    if (absl::Status s = CheckPtr(fn, "a", a, he); !s.ok()) return s;
-    if (absl::Status s = CheckPtr(fn, "dout", dout, te); !s.ok()) return s;
-    if (absl::Status s = CheckPtr(fn, "dz", dz, he); !s.ok()) return s;
-    if (absl::Status s = CheckPtr(fn, "dw1", dw1, we); !s.ok()) return s;
-    if (absl::Status s = CheckPtr(fn, "dw2", dw2, we); !s.ok()) return s;
+    constexpr ArgCheck check("cpu", "ExpertBackwardWeights");
+    MOEPLAN_RETURN_IF_ERROR(CheckExpert(check, e));
+    using T = ArgCheck::Tensor;
+    MOEPLAN_RETURN_IF_ERROR(check.ExpertPointers(e, {{"x", x, T::kTokens},
+                                                     {"a", a, T::kHidden},
+                                                     {"dout", dout, T::kTokens},
+                                                     {"dz", dz, T::kHidden},
+                                                     {"dw1", dw1, T::kWeights},
+                                                     {"dw2", dw2, T::kWeights}}));
     const int64_t R = e.rows, M = e.model, H = e.shard;
     for (int64_t l = 0; l < e.local_experts; ++l) {
       MatMap dw1m(static_cast<float*>(dw1) + l * M * H, M, H);
@@ -499,22 +454,22 @@ class CpuKernels final : public Kernels {
   }
 
   absl::Status ToF32(const void* src, DType t, float* dst, int64_t count) override {
-    constexpr std::string_view fn = "ToF32";
-    if (absl::Status s = CheckDType(fn, t); !s.ok()) return s;
-    if (absl::Status s = CheckNonNegative(fn, "count", count); !s.ok()) return s;
-    if (absl::Status s = CheckPtr(fn, "src", src, count); !s.ok()) return s;
-    if (absl::Status s = CheckPtr(fn, "dst", dst, count); !s.ok()) return s;
+    constexpr ArgCheck check("cpu", "ToF32");
+    MOEPLAN_RETURN_IF_ERROR(CheckF32(check, t));
+    MOEPLAN_RETURN_IF_ERROR(check.NonNegative("count", count));
+    MOEPLAN_RETURN_IF_ERROR(check.Pointer("src", src, count));
+    MOEPLAN_RETURN_IF_ERROR(check.Pointer("dst", dst, count));
     // memmove: callers may convert in place (src == dst).
     if (count > 0) std::memmove(dst, src, static_cast<size_t>(count) * sizeof(float));
     return absl::OkStatus();
   }
 
   absl::Status AddF32(void* y, DType t, const float* x, int64_t count) override {
-    constexpr std::string_view fn = "AddF32";
-    if (absl::Status s = CheckDType(fn, t); !s.ok()) return s;
-    if (absl::Status s = CheckNonNegative(fn, "count", count); !s.ok()) return s;
-    if (absl::Status s = CheckPtr(fn, "y", y, count); !s.ok()) return s;
-    if (absl::Status s = CheckPtr(fn, "x", x, count); !s.ok()) return s;
+    constexpr ArgCheck check("cpu", "AddF32");
+    MOEPLAN_RETURN_IF_ERROR(CheckF32(check, t));
+    MOEPLAN_RETURN_IF_ERROR(check.NonNegative("count", count));
+    MOEPLAN_RETURN_IF_ERROR(check.Pointer("y", y, count));
+    MOEPLAN_RETURN_IF_ERROR(check.Pointer("x", x, count));
     float* yf = static_cast<float*>(y);
     for (int64_t i = 0; i < count; ++i) yf[i] += x[i];
     return absl::OkStatus();

@@ -10,8 +10,9 @@
 #include <vector>
 
 #include "cuda_internal.h"
+#include "moeplan/base/status.h"
+#include "moeplan/base/strings.h"
 #include "moeplan/executor/backends.h"
-#include "moeplan/planner/strings.h"
 
 namespace moeplan::executor {
 
@@ -316,7 +317,7 @@ absl::StatusOr<std::unique_ptr<Device>> MakeCudaDevice(int ordinal) {
         Cat("MakeCudaDevice: ordinal ", ordinal, " out of range (", n, " GPUs)"));
   }
   auto dev = std::make_unique<CudaDevice>(ordinal);
-  if (absl::Status s = dev->Init(); !s.ok()) return s;
+  MOEPLAN_RETURN_IF_ERROR(dev->Init());
   return std::unique_ptr<Device>(std::move(dev));
 }
 

@@ -10,8 +10,8 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "moeplan/base/strings.h"
 #include "moeplan/executor/device.h"
-#include "moeplan/planner/strings.h"
 
 namespace moeplan::executor {
 

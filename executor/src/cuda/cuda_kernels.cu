@@ -17,10 +17,12 @@
 #include <memory>
 #include <string>
 
+#include "../kernel_checks.h"
 #include "cuda_internal.h"
+#include "moeplan/base/status.h"
+#include "moeplan/base/strings.h"
 #include "moeplan/executor/backends.h"
 #include "moeplan/executor/kernels.h"
-#include "moeplan/planner/strings.h"
 
 namespace moeplan::executor {
 namespace {
@@ -48,8 +50,9 @@ absl::Status CublasErrorStatus(cublasStatus_t st, const char* call, const std::s
 // call.
 #define MOEPLAN_CUDA_CHECK_LAUNCH(...) MOEPLAN_CUDA_RETURN_IF_ERROR(cudaGetLastError(), __VA_ARGS__)
 
-absl::Status Invalid(std::string_view who, const std::string& what) {
-  return absl::InvalidArgumentError(Cat(who, ": ", what));
+// "cuda kernels: <who>: <what>", as the shared checks word it (kernel_checks.h).
+absl::Status Invalid(std::string_view who, std::string_view what) {
+  return internal::ArgCheck("cuda", who).Bad(what);
 }
 
 // ------------------------------------------------------- device helpers ----
@@ -389,29 +392,20 @@ absl::Status CheckType(std::string_view who, DType t) {
   return absl::OkStatus();
 }
 
+// The shared checks (kernel_checks.h), then cuBLAS's and the kernels' int
+// index ranges.
 absl::Status CheckGating(std::string_view who, int64_t tokens, int64_t experts, int64_t top_k) {
-  if (tokens < 0) return Invalid(who, Cat("tokens ", tokens, " < 0"));
-  if (experts < 1 || experts > INT_MAX)
-    return Invalid(who, Cat("experts ", experts, " not in [1, INT_MAX]"));
-  if (top_k < 0 || top_k > experts) {
-    return Invalid(who, Cat("top_k ", top_k, " not in [0, experts = ", experts, "]"));
-  }
-  if (tokens > INT64_MAX / experts || (top_k > 0 && tokens > INT64_MAX / top_k)) {
-    return Invalid(who, Cat("tokens ", tokens, " overflows"));
-  }
+  MOEPLAN_RETURN_IF_ERROR(internal::ArgCheck("cuda", who).Gating(tokens, experts, top_k));
+  if (experts > INT_MAX) return Invalid(who, Cat("experts (", experts, ") must be <= INT_MAX"));
   return absl::OkStatus();
 }
 
 absl::Status CheckBufferShape(std::string_view who, const BufferShape& s) {
-  if (absl::Status st = CheckGating(who, s.tokens, s.experts, s.top_k); !st.ok()) return st;
-  if (absl::Status st = CheckType(who, s.dtype); !st.ok()) return st;
-  if (s.model < 0) return Invalid(who, Cat("model ", s.model, " < 0"));
-  if (s.capacity < 0 || s.capacity > INT32_MAX) {
-    return Invalid(who, Cat("capacity ", s.capacity, " not in [0, INT32_MAX]"));
-  }
-  if (s.parts < 1) return Invalid(who, Cat("parts ", s.parts, " < 1"));
-  if (s.capacity % s.parts != 0) {
-    return Invalid(who, Cat("capacity ", s.capacity, " is not a multiple of parts ", s.parts));
+  MOEPLAN_RETURN_IF_ERROR(CheckType(who, s.dtype));
+  MOEPLAN_RETURN_IF_ERROR(internal::ArgCheck("cuda", who).Buffer(s));
+  if (s.experts > INT_MAX) return Invalid(who, Cat("experts (", s.experts, ") must be <= INT_MAX"));
+  if (s.capacity > INT32_MAX) {
+    return Invalid(who, Cat("capacity (", s.capacity, ") must be <= INT32_MAX"));
   }
   return absl::OkStatus();
 }
@@ -419,20 +413,12 @@ absl::Status CheckBufferShape(std::string_view who, const BufferShape& s) {
 // The routing arrays have tokens * top_k entries; with none they may be null.
 absl::Status CheckRouting(std::string_view who, const RouteBuffers& r, int64_t choices,
                           bool need_weight) {
-  if (choices == 0) return absl::OkStatus();
-  if (r.expert == nullptr) return Invalid(who, "route.expert is null");
-  if (r.slot == nullptr) return Invalid(who, "route.slot is null");
-  if (need_weight && r.weight == nullptr) return Invalid(who, "route.weight is null");
-  return absl::OkStatus();
+  return internal::ArgCheck("cuda", who).Routing(r, choices, need_weight);
 }
 
 absl::Status CheckExpertShape(std::string_view who, const ExpertShape& e) {
-  if (absl::Status st = CheckType(who, e.dtype); !st.ok()) return st;
-  if (e.groups < 0) return Invalid(who, Cat("groups ", e.groups, " < 0"));
-  if (e.local_experts < 0) return Invalid(who, Cat("local_experts ", e.local_experts, " < 0"));
-  if (e.rows < 0) return Invalid(who, Cat("rows ", e.rows, " < 0"));
-  if (e.model < 0) return Invalid(who, Cat("model ", e.model, " < 0"));
-  if (e.shard < 0) return Invalid(who, Cat("shard ", e.shard, " < 0"));
+  MOEPLAN_RETURN_IF_ERROR(CheckType(who, e.dtype));
+  MOEPLAN_RETURN_IF_ERROR(internal::ArgCheck("cuda", who).Expert(e));
   // cuBLAS takes int dimensions; with El == 1 the groups are fused into one
   // GEMM of G*R rows.
   if (e.groups > INT_MAX || e.local_experts > INT_MAX || e.model > INT_MAX || e.shard > INT_MAX ||
@@ -443,22 +429,12 @@ absl::Status CheckExpertShape(std::string_view who, const ExpertShape& e) {
 }
 
 // A pointer may be null only when its tensor has no elements (as on the CPU).
-enum ExpertTensor { kTokens, kHidden, kWeights };
-struct NamedPointer {
-  const char* name;
-  const void* p;
-  ExpertTensor kind;
-};
+constexpr auto kTokens = internal::ArgCheck::Tensor::kTokens;
+constexpr auto kHidden = internal::ArgCheck::Tensor::kHidden;
+constexpr auto kWeights = internal::ArgCheck::Tensor::kWeights;
 absl::Status CheckPointers(std::string_view who, const ExpertShape& e,
-                           std::initializer_list<NamedPointer> ptrs) {
-  for (const NamedPointer& np : ptrs) {
-    const int64_t n = np.kind == kTokens   ? e.TokenElements()
-                      : np.kind == kHidden ? e.HiddenElements()
-                                           : e.WeightElements();
-    if (np.p == nullptr && n > 0)
-      return Invalid(who, Cat(np.name, " is null but has ", n, " elements"));
-  }
-  return absl::OkStatus();
+                           std::initializer_list<internal::ArgCheck::ExpertPointer> ptrs) {
+  return internal::ArgCheck("cuda", who).ExpertPointers(e, ptrs);
 }
 
 class CudaKernels final : public Kernels {
@@ -488,8 +464,8 @@ class CudaKernels final : public Kernels {
   absl::Status Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
                     const void* a, int64_t lda, const void* b, int64_t ldb, float beta, void* c,
                     int64_t ldc, DType t) override {
-    constexpr std::string_view kWho = "Kernels::Gemm";
-    if (absl::Status st = CheckType(kWho, t); !st.ok()) return st;
+    constexpr std::string_view kWho = "Gemm";
+    MOEPLAN_RETURN_IF_ERROR(CheckType(kWho, t));
     if (m < 0 || n < 0 || k < 0) {
       return Invalid(kWho, Cat("m, n, k = ", m, ", ", n, ", ", k, " (must be >= 0)"));
     }
@@ -531,16 +507,15 @@ class CudaKernels final : public Kernels {
 
   absl::Status Route(const float* logits, int64_t tokens, int64_t experts, int64_t top_k,
                      int64_t capacity, const RouteBuffers& r) override {
-    constexpr std::string_view kWho = "Kernels::Route";
-    if (absl::Status st = CheckGating(kWho, tokens, experts, top_k); !st.ok()) return st;
+    constexpr std::string_view kWho = "Route";
+    MOEPLAN_RETURN_IF_ERROR(CheckGating(kWho, tokens, experts, top_k));
     if (capacity < 0 || capacity > INT32_MAX) {
       return Invalid(kWho, Cat("capacity ", capacity, " not in [0, INT32_MAX]"));
     }
     if (tokens == 0) return absl::OkStatus();
     if (logits == nullptr) return Invalid(kWho, "logits is null");
     if (r.probs == nullptr) return Invalid(kWho, "route.probs is null");
-    if (absl::Status st = CheckRouting(kWho, r, tokens * top_k, /*need_weight=*/true); !st.ok())
-      return st;
+    MOEPLAN_RETURN_IF_ERROR(CheckRouting(kWho, r, tokens * top_k, /*need_weight=*/true));
     MOEPLAN_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal_), kWho);
     SoftmaxTopKKernel<<<BlocksFor(tokens, 128), 128, 0, stream_>>>(
         logits, tokens, static_cast<int>(experts), static_cast<int>(top_k), r.probs, r.expert,
@@ -557,12 +532,11 @@ class CudaKernels final : public Kernels {
 
   absl::Status RouteBackward(const RouteBuffers& r, const float* dweight, int64_t tokens,
                              int64_t experts, int64_t top_k, float* dlogits) override {
-    constexpr std::string_view kWho = "Kernels::RouteBackward";
-    if (absl::Status st = CheckGating(kWho, tokens, experts, top_k); !st.ok()) return st;
+    constexpr std::string_view kWho = "RouteBackward";
+    MOEPLAN_RETURN_IF_ERROR(CheckGating(kWho, tokens, experts, top_k));
     if (tokens == 0) return absl::OkStatus();
     if (r.probs == nullptr) return Invalid(kWho, "route.probs is null");
-    if (absl::Status st = CheckRouting(kWho, r, tokens * top_k, /*need_weight=*/false); !st.ok())
-      return st;
+    MOEPLAN_RETURN_IF_ERROR(CheckRouting(kWho, r, tokens * top_k, /*need_weight=*/false));
     if (dweight == nullptr) return Invalid(kWho, "dweight is null");
     if (dlogits == nullptr) return Invalid(kWho, "dlogits is null");
     MOEPLAN_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal_), kWho);
@@ -575,13 +549,13 @@ class CudaKernels final : public Kernels {
 
   absl::Status Order(const void* x, const RouteBuffers& r, const BufferShape& s,
                      void* buf) override {
-    constexpr std::string_view kWho = "Kernels::Order";
-    if (absl::Status st = CheckBufferShape(kWho, s); !st.ok()) return st;
+    constexpr std::string_view kWho = "Order";
+    MOEPLAN_RETURN_IF_ERROR(CheckBufferShape(kWho, s));
     const size_t buf_bytes = static_cast<size_t>(s.BufferElements()) * SizeOf(s.dtype);
     if (buf_bytes > 0 && buf == nullptr) return Invalid(kWho, "buf is null");
     if (s.tokens > 0) {
       if (x == nullptr) return Invalid(kWho, "x is null");
-      if (absl::Status st = CheckRouting(kWho, r, s.tokens * s.top_k, false); !st.ok()) return st;
+      MOEPLAN_RETURN_IF_ERROR(CheckRouting(kWho, r, s.tokens * s.top_k, false));
     }
     MOEPLAN_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal_), kWho);
     if (buf_bytes > 0) {
@@ -607,12 +581,12 @@ class CudaKernels final : public Kernels {
 
   absl::Status IOrder(const void* buf, const RouteBuffers& r, const BufferShape& s,
                       void* y) override {
-    constexpr std::string_view kWho = "Kernels::IOrder";
-    if (absl::Status st = CheckBufferShape(kWho, s); !st.ok()) return st;
+    constexpr std::string_view kWho = "IOrder";
+    MOEPLAN_RETURN_IF_ERROR(CheckBufferShape(kWho, s));
     if (s.tokens == 0) return absl::OkStatus();
     if (y == nullptr) return Invalid(kWho, "y is null");
     if (buf == nullptr && s.BufferElements() > 0) return Invalid(kWho, "buf is null");
-    if (absl::Status st = CheckRouting(kWho, r, s.tokens * s.top_k, true); !st.ok()) return st;
+    MOEPLAN_RETURN_IF_ERROR(CheckRouting(kWho, r, s.tokens * s.top_k, true));
     MOEPLAN_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal_), kWho);
     // Tokens with every choice dropped (or capacity 0) get zeros from the
     // kernel, so y needs no separate fill.
@@ -633,8 +607,8 @@ class CudaKernels final : public Kernels {
 
   absl::Status IOrderBackward(const void* dy, const void* out_buf, const RouteBuffers& r,
                               const BufferShape& s, void* dbuf, float* dweight) override {
-    constexpr std::string_view kWho = "Kernels::IOrderBackward";
-    if (absl::Status st = CheckBufferShape(kWho, s); !st.ok()) return st;
+    constexpr std::string_view kWho = "IOrderBackward";
+    MOEPLAN_RETURN_IF_ERROR(CheckBufferShape(kWho, s));
     const size_t buf_bytes = static_cast<size_t>(s.BufferElements()) * SizeOf(s.dtype);
     if (buf_bytes > 0 && (dbuf == nullptr || out_buf == nullptr)) {
       return Invalid(kWho, "dbuf or out_buf is null");
@@ -642,7 +616,7 @@ class CudaKernels final : public Kernels {
     if (s.tokens > 0) {
       if (dy == nullptr) return Invalid(kWho, "dy is null");
       if (dweight == nullptr) return Invalid(kWho, "dweight is null");
-      if (absl::Status st = CheckRouting(kWho, r, s.tokens * s.top_k, true); !st.ok()) return st;
+      MOEPLAN_RETURN_IF_ERROR(CheckRouting(kWho, r, s.tokens * s.top_k, true));
     }
     MOEPLAN_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal_), kWho);
     if (buf_bytes > 0) {
@@ -671,12 +645,12 @@ class CudaKernels final : public Kernels {
 
   absl::Status OrderBackward(const void* dbuf, const RouteBuffers& r, const BufferShape& s,
                              void* dx) override {
-    constexpr std::string_view kWho = "Kernels::OrderBackward";
-    if (absl::Status st = CheckBufferShape(kWho, s); !st.ok()) return st;
+    constexpr std::string_view kWho = "OrderBackward";
+    MOEPLAN_RETURN_IF_ERROR(CheckBufferShape(kWho, s));
     if (s.tokens == 0) return absl::OkStatus();
     if (dx == nullptr) return Invalid(kWho, "dx is null");
     if (dbuf == nullptr && s.BufferElements() > 0) return Invalid(kWho, "dbuf is null");
-    if (absl::Status st = CheckRouting(kWho, r, s.tokens * s.top_k, false); !st.ok()) return st;
+    MOEPLAN_RETURN_IF_ERROR(CheckRouting(kWho, r, s.tokens * s.top_k, false));
     MOEPLAN_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal_), kWho);
     const int64_t tp = s.capacity > 0 ? s.capacity / s.parts : 1;
     const int threads = ThreadsForRow(s.model);
@@ -695,19 +669,16 @@ class CudaKernels final : public Kernels {
 
   absl::Status ExpertForward(const ExpertShape& e, const void* x, const void* w1, const void* w2,
                              void* z, void* a, void* out) override {
-    constexpr std::string_view kWho = "Kernels::ExpertForward";
-    if (absl::Status st = CheckExpertShape(kWho, e); !st.ok()) return st;
+    constexpr std::string_view kWho = "ExpertForward";
+    MOEPLAN_RETURN_IF_ERROR(CheckExpertShape(kWho, e));
     if (e.groups * e.local_experts * e.rows == 0) return absl::OkStatus();  // no rows
-    if (absl::Status st = CheckPointers(kWho, e,
-                                        {{"x", x, kTokens},
-                                         {"w1", w1, kWeights},
-                                         {"w2", w2, kWeights},
-                                         {"z", z, kHidden},
-                                         {"a", a, kHidden},
-                                         {"out", out, kTokens}});
-        !st.ok()) {
-      return st;
-    }
+    MOEPLAN_RETURN_IF_ERROR(CheckPointers(kWho, e,
+                                          {{"x", x, kTokens},
+                                           {"w1", w1, kWeights},
+                                           {"w2", w2, kWeights},
+                                           {"z", z, kHidden},
+                                           {"a", a, kHidden},
+                                           {"out", out, kTokens}}));
     MOEPLAN_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal_), kWho);
     const int64_t R = e.rows, M = e.model, H = e.shard;
     // z = x W1[l]: [R x M] [M x Hs]
@@ -716,26 +687,23 @@ class CudaKernels final : public Kernels {
         !st.ok()) {
       return st;
     }
-    if (absl::Status st = LaunchGelu(kWho, z, a, e.HiddenElements(), e.dtype); !st.ok()) return st;
+    MOEPLAN_RETURN_IF_ERROR(LaunchGelu(kWho, z, a, e.HiddenElements(), e.dtype));
     // out = a W2[l]: [R x Hs] [Hs x M]
     return ExpertGemm(kWho, e, false, R, M, H, a, H, R * H, w2, M, H * M, out, M, R * M);
   }
 
   absl::Status ExpertBackwardData(const ExpertShape& e, const void* dout, const void* w1,
                                   const void* w2, const void* z, void* dz, void* dx) override {
-    constexpr std::string_view kWho = "Kernels::ExpertBackwardData";
-    if (absl::Status st = CheckExpertShape(kWho, e); !st.ok()) return st;
+    constexpr std::string_view kWho = "ExpertBackwardData";
+    MOEPLAN_RETURN_IF_ERROR(CheckExpertShape(kWho, e));
     if (e.groups * e.local_experts * e.rows == 0) return absl::OkStatus();  // no rows
-    if (absl::Status st = CheckPointers(kWho, e,
-                                        {{"dout", dout, kTokens},
-                                         {"w1", w1, kWeights},
-                                         {"w2", w2, kWeights},
-                                         {"z", z, kHidden},
-                                         {"dz", dz, kHidden},
-                                         {"dx", dx, kTokens}});
-        !st.ok()) {
-      return st;
-    }
+    MOEPLAN_RETURN_IF_ERROR(CheckPointers(kWho, e,
+                                          {{"dout", dout, kTokens},
+                                           {"w1", w1, kWeights},
+                                           {"w2", w2, kWeights},
+                                           {"z", z, kHidden},
+                                           {"dz", dz, kHidden},
+                                           {"dx", dx, kTokens}}));
     MOEPLAN_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal_), kWho);
     const int64_t R = e.rows, M = e.model, H = e.shard;
     // da = dout W2[l]^T: [R x M] [M x Hs] (W2[l] is [Hs x M]); da lands in dz.
@@ -744,9 +712,7 @@ class CudaKernels final : public Kernels {
         !st.ok()) {
       return st;
     }
-    if (absl::Status st = LaunchGeluBackward(kWho, z, dz, e.HiddenElements(), e.dtype); !st.ok()) {
-      return st;
-    }
+    MOEPLAN_RETURN_IF_ERROR(LaunchGeluBackward(kWho, z, dz, e.HiddenElements(), e.dtype));
     // dx = dz W1[l]^T: [R x Hs] [Hs x M] (W1[l] is [M x Hs]).
     return ExpertGemm(kWho, e, true, R, M, H, dz, H, R * H, w1, H, M * H, dx, M, R * M);
   }
@@ -754,15 +720,13 @@ class CudaKernels final : public Kernels {
   absl::Status ExpertBackwardWeights(const ExpertShape& e, const void* x, const void* a,
                                      const void* dout, const void* dz, float scale, void* dw1,
                                      void* dw2) override {
-    constexpr std::string_view kWho = "Kernels::ExpertBackwardWeights";
-    if (absl::Status st = CheckExpertShape(kWho, e); !st.ok()) return st;
+    constexpr std::string_view kWho = "ExpertBackwardWeights";
+    MOEPLAN_RETURN_IF_ERROR(CheckExpertShape(kWho, e));
     MOEPLAN_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal_), kWho);
     const int64_t M = e.model, H = e.shard;
     if (e.WeightElements() == 0) return absl::OkStatus();
-    if (absl::Status st = CheckPointers(kWho, e, {{"dw1", dw1, kWeights}, {"dw2", dw2, kWeights}});
-        !st.ok()) {
-      return st;
-    }
+    MOEPLAN_RETURN_IF_ERROR(
+        CheckPointers(kWho, e, {{"dw1", dw1, kWeights}, {"dw2", dw2, kWeights}}));
     if (e.groups * e.rows == 0) {
       // An empty sum: the gradients are zero (they overwrite).
       const size_t bytes = static_cast<size_t>(e.WeightElements()) * SizeOf(e.dtype);
@@ -770,21 +734,18 @@ class CudaKernels final : public Kernels {
       MOEPLAN_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(dw2, 0, bytes, stream_), kWho, " zeroing dw2");
       return absl::OkStatus();
     }
-    if (absl::Status st = CheckPointers(
-            kWho, e,
-            {{"x", x, kTokens}, {"a", a, kHidden}, {"dout", dout, kTokens}, {"dz", dz, kHidden}});
-        !st.ok()) {
-      return st;
-    }
+    MOEPLAN_RETURN_IF_ERROR(CheckPointers(
+        kWho, e,
+        {{"x", x, kTokens}, {"a", a, kHidden}, {"dout", dout, kTokens}, {"dz", dz, kHidden}}));
     // dw2[l] = scale * sum_g a^T dout: [Hs x R] [R x M]
-    if (absl::Status st = WeightGrad(kWho, e, H, M, a, dout, scale, dw2); !st.ok()) return st;
+    MOEPLAN_RETURN_IF_ERROR(WeightGrad(kWho, e, H, M, a, dout, scale, dw2));
     // dw1[l] = scale * sum_g x^T dz: [M x R] [R x Hs]
     return WeightGrad(kWho, e, M, H, x, dz, scale, dw1);
   }
 
   absl::Status Activation(const void* z, void* a, int64_t count, DType t) override {
-    constexpr std::string_view kWho = "Kernels::Activation";
-    if (absl::Status st = CheckType(kWho, t); !st.ok()) return st;
+    constexpr std::string_view kWho = "Activation";
+    MOEPLAN_RETURN_IF_ERROR(CheckType(kWho, t));
     if (count < 0) return Invalid(kWho, Cat("count ", count, " < 0"));
     if (count == 0) return absl::OkStatus();
     if (z == nullptr || a == nullptr) return Invalid(kWho, "z or a is null");
@@ -793,8 +754,8 @@ class CudaKernels final : public Kernels {
   }
 
   absl::Status ActivationBackward(const void* z, void* dz, int64_t count, DType t) override {
-    constexpr std::string_view kWho = "Kernels::ActivationBackward";
-    if (absl::Status st = CheckType(kWho, t); !st.ok()) return st;
+    constexpr std::string_view kWho = "ActivationBackward";
+    MOEPLAN_RETURN_IF_ERROR(CheckType(kWho, t));
     if (count < 0) return Invalid(kWho, Cat("count ", count, " < 0"));
     if (count == 0) return absl::OkStatus();
     if (z == nullptr || dz == nullptr) return Invalid(kWho, "z or dz is null");
@@ -803,8 +764,8 @@ class CudaKernels final : public Kernels {
   }
 
   absl::Status ToF32(const void* src, DType t, float* dst, int64_t count) override {
-    constexpr std::string_view kWho = "Kernels::ToF32";
-    if (absl::Status st = CheckType(kWho, t); !st.ok()) return st;
+    constexpr std::string_view kWho = "ToF32";
+    MOEPLAN_RETURN_IF_ERROR(CheckType(kWho, t));
     if (count < 0) return Invalid(kWho, Cat("count ", count, " < 0"));
     if (count == 0) return absl::OkStatus();
     if (src == nullptr || dst == nullptr) return Invalid(kWho, "src or dst is null");
@@ -824,8 +785,8 @@ class CudaKernels final : public Kernels {
   }
 
   absl::Status AddF32(void* y, DType t, const float* x, int64_t count) override {
-    constexpr std::string_view kWho = "Kernels::AddF32";
-    if (absl::Status st = CheckType(kWho, t); !st.ok()) return st;
+    constexpr std::string_view kWho = "AddF32";
+    MOEPLAN_RETURN_IF_ERROR(CheckType(kWho, t));
     if (count < 0) return Invalid(kWho, Cat("count ", count, " < 0"));
     if (count == 0) return absl::OkStatus();
     if (y == nullptr || x == nullptr) return Invalid(kWho, "y or x is null");
@@ -1043,7 +1004,7 @@ absl::StatusOr<std::unique_ptr<Kernels>> MakeCudaKernels(Device* device) {
   absl::StatusOr<cudaStream_t> stream = CudaStreamOf(device, kComputeLane, "MakeCudaKernels");
   if (!stream.ok()) return stream.status();
   auto k = std::make_unique<CudaKernels>(*ordinal, *stream);
-  if (absl::Status s = k->Init(); !s.ok()) return s;
+  MOEPLAN_RETURN_IF_ERROR(k->Init());
   return std::unique_ptr<Kernels>(std::move(k));
 }
 

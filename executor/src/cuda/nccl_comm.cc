@@ -14,9 +14,10 @@
 #include <string>
 
 #include "cuda_internal.h"
+#include "moeplan/base/status.h"
+#include "moeplan/base/strings.h"
 #include "moeplan/executor/backends.h"
 #include "moeplan/executor/comm.h"
-#include "moeplan/planner/strings.h"
 
 namespace moeplan::executor {
 namespace {
@@ -82,7 +83,7 @@ class NcclCommunicator final : public Communicator {
   static absl::StatusOr<std::unique_ptr<Communicator>> Create(Device* device, int ordinal,
                                                               MPI_Comm mpi) {
     std::unique_ptr<NcclCommunicator> c(new NcclCommunicator(device, ordinal, mpi));
-    if (absl::Status s = c->Init(); !s.ok()) return s;
+    MOEPLAN_RETURN_IF_ERROR(c->Init());
     return std::unique_ptr<Communicator>(std::move(c));
   }
 
@@ -249,7 +250,7 @@ class NcclCommunicator final : public Communicator {
     if (r == nullptr) return Invalid("NcclCommunicator::Wait", "request is null");
     if (r->slot < 0) return absl::OkStatus();  // already waited
     // Device-side only: later compute-lane work starts after the op's end.
-    if (absl::Status s = device_->WaitStamp(kComputeLane, r->end); !s.ok()) return s;
+    MOEPLAN_RETURN_IF_ERROR(device_->WaitStamp(kComputeLane, r->end));
     r->slot = -1;
     return absl::OkStatus();
   }
@@ -318,7 +319,7 @@ class NcclCommunicator final : public Communicator {
   // Every op: after the compute lane's work so far (its inputs), stamped.
   absl::StatusOr<Request> Begin(std::string_view who) {
     MOEPLAN_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal_), who);
-    if (absl::Status s = device_->Join(lane_, kComputeLane); !s.ok()) return s;
+    MOEPLAN_RETURN_IF_ERROR(device_->Join(lane_, kComputeLane));
     absl::StatusOr<Stamp> begin = device_->Record(lane_);
     if (!begin.ok()) return begin.status();
     Request r;

@@ -6,9 +6,9 @@
 #include <cstring>
 #include <vector>
 
-#include "moeplan/planner/status_macros.h"
+#include "moeplan/base/status.h"
+#include "moeplan/base/strings.h"
 #include "moeplan/executor/backends.h"
-#include "moeplan/planner/strings.h"
 
 namespace moeplan::executor {
 namespace {

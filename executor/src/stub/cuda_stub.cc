@@ -2,8 +2,8 @@
 // configure time, or MOEPLAN_WITH_CUDA=OFF): the same functions as
 // src/cuda/*, reporting that there is no backend. CMake picks this file instead
 // of those, so no code needs #ifdefs.
+#include "moeplan/base/strings.h"
 #include "moeplan/executor/backends.h"
-#include "moeplan/planner/strings.h"
 
 namespace moeplan::executor {
 namespace {

@@ -1,4 +1,4 @@
-// Fitting a measured cluster profile (DESIGN §3) from moeplan-profile samples:
+// Fitting a measured cluster profile (docs/cost-model.md) from moeplan-profile samples:
 // alpha-beta per (collective, group shape) and per link level, the GEMM
 // efficiency table, and the memory-bound kernel model. Pure: no I/O except
 // ReadSamples.

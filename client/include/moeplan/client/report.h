@@ -21,10 +21,4 @@ std::string FormatPlanTable(const v1::LayerConfig& layer, const v1::PlanLayerRes
 // first), one track per resource; an op holding several resources appears on each.
 v1::ChromeTrace BuildTrace(const v1::PlanLayerResponse& plan);
 
-// "default", "s1", "s2".
-std::string ScheduleLabel(v1::Schedule s);
-
-// Human-readable byte count (B, KiB, MiB, GiB).
-std::string FormatBytes(double bytes);
-
 }  // namespace moeplan::client

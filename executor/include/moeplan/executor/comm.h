@@ -1,4 +1,4 @@
-// Communicators of the executor (DESIGN §6): the five collectives over a group of
+// Communicators of the executor (docs/executor.md): the five collectives over a group of
 // ranks, blocking and non-blocking, and sub-groups. MpiCommunicator works on host
 // buffers, NcclCommunicator on device buffers with one lane (stream) per
 // communicator, bootstrapped through MPI. Reductions are sums.

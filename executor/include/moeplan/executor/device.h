@@ -1,4 +1,4 @@
-// Devices of the executor (DESIGN §6): memory, lanes (CUDA streams; the host on
+// Devices of the executor (docs/executor.md): memory, lanes (CUDA streams; the host on
 // CPU) and timeline stamps. The MoE runner, the collectives and the kernels all
 // work on memory and lanes of one Device.
 #pragma once
@@ -6,9 +6,11 @@
 #include <cstddef>
 #include <cstdint>
 #include <string_view>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 
 namespace moeplan::executor {
 
@@ -95,5 +97,14 @@ class DeviceBuffer {
   void* p_ = nullptr;
   size_t bytes_ = 0;
 };
+
+// Host floats to `count` device elements of type `t` at `dst`, and back: bf16
+// is converted on the host (moeplan/base/bf16.h: round to nearest even).
+// (absl::Span: CUDA sources that include this compile as C++17.) `scratch` keeps the bf16 staging
+// copy's memory between calls; null: a temporary one.
+absl::Status UploadAs(Device& dev, void* dst, absl::Span<const float> host, DType t,
+                      std::vector<uint16_t>* scratch = nullptr);
+absl::Status DownloadAs(Device& dev, absl::Span<float> host, const void* src, DType t,
+                        std::vector<uint16_t>* scratch = nullptr);
 
 }  // namespace moeplan::executor

@@ -1,4 +1,4 @@
-// Compute kernels of the MoE layer (DESIGN §6): GEMM, gating (softmax, top-k,
+// Compute kernels of the MoE layer (docs/executor.md): GEMM, gating (softmax, top-k,
 // capacity with exact dropping), order / i-order into the (E, T, M) dispatch
 // buffer, the expert FFN shard and their backward passes. CpuKernels (Eigen) and
 // CudaKernels (cuBLAS + small kernels) implement it.

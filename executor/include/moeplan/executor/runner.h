@@ -1,4 +1,4 @@
-// The MoE-layer runner (DESIGN §5.1, §6): one MoE layer forward and backward
+// The MoE-layer runner (docs/schedules.md, docs/executor.md): one MoE layer forward and backward
 // under the default, S1 or S2 schedule with real data, every op timed under the
 // name the planner gives it.
 #pragma once
@@ -18,7 +18,7 @@
 
 namespace moeplan::executor {
 
-// A rank's place in the layout of DESIGN §2: MP and ESP groups are consecutive
+// A rank's place in the layout of docs/notation.md: MP and ESP groups are consecutive
 // ranks, EP groups strided by esp.
 struct RankPlace {
   int rank = 0;

@@ -1,4 +1,4 @@
-// SAA, the fused collective of DESIGN §5.1 (simultaneous AlltoAll and
+// SAA, the fused collective of docs/schedules.md (simultaneous AlltoAll and
 // AllGather), and its backward dual, on two communicators so that the intra
 // and inter steps overlap: non-blocking MPI on the CPU, two NCCL streams on a
 // GPU. The MoE runner uses them for S2 and the profiler times them.

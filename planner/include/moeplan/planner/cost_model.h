@@ -1,4 +1,4 @@
-// The cost model of DESIGN §3: alpha-beta collectives (fitted per group shape,
+// The cost model of docs/cost-model.md: alpha-beta collectives (fitted per group shape,
 // or derived from link-level costs with ring/pairwise formulas), GEMMs with an
 // interpolated efficiency table, and memory-bound kernels. Pure functions of a
 // validated profile; thread-compatible (const methods are safe to share).

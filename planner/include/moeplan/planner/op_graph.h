@@ -1,10 +1,9 @@
-// The op graph of DESIGN §4: a DAG of ops, each with a name, kind, held
+// The op graph (docs/simulator.md): a DAG of ops, each with a name, kind, held
 // resources, cost and dependencies. Ops are added in issue
 // order and may only depend on ops added before them, so vertex order is both the
 // per-resource issue order and a topological order: the simulator needs one pass.
 #pragma once
 
-#include <boost/graph/adjacency_list.hpp>
 #include <cstdint>
 #include <initializer_list>
 #include <span>
@@ -60,14 +59,9 @@ inline constexpr OpId kNoOp = -1;
 // Storage is flat and reused: Clear() keeps every buffer's capacity, so
 // rebuilding a graph of the same size (every plan after the first on a planner)
 // allocates nothing. Dependencies are stored per op, CSR-style, in issue order.
-// ToBoostGraph() gives the same DAG as a Boost.Graph adjacency_list (edges run
-// dependency -> op) for graph algorithms and exports; it allocates, so it is not
-// for the hot path.
+// boost_graph.h gives the same DAG as a Boost.Graph for graph algorithms.
 class OpGraph {
  public:
-  using BoostGraph = boost::adjacency_list<boost::vecS, boost::vecS, boost::bidirectionalS, Op,
-                                           boost::no_property, boost::no_property, boost::vecS>;
-
   // Appends `op` after every op added so far (issue order) depending on `deps`.
   // kNoOp entries are ignored; others must be ids returned earlier (the
   // simulator checks).
@@ -82,8 +76,6 @@ class OpGraph {
   }
   bool HasDep(OpId from, OpId to) const;
   void Clear();
-
-  BoostGraph ToBoostGraph() const;
 
  private:
   std::vector<Op> ops_;

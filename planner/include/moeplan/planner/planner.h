@@ -1,9 +1,8 @@
 // Planning one MoE layer: build every requested schedule's op graph, simulate
-// forward + backward, rank the candidates and explain the choice (DESIGN §5.1
+// forward + backward, rank the candidates and explain the choice (docs/schedules.md
 // "Automatic choice").
 #pragma once
 
-#include <memory>
 #include <span>
 #include <string>
 #include <vector>
@@ -18,12 +17,12 @@ namespace moeplan::planner {
 
 struct Candidate {
   Schedule schedule = Schedule::kDefault;
-  // Held by pointer: Boost's adjacency_list copies on move, and candidates are
-  // sorted; the graph's storage is reused when a planner plans again.
-  std::unique_ptr<OpGraph> graph_ptr = std::make_unique<OpGraph>();
+  // Flat vectors: sorting candidates moves them cheaply, and a planner that
+  // plans again rebuilds each graph in the storage it already has.
+  OpGraph op_graph;
   SimResult sim;
 
-  const OpGraph& graph() const { return *graph_ptr; }
+  const OpGraph& graph() const { return op_graph; }
 
   double total_us() const { return sim.makespan_us; }
   double forward_us() const { return sim.forward_end_us; }

@@ -1,4 +1,4 @@
-// Cluster profile: the constants of the cost model (DESIGN §3). Times in
+// Cluster profile: the constants of the cost model (docs/cost-model.md). Times in
 // microseconds, sizes in bytes. Converted from moeplan.v1.ClusterProfile by proto/.
 #pragma once
 

@@ -1,4 +1,4 @@
-// Op-graph builders for the MP+EP+ESP schedules of DESIGN §5.1 (default, S1,
+// Op-graph builders for the MP+EP+ESP schedules of docs/schedules.md (default, S1,
 // S2 with SAA), forward and backward, on the representative rank 0.
 #pragma once
 
@@ -13,7 +13,7 @@ namespace moeplan::planner {
 // on nodes of `gpus_per_node` GPUs (rank r on node r / gpus_per_node).
 GroupShape ShapeOfGroup(int size, int stride, int gpus_per_node);
 
-// Group shapes of rank 0 (DESIGN §2: MP and ESP groups are consecutive ranks,
+// Group shapes of rank 0 (docs/notation.md: MP and ESP groups are consecutive ranks,
 // EP groups are strided by N_ESP).
 struct Topology {
   GroupShape mp, esp, ep;
@@ -35,7 +35,7 @@ struct LayerContext {
 // empty). Returns InvalidArgument when the layout does not allow the schedule.
 absl::Status BuildSchedule(Schedule schedule, const LayerContext& ctx, OpGraph* graph);
 
-// The fused SAA collective of DESIGN §5.1 alone (forward form: pairwise AlltoAll
+// The fused SAA collective of docs/schedules.md alone (forward form: pairwise AlltoAll
 // over `a2a` in a2a.ranks - 1 steps of chunk n/W, each arrived chunk AllGathered
 // over `gather`), appended after `dep`; returns the op that completes it. Exposed
 // for tests and closed-form cross-checks. `a2a_bytes` is the AlltoAll's per-rank

@@ -1,4 +1,4 @@
-// The timeline simulator of DESIGN §4. Executes an OpGraph like CUDA streams do:
+// The timeline simulator of docs/simulator.md. Executes an OpGraph like CUDA streams do:
 // each resource runs its ops in issue order; an op starts at
 // max(end of its dependencies, end of the previous op on each resource it holds).
 // One pass in vertex (= issue = topological) order, O(V + E), no allocation once

@@ -1,4 +1,4 @@
-// Domain types of the planner (DESIGN §2). Plain structs: the planner never sees
+// Domain types of the planner (docs/notation.md). Plain structs: the planner never sees
 // protobuf; proto/ converts and the functions in validate.h check them.
 #pragma once
 
@@ -49,7 +49,7 @@ inline constexpr int kNumSchedules = 3;
 std::string_view ScheduleName(Schedule s);  // "default", "s1", "s2"
 bool ParseSchedule(std::string_view name, Schedule* out);
 
-// Derived sizes of DESIGN §2 (per MP group / per rank, bytes where named so).
+// Derived sizes of docs/notation.md (per MP group / per rank, bytes where named so).
 struct DerivedShape {
   int64_t tokens = 0;            // S = B * L
   int64_t capacity = 0;          // T = ceil(k * f * S / E)

@@ -1,4 +1,4 @@
-// Validation of layer configs and layouts (DESIGN §2). Every error is
+// Validation of layer configs and layouts (docs/notation.md). Every error is
 // InvalidArgument with a one-line message "<field>: <rule> (got <values>)", the
 // field named by its JSON (proto) path, e.g. "parallel.ep".
 #pragma once

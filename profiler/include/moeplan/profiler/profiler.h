@@ -1,4 +1,4 @@
-// Timing the sweep's points on the executor's own primitives (DESIGN §6): the
+// Timing the sweep's points on the executor's own primitives (docs/executor.md): the
 // Communicator's collectives on every sibling group of a shape at once, SAA and
 // its dual, Kernels::Gemm and the memory-bound kernels. Collective over all
 // ranks: every rank calls Measure with the same point, in the same order.

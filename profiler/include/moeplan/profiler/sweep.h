@@ -1,4 +1,4 @@
-// What moeplan-profile measures (DESIGN §3): the group shapes of a cluster of
+// What moeplan-profile measures (docs/cost-model.md): the group shapes of a cluster of
 // `nodes` x `ranks_per_node` ranks, how each shape's sibling groups are formed,
 // and the points of the sweep. Pure: no MPI, no devices, so it is unit-tested.
 #pragma once
@@ -41,7 +41,7 @@ struct GroupSlot {
 GroupSlot SlotOf(const NodeLayout& layout, GroupShape shape, int rank);
 int GroupsOf(const NodeLayout& layout, GroupShape shape);
 
-// SAA's two groups as S2 forms them (DESIGN §5.1): consecutive gather groups of
+// SAA's two groups as S2 forms them (docs/schedules.md): consecutive gather groups of
 // `gather_ranks` (the MP group) and AlltoAll groups strided by it (EP).
 struct SaaShape {
   int gather_ranks = 1;
@@ -120,8 +120,5 @@ struct Sweep {
 // The whole sweep, in the order it runs: collectives by shape then size, SAA,
 // GEMMs, memory-bound kernels. InvalidArgument for inconsistent options (named).
 absl::StatusOr<Sweep> PlanSweep(const NodeLayout& layout, const SweepOptions& options);
-
-// "1 KiB", "256 MiB", "1.5 GiB"
-std::string HumanBytes(int64_t bytes);
 
 }  // namespace moeplan::profiler

@@ -3,6 +3,8 @@
 // optional fields and the planner's validation; ToProto fills responses.
 #pragma once
 
+#include <string_view>
+
 #include "absl/status/statusor.h"
 #include "moeplan/planner/planner.h"
 #include "moeplan/planner/profile.h"
@@ -21,9 +23,17 @@ v1::LayerConfig LayerToProto(const planner::LayerConfig& layer);
 // Converts and runs planner::ValidateProfile.
 absl::StatusOr<planner::ClusterProfile> ProfileFromProto(const v1::ClusterProfile& msg);
 
+// Enum conversions. FromProto rejects UNSPECIFIED and unknown values with
+// InvalidArgument ("schedules: ..."; the collective's message starts with
+// `field`). Labels are the planner's lower-case names ("s2", "alltoall"), or
+// "unspecified", for reports that must print whatever a file holds.
 v1::Schedule ScheduleToProto(planner::Schedule s);
-v1::Collective CollectiveToProto(planner::Collective c);
 absl::StatusOr<planner::Schedule> ScheduleFromProto(v1::Schedule s);
+std::string_view ScheduleLabel(v1::Schedule s);
+v1::Collective CollectiveToProto(planner::Collective c);
+absl::StatusOr<planner::Collective> CollectiveFromProto(v1::Collective c,
+                                                        std::string_view field = "collective");
+std::string_view CollectiveLabel(v1::Collective c);
 
 // Fills a response from a plan (ops only with include_timeline).
 void PlanToProto(const planner::LayerPlan& plan, const planner::ClusterProfile& profile,

@@ -1,4 +1,4 @@
-// moeplan-server: the moeplan.v1.Planner service over gRPC (DESIGN §7), with
+// moeplan-server: the moeplan.v1.Planner service over gRPC (docs/service.md), with
 // the standard health service and server reflection. This header keeps gRPC
 // out of its includers; the implementation is the one gRPC translation unit.
 #pragma once

@@ -1,5 +1,9 @@
-// Status plumbing for the sources of the libraries built on the planner.
+// Status propagation, the one style every moeplan library uses: an error
+// returns from the enclosing function unchanged, an OK result continues.
+// (Errors themselves are absl::Status / absl::StatusOr; see docs/conventions.md.)
 #pragma once
+
+#include <utility>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -15,7 +19,9 @@
     }                                           \
   } while (0)
 
-// `lhs` = the value of the StatusOr `expr`, or returns its status.
+// `lhs` = the value of the StatusOr `expr`, or returns its status. `lhs` may
+// declare a variable (`MOEPLAN_ASSIGN_OR_RETURN(auto x, F())`); it expands to
+// several statements, so it cannot be the body of an unbraced if.
 #define MOEPLAN_ASSIGN_OR_RETURN(lhs, expr) \
   MOEPLAN_ASSIGN_OR_RETURN_IMPL(MOEPLAN_CONCAT(_statusor_, __LINE__), lhs, expr)
 #define MOEPLAN_ASSIGN_OR_RETURN_IMPL(tmp, lhs, expr) \

@@ -30,6 +30,19 @@ std::string Cat(const Args&... args) {
   return out;
 }
 
+// `s` as one word for /bin/sh: single-quoted, a quote inside as '\''.
+inline std::string ShellQuote(std::string_view s) {
+  std::string out = "'";
+  for (char c : s) {
+    if (c == '\'') {
+      out += "'\\''";
+    } else {
+      out += c;
+    }
+  }
+  return out + "'";
+}
+
 // absl::Status::message() as a std::string_view.
 inline std::string_view View(absl::string_view v) { return std::string_view(v.data(), v.size()); }
 

@@ -1,0 +1,174 @@
+// Collectives: alpha-beta per (collective, group shape), the two link levels,
+// and the SAA cross-check of the planner's composition.
+#include <map>
+#include <optional>
+#include <tuple>
+
+#include "fit_internal.h"
+#include "moeplan/base/format.h"
+#include "moeplan/base/status.h"
+#include "moeplan/planner/op_graph.h"
+#include "moeplan/planner/schedules.h"
+#include "moeplan/planner/simulator.h"
+#include "moeplan/proto/convert.h"
+
+namespace moeplan::calibration::internal {
+namespace {
+
+using GroupKey = std::tuple<int, int, int>;  // collective, ranks, nodes
+
+// The fit of one group's points: a line, or pieces when one line does not
+// hold and a piecewise line is closer (regimes: protocol or algorithm
+// switches, caches). The row then reports the pieces' quality; `line` stays
+// the profile's single cost.
+struct GroupFit {
+  LineFit line;
+  std::vector<std::pair<double, LineFit>> pieces;  // empty: the line alone
+  FitQuality quality;
+};
+
+GroupFit FitGroup(std::string what, const std::vector<Obs>& pts, const CalibrateOptions& options) {
+  const double tol = options.tolerance;
+  GroupFit g;
+  g.line = FitPoints(pts, tol);
+  g.quality = {std::move(what), g.line, {}};
+  if (g.line.max_rel_err > tol && DistinctSizes(pts) >= 4) {
+    g.pieces = FitPieces(pts, tol);
+    std::vector<Obs> obs = pts;
+    for (Obs& o : obs) {
+      size_t k = g.pieces.size() - 1;
+      while (k > 0 && o.n < g.pieces[k].first) --k;
+      o.pred = g.pieces[k].second.alpha_us + g.pieces[k].second.beta_us_per_byte * o.n;
+    }
+    LineFit pw = g.line;
+    FillQuality(std::move(obs), tol, &pw);
+    if (g.pieces.size() > 1 && pw.max_rel_err < g.line.max_rel_err) {
+      g.quality.fit = pw;
+      g.quality.what += Cat(" (", g.pieces.size(), " pieces)");
+    } else {
+      g.pieces.clear();
+    }
+  }
+  LineWarnings(g.quality, options, "small messages", "large messages", &g.quality.warnings);
+  return g;
+}
+
+void AddCollectiveFit(v1::Collective coll, int ranks, int nodes, const GroupFit& g,
+                      v1::ClusterProfile* prof) {
+  v1::CollectiveFit* f = prof->add_collectives();
+  f->set_collective(coll);
+  f->mutable_shape()->set_ranks(ranks);
+  f->mutable_shape()->set_nodes(nodes);
+  SetAlphaBeta(g.line, f->mutable_cost());
+  for (const auto& [from, piece] : g.pieces) {
+    v1::FitPiece* fp = f->add_pieces();
+    fp->set_from_bytes(ToInt64(from));
+    SetAlphaBeta(piece, fp->mutable_cost());
+  }
+  f->set_r_squared(g.quality.fit.r_squared);
+  f->set_min_bytes(g.quality.fit.min_bytes);
+  f->set_max_bytes(g.quality.fit.max_bytes);
+}
+
+// Link costs: the pair SendRecv on each level. A level the run has no pair on
+// (one node; one rank per node) copies the other level, with a warning: plans
+// crossing it will be optimistic or pessimistic, but they can be made.
+absl::Status FitLinks(const v1::ProfileRun& run, std::optional<LineFit> intra,
+                      std::optional<LineFit> inter, Calibration* out) {
+  constexpr std::string_view kNoIntra =
+      "no SendRecv sweep on 2 ranks / 1 node (at least 2 sizes): the planner needs the "
+      "intra-node link cost (alpha, beta)";
+  if (!intra && !inter) return Bad("samples", kNoIntra);
+  if (!intra) {
+    if (run.ranks_per_node() >= 2) return Bad("samples", kNoIntra);
+    intra = inter;
+    out->warnings.push_back(
+        "intra link not measured (one rank per node): links.intra copies links.inter");
+  }
+  if (!inter) {
+    if (run.nodes() >= 2) {
+      return Bad("samples",
+                 "no SendRecv sweep on 2 ranks / 2 nodes (at least 2 sizes): the planner needs "
+                 "the inter-node link cost (alpha, beta)");
+    }
+    inter = intra;
+    out->warnings.push_back(
+        "inter link not measured (single-node run): links.inter copies links.intra, so plans "
+        "that span nodes will look far too cheap");
+  }
+  SetAlphaBeta(*intra, out->profile.mutable_links()->mutable_intra());
+  SetAlphaBeta(*inter, out->profile.mutable_links()->mutable_inter());
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status FitCollectives(const std::vector<v1::ProfileSample>& samples,
+                            const CalibrateOptions& options, Calibration* out) {
+  std::map<GroupKey, std::vector<Obs>> groups;  // ordered: a stable profile and report
+  for (const v1::ProfileSample& s : samples) {
+    if (s.op_case() != v1::ProfileSample::kCollective) continue;
+    const v1::CollectiveSample& c = s.collective();
+    groups[{c.collective(), c.shape().ranks(), c.shape().nodes()}].push_back(
+        {static_cast<double>(c.bytes()), s.median_us(), 0.0});
+  }
+  std::optional<LineFit> intra, inter;
+  for (const auto& [key, pts] : groups) {
+    const auto [coll_int, ranks, nodes] = key;
+    const auto coll = static_cast<v1::Collective>(coll_int);
+    const bool send_recv = coll == v1::COLLECTIVE_SEND_RECV && ranks == 2;
+    const bool is_intra = send_recv && nodes == 1, is_inter = send_recv && nodes == 2;
+    std::string what = Cat(proto::CollectiveLabel(coll), " ", ShapeName(ranks, nodes));
+    if (DistinctSizes(pts) < 2) {
+      out->warnings.push_back(Cat(what, ": only one size measured (", FormatBytes(pts.front().n),
+                                  "), not fitted; the planner derives it from the link costs"));
+      continue;
+    }
+    if (is_intra) what += " (intra link)";
+    if (is_inter) what += " (inter link)";
+    GroupFit g = FitGroup(std::move(what), pts, options);
+    AddCollectiveFit(coll, ranks, nodes, g, &out->profile);
+    if (is_intra) intra = g.quality.fit;
+    if (is_inter) inter = g.quality.fit;
+    out->fits.push_back(std::move(g.quality));
+  }
+  return FitLinks(samples.front().run(), intra, inter, out);
+}
+
+// Dual (ReduceScatter + AlltoAll) samples have no public builder to compare
+// with: they stay measured only.
+absl::Status CompareSaa(const std::vector<v1::ProfileSample>& samples,
+                        const planner::CostModel& cost, double tolerance, Calibration* out) {
+  using SaaKey = std::tuple<int, int, int, int, int>;  // a2a r, n, gather r, n, a2a ranks/node
+  std::map<SaaKey, std::vector<Obs>> saa;
+  planner::OpGraph graph;
+  planner::SimResult sim;
+  planner::Simulator simulator;
+  for (const v1::ProfileSample& s : samples) {
+    if (s.op_case() != v1::ProfileSample::kSaa || s.saa().dual()) continue;
+    const v1::SaaSample& a = s.saa();
+    const planner::GroupShape a2a{a.a2a().ranks(), a.a2a().nodes()};
+    const planner::GroupShape gather{a.gather().ranks(), a.gather().nodes()};
+    const double bytes = static_cast<double>(a.bytes());
+    graph.Clear();
+    planner::AppendSaa(cost, a2a, a.a2a_ranks_per_node(), gather, bytes, bytes / a2a.ranks,
+                       planner::Phase::kForward, planner::kNoOp, &graph);
+    MOEPLAN_RETURN_IF_ERROR(simulator.Run(graph, &sim));
+    saa[{a2a.ranks, a2a.nodes, gather.ranks, gather.nodes, a.a2a_ranks_per_node()}].push_back(
+        {bytes, s.median_us(), sim.makespan_us});
+  }
+  for (const auto& [key, obs] : saa) {
+    const auto [ar, an, gr, gn, rpn] = key;
+    FitQuality q{Cat("saa a2a ", ar, "x", an, " / gather ", gr, "x", gn), {}, {}};
+    FillQuality(obs, tolerance, &q.fit);
+    if (q.fit.max_rel_err > tolerance) {
+      q.warnings.push_back(Cat(q.what, ": the planner's SAA composition is off by up to ",
+                               FormatPercent(q.fit.max_rel_err), " against the fused measurement",
+                               HoldsRange(q.fit, tolerance)));
+    }
+    out->fits.push_back(std::move(q));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace moeplan::calibration::internal

@@ -1,0 +1,50 @@
+// `moeplan calibrate`: a measured profile fitted from moeplan-profile samples
+// (calibration/fit.h, docs/calibration.md).
+#include <fmt/format.h>
+
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "cli_util.h"
+#include "commands.h"
+#include "moeplan/base/status.h"
+#include "moeplan/base/strings.h"
+#include "moeplan/calibration/fit.h"
+#include "moeplan/proto/json.h"
+#include "moeplan/v1/profile.pb.h"
+#include "moeplan/v1/samples.pb.h"
+
+namespace moeplan::client {
+
+namespace {
+
+// The profile's name from the output file: "out/cpu-2x2.json" -> "cpu-2x2".
+std::string StemOf(const std::string& path) { return std::filesystem::path(path).stem().string(); }
+
+}  // namespace
+
+absl::Status CalibrateCmd(const CalibrateArgs& a) {
+  MOEPLAN_ASSIGN_OR_RETURN(std::vector<v1::ProfileSample> samples,
+                           calibration::ReadSamples(a.samples));
+  calibration::CalibrateOptions options;
+  options.name = a.name.empty() ? StemOf(a.out) : a.name;
+  options.comment = a.comment;
+  options.version = a.version;
+  options.tolerance = a.tolerance_pct / 100.0;
+  absl::StatusOr<calibration::Calibration> c = calibration::Calibrate(samples, options);
+  if (!c.ok()) {
+    return absl::Status(c.status().code(), Cat(a.samples, ": ", View(c.status().message())));
+  }
+  MOEPLAN_ASSIGN_OR_RETURN(std::string json, proto::ToJson(c->profile));
+  absl::Status s = proto::WriteFileAtomic(a.out, json + "\n");
+  if (!s.ok()) return absl::Status(s.code(), Cat("--out: ", View(s.message())));
+  std::string text = calibration::RenderFitReport(*c);
+  text += fmt::format("wrote {} (profile {}, {} samples, {} collective fits, source: measured)\n",
+                      a.out, c->profile.name(), samples.size(), c->profile.collectives_size());
+  return WriteStdout(text);
+}
+
+}  // namespace moeplan::client

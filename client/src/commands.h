@@ -1,0 +1,82 @@
+// The `moeplan` commands, one file each (plan_layer_cmd.cc, sweep_cmd.cc,
+// profiles_cmd.cc, calibrate_cmd.cc, validate_cmd.cc); main.cc parses the
+// command line into these arguments and reports a failed command's status on
+// one line. Private to the `moeplan` executable.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "moeplan/calibration/profiles.h"
+
+namespace moeplan::client {
+
+struct PlanLayerArgs {
+  std::string layer;  // moeplan.v1.LayerConfig
+  std::string cluster = std::string(calibration::kDefaultProfileName);
+  std::string schedules = "all";
+  std::string format = "table";  // table | json
+  std::string trace;             // Chrome trace to write; empty: none
+  bool no_timeline = false;
+  std::string server;  // empty: plan locally
+};
+// Plans one layer, locally or on a moeplan-server (docs/service.md), and prints
+// the ranked candidates as a table or JSON, the same bytes either way; writes
+// the Chrome trace when asked. Nothing is written when anything fails.
+absl::Status PlanLayerCmd(const PlanLayerArgs& a);
+
+struct SweepArgs {
+  std::string grid;  // moeplan.v1.LayerGrid
+  std::string cluster = std::string(calibration::kDefaultProfileName);
+  std::string schedules = "all";
+  std::string out;  // the CSV to write (atomically)
+  bool skip_invalid = false;
+};
+// Plans every config of the grid, writes one CSV row per config and prints a
+// summary of the choices.
+absl::Status SweepCmd(const SweepArgs& a);
+
+// `moeplan profiles list|show|get|put`: the built-in profiles, or with `server`
+// (host:port) a moeplan-server's. List prints one line per profile, show (and
+// get) one profile (name or file) as JSON; put stores a profile file on a
+// server, so it needs `server`.
+absl::Status ProfilesListCmd(const std::string& server);
+absl::Status ProfilesShowCmd(const std::string& name, const std::string& server);
+absl::Status ProfilesPutCmd(const std::string& file, const std::string& server);
+
+// `moeplan calibrate` and `moeplan validate` (docs/calibration.md): fitting a
+// measured profile from moeplan-profile samples, and measuring prediction error
+// by running moeplan-exec (under a launcher, mpirun by default) on a grid of
+// layer configs.
+
+struct CalibrateArgs {
+  std::string samples;  // JSON Lines of moeplan.v1.ProfileSample
+  std::string out;      // the profile to write (atomically)
+  std::string name;     // default: the stem of `out`
+  std::string comment;
+  double tolerance_pct = 10.0;  // a fit "holds" where its error is below this
+  uint32_t version = 1;         // the profile's version: bump it on every re-calibration
+};
+// Prints the fit report to stdout and writes the profile.
+absl::Status CalibrateCmd(const CalibrateArgs& a);
+
+struct ValidateArgs {
+  std::string profile;  // built-in name or file
+  std::string layers;   // moeplan.v1.LayerGrid
+  int ranks = 0;        // 0: the profile's nodes x gpus_per_node
+  // Shell text run before moeplan-exec; {ranks} is replaced.
+  std::string launcher = "mpirun -np {ranks}";
+  std::string exec;  // moeplan-exec; empty: next to this binary, else PATH
+  int iters = 5;
+  int warmup = 2;
+  std::string out_dir = "validation";
+  bool json = false;
+};
+// Runs every config (every schedule the layout allows), predicts them, and
+// writes OUT_DIR/report.md, plot.png (gnuplot), plot.dat, plot.gp, and the
+// configs, moeplan-exec reports and logs it ran; prints a summary (or the
+// moeplan.v1.ValidationSummary as JSON).
+absl::Status ValidateCmd(const ValidateArgs& a);
+
+}  // namespace moeplan::client

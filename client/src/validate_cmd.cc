@@ -1,0 +1,328 @@
+// `moeplan validate`: moeplan-exec run (under a launcher, mpirun by default) on
+// every config of a grid, the planner's prediction of the same runs, and the
+// error between them (calibration/validation.h, docs/calibration.md).
+#include <fmt/format.h>
+#include <sys/wait.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <iterator>
+#include <optional>
+#include <string>
+#include <system_error>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "cli_util.h"
+#include "commands.h"
+#include "moeplan/base/status.h"
+#include "moeplan/base/strings.h"
+#include "moeplan/calibration/profiles.h"
+#include "moeplan/calibration/validation.h"
+#include "moeplan/planner/cost_model.h"
+#include "moeplan/planner/planner.h"
+#include "moeplan/planner/types.h"
+#include "moeplan/proto/convert.h"
+#include "moeplan/proto/json.h"
+#include "moeplan/v1/exec.pb.h"
+#include "moeplan/v1/layer.pb.h"
+#include "moeplan/v1/plan.pb.h"
+#include "moeplan/v1/profile.pb.h"
+#include "moeplan/v1/validation.pb.h"
+
+namespace moeplan::client {
+
+namespace fs = std::filesystem;
+namespace p = ::moeplan::planner;
+
+namespace {
+
+std::string Replace(std::string s, const std::string& from, const std::string& to) {
+  for (size_t at = s.find(from); at != std::string::npos; at = s.find(from, at + to.size())) {
+    s.replace(at, from.size(), to);
+  }
+  return s;
+}
+
+// moeplan-exec next to this binary's build tree (build/client/moeplan ->
+// build/executor/moeplan-exec) or installed beside it; else the PATH's.
+std::string DefaultExec() {
+  std::error_code ec;
+  const fs::path self = fs::read_symlink("/proc/self/exe", ec);
+  if (!ec) {
+    for (const fs::path& cand : {self.parent_path().parent_path() / "executor" / "moeplan-exec",
+                                 self.parent_path() / "moeplan-exec"}) {
+      if (fs::exists(cand, ec)) return cand.string();
+    }
+  }
+  return "moeplan-exec";
+}
+
+struct Ran {
+  int exit_code = 0;
+  std::string out;
+};
+
+// Runs `command` under /bin/sh, collecting stdout (stderr goes where the
+// command sends it).
+absl::StatusOr<Ran> RunCommand(const std::string& command) {
+  std::FILE* pipe = ::popen(command.c_str(), "r");
+  if (pipe == nullptr) {
+    return absl::InternalError(Cat("cannot start '", command, "': ", std::strerror(errno)));
+  }
+  Ran r;
+  char buf[1 << 16];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, pipe)) > 0) r.out.append(buf, n);
+  const int status = ::pclose(pipe);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  return r;
+}
+
+std::string ConfigName(size_t i, const v1::LayerConfig& l) {
+  return fmt::format("grid[{}] B={} L={} M={} H={} E={} k={} f={:g} mp={} ep={} esp={}", i,
+                     l.batch_size(), l.seq_len(), l.model_dim(), l.hidden_dim(), l.num_experts(),
+                     l.top_k(), l.capacity_factor(), l.parallel().mp(), l.parallel().ep(),
+                     l.parallel().esp());
+}
+
+// The last non-empty line of a log: what moeplan-exec said before it stopped.
+std::string LastLine(const std::string& path) {
+  absl::StatusOr<std::string> text = proto::ReadFile(path);
+  if (!text.ok()) return "";
+  std::string s = *text;
+  while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.pop_back();
+  const size_t at = s.rfind('\n');
+  return at == std::string::npos ? s : s.substr(at + 1);
+}
+
+bool HaveGnuplot() { return std::system("command -v gnuplot >/dev/null 2>&1") == 0; }
+
+// Where and how the configs run, once the arguments are checked.
+struct Setup {
+  fs::path dir;          // --out-dir, with configs/, exec/ and logs/ in it
+  int ranks = 0;         // --ranks, or the profile's nodes x GPUs
+  std::string exec;      // the moeplan-exec binary
+  std::string launcher;  // --launcher with {ranks} replaced
+};
+
+// Checks --iters and --warmup, creates the output directories, and resolves the
+// rank count, the launcher and moeplan-exec.
+absl::StatusOr<Setup> Prepare(const ValidateArgs& a, const v1::ClusterProfile& profile) {
+  if (a.iters < 1) return absl::InvalidArgumentError("--iters: must be >= 1");
+  if (a.warmup < 0) return absl::InvalidArgumentError("--warmup: must be >= 0");
+  Setup setup;
+  setup.dir = fs::path(a.out_dir);
+  std::error_code ec;
+  for (const char* sub : {"configs", "exec", "logs"}) {
+    fs::create_directories(setup.dir / sub, ec);
+    if (ec) {
+      return absl::PermissionDeniedError(
+          Cat("--out-dir: ", (setup.dir / sub).string(), ": ", ec.message()));
+    }
+  }
+  setup.ranks = a.ranks > 0 ? a.ranks : profile.nodes() * profile.gpus_per_node();
+  setup.exec = a.exec.empty() ? DefaultExec() : a.exec;
+  setup.launcher = Replace(a.launcher, "{ranks}", std::to_string(setup.ranks));
+  return setup;
+}
+
+// One config's outcome: what was measured and predicted, or why it did not run.
+struct ConfigRun {
+  std::optional<calibration::ValidationInput> input;
+  std::string skipped;  // without input: the report's line for the config
+};
+
+// "moeplan validate:   s1 1.2/1.3 ms ... (measured/predicted)" on stderr.
+void PrintTimes(const calibration::ValidationInput& in) {
+  std::string line = "moeplan validate:  ";
+  for (const v1::CandidatePlan& m : in.measured) {
+    for (const v1::CandidatePlan& pr : in.predicted) {
+      if (pr.schedule() != m.schedule()) continue;
+      fmt::format_to(std::back_inserter(line), " {} {:.1f}/{:.1f} ms",
+                     proto::ScheduleLabel(m.schedule()), m.total_us() / 1e3, pr.total_us() / 1e3);
+    }
+  }
+  fmt::print(stderr, "{} (measured/predicted)\n", line);
+}
+
+// The planner on what ran: the executor's element size, its schedules. A layout
+// the planner rejects skips the config.
+absl::StatusOr<ConfigRun> Predict(const std::string& name, const v1::ExecReport& report,
+                                  const calibration::LoadedProfile& profile,
+                                  p::LayerPlanner& planner) {
+  MOEPLAN_ASSIGN_OR_RETURN(p::LayerConfig ran_layer, proto::LayerFromProto(report.layer()));
+  v1::PlanLayerRequest request;
+  request.set_profile_name(profile.message.name());
+  request.set_include_timeline(true);
+  for (const v1::CandidatePlan& c : report.candidates()) request.add_schedules(c.schedule());
+  v1::PlanLayerResponse predicted;
+  absl::Status s = proto::AnswerPlanLayer(ran_layer, request, planner, profile.profile, &predicted);
+  if (!s.ok()) {
+    return ConfigRun{std::nullopt,
+                     fmt::format("{}: the planner rejects it: {}", name, View(s.message()))};
+  }
+  calibration::ValidationInput in;
+  in.name = name;
+  in.layer = report.layer();
+  in.measured.assign(report.candidates().begin(), report.candidates().end());
+  in.predicted.assign(predicted.candidates().begin(), predicted.candidates().end());
+  in.iterations.assign(report.iterations().begin(), report.iterations().end());
+  in.paired = report.interleaved();
+  PrintTimes(in);
+  return ConfigRun{std::move(in), ""};
+}
+
+// Writes config `i`, runs moeplan-exec on it under the launcher, keeps its
+// report and predicts it. A run that fails (e.g. a layout the executor rejects)
+// skips the config; one on another host count than the profile's is an error.
+absl::StatusOr<ConfigRun> RunConfig(const ValidateArgs& a, const Setup& setup,
+                                    const calibration::LoadedProfile& profile,
+                                    p::LayerPlanner& planner,
+                                    const std::vector<v1::LayerConfig>& configs, size_t i) {
+  const v1::LayerConfig& layer = configs[i];
+  const std::string stem = fmt::format("{:03d}", i);
+  const std::string config_file = (setup.dir / "configs" / (stem + ".json")).string();
+  const std::string log_file = (setup.dir / "logs" / (stem + ".log")).string();
+  MOEPLAN_ASSIGN_OR_RETURN(std::string layer_json, proto::ToJson(layer));
+  MOEPLAN_RETURN_IF_ERROR(proto::WriteFileAtomic(config_file, layer_json + "\n"));
+  const std::string name = ConfigName(i, layer);
+  const std::string command =
+      fmt::format("{} {} --layer {} --schedule all --json --iters {} --warmup {} --profile {} 2>{}",
+                  setup.launcher, ShellQuote(setup.exec), ShellQuote(config_file), a.iters,
+                  a.warmup, ShellQuote(a.profile), ShellQuote(log_file));
+  fmt::print(stderr, "moeplan validate: [{}/{}] {}\n", i + 1, configs.size(), name);
+  MOEPLAN_ASSIGN_OR_RETURN(Ran ran, RunCommand(command));
+  v1::ExecReport report;
+  absl::Status parsed =
+      ran.exit_code == 0 ? proto::ParseJson(ran.out, &report) : absl::UnknownError("");
+  if (!parsed.ok()) {
+    // A layout the executor rejects (or a failed run): listed, not fatal.
+    std::string why = LastLine(log_file);
+    if (why.empty()) why = Cat("exit code ", ran.exit_code, View(parsed.message()));
+    fmt::print(stderr, "moeplan validate:   skipped: {}\n", why);
+    return ConfigRun{std::nullopt, fmt::format("{}: {} (log: {})", name, why, log_file)};
+  }
+  MOEPLAN_RETURN_IF_ERROR(
+      proto::WriteFileAtomic((setup.dir / "exec" / (stem + ".json")).string(), ran.out));
+  if (report.hosts() != profile.message.nodes()) {
+    return absl::FailedPreconditionError(fmt::format(
+        "moeplan-exec ran on {} host(s) but profile {} describes {} node(s): validate where the "
+        "profile was measured (e.g. inside scripts/testbed/testbed.sh with the same --nodes)",
+        report.hosts(), profile.message.name(), profile.message.nodes()));
+  }
+  return Predict(name, report, profile, planner);
+}
+
+// The files written next to the runs' files.
+struct Written {
+  std::string report;  // report.md
+  std::string plot;    // plot.png; empty: gnuplot did not draw it
+};
+
+// Writes plot.dat and plot.gp, draws plot.png with gnuplot where it can (a
+// warning on stderr where not), and writes report.md, which lists the configs
+// not run last.
+absl::StatusOr<Written> WriteReport(const ValidateArgs& a, const Setup& setup,
+                                    const v1::ClusterProfile& profile,
+                                    const v1::ValidationSummary& summary,
+                                    const std::vector<std::string>& skipped) {
+  calibration::ReportContext ctx;
+  ctx.command = fmt::format("{} {} --layer CONFIG --schedule all --json --iters {} --warmup {}",
+                            setup.launcher, setup.exec, a.iters, a.warmup);
+  ctx.profile_comment = profile.comment();
+  const std::string data_file = (setup.dir / "plot.dat").string();
+  const std::string script_file = (setup.dir / "plot.gp").string();
+  const std::string png_file = (setup.dir / "plot.png").string();
+  MOEPLAN_RETURN_IF_ERROR(proto::WriteFileAtomic(data_file, calibration::PlotData(summary)));
+  MOEPLAN_RETURN_IF_ERROR(proto::WriteFileAtomic(
+      script_file, calibration::GnuplotScript(summary, data_file, png_file)));
+  std::string plot_note;
+  if (!HaveGnuplot()) {
+    plot_note =
+        fmt::format("gnuplot not found (apt-get install gnuplot-nox): plot data in {}", data_file);
+  } else if (std::system(Cat("gnuplot ", ShellQuote(script_file)).c_str()) != 0) {
+    plot_note = fmt::format("gnuplot failed on {}", script_file);
+  } else {
+    ctx.plot_file = "plot.png";
+  }
+  std::string markdown = calibration::RenderMarkdown(summary, ctx);
+  if (!skipped.empty()) {
+    markdown += fmt::format("\n## Configs not run ({})\n\n", skipped.size());
+    for (const std::string& s : skipped) markdown += "- " + s + "\n";
+  }
+  Written written;
+  written.report = (setup.dir / "report.md").string();
+  MOEPLAN_RETURN_IF_ERROR(proto::WriteFileAtomic(written.report, markdown));
+  if (!plot_note.empty()) fmt::print(stderr, "moeplan validate: warning: {}\n", plot_note);
+  if (!ctx.plot_file.empty()) written.plot = png_file;
+  return written;
+}
+
+// The summary on stdout: a few lines, or with --json the whole
+// moeplan.v1.ValidationSummary.
+absl::Status PrintSummary(bool json, const v1::ValidationSummary& summary, size_t skipped,
+                          const Written& written) {
+  if (json) {
+    MOEPLAN_ASSIGN_OR_RETURN(std::string text, proto::ToJson(summary));
+    return WriteStdout(text + "\n");
+  }
+  return WriteStdout(fmt::format(
+      "validated {} configs x schedules = {} points on {} ({} ranks, {} hosts){}\n"
+      "total time: MAPE {:.1f} %, p90 {:.1f} %, max {:.1f} % ({})\n"
+      "selection: predicted best = measured best in {:.1f} % of configs; mean regret {:.2f} %\n"
+      "{}"
+      "report: {}{}\n",
+      summary.configs(), summary.points(), summary.profile(), summary.ranks(), summary.hosts(),
+      skipped == 0 ? "" : fmt::format("; {} configs not run (see the report)", skipped),
+      summary.mape_pct(), summary.p90_pct(), summary.max_pct(), summary.worst_config(),
+      summary.selection_accuracy_pct(), summary.mean_regret_pct(),
+      summary.paired_configs() == 0
+          ? std::string()
+          : fmt::format("selection, ties for best counted: {:.1f} % of {} configs ({} with a "
+                        "tie)\n",
+                        summary.selection_accuracy_tied_pct(), summary.paired_configs(),
+                        summary.tied_configs()),
+      written.report, written.plot.empty() ? "" : fmt::format(", plot: {}", written.plot)));
+}
+
+}  // namespace
+
+absl::Status ValidateCmd(const ValidateArgs& a) {
+  MOEPLAN_ASSIGN_OR_RETURN(calibration::LoadedProfile profile, calibration::LoadProfile(a.profile));
+  MOEPLAN_ASSIGN_OR_RETURN(p::CostModel cost, p::CostModel::Create(profile.profile));
+  v1::LayerGrid grid;
+  MOEPLAN_ASSIGN_OR_RETURN(std::vector<v1::LayerConfig> configs, ReadGrid(a.layers, &grid));
+  MOEPLAN_ASSIGN_OR_RETURN(Setup setup, Prepare(a, profile.message));
+
+  p::LayerPlanner planner(cost);
+  std::vector<calibration::ValidationInput> inputs;
+  std::vector<std::string> skipped;
+  for (size_t i = 0; i < configs.size(); ++i) {
+    MOEPLAN_ASSIGN_OR_RETURN(ConfigRun run, RunConfig(a, setup, profile, planner, configs, i));
+    if (run.input.has_value()) {
+      inputs.push_back(*std::move(run.input));
+    } else {
+      skipped.push_back(std::move(run.skipped));
+    }
+  }
+  if (inputs.empty()) {
+    return absl::FailedPreconditionError(Cat("no config of ", a.layers, " ran (", skipped.size(),
+                                             " skipped; first: ", skipped.empty() ? "" : skipped[0],
+                                             ")"));
+  }
+  // Every run kept ran on the profile's nodes (RunConfig fails otherwise).
+  MOEPLAN_ASSIGN_OR_RETURN(
+      v1::ValidationSummary summary,
+      calibration::Summarize(inputs, profile.message.name(), setup.ranks, profile.message.nodes()));
+  MOEPLAN_ASSIGN_OR_RETURN(Written written,
+                           WriteReport(a, setup, profile.message, summary, skipped));
+  return PrintSummary(a.json, summary, skipped.size(), written);
+}
+
+}  // namespace moeplan::client
