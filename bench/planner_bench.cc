@@ -10,6 +10,7 @@
 #include "moeplan/calibration/profiles.h"
 #include "moeplan/client/sweep.h"
 #include "moeplan/planner/cost_model.h"
+#include "moeplan/planner/model.h"
 #include "moeplan/planner/planner.h"
 #include "moeplan/proto/convert.h"
 #include "moeplan/proto/json.h"
@@ -84,5 +85,32 @@ void BM_SweepGrid(benchmark::State& state) {
 BENCHMARK(BM_SweepGrid)->Unit(benchmark::kMillisecond);
 
 }  // namespace
+
+// Whole models (docs/model.md): every variant (none, tutel at r = 1, 2, 4, 8,
+// dw, partition with its DP, lancet) with every (schedule, AlltoAll) pair the
+// layout allows, on 64 A100s. One planner reused; the partition DP's range
+// cache is rebuilt per plan.
+void BM_PlanModel(benchmark::State& state, const char* file) {
+  v1::ModelConfig msg;
+  if (!proto::ReadJsonFile(std::string(MOEPLAN_SOURCE_DIR "/examples/models/") + file, &msg).ok()) {
+    std::abort();
+  }
+  const planner::ModelConfig model = OrDie(proto::ModelFromProto(msg));
+  planner::ModelPlanner planner(Cost());
+  planner::ModelPlan plan;
+  for (auto _ : state) {
+    if (!planner.Plan(model, {}, &plan).ok()) std::abort();
+    benchmark::DoNotOptimize(plan.best);
+  }
+  size_t ops = 0;
+  for (const auto& v : plan.variants) ops += static_cast<size_t>(v.graph.size());
+  state.counters["ops_kept"] = static_cast<double>(ops);
+}
+BENCHMARK_CAPTURE(BM_PlanModel, gpt2_l_moe_all_variants_64_gpus, "gpt2-l-moe.a100.json")
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_PlanModel, gpt2_s_moe_all_variants_64_gpus, "gpt2-s-moe.a100.json")
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_PlanModel, fine_grained_mp2_all_variants_64_gpus, "fine-grained-moe.json")
+    ->Unit(benchmark::kMillisecond);
 
 BENCHMARK_MAIN();

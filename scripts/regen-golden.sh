@@ -15,3 +15,14 @@ for layer in examples/*-layer.json; do
     echo "wrote $out"
   done
 done
+# Whole models (docs/model.md): <model file stem>.<cluster>.json
+mkdir -p tests/golden/models
+for pair in gpt2-s-moe.a100:a100-8x8 gpt2-l-moe-bpr.a100:a100-8x8 fine-grained-moe:a100-8x8; do
+  model=${pair%%:*}
+  cluster=${pair##*:}
+  out=tests/golden/models/$model.$cluster.json
+  "$cli" plan-model --model "examples/models/$model.json" --cluster "$cluster" --format json \
+    > "$out.tmp"
+  mv "$out.tmp" "$out"
+  echo "wrote $out"
+done

@@ -112,6 +112,24 @@ PROFILES = [
         nodes=8, gpus=8, mem_gib=141, intra_gbs=450.0, intra_alpha=3.0,
         inter_gbs=400 / 8, inter_alpha=6.0, tflops=989.0, launch_us=4.0,
         hbm_gbs=4800.0, e_max=0.7),
+    profile(
+        "v100-8x8",
+        "8 nodes x 8 NVIDIA Tesla V100-SXM2-32GB on NVLink 2 (hybrid cube-mesh, no NVSwitch), "
+        "1 x 100 Gb/s NIC per node. Intra link: 150 GB/s per direction per GPU (6 NVLink 2 "
+        "links x 25 GB/s, i.e. half the 300 GB/s bidirectional datasheet figure, as for "
+        "a100-8x8); the cube-mesh is not all-to-all, so this per-GPU aggregate is an upper "
+        "bound that NCCL rings over all six links approach. Inter link: per-GPU share of the "
+        "NIC, 12.5 GB/s / 8 GPUs = 1.5625 GB/s.",
+        [
+            "NVIDIA Tesla V100 GPU datasheet (SXM2): Tensor Performance (FP16, mixed precision) "
+            "125 TFLOPS, 32 GB HBM2 at 900 GB/s, NVLink interconnect 300 GB/s (bidirectional)",
+            "NVIDIA Tesla V100 GPU architecture whitepaper: 6 NVLink 2.0 links per GPU at 25 GB/s "
+            "per direction each (50 GB/s bidirectional); 8 GPUs in a hybrid cube-mesh (DGX-1)",
+            "100 Gb/s per NIC (InfiniBand EDR / 100 GbE), 1 NIC per node as specified",
+        ],
+        nodes=8, gpus=8, mem_gib=32, intra_gbs=6 * 25.0, intra_alpha=3.0,
+        inter_gbs=12.5 / 8, inter_alpha=10.0, tflops=125.0, launch_us=5.0,
+        hbm_gbs=900.0, e_max=0.7),
 ]
 
 

@@ -54,7 +54,7 @@ def _stub_candidates() -> list:
 
 def _import_stubs():
     try:
-        from moeplan.v1 import layer_pb2, plan_pb2, profile_pb2, service_pb2, service_pb2_grpc
+        from moeplan.v1 import layer_pb2, model_pb2, plan_pb2, profile_pb2, service_pb2, service_pb2_grpc
     except ImportError:
         tried = _stub_candidates()
         for d in tried:
@@ -67,11 +67,11 @@ def _import_stubs():
                 + ", ".join(tried)
                 + "; build them with `ninja -C build moeplan_python_stubs` and set "
                 "MOEPLAN_PYTHONPATH=build/client/python") from None
-        from moeplan.v1 import layer_pb2, plan_pb2, profile_pb2, service_pb2, service_pb2_grpc
-    return layer_pb2, plan_pb2, profile_pb2, service_pb2, service_pb2_grpc
+        from moeplan.v1 import layer_pb2, model_pb2, plan_pb2, profile_pb2, service_pb2, service_pb2_grpc
+    return layer_pb2, model_pb2, plan_pb2, profile_pb2, service_pb2, service_pb2_grpc
 
 
-layer_pb2, plan_pb2, profile_pb2, service_pb2, service_pb2_grpc = _import_stubs()
+layer_pb2, model_pb2, plan_pb2, profile_pb2, service_pb2, service_pb2_grpc = _import_stubs()
 
 __all__ = ["PlannerClient", "PlannerError", "schedule_enum", "schedule_short_name"]
 
@@ -207,7 +207,7 @@ class PlannerClient:
                 capacity_factor, optional bytes_per_element, token_skew, and
                 parallel {mp, ep, esp, dp?, pp?}). Unknown fields are rejected.
             profile: a built-in or stored profile name ("a100-8x8", "h200-8x8",
-                "rtx2080ti-8x4", or one put with put_profile), or a whole
+                "rtx2080ti-8x4", "v100-8x8", or one put with put_profile), or a whole
                 ClusterProfile dict sent inline (not stored).
             schedules: schedules to plan, "default"/"s1"/"s2" or enum names;
                 None or empty: all three.
@@ -238,6 +238,49 @@ class PlannerClient:
             request.schedules.append(schedule_enum(s))
         request.include_timeline = bool(include_timeline)
         return _to_dict(self._call("PlanLayer", request))
+
+    def plan_model(self, model: Mapping[str, Any],
+                   profile: Union[str, Mapping[str, Any]] = DEFAULT_PROFILE,
+                   options: Optional[Mapping[str, Any]] = None,
+                   include_timeline: bool = False) -> dict:
+        """Plans a whole model under every overlap variant: PlanModel (docs/model.md).
+
+        Args:
+            model: a moeplan.v1.ModelConfig as a dict (the files of examples/models/:
+                num_layers, hidden_size, num_attention_heads, ffn_hidden_size,
+                seq_length, micro_batch_size, optional vocab_size and
+                bytes_per_element, moe {layer_freq, num_experts, top_k,
+                capacity_factor, expert_ffn_hidden_size, optional
+                shared_expert_ffn_hidden_size, gate "GATE_SWITCH"/...}, parallel
+                {mp, ep, esp, dp?}). Unknown fields are rejected.
+            profile: a profile name, or a whole ClusterProfile dict sent inline.
+            options: a moeplan.v1.ModelPlanOptions dict (variants
+                ["OVERLAP_VARIANT_LANCET", ...], schedules, alltoall_algorithms,
+                bucket_bytes, partition_max_k, partition_groups,
+                partition_max_span); None: every variant with the defaults.
+            include_timeline: also return every variant's ops (large).
+
+        Returns:
+            The PlanModelResponse dict: variants (name, iteration_us,
+            exposed_comm_us, hidden_comm_us, speedup_over_none,
+            speedup_over_tutel, layers [{block, schedule, alltoall, partitions}],
+            partition_ranges, dw_placements, alternatives, ...), best_variant,
+            alltoall_crossover.
+
+        Raises:
+            PlannerError: INVALID_ARGUMENT naming the field ("model.moe.top_k: ...",
+                "options.partition_max_k: ..."), NOT_FOUND for an unknown profile.
+        """
+        request = model_pb2.PlanModelRequest()
+        request.model.CopyFrom(_parse(model, model_pb2.ModelConfig(), "model"))
+        if isinstance(profile, str):
+            request.profile_name = profile
+        else:
+            request.profile.CopyFrom(_parse(profile, profile_pb2.ClusterProfile(), "profile"))
+        if options:
+            request.options.CopyFrom(_parse(options, model_pb2.ModelPlanOptions(), "options"))
+        request.include_timeline = bool(include_timeline)
+        return _to_dict(self._call("PlanModel", request))
 
     def list_profiles(self) -> list:
         """Profiles the server knows (built-in and stored): ListProfiles.

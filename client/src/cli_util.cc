@@ -1,5 +1,7 @@
 #include "cli_util.h"
 
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <string_view>
@@ -8,6 +10,7 @@
 #include "absl/strings/string_view.h"
 #include "moeplan/base/status.h"
 #include "moeplan/base/strings.h"
+#include "moeplan/calibration/profiles.h"
 #include "moeplan/proto/convert.h"
 #include "moeplan/proto/json.h"
 
@@ -16,21 +19,13 @@ namespace moeplan::client {
 namespace p = ::moeplan::planner;
 
 absl::StatusOr<std::vector<p::Schedule>> ParseSchedules(const std::string& list) {
-  std::vector<p::Schedule> out;
-  if (list.empty() || list == "all") return out;
-  for (absl::string_view part : absl::StrSplit(list, ',')) {
-    p::Schedule s;
-    const std::string_view name = View(part);
-    if (!p::ParseSchedule(name, &s)) {
-      return absl::InvalidArgumentError(
-          Cat("--schedules: unknown schedule '", name, "' (use default, s1, s2 or all)"));
-    }
-    if (std::find(out.begin(), out.end(), s) != out.end()) {
-      return absl::InvalidArgumentError(Cat("--schedules: '", name, "' listed twice"));
-    }
-    out.push_back(s);
-  }
-  return out;
+  return ParseNameList<p::Schedule>("--schedules", "schedule", list, p::ParseSchedule, "default, s1, s2");
+}
+
+bool SendProfileInline(const std::string& cluster) {
+  struct stat st;
+  return ::stat(cluster.c_str(), &st) == 0 && S_ISREG(st.st_mode) &&
+         !calibration::BuiltinProfile(cluster).ok();
 }
 
 absl::StatusOr<std::vector<v1::LayerConfig>> ReadGrid(const std::string& path,

@@ -1,7 +1,9 @@
 // Helpers shared by the `moeplan` commands (commands.h).
 #pragma once
 
+#include <algorithm>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -15,6 +17,42 @@ namespace moeplan::client {
 // once, or "all" (or empty), returned as an empty list. InvalidArgument naming
 // --schedules otherwise.
 absl::StatusOr<std::vector<planner::Schedule>> ParseSchedules(const std::string& list);
+
+// Parses a comma-separated list of names (each a `noun`) of `flag`, each at most once, or
+// "all" (or empty), returned as an empty list. `parse` maps a name;
+// `choices` is the help text of the allowed names.
+template <class T>
+absl::StatusOr<std::vector<T>> ParseNameList(std::string_view flag, std::string_view noun,
+                                             const std::string& list,
+                                             bool (*parse)(std::string_view, T*),
+                                             std::string_view choices) {
+  std::vector<T> out;
+  if (list.empty() || list == "all") return out;
+  size_t begin = 0;
+  while (begin <= list.size()) {
+    const size_t end = std::min(list.find(',', begin), list.size());
+    const std::string_view name = std::string_view(list).substr(begin, end - begin);
+    T value;
+    if (!parse(name, &value)) {
+      return absl::InvalidArgumentError(
+          std::string(flag) + ": unknown " + std::string(noun) + " '" + std::string(name) + "' (use " +
+          std::string(choices) + " or all)");
+    }
+    for (const T& seen : out) {
+      if (seen == value) {
+        return absl::InvalidArgumentError(std::string(flag) + ": '" + std::string(name) +
+                                          "' listed twice");
+      }
+    }
+    out.push_back(value);
+    begin = end + 1;
+  }
+  return out;
+}
+
+// With --server, a --cluster naming an existing file that is not a built-in
+// profile name is sent inline; anything else is a name the server resolves.
+bool SendProfileInline(const std::string& cluster);
 
 // Reads a grid file (moeplan.v1.LayerGrid JSON) into `grid` and expands it into
 // its configs; an expansion error is InvalidArgument prefixed with `path`.

@@ -26,6 +26,26 @@ struct PlanLayerArgs {
 // the Chrome trace when asked. Nothing is written when anything fails.
 absl::Status PlanLayerCmd(const PlanLayerArgs& a);
 
+struct PlanModelArgs {
+  std::string model;  // moeplan.v1.ModelConfig
+  std::string cluster = std::string(calibration::kDefaultProfileName);
+  std::string variants = "all";
+  std::string schedules = "all";
+  std::string alltoall = "all";
+  double bucket_mb = 25.0;
+  int partition_max_k = 8;
+  int partition_groups = 5;
+  int partition_max_span = 0;
+  std::string format = "table";  // table | json
+  std::string trace;             // Chrome trace to write; empty: none
+  bool timeline = false;         // JSON: include every op
+  std::string server;            // empty: plan locally
+};
+// Plans a whole model (docs/model.md), locally or on a moeplan-server, and
+// prints the variants as a table or JSON, the same bytes either way; writes the
+// Chrome trace when asked. Nothing is written when anything fails.
+absl::Status PlanModelCmd(const PlanModelArgs& a);
+
 struct SweepArgs {
   std::string grid;  // moeplan.v1.LayerGrid
   std::string cluster = std::string(calibration::kDefaultProfileName);

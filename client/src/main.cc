@@ -46,6 +46,50 @@ CLI::App* AddPlanLayer(CLI::App* app, PlanLayerArgs* a) {
   return plan;
 }
 
+CLI::App* AddPlanModel(CLI::App* app, PlanModelArgs* a) {
+  CLI::App* plan = app->add_subcommand(
+      "plan-model",
+      "Simulate a whole model (forward + backward + gradient sync) under every overlap variant "
+      "(none, tutel, dw, partition, lancet), each with every MoE schedule and AlltoAll "
+      "algorithm, and compare them");
+  plan->add_option("--model", a->model, "Model config (moeplan.v1.ModelConfig JSON)")->required();
+  plan->add_option("--cluster", a->cluster,
+                   "Built-in profile name (see `moeplan profiles list`) or profile JSON file")
+      ->capture_default_str();
+  plan->add_option("--variants", a->variants,
+                   "Comma-separated subset of none,tutel,dw,partition,lancet, or all")
+      ->capture_default_str();
+  plan->add_option("--schedules", a->schedules,
+                   "MoE schedules to try: subset of default,s1,s2, or all (s1/s2 need mp > 1)")
+      ->capture_default_str();
+  plan->add_option("--alltoall", a->alltoall,
+                   "AlltoAll algorithms to try: linear, 2dh (hierarchical), or all")
+      ->capture_default_str();
+  plan->add_option("--bucket-mb", a->bucket_mb, "DDP gradient bucket size in MiB")
+      ->capture_default_str();
+  plan->add_option("--partition-max-k", a->partition_max_k,
+                   "Most micro-batches a partitioned range is split into (Lancet's rho)")
+      ->check(CLI::Range(1, 64))
+      ->capture_default_str();
+  plan->add_option("--partition-groups", a->partition_groups,
+                   "Groups of dense ops between two MoE layers (Lancet's gamma)")
+      ->check(CLI::Range(1, 64))
+      ->capture_default_str();
+  plan->add_option("--partition-max-span", a->partition_max_span,
+                   "Longest range in groups (Lancet's iota); 0: the span between two MoE layers")
+      ->check(CLI::Range(0, 1024))
+      ->capture_default_str();
+  plan->add_option("--format", a->format, "Output format")
+      ->check(CLI::IsMember({"table", "json"}))
+      ->capture_default_str();
+  plan->add_option("--trace", a->trace,
+                   "Write a Chrome trace (one process per variant, one track per resource)");
+  plan->add_flag("--timeline", a->timeline, "Include every op's timing in the JSON output");
+  plan->add_option("--server", a->server,
+                   "Plan on a moeplan-server at host:port instead of locally (same output)");
+  return plan;
+}
+
 CLI::App* AddSweep(CLI::App* app, SweepArgs* a) {
   CLI::App* sweep = app->add_subcommand(
       "sweep",
@@ -146,11 +190,13 @@ int Main(int argc, char** argv) {
   });
 
   PlanLayerArgs pl;
+  PlanModelArgs pm;
   SweepArgs sw;
   ProfilesCli pr;
   CalibrateArgs ca;
   ValidateArgs va;
   CLI::App* plan = AddPlanLayer(&app, &pl);
+  CLI::App* plan_model = AddPlanModel(&app, &pm);
   CLI::App* sweep = AddSweep(&app, &sw);
   AddProfiles(&app, &pr);
   CLI::App* calibrate = AddCalibrate(&app, &ca);
@@ -165,6 +211,8 @@ int Main(int argc, char** argv) {
   absl::Status status;
   if (plan->parsed()) {
     status = PlanLayerCmd(pl);
+  } else if (plan_model->parsed()) {
+    status = PlanModelCmd(pm);
   } else if (sweep->parsed()) {
     status = SweepCmd(sw);
   } else if (calibrate->parsed()) {

@@ -1,7 +1,5 @@
 // `moeplan plan-layer`: one layer planned locally or on a moeplan-server
 // (docs/service.md), printed the same way either way (report.h).
-#include <sys/stat.h>
-
 #include <string>
 #include <string_view>
 #include <utility>
@@ -41,18 +39,13 @@ absl::Status InFile(const std::string& path, const absl::Status& s) {
   return absl::Status(s.code(), Cat(path, ": ", msg));
 }
 
-bool IsFile(const std::string& path) {
-  struct stat st;
-  return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
-}
-
 // Plans on a server: a --cluster that names an existing file is sent inline,
 // anything else is a profile name the server resolves (built-in or stored).
 absl::Status PlanOnServer(const std::string& server, const std::string& cluster,
                           v1::PlanLayerRequest* request, v1::PlanLayerResponse* response,
                           v1::ClusterProfile* profile) {
   PlannerClient client(server);
-  if (IsFile(cluster) && !calibration::BuiltinProfile(cluster).ok()) {
+  if (SendProfileInline(cluster)) {
     MOEPLAN_RETURN_IF_ERROR(proto::ReadJsonFile(cluster, request->mutable_profile()));
     *profile = request->profile();
   } else {

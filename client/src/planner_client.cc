@@ -46,6 +46,13 @@ absl::StatusOr<v1::PlanLayerResponse> PlannerClient::PlanLayer(
   });
 }
 
+absl::StatusOr<v1::PlanModelResponse> PlannerClient::PlanModel(
+    const v1::PlanModelRequest& request) {
+  return Invoke<v1::PlanModelResponse>(address_, timeout_, [&](auto* ctx, auto* resp) {
+    return impl_->stub->PlanModel(ctx, request, resp);
+  });
+}
+
 absl::StatusOr<v1::ListProfilesResponse> PlannerClient::ListProfiles() {
   return Invoke<v1::ListProfilesResponse>(address_, timeout_, [&](auto* ctx, auto* resp) {
     return impl_->stub->ListProfiles(ctx, v1::ListProfilesRequest(), resp);

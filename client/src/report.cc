@@ -84,52 +84,76 @@ std::string FormatPlanTable(const v1::LayerConfig& l, const v1::PlanLayerRespons
   return out;
 }
 
-v1::ChromeTrace BuildTrace(const v1::PlanLayerResponse& plan) {
+namespace {
+
+// One process of a Chrome trace: a timeline with one track per resource; an op
+// holding several resources appears on each.
+void AddTraceProcess(int pid, const std::string& label,
+                     const google::protobuf::RepeatedPtrField<v1::OpTiming>& ops,
+                     v1::ChromeTrace* trace) {
   static constexpr const char* kResources[] = {"compute", "intra", "inter"};
-  v1::ChromeTrace trace;
-  trace.set_display_time_unit("ms");  // display only; ts and dur are microseconds
-  auto meta = [&](int pid, int tid, const char* what, const std::string& value) {
-    v1::TraceEvent* e = trace.add_trace_events();
+  auto meta = [&](int tid, const char* what, const std::string& value) {
+    v1::TraceEvent* e = trace->add_trace_events();
     e->set_name(what);
     e->set_ph("M");
     e->set_pid(pid);
     e->set_tid(tid);
     (*e->mutable_args())["name"] = value;
   };
+  meta(0, "process_name", label);
+  v1::TraceEvent* sort = trace->add_trace_events();
+  sort->set_name("process_sort_index");
+  sort->set_ph("M");
+  sort->set_pid(pid);
+  (*sort->mutable_args())["sort_index"] = std::to_string(pid - 1);
+  for (int r = 0; r < 3; ++r) meta(r + 1, "thread_name", kResources[r]);
+  for (const v1::OpTiming& op : ops) {
+    // op.resource() is the '+'-joined names of the held resources.
+    const std::vector<absl::string_view> held = absl::StrSplit(op.resource(), '+');
+    for (int r = 0; r < 3; ++r) {
+      if (std::find(held.begin(), held.end(), kResources[r]) == held.end()) continue;
+      v1::TraceEvent* e = trace->add_trace_events();
+      e->set_name(op.name());
+      e->set_cat(fmt::format("{},{}", op.kind(), op.phase() == v1::PHASE_FORWARD ? "fwd" : "bwd"));
+      e->set_ph("X");
+      e->set_ts(op.start_us());
+      e->set_dur(op.end_us() - op.start_us());
+      e->set_pid(pid);
+      e->set_tid(r + 1);
+      auto& args = *e->mutable_args();
+      args["term"] = op.term();
+      args["bytes"] = std::to_string(op.bytes());
+      args["inter_node_bytes"] = std::to_string(op.inter_node_bytes());
+      args["critical"] = op.critical() ? "true" : "false";
+      args["resource"] = op.resource();
+    }
+  }
+}
+
+}  // namespace
+
+v1::ChromeTrace BuildTrace(const v1::PlanLayerResponse& plan) {
+  v1::ChromeTrace trace;
+  trace.set_display_time_unit("ms");  // display only; ts and dur are microseconds
   for (int i = 0; i < plan.candidates_size(); ++i) {
     const v1::CandidatePlan& c = plan.candidates(i);
-    const int pid = i + 1;
-    meta(pid, 0, "process_name",
-         fmt::format("{}{} — {:.1f} us", ScheduleLabel(c.schedule()),
-                     c.schedule() == plan.best_schedule() ? " (best)" : "", c.total_us()));
-    v1::TraceEvent* sort = trace.add_trace_events();
-    sort->set_name("process_sort_index");
-    sort->set_ph("M");
-    sort->set_pid(pid);
-    (*sort->mutable_args())["sort_index"] = std::to_string(i);
-    for (int r = 0; r < 3; ++r) meta(pid, r + 1, "thread_name", kResources[r]);
-    for (const v1::OpTiming& op : c.ops()) {
-      // op.resource() is the '+'-joined names of the held resources.
-      const std::vector<absl::string_view> held = absl::StrSplit(op.resource(), '+');
-      for (int r = 0; r < 3; ++r) {
-        if (std::find(held.begin(), held.end(), kResources[r]) == held.end()) continue;
-        v1::TraceEvent* e = trace.add_trace_events();
-        e->set_name(op.name());
-        e->set_cat(
-            fmt::format("{},{}", op.kind(), op.phase() == v1::PHASE_FORWARD ? "fwd" : "bwd"));
-        e->set_ph("X");
-        e->set_ts(op.start_us());
-        e->set_dur(op.end_us() - op.start_us());
-        e->set_pid(pid);
-        e->set_tid(r + 1);
-        auto& args = *e->mutable_args();
-        args["term"] = op.term();
-        args["bytes"] = std::to_string(op.bytes());
-        args["inter_node_bytes"] = std::to_string(op.inter_node_bytes());
-        args["critical"] = op.critical() ? "true" : "false";
-        args["resource"] = op.resource();
-      }
-    }
+    AddTraceProcess(i + 1,
+                    fmt::format("{}{} — {:.1f} us", ScheduleLabel(c.schedule()),
+                                c.schedule() == plan.best_schedule() ? " (best)" : "", c.total_us()),
+                    c.ops(), &trace);
+  }
+  return trace;
+}
+
+v1::ChromeTrace BuildModelTrace(const v1::PlanModelResponse& plan) {
+  v1::ChromeTrace trace;
+  trace.set_display_time_unit("ms");
+  for (int i = 0; i < plan.variants_size(); ++i) {
+    const v1::VariantPlan& v = plan.variants(i);
+    AddTraceProcess(i + 1,
+                    fmt::format("{}{} — {}", v.name(), v.name() == plan.best_variant() ? " (best)" : "",
+                                FormatDuration(v.iteration_us())),
+                    v.ops(), &trace);
   }
   return trace;
 }

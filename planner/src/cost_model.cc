@@ -282,6 +282,13 @@ double CostModel::GemmUs(int64_t m, int64_t n, int64_t k) const {
   return profile_.gemm.launch_overhead_us + flops / (flops_per_us_ * GemmEfficiency(m, n, k));
 }
 
+double CostModel::BatchedGemmUs(int64_t batch, int64_t m, int64_t n, int64_t k) const {
+  if (batch <= 0 || m <= 0 || n <= 0 || k <= 0) return 0.0;
+  const double flops = 2.0 * static_cast<double>(batch) * static_cast<double>(m) *
+                       static_cast<double>(n) * static_cast<double>(k);
+  return profile_.gemm.launch_overhead_us + flops / (flops_per_us_ * GemmEfficiency(m, n, k));
+}
+
 double CostModel::ActivationUs(double bytes, bool backward) const {
   if (bytes <= 0.0) return 0.0;
   const ActLine& l = act_[backward ? 1 : 0];

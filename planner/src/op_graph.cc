@@ -40,13 +40,23 @@ std::string_view TermName(Term t) {
       return "allreduce";
     case Term::kSendRecv:
       return "sendrecv";
+    case Term::kDense:
+      return "dense";
+    case Term::kOptimizer:
+      return "optimizer";
   }
   return "unknown";
 }
 
 std::string Op::Name() const {
-  if (step < 0) return std::string(base);
-  return Cat(base, ".", step);
+  if (step < 0 && block < 0 && part < 0 && !(flags & kMoeScope)) return std::string(base);
+  std::string out;
+  if (block >= 0) out += Cat("b", block, ".");
+  if (flags & kMoeScope) out += "moe.";
+  out += base;
+  if (step >= 0) out += Cat(".", step);
+  if (part >= 0) out += Cat(".p", part);
+  return out;
 }
 
 OpId OpGraph::Add(const Op& op, std::initializer_list<OpId> deps) {
@@ -57,6 +67,22 @@ OpId OpGraph::Add(const Op& op, std::initializer_list<OpId> deps) {
   }
   dep_begin_.push_back(static_cast<uint32_t>(dep_ids_.size()));
   return id;
+}
+
+OpId OpGraph::Add(const Op& op, std::span<const OpId> deps) {
+  const OpId id = size();
+  ops_.push_back(op);
+  for (OpId d : deps) {
+    if (d != kNoOp) dep_ids_.push_back(d);
+  }
+  dep_begin_.push_back(static_cast<uint32_t>(dep_ids_.size()));
+  return id;
+}
+
+void OpGraph::Reserve(int ops, int deps) {
+  ops_.reserve(static_cast<size_t>(ops));
+  dep_begin_.reserve(static_cast<size_t>(ops) + 1);
+  dep_ids_.reserve(static_cast<size_t>(deps));
 }
 
 bool OpGraph::HasDep(OpId from, OpId to) const {

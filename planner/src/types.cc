@@ -27,6 +27,20 @@ bool ParseSchedule(std::string_view name, Schedule* out) {
   return false;
 }
 
+std::string_view AllToAllAlgoName(AllToAllAlgo a) {
+  return a == AllToAllAlgo::kHierarchical ? "2dh" : "linear";
+}
+
+bool ParseAllToAllAlgo(std::string_view name, AllToAllAlgo* out) {
+  for (AllToAllAlgo a : kAllAllToAllAlgos) {
+    if (AllToAllAlgoName(a) == name) {
+      *out = a;
+      return true;
+    }
+  }
+  return false;
+}
+
 int64_t Capacity(int64_t top_k, double capacity_factor, int64_t tokens, int64_t num_experts) {
   // Exact when f has at most 6 decimals (1.2, 1.25, 2.0, ...): f = F / 1e6 with
   // integer F, and ceil(k * F * S / (E * 1e6)) in 128-bit integers (k < 2^25,

@@ -21,6 +21,7 @@
 #include "absl/strings/str_join.h"
 #include "moeplan/base/status.h"
 #include "moeplan/base/strings.h"
+#include "moeplan/planner/model.h"
 #include "moeplan/planner/planner.h"
 #include "moeplan/planner/validate.h"
 #include "moeplan/proto/convert.h"
@@ -155,6 +156,16 @@ class PlannerCore {
     return s;
   }
 
+  absl::Status PlanModel(grpc::ServerContextBase* ctx, const v1::PlanModelRequest* req,
+                         v1::PlanModelResponse* resp) {
+    const auto start = Clock::now();
+    std::string_view cache_state = "-";
+    std::string profile_name;
+    absl::Status s = DoPlanModel(ctx, *req, resp, &cache_state, &profile_name);
+    log_.Log("PlanModel", s, start, cache_state, profile_name);
+    return s;
+  }
+
   absl::Status ListProfiles(const v1::ListProfilesRequest*, v1::ListProfilesResponse* resp) {
     const auto start = Clock::now();
     for (const auto& e : store_.List()) {
@@ -217,6 +228,64 @@ class PlannerCore {
                                    "' (known: ", absl::StrJoin(store_.Names(), ", "), ")"));
   }
 
+  // The profile a plan request names or carries inline (then `inline_bytes`
+  // holds its serialisation, for the cache key).
+  template <class Request>
+  absl::StatusOr<std::shared_ptr<const ProfileEntry>> ResolveProfile(const Request& req,
+                                                                     std::string* profile_name,
+                                                                     std::string* inline_bytes) {
+    if (req.cluster_case() == Request::kProfileName) {
+      *profile_name = req.profile_name();
+      std::shared_ptr<const ProfileEntry> entry = store_.Get(req.profile_name());
+      if (!entry) return UnknownProfile("profile_name", req.profile_name());
+      return entry;
+    }
+    if (req.cluster_case() == Request::kProfile) {
+      *profile_name = req.profile().name();
+      absl::StatusOr<std::shared_ptr<const ProfileEntry>> e = MakeProfileEntry(req.profile(), false);
+      if (!e.ok()) return Under("profile.", e.status());
+      *inline_bytes = req.profile().SerializeAsString();
+      return e;
+    }
+    return Invalid("profile_name: required (or an inline profile)");
+  }
+
+  absl::Status DoPlanModel(grpc::ServerContextBase* ctx, const v1::PlanModelRequest& req,
+                           v1::PlanModelResponse* resp, std::string_view* cache_state,
+                           std::string* profile_name) {
+    MOEPLAN_RETURN_IF_ERROR(CheckDeadline(ctx));
+    std::string inline_bytes;
+    MOEPLAN_ASSIGN_OR_RETURN(std::shared_ptr<const ProfileEntry> entry,
+                             ResolveProfile(req, profile_name, &inline_bytes));
+    if (!req.has_model()) return Invalid("model: required");
+    absl::StatusOr<p::ModelConfig> model = proto::ModelFromProto(req.model());
+    if (!model.ok()) return Under("model.", model.status());
+    // Normalise before keying, so equivalent requests share a cache entry.
+    v1::PlanModelRequest canonical;
+    *canonical.mutable_model() = proto::ModelToProto(*model);
+    canonical.mutable_model()->clear_name();  // a label, not an input
+    *canonical.mutable_options() = req.options();
+    canonical.set_include_timeline(req.include_timeline());
+    const std::string key =
+        PlanCacheKey(entry->message.name(), entry->message.version(),
+                     Cat("model", std::string_view("\0", 1),
+                         canonical.SerializeAsString(), inline_bytes));
+    if (PlanCache::Value hit = cache_.Get(key)) {
+      *cache_state = "hit";
+      resp->CopyFrom(*hit);
+      resp->set_profile_name(entry->message.name());
+      return absl::OkStatus();
+    }
+    *cache_state = "miss";
+    // Whole-model plans take milliseconds: a planner per call keeps no
+    // per-thread state alive between them.
+    p::ModelPlanner planner(entry->cost);
+    MOEPLAN_RETURN_IF_ERROR(proto::AnswerPlanModel(*model, req, planner, entry->profile, resp));
+    MOEPLAN_RETURN_IF_ERROR(CheckDeadline(ctx));
+    cache_.Put(key, std::make_shared<const v1::PlanModelResponse>(*resp));
+    return absl::OkStatus();
+  }
+
   absl::Status DoPlanLayer(grpc::ServerContextBase* ctx, const v1::PlanLayerRequest& req,
                            v1::PlanLayerResponse* resp, std::string_view* cache_state,
                            std::string* profile_name) {
@@ -255,11 +324,13 @@ class PlannerCore {
       *canonical.mutable_schedules() = req.schedules();
     }
     canonical.set_include_timeline(req.include_timeline());
-    const std::string key = PlanCacheKey(entry->message.name(), entry->message.version(),
-                                         canonical.SerializeAsString() + inline_bytes);
+    const std::string key =
+        PlanCacheKey(entry->message.name(), entry->message.version(),
+                     Cat("layer", std::string_view("\0", 1), canonical.SerializeAsString(),
+                         inline_bytes));
     if (PlanCache::Value hit = cache_.Get(key)) {
       *cache_state = "hit";
-      *resp = *hit;
+      resp->CopyFrom(*hit);
       return absl::OkStatus();
     }
     *cache_state = "miss";
@@ -336,6 +407,11 @@ class CallbackPlanner final : public v1::Planner::CallbackService {
                                       v1::PlanLayerResponse* resp) override {
     return Finish(ctx, core_.PlanLayer(ctx, req, resp));
   }
+  grpc::ServerUnaryReactor* PlanModel(grpc::CallbackServerContext* ctx,
+                                      const v1::PlanModelRequest* req,
+                                      v1::PlanModelResponse* resp) override {
+    return Finish(ctx, core_.PlanModel(ctx, req, resp));
+  }
   grpc::ServerUnaryReactor* ListProfiles(grpc::CallbackServerContext* ctx,
                                          const v1::ListProfilesRequest* req,
                                          v1::ListProfilesResponse* resp) override {
@@ -373,6 +449,10 @@ class SyncPlanner final : public v1::Planner::Service {
   grpc::Status PlanLayer(grpc::ServerContext* ctx, const v1::PlanLayerRequest* req,
                          v1::PlanLayerResponse* resp) override {
     return ToGrpc(core_.PlanLayer(ctx, req, resp));
+  }
+  grpc::Status PlanModel(grpc::ServerContext* ctx, const v1::PlanModelRequest* req,
+                         v1::PlanModelResponse* resp) override {
+    return ToGrpc(core_.PlanModel(ctx, req, resp));
   }
   grpc::Status ListProfiles(grpc::ServerContext*, const v1::ListProfilesRequest* req,
                             v1::ListProfilesResponse* resp) override {

@@ -16,7 +16,7 @@ std::string Msg(const absl::Status& s) { return std::string(s.message()); }
 TEST(BuiltinProfiles, TheSpecAndMeasuredProfilesAndTheDefault) {
   const std::vector<std::string> names = BuiltinProfileNames();
   EXPECT_EQ(names, (std::vector<std::string>{"a100-8x8", "cpu-testbed-1x4", "cpu-testbed-2x2",
-                                             "h200-8x8", "rtx2080ti-8x4"}));
+                                             "h200-8x8", "rtx2080ti-8x4", "v100-8x8"}));
   EXPECT_TRUE(BuiltinProfile(kDefaultProfileName).ok());
 }
 
@@ -64,6 +64,16 @@ TEST(BuiltinProfiles, NumbersFollowTheCitedSpecs) {
   EXPECT_DOUBLE_EQ(h.profile.inter.beta_us_per_byte, 1.0 / 50e3);
   EXPECT_DOUBLE_EQ(h.profile.intra.beta_us_per_byte, 1.0 / 450e3);
   EXPECT_DOUBLE_EQ(h.profile.gemm.peak_tflops, 989.0);
+  // v100-8x8: NVLink 2, 6 links x 25 GB/s = 150 GB/s per direction; one 100 Gb/s NIC
+  // per 8 GPUs = 1.5625 GB/s; 125 TFLOPS fp16 tensor; 80 % of 900 GB/s HBM2.
+  LoadedProfile v = *LoadProfile("v100-8x8");
+  EXPECT_EQ(v.profile.shape.nodes, 8);
+  EXPECT_EQ(v.profile.shape.gpus_per_node, 8);
+  EXPECT_DOUBLE_EQ(v.profile.intra.beta_us_per_byte, 1.0 / 150e3);
+  EXPECT_DOUBLE_EQ(v.profile.inter.beta_us_per_byte, 1.0 / 1.5625e3);
+  EXPECT_DOUBLE_EQ(v.profile.gemm.peak_tflops, 125.0);
+  EXPECT_DOUBLE_EQ(v.message.gpu_memory_gib(), 32.0);
+  EXPECT_DOUBLE_EQ(v.message.memory().bandwidth_gbytes_per_s(), 720.0);
 }
 
 TEST(ResolveProfile, UnknownNameListsTheBuiltins) {
@@ -71,7 +81,7 @@ TEST(ResolveProfile, UnknownNameListsTheBuiltins) {
   EXPECT_EQ(p.status().code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(Msg(p.status()),
             "cluster: 'dgx-9000' is neither a built-in profile (a100-8x8, cpu-testbed-1x4, "
-            "cpu-testbed-2x2, h200-8x8, rtx2080ti-8x4) nor an existing file");
+            "cpu-testbed-2x2, h200-8x8, rtx2080ti-8x4, v100-8x8) nor an existing file");
 }
 
 TEST(ResolveProfile, ReadsAndValidatesFiles) {

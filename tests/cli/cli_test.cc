@@ -123,7 +123,7 @@ TEST(SweepCli, SkipInvalidCountsReasons) {
 TEST(ProfilesCli, ListsTheBuiltins) {
   CliResult r = RunCli("profiles list");
   ASSERT_EQ(r.exit_code, 0) << r.err;
-  for (const char* n : {"a100-8x8", "h200-8x8", "rtx2080ti-8x4", "[default]"}) {
+  for (const char* n : {"a100-8x8", "h200-8x8", "rtx2080ti-8x4", "v100-8x8", "[default]"}) {
     EXPECT_NE(r.out.find(n), std::string::npos) << n;
   }
   CliResult show = RunCli("profiles show h200-8x8");
@@ -234,6 +234,108 @@ TEST(SweepCliBadInput, EmptyListAndInvalidConfigLeaveNoCsv) {
       << r2.err;
   EXPECT_FALSE(std::filesystem::exists(tmp.File("r.csv")));
   EXPECT_EQ(r2.out, "");
+}
+
+// ---- plan-model (docs/model.md) ----
+
+// A valid model on a100-8x8 with one field replaced (`field` is the JSON text
+// after the key, up to the next comma or brace).
+std::string Model(const std::string& edit_from, const std::string& edit_to) {
+  std::string m = R"({"name": "m", "num_layers": 4, "hidden_size": 512, "num_attention_heads": 8,
+    "ffn_hidden_size": 2048, "seq_length": 256, "micro_batch_size": 4,
+    "moe": {"layer_freq": 2, "num_experts": 128, "top_k": 1, "capacity_factor": 1.0,
+            "expert_ffn_hidden_size": 2048, "gate": "GATE_SWITCH"},
+    "parallel": {"mp": 1, "ep": 64, "esp": 1}})";
+  if (!edit_from.empty()) {
+    const size_t at = m.find(edit_from);
+    if (at == std::string::npos) std::abort();
+    m.replace(at, edit_from.size(), edit_to);
+  }
+  return m;
+}
+
+struct BadModelCase {
+  const char* label;
+  std::string model;
+  const char* args;
+  const char* expect;
+};
+
+class BadModelTest : public ::testing::TestWithParam<BadModelCase> {};
+
+TEST_P(BadModelTest, OneLineErrorNoOutput) {
+  const BadModelCase& c = GetParam();
+  TempDir tmp;
+  const std::string file = tmp.Write("model.json", c.model);
+  const std::string trace = tmp.File("trace.json");
+  CliResult r =
+      RunCli("plan-model --model " + file + " --trace " + trace + " " + std::string(c.args));
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_EQ(r.out, "") << "no partial output on stdout";
+  EXPECT_FALSE(std::filesystem::exists(trace)) << "no partial trace file";
+  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+  EXPECT_NE(r.err.find(c.expect), std::string::npos) << r.err;
+}
+
+std::vector<BadModelCase> BadModelCases() {
+  return {
+      {"zero_layers", Model("\"num_layers\": 4", "\"num_layers\": 0"), "",
+       "num_layers: must be between 1 and 1024 (got 0)"},
+      {"heads_not_dividing_hidden", Model("\"num_attention_heads\": 8", "\"num_attention_heads\": 7"),
+       "", "num_attention_heads: must divide hidden_size"},
+      {"experts_not_divisible_by_ep", Model("\"num_experts\": 128", "\"num_experts\": 96"), "",
+       "parallel.ep: must divide num_experts"},
+      {"unknown_gate", Model("GATE_SWITCH", "GATE_HASH"), "", "gate"},
+      {"unset_gate", Model(", \"gate\": \"GATE_SWITCH\"", ""), "",
+       "moe.gate: must be GATE_TOP_K, GATE_SWITCH or GATE_BATCH_PRIORITIZED"},
+      {"switch_top2", Model("\"top_k\": 1", "\"top_k\": 2"), "",
+       "moe.top_k: must be 1 with the switch gate"},
+      {"zero_layer_freq", Model("\"layer_freq\": 2", "\"layer_freq\": 0"), "",
+       "moe.layer_freq: must be between 1 and 1024"},
+      {"zero_micro_batch", Model("\"micro_batch_size\": 4", "\"micro_batch_size\": 0"), "",
+       "micro_batch_size: must be > 0"},
+      {"too_many_ranks", Model("\"ep\": 64", "\"ep\": 128"), "", "parallel"},
+      {"pipeline", Model("\"esp\": 1}", "\"esp\": 1, \"pp\": 2}"), "", "parallel"},
+      {"unknown_field", Model("\"name\": \"m\"", "\"name\": \"m\", \"layers\": 3"), "",
+       "layers"},
+      {"bad_variant", Model("", ""), "--variants none,fast", "--variants: unknown variant 'fast'"},
+      {"2dh_inside_node", Model("\"ep\": 64", "\"ep\": 8"), "--alltoall 2dh",
+       "--alltoall: 2dh needs an EP group that spans nodes"},
+      {"bad_bucket", Model("", ""), "--bucket-mb 0", "--bucket-mb: must be > 0"},
+  };
+}
+
+INSTANTIATE_TEST_SUITE_P(Table, BadModelTest, ::testing::ValuesIn(BadModelCases()),
+                         [](const auto& info) { return std::string(info.param.label); });
+
+TEST(PlanModelCli, TableJsonAndTrace) {
+  TempDir tmp;
+  const std::string trace = tmp.File("trace.json");
+  CliResult t = RunCli("plan-model --model examples/models/gpt2-s-moe.a100.json --trace " + trace);
+  ASSERT_EQ(t.exit_code, 0) << t.err;
+  for (const char* want : {"none", "tutel", "dw", "partition", "lancet", "<- best",
+                           "dW ops issued under each backward AlltoAll", "k per MoE layer"}) {
+    EXPECT_NE(t.out.find(want), std::string::npos) << want;
+  }
+  // The trace: one process per variant, block names, dW ops and partition pieces.
+  const std::string events = Slurp(trace);
+  EXPECT_NE(events.find("\"lancet"), std::string::npos);
+  EXPECT_NE(events.find("b10.moe.bwd.ep_alltoall"), std::string::npos);
+  EXPECT_NE(events.find("_dw"), std::string::npos);
+  EXPECT_NE(events.find(".p1\""), std::string::npos) << "partitioned pieces";
+  CliResult j = RunCli("plan-model --format json --variants none,lancet --model "
+                       "examples/models/gpt2-s-moe.a100.json");
+  ASSERT_EQ(j.exit_code, 0) << j.err;
+  for (const char* key : {"\"variants\"", "\"iteration_us\"", "\"exposed_comm_us\"", "\"layers\"",
+                          "\"partitions\"", "\"best_variant\"", "\"schedule\""}) {
+    EXPECT_NE(j.out.find(key), std::string::npos) << key;
+  }
+}
+
+TEST(PlanModelCli, S1AndS2InsideLancetWithTensorParallelism) {
+  CliResult r = RunCli("plan-model --model examples/models/fine-grained-moe.json --variants lancet");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  for (const char* s : {"default/", "s1/", "s2/"}) EXPECT_NE(r.out.find(s), std::string::npos) << s;
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
 // Golden dumps: `moeplan plan-layer --format json` for each example layer on two
-// built-in profiles must match tests/golden/ (regenerate with
+// built-in profiles, and `moeplan plan-model --format json` for example models,
+// must match tests/golden/ and tests/golden/models/ (regenerate with
 // scripts/regen-golden.sh and review the diff). Doubles compare to 1e-9 relative.
 #include <google/protobuf/util/field_comparator.h>
 #include <google/protobuf/util/message_differencer.h>
@@ -8,15 +9,16 @@
 #include <filesystem>
 
 #include "moeplan/proto/json.h"
+#include "moeplan/v1/model.pb.h"
 #include "moeplan/v1/plan.pb.h"
 #include "run_cli.h"
 
 namespace moeplan::testing {
 namespace {
 
-std::vector<std::string> GoldenFiles() {
+std::vector<std::string> GoldenFiles(const std::string& dir = MOEPLAN_SOURCE_DIR "/tests/golden") {
   std::vector<std::string> out;
-  for (const auto& e : std::filesystem::directory_iterator(MOEPLAN_SOURCE_DIR "/tests/golden")) {
+  for (const auto& e : std::filesystem::directory_iterator(dir)) {
     if (e.path().extension() == ".json") out.push_back(e.path().filename().string());
   }
   std::sort(out.begin(), out.end());
@@ -30,6 +32,9 @@ TEST(Golden, EveryExampleLayerHasGoldens) {
     EXPECT_NE(std::find(files.begin(), files.end(), want), files.end()) << want;
   }
 }
+
+void ExpectSame(const google::protobuf::Message& want, const google::protobuf::Message& got,
+                const std::string& file);
 
 class GoldenTest : public ::testing::TestWithParam<std::string> {};
 
@@ -46,6 +51,11 @@ TEST_P(GoldenTest, PlanLayerJsonMatches) {
   ASSERT_TRUE(proto::ParseJson(r.out, &got).ok());
   ASSERT_TRUE(proto::ParseJson(Slurp(MOEPLAN_SOURCE_DIR "/tests/golden/" + file), &want).ok());
 
+  ExpectSame(want, got, file);
+}
+
+void ExpectSame(const google::protobuf::Message& want, const google::protobuf::Message& got,
+                const std::string& file) {
   google::protobuf::util::DefaultFieldComparator cmp;
   cmp.set_float_comparison(google::protobuf::util::DefaultFieldComparator::APPROXIMATE);
   cmp.SetDefaultFractionAndMargin(1e-9, 1e-9);
@@ -59,14 +69,41 @@ TEST_P(GoldenTest, PlanLayerJsonMatches) {
       << report.substr(0, 4000);
 }
 
-INSTANTIATE_TEST_SUITE_P(Examples, GoldenTest, ::testing::ValuesIn(GoldenFiles()),
-                         [](const auto& info) {
-                           std::string n = info.param;
-                           for (char& c : n) {
-                             if (!isalnum(static_cast<unsigned char>(c))) c = '_';
-                           }
-                           return n;
-                         });
+std::string TestName(const ::testing::TestParamInfo<std::string>& info) {
+  std::string n = info.param;
+  for (char& c : n) {
+    if (!isalnum(static_cast<unsigned char>(c))) c = '_';
+  }
+  return n;
+}
+
+INSTANTIATE_TEST_SUITE_P(Examples, GoldenTest, ::testing::ValuesIn(GoldenFiles()), TestName);
+
+const std::string kModelGoldens = MOEPLAN_SOURCE_DIR "/tests/golden/models";
+
+TEST(Golden, ExampleModelsHaveGoldens) {
+  EXPECT_GE(GoldenFiles(kModelGoldens).size(), 3u);
+}
+
+class ModelGoldenTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(ModelGoldenTest, PlanModelJsonMatches) {
+  const std::string file = GetParam();
+  // <model file stem>.<cluster>.json; cluster names have no dots.
+  const std::string stem = file.substr(0, file.size() - 5);
+  const std::string model = stem.substr(0, stem.rfind('.'));
+  const std::string cluster = stem.substr(stem.rfind('.') + 1);
+  CliResult r = RunCli("plan-model --format json --model examples/models/" + model +
+                       ".json --cluster " + cluster);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  v1::PlanModelResponse got, want;
+  ASSERT_TRUE(proto::ParseJson(r.out, &got).ok());
+  ASSERT_TRUE(proto::ParseJson(Slurp(kModelGoldens + "/" + file), &want).ok());
+  ExpectSame(want, got, "models/" + file);
+}
+
+INSTANTIATE_TEST_SUITE_P(Examples, ModelGoldenTest, ::testing::ValuesIn(GoldenFiles(kModelGoldens)),
+                         TestName);
 
 }  // namespace
 }  // namespace moeplan::testing

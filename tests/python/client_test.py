@@ -22,7 +22,7 @@ import moeplan_client  # noqa: E402  (finds the stubs through MOEPLAN_PYTHONPATH
 from moeplan_client import PlannerClient, PlannerError  # noqa: E402
 
 SERVER = os.environ.get("MOEPLAN_SERVER", "")
-BUILTINS = {"a100-8x8", "h200-8x8", "rtx2080ti-8x4"}
+BUILTINS = {"a100-8x8", "h200-8x8", "rtx2080ti-8x4", "v100-8x8"}
 SCHEDULES = {"SCHEDULE_DEFAULT", "SCHEDULE_S1", "SCHEDULE_S2"}
 
 
@@ -80,6 +80,30 @@ class ClientTest(unittest.TestCase):
             self.assertLessEqual(op["start_us"], op["end_us"])
             self.assertLessEqual(op["end_us"], only["total_us"] + 1e-6)
         self.assertEqual(moeplan_client.schedule_short_name(plan["best_schedule"]), "s2")
+
+    def test_plan_model_variants(self):
+        with open(os.path.join(SOURCE_DIR, "examples", "models", "gpt2-s-moe.a100.json"),
+                  encoding="utf-8") as f:
+            model = json.load(f)
+        plan = self.client.plan_model(model)
+        names = [v["name"] for v in plan["variants"]]
+        self.assertEqual(names, ["none", "tutel", "dw", "partition", "lancet"])
+        best = min(plan["variants"], key=lambda v: v["iteration_us"])
+        self.assertEqual(plan["best_variant"], best["name"])
+        for v in plan["variants"]:
+            self.assertGreater(v["iteration_us"], 0.0)
+            self.assertEqual(len(v["layers"]), 6, "an MoE layer every other block of 12")
+            self.assertEqual(v["ops"], [], "no timeline unless asked")
+        only = self.client.plan_model(model, options={"variants": ["OVERLAP_VARIANT_LANCET"],
+                                                      "partition_max_k": 2})
+        self.assertEqual([v["name"] for v in only["variants"]], ["lancet"])
+        for layer in only["variants"][0]["layers"]:
+            self.assertLessEqual(layer["partitions"], 2)
+        bad = dict(model, num_attention_heads=7)
+        with self.assertRaises(PlannerError) as ctx:
+            self.client.plan_model(bad)
+        self.assertEqual(ctx.exception.code, "INVALID_ARGUMENT")
+        self.assertIn("model.num_attention_heads", str(ctx.exception))
 
     def test_plan_layer_inline_profile(self):
         profile = self.client.get_profile("h200-8x8")

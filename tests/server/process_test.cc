@@ -27,6 +27,9 @@ TEST(ServerProcess, CliOutputMatchesLocalAndSigtermExitsZero) {
             "plan-layer --layer examples/bert-moe-layer.json --cluster h200-8x8 --format json"),
         std::string(
             "plan-layer --layer examples/gpt2-moe-layer.json --schedules s1,default --no-timeline"),
+        std::string("plan-model --model examples/models/gpt2-s-moe.a100.json"),
+        std::string("plan-model --model examples/models/fine-grained-moe.json --format json "
+                    "--variants none,lancet --partition-max-k 4"),
         std::string("profiles list"), std::string("profiles get rtx2080ti-8x4")}) {
     SCOPED_TRACE(args);
     CliResult local = RunCli(args);
@@ -45,6 +48,21 @@ TEST(ServerProcess, CliOutputMatchesLocalAndSigtermExitsZero) {
   EXPECT_NE(remote.exit_code, 0);
   EXPECT_EQ(remote.err, local.err);
   EXPECT_NE(remote.err.find("top_k: must be <= num_experts"), std::string::npos) << remote.err;
+
+  // Model errors too, said against the file.
+  const std::string bad_model =
+      tmp.Write("model.json", R"({"num_layers": 2, "hidden_size": 512, "num_attention_heads": 7,
+      "ffn_hidden_size": 2048, "seq_length": 128, "micro_batch_size": 2,
+      "moe": {"layer_freq": 1, "num_experts": 64, "top_k": 1, "capacity_factor": 1.0,
+              "expert_ffn_hidden_size": 1024, "gate": "GATE_TOP_K"},
+      "parallel": {"mp": 1, "ep": 64, "esp": 1}})");
+  CliResult local_model = RunCli("plan-model --model " + bad_model);
+  CliResult remote_model = RunCli("plan-model --model " + bad_model + server_flag);
+  EXPECT_EQ(remote_model.exit_code, 1);
+  EXPECT_EQ(remote_model.err, local_model.err);
+  EXPECT_NE(remote_model.err.find(bad_model + ": num_attention_heads: must divide hidden_size"),
+            std::string::npos)
+      << remote_model.err;
 
   EXPECT_EQ(server.Stop(SIGTERM), 0);
 }

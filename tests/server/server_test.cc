@@ -85,6 +85,44 @@ TEST_F(ServerTest, PlanLayerEqualsLocalPlanning) {
   EXPECT_GT(remote->candidates(0).ops_size(), 0);
 }
 
+TEST_F(ServerTest, PlanModelValidatesAndCaches) {
+  v1::PlanModelRequest req;
+  req.set_profile_name("a100-8x8");
+  ASSERT_TRUE(
+      proto::ReadJsonFile(MOEPLAN_SOURCE_DIR "/examples/models/gpt2-s-moe.a100.json",
+                          req.mutable_model())
+          .ok());
+  req.mutable_options()->add_variants(v1::OVERLAP_VARIANT_NONE);
+  req.mutable_options()->add_variants(v1::OVERLAP_VARIANT_LANCET);
+  absl::StatusOr<v1::PlanModelResponse> first = client_->PlanModel(req);
+  ASSERT_TRUE(first.ok()) << first.status();
+  ASSERT_EQ(first->variants_size(), 2);
+  EXPECT_EQ(first->variants(1).name(), "lancet");
+  EXPECT_LE(first->variants(1).iteration_us(), first->variants(0).iteration_us());
+  const uint64_t hits = server_->cache().hits();
+  req.mutable_model()->set_name("another label");  // not an input: same plan
+  absl::StatusOr<v1::PlanModelResponse> second = client_->PlanModel(req);
+  ASSERT_TRUE(second.ok());
+  EXPECT_EQ(server_->cache().hits(), hits + 1);
+  EXPECT_EQ(second->SerializeAsString(), first->SerializeAsString());
+
+  v1::PlanModelRequest bad = req;
+  bad.mutable_model()->mutable_moe()->set_num_experts(100);
+  absl::StatusOr<v1::PlanModelResponse> r = client_->PlanModel(bad);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Msg(r.status()).rfind("model.parallel.ep: must divide num_experts", 0), 0u)
+      << r.status();
+  bad = req;
+  bad.mutable_options()->set_partition_max_k(0);
+  r = client_->PlanModel(bad);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Msg(r.status()).rfind("options.partition_max_k: must be between 1 and 64", 0), 0u)
+      << r.status();
+  bad = req;
+  bad.clear_model();
+  EXPECT_EQ(Msg(client_->PlanModel(bad).status()), "model: required");
+}
+
 TEST_F(ServerTest, EquivalentRequestsShareACacheEntry) {
   v1::PlanLayerRequest a = PlanRequest();
   ASSERT_TRUE(client_->PlanLayer(a).ok());
@@ -116,8 +154,8 @@ TEST_F(ServerTest, EquivalentRequestsShareACacheEntry) {
 TEST_F(ServerTest, ProfilesListGetPutAndANewVersionInvalidatesPlans) {
   absl::StatusOr<v1::ListProfilesResponse> list = client_->ListProfiles();
   ASSERT_TRUE(list.ok());
-  // The built-ins: three spec profiles and the two measured testbed ones.
-  ASSERT_EQ(list->profiles_size(), 5);
+  // The built-ins: four spec profiles and the two measured testbed ones.
+  ASSERT_EQ(list->profiles_size(), 6);
   EXPECT_EQ(list->profiles(0).name(), "a100-8x8");
 
   absl::StatusOr<v1::ClusterProfile> h200 = client_->GetProfile("h200-8x8");
@@ -133,7 +171,7 @@ TEST_F(ServerTest, ProfilesListGetPutAndANewVersionInvalidatesPlans) {
   EXPECT_EQ(put->version(), 1u);
   EXPECT_TRUE(client_->PutProfile(mine).ok()) << "re-putting the same profile is idempotent";
   EXPECT_EQ(client_->GetProfile("lab-cluster")->SerializeAsString(), mine.SerializeAsString());
-  EXPECT_EQ(client_->ListProfiles()->profiles_size(), 6);
+  EXPECT_EQ(client_->ListProfiles()->profiles_size(), 7);
 
   ASSERT_TRUE(client_->PlanLayer(PlanRequest()).ok());  // an a100-8x8 entry
   v1::PlanLayerRequest req = PlanRequest();
@@ -201,7 +239,7 @@ TEST(ServerThreadsTest, ThreadCapServesTheSameAnswersOnTheSynchronousApi) {
   EXPECT_EQ(r->SerializeAsString(), local.SerializeAsString());
   req.mutable_layer()->set_top_k(0);
   EXPECT_EQ(c.PlanLayer(req).status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(c.ListProfiles()->profiles_size(), 5);
+  EXPECT_EQ(c.ListProfiles()->profiles_size(), 6);
   server->reset();
   std::filesystem::remove_all(tmpl);
 }
@@ -214,7 +252,7 @@ TEST_F(ServerTest, UnknownProfilesAreNotFound) {
   EXPECT_EQ(r.status().code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(Msg(r.status()),
             "profile_name: no profile named 'nope' (known: a100-8x8, cpu-testbed-1x4, "
-            "cpu-testbed-2x2, h200-8x8, rtx2080ti-8x4)");
+            "cpu-testbed-2x2, h200-8x8, rtx2080ti-8x4, v100-8x8)");
 }
 
 TEST_F(ServerTest, InlineProfilesArePlannedAndCachedByContent) {

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "moeplan/v1/model.pb.h"
 #include "moeplan/v1/plan.pb.h"
 #include "moeplan/v1/profile.pb.h"
 #include "moeplan/v1/service.pb.h"
@@ -25,6 +26,7 @@ class PlannerClient {
   PlannerClient& operator=(const PlannerClient&) = delete;
 
   absl::StatusOr<v1::PlanLayerResponse> PlanLayer(const v1::PlanLayerRequest& request);
+  absl::StatusOr<v1::PlanModelResponse> PlanModel(const v1::PlanModelRequest& request);
   absl::StatusOr<v1::ListProfilesResponse> ListProfiles();
   absl::StatusOr<v1::ClusterProfile> GetProfile(const std::string& name);
   absl::StatusOr<v1::PutProfileResponse> PutProfile(const v1::ClusterProfile& profile);

@@ -37,6 +37,9 @@ class CostModel {
 
   // One GEMM C[m x n] = A[m x k] B[k x n]: overhead + 2mnk / (peak * eff(m, n, k)).
   double GemmUs(int64_t m, int64_t n, int64_t k) const;
+  // `batch` GEMMs of one shape in one launch (attention's batched GEMMs):
+  // overhead + batch * 2mnk / (peak * eff(m, n, k)).
+  double BatchedGemmUs(int64_t batch, int64_t m, int64_t n, int64_t k) const;
   // Trilinear interpolation of the efficiency grid in log2 space, clamped.
   double GemmEfficiency(int64_t m, int64_t n, int64_t k) const;
   // A memory-bound kernel touching `bytes` (read + written).

@@ -34,14 +34,27 @@ enum class Term : uint8_t {
   kReduceScatter,
   kAllReduce,
   kSendRecv,
+  kDense,      // whole models: attention, dense FFN, norms, residuals, embeddings
+  kOptimizer,  // whole models: the optimizer step
 };
-inline constexpr int kNumTerms = 9;
+inline constexpr int kNumTerms = 11;
 std::string_view TermName(Term t);
 
+// Op flags.
+enum OpFlag : uint8_t {
+  kWeightGrad = 1,  // a weight-gradient (dW) op: nothing in the layer waits for it
+  kMoeScope = 2,    // whole models: an op of an MoE layer ("b5.moe.fwd.gate")
+};
+
 struct Op {
-  // Static name (a string literal); with step >= 0 the full name is "<base>.<step>".
+  // Static name (a string literal). The full name is
+  //   ["b<block>."] ["moe."] <base> [".<step>"] [".p<part>"]
+  // with the parts present when block >= 0, kMoeScope is set, step >= 0, part >= 0.
   std::string_view base;
   int step = -1;
+  int16_t block = -1;  // whole models: the transformer block
+  int16_t part = -1;   // partitioned ops (docs/model.md): the micro-batch piece
+  uint8_t flags = 0;   // OpFlag bits
   OpKind kind = OpKind::kCompute;
   Phase phase = Phase::kForward;
   Term term = Term::kGate;
@@ -66,6 +79,7 @@ class OpGraph {
   // kNoOp entries are ignored; others must be ids returned earlier (the
   // simulator checks).
   OpId Add(const Op& op, std::initializer_list<OpId> deps);
+  OpId Add(const Op& op, std::span<const OpId> deps);
 
   int size() const { return static_cast<int>(ops_.size()); }
   const Op& op(OpId id) const { return ops_[static_cast<size_t>(id)]; }
@@ -76,6 +90,8 @@ class OpGraph {
   }
   bool HasDep(OpId from, OpId to) const;
   void Clear();
+  // Capacity hints for builders that know their size.
+  void Reserve(int ops, int deps);
 
  private:
   std::vector<Op> ops_;

@@ -29,7 +29,42 @@ struct LayerContext {
   const LayerConfig* layer = nullptr;
   const CostModel* cost = nullptr;
   Topology topo;
+  // How the EP AlltoAlls run (S2's SAA is pairwise either way).
+  AllToAllAlgo a2a = AllToAllAlgo::kLinear;
+  // Whole models (docs/model.md): the expert dW op depends on dX's inputs and
+  // nothing in the layer waits for it, so a dW pass may place it; single
+  // layers chain it before the next op as Parm does.
+  bool detach_dw = false;
+  // Whole models: the block the layer sits in; its ops are named
+  // "b<block>.moe.<name>". -1: a single layer, plain names.
+  int block = -1;
 };
+
+// A schedule's ops in five sections, in issue order. A single layer chains
+// them; a whole model puts other ops between them (the shared expert after
+// the route, so the dispatch overlaps it).
+enum class MoeSection : uint8_t {
+  kFwdRoute,     // gate and order (S1: after the MP split; S2: before it)
+  kFwdExchange,  // dispatch, experts, combine, i-order (S1: then the MP-AllGather)
+  kBwdUnroute,   // the i-order's dual (S1/S2: and the MP split's)
+  kBwdExchange,  // the combine's dual, expert dX and dW, the dispatch's dual
+  kBwdRoute,     // order, gate and the MP collectives of the input gradient
+};
+inline constexpr MoeSection kMoeSections[] = {MoeSection::kFwdRoute, MoeSection::kFwdExchange,
+                                              MoeSection::kBwdUnroute, MoeSection::kBwdExchange,
+                                              MoeSection::kBwdRoute};
+
+// The ops a chain continues from (at most two: a pipelined collective ends on
+// two streams). kNoOp entries are absent.
+struct Frontier {
+  OpId a = kNoOp;
+  OpId b = kNoOp;
+};
+
+// Appends one section of `schedule` after `in` and returns its output frontier.
+// The caller has validated the layer for the schedule (BuildSchedule does).
+Frontier AppendSection(Schedule schedule, MoeSection section, const LayerContext& ctx,
+                       OpGraph* graph, Frontier in);
 
 // Appends forward then backward ops of `schedule` to `graph` (which should be
 // empty). Returns InvalidArgument when the layout does not allow the schedule.

@@ -49,6 +49,14 @@ inline constexpr int kNumSchedules = 3;
 std::string_view ScheduleName(Schedule s);  // "default", "s1", "s2"
 bool ParseSchedule(std::string_view name, Schedule* out);
 
+// How an MoE layer's EP AlltoAlls run (docs/model.md): one pairwise exchange
+// over the EP group, or hierarchically (inside the node, then between nodes).
+enum class AllToAllAlgo : uint8_t { kLinear = 0, kHierarchical = 1 };
+inline constexpr AllToAllAlgo kAllAllToAllAlgos[] = {AllToAllAlgo::kLinear,
+                                                     AllToAllAlgo::kHierarchical};
+std::string_view AllToAllAlgoName(AllToAllAlgo a);  // "linear", "2dh"
+bool ParseAllToAllAlgo(std::string_view name, AllToAllAlgo* out);
+
 // Derived sizes of docs/notation.md (per MP group / per rank, bytes where named so).
 struct DerivedShape {
   int64_t tokens = 0;            // S = B * L

@@ -6,10 +6,12 @@
 #include <string_view>
 
 #include "absl/status/statusor.h"
+#include "moeplan/planner/model.h"
 #include "moeplan/planner/planner.h"
 #include "moeplan/planner/profile.h"
 #include "moeplan/planner/types.h"
 #include "moeplan/v1/layer.pb.h"
+#include "moeplan/v1/model.pb.h"
 #include "moeplan/v1/plan.pb.h"
 #include "moeplan/v1/profile.pb.h"
 
@@ -19,6 +21,9 @@ namespace moeplan::proto {
 // needs the cluster): LayerPlanner::Plan does.
 absl::StatusOr<planner::LayerConfig> LayerFromProto(const v1::LayerConfig& msg);
 v1::LayerConfig LayerToProto(const planner::LayerConfig& layer);
+
+// The layout of a layer or model: pp unset is 1, dp unset is ep*esp/mp.
+absl::StatusOr<planner::ParallelLayout> ParallelFromProto(const v1::ParallelLayout& msg);
 
 // Converts and runs planner::ValidateProfile.
 absl::StatusOr<planner::ClusterProfile> ProfileFromProto(const v1::ClusterProfile& msg);
@@ -55,5 +60,32 @@ absl::Status AnswerPlanLayer(const planner::LayerConfig& layer, const v1::PlanLa
 // every list is non-empty and the product is at most `max_configs`.
 absl::StatusOr<std::vector<v1::LayerConfig>> ExpandGrid(const v1::LayerGrid& grid,
                                                         size_t max_configs = 1'000'000);
+
+// ---- Whole models (docs/model.md) ----
+
+// Checks schema_version and the gate, converts (defaults for unset fields);
+// planner::ValidateModel runs in ModelPlanner::Plan.
+absl::StatusOr<planner::ModelConfig> ModelFromProto(const v1::ModelConfig& msg);
+v1::ModelConfig ModelToProto(const planner::ModelConfig& model);
+// Options with defaults for unset fields, validated; errors "options.<field>: ...".
+absl::StatusOr<planner::ModelPlanOptions> ModelOptionsFromProto(const v1::ModelPlanOptions& msg);
+v1::OverlapVariant VariantToProto(planner::Variant v);
+v1::AllToAllAlgorithm AllToAllAlgoToProto(planner::AllToAllAlgo a);
+std::string_view AllToAllAlgoLabel(v1::AllToAllAlgorithm a);  // "linear", "2dh"
+
+// Fills a response (speedups over none and the best tutel when planned; ops
+// only with include_timeline).
+void ModelPlanToProto(const planner::ModelPlan& plan, const planner::ModelConfig& model,
+                      const planner::ClusterProfile& profile, bool include_timeline,
+                      v1::PlanModelResponse* out);
+
+// Answers a PlanModelRequest with `planner` (built on the resolved `profile`).
+// Errors: InvalidArgument "model.<field>: ..." or "options.<field>: ...".
+absl::Status AnswerPlanModel(const v1::PlanModelRequest& request, planner::ModelPlanner& planner,
+                             const planner::ClusterProfile& profile, v1::PlanModelResponse* out);
+// The same for a model already converted with ModelFromProto.
+absl::Status AnswerPlanModel(const planner::ModelConfig& model, const v1::PlanModelRequest& request,
+                             planner::ModelPlanner& planner, const planner::ClusterProfile& profile,
+                             v1::PlanModelResponse* out);
 
 }  // namespace moeplan::proto

@@ -13,7 +13,7 @@
 #include <string_view>
 
 #include "absl/container/flat_hash_map.h"
-#include "moeplan/v1/plan.pb.h"
+#include <google/protobuf/message.h>
 
 namespace moeplan::server {
 
@@ -25,7 +25,9 @@ std::string PlanCacheKey(std::string_view profile_name, uint32_t profile_version
 
 class PlanCache {
  public:
-  using Value = std::shared_ptr<const v1::PlanLayerResponse>;
+  // A PlanLayerResponse or a PlanModelResponse; keys say which (the server
+  // prefixes the request bytes with the method).
+  using Value = std::shared_ptr<const google::protobuf::Message>;
 
   // capacity 0 disables caching.
   explicit PlanCache(size_t capacity) : capacity_(capacity) {}

@@ -1,0 +1,134 @@
+// FormatModelTable (report.h): a whole-model plan as text. Renders from the
+// response only, so local and --server plans print the same bytes.
+#include <fmt/format.h>
+
+#include <map>
+#include <string>
+
+#include "moeplan/base/format.h"
+#include "moeplan/client/report.h"
+#include "moeplan/proto/convert.h"
+
+namespace moeplan::client {
+namespace {
+
+std::string Gate(v1::Gate g) {
+  switch (g) {
+    case v1::GATE_TOP_K:
+      return "top-k";
+    case v1::GATE_SWITCH:
+      return "switch";
+    case v1::GATE_BATCH_PRIORITIZED:
+      return "batch-prioritized";
+    default:
+      return "unspecified";
+  }
+}
+
+std::string Speedup(double x) { return x > 0.0 ? fmt::format("{:.2f}x", x) : "-"; }
+
+// At most `n` names, then "+ N more".
+std::string Names(const google::protobuf::RepeatedPtrField<std::string>& names, int n) {
+  std::string out;
+  for (int i = 0; i < names.size() && i < n; ++i) out += (i ? ", " : "") + names[i];
+  if (names.size() > n) out += fmt::format(", + {} more", names.size() - n);
+  return out;
+}
+
+}  // namespace
+
+std::string FormatModelTable(const v1::ModelConfig& m, const v1::PlanModelResponse& plan,
+                             const v1::ClusterProfile& profile) {
+  std::string out;
+  auto w = std::back_inserter(out);
+  const v1::ParallelLayout& p = m.parallel();
+  const v1::MoeConfig& moe = m.moe();
+  fmt::format_to(w, "model {} on {} (v{}; {} nodes x {} GPUs), {} ranks\n",
+                 m.name().empty() ? "(unnamed)" : m.name(), plan.profile_name(),
+                 plan.profile_version(), profile.nodes(), profile.gpus_per_node(), plan.ranks());
+  fmt::format_to(w,
+                 "  {} blocks ({} MoE, every {}), hidden {}, {} heads, ffn {}, seq {}, micro-batch "
+                 "{}, vocab {}, b={}\n",
+                 m.num_layers(), plan.moe_layers(), moe.layer_freq(), m.hidden_size(),
+                 m.num_attention_heads(), m.ffn_hidden_size(), m.seq_length(),
+                 m.micro_batch_size(), m.vocab_size(), m.bytes_per_element());
+  fmt::format_to(w,
+                 "  MoE: {} experts, top-{}, f={}, expert ffn {}, shared expert ffn {}, {} gate | "
+                 "mp={} ep={} esp={} dp={}\n",
+                 moe.num_experts(), moe.top_k(), moe.capacity_factor(),
+                 moe.expert_ffn_hidden_size(), moe.shared_expert_ffn_hidden_size(), Gate(moe.gate()),
+                 p.mp(), p.ep(), p.esp(), p.dp());
+  fmt::format_to(w, "  {} parameters per rank\n\n", plan.params_per_rank());
+
+  fmt::format_to(w, "{:<10}{:>12}{:>12}{:>12}{:>12}{:>12}{:>9}{:>10}  {}\n", "variant",
+                 "iteration", "compute", "comm", "exposed", "hidden", "vs_none", "vs_tutel",
+                 "moe layers");
+  for (const v1::VariantPlan& v : plan.variants()) {
+    std::string how = fmt::format("{}/{}", proto::ScheduleLabel(v.schedule()),
+                                  proto::AllToAllAlgoLabel(v.alltoall()));
+    if (v.tutel_degree() > 0) how += fmt::format(", r={}", v.tutel_degree());
+    fmt::format_to(w, "{:<10}{:>12}{:>12}{:>12}{:>12}{:>12}{:>9}{:>10}  {}{}\n", v.name(),
+                   FormatDuration(v.iteration_us()), FormatDuration(v.compute_us()),
+                   FormatDuration(v.comm_us()), FormatDuration(v.exposed_comm_us()),
+                   FormatDuration(v.hidden_comm_us()), Speedup(v.speedup_over_none()),
+                   Speedup(v.speedup_over_tutel()), how,
+                   v.name() == plan.best_variant() ? "  <- best" : "");
+  }
+
+  fmt::format_to(w, "\n(schedule/AlltoAll) tried per variant, fastest first:\n");
+  for (const v1::VariantPlan& v : plan.variants()) {
+    std::string alts;
+    for (const v1::VariantAlternative& a : v.alternatives()) {
+      alts += fmt::format("{}{}/{}{} {}", alts.empty() ? "" : ", ", proto::ScheduleLabel(a.schedule()),
+                          proto::AllToAllAlgoLabel(a.alltoall()),
+                          a.tutel_degree() > 0 ? fmt::format(" r={}", a.tutel_degree()) : "",
+                          FormatDuration(a.iteration_us()));
+    }
+    fmt::format_to(w, "  {:<10}{}\n", v.name(), alts);
+  }
+
+  for (const v1::VariantPlan& v : plan.variants()) {
+    if (v.partition_ranges_size() == 0) continue;
+    std::map<int, int> ks;
+    for (const v1::MoeLayerPlan& l : v.layers()) ++ks[l.partitions()];
+    std::string dist;
+    for (const auto& [k, n] : ks) dist += fmt::format("{}k={}: {}", dist.empty() ? "" : ", ", k, n);
+    fmt::format_to(w, "\n{}: {} partitioned ranges; k per MoE layer: {}\n", v.name(),
+                   v.partition_ranges_size(), dist);
+    for (const v1::PartitionRange& r : v.partition_ranges()) {
+      fmt::format_to(w, "  k={:<2} {} .. {}{}\n", r.k(), r.first_op(), r.last_op(),
+                     r.us() > 0.0 ? fmt::format(" ({})", FormatDuration(r.us())) : "");
+    }
+  }
+  for (const v1::VariantPlan& v : plan.variants()) {
+    if (v.dw_placements_size() == 0) continue;
+    fmt::format_to(w, "\n{}: dW ops issued under each backward AlltoAll\n", v.name());
+    for (const v1::DwPlacement& d : v.dw_placements()) {
+      fmt::format_to(w, "  {} ({}): {} dW, {}{}{}\n", d.alltoall(), FormatDuration(d.alltoall_us()),
+                     d.dw_ops_size(), FormatDuration(d.dw_us()), d.dw_ops_size() ? ": " : "",
+                     Names(d.dw_ops(), 4));
+    }
+  }
+
+  const v1::AllToAllCrossover& c = plan.alltoall_crossover();
+  fmt::format_to(w, "\nAlltoAll algorithms for {} per rank, {} EP ranks per node: ",
+                 FormatBytes(c.bytes()), c.ranks_per_node());
+  if (!c.applies()) {
+    fmt::format_to(w, "hierarchical (2dh) does not apply (one EP rank per node)\n");
+  } else {
+    if (c.hierarchical_faster_from_ranks() > 0) {
+      fmt::format_to(w, "2dh beats linear from {} ranks on this cluster's links",
+                     c.hierarchical_faster_from_ranks());
+    } else {
+      fmt::format_to(w, "linear beats 2dh up to 65536 ranks on this cluster's links");
+    }
+    if (c.linear_us() > 0.0) {
+      fmt::format_to(w, "; at ep={}: linear {}, 2dh {}", p.ep(), FormatDuration(c.linear_us()),
+                     FormatDuration(c.hierarchical_us()));
+    }
+    fmt::format_to(w, "\n");
+  }
+  return out;
+}
+
+}  // namespace moeplan::client

@@ -1,0 +1,139 @@
+// `moeplan plan-model`: a whole model planned locally or on a moeplan-server
+// (docs/model.md), printed the same way either way (report.h).
+#include <chrono>
+#include <cmath>
+#include <string>
+#include <string_view>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "cli_util.h"
+#include "commands.h"
+#include "moeplan/base/status.h"
+#include "moeplan/base/strings.h"
+#include "moeplan/calibration/profiles.h"
+#include "moeplan/client/planner_client.h"
+#include "moeplan/client/report.h"
+#include "moeplan/planner/cost_model.h"
+#include "moeplan/planner/model.h"
+#include "moeplan/proto/convert.h"
+#include "moeplan/proto/json.h"
+
+namespace moeplan::client {
+
+namespace p = ::moeplan::planner;
+
+namespace {
+
+// A model error is said against the file ("FILE: moe.num_experts: ..."); option
+// errors name the request's options, which are flags here.
+absl::Status InFile(const std::string& path, const absl::Status& s) {
+  std::string_view msg = View(s.message());
+  if (msg.rfind("model.", 0) == 0) {
+    msg.remove_prefix(6);
+    return absl::Status(s.code(), Cat(path, ": ", msg));
+  }
+  static constexpr std::pair<std::string_view, std::string_view> kFlags[] = {
+      {"options.schedules", "--schedules"},
+      {"options.alltoall_algorithms", "--alltoall"},
+      {"options.variants", "--variants"},
+      {"options.bucket_bytes", "--bucket-mb"},
+      {"options.partition_max_k", "--partition-max-k"},
+      {"options.partition_groups", "--partition-groups"},
+      {"options.partition_max_span", "--partition-max-span"},
+  };
+  for (const auto& [field, flag] : kFlags) {
+    if (msg.rfind(field, 0) == 0) {
+      return absl::Status(s.code(), Cat(flag, msg.substr(field.size())));
+    }
+  }
+  return s;
+}
+
+absl::StatusOr<v1::ModelPlanOptions> OptionsFromFlags(const PlanModelArgs& a) {
+  v1::ModelPlanOptions o;
+  MOEPLAN_ASSIGN_OR_RETURN(
+      auto variants, ParseNameList<p::Variant>("--variants", "variant", a.variants, p::ParseVariant,
+                                               "none, tutel, dw, partition, lancet"));
+  for (p::Variant v : variants) o.add_variants(proto::VariantToProto(v));
+  MOEPLAN_ASSIGN_OR_RETURN(auto schedules, ParseSchedules(a.schedules));
+  for (p::Schedule s : schedules) o.add_schedules(proto::ScheduleToProto(s));
+  MOEPLAN_ASSIGN_OR_RETURN(auto algos, ParseNameList<p::AllToAllAlgo>(
+                                           "--alltoall", "algorithm", a.alltoall, p::ParseAllToAllAlgo,
+                                           "linear, 2dh"));
+  for (p::AllToAllAlgo x : algos) o.add_alltoall_algorithms(proto::AllToAllAlgoToProto(x));
+  if (!(a.bucket_mb > 0.0) || !std::isfinite(a.bucket_mb) || a.bucket_mb > 1048576.0) {
+    return absl::InvalidArgumentError(
+        Cat("--bucket-mb: must be > 0 and <= 1048576 (got ", a.bucket_mb, ")"));
+  }
+  o.set_bucket_bytes(std::max<int64_t>(1, std::llround(a.bucket_mb * 1024.0 * 1024.0)));
+  o.set_partition_max_k(a.partition_max_k);
+  o.set_partition_groups(a.partition_groups);
+  o.set_partition_max_span(a.partition_max_span);
+  return o;
+}
+
+}  // namespace
+
+absl::Status PlanModelCmd(const PlanModelArgs& a) {
+  v1::PlanModelRequest request;
+  MOEPLAN_ASSIGN_OR_RETURN(*request.mutable_options(), OptionsFromFlags(a));
+  MOEPLAN_RETURN_IF_ERROR(proto::ReadJsonFile(a.model, request.mutable_model()));
+  request.set_include_timeline(a.timeline || !a.trace.empty());
+  v1::PlanModelResponse response;
+  v1::ClusterProfile profile_message;
+  if (!a.server.empty()) {
+    PlannerClient client(a.server, std::chrono::seconds(60));
+    if (SendProfileInline(a.cluster)) {
+      MOEPLAN_RETURN_IF_ERROR(proto::ReadJsonFile(a.cluster, request.mutable_profile()));
+      profile_message = request.profile();
+    } else {
+      request.set_profile_name(a.cluster);
+    }
+    absl::StatusOr<v1::PlanModelResponse> r = client.PlanModel(request);
+    if (!r.ok()) return InFile(a.model, r.status());
+    response = *std::move(r);
+    if (!request.has_profile()) {
+      MOEPLAN_ASSIGN_OR_RETURN(profile_message, client.GetProfile(a.cluster));
+    }
+  } else {
+    MOEPLAN_ASSIGN_OR_RETURN(calibration::LoadedProfile profile,
+                             calibration::LoadProfile(a.cluster));
+    MOEPLAN_ASSIGN_OR_RETURN(p::CostModel cost, p::CostModel::Create(profile.profile));
+    p::ModelPlanner planner(cost);
+    absl::Status s = proto::AnswerPlanModel(request, planner, profile.profile, &response);
+    if (!s.ok()) return InFile(a.model, s);
+    profile_message = std::move(profile.message);
+  }
+  // Echo the model with defaults filled in (dp, vocab, b) for the table.
+  absl::StatusOr<p::ModelConfig> model = proto::ModelFromProto(request.model());
+  if (!model.ok()) {
+    return absl::Status(model.status().code(), Cat(a.model, ": ", View(model.status().message())));
+  }
+  const v1::ModelConfig shown = proto::ModelToProto(*model);
+
+  // Everything is computed before anything is written: an error leaves no output.
+  v1::PlanModelResponse printed = response;
+  if (!a.timeline) {
+    for (v1::VariantPlan& v : *printed.mutable_variants()) v.clear_ops();
+  }
+  std::string text;
+  if (a.format == "json") {
+    MOEPLAN_ASSIGN_OR_RETURN(std::string json, proto::ToJson(printed));
+    text = json + "\n";
+  } else {
+    text = FormatModelTable(shown, printed, profile_message);
+  }
+  if (!a.trace.empty()) {
+    proto::JsonStyle style;
+    style.pretty = false;
+    style.preserve_proto_field_names = false;  // Chrome's camelCase keys
+    MOEPLAN_ASSIGN_OR_RETURN(std::string trace, proto::ToJson(BuildModelTrace(response), style));
+    absl::Status s = proto::WriteFileAtomic(a.trace, trace + "\n");
+    if (!s.ok()) return absl::Status(s.code(), Cat("--trace: ", View(s.message())));
+  }
+  return WriteStdout(text);
+}
+
+}  // namespace moeplan::client

@@ -1,0 +1,205 @@
+// Whole models (docs/model.md): a transformer with an MoE layer every
+// `layer_freq` blocks, planned on the same op graph, cost model and simulator
+// as single layers. The MoE layers are the schedule builders' sections
+// (schedules.h); the overlap variants are Lancet's weight-gradient (dW)
+// scheduling and operator partition, Tutel's AlltoAll/expert pipelining, and
+// no overlap, each with every MoE schedule and AlltoAll algorithm the layout
+// allows.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/functional/function_ref.h"
+#include "absl/status/status.h"
+#include "moeplan/planner/cost_model.h"
+#include "moeplan/planner/op_graph.h"
+#include "moeplan/planner/simulator.h"
+#include "moeplan/planner/types.h"
+
+namespace moeplan::planner {
+
+// How tokens are routed. Top-k and switch route each token on its own, so the
+// gate may be split into micro-batches; batch-prioritized routing ranks all
+// tokens of the batch first, so nothing before it can be partitioned with it.
+enum class Gate : uint8_t { kTopK = 0, kSwitch = 1, kBatchPrioritized = 2 };
+std::string_view GateName(Gate g);  // "top_k", "switch", "batch_prioritized"
+
+struct MoeSpec {
+  int layer_freq = 1;  // block i is an MoE block iff i % layer_freq == 0 (Megatron-LM)
+  int64_t num_experts = 0;
+  int64_t top_k = 1;
+  double capacity_factor = 1.0;
+  int64_t expert_ffn_hidden_size = 0;
+  int64_t shared_expert_ffn_hidden_size = 0;  // 0: no shared expert
+  Gate gate = Gate::kTopK;
+};
+
+// One transformer as Megatron-LM users describe it. Sizes are element counts.
+struct ModelConfig {
+  std::string name;
+  int num_layers = 0;
+  int64_t hidden_size = 0;          // M
+  int64_t num_attention_heads = 0;  // h
+  int64_t ffn_hidden_size = 0;      // F of the dense FFN blocks
+  int64_t seq_length = 0;           // L
+  int64_t micro_batch_size = 0;     // B, sequences per micro-batch on one MP group
+  int64_t vocab_size = 0;           // 0: no embedding, LM head or loss ops
+  int bytes_per_element = 2;
+  MoeSpec moe;
+  ParallelLayout parallel;
+
+  bool IsMoeBlock(int block) const { return block % moe.layer_freq == 0; }
+  int NumMoeLayers() const { return (num_layers + moe.layer_freq - 1) / moe.layer_freq; }
+  // The MoE layer every MoE block runs (a LayerConfig for the schedule builders).
+  LayerConfig MoeLayer() const;
+};
+
+// Field rules, errors InvalidArgument "<json field>: <rule> (got ...)" with the
+// model file's field names ("moe.num_experts", "parallel.ep").
+absl::Status ValidateModel(const ModelConfig& model, const ClusterShape& cluster);
+
+enum class Variant : uint8_t { kNone = 0, kTutel = 1, kDw = 2, kPartition = 3, kLancet = 4 };
+inline constexpr Variant kAllVariants[] = {Variant::kNone, Variant::kTutel, Variant::kDw,
+                                           Variant::kPartition, Variant::kLancet};
+std::string_view VariantName(Variant v);  // "none", "tutel", "dw", "partition", "lancet"
+bool ParseVariant(std::string_view name, Variant* out);
+
+struct ModelPlanOptions {
+  std::vector<Variant> variants;      // empty: all five
+  std::vector<Schedule> schedules;    // empty: every schedule the layout allows
+  std::vector<AllToAllAlgo> algos;    // empty: both (hierarchical where it applies)
+  int64_t bucket_bytes = 25 << 20;    // DDP gradient bucket
+  int max_partitions = 8;             // rho: most micro-batches a range is split into
+  int partition_groups = 5;           // gamma: groups of dense ops between two MoE layers
+  int max_span = 0;                   // iota, in groups; 0: the span between two MoE layers
+  std::vector<int> tutel_degrees = {1, 2, 4, 8};
+};
+// InvalidArgument naming the option ("bucket_bytes", "max_partitions", ...).
+absl::Status ValidateModelPlanOptions(const ModelPlanOptions& options);
+
+// A forward range of the operator partition: ops first..last split k ways.
+struct PartitionRange {
+  std::string first_op, last_op;  // names of the range's first and last op (piece 0)
+  int k = 1;
+  double us = 0.0;  // its time when simulated alone (the DP's P)
+};
+
+// dW ops issued right after one backward AlltoAll.
+struct DwPlacement {
+  std::string alltoall;  // e.g. "b5.moe.bwd.ep_alltoall_combine"
+  double alltoall_us = 0.0;
+  std::vector<std::string> dw_ops;
+  double dw_us = 0.0;
+};
+
+struct MoeLayerChoice {
+  int block = 0;
+  Schedule schedule = Schedule::kDefault;
+  AllToAllAlgo algo = AllToAllAlgo::kLinear;
+  int partitions = 1;  // micro-batches of the range holding its experts (tutel: r)
+};
+
+// One (schedule, algorithm) tried inside a variant.
+struct VariantAlternative {
+  Schedule schedule = Schedule::kDefault;
+  AllToAllAlgo algo = AllToAllAlgo::kLinear;
+  int tutel_degree = 0;  // tutel only: the best r for this pair
+  double iteration_us = 0.0;
+};
+
+struct VariantPlan {
+  Variant variant = Variant::kNone;
+  Schedule schedule = Schedule::kDefault;  // of every MoE layer
+  AllToAllAlgo algo = AllToAllAlgo::kLinear;
+  int tutel_degree = 0;  // tutel only
+  OpGraph graph;
+  SimResult sim;
+  std::vector<MoeLayerChoice> layers;
+  std::vector<PartitionRange> partitions;        // partition and lancet: the ranges with k > 1
+  std::vector<DwPlacement> dw;                   // dw and lancet: one per backward AlltoAll
+  std::vector<VariantAlternative> alternatives;  // fastest first
+  double iteration_us() const { return sim.makespan_us; }
+};
+
+// Where the hierarchical AlltoAll starts beating the linear one for this
+// model's dispatch on this cluster: EP groups of W ranks, q per node, W = 2q,
+// 4q, ... up to kMaxCrossoverRanks.
+struct AllToAllCrossover {
+  bool applies = false;      // q >= 2 (several EP ranks per node)
+  double bytes = 0.0;        // per-rank AlltoAll size of the default schedule
+  int ranks_per_node = 0;    // q
+  int faster_from_ranks = 0;  // smallest W where 2dh is faster; 0: none up to the max
+  double linear_us = 0.0;    // at the model's EP degree (when it spans nodes)
+  double hierarchical_us = 0.0;
+};
+inline constexpr int kMaxCrossoverRanks = 1 << 16;
+
+struct ModelPlan {
+  std::vector<VariantPlan> variants;  // in request order
+  int best = 0;                       // index of the fastest
+  AllToAllCrossover crossover;
+  int moe_layers = 0;
+  int64_t params_per_rank = 0;
+  const VariantPlan* Find(Variant v) const;
+};
+
+// Plans whole models against one cost model; reuses its buffers between calls
+// (one instance per thread; the CostModel may be shared).
+class ModelPlanner {
+ public:
+  explicit ModelPlanner(const CostModel& cost);
+  ~ModelPlanner();
+  ModelPlanner(ModelPlanner&&) noexcept;
+  // Validates model and options (InvalidArgument naming the field), then
+  // simulates every requested variant with every allowed MoE schedule and
+  // AlltoAll algorithm and keeps each variant's fastest.
+  absl::Status Plan(const ModelConfig& model, const ModelPlanOptions& options, ModelPlan* out);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// ---- The algorithms, exposed for tests ----
+
+// Which ops reach which, on the ops [first, graph.size()) of a DAG in
+// topological (issue) order: ancestor bitsets computed in one pass, O(E * V / 64).
+class Reachability {
+ public:
+  void Compute(const OpGraph& graph, OpId first = 0);
+  // A directed path from `from` to `to` (from != to), both >= first.
+  bool Path(OpId from, OpId to) const;
+  bool Independent(OpId a, OpId b) const { return a != b && !Path(a, b) && !Path(b, a); }
+
+ private:
+  OpId first_ = 0;
+  int words_ = 0;
+  std::vector<uint64_t> anc_;  // row v - first_: ancestors of v
+};
+
+// Lancet's best fit: for each slot in order (an AlltoAll of slot_us[s]), pick
+// unused dW ops with eligible(s, d) that minimise |remaining - dw_us[d]|,
+// subtracting each pick, until remaining <= 0 or none is left. Returns the
+// picks per slot, in pick order.
+std::vector<std::vector<int>> BestFitDw(std::span<const double> slot_us,
+                                        std::span<const double> dw_us,
+                                        absl::FunctionRef<bool(int slot, int dw)> eligible);
+
+// Lancet's operator-partition DP over segments 0..n: T(j) = min over
+// max(0, j - max_span) <= i < j of T(i) + min over 1 <= k <= max_k of
+// cost(i, j, k), where cost < 0 means "not allowed" (cost(i, i+1, 1) must be
+// allowed). Returns the chosen ranges in order; ties prefer fewer pieces and
+// longer earlier ranges are not preferred (first minimum in i, then k).
+struct PartitionChoice {
+  int begin = 0, end = 0, k = 1;
+  double us = 0.0;
+};
+std::vector<PartitionChoice> PartitionDp(int n, int max_span, int max_k,
+                                         absl::FunctionRef<double(int, int, int)> cost);
+
+}  // namespace moeplan::planner

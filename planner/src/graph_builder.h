@@ -1,0 +1,254 @@
+// The op-graph builder every schedule and the whole-model builder share
+// (private to the planner library): ops with costs from the cost model,
+// collectives on group shapes, the pairwise AlltoAll steps and the SAA
+// pipelines of docs/schedules.md. Ops are stamped with the builder's block and
+// flags, so a layer built inside a model carries its block's name.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <initializer_list>
+#include <string_view>
+
+#include "moeplan/planner/cost_model.h"
+#include "moeplan/planner/op_graph.h"
+#include "moeplan/planner/types.h"
+
+namespace moeplan::planner::internal {
+
+// The frontier of a chain: the ops the next op must wait for (at most two: a
+// pipelined collective ends on two streams).
+struct Deps {
+  OpId a = kNoOp;
+  OpId b = kNoOp;
+};
+
+inline ResourceMask ResourcesOf(GroupShape s) {
+  if (!s.SpansNodes()) return kIntra;
+  if (s.RanksPerNode() == 1) return kInter;
+  return kIntra | kInter;  // hierarchical: both link levels
+}
+
+inline Term TermOf(Collective c) {
+  switch (c) {
+    case Collective::kAllReduce:
+      return Term::kAllReduce;
+    case Collective::kAllGather:
+      return Term::kAllGather;
+    case Collective::kReduceScatter:
+      return Term::kReduceScatter;
+    case Collective::kAllToAll:
+      return Term::kAllToAll;
+    case Collective::kSendRecv:
+      return Term::kSendRecv;
+  }
+  return Term::kSendRecv;
+}
+
+// Bytes the representative rank sends across nodes, for the slowest rank of the
+// algorithm the fallback formulas assume (ring / pairwise).
+inline double InterNodeBytes(Collective c, GroupShape s, double n) {
+  if (!s.SpansNodes()) return 0.0;
+  const double r = s.ranks;
+  switch (c) {
+    case Collective::kAllToAll:
+      return n * (r - s.RanksPerNode()) / r;
+    case Collective::kAllGather:
+    case Collective::kReduceScatter:
+      return (r - 1.0) * n;
+    case Collective::kAllReduce:
+      return 2.0 * (r - 1.0) / r * n;
+    case Collective::kSendRecv:
+      return n;
+  }
+  return 0.0;
+}
+
+inline int64_t Bytes(double b) { return static_cast<int64_t>(std::llround(b)); }
+
+class Builder {
+ public:
+  Builder(const CostModel& cost, OpGraph* g) : cost_(cost), g_(g) {}
+
+  // Every op added from now on carries this block and these flags (OpFlag).
+  void Stamp(int block, uint8_t flags) {
+    block_ = static_cast<int16_t>(block);
+    flags_ = flags;
+  }
+  OpGraph* graph() const { return g_; }
+  const CostModel& cost() const { return cost_; }
+
+  Deps Compute(std::string_view name, Phase phase, Term term, double cost_us, double bytes,
+               Deps dep, uint8_t flags = 0) {
+    Op op;
+    op.base = name;
+    op.flags = flags;
+    op.kind = OpKind::kCompute;
+    op.phase = phase;
+    op.term = term;
+    op.resources = kCompute;
+    op.cost_us = cost_us;
+    op.bytes = Bytes(bytes);
+    return {Add(op, {dep.a, dep.b})};
+  }
+
+  // A collective on `shape` with per-rank size n; no op for a group of one rank.
+  Deps Coll(std::string_view name, Phase phase, Collective c, GroupShape shape, double n,
+            Deps dep) {
+    if (shape.ranks <= 1) return dep;
+    Op op;
+    op.base = name;
+    op.kind = OpKind::kComm;
+    op.phase = phase;
+    op.term = TermOf(c);
+    op.resources = ResourcesOf(shape);
+    op.cost_us = cost_.CollectiveUs(c, shape, n);
+    op.bytes = Bytes(n);
+    op.inter_node_bytes = Bytes(InterNodeBytes(c, shape, n));
+    return {Add(op, {dep.a, dep.b})};
+  }
+
+  // An AlltoAll of per-rank size n over `shape` by `algo`. Linear: one
+  // collective (Coll). Hierarchical (docs/model.md "AlltoAll algorithms"):
+  // an AlltoAll among the q = `ranks_per_node` members on the node, a local
+  // reorder of the n bytes, then one AlltoAll among the shape.ranks / q ranks
+  // of the same local index on every node; it applies only to groups spanning
+  // nodes with q > 1 (otherwise the linear op is built).
+  struct A2aNames {
+    std::string_view linear, intra, reorder, inter;
+  };
+  Deps AllToAll(const A2aNames& names, Phase phase, AllToAllAlgo algo, GroupShape shape,
+                int ranks_per_node, double n, Deps dep) {
+    if (algo == AllToAllAlgo::kLinear || !shape.SpansNodes() || ranks_per_node <= 1) {
+      return Coll(names.linear, phase, Collective::kAllToAll, shape, n, dep);
+    }
+    const GroupShape local{ranks_per_node, 1};
+    const int across = shape.ranks / ranks_per_node;
+    const GroupShape remote{across, across};
+    dep = Coll(names.intra, phase, Collective::kAllToAll, local, n, dep);
+    dep = Compute(names.reorder, phase, Term::kAllToAll, cost_.MemoryBoundUs(2.0 * n), 2.0 * n,
+                  dep);
+    return Coll(names.inter, phase, Collective::kAllToAll, remote, n, dep);
+  }
+
+  // Step i (1 <= i < W) of a pairwise AlltoAll over `a2a`: one chunk to peer +i,
+  // one from peer -i. Every step is timed on the slowest link any pair crosses,
+  // which is the inter link whenever the group spans nodes (for a group tiling
+  // contiguous node blocks every shift 0 < i < W crosses a boundary for some
+  // pair); the representative rank's own bytes cross iff peer i is off-node.
+  OpId A2aStep(std::string_view name, int i, Phase phase, GroupShape a2a, int ranks_per_node,
+               double chunk, std::initializer_list<OpId> deps) {
+    const GroupShape pair{2, a2a.SpansNodes() ? 2 : 1};
+    Op op;
+    op.base = name;
+    op.step = i;
+    op.kind = OpKind::kComm;
+    op.phase = phase;
+    op.term = Term::kAllToAll;
+    op.resources = a2a.SpansNodes() ? kInter : kIntra;
+    op.cost_us = cost_.CollectiveUs(Collective::kSendRecv, pair, chunk);
+    op.bytes = Bytes(chunk);
+    op.inter_node_bytes = i >= ranks_per_node ? Bytes(chunk) : 0;
+    return Add(op, deps);
+  }
+
+  OpId ChunkColl(std::string_view name, int i, Phase phase, Collective c, GroupShape shape,
+                 double chunk, std::initializer_list<OpId> deps) {
+    Op op;
+    op.base = name;
+    op.step = i;
+    op.kind = OpKind::kComm;
+    op.phase = phase;
+    op.term = TermOf(c);
+    op.resources = ResourcesOf(shape);
+    op.cost_us = cost_.CollectiveUs(c, shape, chunk);
+    op.bytes = Bytes(chunk);
+    op.inter_node_bytes = Bytes(InterNodeBytes(c, shape, chunk));
+    return Add(op, deps);
+  }
+
+  // SAA forward form: AlltoAll steps on one stream, AllGather of each arrived
+  // chunk (the local chunk 0 first) on a second. Issue order a2a.1, allgather.0,
+  // a2a.2, allgather.1, ... so each gather is issued behind the next exchange.
+  Deps SaaGather(std::string_view a2a_name, std::string_view ag_name, Phase phase, GroupShape a2a,
+                 int ranks_per_node, GroupShape gather, double a2a_bytes, double gather_chunk_bytes,
+                 Deps dep) {
+    const int w = a2a.ranks;
+    const double chunk = a2a_bytes / w;
+    const bool gathers = gather.ranks > 1;
+    OpId a2a_prev = kNoOp;  // kNoOp: the chain input `dep`
+    OpId ag_prev = kNoOp;
+    for (int i = 1; i < w; ++i) {
+      const OpId step =
+          a2a_prev == kNoOp
+              ? A2aStep(a2a_name, i, phase, a2a, ranks_per_node, chunk, {dep.a, dep.b})
+              : A2aStep(a2a_name, i, phase, a2a, ranks_per_node, chunk, {a2a_prev});
+      if (gathers) {
+        // Gather chunk i-1: it arrived with step i-1 (chunk 0 is local).
+        ag_prev =
+            GatherChunk(ag_name, i - 1, phase, gather, gather_chunk_bytes, ag_prev, a2a_prev, dep);
+      }
+      a2a_prev = step;
+    }
+    if (!gathers) return a2a_prev == kNoOp ? dep : Deps{a2a_prev};
+    return {GatherChunk(ag_name, w - 1, phase, gather, gather_chunk_bytes, ag_prev, a2a_prev, dep)};
+  }
+
+  // SAA backward (dual) form: ReduceScatter of the chunk for peer i, then its
+  // exchange, pipelined on two streams; the local chunk 0 is reduced last.
+  Deps SaaScatter(std::string_view rs_name, std::string_view a2a_name, Phase phase, GroupShape a2a,
+                  int ranks_per_node, GroupShape scatter, double a2a_bytes,
+                  double scatter_chunk_bytes, Deps dep) {
+    const int w = a2a.ranks;
+    const double chunk = a2a_bytes / w;
+    const bool scatters = scatter.ranks > 1;
+    OpId rs_prev = kNoOp, a2a_prev = kNoOp;
+    auto after = [&](OpId prev) { return prev == kNoOp ? dep : Deps{prev}; };
+    for (int i = 1; i < w; ++i) {
+      if (scatters) {
+        const Deps d = after(rs_prev);
+        rs_prev = ChunkColl(rs_name, i, phase, Collective::kReduceScatter, scatter,
+                            scatter_chunk_bytes, {d.a, d.b});
+      }
+      const Deps in = after(rs_prev);
+      const Deps prev = after(a2a_prev);
+      a2a_prev =
+          A2aStep(a2a_name, i, phase, a2a, ranks_per_node, chunk, {in.a, in.b, prev.a, prev.b});
+    }
+    if (scatters) {
+      const Deps d = after(rs_prev);
+      rs_prev = ChunkColl(rs_name, 0, phase, Collective::kReduceScatter, scatter,
+                          scatter_chunk_bytes, {d.a, d.b});
+    }
+    if (rs_prev == kNoOp) return after(a2a_prev);
+    if (a2a_prev == kNoOp) return {rs_prev};
+    return {rs_prev, a2a_prev};
+  }
+
+ private:
+  OpId GatherChunk(std::string_view name, int i, Phase phase, GroupShape gather, double chunk,
+                   OpId ag_prev, OpId arrived, Deps dep) {
+    // Waits for the previous gather (its stream) and for the chunk's arrival.
+    if (ag_prev == kNoOp && arrived == kNoOp) {
+      return ChunkColl(name, i, phase, Collective::kAllGather, gather, chunk, {dep.a, dep.b});
+    }
+    if (arrived == kNoOp) {
+      return ChunkColl(name, i, phase, Collective::kAllGather, gather, chunk,
+                       {ag_prev, dep.a, dep.b});
+    }
+    return ChunkColl(name, i, phase, Collective::kAllGather, gather, chunk, {ag_prev, arrived});
+  }
+
+  OpId Add(Op op, std::initializer_list<OpId> deps) {
+    op.block = block_;
+    op.flags |= flags_;
+    return g_->Add(op, deps);
+  }
+
+  const CostModel& cost_;
+  OpGraph* g_;
+  int16_t block_ = -1;
+  uint8_t flags_ = 0;
+};
+
+}  // namespace moeplan::planner::internal

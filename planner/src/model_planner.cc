@@ -1,0 +1,978 @@
+// The whole-model planner of docs/model.md: the forward as a list of units
+// (one dense op, or one section of an MoE schedule), emitted whole or split
+// into k micro-batches per range; the backward in reverse with dX and dW ops;
+// DDP gradient buckets and the optimizer step; then Lancet's two passes
+// (operator partition, dW placement) and Tutel's pipelining as variants.
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <limits>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/hash/hash.h"
+#include "graph_builder.h"
+#include "moeplan/base/status.h"
+#include "moeplan/base/strings.h"
+#include "moeplan/planner/model.h"
+#include "moeplan/planner/schedules.h"
+#include "moeplan/planner/validate.h"
+
+namespace moeplan::planner {
+namespace {
+
+using internal::Builder;
+using internal::Deps;
+constexpr Phase F = Phase::kForward;
+constexpr Phase B = Phase::kBackward;
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+enum class UnitKind : uint8_t {
+  kEmbed,
+  kLn1,
+  kQkv,
+  kAttnScore,
+  kSoftmax,
+  kAttnCtx,
+  kProj,
+  kProjAllReduce,
+  kResidual1,
+  kLn2,
+  kFc1,
+  kGelu,
+  kFc2,
+  kFc2AllReduce,
+  kResidual2,
+  kMoeRoute,
+  kSharedFc1,
+  kSharedAct,
+  kSharedFc2,
+  kSharedAllReduce,
+  kMoeExchange,
+  kLnF,
+  kLmHead,
+  kLoss,
+};
+
+bool IsMoeUnit(UnitKind k) { return k >= UnitKind::kMoeRoute && k <= UnitKind::kMoeExchange; }
+bool IsAttention(UnitKind k) {
+  return k == UnitKind::kAttnScore || k == UnitKind::kSoftmax || k == UnitKind::kAttnCtx;
+}
+
+// One forward unit; inputs are earlier unit indices (-1: none).
+struct Unit {
+  UnitKind kind;
+  int16_t block;
+  int in_a = -1;
+  int in_b = -1;
+};
+
+// Units [begin, end) split into k micro-batches.
+struct Range {
+  int begin = 0, end = 0, k = 1;
+  double us = 0.0;
+};
+
+// A dense parameter's gradient: the op that completes it and its bytes.
+struct Param {
+  double bytes;
+  OpId producer;
+};
+
+// One backward AlltoAll (a linear collective, the ops of a hierarchical one,
+// or an SAA's steps): where dW ops may go.
+struct Slot {
+  std::string name;
+  OpId first = kNoOp;
+  OpId last = kNoOp;
+  std::vector<OpId> ops;
+};
+
+// "bwd.ep_alltoall_combine.2dh_intra" -> "bwd.ep_alltoall_combine"; "bwd.saa_combine.alltoall" ->
+// "bwd.saa_combine".
+std::string_view Site(std::string_view base) {
+  const size_t first = base.find('.');
+  const size_t second = base.find('.', first + 1);
+  return second == std::string_view::npos ? base : base.substr(0, second);
+}
+
+std::string NameWithoutPart(Op op) {
+  op.part = -1;
+  return op.Name();
+}
+
+}  // namespace
+
+struct ModelPlanner::Impl {
+  explicit Impl(const CostModel& c) : cost(c) {}
+
+  const CostModel& cost;
+  // ---- Per plan ----
+  const ModelConfig* m = nullptr;
+  ModelPlanOptions opt;
+  LayerConfig moe_layer;
+  Topology topo;
+  GroupShape mp_shape, dp_shape;
+  std::vector<Unit> units;
+  std::vector<int> bounds;  // segment boundaries, unit indices, 0 ... units.size()
+  int max_span = 1;
+  // ---- Per (schedule, algorithm) ----
+  Schedule sched = Schedule::kDefault;
+  AllToAllAlgo algo = AllToAllAlgo::kLinear;
+  uint64_t combo_salt = 0;
+  // ---- Scratch ----
+  OpGraph scratch, range_graph, g0, final_graph;
+  Simulator simulator;
+  SimResult range_sim, sim0, final_sim;
+  std::vector<OpId> map, dep_buf;
+  std::vector<int> piece_begin, piece_k;
+  std::vector<std::array<OpId, 2>> piece_out;
+  std::vector<Param> params;
+  std::vector<Slot> slots;
+  std::vector<OpId> dw_ops;
+  std::vector<OpId> range_first, range_last;
+  absl::flat_hash_map<uint64_t, double> p_cache;
+  std::vector<uint32_t> key_buf;
+  Reachability reach;
+
+  int64_t Tokens(int k) const { return (m->micro_batch_size * m->seq_length + k - 1) / k; }
+  int64_t Seqs(int k) const { return (m->micro_batch_size + k - 1) / k; }
+
+  LayerContext MoeContext(const LayerConfig* layer, int block, bool detach) const {
+    LayerContext ctx;
+    ctx.layer = layer;
+    ctx.cost = &cost;
+    ctx.topo = topo;
+    ctx.a2a = algo;
+    ctx.detach_dw = detach;
+    ctx.block = block;
+    return ctx;
+  }
+
+  // ---------------- Forward ----------------
+
+  void BuildUnits() {
+    units.clear();
+    const int t = m->parallel.mp;
+    auto add = [&](UnitKind k, int block, int in_a, int in_b = -1) {
+      units.push_back({k, static_cast<int16_t>(block), in_a, in_b});
+      return static_cast<int>(units.size()) - 1;
+    };
+    int prev = -1;
+    auto chain = [&](UnitKind k, int block) { return prev = add(k, block, prev); };
+    if (m->vocab_size > 0) chain(UnitKind::kEmbed, -1);
+    for (int blk = 0; blk < m->num_layers; ++blk) {
+      for (UnitKind k : {UnitKind::kLn1, UnitKind::kQkv, UnitKind::kAttnScore, UnitKind::kSoftmax,
+                         UnitKind::kAttnCtx, UnitKind::kProj}) {
+        chain(k, blk);
+      }
+      if (t > 1) chain(UnitKind::kProjAllReduce, blk);
+      chain(UnitKind::kResidual1, blk);
+      const int ln2 = chain(UnitKind::kLn2, blk);
+      if (m->IsMoeBlock(blk)) {
+        const int route = chain(UnitKind::kMoeRoute, blk);
+        int shared = -1;
+        if (m->moe.shared_expert_ffn_hidden_size > 0) {
+          prev = ln2;  // the shared expert reads the layer input, beside the routed experts
+          chain(UnitKind::kSharedFc1, blk);
+          chain(UnitKind::kSharedAct, blk);
+          shared = chain(UnitKind::kSharedFc2, blk);
+          if (t > 1) shared = chain(UnitKind::kSharedAllReduce, blk);
+        }
+        prev = route;
+        const int exchange = chain(UnitKind::kMoeExchange, blk);
+        prev = add(UnitKind::kResidual2, blk, exchange, shared);
+      } else {
+        for (UnitKind k : {UnitKind::kFc1, UnitKind::kGelu, UnitKind::kFc2}) chain(k, blk);
+        if (t > 1) chain(UnitKind::kFc2AllReduce, blk);
+        chain(UnitKind::kResidual2, blk);
+      }
+    }
+    if (m->vocab_size > 0) {
+      chain(UnitKind::kLnF, -1);
+      chain(UnitKind::kLmHead, -1);
+      chain(UnitKind::kLoss, -1);
+    }
+  }
+
+  // Appends a unit's ops for a micro-batch of k pieces' size after `x`.
+  Deps BuildUnit(const Unit& u, int k, Builder& b, Deps x, LayerConfig* piece_layer) {
+    const ModelConfig& mm = *m;
+    const int64_t s = Tokens(k), q = Seqs(k);
+    const int64_t M = mm.hidden_size, L = mm.seq_length, t = mm.parallel.mp;
+    const int64_t hp = mm.num_attention_heads / t, d = M / mm.num_attention_heads;
+    const int64_t f = mm.ffn_hidden_size / t, fs = mm.moe.shared_expert_ffn_hidden_size / t;
+    const int64_t v = mm.vocab_size / t;
+    const double e = mm.bytes_per_element;
+    const double sm = static_cast<double>(s) * M * e;  // one activation, bytes
+    const CostModel& c = cost;
+    auto mem = [&](std::string_view name, double bytes) {
+      return b.Compute(name, F, Term::kDense, c.MemoryBoundUs(bytes), bytes, x);
+    };
+    auto gemm = [&](std::string_view name, int64_t mm_, int64_t nn, int64_t kk) {
+      return b.Compute(name, F, Term::kDense, c.GemmUs(mm_, nn, kk),
+                       e * static_cast<double>(mm_ * kk + kk * nn + mm_ * nn), x);
+    };
+    auto allreduce = [&](std::string_view name) {
+      return b.Coll(name, F, Collective::kAllReduce, mp_shape, sm, x);
+    };
+    switch (u.kind) {
+      case UnitKind::kEmbed:
+        return mem("fwd.embed", 3.0 * sm);
+      case UnitKind::kLn1:
+        return mem("fwd.ln1", 2.0 * sm);
+      case UnitKind::kQkv:
+        return gemm("fwd.qkv", s, 3 * M / t, M);
+      case UnitKind::kAttnScore:
+        return b.Compute("fwd.attn_score", F, Term::kDense, c.BatchedGemmUs(q * hp, L, L, d),
+                         e * q * hp * (2.0 * L * d + L * L), x);
+      case UnitKind::kSoftmax:
+        return mem("fwd.softmax", 2.0 * e * q * hp * L * L);
+      case UnitKind::kAttnCtx:
+        return b.Compute("fwd.attn_ctx", F, Term::kDense, c.BatchedGemmUs(q * hp, L, d, L),
+                         e * q * hp * (2.0 * L * d + L * L), x);
+      case UnitKind::kProj:
+        return gemm("fwd.proj", s, M, M / t);
+      case UnitKind::kProjAllReduce:
+        return allreduce("fwd.proj_allreduce");
+      case UnitKind::kResidual1:
+        return mem("fwd.residual1", 3.0 * sm);
+      case UnitKind::kLn2:
+        return mem("fwd.ln2", 2.0 * sm);
+      case UnitKind::kFc1:
+        return gemm("fwd.fc1", s, f, M);
+      case UnitKind::kGelu:
+        return mem("fwd.gelu", 2.0 * e * s * f);
+      case UnitKind::kFc2:
+        return gemm("fwd.fc2", s, M, f);
+      case UnitKind::kFc2AllReduce:
+        return allreduce("fwd.fc2_allreduce");
+      case UnitKind::kResidual2:
+        return mem("fwd.residual2", 3.0 * sm);
+      case UnitKind::kSharedFc1:
+        return gemm("fwd.shared_fc1", s, fs, M);
+      case UnitKind::kSharedAct:
+        return mem("fwd.shared_act", 2.0 * e * s * fs);
+      case UnitKind::kSharedFc2:
+        return gemm("fwd.shared_fc2", s, M, fs);
+      case UnitKind::kSharedAllReduce:
+        return allreduce("fwd.shared_allreduce");
+      case UnitKind::kMoeRoute:
+      case UnitKind::kMoeExchange: {
+        *piece_layer = moe_layer;
+        piece_layer->batch_size = 1;
+        piece_layer->seq_len = s;
+        const LayerContext ctx = MoeContext(piece_layer, -1, false);
+        const Frontier out = AppendSection(
+            sched, u.kind == UnitKind::kMoeRoute ? MoeSection::kFwdRoute : MoeSection::kFwdExchange,
+            ctx, b.graph(), {x.a, x.b});
+        return {out.a, out.b};
+      }
+      case UnitKind::kLnF:
+        return mem("fwd.ln_f", 2.0 * sm);
+      case UnitKind::kLmHead:
+        return gemm("fwd.lm_head", s, v, M);
+      case UnitKind::kLoss:
+        return mem("fwd.loss", 3.0 * e * s * v);
+    }
+    return x;
+  }
+
+  void AppendInputs(const Unit& u, int range_begin, int p, bool standalone) {
+    for (int in : {u.in_a, u.in_b}) {
+      if (in < 0) continue;
+      if (in >= range_begin) {
+        const auto& o = piece_out[static_cast<size_t>(piece_begin[in] + p)];
+        dep_buf.push_back(o[0]);
+        dep_buf.push_back(o[1]);
+      } else if (!standalone) {
+        for (int r = 0; r < piece_k[in]; ++r) {
+          const auto& o = piece_out[static_cast<size_t>(piece_begin[in] + r)];
+          dep_buf.push_back(o[0]);
+          dep_buf.push_back(o[1]);
+        }
+      }
+    }
+  }
+
+  // Emits units [u0, u1) split k ways: for each unit, its ops in order, each op
+  // for every piece before the next op ("stages in order, pieces in index
+  // order within a stage"), piece p depending on piece p of its inputs.
+  // `standalone`: inputs outside the range are ready at 0 (the DP's P).
+  void EmitRange(int u0, int u1, int k, OpGraph* g, bool standalone) {
+    LayerConfig piece_layer;
+    for (int j = u0; j < u1; ++j) {
+      const Unit& u = units[static_cast<size_t>(j)];
+      scratch.Clear();
+      Builder sb(cost, &scratch);
+      const Deps lf = BuildUnit(u, k, sb, Deps{}, &piece_layer);
+      const int n = scratch.size();
+      map.assign(static_cast<size_t>(n) * k, kNoOp);
+      piece_begin[static_cast<size_t>(j)] = static_cast<int>(piece_out.size());
+      piece_k[static_cast<size_t>(j)] = k;
+      for (int l = 0; l < n; ++l) {
+        Op op = scratch.op(l);
+        op.block = u.block;
+        if (IsMoeUnit(u.kind)) op.flags |= kMoeScope;
+        const auto local = scratch.deps(l);
+        for (int p = 0; p < k; ++p) {
+          if (k > 1) op.part = static_cast<int16_t>(p);
+          dep_buf.clear();
+          if (local.empty()) {
+            AppendInputs(u, u0, p, standalone);
+          } else {
+            for (OpId dl : local) dep_buf.push_back(map[static_cast<size_t>(dl) * k + p]);
+          }
+          map[static_cast<size_t>(l) * k + p] = g->Add(op, dep_buf);
+        }
+      }
+      for (int p = 0; p < k; ++p) {
+        auto at = [&](OpId lo) {
+          return lo == kNoOp ? kNoOp : map[static_cast<size_t>(lo) * k + p];
+        };
+        piece_out.push_back({at(lf.a), at(lf.b)});
+      }
+    }
+  }
+
+  void ResetPieces() {
+    piece_out.clear();
+    piece_begin.assign(units.size(), 0);
+    piece_k.assign(units.size(), 1);
+  }
+
+  // ---------------- Backward ----------------
+
+  // Appends the backward after `fwd_end` into g0; records params, slots, dW ops.
+  void EmitBackward(Deps x, bool detach) {
+    const ModelConfig& mm = *m;
+    const int64_t S = mm.micro_batch_size * mm.seq_length, Bq = mm.micro_batch_size;
+    const int64_t M = mm.hidden_size, L = mm.seq_length, t = mm.parallel.mp;
+    const int64_t hp = mm.num_attention_heads / t, d = M / mm.num_attention_heads;
+    const int64_t f = mm.ffn_hidden_size / t, fs = mm.moe.shared_expert_ffn_hidden_size / t;
+    const int64_t v = mm.vocab_size / t;
+    const double e = mm.bytes_per_element;
+    const double sm = static_cast<double>(S) * M * e;
+    const CostModel& c = cost;
+    Builder b(cost, &g0);
+    auto mem = [&](std::string_view name, double bytes, Deps in) {
+      return b.Compute(name, B, Term::kDense, c.MemoryBoundUs(bytes), bytes, in);
+    };
+    auto gemm = [&](std::string_view name, int64_t mm_, int64_t nn, int64_t kk, Deps in,
+                    uint8_t flags = 0) {
+      return b.Compute(name, B, Term::kDense, c.GemmUs(mm_, nn, kk),
+                       e * static_cast<double>(mm_ * kk + kk * nn + mm_ * nn), in, flags);
+    };
+    auto allreduce = [&](std::string_view name, Deps in) {
+      return b.Coll(name, B, Collective::kAllReduce, mp_shape, sm, in);
+    };
+    auto param = [&](double elements, Deps producer) {
+      params.push_back({elements * e, producer.a});
+    };
+    // A weight GEMM's backward: dX, then dW (off the chain when detached).
+    auto linear = [&](std::string_view dx_name, std::string_view dw_name, int64_t in_f,
+                      int64_t out_f, double param_elements, Deps in) {
+      const Deps dx = gemm(dx_name, S, in_f, out_f, in);
+      const Deps dw = gemm(dw_name, out_f, in_f, S, detach ? in : dx, kWeightGrad);
+      dw_ops.push_back(dw.a);
+      param(param_elements, dw);
+      return detach ? dx : dw;
+    };
+
+    if (mm.vocab_size > 0) {
+      b.Stamp(-1, 0);
+      x = mem("bwd.loss", 3.0 * e * S * v, x);
+      // The tied embedding's gradient completes at bwd.embed (below).
+      const Deps dx = gemm("bwd.lm_head_dx", S, M, v, x);
+      const Deps dw = gemm("bwd.lm_head_dw", v, M, S, detach ? x : dx, kWeightGrad);
+      dw_ops.push_back(dw.a);
+      x = detach ? dx : dw;
+      if (t > 1) x = allreduce("bwd.lm_head_allreduce", x);
+      x = mem("bwd.ln_f", 3.0 * sm, x);
+      param(2.0 * M, x);
+    }
+    for (int blk = mm.num_layers - 1; blk >= 0; --blk) {
+      b.Stamp(blk, 0);
+      const Deps out_grad = x;
+      if (mm.IsMoeBlock(blk)) {
+        const LayerContext ctx = MoeContext(&moe_layer, blk, detach);
+        Frontier y = AppendSection(sched, MoeSection::kBwdUnroute, ctx, &g0, {x.a, x.b});
+        Deps shared = {};
+        if (fs > 0) {
+          b.Stamp(blk, kMoeScope);
+          Deps z = linear("bwd.shared_fc2_dx", "bwd.shared_fc2_dw", fs, M,
+                          static_cast<double>(fs) * M, out_grad);
+          z = mem("bwd.shared_act", 3.0 * e * S * fs, z);
+          z = linear("bwd.shared_fc1_dx", "bwd.shared_fc1_dw", M, fs, static_cast<double>(M) * fs,
+                     z);
+          if (t > 1) z = allreduce("bwd.shared_allreduce", z);
+          shared = z;
+          b.Stamp(blk, 0);
+        }
+        const OpId before = g0.size();
+        y = AppendSection(sched, MoeSection::kBwdExchange, ctx, &g0, y);
+        RecordSlots(before, blk);
+        for (OpId id = before; id < g0.size(); ++id) {
+          if (g0.op(id).flags & kWeightGrad) dw_ops.push_back(id);
+        }
+        const OpId route = g0.size();
+        y = AppendSection(sched, MoeSection::kBwdRoute, ctx, &g0, y);
+        OpId gate = kNoOp;
+        for (OpId id = route; id < g0.size(); ++id) {
+          const std::string_view base = g0.op(id).base;
+          if (base == "bwd.gate" || base == "bwd.mp_allreduce_gate") gate = id;
+        }
+        params.push_back({static_cast<double>(M) * mm.moe.num_experts * e, gate});
+        x = b.Compute("bwd.ln2", B, Term::kDense, c.MemoryBoundUs(3.0 * sm), 3.0 * sm,
+                      Deps{y.a, shared.a});
+        if (y.b != kNoOp) x = b.Compute("bwd.ln2_join", B, Term::kDense, 0.0, 0.0, {x.a, y.b});
+      } else {
+        x = linear("bwd.fc2_dx", "bwd.fc2_dw", f, M, static_cast<double>(f) * M + M, x);
+        x = mem("bwd.gelu", 3.0 * e * S * f, x);
+        x = linear("bwd.fc1_dx", "bwd.fc1_dw", M, f, static_cast<double>(M) * f + f, x);
+        if (t > 1) x = allreduce("bwd.fc1_allreduce", x);
+        x = mem("bwd.ln2", 3.0 * sm, x);
+      }
+      param(2.0 * M, x);
+      x = b.Compute("bwd.residual2", B, Term::kDense, c.MemoryBoundUs(3.0 * sm), 3.0 * sm,
+                    Deps{x.a, out_grad.a});
+      const Deps mid = x;
+      x = linear("bwd.proj_dx", "bwd.proj_dw", M / t, M, static_cast<double>(M) * M / t + M, x);
+      x = b.Compute("bwd.attn_ctx", B, Term::kDense,
+                    c.BatchedGemmUs(Bq * hp, L, L, d) + c.BatchedGemmUs(Bq * hp, L, d, L),
+                    2.0 * e * Bq * hp * (2.0 * L * d + L * L), x);
+      x = mem("bwd.softmax", 3.0 * e * Bq * hp * L * L, x);
+      x = b.Compute("bwd.attn_score", B, Term::kDense, 2.0 * c.BatchedGemmUs(Bq * hp, L, d, L),
+                    2.0 * e * Bq * hp * (2.0 * L * d + L * L), x);
+      x = linear("bwd.qkv_dx", "bwd.qkv_dw", M, 3 * M / t, 3.0 * M * M / t + 3.0 * M / t, x);
+      if (t > 1) x = allreduce("bwd.qkv_allreduce", x);
+      x = mem("bwd.ln1", 3.0 * sm, x);
+      param(2.0 * M, x);
+      x = b.Compute("bwd.residual1", B, Term::kDense, c.MemoryBoundUs(3.0 * sm), 3.0 * sm,
+                    Deps{x.a, mid.a});
+    }
+    if (mm.vocab_size > 0) {
+      b.Stamp(-1, 0);
+      x = mem("bwd.embed", 3.0 * sm, x);
+      param(static_cast<double>(v) * M + static_cast<double>(L) * M, x);
+    }
+  }
+
+  void RecordSlots(OpId begin, int blk) {
+    for (OpId id = begin; id < g0.size(); ++id) {
+      const Op& op = g0.op(id);
+      if (op.kind != OpKind::kComm || op.term != Term::kAllToAll) continue;
+      const std::string_view site = Site(op.base);
+      if (!slots.empty() && slots.back().first >= begin &&
+          Site(g0.op(slots.back().first).base) == site) {
+        slots.back().ops.push_back(id);
+        slots.back().last = id;
+        continue;
+      }
+      Slot s;
+      s.name = Cat("b", blk, ".moe.", site);
+      s.first = s.last = id;
+      s.ops.push_back(id);
+      slots.push_back(std::move(s));
+    }
+  }
+
+  // ---------------- One whole graph ----------------
+
+  struct Built {
+    std::vector<PartitionRange> partitions;
+    std::vector<DwPlacement> dw;
+  };
+
+  // Builds forward (split per `ranges`) + backward into g0, places dW ops when
+  // `schedule_dw`, then writes the issue order with gradient buckets and the
+  // optimizer into final_graph and simulates it.
+  absl::Status Evaluate(const std::vector<Range>& ranges, bool schedule_dw, Built* built) {
+    g0.Clear();
+    params.clear();
+    slots.clear();
+    dw_ops.clear();
+    ResetPieces();
+    range_first.clear();
+    range_last.clear();
+    for (const Range& r : ranges) {
+      range_first.push_back(g0.size());
+      EmitRange(r.begin, r.end, r.k, &g0, false);
+      range_last.push_back(g0.size() - 1);
+    }
+    // The loss (or last block) may end in k pieces: the backward starts after all.
+    const int last = static_cast<int>(units.size()) - 1;
+    Deps x;
+    if (piece_k[static_cast<size_t>(last)] == 1 &&
+        piece_out[static_cast<size_t>(piece_begin[static_cast<size_t>(last)])][1] == kNoOp) {
+      x = {piece_out[static_cast<size_t>(piece_begin[static_cast<size_t>(last)])][0]};
+    } else {
+      dep_buf.clear();
+      for (int p = 0; p < piece_k[static_cast<size_t>(last)]; ++p) {
+        const auto& o = piece_out[static_cast<size_t>(piece_begin[static_cast<size_t>(last)] + p)];
+        dep_buf.push_back(o[0]);
+        dep_buf.push_back(o[1]);
+      }
+      Op join;
+      join.base = "fwd.join";
+      join.term = Term::kDense;
+      x = {g0.Add(join, dep_buf)};
+    }
+    const OpId bwd_begin = g0.size();
+    EmitBackward(x, schedule_dw);
+
+    built->partitions.clear();
+    for (size_t i = 0; i < ranges.size(); ++i) {
+      if (ranges[i].k == 1) continue;
+      built->partitions.push_back({NameWithoutPart(g0.op(range_first[i])),
+                                   NameWithoutPart(g0.op(range_last[i])), ranges[i].k,
+                                   ranges[i].us});
+    }
+
+    // Issue order: natural, with placed dW ops moved right after their AlltoAll.
+    std::vector<std::vector<int>> picks;
+    built->dw.clear();
+    if (schedule_dw && !slots.empty() && !dw_ops.empty()) {
+      MOEPLAN_RETURN_IF_ERROR(simulator.Run(g0, &sim0));
+      reach.Compute(g0, bwd_begin);
+      std::vector<double> slot_us, dw_us;
+      for (const Slot& s : slots) {
+        slot_us.push_back(sim0.times[static_cast<size_t>(s.last)].end_us -
+                          sim0.times[static_cast<size_t>(s.first)].start_us);
+      }
+      for (OpId d : dw_ops) dw_us.push_back(g0.op(d).cost_us);
+      picks = BestFitDw(slot_us, dw_us, [&](int s, int d) {
+        const OpId dw = dw_ops[static_cast<size_t>(d)];
+        const Slot& slot = slots[static_cast<size_t>(s)];
+        if (dw >= slot.first) return false;  // only delayed, never hoisted
+        for (OpId o : slot.ops) {
+          if (!reach.Independent(dw, o)) return false;
+        }
+        return true;
+      });
+      for (size_t s = 0; s < slots.size(); ++s) {
+        DwPlacement pl;
+        pl.alltoall = slots[s].name;
+        pl.alltoall_us = slot_us[s];
+        for (int d : picks[s]) {
+          pl.dw_ops.push_back(g0.op(dw_ops[static_cast<size_t>(d)]).Name());
+          pl.dw_us += dw_us[static_cast<size_t>(d)];
+        }
+        built->dw.push_back(std::move(pl));
+      }
+    }
+    std::vector<OpId> order;
+    order.reserve(static_cast<size_t>(g0.size()));
+    std::vector<std::vector<OpId>> after(static_cast<size_t>(g0.size()));
+    std::vector<bool> moved(static_cast<size_t>(g0.size()), false);
+    for (size_t s = 0; s < picks.size(); ++s) {
+      for (int d : picks[s]) {
+        const OpId dw = dw_ops[static_cast<size_t>(d)];
+        moved[static_cast<size_t>(dw)] = true;
+        after[static_cast<size_t>(slots[s].last)].push_back(dw);
+      }
+    }
+    for (OpId v = 0; v < g0.size(); ++v) {
+      if (!moved[static_cast<size_t>(v)]) order.push_back(v);
+      for (OpId dw : after[static_cast<size_t>(v)]) order.push_back(dw);
+    }
+    MOEPLAN_RETURN_IF_ERROR(Finalize(order));
+    return simulator.Run(final_graph, &final_sim);
+  }
+
+  // Copies g0 in `order` into final_graph, issuing each DDP bucket's AllReduce
+  // as soon as its last gradient is issued, then the optimizer step after
+  // every op nothing else waits for.
+  absl::Status Finalize(const std::vector<OpId>& order) {
+    final_graph.Clear();
+    final_graph.Reserve(g0.size() + 64, g0.size() * 2);
+    // Buckets in the order gradients are produced (reverse layer order).
+    std::vector<int> bucket_of(params.size());
+    std::vector<double> bucket_bytes;
+    std::vector<int> bucket_left;
+    double fill = opt.bucket_bytes;
+    for (size_t i = 0; i < params.size(); ++i) {
+      if (fill >= static_cast<double>(opt.bucket_bytes)) {
+        bucket_bytes.push_back(0.0);
+        bucket_left.push_back(0);
+        fill = 0.0;
+      }
+      bucket_of[i] = static_cast<int>(bucket_bytes.size()) - 1;
+      bucket_bytes.back() += params[i].bytes;
+      bucket_left.back() += 1;
+      fill += params[i].bytes;
+    }
+    absl::flat_hash_map<OpId, std::vector<int>> params_of;
+    for (size_t i = 0; i < params.size(); ++i) {
+      params_of[params[i].producer].push_back(static_cast<int>(i));
+    }
+    std::vector<std::vector<OpId>> bucket_deps(bucket_bytes.size());
+    std::vector<OpId> new_id(static_cast<size_t>(g0.size()), kNoOp);
+    std::vector<bool> consumed;
+    for (OpId v : order) {
+      dep_buf.clear();
+      for (OpId d : g0.deps(v)) {
+        if (new_id[static_cast<size_t>(d)] == kNoOp) {
+          return absl::InternalError(Cat("model graph: ", g0.op(v).Name(),
+                                         " issued before its dependency ", g0.op(d).Name()));
+        }
+        dep_buf.push_back(new_id[static_cast<size_t>(d)]);
+      }
+      const OpId id = final_graph.Add(g0.op(v), dep_buf);
+      new_id[static_cast<size_t>(v)] = id;
+      auto it = params_of.find(v);
+      if (it == params_of.end()) continue;
+      for (int pi : it->second) {
+        const int bk = bucket_of[static_cast<size_t>(pi)];
+        bucket_deps[static_cast<size_t>(bk)].push_back(id);
+        if (--bucket_left[static_cast<size_t>(bk)] > 0) continue;
+        if (dp_shape.ranks <= 1) continue;
+        Op ar;
+        ar.base = "bwd.grad_allreduce";
+        ar.step = bk;
+        ar.kind = OpKind::kComm;
+        ar.phase = B;
+        ar.term = Term::kAllReduce;
+        ar.resources = internal::ResourcesOf(dp_shape);
+        ar.cost_us = cost.CollectiveUs(Collective::kAllReduce, dp_shape,
+                                       bucket_bytes[static_cast<size_t>(bk)]);
+        ar.bytes = internal::Bytes(bucket_bytes[static_cast<size_t>(bk)]);
+        ar.inter_node_bytes = internal::Bytes(internal::InterNodeBytes(
+            Collective::kAllReduce, dp_shape, bucket_bytes[static_cast<size_t>(bk)]));
+        final_graph.Add(ar, bucket_deps[static_cast<size_t>(bk)]);
+      }
+    }
+    // The optimizer waits for every sink (gradients, buckets, side branches).
+    consumed.assign(static_cast<size_t>(final_graph.size()), false);
+    for (OpId v = 0; v < final_graph.size(); ++v) {
+      for (OpId d : final_graph.deps(v)) consumed[static_cast<size_t>(d)] = true;
+    }
+    dep_buf.clear();
+    for (OpId v = 0; v < final_graph.size(); ++v) {
+      if (!consumed[static_cast<size_t>(v)]) dep_buf.push_back(v);
+    }
+    Op step;
+    step.base = "optimizer.step";
+    step.phase = B;
+    step.term = Term::kOptimizer;
+    const double bytes = static_cast<double>(ParamsPerRank()) * (24.0 + 2.0 * m->bytes_per_element);
+    step.cost_us = cost.MemoryBoundUs(bytes);
+    step.bytes = internal::Bytes(bytes);
+    final_graph.Add(step, dep_buf);
+    return absl::OkStatus();
+  }
+
+  // Parameters this rank holds: dense ones split by MP, its local experts.
+  int64_t ParamsPerRank() const {
+    const ModelConfig& mm = *m;
+    const int64_t M = mm.hidden_size, t = mm.parallel.mp;
+    const int64_t attn = 3 * M * M / t + 3 * M / t + M * M / t + M + 4 * M;
+    const int64_t dense_ffn = 2 * M * (mm.ffn_hidden_size / t) + mm.ffn_hidden_size / t + M;
+    const int64_t experts = mm.moe.num_experts / mm.parallel.ep * 2 * M *
+                            (mm.moe.expert_ffn_hidden_size / mm.parallel.esp);
+    const int64_t moe = M * mm.moe.num_experts + experts +
+                        2 * M * (mm.moe.shared_expert_ffn_hidden_size / t);
+    const int64_t moe_blocks = mm.NumMoeLayers();
+    int64_t total = mm.num_layers * attn + (mm.num_layers - moe_blocks) * dense_ffn +
+                    moe_blocks * moe;
+    if (mm.vocab_size > 0) total += mm.vocab_size / t * M + mm.seq_length * M + 2 * M;
+    return total;
+  }
+
+  // ---------------- Operator partition ----------------
+
+  // Segment boundaries: around every MoE section (the shared expert is one
+  // segment) and `partition_groups` groups of equal time in each dense stretch.
+  void BuildBounds() {
+    bounds.clear();
+    bounds.push_back(0);
+    std::vector<double> us(units.size(), 0.0);
+    LayerConfig piece_layer;
+    for (size_t j = 0; j < units.size(); ++j) {
+      if (IsMoeUnit(units[j].kind)) continue;
+      scratch.Clear();
+      Builder sb(cost, &scratch);
+      BuildUnit(units[j], 1, sb, Deps{}, &piece_layer);
+      for (OpId o = 0; o < scratch.size(); ++o) us[j] += scratch.op(o).cost_us;
+    }
+    size_t j = 0;
+    const size_t n = units.size();
+    while (j < n) {
+      if (IsMoeUnit(units[j].kind)) {
+        size_t e = j + 1;
+        const bool shared = units[j].kind >= UnitKind::kSharedFc1 &&
+                            units[j].kind <= UnitKind::kSharedAllReduce;
+        while (shared && e < n && units[e].kind >= UnitKind::kSharedFc1 &&
+               units[e].kind <= UnitKind::kSharedAllReduce) {
+          ++e;
+        }
+        bounds.push_back(static_cast<int>(e));
+        j = e;
+        continue;
+      }
+      size_t e = j;
+      double total = 0.0;
+      while (e < n && !IsMoeUnit(units[e].kind)) total += us[e++];
+      double acc = 0.0;
+      int next = 1;
+      for (size_t i = j; i < e; ++i) {
+        acc += us[i];
+        if (i + 1 < e && next < opt.partition_groups && acc >= total * next / opt.partition_groups) {
+          bounds.push_back(static_cast<int>(i + 1));
+          while (next < opt.partition_groups && acc >= total * next / opt.partition_groups) ++next;
+        }
+      }
+      bounds.push_back(static_cast<int>(e));
+      j = e;
+    }
+    // The default span: from one MoE layer's route to the next one's.
+    max_span = opt.max_span;
+    if (max_span == 0) {
+      int first = -1, second = -1;
+      for (size_t b = 0; b + 1 < bounds.size(); ++b) {
+        if (units[static_cast<size_t>(bounds[b])].kind != UnitKind::kMoeRoute) continue;
+        if (first < 0) {
+          first = static_cast<int>(b);
+        } else {
+          second = static_cast<int>(b);
+          break;
+        }
+      }
+      max_span = second > first && first >= 0 ? second - first
+                                               : static_cast<int>(bounds.size()) - 1;
+    }
+  }
+
+  // P(i, j, k) of segments [i, j): the range simulated alone, split k ways;
+  // < 0 where k is not allowed. Cached by the range's structure.
+  double RangeCost(int i, int j, int k) {
+    const int u0 = bounds[static_cast<size_t>(i)], u1 = bounds[static_cast<size_t>(j)];
+    bool moe = false;
+    if (k > 1) {
+      if (k > Tokens(1)) return -1.0;
+      for (int u = u0; u < u1; ++u) {
+        const UnitKind kind = units[static_cast<size_t>(u)].kind;
+        if (IsAttention(kind) && k > m->micro_batch_size) return -1.0;
+        if (kind == UnitKind::kMoeRoute && m->moe.gate == Gate::kBatchPrioritized) return -1.0;
+      }
+    }
+    key_buf.clear();
+    for (int u = u0; u < u1; ++u) {
+      const Unit& un = units[static_cast<size_t>(u)];
+      moe = moe || IsMoeUnit(un.kind);
+      key_buf.push_back(static_cast<uint32_t>(un.kind) |
+                        static_cast<uint32_t>(un.in_a >= u0 ? u - un.in_a : 0) << 8 |
+                        static_cast<uint32_t>(un.in_b >= u0 ? u - un.in_b : 0) << 20);
+    }
+    const uint64_t key = absl::HashOf(absl::MakeSpan(key_buf), k, moe ? combo_salt : 0);
+    if (auto it = p_cache.find(key); it != p_cache.end()) return it->second;
+    range_graph.Clear();
+    EmitRange(u0, u1, k, &range_graph, true);
+    double us = kInf;
+    if (simulator.Run(range_graph, &range_sim).ok()) us = range_sim.makespan_us;
+    p_cache.emplace(key, us);
+    return us;
+  }
+
+  std::vector<Range> PartitionRanges() {
+    ResetPieces();
+    const int nseg = static_cast<int>(bounds.size()) - 1;
+    const std::vector<PartitionChoice> dp = PartitionDp(
+        nseg, max_span, opt.max_partitions, [&](int i, int j, int k) { return RangeCost(i, j, k); });
+    std::vector<Range> out;
+    for (const PartitionChoice& c : dp) {
+      out.push_back({bounds[static_cast<size_t>(c.begin)], bounds[static_cast<size_t>(c.end)], c.k,
+                     c.us});
+    }
+    return out;
+  }
+
+  std::vector<Range> WholeRanges() const {
+    return {Range{0, static_cast<int>(units.size()), 1, 0.0}};
+  }
+
+  // Tutel: each MoE layer's exchange (dispatch, experts, combine) split r ways.
+  std::vector<Range> TutelRanges(int r) const {
+    std::vector<Range> out;
+    int start = 0;
+    for (int u = 0; u < static_cast<int>(units.size()); ++u) {
+      if (units[static_cast<size_t>(u)].kind != UnitKind::kMoeExchange) continue;
+      if (u > start) out.push_back({start, u, 1, 0.0});
+      out.push_back({u, u + 1, r, 0.0});
+      start = u + 1;
+    }
+    if (start < static_cast<int>(units.size()))
+      out.push_back({start, static_cast<int>(units.size()), 1, 0.0});
+    return out;
+  }
+
+  std::vector<MoeLayerChoice> Layers(const std::vector<Range>& ranges) const {
+    std::vector<MoeLayerChoice> out;
+    for (const Range& r : ranges) {
+      for (int u = r.begin; u < r.end; ++u) {
+        if (units[static_cast<size_t>(u)].kind != UnitKind::kMoeExchange) continue;
+        out.push_back({units[static_cast<size_t>(u)].block, sched, algo, r.k});
+      }
+    }
+    return out;
+  }
+
+  AllToAllCrossover Crossover() const {
+    AllToAllCrossover c;
+    const int g = cost.profile().shape.gpus_per_node;
+    const int q = m->parallel.esp >= g ? 1 : g / m->parallel.esp;
+    c.ranks_per_node = q;
+    c.bytes = static_cast<double>(Derive(moe_layer).dispatch_bytes);
+    c.applies = q >= 2;
+    if (!c.applies) return c;
+    auto linear = [&](int w) {
+      return cost.CollectiveUs(Collective::kAllToAll, {w, w / q}, c.bytes);
+    };
+    auto hier = [&](int w) {
+      return cost.CollectiveUs(Collective::kAllToAll, {q, 1}, c.bytes) +
+             cost.MemoryBoundUs(2.0 * c.bytes) +
+             cost.CollectiveUs(Collective::kAllToAll, {w / q, w / q}, c.bytes);
+    };
+    for (int w = 2 * q; w <= kMaxCrossoverRanks; w *= 2) {
+      if (hier(w) < linear(w)) {
+        c.faster_from_ranks = w;
+        break;
+      }
+    }
+    if (topo.ep.SpansNodes() && topo.ep_ranks_per_node > 1) {
+      c.linear_us = linear(m->parallel.ep);
+      c.hierarchical_us = hier(m->parallel.ep);
+    }
+    return c;
+  }
+};
+
+ModelPlanner::ModelPlanner(const CostModel& cost) : impl_(std::make_unique<Impl>(cost)) {}
+ModelPlanner::~ModelPlanner() = default;
+ModelPlanner::ModelPlanner(ModelPlanner&&) noexcept = default;
+
+absl::Status ModelPlanner::Plan(const ModelConfig& model, const ModelPlanOptions& options,
+                                ModelPlan* out) {
+  Impl& s = *impl_;
+  const ClusterShape& cluster = s.cost.profile().shape;
+  MOEPLAN_RETURN_IF_ERROR(ValidateModel(model, cluster));
+  MOEPLAN_RETURN_IF_ERROR(ValidateModelPlanOptions(options));
+  s.m = &model;
+  s.opt = options;
+  s.moe_layer = model.MoeLayer();
+  s.topo = MakeTopology(model.parallel, cluster);
+  s.mp_shape = s.topo.mp;
+  s.dp_shape = ShapeOfGroup(model.parallel.dp, model.parallel.mp, cluster.gpus_per_node);
+  s.p_cache.clear();
+
+  // The MoE schedules and AlltoAll algorithms to try.
+  std::vector<Schedule> schedules = options.schedules;
+  if (schedules.empty()) {
+    // With mp = 1 there is no MP group to pause: S1 and S2 only rename the default.
+    for (Schedule sc : kAllSchedules) {
+      if (sc != Schedule::kDefault && model.parallel.mp == 1) continue;
+      if (ValidateForSchedule(s.moe_layer, sc).ok()) schedules.push_back(sc);
+    }
+  }
+  for (Schedule sc : schedules) {
+    if (absl::Status st = ValidateForSchedule(s.moe_layer, sc); !st.ok()) {
+      return absl::InvalidArgumentError(
+          Cat("schedules: ", ScheduleName(sc), " does not apply to this model: ",
+              View(st.message())));
+    }
+  }
+  const bool hier_applies = s.topo.ep.SpansNodes() && s.topo.ep_ranks_per_node > 1;
+  std::vector<AllToAllAlgo> algos = options.algos;
+  if (algos.empty()) {
+    algos.push_back(AllToAllAlgo::kLinear);
+    if (hier_applies) algos.push_back(AllToAllAlgo::kHierarchical);
+  }
+  for (AllToAllAlgo a : algos) {
+    if (a == AllToAllAlgo::kHierarchical && !hier_applies) {
+      return absl::InvalidArgumentError(
+          Cat("alltoall_algorithms: 2dh needs an EP group that spans nodes with several EP ranks "
+              "per node (got ep=",
+              model.parallel.ep, " with ", s.topo.ep_ranks_per_node, " per node)"));
+    }
+  }
+  std::vector<Variant> variants = options.variants;
+  if (variants.empty()) variants.assign(std::begin(kAllVariants), std::end(kAllVariants));
+
+  s.BuildUnits();
+  s.ResetPieces();
+  s.BuildBounds();
+
+  out->variants.clear();
+  out->variants.resize(variants.size());
+  out->moe_layers = model.NumMoeLayers();
+  out->params_per_rank = s.ParamsPerRank();
+  out->crossover = s.Crossover();
+  Impl::Built built;
+  for (size_t vi = 0; vi < variants.size(); ++vi) {
+    VariantPlan& vp = out->variants[vi];
+    vp = VariantPlan{};
+    vp.variant = variants[vi];
+    double best = kInf;
+    for (Schedule sc : schedules) {
+      for (AllToAllAlgo a : algos) {
+        // S2's AlltoAlls are the SAA's pairwise steps: no algorithm to choose.
+        if (sc == Schedule::kS2 && a == AllToAllAlgo::kHierarchical && algos.size() > 1) continue;
+        s.sched = sc;
+        s.algo = a;
+        s.combo_salt = 1 + static_cast<uint64_t>(sc) * 4 + static_cast<uint64_t>(a);
+        VariantAlternative alt{sc, a, 0, kInf};
+        auto consider = [&](const std::vector<Range>& ranges, bool dw, int degree) -> absl::Status {
+          MOEPLAN_RETURN_IF_ERROR(s.Evaluate(ranges, dw, &built));
+          const double us = s.final_sim.makespan_us;
+          if (us < alt.iteration_us) {
+            alt.iteration_us = us;
+            alt.tutel_degree = degree;
+          }
+          if (us < best) {
+            best = us;
+            vp.schedule = sc;
+            vp.algo = a;
+            vp.tutel_degree = degree;
+            vp.graph = s.final_graph;
+            vp.sim = s.final_sim;
+            vp.layers = s.Layers(ranges);
+            vp.partitions = built.partitions;
+            vp.dw = built.dw;
+          }
+          return absl::OkStatus();
+        };
+        switch (vp.variant) {
+          case Variant::kNone:
+            MOEPLAN_RETURN_IF_ERROR(consider(s.WholeRanges(), false, 0));
+            break;
+          case Variant::kTutel:
+            for (int r : options.tutel_degrees) {
+              MOEPLAN_RETURN_IF_ERROR(consider(s.TutelRanges(r), false, r));
+            }
+            break;
+          case Variant::kDw:
+            MOEPLAN_RETURN_IF_ERROR(consider(s.WholeRanges(), true, 0));
+            break;
+          case Variant::kPartition:
+          case Variant::kLancet: {
+            const std::vector<Range> ranges = s.PartitionRanges();
+            MOEPLAN_RETURN_IF_ERROR(consider(ranges, vp.variant == Variant::kLancet, 0));
+            break;
+          }
+        }
+        vp.alternatives.push_back(alt);
+      }
+    }
+    std::stable_sort(vp.alternatives.begin(), vp.alternatives.end(),
+                     [](const VariantAlternative& x, const VariantAlternative& y) {
+                       return x.iteration_us < y.iteration_us;
+                     });
+  }
+  out->best = 0;
+  for (size_t i = 1; i < out->variants.size(); ++i) {
+    if (out->variants[i].iteration_us() < out->variants[static_cast<size_t>(out->best)].iteration_us())
+      out->best = static_cast<int>(i);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace moeplan::planner

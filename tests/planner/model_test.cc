@@ -1,0 +1,303 @@
+// Whole-model planning (docs/model.md): the graph algorithms against brute
+// force, the model graph's structure, and the variants' invariants.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <functional>
+#include <map>
+#include <random>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "moeplan/planner/model.h"
+#include "moeplan/planner/schedules.h"
+#include "test_profile.h"
+
+namespace moeplan::planner {
+namespace {
+
+using testing::RoundNumberModel;
+using testing::RoundNumberProfile;
+
+// A small model on RoundNumberProfile (4 nodes x 8): 4 blocks, MoE every
+// other block, 2 experts per rank over 32 ranks.
+ModelConfig SmallModel(int mp = 1, Gate gate = Gate::kSwitch) {
+  ModelConfig m;
+  m.name = "small";
+  m.num_layers = 4;
+  m.hidden_size = 256;
+  m.num_attention_heads = 8;
+  m.ffn_hidden_size = 1024;
+  m.seq_length = 128;
+  m.micro_batch_size = 8;
+  m.bytes_per_element = 2;
+  m.moe.layer_freq = 2;
+  m.moe.num_experts = 64;
+  m.moe.top_k = 1;
+  m.moe.capacity_factor = 1.0;
+  m.moe.expert_ffn_hidden_size = 1024;
+  m.moe.gate = gate;
+  m.parallel = {.mp = mp, .ep = 32 / mp, .esp = mp, .dp = 32 / mp, .pp = 1};
+  return m;
+}
+
+// ---- Reachability ----
+
+TEST(Reachability, MatchesDepthFirstSearchOnRandomDags) {
+  std::mt19937 rng(7);
+  for (int trial = 0; trial < 30; ++trial) {
+    const int n = 5 + static_cast<int>(rng() % 150);
+    OpGraph g;
+    std::vector<std::vector<int>> succ(n);
+    for (int v = 0; v < n; ++v) {
+      std::vector<OpId> deps;
+      for (int u = 0; u < v; ++u) {
+        if (rng() % 100 < 4) deps.push_back(u);
+      }
+      Op op;
+      op.base = "x";
+      g.Add(op, deps);
+      for (OpId u : deps) succ[u].push_back(v);
+    }
+    const int first = static_cast<int>(rng() % 5);
+    Reachability r;
+    r.Compute(g, first);
+    for (int a = first; a < n; ++a) {
+      // Everything reachable from a by DFS over ops >= first.
+      std::vector<bool> seen(n, false);
+      std::vector<int> stack = {a};
+      while (!stack.empty()) {
+        const int v = stack.back();
+        stack.pop_back();
+        for (int w : succ[v]) {
+          if (!seen[w]) {
+            seen[w] = true;
+            stack.push_back(w);
+          }
+        }
+      }
+      for (int b = first; b < n; ++b) {
+        if (a == b) continue;
+        ASSERT_EQ(r.Path(a, b), static_cast<bool>(seen[b])) << a << " -> " << b;
+      }
+    }
+  }
+}
+
+// ---- Best fit ----
+
+TEST(BestFitDw, PicksTheClosestUntilCovered) {
+  // Slot of 10: closest to 10 is 9 (|1|), then remaining 1: closest is 1.5 -> covered.
+  const std::vector<double> slots = {10.0, 4.0};
+  const std::vector<double> dw = {9.0, 1.5, 3.0, 20.0};
+  auto picks = BestFitDw(slots, dw, [](int, int) { return true; });
+  ASSERT_EQ(picks.size(), 2u);
+  EXPECT_EQ(picks[0], (std::vector<int>{0, 1}));
+  // Slot of 4: 3 (|1|) beats 20 (|16|), then remaining 1: 20 is all that is left.
+  EXPECT_EQ(picks[1], (std::vector<int>{2, 3}));
+}
+
+TEST(BestFitDw, RespectsEligibilityAndTies) {
+  const std::vector<double> slots = {5.0};
+  const std::vector<double> dw = {4.0, 6.0, 5.0};
+  // 5.0 is exact but not eligible; 4 and 6 tie at |1|: the smaller one first.
+  auto picks = BestFitDw(slots, dw, [](int, int d) { return d != 2; });
+  EXPECT_EQ(picks[0], (std::vector<int>{0, 1}));
+  // Nothing eligible: nothing placed.
+  picks = BestFitDw(slots, dw, [](int, int) { return false; });
+  EXPECT_TRUE(picks[0].empty());
+}
+
+// ---- The partition DP against exhaustive search ----
+
+TEST(PartitionDp, MatchesExhaustiveSearch) {
+  std::mt19937 rng(3);
+  for (int trial = 0; trial < 50; ++trial) {
+    const int n = 1 + static_cast<int>(rng() % 8);
+    const int span = 1 + static_cast<int>(rng() % 4);
+    const int max_k = 1 + static_cast<int>(rng() % 4);
+    std::map<std::tuple<int, int, int>, double> table;
+    auto cost = [&](int i, int j, int k) {
+      auto key = std::make_tuple(i, j, k);
+      if (!table.count(key)) {
+        // Some pieces not allowed; k = 1 always is.
+        table[key] = (k > 1 && rng() % 5 == 0) ? -1.0 : 1.0 + static_cast<double>(rng() % 100);
+      }
+      return table[key];
+    };
+    const auto dp = PartitionDp(n, span, max_k, cost);
+    double dp_total = 0.0;
+    int at = 0;
+    for (const PartitionChoice& c : dp) {
+      EXPECT_EQ(c.begin, at);
+      EXPECT_LE(c.end - c.begin, span);
+      dp_total += c.us;
+      at = c.end;
+    }
+    EXPECT_EQ(at, n);
+    std::function<double(int)> best = [&](int i) -> double {
+      if (i == n) return 0.0;
+      double b = 1e300;
+      for (int j = i + 1; j <= std::min(n, i + span); ++j) {
+        for (int k = 1; k <= max_k; ++k) {
+          const double p = cost(i, j, k);
+          if (p >= 0) b = std::min(b, p + best(j));
+        }
+      }
+      return b;
+    };
+    EXPECT_DOUBLE_EQ(dp_total, best(0)) << "trial " << trial;
+  }
+}
+
+// ---- The model graph ----
+
+ModelPlan PlanOrDie(const ModelConfig& m, const CostModel& cost, ModelPlanOptions o = {}) {
+  ModelPlanner planner(cost);
+  ModelPlan plan;
+  const absl::Status s = planner.Plan(m, o, &plan);
+  EXPECT_TRUE(s.ok()) << s;
+  return plan;
+}
+
+int CountOps(const VariantPlan& v, std::string_view name_part, int block = -2) {
+  int n = 0;
+  for (OpId id = 0; id < v.graph.size(); ++id) {
+    const Op& op = v.graph.op(id);
+    if (block != -2 && op.block != block) continue;
+    if (op.Name().find(name_part) != std::string::npos) ++n;
+  }
+  return n;
+}
+
+TEST(ModelGraph, MegatronTensorParallelAllReducesPerBlock) {
+  ModelPlanOptions o;
+  o.variants = {Variant::kNone};
+  o.schedules = {Schedule::kDefault};
+  const ModelPlan plan = PlanOrDie(SmallModel(/*mp=*/2), RoundNumberModel(), o);
+  const VariantPlan& v = plan.variants[0];
+  // Dense block 1: two forward AllReduces (after proj and fc2), two backward
+  // (after the fc1 and qkv input gradients). MoE block 0: the attention's two.
+  for (const char* name : {"b1.fwd.proj_allreduce", "b1.fwd.fc2_allreduce",
+                           "b1.bwd.fc1_allreduce", "b1.bwd.qkv_allreduce"}) {
+    EXPECT_EQ(CountOps(v, name), 1) << name;
+  }
+  int tp = 0;
+  for (OpId id = 0; id < v.graph.size(); ++id) {
+    const Op& op = v.graph.op(id);
+    if (op.block == 1 && op.term == Term::kAllReduce && op.kind == OpKind::kComm) ++tp;
+  }
+  EXPECT_EQ(tp, 4);
+  // With mp = 1 there are none.
+  const ModelPlan one = PlanOrDie(SmallModel(1), RoundNumberModel(), o);
+  int tp_one = 0;
+  for (OpId id = 0; id < one.variants[0].graph.size(); ++id) {
+    const Op& op = one.variants[0].graph.op(id);
+    tp_one += op.block >= 0 && op.term == Term::kAllReduce && op.kind == OpKind::kComm;
+  }
+  EXPECT_EQ(tp_one, 0);
+}
+
+TEST(ModelGraph, OpsAreNamedByBlockAndEveryWeightGemmHasItsDw) {
+  ModelPlanOptions o;
+  o.variants = {Variant::kNone};
+  const ModelPlan plan = PlanOrDie(SmallModel(), RoundNumberModel(), o);
+  const VariantPlan& v = plan.variants[0];
+  EXPECT_EQ(CountOps(v, "b3.fwd.qkv"), 1);
+  EXPECT_EQ(CountOps(v, "b3.bwd.qkv_dw"), 1);
+  EXPECT_EQ(CountOps(v, "b2.moe.fwd.gate"), 1);
+  EXPECT_EQ(CountOps(v, "b2.moe.bwd.expert_dw"), 1);
+  EXPECT_EQ(CountOps(v, "b1.moe."), 0) << "block 1 is dense";
+  int dw = 0;
+  for (OpId id = 0; id < v.graph.size(); ++id) dw += (v.graph.op(id).flags & kWeightGrad) != 0;
+  // Per block: qkv, proj; dense blocks fc1, fc2; MoE blocks the experts.
+  EXPECT_EQ(dw, 4 * 2 + 2 * 2 + 2 * 1);
+  // One optimizer step, last.
+  EXPECT_EQ(v.graph.op(v.graph.size() - 1).Name(), "optimizer.step");
+  // Gradient buckets exist (dp = 32) and each waits for gradients.
+  EXPECT_GE(CountOps(v, "bwd.grad_allreduce"), 1);
+}
+
+TEST(ModelGraph, WithoutCommunicationEveryVariantTakesTheSameTime) {
+  ClusterProfile p = RoundNumberProfile();
+  // Profiles need beta > 0: 1e-18 us/B makes every collective cost < 1e-9 us.
+  p.intra = {0.0, 1e-18};
+  p.inter = {0.0, 1e-18};
+  const CostModel cost = *CostModel::Create(p);
+  for (int mp : {1, 2}) {
+    const ModelPlan plan = PlanOrDie(SmallModel(mp), cost);
+    ASSERT_EQ(plan.variants.size(), 5u);
+    const double none = plan.variants[0].iteration_us();
+    for (const VariantPlan& v : plan.variants) {
+      EXPECT_NEAR(v.iteration_us(), none, 1e-6 * none) << VariantName(v.variant) << " mp " << mp;
+      EXPECT_NEAR(v.sim.exposed_comm_us, 0.0, 1e-6);
+    }
+  }
+}
+
+TEST(ModelGraph, NoPartitionContainsABatchPrioritizedGate) {
+  const ModelPlan plan = PlanOrDie(SmallModel(1, Gate::kBatchPrioritized), RoundNumberModel());
+  for (const VariantPlan& v : plan.variants) {
+    for (OpId id = 0; id < v.graph.size(); ++id) {
+      const Op& op = v.graph.op(id);
+      if (op.base == "fwd.gate" || op.base == "fwd.order") {
+        EXPECT_EQ(op.part, -1) << VariantName(v.variant) << ": " << op.Name();
+      }
+    }
+  }
+}
+
+TEST(ModelGraph, VariantsNeverLoseToNoOverlap) {
+  for (int mp : {1, 2}) {
+    const ModelPlan plan = PlanOrDie(SmallModel(mp), RoundNumberModel());
+    const double none = plan.Find(Variant::kNone)->iteration_us();
+    for (const VariantPlan& v : plan.variants) {
+      EXPECT_LE(v.iteration_us(), none * (1 + 1e-9)) << VariantName(v.variant);
+    }
+    const VariantPlan& lancet = *plan.Find(Variant::kLancet);
+    EXPECT_LT(lancet.iteration_us(), none);
+    EXPECT_FALSE(lancet.dw.empty());
+    EXPECT_EQ(lancet.layers.size(), 2u);
+    // Placed dW ops are issued right after their AlltoAll and overlap it.
+    size_t placed = 0;
+    for (const DwPlacement& p : lancet.dw) placed += p.dw_ops.size();
+    EXPECT_GT(placed, 0u);
+  }
+}
+
+TEST(ModelGraph, AlternativesCoverEverySchedule) {
+  const ModelPlan plan = PlanOrDie(SmallModel(2), RoundNumberModel());
+  const VariantPlan& lancet = *plan.Find(Variant::kLancet);
+  std::set<Schedule> seen;
+  for (const VariantAlternative& a : lancet.alternatives) seen.insert(a.schedule);
+  EXPECT_EQ(seen.size(), 3u);
+  EXPECT_DOUBLE_EQ(lancet.alternatives.front().iteration_us, lancet.iteration_us());
+}
+
+TEST(ModelGraph, RejectsBadConfigsNamingTheField) {
+  const ClusterShape c{4, 8};
+  struct Case {
+    std::function<void(ModelConfig&)> edit;
+    std::string field;
+  } cases[] = {
+      {[](ModelConfig& m) { m.num_layers = 0; }, "num_layers:"},
+      {[](ModelConfig& m) { m.num_attention_heads = 7; }, "num_attention_heads:"},
+      {[](ModelConfig& m) { m.moe.num_experts = 48; }, "parallel.ep:"},
+      {[](ModelConfig& m) { m.moe.top_k = 2; }, "moe.top_k:"},
+      {[](ModelConfig& m) { m.moe.layer_freq = 0; }, "moe.layer_freq:"},
+      {[](ModelConfig& m) { m.micro_batch_size = 0; }, "micro_batch_size:"},
+      {[](ModelConfig& m) { m.moe.capacity_factor = -1; }, "moe.capacity_factor:"},
+  };
+  for (const Case& k : cases) {
+    ModelConfig m = SmallModel();
+    k.edit(m);
+    const absl::Status s = ValidateModel(m, c);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(std::string(s.message()).rfind(k.field, 0), 0u) << s;
+  }
+  EXPECT_TRUE(ValidateModel(SmallModel(), c).ok());
+}
+
+}  // namespace
+}  // namespace moeplan::planner
