@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "field_rules.h"
 #include "moeplan/base/status.h"
 #include "moeplan/base/strings.h"
 
@@ -26,9 +27,7 @@ std::string_view CollectiveName(Collective c) {
 
 namespace {
 
-absl::Status Bad(std::string_view field, std::string_view rule, std::string_view got) {
-  return absl::InvalidArgumentError(Cat(field, ": ", rule, " (got ", got, ")"));
-}
+using internal::Bad;
 
 absl::Status CheckAlphaBeta(std::string_view field, const AlphaBeta& ab) {
   if (!(ab.alpha_us >= 0.0) || !std::isfinite(ab.alpha_us)) {

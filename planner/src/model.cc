@@ -6,6 +6,7 @@
 #include <cmath>
 #include <limits>
 
+#include "field_rules.h"
 #include "moeplan/base/status.h"
 #include "moeplan/base/strings.h"
 #include "moeplan/planner/validate.h"
@@ -13,18 +14,10 @@
 namespace moeplan::planner {
 namespace {
 
-constexpr int64_t kMaxDim = int64_t{1} << 24;
+using internal::Bad;
+using internal::CheckDim;
+
 constexpr int kMaxLayers = 1024;
-
-absl::Status Bad(std::string_view field, std::string_view rule, std::string_view got) {
-  return absl::InvalidArgumentError(Cat(field, ": ", rule, " (got ", got, ")"));
-}
-
-absl::Status CheckDim(std::string_view field, int64_t v) {
-  if (v <= 0) return Bad(field, "must be > 0", Cat(v));
-  if (v > kMaxDim) return Bad(field, Cat("must be <= ", kMaxDim), Cat(v));
-  return absl::OkStatus();
-}
 
 absl::Status Divides(std::string_view field, std::string_view what, int64_t d, int64_t n,
                      std::string_view got) {

@@ -2,28 +2,22 @@
 
 #include <cmath>
 
+#include "field_rules.h"
 #include "moeplan/base/status.h"
 #include "moeplan/base/strings.h"
 
 namespace moeplan::planner {
 namespace {
 
+using internal::Bad;
+using internal::CheckDim;
+using internal::kMaxDim;
+
 // Upper bounds that keep every derived product far inside int64 and doubles exact.
-constexpr int64_t kMaxDim = int64_t{1} << 24;          // per dimension
 constexpr int64_t kMaxTokens = int64_t{1} << 31;       // B * L
 constexpr int64_t kMaxBufferBytes = int64_t{1} << 50;  // X and D: 1 PiB
 constexpr double kMaxCapacityFactor = 1024.0;
 constexpr int kMaxDegree = 1 << 20;
-
-absl::Status Bad(std::string_view field, std::string_view rule, std::string_view got) {
-  return absl::InvalidArgumentError(Cat(field, ": ", rule, " (got ", got, ")"));
-}
-
-absl::Status CheckDim(std::string_view field, int64_t v) {
-  if (v <= 0) return Bad(field, "must be > 0", Cat(v));
-  if (v > kMaxDim) return Bad(field, Cat("must be <= ", kMaxDim), Cat(v));
-  return absl::OkStatus();
-}
 
 absl::Status CheckDegree(std::string_view field, int v) {
   if (v < 1) return Bad(field, "must be >= 1", Cat(v));

@@ -273,7 +273,6 @@ class PlannerCore {
     if (PlanCache::Value hit = cache_.Get(key)) {
       *cache_state = "hit";
       resp->CopyFrom(*hit);
-      resp->set_profile_name(entry->message.name());
       return absl::OkStatus();
     }
     *cache_state = "miss";
@@ -290,27 +289,9 @@ class PlannerCore {
                            v1::PlanLayerResponse* resp, std::string_view* cache_state,
                            std::string* profile_name) {
     MOEPLAN_RETURN_IF_ERROR(CheckDeadline(ctx));
-    // Resolve the profile.
-    std::shared_ptr<const ProfileEntry> entry;
     std::string inline_bytes;
-    switch (req.cluster_case()) {
-      case v1::PlanLayerRequest::kProfileName:
-        *profile_name = req.profile_name();
-        entry = store_.Get(req.profile_name());
-        if (!entry) return UnknownProfile("profile_name", req.profile_name());
-        break;
-      case v1::PlanLayerRequest::kProfile: {
-        *profile_name = req.profile().name();
-        absl::StatusOr<std::shared_ptr<const ProfileEntry>> e =
-            MakeProfileEntry(req.profile(), false);
-        if (!e.ok()) return Under("profile.", e.status());
-        entry = *std::move(e);
-        inline_bytes = req.profile().SerializeAsString();
-        break;
-      }
-      default:
-        return Invalid("profile_name: required (or an inline profile)");
-    }
+    MOEPLAN_ASSIGN_OR_RETURN(std::shared_ptr<const ProfileEntry> entry,
+                             ResolveProfile(req, profile_name, &inline_bytes));
     if (!req.has_layer()) return Invalid("layer: required");
     // Normalise before keying, so equivalent requests share a cache entry.
     absl::StatusOr<p::LayerConfig> layer = proto::LayerFromProto(req.layer());
