@@ -1,5 +1,9 @@
 #!/usr/bin/python3
-"""A training launcher that asks a running moeplan-server which schedule to use.
+"""A training launcher that asks a running moeplan-server how to train.
+
+Two modes.
+
+One MoE layer (the default): which schedule (default, S1, S2) to use.
 
     /usr/bin/python3 examples/launcher.py --server 127.0.0.1:50051 \\
         [--layer examples/gpt2-moe-layer.json] [--cluster a100-8x8] [--stubs DIR]
@@ -11,9 +15,37 @@ to a Megatron/DeepSpeed-style training script, e.g.
     training flags: --tensor-model-parallel-size 4 --expert-parallel-size 16
         --expert-slicing-size 4 --data-parallel-size 16 --moe-schedule s2
 
+A whole model (--model): which parallel layout to train with (PlanModel's layout
+search, docs/model.md).
+
+    /usr/bin/python3 examples/launcher.py --server 127.0.0.1:50051 \\
+        --model examples/models/gpt3-medium-moe.json --cluster v100-8x8 \\
+        [--search] [--gpus 32] [--top 5]
+    /usr/bin/python3 examples/launcher.py --server 127.0.0.1:50051 \\
+        --model examples/models/gpt3-medium-moe.json --cluster v100-8x8 \\
+        --layout dp=8,tp=4,pp=1,ep=8,esp=4[,microbatches=4,zero=1,family=parm,
+                 pipeline=1f1b,v=2,recompute=1]
+
+--model FILE is a moeplan.v1.ModelConfig JSON (examples/models/). --search (the
+default with --model) ranks every layout on --gpus GPUs (default: the whole
+cluster) and keeps the best --top (default 5); --layout evaluates one layout
+(keys dp, tp, pp, ep, esp required; microbatches, zero, family (dpmoe, ppmoe,
+parm), pipeline (gpipe, 1f1b, interleaved), v (virtual stages) and recompute
+(0/1) optional). It prints the ranked table (rank, family, dp/tp/pp/ep/esp,
+micro-batches m, ZeRO stage, pipeline, iteration time, tokens/s per GPU, memory
+per GPU), the search's counts, and for the best candidate two lines:
+
+    megatron flags: --tensor-model-parallel-size 4 --pipeline-model-parallel-size 1
+        --expert-model-parallel-size 8 --expert-tensor-parallel-size 4 --num-experts 64
+        --moe-router-topk 2 --micro-batch-size 4 --global-batch-size 256 ...
+    deepspeed config: {"train_batch_size": 256, "train_micro_batch_size_per_gpu": 4, ...}
+
 On failure it prints one line, `launcher: error: CODE: message` (the server's
-message names the field, e.g. `layer.top_k: must be <= num_experts (...)`), on
-stderr and exits 1.
+message names the field, e.g. `layer.top_k: must be <= num_experts (...)` or
+`layout.tp: ...`), on stderr and exits 1; so does a malformed --layout
+(`launcher: error: --layout: unknown key 'foo' (known: ...)`), an infeasible
+--layout (the reason: which memory term does not fit) and a search that finds no
+feasible layout.
 
 The generated Python stubs are looked up in --stubs DIR, else in the directories
 of $MOEPLAN_PYTHONPATH, else in build/client/python under the repository root
@@ -80,29 +112,258 @@ def training_flags(layer: dict, plan: dict, schedule: str) -> list:
     return flags + ["--moe-schedule", schedule]
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(
-        prog="launcher", description="Ask a moeplan-server for the MoE schedule to train with.")
-    parser.add_argument("--server", required=True, metavar="ADDR",
-                        help="moeplan-server address, host:port")
-    parser.add_argument("--layer", default=DEFAULT_LAYER, metavar="FILE",
-                        help="LayerConfig JSON (default: examples/gpt2-moe-layer.json)")
-    parser.add_argument("--cluster", default="a100-8x8", metavar="NAME",
-                        help="profile name on the server (default: a100-8x8)")
-    parser.add_argument("--stubs", default=None, metavar="DIR",
-                        help="directory holding the generated moeplan/ package "
-                             "(default: $MOEPLAN_PYTHONPATH, else build/client/python)")
-    parser.add_argument("--timeout", type=float, default=10.0, metavar="S",
-                        help="deadline of the request in seconds (default: 10)")
-    args = parser.parse_args()
+# --- whole-model mode -----------------------------------------------------------
 
-    mc = import_client(stub_dirs(args))
+# --layout keys: name -> (Layout field, kind). Kinds: "int" (>= 0), "bool", or a
+# tuple of the accepted strings.
+LAYOUT_KEYS = {
+    "dp": ("dp", "int"),
+    "tp": ("tp", "int"),
+    "pp": ("pp", "int"),
+    "ep": ("ep", "int"),
+    "esp": ("esp", "int"),
+    "microbatches": ("microbatches", "int"),
+    "zero": ("zero_stage", "int"),
+    "family": ("family", ("dpmoe", "ppmoe", "parm")),
+    "pipeline": ("pipeline", ("gpipe", "1f1b", "interleaved")),
+    "v": ("virtual_stages", "int"),
+    "recompute": ("recompute", "bool"),
+}
+LAYOUT_REQUIRED = ("dp", "tp", "pp", "ep", "esp")
+DEFAULT_TOP = 5
+
+
+def parse_layout(spec: str) -> dict:
+    """`dp=8,tp=4,pp=1,ep=8,esp=4[,microbatches=..,zero=..,family=..,pipeline=..,v=..,
+    recompute=..]` -> a moeplan.v1.Layout dict. Errors name the key."""
+    known = ", ".join(LAYOUT_KEYS)
+    layout = {}
+    seen = set()
+    for item in spec.split(","):
+        item = item.strip()
+        if not item:
+            fail(f"--layout: empty item in {spec!r} (want key=value,key=value,...; "
+                 f"known: {known})")
+        key, eq, value = item.partition("=")
+        key, value = key.strip(), value.strip()
+        if key not in LAYOUT_KEYS:
+            fail(f"--layout: unknown key {key!r} (known: {known})")
+        if not eq or not value:
+            fail(f"--layout: {key} needs a value ({key}=...)")
+        if key in seen:
+            fail(f"--layout: {key} given twice")
+        seen.add(key)
+        field, kind = LAYOUT_KEYS[key]
+        if kind == "int":
+            try:
+                number = int(value, 10)
+            except ValueError:
+                number = -1
+            if number < 0 or (key in LAYOUT_REQUIRED and number < 1):
+                least = 1 if key in LAYOUT_REQUIRED else 0
+                fail(f"--layout: {key} must be an integer >= {least} (got {value!r})")
+            layout[field] = number
+        elif kind == "bool":
+            lowered = value.lower()
+            if lowered not in ("0", "1", "false", "true", "no", "yes"):
+                fail(f"--layout: {key} must be 0 or 1 (got {value!r})")
+            layout[field] = lowered in ("1", "true", "yes")
+        else:
+            if value not in kind:
+                fail(f"--layout: {key} must be one of {', '.join(kind)} (got {value!r})")
+            layout[field] = value
+    missing = [k for k in LAYOUT_REQUIRED if k not in seen]
+    if missing:
+        fail(f"--layout: missing {', '.join(missing)} (required: {', '.join(LAYOUT_REQUIRED)})")
+    return layout
+
+
+def _int(value, default=0) -> int:
+    """int64 fields come back as JSON strings."""
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return default
+
+
+def micro_batch_size(cand: dict, global_batch: int) -> int:
+    lay = cand["layout"]
+    mbs = _int(lay.get("micro_batch_size"))
+    if mbs <= 0:
+        replicas = _int(lay.get("dp"), 1) * max(_int(lay.get("microbatches"), 1), 1)
+        mbs = global_batch // replicas if replicas else 0
+    return mbs
+
+
+def megatron_flags(model: dict, cand: dict, global_batch: int) -> list:
+    """Megatron-LM (megatron-core) arguments for the candidate's layout."""
+    lay = cand["layout"]
+    moe = model.get("moe", {})
+    tp, pp = _int(lay.get("tp"), 1), _int(lay.get("pp"), 1)
+    flags = ["--tensor-model-parallel-size", str(tp),
+             "--pipeline-model-parallel-size", str(pp),
+             "--expert-model-parallel-size", str(_int(lay.get("ep"), 1)),
+             "--expert-tensor-parallel-size", str(_int(lay.get("esp"), 1)),
+             "--num-experts", str(_int(moe.get("num_experts"))),
+             "--moe-router-topk", str(_int(moe.get("top_k"), 1)),
+             "--micro-batch-size", str(micro_batch_size(cand, global_batch)),
+             "--global-batch-size", str(global_batch)]
+    v = _int(lay.get("virtual_stages"))
+    if lay.get("pipeline") == "interleaved" and v > 1 and pp > 0:
+        layers = _int(model.get("num_layers"))
+        flags += ["--num-layers-per-virtual-pipeline-stage", str(layers // (pp * v))]
+    if _int(lay.get("zero_stage")) >= 1:
+        flags += ["--use-distributed-optimizer"]
+    if lay.get("recompute"):
+        flags += ["--recompute-granularity", "full", "--recompute-method", "uniform"]
+    flags += ["--seq-length", str(_int(model.get("seq_length"))),
+              "--num-layers", str(_int(model.get("num_layers"))),
+              "--hidden-size", str(_int(model.get("hidden_size"))),
+              "--num-attention-heads", str(_int(model.get("num_attention_heads"))),
+              "--ffn-hidden-size", str(_int(model.get("ffn_hidden_size"))),
+              "--moe-ffn-hidden-size", str(_int(moe.get("expert_ffn_hidden_size"))),
+              "--moe-layer-freq", str(_int(moe.get("layer_freq"), 1))]
+    shared = _int(moe.get("shared_expert_ffn_hidden_size"))
+    if shared > 0:
+        flags += ["--moe-shared-expert-intermediate-size", str(shared)]
+    capacity = moe.get("capacity_factor")
+    if capacity:
+        flags += ["--moe-expert-capacity-factor", f"{float(capacity):g}"]
+    return flags
+
+
+def deepspeed_config(model: dict, cand: dict, global_batch: int) -> dict:
+    """The DeepSpeed config keys that carry the candidate's layout."""
+    lay = cand["layout"]
+    moe = model.get("moe", {})
+    return {
+        "train_batch_size": global_batch,
+        "train_micro_batch_size_per_gpu": micro_batch_size(cand, global_batch),
+        "gradient_accumulation_steps": max(_int(lay.get("microbatches"), 1), 1),
+        "zero_optimization": {"stage": _int(lay.get("zero_stage"))},
+        "moe": {"ep_size": _int(lay.get("ep"), 1), "num_experts": _int(moe.get("num_experts")),
+                "top_k": _int(moe.get("top_k"), 1)},
+        "pipeline": {"stages": _int(lay.get("pp"), 1)},
+        "tensor_parallel": {"tp_size": _int(lay.get("tp"), 1)},
+    }
+
+
+def print_candidates(candidates: list) -> None:
+    print(f"{'rank':>4} {'family':<6} {'dp':>4} {'tp':>3} {'pp':>3} {'ep':>4} {'esp':>3} "
+          f"{'m':>4} {'zero':>4} {'pipeline':<14} {'iter_ms':>10} {'tokens/s/GPU':>13} "
+          f"{'GiB/GPU':>8}")
+    for i, c in enumerate(candidates):
+        lay = c["layout"]
+        pipeline = lay.get("pipeline") or "-"
+        v = _int(lay.get("virtual_stages"))
+        if pipeline == "interleaved" and v > 1:
+            pipeline += f"/v{v}"
+        if lay.get("recompute"):
+            pipeline += "+rc"
+        gib = _int(c.get("memory_bytes_per_gpu")) / float(1 << 30)
+        print(f"{_int(c.get('rank'), i + 1):>4} {c.get('family') or lay.get('family') or '-':<6} "
+              f"{_int(lay.get('dp')):>4} {_int(lay.get('tp')):>3} {_int(lay.get('pp')):>3} "
+              f"{_int(lay.get('ep')):>4} {_int(lay.get('esp')):>3} "
+              f"{_int(lay.get('microbatches')):>4} {_int(lay.get('zero_stage')):>4} "
+              f"{pipeline:<14} {c.get('iteration_us', 0.0) / 1000.0:>10.2f} "
+              f"{c.get('tokens_per_s_per_gpu', 0.0):>13.1f} {gib:>8.2f}")
+
+
+def run_model(args, mc) -> int:
+    if args.layer is not None:
+        fail("--layer and --model are two modes: give one")
+    if args.search and args.layout is not None:
+        fail("--search and --layout: give one (--search is the default with --model)")
+    if args.layout is not None and (args.gpus is not None or args.top is not None):
+        fail("--gpus and --top apply to --search; a --layout has dp*tp*pp GPUs")
+    if args.gpus is not None and args.gpus < 1:
+        fail(f"--gpus: must be >= 1 (got {args.gpus})")
+    if args.top is not None and args.top < 1:
+        fail(f"--top: must be >= 1 (got {args.top})")
 
     try:
-        with open(args.layer, encoding="utf-8") as f:
+        with open(args.model, encoding="utf-8") as f:
+            model = json.load(f)
+    except (OSError, ValueError) as e:
+        fail(f"{args.model}: {e}")
+    if not isinstance(model, dict):
+        fail(f"{args.model}: must hold a JSON object (a moeplan.v1.ModelConfig)")
+
+    search = layout = None
+    if args.layout is not None:
+        layout = parse_layout(args.layout)
+    else:
+        search = {"top": args.top if args.top is not None else DEFAULT_TOP}
+        if args.gpus is not None:
+            search["gpus"] = args.gpus
+
+    try:
+        with mc.PlannerClient(args.server, timeout_s=args.timeout) as client:
+            plan = client.plan_model(model, profile=args.cluster, search=search, layout=layout)
+    except mc.PlannerError as e:
+        fail(f"{e.code}: {e.message}")
+
+    candidates = plan.get("candidates") or []
+    if not candidates:
+        if plan.get("variants"):
+            fail(f"{args.server} answered with a variants plan and no layout candidates "
+                 "(a server without the layout search?)")
+        gpus = plan.get("gpus") or args.gpus or "the cluster's"
+        fail(f"no feasible layout of {model.get('name') or args.model} on {gpus} GPUs of "
+             f"{plan.get('profile_name', args.cluster)} (see --gpus, or the model's "
+             "global_batch_size)")
+    best = candidates[0]
+    if not best.get("feasible", False):
+        fail(f"layout {args.layout} is infeasible: {best.get('infeasible_reason') or 'no reason given'}")
+    global_batch = _int(plan.get("global_batch_size"))
+    if global_batch <= 0:
+        lay = best["layout"]
+        global_batch = (_int(lay.get("micro_batch_size")) * _int(lay.get("dp"), 1)
+                        * max(_int(lay.get("microbatches"), 1), 1))
+
+    mode = "layout" if layout is not None else "layout search"
+    print(f"moeplan {mode} for {model.get('name') or os.path.basename(args.model)} on "
+          f"{plan['profile_name']} (profile version {plan['profile_version']}) from "
+          f"{args.server}: {_int(plan.get('gpus'))} GPUs, global batch {global_batch}")
+    print_candidates(candidates)
+    stats = plan.get("search_stats") or {}
+    if search is not None and stats:
+        print(f"search: {_int(stats.get('enumerated'))} enumerated, "
+              f"{_int(stats.get('pruned_memory'))} pruned by memory, "
+              f"{_int(stats.get('pruned_bound'))} by bound, "
+              f"{_int(stats.get('simulated'))} simulated, "
+              f"{_int(stats.get('stage_plans'))} stage plans "
+              f"({_int(stats.get('stage_cache_hits'))} cache hits) in "
+              f"{float(stats.get('elapsed_ms', 0.0)):.1f} ms")
+    lay = best["layout"]
+    schedule = best.get("schedule", "SCHEDULE_UNSPECIFIED")
+    try:
+        schedule = mc.schedule_short_name(schedule)
+    except ValueError:
+        schedule = "-"
+    print(f"chosen: {best.get('family') or lay.get('family') or '-'} dp={_int(lay.get('dp'))} "
+          f"tp={_int(lay.get('tp'))} pp={_int(lay.get('pp'))} ep={_int(lay.get('ep'))} "
+          f"esp={_int(lay.get('esp'))}, {best.get('iteration_us', 0.0) / 1000.0:.2f} ms per "
+          f"iteration, {best.get('tokens_per_s_per_gpu', 0.0):.1f} tokens/s per GPU, "
+          f"overlap {best.get('variant') or '-'}, MoE schedule {schedule}, bubble "
+          f"{100.0 * float(best.get('bubble_fraction', 0.0)):.1f}%")
+    print("megatron flags: " + " ".join(megatron_flags(model, best, global_batch)))
+    print("deepspeed config: " + json.dumps(deepspeed_config(model, best, global_batch),
+                                            separators=(", ", ": ")))
+    return 0
+
+
+# --- single-layer mode -------------------------------------------------------------
+
+def run_layer(args, mc) -> int:
+    if args.search or args.layout is not None or args.gpus is not None or args.top is not None:
+        fail("--search, --layout, --gpus and --top need --model FILE")
+    layer_path = args.layer if args.layer is not None else DEFAULT_LAYER
+    try:
+        with open(layer_path, encoding="utf-8") as f:
             layer = json.load(f)
     except (OSError, ValueError) as e:
-        fail(f"{args.layer}: {e}")
+        fail(f"{layer_path}: {e}")
 
     try:
         with mc.PlannerClient(args.server, timeout_s=args.timeout) as client:
@@ -115,7 +376,7 @@ def main() -> int:
     chosen = next(c for c in plan["candidates"] if c["schedule"] == best)
     decision = plan.get("decision", {})
 
-    print(f"moeplan plan for {layer.get('name') or os.path.basename(args.layer)} on "
+    print(f"moeplan plan for {layer.get('name') or os.path.basename(layer_path)} on "
           f"{plan['profile_name']} (profile version {plan['profile_version']}) "
           f"from {args.server}")
     print(f"schedule: {schedule}")
@@ -132,6 +393,49 @@ def main() -> int:
         print(f"why: {decision['summary']}")
     print("training flags: " + " ".join(training_flags(layer, plan, schedule)))
     return 0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        prog="launcher",
+        description="Ask a moeplan-server for the MoE schedule (--layer) or the parallel "
+                    "layout (--model) to train with.")
+    parser.add_argument("--server", required=True, metavar="ADDR",
+                        help="moeplan-server address, host:port")
+    parser.add_argument("--layer", default=None, metavar="FILE",
+                        help="LayerConfig JSON (default: examples/gpt2-moe-layer.json)")
+    parser.add_argument("--model", default=None, metavar="FILE",
+                        help="ModelConfig JSON (examples/models/): plan the whole model's "
+                             "parallel layout instead of one layer's schedule")
+    parser.add_argument("--search", action="store_true",
+                        help="with --model: rank every layout (the default)")
+    parser.add_argument("--layout", default=None, metavar="SPEC",
+                        help="with --model: evaluate one layout, "
+                             "dp=..,tp=..,pp=..,ep=..,esp=..[,microbatches=..,zero=..,"
+                             "family=..,pipeline=..,v=..,recompute=..]")
+    parser.add_argument("--gpus", type=int, default=None, metavar="N",
+                        help="with --search: GPUs to lay the model out on "
+                             "(default: the whole cluster)")
+    parser.add_argument("--top", type=int, default=None, metavar="N",
+                        help=f"with --search: candidates to list (default: {DEFAULT_TOP})")
+    parser.add_argument("--cluster", default="a100-8x8", metavar="NAME",
+                        help="profile name on the server (default: a100-8x8)")
+    parser.add_argument("--stubs", default=None, metavar="DIR",
+                        help="directory holding the generated moeplan/ package "
+                             "(default: $MOEPLAN_PYTHONPATH, else build/client/python)")
+    parser.add_argument("--timeout", type=float, default=None, metavar="S",
+                        help="deadline of the request in seconds (default: 10; "
+                             "60 with --model)")
+    args = parser.parse_args()
+    if args.timeout is None:
+        args.timeout = 60.0 if args.model is not None else 10.0
+    if args.timeout <= 0:
+        fail(f"--timeout: must be > 0 (got {args.timeout})")
+
+    mc = import_client(stub_dirs(args))
+    if args.model is not None:
+        return run_model(args, mc)
+    return run_layer(args, mc)
 
 
 if __name__ == "__main__":

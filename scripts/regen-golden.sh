@@ -26,3 +26,18 @@ for pair in gpt2-s-moe.a100:a100-8x8 gpt2-l-moe-bpr.a100:a100-8x8 fine-grained-m
   mv "$out.tmp" "$out"
   echo "wrote $out"
 done
+# Layouts (docs/layouts.md): the commands of tests/cli/golden_test.cc's kLayoutGoldens.
+mkdir -p tests/golden/layouts
+layout() {
+  local out=tests/golden/layouts/$1
+  shift
+  "$cli" plan-model --format json "$@" > "$out.tmp"
+  mv "$out.tmp" "$out"
+  echo "wrote $out"
+}
+layout gpt3-medium-moe.v100-8x8.search.json --model examples/models/gpt3-medium-moe.json \
+  --cluster v100-8x8 --search --gpus 32 --top 3 --variants none,dw
+layout qwen-moe-like.a100-8x8.layout.json --model examples/models/qwen-moe-like.json \
+  --cluster a100-8x8 --layout dp=16,tp=8,pp=8,ep=8,esp=1,microbatches=32,zero=1,pipeline=interleaved,v=2
+layout mixtral-8x7b-like.h200-8x8.layout.json --model examples/models/mixtral-8x7b-like.json \
+  --cluster h200-8x8 --layout dp=2,tp=8,pp=4,ep=8,esp=1,microbatches=16,family=ppmoe

@@ -242,8 +242,16 @@ class PlannerClient:
     def plan_model(self, model: Mapping[str, Any],
                    profile: Union[str, Mapping[str, Any]] = DEFAULT_PROFILE,
                    options: Optional[Mapping[str, Any]] = None,
-                   include_timeline: bool = False) -> dict:
-        """Plans a whole model under every overlap variant: PlanModel (docs/model.md).
+                   include_timeline: bool = False,
+                   search: Optional[Mapping[str, Any]] = None,
+                   layout: Optional[Mapping[str, Any]] = None,
+                   memory: Optional[Mapping[str, Any]] = None) -> dict:
+        """Plans a whole model: PlanModel (docs/model.md).
+
+        Three modes: neither `search` nor `layout` plans model.parallel under
+        every overlap variant; `search` ranks every parallel layout (dp, tp, pp,
+        ep, esp, ZeRO stage, pipeline schedule, micro-batches) of the model on
+        the cluster; `layout` evaluates one layout. At most one of the two.
 
         Args:
             model: a moeplan.v1.ModelConfig as a dict (the files of examples/models/:
@@ -252,25 +260,63 @@ class PlannerClient:
                 bytes_per_element, moe {layer_freq, num_experts, top_k,
                 capacity_factor, expert_ffn_hidden_size, optional
                 shared_expert_ffn_hidden_size, gate "GATE_SWITCH"/...}, parallel
-                {mp, ep, esp, dp?}). Unknown fields are rejected.
+                {mp, ep, esp, dp?}, optional global_batch_size). Unknown fields
+                are rejected.
             profile: a profile name, or a whole ClusterProfile dict sent inline.
             options: a moeplan.v1.ModelPlanOptions dict (variants
                 ["OVERLAP_VARIANT_LANCET", ...], schedules, alltoall_algorithms,
                 bucket_bytes, partition_max_k, partition_groups,
                 partition_max_span); None: every variant with the defaults.
             include_timeline: also return every variant's ops (large).
+            search: a moeplan.v1.SearchOptions dict: top (candidates returned,
+                best first; unset: 10), gpus (unset: the profile's nodes *
+                gpus_per_node), families (["dpmoe", "ppmoe", "parm"]), pipelines
+                (["gpipe", "1f1b", "interleaved"]), zero_stages ([0, 1, 2, 3]),
+                max_microbatches (unset: 64), virtual_stages (interleaved v;
+                empty: [2]). {} searches with every default.
+            layout: a moeplan.v1.Layout dict: dp, tp, pp, ep, esp, microbatches
+                (0: 1 when pp = 1, else pp), zero_stage, family ("dpmoe",
+                "ppmoe", "parm"; "": inferred), pipeline ("gpipe", "1f1b",
+                "interleaved"; "": 1f1b), virtual_stages, recompute.
+            memory: a moeplan.v1.MemoryOptions dict: param_bytes, grad_bytes,
+                optimizer_bytes (bytes per parameter before ZeRO divides them),
+                gpu_memory_gib (overrides the profile's; 0: memory not checked).
+                Used by search and layout.
 
         Returns:
-            The PlanModelResponse dict: variants (name, iteration_us,
-            exposed_comm_us, hidden_comm_us, speedup_over_none,
-            speedup_over_tutel, layers [{block, schedule, alltoall, partitions}],
-            partition_ranges, dw_placements, alternatives, ...), best_variant,
-            alltoall_crossover.
+            The PlanModelResponse dict: profile_name, profile_version, ranks,
+            moe_layers, params_per_rank (int64: a string), alltoall_crossover and
+
+            - without search or layout: variants (name, iteration_us,
+              exposed_comm_us, hidden_comm_us, speedup_over_none,
+              speedup_over_tutel, layers [{block, schedule, alltoall,
+              partitions}], partition_ranges, dw_placements, alternatives, ...)
+              and best_variant;
+            - with search or layout: candidates (best first; a search returns
+              feasible ones only, a layout its one candidate either way), each
+              with layout {dp, tp, pp, ep, esp, microbatches, zero_stage, family,
+              pipeline, virtual_stages, recompute, micro_batch_size}, family,
+              feasible, infeasible_reason, iteration_us, tokens_per_s_per_gpu,
+              memory_bytes_per_gpu (a number), memory {params_bytes,
+              grads_bytes, optimizer_bytes, activations_bytes,
+              capacity_buffer_bytes, total_bytes, limit_bytes,
+              in_flight_microbatches, activation_bytes_per_microbatch, stage}
+              (bytes as numbers),
+              variant, schedule, alltoall, compute_us, exposed_comm [{term, us}],
+              grad_sync_us, optimizer_us, bubble_us, bubble_fraction,
+              stage_forward_us, stage_backward_us, rank (1-based);
+              search_stats {enumerated, pruned_memory, pruned_bound, simulated,
+              stage_plans, stage_cache_hits (int64 strings)}; gpus;
+              global_batch_size.
 
         Raises:
             PlannerError: INVALID_ARGUMENT naming the field ("model.moe.top_k: ...",
-                "options.partition_max_k: ..."), NOT_FOUND for an unknown profile.
+                "options.partition_max_k: ...", "layout.tp: ...",
+                "search.gpus: ..."), NOT_FOUND for an unknown profile.
+            ValueError: both search and layout given.
         """
+        if search is not None and layout is not None:
+            raise ValueError("plan_model: pass at most one of search and layout")
         request = model_pb2.PlanModelRequest()
         request.model.CopyFrom(_parse(model, model_pb2.ModelConfig(), "model"))
         if isinstance(profile, str):
@@ -280,6 +326,16 @@ class PlannerClient:
         if options:
             request.options.CopyFrom(_parse(options, model_pb2.ModelPlanOptions(), "options"))
         request.include_timeline = bool(include_timeline)
+        # The server tells the modes apart by field presence: search={} is a search
+        # with every default, so mark the (possibly empty) message present.
+        if search is not None:
+            request.search.CopyFrom(_parse(search, model_pb2.SearchOptions(), "search"))
+            request.search.SetInParent()
+        if layout is not None:
+            request.layout.CopyFrom(_parse(layout, model_pb2.Layout(), "layout"))
+            request.layout.SetInParent()
+        if memory is not None:
+            request.memory.CopyFrom(_parse(memory, model_pb2.MemoryOptions(), "memory"))
         return _to_dict(self._call("PlanModel", request))
 
     def list_profiles(self) -> list:

@@ -40,6 +40,18 @@ struct PlanModelArgs {
   std::string trace;             // Chrome trace to write; empty: none
   bool timeline = false;         // JSON: include every op
   std::string server;            // empty: plan locally
+  // Layouts (docs/layouts.md): rank every layout, or evaluate one.
+  bool search = false;
+  int top = 10;
+  int gpus = 0;                  // 0: the profile's
+  std::string families = "all";  // dpmoe,ppmoe,parm
+  std::string pipelines = "all";  // gpipe,1f1b,interleaved
+  std::string zero_stages = "all";
+  int max_microbatches = 64;
+  std::string layout;  // "dp=..,tp=..,pp=..,ep=..,esp=..[,microbatches=..,zero=..,...]"
+  double gpu_memory_gib = -1.0;  // < 0: the profile's
+  double optimizer_bytes = 12.0;
+  double grad_bytes = 4.0;
 };
 // Plans a whole model (docs/model.md), locally or on a moeplan-server, and
 // prints the variants as a table or JSON, the same bytes either way; writes the

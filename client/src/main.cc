@@ -87,6 +87,42 @@ CLI::App* AddPlanModel(CLI::App* app, PlanModelArgs* a) {
   plan->add_flag("--timeline", a->timeline, "Include every op's timing in the JSON output");
   plan->add_option("--server", a->server,
                    "Plan on a moeplan-server at host:port instead of locally (same output)");
+  CLI::Option* search =
+      plan->add_flag("--search", a->search,
+                     "Rank every (dp, tp, pp, ep, esp) layout of the GPUs with its ZeRO stage, "
+                     "pipeline schedule and micro-batches (docs/layouts.md)");
+  CLI::Option* layout = plan->add_option(
+      "--layout", a->layout,
+      "Evaluate one layout: dp=..,tp=..,pp=..,ep=..,esp=..[,microbatches=..,zero=..,"
+      "family=dpmoe|ppmoe|parm,pipeline=gpipe|1f1b|interleaved,v=..,recompute=0|1]");
+  search->excludes(layout);
+  plan->add_option("--top", a->top, "With --search: candidates to print, best first")
+      ->check(CLI::Range(1, 1000))
+      ->capture_default_str();
+  plan->add_option("--gpus", a->gpus,
+                   "With --search: GPUs to lay out (default: the profile's; more extrapolates "
+                   "its link costs to more nodes)")
+      ->check(CLI::Range(1, 1 << 20));
+  plan->add_option("--families", a->families,
+                   "With --search: subset of dpmoe,ppmoe,parm, or all")
+      ->capture_default_str();
+  plan->add_option("--pipelines", a->pipelines,
+                   "With --search: subset of gpipe,1f1b,interleaved, or all")
+      ->capture_default_str();
+  plan->add_option("--zero-stages", a->zero_stages, "With --search: subset of 0,1,2,3, or all")
+      ->capture_default_str();
+  plan->add_option("--max-microbatches", a->max_microbatches,
+                   "With --search: most micro-batches per iteration tried")
+      ->check(CLI::Range(1, 4096))
+      ->capture_default_str();
+  plan->add_option("--gpu-memory-gib", a->gpu_memory_gib,
+                   "GPU memory for the memory check (default: the profile's gpu_memory_gib; "
+                   "0: no check)");
+  plan->add_option("--optimizer-bytes", a->optimizer_bytes,
+                   "Optimizer state bytes per parameter (Adam's fp32 master + moments)")
+      ->capture_default_str();
+  plan->add_option("--grad-bytes", a->grad_bytes, "Gradient bytes per parameter")
+      ->capture_default_str();
   return plan;
 }
 

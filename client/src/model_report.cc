@@ -132,3 +132,85 @@ std::string FormatModelTable(const v1::ModelConfig& m, const v1::PlanModelRespon
 }
 
 }  // namespace moeplan::client
+
+namespace moeplan::client {
+namespace {
+
+std::string Gib(double bytes) { return fmt::format("{:.1f}", bytes / (1024.0 * 1024.0 * 1024.0)); }
+
+std::string PipelineLabel(const v1::Layout& l) {
+  if (l.pp() == 1) return "-";
+  if (l.pipeline() == "interleaved") return fmt::format("interleaved v={}", l.virtual_stages());
+  return l.pipeline();
+}
+
+}  // namespace
+
+std::string FormatLayoutTable(const v1::ModelConfig& m, const v1::PlanModelResponse& plan,
+                              const v1::ClusterProfile& profile) {
+  std::string out;
+  auto w = std::back_inserter(out);
+  const v1::MoeConfig& moe = m.moe();
+  fmt::format_to(w, "model {} on {} (v{}; {} GPUs of {} per node, {} GiB each), global batch {}\n",
+                 m.name().empty() ? "(unnamed)" : m.name(), plan.profile_name(),
+                 plan.profile_version(), plan.gpus(), profile.gpus_per_node(),
+                 profile.gpu_memory_gib(), plan.global_batch_size());
+  fmt::format_to(w,
+                 "  {} blocks ({} MoE, every {}), hidden {}, {} heads, ffn {}, seq {}, vocab {}; "
+                 "{} experts, top-{}, expert ffn {}\n",
+                 m.num_layers(), plan.moe_layers(), moe.layer_freq(), m.hidden_size(),
+                 m.num_attention_heads(), m.ffn_hidden_size(), m.seq_length(), m.vocab_size(),
+                 moe.num_experts(), moe.top_k(), moe.expert_ffn_hidden_size());
+  if (plan.has_search_stats()) {
+    const v1::SearchStats& s = plan.search_stats();
+    fmt::format_to(w,
+                   "search: {} candidates enumerated, {} pruned by memory, {} by bound, {} "
+                   "simulated ({} stages planned, {} reused)\n",
+                   s.enumerated(), s.pruned_memory(), s.pruned_bound(), s.simulated(),
+                   s.stage_plans(), s.stage_cache_hits());
+  }
+  if (plan.candidates_size() == 0) {
+    fmt::format_to(w, "no layout fits: every candidate was pruned by memory\n");
+    return out;
+  }
+  fmt::format_to(w, "\n{:>4}  {:<6} {:>4} {:>3} {:>3} {:>4} {:>4} {:>4} {:>4} {:>4}  {:<15} {:>12} "
+                    "{:>13} {:>8} {:>7}  {:<9} {}\n",
+                 "rank", "family", "dp", "tp", "pp", "ep", "esp", "m", "mbs", "zero", "pipeline",
+                 "iteration ms", "tokens/s/GPU", "GiB/GPU", "bubble", "variant", "schedule");
+  for (const v1::LayoutCandidate& c : plan.candidates()) {
+    const v1::Layout& l = c.layout();
+    fmt::format_to(w,
+                   "{:>4}  {:<6} {:>4} {:>3} {:>3} {:>4} {:>4} {:>4} {:>4} {:>4}  {:<15} {:>12.2f} "
+                   "{:>13.0f} {:>8} {:>6.1f}%  {:<9} {}{}{}\n",
+                   c.rank(), c.family(), l.dp(), l.tp(), l.pp(), l.ep(), l.esp(), l.microbatches(),
+                   l.micro_batch_size(), l.zero_stage(), PipelineLabel(l), c.iteration_us() / 1000.0,
+                   c.tokens_per_s_per_gpu(), Gib(c.memory_bytes_per_gpu()),
+                   100.0 * c.bubble_fraction(), c.variant(),
+                   proto::ScheduleLabel(c.schedule()),
+                   c.alltoall() == v1::ALLTOALL_ALGORITHM_HIERARCHICAL ? "+2dh" : "",
+                   l.recompute() ? " recompute" : "");
+  }
+  for (const v1::LayoutCandidate& c : plan.candidates()) {
+    const v1::MemoryBreakdown& mb = c.memory();
+    std::string comm;
+    for (const v1::TermTime& t : c.exposed_comm()) {
+      comm += fmt::format("{}{} {:.2f}", comm.empty() ? "" : ", ", t.term(), t.us() / 1000.0);
+    }
+    fmt::format_to(w,
+                   "\n#{} {}: compute {:.2f} ms, exposed comm [{}] ms, grad sync {:.2f} ms, "
+                   "optimizer {:.2f} ms, bubble {:.2f} ms\n",
+                   c.rank(), c.family(), c.compute_us() / 1000.0, comm.empty() ? "none" : comm,
+                   c.grad_sync_us() / 1000.0, c.optimizer_us() / 1000.0, c.bubble_us() / 1000.0);
+    fmt::format_to(w,
+                   "   memory (stage {}): params {} + grads {} + optimizer {} + activations {} "
+                   "({:.2f} micro-batches in flight) + capacity buffers {} = {} GiB{}\n",
+                   mb.stage(), Gib(mb.params_bytes()), Gib(mb.grads_bytes()),
+                   Gib(mb.optimizer_bytes()), Gib(mb.activations_bytes()),
+                   mb.in_flight_microbatches(), Gib(mb.capacity_buffer_bytes()),
+                   Gib(mb.total_bytes()),
+                   c.feasible() ? "" : fmt::format("  INFEASIBLE: {}", c.infeasible_reason()));
+  }
+  return out;
+}
+
+}  // namespace moeplan::client

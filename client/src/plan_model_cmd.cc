@@ -1,6 +1,9 @@
 // `moeplan plan-model`: a whole model planned locally or on a moeplan-server
 // (docs/model.md), printed the same way either way (report.h).
+#include <algorithm>
+#include <charconv>
 #include <chrono>
+#include <vector>
 #include <cmath>
 #include <string>
 #include <string_view>
@@ -16,6 +19,7 @@
 #include "moeplan/client/planner_client.h"
 #include "moeplan/client/report.h"
 #include "moeplan/planner/cost_model.h"
+#include "moeplan/planner/layout.h"
 #include "moeplan/planner/model.h"
 #include "moeplan/proto/convert.h"
 #include "moeplan/proto/json.h"
@@ -42,6 +46,15 @@ absl::Status InFile(const std::string& path, const absl::Status& s) {
       {"options.partition_max_k", "--partition-max-k"},
       {"options.partition_groups", "--partition-groups"},
       {"options.partition_max_span", "--partition-max-span"},
+      {"search.top", "--top"},
+      {"search.gpus", "--gpus"},
+      {"search.families", "--families"},
+      {"search.pipelines", "--pipelines"},
+      {"search.zero_stages", "--zero-stages"},
+      {"search.max_microbatches", "--max-microbatches"},
+      {"memory.gpu_memory_gib", "--gpu-memory-gib"},
+      {"memory.optimizer_bytes", "--optimizer-bytes"},
+      {"memory.grad_bytes", "--grad-bytes"},
   };
   for (const auto& [field, flag] : kFlags) {
     if (msg.rfind(field, 0) == 0) {
@@ -74,11 +87,135 @@ absl::StatusOr<v1::ModelPlanOptions> OptionsFromFlags(const PlanModelArgs& a) {
   return o;
 }
 
+bool ParseZero(std::string_view name, int* out) {
+  if (name.size() != 1 || name[0] < '0' || name[0] > '3') return false;
+  *out = name[0] - '0';
+  return true;
+}
+
+bool ParseFamilyName(std::string_view name, std::string* out) {
+  p::Family f;
+  if (!p::ParseFamily(name, &f)) return false;
+  *out = std::string(name);
+  return true;
+}
+
+bool ParsePipelineName(std::string_view name, std::string* out) {
+  p::PipelineSchedule ps;
+  if (!p::ParsePipelineSchedule(name, &ps)) return false;
+  *out = std::string(name);
+  return true;
+}
+
+// --layout dp=8,tp=4,pp=2,ep=8,esp=4[,microbatches=8,zero=1,family=..,pipeline=..,v=2,recompute=1]
+absl::StatusOr<v1::Layout> LayoutFromFlag(const std::string& spec) {
+  v1::Layout l;
+  static constexpr std::string_view kKeys =
+      "dp, tp, pp, ep, esp, microbatches, zero, family, pipeline, v, recompute";
+  std::vector<std::string> seen;
+  size_t begin = 0;
+  while (begin <= spec.size()) {
+    const size_t end = std::min(spec.find(',', begin), spec.size());
+    const std::string item = spec.substr(begin, end - begin);
+    begin = end + 1;
+    const size_t eq = item.find('=');
+    if (eq == std::string::npos || eq == 0) {
+      return absl::InvalidArgumentError(
+          Cat("--layout: expected key=value, got '", item, "' (keys: ", kKeys, ")"));
+    }
+    const std::string key = item.substr(0, eq), value = item.substr(eq + 1);
+    if (std::find(seen.begin(), seen.end(), key) != seen.end()) {
+      return absl::InvalidArgumentError(Cat("--layout: '", key, "' given twice"));
+    }
+    seen.push_back(key);
+    if (key == "family") {
+      l.set_family(value);
+      continue;
+    }
+    if (key == "pipeline") {
+      l.set_pipeline(value);
+      continue;
+    }
+    int n = 0;
+    const auto [ptr, ec] = std::from_chars(value.data(), value.data() + value.size(), n);
+    if (ec != std::errc() || ptr != value.data() + value.size()) {
+      return absl::InvalidArgumentError(
+          Cat("--layout: ", key, " must be an integer (got '", value, "')"));
+    }
+    if (key == "dp") {
+      l.set_dp(n);
+    } else if (key == "tp") {
+      l.set_tp(n);
+    } else if (key == "pp") {
+      l.set_pp(n);
+    } else if (key == "ep") {
+      l.set_ep(n);
+    } else if (key == "esp") {
+      l.set_esp(n);
+    } else if (key == "microbatches") {
+      l.set_microbatches(n);
+    } else if (key == "zero") {
+      l.set_zero_stage(n);
+    } else if (key == "v") {
+      l.set_virtual_stages(n);
+    } else if (key == "recompute") {
+      if (n != 0 && n != 1) {
+        return absl::InvalidArgumentError(Cat("--layout: recompute must be 0 or 1 (got ", n, ")"));
+      }
+      l.set_recompute(n == 1);
+    } else {
+      return absl::InvalidArgumentError(
+          Cat("--layout: unknown key '", key, "' (keys: ", kKeys, ")"));
+    }
+  }
+  for (std::string_view need : {"dp", "tp", "pp", "ep", "esp"}) {
+    if (std::find(seen.begin(), seen.end(), need) == seen.end()) {
+      return absl::InvalidArgumentError(Cat("--layout: ", need, "= is required"));
+    }
+  }
+  return l;
+}
+
+absl::Status SearchFromFlags(const PlanModelArgs& a, v1::PlanModelRequest* request) {
+  v1::MemoryOptions* mem = request->mutable_memory();
+  if (a.gpu_memory_gib >= 0.0) mem->set_gpu_memory_gib(a.gpu_memory_gib);
+  mem->set_optimizer_bytes(a.optimizer_bytes);
+  mem->set_grad_bytes(a.grad_bytes);
+  if (!a.layout.empty()) {
+    MOEPLAN_ASSIGN_OR_RETURN(*request->mutable_layout(), LayoutFromFlag(a.layout));
+    return absl::OkStatus();
+  }
+  v1::SearchOptions* s = request->mutable_search();
+  s->set_top(a.top);
+  if (a.gpus > 0) s->set_gpus(a.gpus);
+  MOEPLAN_ASSIGN_OR_RETURN(auto families,
+                           ParseNameList<std::string>("--families", "family", a.families,
+                                                      ParseFamilyName, "dpmoe, ppmoe, parm"));
+  for (const std::string& f : families) s->add_families(f);
+  MOEPLAN_ASSIGN_OR_RETURN(
+      auto pipelines, ParseNameList<std::string>("--pipelines", "pipeline schedule", a.pipelines,
+                                                 ParsePipelineName, "gpipe, 1f1b, interleaved"));
+  for (const std::string& ps : pipelines) s->add_pipelines(ps);
+  MOEPLAN_ASSIGN_OR_RETURN(auto zeros, ParseNameList<int>("--zero-stages", "ZeRO stage",
+                                                          a.zero_stages, ParseZero, "0, 1, 2, 3"));
+  for (int z : zeros) s->add_zero_stages(z);
+  s->set_max_microbatches(a.max_microbatches);
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status PlanModelCmd(const PlanModelArgs& a) {
   v1::PlanModelRequest request;
   MOEPLAN_ASSIGN_OR_RETURN(*request.mutable_options(), OptionsFromFlags(a));
+  if (a.search || !a.layout.empty()) {
+    if (a.timeline || !a.trace.empty()) {
+      return absl::InvalidArgumentError(
+          "--timeline/--trace: not available with --search or --layout (they show one "
+          "variants plan; run plan-model without them)");
+    }
+    MOEPLAN_RETURN_IF_ERROR(SearchFromFlags(a, &request));
+  }
   MOEPLAN_RETURN_IF_ERROR(proto::ReadJsonFile(a.model, request.mutable_model()));
   request.set_include_timeline(a.timeline || !a.trace.empty());
   v1::PlanModelResponse response;
@@ -122,6 +259,8 @@ absl::Status PlanModelCmd(const PlanModelArgs& a) {
   if (a.format == "json") {
     MOEPLAN_ASSIGN_OR_RETURN(std::string json, proto::ToJson(printed));
     text = json + "\n";
+  } else if (printed.candidates_size() > 0 || request.has_search()) {
+    text = FormatLayoutTable(shown, printed, profile_message);
   } else {
     text = FormatModelTable(shown, printed, profile_message);
   }

@@ -90,6 +90,10 @@ absl::Status ValidateProfile(const ClusterProfile& p) {
     return Bad("source", "must be PROFILE_SOURCE_MEASURED or PROFILE_SOURCE_SPEC", "unset");
   }
   if (p.shape.nodes < 1) return Bad("nodes", "must be >= 1", Cat(p.shape.nodes));
+  if (!std::isfinite(p.gpu_memory_gib) || p.gpu_memory_gib < 0.0 || p.gpu_memory_gib > 1e6) {
+    return Bad("gpu_memory_gib", "must be finite, >= 0 (0: unknown) and <= 1e6",
+               Cat(p.gpu_memory_gib));
+  }
   if (p.shape.gpus_per_node < 1) {
     return Bad("gpus_per_node", "must be >= 1", Cat(p.shape.gpus_per_node));
   }

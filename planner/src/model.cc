@@ -99,7 +99,7 @@ LayerConfig ModelConfig::MoeLayer() const {
   return l;
 }
 
-absl::Status ValidateModel(const ModelConfig& m, const ClusterShape& c) {
+absl::Status ValidateModelShape(const ModelConfig& m) {
   if (m.num_layers < 1 || m.num_layers > kMaxLayers) {
     return Bad("num_layers", Cat("must be between 1 and ", kMaxLayers), Cat(m.num_layers));
   }
@@ -125,12 +125,31 @@ absl::Status ValidateModel(const ModelConfig& m, const ClusterShape& c) {
   if (m.moe.gate == Gate::kSwitch && m.moe.top_k != 1) {
     return Bad("moe.top_k", "must be 1 with the switch gate", Cat(m.moe.top_k));
   }
+  if (m.global_batch_size < 0 || m.global_batch_size > (int64_t{1} << 24)) {
+    return Bad("global_batch_size", "must be between 0 (micro_batch_size * parallel.dp) and 2^24",
+               Cat(m.global_batch_size));
+  }
+  // The layer rules on one rank (dimensions and buffer bounds).
+  LayerConfig one = m.MoeLayer();
+  one.parallel = ParallelLayout{};
+  if (absl::Status s = ValidateLayer(one, ClusterShape{}); !s.ok()) {
+    return absl::InvalidArgumentError(ModelField(View(s.message())));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateModel(const ModelConfig& m, const ClusterShape& c) {
+  MOEPLAN_RETURN_IF_ERROR(ValidateModelShape(m));
   // The layer rules (degrees, divisibility, cluster fit, buffer bounds).
   if (absl::Status s = ValidateLayer(m.MoeLayer(), c); !s.ok()) {
     return absl::InvalidArgumentError(ModelField(View(s.message())));
   }
   const ParallelLayout& p = m.parallel;
-  if (p.pp != 1) return Bad("parallel.pp", "must be 1 (pipelines are not planned yet)", Cat(p.pp));
+  if (p.pp != 1) {
+    return Bad("parallel.pp",
+               "must be 1 for a variants plan (plan pipelines with a layout or a search)",
+               Cat(p.pp));
+  }
   const std::string mp = Cat("parallel.mp=", p.mp);
   MOEPLAN_RETURN_IF_ERROR(Divides("parallel.mp", "num_attention_heads (Megatron TP splits heads)",
                                   p.mp, m.num_attention_heads,
@@ -189,6 +208,38 @@ const VariantPlan* ModelPlan::Find(Variant v) const {
     if (p.variant == v) return &p;
   }
   return nullptr;
+}
+
+RankParams BlockParams(const ModelConfig& m, int block) {
+  const double M = static_cast<double>(m.hidden_size), t = m.parallel.mp;
+  const double attention = 3 * M * M / t + 3 * M / t + M * M / t + M + 4 * M;
+  RankParams r;
+  if (!m.IsMoeBlock(block)) {
+    const double f = static_cast<double>(m.ffn_hidden_size) / t;
+    r.dense = attention + 2 * M * f + f + M;
+    return r;
+  }
+  r.dense = attention + M * static_cast<double>(m.moe.num_experts) +
+            2 * M * static_cast<double>(m.moe.shared_expert_ffn_hidden_size) / t;
+  r.expert = static_cast<double>(m.moe.num_experts / m.parallel.ep) * 2.0 * M *
+             static_cast<double>(m.moe.expert_ffn_hidden_size / m.parallel.esp);
+  return r;
+}
+
+RankParams StageParams(const ModelConfig& m, const StageOptions& stage) {
+  const int end = stage.end_block < 0 ? m.num_layers : stage.end_block;
+  RankParams r;
+  for (int blk = stage.first_block; blk < end; ++blk) {
+    const RankParams b = BlockParams(m, blk);
+    r.dense += b.dense;
+    r.expert += b.expert;
+  }
+  const double M = static_cast<double>(m.hidden_size);
+  const double v = static_cast<double>(m.vocab_size / m.parallel.mp);
+  // A last stage without the embedding holds its own copy of the tied LM head.
+  if (m.vocab_size > 0 && stage.embed) r.dense += v * M + static_cast<double>(m.seq_length) * M;
+  if (m.vocab_size > 0 && stage.head) r.dense += 2 * M + (stage.embed ? 0.0 : v * M);
+  return r;
 }
 
 // ---- Reachability ----

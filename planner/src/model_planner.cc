@@ -72,10 +72,12 @@ struct Range {
   double us = 0.0;
 };
 
-// A dense parameter's gradient: the op that completes it and its bytes.
+// A parameter's gradient: the op that completes it, its bytes, and whether it
+// is an expert's (synchronised over the expert replicas, not the dense DP group).
 struct Param {
   double bytes;
   OpId producer;
+  bool expert = false;
 };
 
 // One backward AlltoAll (a linear collective, the ops of a hierarchical one,
@@ -109,6 +111,9 @@ struct ModelPlanner::Impl {
   // ---- Per plan ----
   const ModelConfig* m = nullptr;
   ModelPlanOptions opt;
+  StageOptions st;
+  int first_block = 0, end_block = 0;
+  GroupShape edp_shape;
   LayerConfig moe_layer;
   Topology topo;
   GroupShape mp_shape, dp_shape;
@@ -119,6 +124,7 @@ struct ModelPlanner::Impl {
   Schedule sched = Schedule::kDefault;
   AllToAllAlgo algo = AllToAllAlgo::kLinear;
   uint64_t combo_salt = 0;
+  uint64_t context_salt = 0;  // the model, layout and stage a range's costs depend on
   // ---- Scratch ----
   OpGraph scratch, range_graph, g0, final_graph;
   Simulator simulator;
@@ -145,6 +151,7 @@ struct ModelPlanner::Impl {
     ctx.a2a = algo;
     ctx.detach_dw = detach;
     ctx.block = block;
+    ctx.local_dispatch = st.local_dispatch;
     return ctx;
   }
 
@@ -159,8 +166,8 @@ struct ModelPlanner::Impl {
     };
     int prev = -1;
     auto chain = [&](UnitKind k, int block) { return prev = add(k, block, prev); };
-    if (m->vocab_size > 0) chain(UnitKind::kEmbed, -1);
-    for (int blk = 0; blk < m->num_layers; ++blk) {
+    if (m->vocab_size > 0 && st.embed) chain(UnitKind::kEmbed, -1);
+    for (int blk = first_block; blk < end_block; ++blk) {
       for (UnitKind k : {UnitKind::kLn1, UnitKind::kQkv, UnitKind::kAttnScore, UnitKind::kSoftmax,
                          UnitKind::kAttnCtx, UnitKind::kProj}) {
         chain(k, blk);
@@ -187,7 +194,7 @@ struct ModelPlanner::Impl {
         chain(UnitKind::kResidual2, blk);
       }
     }
-    if (m->vocab_size > 0) {
+    if (m->vocab_size > 0 && st.head) {
       chain(UnitKind::kLnF, -1);
       chain(UnitKind::kLmHead, -1);
       chain(UnitKind::kLoss, -1);
@@ -302,6 +309,7 @@ struct ModelPlanner::Impl {
     LayerConfig piece_layer;
     for (int j = u0; j < u1; ++j) {
       const Unit& u = units[static_cast<size_t>(j)];
+      const Deps gather = u.kind == UnitKind::kLn1 ? ZeroGather(g, u.block, F) : Deps{};
       scratch.Clear();
       Builder sb(cost, &scratch);
       const Deps lf = BuildUnit(u, k, sb, Deps{}, &piece_layer);
@@ -319,6 +327,8 @@ struct ModelPlanner::Impl {
           dep_buf.clear();
           if (local.empty()) {
             AppendInputs(u, u0, p, standalone);
+            dep_buf.push_back(gather.a);
+            dep_buf.push_back(gather.b);
           } else {
             for (OpId dl : local) dep_buf.push_back(map[static_cast<size_t>(dl) * k + p]);
           }
@@ -338,6 +348,32 @@ struct ModelPlanner::Impl {
     piece_out.clear();
     piece_begin.assign(units.size(), 0);
     piece_k.assign(units.size(), 1);
+  }
+
+  // ZeRO-3: a block's parameters are gathered over their DP groups before its
+  // forward and again before its backward. The gathers depend on nothing, so
+  // they run ahead on the link as far as its FIFO allows (prefetch).
+  Deps ZeroGather(OpGraph* g, int block, Phase phase) {
+    if (st.zero_stage < 3) return {};
+    Builder b(cost, g);
+    b.Stamp(block, 0);
+    const double e = m->bytes_per_element;
+    const bool moe = m->IsMoeBlock(block);
+    const RankParams params = BlockParams(*m, block);
+    const double dense = params.dense * e;
+    Deps out;
+    const char* name = phase == F ? "fwd.zero_param_allgather" : "bwd.zero_param_allgather";
+    if (dp_shape.ranks > 1) {
+      out.a = b.Coll(name, phase, Collective::kAllGather, dp_shape, dense / dp_shape.ranks, {}).a;
+    }
+    if (moe && edp_shape.ranks > 1) {
+      const char* ename =
+          phase == F ? "fwd.zero_expert_allgather" : "bwd.zero_expert_allgather";
+      out.b = b.Coll(ename, phase, Collective::kAllGather, edp_shape,
+                     params.expert * e / edp_shape.ranks, {})
+                  .a;
+    }
+    return out;
   }
 
   // ---------------- Backward ----------------
@@ -378,19 +414,29 @@ struct ModelPlanner::Impl {
       return detach ? dx : dw;
     };
 
-    if (mm.vocab_size > 0) {
+    if (mm.vocab_size > 0 && st.head) {
       b.Stamp(-1, 0);
       x = mem("bwd.loss", 3.0 * e * S * v, x);
-      // The tied embedding's gradient completes at bwd.embed (below).
+      // The tied embedding's gradient completes at bwd.embed (below); a last
+      // stage without the embedding holds its own copy (Megatron-LM).
       const Deps dx = gemm("bwd.lm_head_dx", S, M, v, x);
       const Deps dw = gemm("bwd.lm_head_dw", v, M, S, detach ? x : dx, kWeightGrad);
       dw_ops.push_back(dw.a);
+      if (!st.embed) param(static_cast<double>(v) * M, dw);
       x = detach ? dx : dw;
       if (t > 1) x = allreduce("bwd.lm_head_allreduce", x);
       x = mem("bwd.ln_f", 3.0 * sm, x);
       param(2.0 * M, x);
     }
-    for (int blk = mm.num_layers - 1; blk >= 0; --blk) {
+    for (int blk = end_block - 1; blk >= first_block; --blk) {
+      if (st.zero_stage == 3) {
+        const Deps gather = ZeroGather(&g0, blk, B);
+        if (gather.a != kNoOp || gather.b != kNoOp) {
+          b.Stamp(blk, 0);
+          x = b.Compute("bwd.zero_wait", B, Term::kDense, 0.0, 0.0, {x.a, gather.a});
+          if (gather.b != kNoOp) x = b.Compute("bwd.zero_wait", B, Term::kDense, 0.0, 0.0, {x.a, gather.b});
+        }
+      }
       b.Stamp(blk, 0);
       const Deps out_grad = x;
       if (mm.IsMoeBlock(blk)) {
@@ -411,8 +457,14 @@ struct ModelPlanner::Impl {
         const OpId before = g0.size();
         y = AppendSection(sched, MoeSection::kBwdExchange, ctx, &g0, y);
         RecordSlots(before, blk);
+        int expert_dw = 0;
         for (OpId id = before; id < g0.size(); ++id) {
-          if (g0.op(id).flags & kWeightGrad) dw_ops.push_back(id);
+          if (g0.op(id).flags & kWeightGrad) ++expert_dw;
+        }
+        for (OpId id = before; id < g0.size(); ++id) {
+          if (!(g0.op(id).flags & kWeightGrad)) continue;
+          dw_ops.push_back(id);
+          params.push_back({BlockParams(mm, blk).expert * e / expert_dw, id, true});
         }
         const OpId route = g0.size();
         y = AppendSection(sched, MoeSection::kBwdRoute, ctx, &g0, y);
@@ -450,7 +502,7 @@ struct ModelPlanner::Impl {
       x = b.Compute("bwd.residual1", B, Term::kDense, c.MemoryBoundUs(3.0 * sm), 3.0 * sm,
                     Deps{x.a, mid.a});
     }
-    if (mm.vocab_size > 0) {
+    if (mm.vocab_size > 0 && st.embed) {
       b.Stamp(-1, 0);
       x = mem("bwd.embed", 3.0 * sm, x);
       param(static_cast<double>(v) * M + static_cast<double>(L) * M, x);
@@ -579,35 +631,79 @@ struct ModelPlanner::Impl {
     return simulator.Run(final_graph, &final_sim);
   }
 
-  // Copies g0 in `order` into final_graph, issuing each DDP bucket's AllReduce
-  // as soon as its last gradient is issued, then the optimizer step after
-  // every op nothing else waits for.
+  // The compute ops of the whole forward and backward (no split, no
+  // overlap): what any variant's compute resource must run at least.
+  void ComputeOnly(double* fwd, double* bwd) {
+    g0.Clear();
+    params.clear();
+    slots.clear();
+    dw_ops.clear();
+    ResetPieces();
+    EmitRange(0, static_cast<int>(units.size()), 1, &g0, false);
+    const auto& o = piece_out[static_cast<size_t>(piece_begin[units.size() - 1])];
+    EmitBackward(Deps{o[0], o[1]}, false);
+    for (OpId id = 0; id < g0.size(); ++id) {
+      const Op& op = g0.op(id);
+      if (op.kind != OpKind::kCompute) continue;
+      (op.phase == F ? *fwd : *bwd) += op.cost_us;
+    }
+  }
+
+  // Copies g0 in `order` into final_graph, issuing each DDP bucket's
+  // collective as soon as its last gradient is issued (AllReduce; ZeRO >= 1:
+  // ReduceScatter), dense parameters over the DP group and expert ones over
+  // their replicas, then the optimizer step after every op nothing else waits
+  // for (ZeRO 1-2: then the updated parameters are AllGathered per bucket).
   absl::Status Finalize(const std::vector<OpId>& order) {
     final_graph.Clear();
     final_graph.Reserve(g0.size() + 64, g0.size() * 2);
-    // Buckets in the order gradients are produced (reverse layer order).
+    // Buckets per group, in the order gradients are produced (reverse layer order).
+    struct Bucket {
+      double bytes = 0.0;
+      int left = 0;
+      bool expert = false;
+      int index = 0;  // within its group
+      std::vector<OpId> deps;
+    };
+    std::vector<Bucket> buckets;
     std::vector<int> bucket_of(params.size());
-    std::vector<double> bucket_bytes;
-    std::vector<int> bucket_left;
-    double fill = opt.bucket_bytes;
+    int open[2] = {-1, -1};
     for (size_t i = 0; i < params.size(); ++i) {
-      if (fill >= static_cast<double>(opt.bucket_bytes)) {
-        bucket_bytes.push_back(0.0);
-        bucket_left.push_back(0);
-        fill = 0.0;
+      const int grp = params[i].expert ? 1 : 0;
+      if (open[grp] < 0 ||
+          buckets[static_cast<size_t>(open[grp])].bytes >= static_cast<double>(opt.bucket_bytes)) {
+        buckets.push_back({});
+        buckets.back().expert = params[i].expert;
+        for (const Bucket& other : buckets) buckets.back().index += other.expert == params[i].expert;
+        buckets.back().index -= 1;
+        open[grp] = static_cast<int>(buckets.size()) - 1;
       }
-      bucket_of[i] = static_cast<int>(bucket_bytes.size()) - 1;
-      bucket_bytes.back() += params[i].bytes;
-      bucket_left.back() += 1;
-      fill += params[i].bytes;
+      bucket_of[i] = open[grp];
+      buckets[static_cast<size_t>(open[grp])].bytes += params[i].bytes;
+      buckets[static_cast<size_t>(open[grp])].left += 1;
     }
     absl::flat_hash_map<OpId, std::vector<int>> params_of;
     for (size_t i = 0; i < params.size(); ++i) {
       params_of[params[i].producer].push_back(static_cast<int>(i));
     }
-    std::vector<std::vector<OpId>> bucket_deps(bucket_bytes.size());
+    const bool sharded = st.zero_stage >= 1;
+    auto sync_op = [&](const Bucket& bk, std::string_view base, Collective c) {
+      const GroupShape shape = bk.expert ? edp_shape : dp_shape;
+      // AllReduce: n is the bucket; ReduceScatter / AllGather: a rank's shard.
+      const double n = c == Collective::kAllReduce ? bk.bytes : bk.bytes / shape.ranks;
+      Op op;
+      op.base = base;
+      op.kind = OpKind::kComm;
+      op.phase = B;
+      op.flags = kGradSync;
+      op.term = internal::TermOf(c);
+      op.resources = internal::ResourcesOf(shape);
+      op.cost_us = cost.CollectiveUs(c, shape, n);
+      op.bytes = internal::Bytes(n);
+      op.inter_node_bytes = internal::Bytes(internal::InterNodeBytes(c, shape, n));
+      return op;
+    };
     std::vector<OpId> new_id(static_cast<size_t>(g0.size()), kNoOp);
-    std::vector<bool> consumed;
     for (OpId v : order) {
       dep_buf.clear();
       for (OpId d : g0.deps(v)) {
@@ -622,27 +718,21 @@ struct ModelPlanner::Impl {
       auto it = params_of.find(v);
       if (it == params_of.end()) continue;
       for (int pi : it->second) {
-        const int bk = bucket_of[static_cast<size_t>(pi)];
-        bucket_deps[static_cast<size_t>(bk)].push_back(id);
-        if (--bucket_left[static_cast<size_t>(bk)] > 0) continue;
-        if (dp_shape.ranks <= 1) continue;
-        Op ar;
-        ar.base = "bwd.grad_allreduce";
-        ar.step = bk;
-        ar.kind = OpKind::kComm;
-        ar.phase = B;
-        ar.term = Term::kAllReduce;
-        ar.resources = internal::ResourcesOf(dp_shape);
-        ar.cost_us = cost.CollectiveUs(Collective::kAllReduce, dp_shape,
-                                       bucket_bytes[static_cast<size_t>(bk)]);
-        ar.bytes = internal::Bytes(bucket_bytes[static_cast<size_t>(bk)]);
-        ar.inter_node_bytes = internal::Bytes(internal::InterNodeBytes(
-            Collective::kAllReduce, dp_shape, bucket_bytes[static_cast<size_t>(bk)]));
-        final_graph.Add(ar, bucket_deps[static_cast<size_t>(bk)]);
+        Bucket& bk = buckets[static_cast<size_t>(bucket_of[static_cast<size_t>(pi)])];
+        bk.deps.push_back(id);
+        if (--bk.left > 0) continue;
+        if ((bk.expert ? edp_shape : dp_shape).ranks <= 1) continue;
+        Op op = sharded ? sync_op(bk, bk.expert ? "bwd.expert_grad_reducescatter"
+                                                : "bwd.grad_reducescatter",
+                                  Collective::kReduceScatter)
+                        : sync_op(bk, bk.expert ? "bwd.expert_grad_allreduce" : "bwd.grad_allreduce",
+                                  Collective::kAllReduce);
+        op.step = bk.index;
+        final_graph.Add(op, bk.deps);
       }
     }
     // The optimizer waits for every sink (gradients, buckets, side branches).
-    consumed.assign(static_cast<size_t>(final_graph.size()), false);
+    std::vector<bool> consumed(static_cast<size_t>(final_graph.size()), false);
     for (OpId v = 0; v < final_graph.size(); ++v) {
       for (OpId d : final_graph.deps(v)) consumed[static_cast<size_t>(d)] = true;
     }
@@ -654,29 +744,41 @@ struct ModelPlanner::Impl {
     step.base = "optimizer.step";
     step.phase = B;
     step.term = Term::kOptimizer;
-    const double bytes = static_cast<double>(ParamsPerRank()) * (24.0 + 2.0 * m->bytes_per_element);
+    // Each rank updates its shard: ZeRO >= 1 divides the states by the group.
+    const double shard = sharded ? static_cast<double>(DenseParamsPerRank()) / dp_shape.ranks +
+                                       static_cast<double>(ExpertParamsPerRank()) / edp_shape.ranks
+                                 : static_cast<double>(ParamsPerRank());
+    const double bytes = shard * (24.0 + 2.0 * m->bytes_per_element);
     step.cost_us = cost.MemoryBoundUs(bytes);
     step.bytes = internal::Bytes(bytes);
-    final_graph.Add(step, dep_buf);
+    const OpId step_id = final_graph.Add(step, dep_buf);
+    if (st.zero_stage == 1 || st.zero_stage == 2) {
+      for (size_t i = 0; i < buckets.size(); ++i) {
+        if ((buckets[i].expert ? edp_shape : dp_shape).ranks <= 1) continue;
+        Op op = sync_op(buckets[i],
+                        buckets[i].expert ? "optimizer.expert_param_allgather"
+                                          : "optimizer.param_allgather",
+                        Collective::kAllGather);
+        op.step = buckets[i].index;
+        final_graph.Add(op, {step_id});
+      }
+    }
     return absl::OkStatus();
   }
 
-  // Parameters this rank holds: dense ones split by MP, its local experts.
-  int64_t ParamsPerRank() const {
-    const ModelConfig& mm = *m;
-    const int64_t M = mm.hidden_size, t = mm.parallel.mp;
-    const int64_t attn = 3 * M * M / t + 3 * M / t + M * M / t + M + 4 * M;
-    const int64_t dense_ffn = 2 * M * (mm.ffn_hidden_size / t) + mm.ffn_hidden_size / t + M;
-    const int64_t experts = mm.moe.num_experts / mm.parallel.ep * 2 * M *
-                            (mm.moe.expert_ffn_hidden_size / mm.parallel.esp);
-    const int64_t moe = M * mm.moe.num_experts + experts +
-                        2 * M * (mm.moe.shared_expert_ffn_hidden_size / t);
-    const int64_t moe_blocks = mm.NumMoeLayers();
-    int64_t total = mm.num_layers * attn + (mm.num_layers - moe_blocks) * dense_ffn +
-                    moe_blocks * moe;
-    if (mm.vocab_size > 0) total += mm.vocab_size / t * M + mm.seq_length * M + 2 * M;
-    return total;
+  StageOptions Stage() const {
+    StageOptions o = st;
+    o.first_block = first_block;
+    o.end_block = end_block;
+    return o;
   }
+  int64_t DenseParamsPerRank() const {
+    return static_cast<int64_t>(StageParams(*m, Stage()).dense);
+  }
+  int64_t ExpertParamsPerRank() const {
+    return static_cast<int64_t>(StageParams(*m, Stage()).expert);
+  }
+  int64_t ParamsPerRank() const { return DenseParamsPerRank() + ExpertParamsPerRank(); }
 
   // ---------------- Operator partition ----------------
 
@@ -763,7 +865,8 @@ struct ModelPlanner::Impl {
                         static_cast<uint32_t>(un.in_a >= u0 ? u - un.in_a : 0) << 8 |
                         static_cast<uint32_t>(un.in_b >= u0 ? u - un.in_b : 0) << 20);
     }
-    const uint64_t key = absl::HashOf(absl::MakeSpan(key_buf), k, moe ? combo_salt : 0);
+    const uint64_t key =
+        absl::HashOf(absl::MakeSpan(key_buf), k, moe ? combo_salt : 0, context_salt);
     if (auto it = p_cache.find(key); it != p_cache.end()) return it->second;
     range_graph.Clear();
     EmitRange(u0, u1, k, &range_graph, true);
@@ -849,23 +952,66 @@ struct ModelPlanner::Impl {
 ModelPlanner::ModelPlanner(const CostModel& cost) : impl_(std::make_unique<Impl>(cost)) {}
 ModelPlanner::~ModelPlanner() = default;
 ModelPlanner::ModelPlanner(ModelPlanner&&) noexcept = default;
+const CostModel& ModelPlanner::cost() const { return impl_->cost; }
 
 absl::Status ModelPlanner::Plan(const ModelConfig& model, const ModelPlanOptions& options,
                                 ModelPlan* out) {
+  MOEPLAN_RETURN_IF_ERROR(ValidateModel(model, impl_->cost.profile().shape));
+  return PlanStage(model, options, StageOptions{}, out);
+}
+
+absl::Status ModelPlanner::PlanStage(const ModelConfig& model, const ModelPlanOptions& options,
+                                     const StageOptions& stage, ModelPlan* out) {
+  return Run(model, options, stage, out, nullptr);
+}
+
+absl::Status ModelPlanner::StageComputeBound(const ModelConfig& model,
+                                             const ModelPlanOptions& options,
+                                             const StageOptions& stage, StageBound* bound) {
+  return Run(model, options, stage, nullptr, bound);
+}
+
+absl::Status ModelPlanner::Run(const ModelConfig& model, const ModelPlanOptions& options,
+                               const StageOptions& stage, ModelPlan* out, StageBound* bound) {
   Impl& s = *impl_;
   const ClusterShape& cluster = s.cost.profile().shape;
-  MOEPLAN_RETURN_IF_ERROR(ValidateModel(model, cluster));
   MOEPLAN_RETURN_IF_ERROR(ValidateModelPlanOptions(options));
+  if (stage.zero_stage < 0 || stage.zero_stage > 3) {
+    return absl::InvalidArgumentError(Cat("zero_stage: must be 0-3 (got ", stage.zero_stage, ")"));
+  }
   s.m = &model;
   s.opt = options;
+  s.st = stage;
+  s.first_block = std::clamp(stage.first_block, 0, model.num_layers);
+  s.end_block = stage.end_block < 0 ? model.num_layers
+                                    : std::clamp(stage.end_block, s.first_block, model.num_layers);
   s.moe_layer = model.MoeLayer();
   s.topo = MakeTopology(model.parallel, cluster);
   s.mp_shape = s.topo.mp;
-  s.dp_shape = ShapeOfGroup(model.parallel.dp, model.parallel.mp, cluster.gpus_per_node);
-  s.p_cache.clear();
+  const int g = cluster.gpus_per_node;
+  s.dp_shape = ShapeOfGroup(model.parallel.dp,
+                            stage.dense_group_stride > 0 ? static_cast<int>(stage.dense_group_stride)
+                                                         : model.parallel.mp,
+                            g);
+  s.edp_shape = ShapeOfGroup(std::max(1, stage.expert_replicas),
+                             stage.local_dispatch ? model.parallel.mp
+                                                  : model.parallel.ep * model.parallel.esp,
+                             g);
+  // Range costs depend on everything a range's ops read: key them by it, so
+  // that stages planned one after another (the layout search) share them.
+  s.context_salt = absl::HashOf(
+      model.hidden_size, model.num_attention_heads, model.ffn_hidden_size, model.seq_length,
+      model.micro_batch_size, model.vocab_size, model.bytes_per_element, model.moe.num_experts,
+      model.moe.top_k, model.moe.capacity_factor, model.moe.expert_ffn_hidden_size,
+      model.moe.shared_expert_ffn_hidden_size, static_cast<int>(model.moe.gate),
+      model.moe.layer_freq, model.parallel.mp, model.parallel.ep, model.parallel.esp,
+      model.parallel.dp, stage.local_dispatch, stage.zero_stage == 3, s.dp_shape.ranks,
+      s.dp_shape.nodes, s.edp_shape.ranks, s.edp_shape.nodes, &s.cost);
+  if (s.p_cache.size() > (1u << 18)) s.p_cache.clear();
 
   // The MoE schedules and AlltoAll algorithms to try.
   std::vector<Schedule> schedules = options.schedules;
+  if (stage.local_dispatch) schedules = {Schedule::kDefault};  // one way to run PPMoE
   if (schedules.empty()) {
     // With mp = 1 there is no MP group to pause: S1 and S2 only rename the default.
     for (Schedule sc : kAllSchedules) {
@@ -874,14 +1020,17 @@ absl::Status ModelPlanner::Plan(const ModelConfig& model, const ModelPlanOptions
     }
   }
   for (Schedule sc : schedules) {
+    if (stage.local_dispatch) break;
     if (absl::Status st = ValidateForSchedule(s.moe_layer, sc); !st.ok()) {
       return absl::InvalidArgumentError(
           Cat("schedules: ", ScheduleName(sc), " does not apply to this model: ",
               View(st.message())));
     }
   }
-  const bool hier_applies = s.topo.ep.SpansNodes() && s.topo.ep_ranks_per_node > 1;
+  const bool hier_applies =
+      !stage.local_dispatch && s.topo.ep.SpansNodes() && s.topo.ep_ranks_per_node > 1;
   std::vector<AllToAllAlgo> algos = options.algos;
+  if (stage.local_dispatch) algos = {AllToAllAlgo::kLinear};
   if (algos.empty()) {
     algos.push_back(AllToAllAlgo::kLinear);
     if (hier_applies) algos.push_back(AllToAllAlgo::kHierarchical);
@@ -899,6 +1048,19 @@ absl::Status ModelPlanner::Plan(const ModelConfig& model, const ModelPlanOptions
 
   s.BuildUnits();
   s.ResetPieces();
+  if (bound != nullptr) {
+    // Each schedule's compute ops, unsplit and unoverlapped; the least per phase.
+    bound->fwd_us = bound->bwd_us = kInf;
+    for (Schedule sc : schedules) {
+      s.sched = sc;
+      s.algo = algos.front();
+      double fwd = 0.0, bwd = 0.0;
+      s.ComputeOnly(&fwd, &bwd);
+      bound->fwd_us = std::min(bound->fwd_us, fwd);
+      bound->bwd_us = std::min(bound->bwd_us, bwd);
+    }
+    return absl::OkStatus();
+  }
   s.BuildBounds();
 
   out->variants.clear();

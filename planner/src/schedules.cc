@@ -264,6 +264,45 @@ Deps SectionS2(MoeSection sec, const LayerContext& ctx, Builder& b, Deps x) {
   return x;
 }
 
+// PPMoE: every MP rank holds the layer's tokens (replicated by Megatron TP)
+// and E/ep experts, each sharded esp ways (ep * esp = mp). A rank gates all S
+// tokens, index-selects the capacity-T rows of its local experts, runs them,
+// scatter-adds the weighted outputs into a partial [S x M], and the MP group
+// AllReduces it. Backward: the output gradient is already replicated (the
+// AllReduce's dual is the identity); the input gradient is partial per rank
+// and is AllReduced over MP, as Megatron's TP MLP does.
+Deps SectionLocal(MoeSection sec, const LayerContext& ctx, Builder& b, Deps x) {
+  const LayerConfig& l = *ctx.layer;
+  const Topology& t = ctx.topo;
+  const Kernels k(ctx);
+  const DerivedShape d = Derive(l);
+  const int64_t s = d.tokens, cap = d.capacity;
+  const int64_t rows = k.Skewed(cap);  // per local expert
+  const double x_bytes = static_cast<double>(d.activation_bytes);
+  const double select = x_bytes + static_cast<double>(k.LocalExperts()) * cap * l.model_dim *
+                                      l.bytes_per_element;
+  switch (sec) {
+    case MoeSection::kFwdRoute:
+      x = b.Compute("fwd.gate", F, Term::kGate, k.GateFwd(s), k.GateBytes(s), x);
+      return b.Compute("fwd.index_select", F, Term::kOrder, ctx.cost->MemoryBoundUs(select),
+                       select, x);
+    case MoeSection::kFwdExchange:
+      x = b.Compute("fwd.expert", F, Term::kExpert, k.ExpertFwd(rows), k.ExpertBytes(rows), x);
+      x = b.Compute("fwd.iorder", F, Term::kOrder, ctx.cost->MemoryBoundUs(select), select, x);
+      return b.Coll("fwd.mp_allreduce_combine", F, Collective::kAllReduce, t.mp, x_bytes, x);
+    case MoeSection::kBwdUnroute:
+      return b.Compute("bwd.iorder", B, Term::kOrder, ctx.cost->MemoryBoundUs(select), select, x);
+    case MoeSection::kBwdExchange:
+      return ExpertBackward(b, ctx, k, rows, x);
+    case MoeSection::kBwdRoute:
+      x = b.Compute("bwd.index_select", B, Term::kOrder, ctx.cost->MemoryBoundUs(select), select,
+                    x);
+      x = b.Compute("bwd.gate", B, Term::kGate, k.GateBwd(s), k.GateBytes(s), x);
+      return b.Coll("bwd.mp_allreduce", B, Collective::kAllReduce, t.mp, x_bytes, x);
+  }
+  return x;
+}
+
 }  // namespace
 
 OpId AppendSaa(const CostModel& cost, GroupShape a2a, int a2a_ranks_per_node, GroupShape gather,
@@ -279,6 +318,10 @@ Frontier AppendSection(Schedule schedule, MoeSection section, const LayerContext
   Builder b(*ctx.cost, graph);
   b.Stamp(ctx.block, ctx.block >= 0 ? kMoeScope : 0);
   Deps x{in.a, in.b};
+  if (ctx.local_dispatch) {
+    x = SectionLocal(section, ctx, b, x);
+    return {x.a, x.b};
+  }
   switch (schedule) {
     case Schedule::kDefault:
       x = SectionDefault(section, ctx, b, x);

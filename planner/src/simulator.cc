@@ -20,9 +20,8 @@ absl::Status Simulator::Run(const OpGraph& graph, SimResult* r) {
   r->inter_node_bytes = 0;
   for (auto& b : busy_) b.clear();
 
-  // Per resource: end of the last op issued on it, and that op.
-  double free_at[kNumResources] = {0.0, 0.0, 0.0};
-  OpId last_on[kNumResources] = {kNoOp, kNoOp, kNoOp};
+  free_at_.assign(kNumResources, 0.0);
+  last_on_.assign(kNumResources, kNoOp);
   OpId last_op = kNoOp;
 
   for (int v = 0; v < n; ++v) {
@@ -41,6 +40,17 @@ absl::Status Simulator::Run(const OpGraph& graph, SimResult* r) {
         binding = u;
       }
     }
+    if (op.device < 0) {
+      return absl::InternalError(Cat("op graph: op ", v, " (", op.Name(), ") has device ",
+                                     op.device));
+    }
+    const size_t base = static_cast<size_t>(op.device) * kNumResources;
+    if (base >= free_at_.size()) {
+      free_at_.resize(base + kNumResources, 0.0);
+      last_on_.resize(base + kNumResources, kNoOp);
+    }
+    double* free_at = free_at_.data() + base;
+    OpId* last_on = last_on_.data() + base;
     for (int res = 0; res < kNumResources; ++res) {
       if ((op.resources & (1u << res)) && free_at[res] > start) {
         start = free_at[res];
@@ -53,7 +63,7 @@ absl::Status Simulator::Run(const OpGraph& graph, SimResult* r) {
       if (op.resources & (1u << res)) {
         free_at[res] = end;
         last_on[res] = v;
-        if (op.cost_us > 0.0) busy_[res].push_back({start, end});
+        if (op.cost_us > 0.0 && op.device == 0) busy_[res].push_back({start, end});
       }
     }
     if (op.phase == Phase::kForward) r->forward_end_us = std::max(r->forward_end_us, end);

@@ -1,5 +1,8 @@
 #include "moeplan/proto/convert.h"
 
+#include <algorithm>
+#include <cmath>
+
 #include "moeplan/base/status.h"
 #include "moeplan/base/strings.h"
 
@@ -150,6 +153,7 @@ absl::StatusOr<p::ClusterProfile> ProfileFromProto(const v1::ClusterProfile& m) 
   }
   pr.shape.nodes = m.nodes();
   pr.shape.gpus_per_node = m.gpus_per_node();
+  pr.gpu_memory_gib = m.gpu_memory_gib();
   if (!m.has_links() || !m.links().has_intra() || !m.links().has_inter()) {
     return absl::InvalidArgumentError(
         "links: both links.intra and links.inter are required (alpha_us, beta_us_per_byte)");
@@ -429,6 +433,7 @@ absl::StatusOr<p::ModelConfig> ModelFromProto(const v1::ModelConfig& m) {
   }
   out.moe.gate = *gate;
   MOEPLAN_ASSIGN_OR_RETURN(out.parallel, ParallelFromProto(m.parallel()));
+  out.global_batch_size = m.has_global_batch_size() ? m.global_batch_size() : 0;
   return out;
 }
 
@@ -458,6 +463,7 @@ v1::ModelConfig ModelToProto(const p::ModelConfig& m) {
   par->set_esp(m.parallel.esp);
   par->set_dp(m.parallel.dp);
   par->set_pp(m.parallel.pp);
+  if (m.global_batch_size > 0) out.set_global_batch_size(static_cast<int32_t>(m.global_batch_size));
   return out;
 }
 
@@ -518,6 +524,8 @@ void ModelPlanToProto(const p::ModelPlan& plan, const p::ModelConfig& model,
   out->set_profile_name(profile.name);
   out->set_profile_version(profile.version);
   out->set_ranks(model.parallel.TotalRanks());
+  out->set_gpus(model.parallel.TotalRanks());
+  out->set_global_batch_size(static_cast<int32_t>(model.GlobalBatch()));
   out->set_moe_layers(plan.moe_layers);
   out->set_params_per_rank(plan.params_per_rank);
   const p::VariantPlan* none = plan.Find(p::Variant::kNone);
@@ -587,20 +595,194 @@ void ModelPlanToProto(const p::ModelPlan& plan, const p::ModelConfig& model,
   c->set_hierarchical_us(plan.crossover.hierarchical_us);
 }
 
+absl::StatusOr<p::Layout> LayoutFromProto(const v1::Layout& m) {
+  p::Layout l;
+  l.dp = m.dp();
+  l.tp = m.tp();
+  l.pp = m.pp();
+  l.ep = m.ep();
+  l.esp = m.esp();
+  l.microbatches = m.microbatches();
+  l.zero_stage = m.zero_stage();
+  l.virtual_stages = m.virtual_stages() == 0 ? 1 : m.virtual_stages();
+  l.recompute = m.recompute();
+  if (m.family().empty()) {
+    l.family = p::InferFamily(l);
+  } else if (!p::ParseFamily(m.family(), &l.family)) {
+    return absl::InvalidArgumentError(
+        Cat("layout.family: must be dpmoe, ppmoe or parm (got '", m.family(), "')"));
+  }
+  if (m.pipeline().empty()) {
+    l.pipeline = l.virtual_stages > 1 ? p::PipelineSchedule::kInterleaved : p::PipelineSchedule::k1F1B;
+  } else if (!p::ParsePipelineSchedule(m.pipeline(), &l.pipeline)) {
+    return absl::InvalidArgumentError(
+        Cat("layout.pipeline: must be gpipe, 1f1b or interleaved (got '", m.pipeline(), "')"));
+  }
+  return l;
+}
+
+v1::Layout LayoutToProto(const p::Layout& l, int64_t micro_batch_size) {
+  v1::Layout o;
+  o.set_dp(l.dp);
+  o.set_tp(l.tp);
+  o.set_pp(l.pp);
+  o.set_ep(l.ep);
+  o.set_esp(l.esp);
+  o.set_microbatches(l.microbatches);
+  o.set_zero_stage(l.zero_stage);
+  o.set_family(std::string(p::FamilyName(l.family)));
+  o.set_pipeline(std::string(p::PipelineScheduleName(l.pipeline)));
+  o.set_virtual_stages(l.virtual_stages);
+  o.set_recompute(l.recompute);
+  o.set_micro_batch_size(static_cast<int32_t>(micro_batch_size));
+  return o;
+}
+
+p::MemoryOptions MemoryFromProto(const v1::MemoryOptions& m) {
+  p::MemoryOptions o;
+  if (m.has_param_bytes()) o.param_bytes = m.param_bytes();
+  if (m.has_grad_bytes()) o.grad_bytes = m.grad_bytes();
+  if (m.has_optimizer_bytes()) o.optimizer_bytes = m.optimizer_bytes();
+  if (m.has_gpu_memory_gib()) o.gpu_memory_bytes = m.gpu_memory_gib() * 1024.0 * 1024.0 * 1024.0;
+  return o;
+}
+
+absl::StatusOr<p::SearchOptions> SearchFromProto(const v1::SearchOptions& m) {
+  p::SearchOptions o;
+  if (m.has_top()) o.top = m.top();
+  if (m.has_gpus()) o.gpus = m.gpus();
+  for (const std::string& f : m.families()) {
+    p::Family fam;
+    if (!p::ParseFamily(f, &fam)) {
+      return absl::InvalidArgumentError(
+          Cat("search.families: each must be dpmoe, ppmoe or parm (got '", f, "')"));
+    }
+    if (std::find(o.families.begin(), o.families.end(), fam) != o.families.end()) {
+      return absl::InvalidArgumentError(Cat("search.families: each may be listed once (", f, ")"));
+    }
+    o.families.push_back(fam);
+  }
+  for (const std::string& name : m.pipelines()) {
+    p::PipelineSchedule ps;
+    if (!p::ParsePipelineSchedule(name, &ps)) {
+      return absl::InvalidArgumentError(
+          Cat("search.pipelines: each must be gpipe, 1f1b or interleaved (got '", name, "')"));
+    }
+    if (std::find(o.pipelines.begin(), o.pipelines.end(), ps) != o.pipelines.end()) {
+      return absl::InvalidArgumentError(
+          Cat("search.pipelines: each may be listed once (", name, ")"));
+    }
+    o.pipelines.push_back(ps);
+  }
+  o.zero_stages.assign(m.zero_stages().begin(), m.zero_stages().end());
+  if (m.has_max_microbatches()) o.max_microbatches = m.max_microbatches();
+  if (!m.virtual_stages().empty()) {
+    o.virtual_stages.assign(m.virtual_stages().begin(), m.virtual_stages().end());
+  }
+  MOEPLAN_RETURN_IF_ERROR(p::ValidateSearchOptions(o));
+  return o;
+}
+
+void CandidateToProto(const p::LayoutCandidate& c, int rank, v1::LayoutCandidate* o) {
+  *o->mutable_layout() = LayoutToProto(c.layout, c.micro_batch_size);
+  o->set_family(std::string(p::FamilyName(c.layout.family)));
+  o->set_feasible(c.feasible);
+  o->set_infeasible_reason(c.infeasible_reason);
+  o->set_iteration_us(c.iteration_us);
+  o->set_tokens_per_s_per_gpu(c.tokens_per_s_per_gpu);
+  o->set_memory_bytes_per_gpu(std::round(c.memory.total));
+  v1::MemoryBreakdown* m = o->mutable_memory();
+  auto b = [](double x) { return std::round(x); };
+  m->set_params_bytes(b(c.memory.params));
+  m->set_grads_bytes(b(c.memory.grads));
+  m->set_optimizer_bytes(b(c.memory.optimizer));
+  m->set_activations_bytes(b(c.memory.activations));
+  m->set_capacity_buffer_bytes(b(c.memory.capacity_buffers));
+  m->set_total_bytes(b(c.memory.total));
+  m->set_limit_bytes(b(c.memory.limit));
+  m->set_in_flight_microbatches(c.memory.in_flight);
+  m->set_activation_bytes_per_microbatch(b(c.memory.activation_per_microbatch));
+  m->set_stage(c.memory.stage);
+  o->set_variant(std::string(p::VariantName(c.variant)));
+  o->set_schedule(ScheduleToProto(c.schedule));
+  o->set_alltoall(AllToAllAlgoToProto(c.algo));
+  o->set_compute_us(c.compute_us);
+  for (const p::CandidateTerm& t : c.exposed_comm) {
+    v1::TermTime* tt = o->add_exposed_comm();
+    tt->set_term(std::string(p::TermName(t.term)));
+    tt->set_us(t.us);
+  }
+  o->set_grad_sync_us(c.grad_sync_us);
+  o->set_optimizer_us(c.optimizer_us);
+  o->set_bubble_us(c.bubble_us);
+  o->set_bubble_fraction(c.bubble_fraction);
+  o->set_stage_forward_us(c.stage_forward_us);
+  o->set_stage_backward_us(c.stage_backward_us);
+  o->set_rank(rank);
+}
+
+namespace {
+
+// Option rules name options fields; layout, memory and search rules name
+// theirs; everything else is a model field.
+absl::Status UnderRequest(const absl::Status& s) {
+  if (s.code() != absl::StatusCode::kInvalidArgument) return s;
+  const std::string_view msg = View(s.message());
+  for (std::string_view own : {"layout", "memory.", "search."}) {
+    if (msg.rfind(own, 0) == 0) return s;
+  }
+  for (std::string_view opt : {"schedules", "alltoall_algorithms", "variants", "bucket_bytes",
+                               "max_partitions", "partition_groups", "max_span", "tutel_degrees"}) {
+    if (msg.rfind(opt, 0) == 0) return absl::InvalidArgumentError(Cat("options.", msg));
+  }
+  return absl::InvalidArgumentError(Cat("model.", msg));
+}
+
+}  // namespace
+
 absl::Status AnswerPlanModel(const p::ModelConfig& model, const v1::PlanModelRequest& request,
                              p::ModelPlanner& planner, const p::ClusterProfile& profile,
                              v1::PlanModelResponse* out) {
   MOEPLAN_ASSIGN_OR_RETURN(p::ModelPlanOptions options, ModelOptionsFromProto(request.options()));
-  p::ModelPlan plan;
-  if (absl::Status s = planner.Plan(model, options, &plan); !s.ok()) {
-    if (s.code() != absl::StatusCode::kInvalidArgument) return s;
-    const std::string_view msg = View(s.message());
-    // Option rules name options fields; everything else is a model field.
-    for (std::string_view opt : {"schedules", "alltoall_algorithms", "variants"}) {
-      if (msg.rfind(opt, 0) == 0) return absl::InvalidArgumentError(Cat("options.", msg));
-    }
-    return absl::InvalidArgumentError(Cat("model.", msg));
+  if (request.has_search() && request.has_layout()) {
+    return absl::InvalidArgumentError("search: give either search or layout, not both");
   }
+  if (request.has_search() || request.has_layout()) {
+    const p::MemoryOptions memory = MemoryFromProto(request.memory());
+    p::LayoutPlanner lp(planner.cost());
+    out->Clear();
+    out->set_profile_name(profile.name);
+    out->set_profile_version(profile.version);
+    out->set_moe_layers(model.NumMoeLayers());
+    out->set_global_batch_size(static_cast<int32_t>(model.GlobalBatch()));
+    if (request.has_layout()) {
+      MOEPLAN_ASSIGN_OR_RETURN(p::Layout layout, LayoutFromProto(request.layout()));
+      p::LayoutCandidate c;
+      MOEPLAN_RETURN_IF_ERROR(UnderRequest(lp.Evaluate(model, layout, options, memory, &c)));
+      out->set_gpus(c.layout.Gpus());
+      out->set_ranks(c.layout.Gpus());
+      CandidateToProto(c, 1, out->add_candidates());
+      return absl::OkStatus();
+    }
+    MOEPLAN_ASSIGN_OR_RETURN(p::SearchOptions search, SearchFromProto(request.search()));
+    p::LayoutSearchResult r;
+    MOEPLAN_RETURN_IF_ERROR(UnderRequest(lp.Search(model, search, options, memory, &r)));
+    out->set_gpus(r.gpus);
+    out->set_ranks(r.gpus);
+    for (size_t i = 0; i < r.candidates.size(); ++i) {
+      CandidateToProto(r.candidates[i], static_cast<int>(i) + 1, out->add_candidates());
+    }
+    v1::SearchStats* st = out->mutable_search_stats();
+    st->set_enumerated(r.stats.enumerated);
+    st->set_pruned_memory(r.stats.pruned_memory);
+    st->set_pruned_bound(r.stats.pruned_bound);
+    st->set_simulated(r.stats.simulated);
+    st->set_stage_plans(r.stats.stage_plans);
+    st->set_stage_cache_hits(r.stats.stage_cache_hits);
+    return absl::OkStatus();
+  }
+  p::ModelPlan plan;
+  MOEPLAN_RETURN_IF_ERROR(UnderRequest(planner.Plan(model, options, &plan)));
   ModelPlanToProto(plan, model, profile, request.include_timeline(), out);
   return absl::OkStatus();
 }

@@ -266,6 +266,9 @@ class PlannerCore {
     canonical.mutable_model()->clear_name();  // a label, not an input
     *canonical.mutable_options() = req.options();
     canonical.set_include_timeline(req.include_timeline());
+    if (req.has_search()) *canonical.mutable_search() = req.search();
+    if (req.has_layout()) *canonical.mutable_layout() = req.layout();
+    if (req.has_memory()) *canonical.mutable_memory() = req.memory();
     const std::string key =
         PlanCacheKey(entry->message.name(), entry->message.version(),
                      Cat("model", std::string_view("\0", 1),

@@ -105,5 +105,38 @@ TEST_P(ModelGoldenTest, PlanModelJsonMatches) {
 INSTANTIATE_TEST_SUITE_P(Examples, ModelGoldenTest, ::testing::ValuesIn(GoldenFiles(kModelGoldens)),
                          TestName);
 
+// Layout search and one fixed layout (docs/layouts.md); the same commands as
+// scripts/regen-golden.sh.
+struct LayoutGolden {
+  const char* file;
+  const char* args;
+};
+constexpr LayoutGolden kLayoutGoldens[] = {
+    {"gpt3-medium-moe.v100-8x8.search.json",
+     "--model examples/models/gpt3-medium-moe.json --cluster v100-8x8 --search --gpus 32 --top 3 "
+     "--variants none,dw"},
+    {"qwen-moe-like.a100-8x8.layout.json",
+     "--model examples/models/qwen-moe-like.json --cluster a100-8x8 "
+     "--layout dp=16,tp=8,pp=8,ep=8,esp=1,microbatches=32,zero=1,pipeline=interleaved,v=2"},
+    {"mixtral-8x7b-like.h200-8x8.layout.json",
+     "--model examples/models/mixtral-8x7b-like.json --cluster h200-8x8 "
+     "--layout dp=2,tp=8,pp=4,ep=8,esp=1,microbatches=16,family=ppmoe"},
+};
+
+TEST(Golden, LayoutJsonMatches) {
+  for (const LayoutGolden& g : kLayoutGoldens) {
+    CliResult r = RunCli(std::string("plan-model --format json ") + g.args);
+    ASSERT_EQ(r.exit_code, 0) << g.file << ": " << r.err;
+    v1::PlanModelResponse got, want;
+    ASSERT_TRUE(proto::ParseJson(r.out, &got).ok());
+    ASSERT_TRUE(
+        proto::ParseJson(Slurp(MOEPLAN_SOURCE_DIR "/tests/golden/layouts/" + std::string(g.file)),
+                         &want)
+            .ok())
+        << g.file;
+    ExpectSame(want, got, std::string("layouts/") + g.file);
+  }
+}
+
 }  // namespace
 }  // namespace moeplan::testing

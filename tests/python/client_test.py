@@ -31,6 +31,11 @@ def example_layer(name="gpt2-moe-layer.json"):
         return json.load(f)
 
 
+def example_model(name):
+    with open(os.path.join(SOURCE_DIR, "examples", "models", name), encoding="utf-8") as f:
+        return json.load(f)
+
+
 class ClientTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
@@ -104,6 +109,63 @@ class ClientTest(unittest.TestCase):
             self.client.plan_model(bad)
         self.assertEqual(ctx.exception.code, "INVALID_ARGUMENT")
         self.assertIn("model.num_attention_heads", str(ctx.exception))
+
+    def test_plan_model_search(self):
+        model = example_model("gpt3-medium-moe.json")
+        # A search plans many stages: a longer deadline than the class client's.
+        with PlannerClient(SERVER, timeout_s=60.0) as client:
+            plan = client.plan_model(model, profile="v100-8x8", search={"top": 3, "gpus": 32})
+        self.assertEqual(plan["profile_name"], "v100-8x8")
+        self.assertEqual(plan["gpus"], 32)
+        self.assertEqual(plan["global_batch_size"], 256)  # the model file's
+        candidates = plan["candidates"]
+        self.assertTrue(1 <= len(candidates) <= 3, f"{len(candidates)} candidates")
+        times = [c["iteration_us"] for c in candidates]
+        self.assertEqual(times, sorted(times), "candidates are fastest first")
+        for i, c in enumerate(candidates):
+            self.assertTrue(c["feasible"], c["infeasible_reason"])
+            self.assertEqual(c["rank"], i + 1)
+            layout = c["layout"]
+            self.assertEqual(layout["dp"] * layout["tp"] * layout["pp"], 32, layout)
+            # global_batch_size = dp * microbatches * micro_batch_size
+            self.assertEqual(layout["dp"] * layout["microbatches"] * layout["micro_batch_size"],
+                             256, layout)
+            self.assertGreater(c["iteration_us"], 0.0)
+            self.assertGreater(c["tokens_per_s_per_gpu"], 0.0)
+            self.assertGreater(c["memory_bytes_per_gpu"], 0)
+        stats = plan["search_stats"]
+        self.assertGreater(int(stats["simulated"]), 0)
+        self.assertGreaterEqual(int(stats["enumerated"]), int(stats["simulated"]))
+
+    def test_plan_model_layout(self):
+        model = example_model("gpt3-medium-moe.json")
+        with PlannerClient(SERVER, timeout_s=60.0) as client:
+            # A fixed layout comes back as one candidate, feasible or not.
+            plan = client.plan_model(model, profile="v100-8x8",
+                                     layout={"dp": 32, "tp": 1, "pp": 1, "ep": 32, "esp": 1})
+            (only,) = plan["candidates"]
+            self.assertEqual({k: only["layout"][k] for k in ("dp", "tp", "pp", "ep", "esp")},
+                             {"dp": 32, "tp": 1, "pp": 1, "ep": 32, "esp": 1})
+            if not only["feasible"]:
+                self.assertTrue(only["infeasible_reason"])
+            # tp = 16 spans two 8-GPU nodes (dp*tp = ep*esp = 32: tp is the only fault).
+            with self.assertRaises(PlannerError) as ctx:
+                client.plan_model(model, profile="v100-8x8",
+                                  layout={"dp": 2, "tp": 16, "pp": 1, "ep": 8, "esp": 4})
+        self.assertEqual(ctx.exception.code, "INVALID_ARGUMENT")
+        self.assertEqual(ctx.exception.method, "PlanModel")
+        self.assertIn("layout.tp", ctx.exception.message)
+        # Unknown fields are rejected before anything is sent.
+        with self.assertRaises(PlannerError) as ctx:
+            self.client.plan_model(model, layout={"dp": 2, "tensor_parallel": 4})
+        self.assertEqual(ctx.exception.code, "INVALID_ARGUMENT")
+        self.assertIn("layout", ctx.exception.message)
+
+    def test_plan_model_search_and_layout_refused(self):
+        model = example_model("gpt3-medium-moe.json")
+        with self.assertRaises(ValueError):
+            self.client.plan_model(model, profile="v100-8x8", search={"top": 3},
+                                   layout={"dp": 32, "tp": 1, "pp": 1, "ep": 32, "esp": 1})
 
     def test_plan_layer_inline_profile(self):
         profile = self.client.get_profile("h200-8x8")

@@ -2,7 +2,8 @@
 # The Python client against the real server, as ctest runs it (label "python"):
 #   launcher_test.sh SERVER_BIN STUB_DIR SOURCE_DIR
 # Starts moeplan-server on 127.0.0.1:0 with a temporary data dir, runs
-# examples/launcher.py (a good and a bad layer) and tests/python/client_test.py
+# examples/launcher.py (a good and a bad layer; a model's layout search, a bad
+# --layout key, a layout the server refuses) and tests/python/client_test.py
 # under /usr/bin/python3, then stops the server with SIGTERM and expects exit 0.
 set -euo pipefail
 
@@ -104,6 +105,44 @@ rc=0
   >/dev/null 2>"$work/nf.err" || rc=$?
 [[ $rc -ne 0 ]] && grep -q 'NOT_FOUND' "$work/nf.err" ||
   fail "unknown cluster: want NOT_FOUND, got exit $rc: $(cat "$work/nf.err")"
+
+# --- the launcher: a whole model (layout search) ------------------------------------
+rc=0
+"$py" "$src/examples/launcher.py" --server "$addr" --stubs "$stubs" \
+  --model "$src/examples/models/gpt3-medium-moe.json" --cluster v100-8x8 --gpus 32 --top 3 \
+  >"$work/model.out" 2>"$work/model.err" || rc=$?
+cat "$work/model.out"
+[[ $rc -eq 0 ]] || fail "launcher --model exited $rc: $(cat "$work/model.err")"
+grep -q '^megatron flags: .*--pipeline-model-parallel-size [0-9]' "$work/model.out" ||
+  fail "launcher --model output lacks --pipeline-model-parallel-size"
+grep -q '^megatron flags: .*--expert-model-parallel-size [0-9]' "$work/model.out" ||
+  fail "launcher --model output lacks --expert-model-parallel-size"
+grep -q '^megatron flags: .*--global-batch-size 256 ' "$work/model.out" ||
+  fail "launcher --model output lacks the model's --global-batch-size 256"
+sed -n 's/^deepspeed config: //p' "$work/model.out" | "$py" -c '
+import json, sys
+c = json.load(sys.stdin)
+assert c["train_batch_size"] == 256, c
+assert c["train_micro_batch_size_per_gpu"] >= 1 and c["gradient_accumulation_steps"] >= 1, c
+assert c["moe"]["num_experts"] == 64 and c["moe"]["top_k"] == 2, c
+' || fail "launcher --model: no valid 'deepspeed config: {json}' line"
+
+# --- the launcher: a bad --layout key, and a layout the server refuses --------------
+rc=0
+"$py" "$src/examples/launcher.py" --server "$addr" --stubs "$stubs" \
+  --model "$src/examples/models/gpt3-medium-moe.json" --layout dp=32,tp=1,pp=1,ep=32,esp=1,foo=2 \
+  >"$work/badkey.out" 2>"$work/badkey.err" || rc=$?
+[[ $rc -eq 1 ]] || fail "launcher accepted --layout key foo (exit $rc)"
+grep -q "^launcher: error: --layout: unknown key 'foo' (known: dp, tp, " "$work/badkey.err" ||
+  fail "bad --layout key: $(cat "$work/badkey.err")"
+[[ $(wc -l <"$work/badkey.err") -eq 1 && ! -s $work/badkey.out ]] ||
+  fail "bad --layout key: not one line on stderr alone"
+rc=0
+"$py" "$src/examples/launcher.py" --server "$addr" --stubs "$stubs" --cluster v100-8x8 \
+  --model "$src/examples/models/gpt3-medium-moe.json" --layout dp=2,tp=16,pp=1,ep=8,esp=4 \
+  >"$work/badtp.out" 2>"$work/badtp.err" || rc=$?
+[[ $rc -eq 1 ]] && grep -q 'INVALID_ARGUMENT: layout.tp' "$work/badtp.err" ||
+  fail "tp=16 on 8-GPU nodes: want INVALID_ARGUMENT naming layout.tp, got exit $rc: $(cat "$work/badtp.err")"
 
 # --- the client wrapper ------------------------------------------------------------
 rc=0

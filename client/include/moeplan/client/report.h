@@ -30,6 +30,13 @@ v1::ChromeTrace BuildTrace(const v1::PlanLayerResponse& plan);
 std::string FormatModelTable(const v1::ModelConfig& model, const v1::PlanModelResponse& plan,
                              const v1::ClusterProfile& profile);
 
+// Layout candidates (docs/layouts.md): the search's counts, the ranked layouts
+// (family, degrees, micro-batches, ZeRO, pipeline schedule, iteration time,
+// tokens/s/GPU, memory, bubble, overlap variant and MoE schedule), then each
+// one's time and memory breakdown.
+std::string FormatLayoutTable(const v1::ModelConfig& model, const v1::PlanModelResponse& plan,
+                              const v1::ClusterProfile& profile);
+
 // One process per variant (request order), one track per resource.
 v1::ChromeTrace BuildModelTrace(const v1::PlanModelResponse& plan);
 

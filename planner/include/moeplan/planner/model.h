@@ -52,16 +52,22 @@ struct ModelConfig {
   int bytes_per_element = 2;
   MoeSpec moe;
   ParallelLayout parallel;
+  int64_t global_batch_size = 0;  // sequences per iteration; 0: micro_batch_size * parallel.dp
 
   bool IsMoeBlock(int block) const { return block % moe.layer_freq == 0; }
   int NumMoeLayers() const { return (num_layers + moe.layer_freq - 1) / moe.layer_freq; }
   // The MoE layer every MoE block runs (a LayerConfig for the schedule builders).
   LayerConfig MoeLayer() const;
+  int64_t GlobalBatch() const {
+    return global_batch_size > 0 ? global_batch_size : micro_batch_size * parallel.dp;
+  }
 };
 
 // Field rules, errors InvalidArgument "<json field>: <rule> (got ...)" with the
 // model file's field names ("moe.num_experts", "parallel.ep").
 absl::Status ValidateModel(const ModelConfig& model, const ClusterShape& cluster);
+// The same rules without parallel.* (layouts are checked by ValidateLayout).
+absl::Status ValidateModelShape(const ModelConfig& model);
 
 enum class Variant : uint8_t { kNone = 0, kTutel = 1, kDw = 2, kPartition = 3, kLancet = 4 };
 inline constexpr Variant kAllVariants[] = {Variant::kNone, Variant::kTutel, Variant::kDw,
@@ -148,6 +154,32 @@ struct ModelPlan {
   const VariantPlan* Find(Variant v) const;
 };
 
+// A run of blocks planned as one pipeline stage (docs/layouts.md), and how its
+// MoE layers and gradients are laid out.
+struct StageOptions {
+  int first_block = 0;
+  int end_block = -1;  // one past the last block; -1: num_layers
+  bool embed = true;   // holds the embedding (the first stage)
+  bool head = true;    // holds the final norm, LM head and loss (the last stage)
+  // PPMoE: tokens are replicated over the TP group, so dispatch is a local
+  // index-select and the combine a TP-AllReduce (no EP AlltoAll).
+  bool local_dispatch = false;
+  int expert_replicas = 1;  // ranks holding the same expert shard (edp): their gradients sync
+  int zero_stage = 0;       // 0-3
+  int64_t dense_group_stride = 0;  // 0: parallel.mp (the DP group of the dense parameters)
+};
+
+// Parameters one rank holds (element counts): dense ones split by
+// parallel.mp (attention, norms, dense FFNs, gates, shared experts, and the
+// embedding / LM head where held), and its E/ep local experts' 1/esp shards.
+struct RankParams {
+  double dense = 0.0;
+  double expert = 0.0;
+  double total() const { return dense + expert; }
+};
+RankParams BlockParams(const ModelConfig& model, int block);
+RankParams StageParams(const ModelConfig& model, const StageOptions& stage);
+
 // Plans whole models against one cost model; reuses its buffers between calls
 // (one instance per thread; the CostModel may be shared).
 class ModelPlanner {
@@ -155,12 +187,27 @@ class ModelPlanner {
   explicit ModelPlanner(const CostModel& cost);
   ~ModelPlanner();
   ModelPlanner(ModelPlanner&&) noexcept;
+  const CostModel& cost() const;
   // Validates model and options (InvalidArgument naming the field), then
   // simulates every requested variant with every allowed MoE schedule and
   // AlltoAll algorithm and keeps each variant's fastest.
   absl::Status Plan(const ModelConfig& model, const ModelPlanOptions& options, ModelPlan* out);
+  // One stage of a layout: `model` (micro_batch_size and parallel as the
+  // layout sets them) is not validated here (ValidateLayout does); options are.
+  absl::Status PlanStage(const ModelConfig& model, const ModelPlanOptions& options,
+                         const StageOptions& stage, ModelPlan* out);
+  // A lower bound on any variant's per-micro-batch forward and backward of the
+  // stage: its compute ops unsplit and unoverlapped (the least over the
+  // schedules), without simulating. The layout search prunes with it.
+  struct StageBound {
+    double fwd_us = 0.0, bwd_us = 0.0;
+  };
+  absl::Status StageComputeBound(const ModelConfig& model, const ModelPlanOptions& options,
+                                 const StageOptions& stage, StageBound* bound);
 
  private:
+  absl::Status Run(const ModelConfig& model, const ModelPlanOptions& options,
+                   const StageOptions& stage, ModelPlan* out, StageBound* bound);
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };

@@ -44,6 +44,8 @@ std::string_view TermName(Term t);
 enum OpFlag : uint8_t {
   kWeightGrad = 1,  // a weight-gradient (dW) op: nothing in the layer waits for it
   kMoeScope = 2,    // whole models: an op of an MoE layer ("b5.moe.fwd.gate")
+  kGradSync = 4,    // whole models: a gradient bucket's collective or ZeRO's parameter gather
+                    // after the optimizer (once per iteration, not per micro-batch)
 };
 
 struct Op {
@@ -59,6 +61,9 @@ struct Op {
   Phase phase = Phase::kForward;
   Term term = Term::kGate;
   ResourceMask resources = kCompute;
+  // Pipelines (docs/layouts.md): the stage whose resources the op holds; each
+  // device has its own compute, intra and inter resources. 0 elsewhere.
+  int16_t device = 0;
   double cost_us = 0.0;
   int64_t bytes = 0;             // comm: the collective's n; compute: bytes touched
   int64_t inter_node_bytes = 0;  // bytes this rank sends across nodes

@@ -85,6 +85,7 @@ struct ClusterProfile {
   GemmModel gemm;
   MemoryModel memory;
   ActivationModel activation;
+  double gpu_memory_gib = 0.0;  // per GPU; 0: unknown (memory is not checked)
 };
 
 // Field rules of a profile; errors name the JSON path, e.g. "links.inter.beta_us_per_byte".

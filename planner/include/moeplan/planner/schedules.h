@@ -38,6 +38,10 @@ struct LayerContext {
   // Whole models: the block the layer sits in; its ops are named
   // "b<block>.moe.<name>". -1: a single layer, plain names.
   int block = -1;
+  // PPMoE (docs/layouts.md): tokens are replicated over the MP group, which
+  // holds all the layer's experts (ep * esp = mp): dispatch is a local
+  // index-select, the combine a MP-AllReduce; `schedule` is ignored.
+  bool local_dispatch = false;
 };
 
 // A schedule's ops in five sections, in issue order. A single layer chains

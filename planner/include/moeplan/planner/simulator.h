@@ -22,6 +22,8 @@ struct OpTime {
   bool critical = false;
 };
 
+// Statistics (busy, hidden, exposed) are of device 0, the representative rank;
+// times and the critical path cover every device.
 struct SimResult {
   std::vector<OpTime> times;        // per op id
   std::vector<OpId> critical_path;  // first op to last
@@ -47,6 +49,9 @@ class Simulator {
     double begin, end;
   };
   std::array<std::vector<Interval>, kNumResources> busy_;
+  // Per (device, resource): end of the last op issued on it, and that op.
+  std::vector<double> free_at_;
+  std::vector<OpId> last_on_;
   std::vector<Interval> comm_union_;
 };
 

@@ -6,6 +6,7 @@
 #include <string_view>
 
 #include "absl/status/statusor.h"
+#include "moeplan/planner/layout.h"
 #include "moeplan/planner/model.h"
 #include "moeplan/planner/planner.h"
 #include "moeplan/planner/profile.h"
@@ -79,8 +80,19 @@ void ModelPlanToProto(const planner::ModelPlan& plan, const planner::ModelConfig
                       const planner::ClusterProfile& profile, bool include_timeline,
                       v1::PlanModelResponse* out);
 
+// Layouts (docs/layouts.md). Empty family / pipeline are inferred; errors
+// "layout.<field>: ..." / "search.<field>: ...".
+absl::StatusOr<planner::Layout> LayoutFromProto(const v1::Layout& msg);
+v1::Layout LayoutToProto(const planner::Layout& layout, int64_t micro_batch_size);
+planner::MemoryOptions MemoryFromProto(const v1::MemoryOptions& msg);
+absl::StatusOr<planner::SearchOptions> SearchFromProto(const v1::SearchOptions& msg);
+void CandidateToProto(const planner::LayoutCandidate& c, int rank, v1::LayoutCandidate* out);
+
 // Answers a PlanModelRequest with `planner` (built on the resolved `profile`).
-// Errors: InvalidArgument "model.<field>: ..." or "options.<field>: ...".
+// With `search` or `layout` set, the layout modes (candidates[]); else the
+// variants plan of model.parallel.
+// Errors: InvalidArgument "model.<field>: ...", "options.<field>: ...",
+// "layout.<field>: ...", "search.<field>: ..." or "memory.<field>: ...".
 absl::Status AnswerPlanModel(const v1::PlanModelRequest& request, planner::ModelPlanner& planner,
                              const planner::ClusterProfile& profile, v1::PlanModelResponse* out);
 // The same for a model already converted with ModelFromProto.

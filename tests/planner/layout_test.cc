@@ -1,0 +1,355 @@
+// Layouts, pipelines, the memory model and the layout search (docs/layouts.md).
+#include "moeplan/planner/layout.h"
+
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "moeplan/planner/model.h"
+#include "test_profile.h"
+
+namespace moeplan::planner {
+namespace {
+
+using testing::RoundNumberModel;
+
+// Two blocks on RoundNumberProfile (4 nodes x 8): block 0 MoE, block 1 dense.
+ModelConfig TwoBlocks() {
+  ModelConfig m;
+  m.name = "two";
+  m.num_layers = 2;
+  m.hidden_size = 256;
+  m.num_attention_heads = 8;
+  m.ffn_hidden_size = 1024;
+  m.seq_length = 128;
+  m.micro_batch_size = 8;
+  m.bytes_per_element = 2;
+  m.moe.layer_freq = 2;
+  m.moe.num_experts = 64;
+  m.moe.top_k = 1;
+  m.moe.capacity_factor = 1.0;
+  m.moe.expert_ffn_hidden_size = 1024;
+  m.moe.gate = Gate::kSwitch;
+  m.parallel = {.mp = 1, .ep = 8, .esp = 1, .dp = 8, .pp = 1};
+  return m;
+}
+
+// Eight blocks, MoE every other one, 64 sequences per iteration.
+ModelConfig EightBlocks() {
+  ModelConfig m = TwoBlocks();
+  m.name = "eight";
+  m.num_layers = 8;
+  m.vocab_size = 1024;
+  m.global_batch_size = 64;
+  m.parallel = {.mp = 1, .ep = 32, .esp = 1, .dp = 32, .pp = 1};
+  return m;
+}
+
+Layout Make(int dp, int tp, int pp, int ep, int esp, Family f) {
+  Layout l;
+  l.dp = dp;
+  l.tp = tp;
+  l.pp = pp;
+  l.ep = ep;
+  l.esp = esp;
+  l.family = f;
+  return l;
+}
+
+// ---- Pipelines ----
+
+PipelineSpec Equal(PipelineSchedule s, int p, int v, int m, double f, double b) {
+  PipelineSpec spec;
+  spec.schedule = s;
+  spec.stages = p;
+  spec.chunks = v;
+  spec.microbatches = m;
+  spec.fwd_us.assign(static_cast<size_t>(p * v), f / v);
+  spec.bwd_us.assign(static_cast<size_t>(p * v), b / v);
+  spec.p2p_us = 0.0;
+  return spec;
+}
+
+TEST(Pipeline, OneFOneBBubbleIsTheClosedForm) {
+  OpGraph g;
+  Simulator sim;
+  SimResult r;
+  for (int p : {2, 4, 8}) {
+    for (int m : {p, 2 * p, 4 * p, p + 3}) {
+      PipelineResult out;
+      ASSERT_TRUE(
+          SimulatePipeline(Equal(PipelineSchedule::k1F1B, p, 1, m, 1.0, 2.0), &g, &sim, &r, &out)
+              .ok());
+      // (m + p - 1)(F + B), of which (p - 1)(F + B) idle.
+      EXPECT_REL(out.pipeline_end_us, (m + p - 1) * 3.0) << "p=" << p << " m=" << m;
+      EXPECT_REL(out.bubble_us, (p - 1) * 3.0);
+      EXPECT_REL(out.bubble_fraction, static_cast<double>(p - 1) / (m + p - 1));
+    }
+  }
+}
+
+TEST(Pipeline, GpipeHasTheSameBubbleAndHoldsEveryMicroBatch) {
+  OpGraph g;
+  Simulator sim;
+  SimResult r;
+  PipelineResult out;
+  ASSERT_TRUE(
+      SimulatePipeline(Equal(PipelineSchedule::kGpipe, 4, 1, 8, 1.0, 2.0), &g, &sim, &r, &out).ok());
+  EXPECT_REL(out.bubble_us, 3 * 3.0);
+  EXPECT_EQ(InFlightMicrobatches(PipelineSchedule::kGpipe, 4, 1, 8, 0), 8.0);
+  EXPECT_EQ(InFlightMicrobatches(PipelineSchedule::k1F1B, 4, 1, 8, 0), 4.0);
+  EXPECT_EQ(InFlightMicrobatches(PipelineSchedule::k1F1B, 4, 1, 8, 3), 1.0);
+  EXPECT_EQ(InFlightMicrobatches(PipelineSchedule::k1F1B, 4, 1, 2, 0), 2.0);
+}
+
+TEST(Pipeline, InterleavingShrinksTheBubbleByV) {
+  OpGraph g;
+  Simulator sim;
+  SimResult r;
+  for (int p : {2, 4}) {
+    for (int v : {2, 3, 4}) {
+      for (int m : {p, 2 * p, 4 * p}) {
+        PipelineResult plain, inter;
+        ASSERT_TRUE(SimulatePipeline(Equal(PipelineSchedule::k1F1B, p, 1, m, 1.0, 2.0), &g, &sim,
+                                     &r, &plain)
+                        .ok());
+        ASSERT_TRUE(SimulatePipeline(Equal(PipelineSchedule::kInterleaved, p, v, m, 1.0, 2.0), &g,
+                                     &sim, &r, &inter)
+                        .ok());
+        EXPECT_REL(inter.bubble_us, plain.bubble_us / v) << "p=" << p << " v=" << v << " m=" << m;
+        EXPECT_REL(inter.pipeline_end_us, m * 3.0 + plain.bubble_us / v);
+      }
+    }
+  }
+  // Stage 0 holds (p - 1) * 2 + (v - 1) * p warm-up chunks and one more: (6 + 4 + 1) / 2.
+  EXPECT_EQ(InFlightMicrobatches(PipelineSchedule::kInterleaved, 4, 2, 8, 0), 5.5);
+}
+
+TEST(Pipeline, P2pAndTailsAddToTheMakespan) {
+  OpGraph g;
+  Simulator sim;
+  SimResult r;
+  PipelineSpec spec = Equal(PipelineSchedule::k1F1B, 2, 1, 1, 1.0, 2.0);
+  spec.p2p_us = 0.5;
+  spec.tail_us = {4.0, 1.0};
+  PipelineResult out;
+  ASSERT_TRUE(SimulatePipeline(spec, &g, &sim, &r, &out).ok());
+  // F0, send, F1, B1, send, B0: 1 + 0.5 + 1 + 2 + 0.5 + 2 = 7, then stage 0's tail 4.
+  EXPECT_REL(out.pipeline_end_us, 7.0);
+  EXPECT_REL(out.makespan_us, 11.0);
+}
+
+// ---- Memory ----
+
+TEST(Memory, HandComputedPerZeroStage) {
+  const ModelConfig m = TwoBlocks();
+  Layout l = Make(8, 1, 1, 8, 1, Family::kParm);
+  MemoryOptions o;
+  o.gpu_memory_bytes = 0.0;
+  // Dense: attention 4M^2 + 8M = 264192; FFN 2MF + F + M = 525568; gate M*E
+  // = 16384: 264192 + 525568 + 264192 + 16384 = 1070336. Experts: 64/8 local,
+  // 2 * 256 * 1024 each = 4194304. No expert replicas (ep * esp = dp).
+  const double dense = 1070336, expert = 4194304, all = dense + expert;
+  const double sharded = dense / 8 + expert;
+  struct Case {
+    int zero;
+    double params, grads, optimizer;
+  } cases[] = {
+      {0, 2 * all, 4 * all, 12 * all},
+      {1, 2 * all, 4 * all, 12 * sharded},
+      {2, 2 * all, 4 * sharded, 12 * sharded},
+      {3, 2 * sharded, 4 * sharded, 12 * sharded},
+  };
+  // S = 8 * 128 = 1024 tokens. Dense block: S M (10 + 24) + 5 a L S = 14155776.
+  // MoE block: S M (10 + 8) + 5 a L S + 4 S E + E T (M + 2H) b with T = 16:
+  // 4718592 + 5242880 + 262144 + 4718592 = 14942208.
+  const double act = 14155776 + 14942208;
+  for (const Case& c : cases) {
+    l.zero_stage = c.zero;
+    const MemoryBreakdown b = StageMemory(m, l, 8, 0, 1.0, o);
+    EXPECT_REL(b.params, c.params) << "zero " << c.zero;
+    EXPECT_REL(b.grads, c.grads) << "zero " << c.zero;
+    EXPECT_REL(b.optimizer, c.optimizer) << "zero " << c.zero;
+    EXPECT_REL(b.activations, act);
+    EXPECT_REL(b.capacity_buffers, 2.0 * 64 * 16 * 256 * 2);  // dispatch and combine, E T M b
+    EXPECT_REL(b.total, b.params + b.grads + b.optimizer + b.activations + b.capacity_buffers);
+    EXPECT_TRUE(b.fits());
+  }
+  // Recomputation keeps each block's input (S M b) and one block's activations.
+  l.zero_stage = 0;
+  l.recompute = true;
+  EXPECT_REL(StageMemory(m, l, 8, 0, 1.0, o).activations, 2 * 1024 * 256 * 2 + 14942208.0);
+  // In-flight micro-batches multiply the stored activations.
+  l.recompute = false;
+  EXPECT_REL(StageMemory(m, l, 8, 0, 3.0, o).activations, 3 * act);
+}
+
+TEST(Memory, InfeasibleSaysWhichTermAndByHowMuch) {
+  Layout l = Make(8, 1, 1, 8, 1, Family::kParm);
+  MemoryOptions o;
+  o.gpu_memory_bytes = 64.0 * 1024 * 1024;  // 64 MiB
+  const MemoryBreakdown b = StageMemory(TwoBlocks(), l, 8, 0, 1.0, o);
+  EXPECT_FALSE(b.fits());
+  // Optimizer states (12 B x 5264640 = 60.2 MiB) are the largest term.
+  EXPECT_NE(b.OverReason().find("over); largest term: optimizer states 0.1 GiB"),
+            std::string::npos)
+      << b.OverReason();
+}
+
+// ---- Layout rules ----
+
+TEST(Layout, BadLayoutsNameTheField) {
+  const ModelConfig m = EightBlocks();
+  const ClusterShape c{4, 8};
+  struct Case {
+    Layout l;
+    std::string want;
+  } cases[] = {
+      {Make(2, 16, 1, 32, 1, Family::kParm), "layout.tp: must divide gpus_per_node (8)"},
+      {Make(8, 1, 3, 8, 1, Family::kParm), "layout.pp: must divide num_layers (8) (got 3)"},
+      {Make(6, 1, 1, 3, 2, Family::kParm), "layout.ep: must divide moe.num_experts (64) (got 3)"},
+      {Make(8, 4, 1, 2, 4, Family::kPpMoe),
+       "layout.ep: ppmoe spreads a layer's experts over the TP group"},
+      {Make(8, 2, 1, 16, 2, Family::kDpMoe), "layout.ep: dpmoe spreads the experts"},
+      {Make(8, 2, 1, 8, 1, Family::kDpMoe), "layout.esp: dpmoe shards each expert"},
+      {Make(16, 2, 2, 32, 1, Family::kParm), "layout: dp*tp*pp must be <= the GPUs (32)"},
+  };
+  for (const Case& k : cases) {
+    const absl::Status s = ValidateLayout(m, k.l, 64, c);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << k.want;
+    EXPECT_EQ(std::string(s.message()).rfind(k.want, 0), 0u) << s.message();
+  }
+  Layout l = Make(8, 1, 4, 8, 1, Family::kParm);
+  l.microbatches = 3;
+  EXPECT_EQ(std::string(ValidateLayout(m, l, 64, c).message()).rfind("layout.microbatches", 0), 0u);
+  EXPECT_TRUE(ValidateLayout(m, Make(8, 4, 1, 4, 1, Family::kPpMoe), 64, c).ok());
+}
+
+TEST(Layout, InferredFamilies) {
+  EXPECT_EQ(InferFamily(Make(4, 8, 1, 8, 1, Family::kParm)), Family::kPpMoe);
+  EXPECT_EQ(InferFamily(Make(8, 2, 1, 4, 2, Family::kParm)), Family::kDpMoe);
+  EXPECT_EQ(InferFamily(Make(8, 2, 1, 8, 2, Family::kParm)), Family::kParm);
+}
+
+// ---- Stages and evaluation ----
+
+TEST(Layout, PpMoeLayerSendsNothingAcrossNodes) {
+  // tp = 8: a stage's TP group fills a node; its experts stay inside it.
+  const Layout l = Make(1, 8, 4, 8, 1, Family::kPpMoe);
+  const ModelConfig m = ModelForLayout(EightBlocks(), l, 8);
+  ModelPlanner planner(RoundNumberModel());
+  StageOptions so;
+  so.first_block = 2;
+  so.end_block = 4;
+  so.embed = so.head = false;
+  so.local_dispatch = true;
+  ModelPlan plan;
+  ASSERT_TRUE(planner.PlanStage(m, {}, so, &plan).ok());
+  const VariantPlan& vp = plan.variants[static_cast<size_t>(plan.best)];
+  int64_t moe_inter = 0;
+  int combines = 0;
+  for (OpId id = 0; id < vp.graph.size(); ++id) {
+    const Op& op = vp.graph.op(id);
+    if (op.flags & kMoeScope) moe_inter += op.inter_node_bytes;
+    combines += op.Name() == "b2.moe.fwd.mp_allreduce_combine" ? 1 : 0;
+    EXPECT_NE(op.term, Term::kAllToAll) << op.Name();
+  }
+  EXPECT_EQ(moe_inter, 0);
+  EXPECT_EQ(combines, 1);
+  // The same experts over data-parallel ranks across nodes exchange tokens between nodes.
+  const Layout d = Make(32, 1, 1, 32, 1, Family::kDpMoe);
+  StageOptions whole;
+  ASSERT_TRUE(planner.PlanStage(ModelForLayout(EightBlocks(), d, 2), {}, whole, &plan).ok());
+  moe_inter = 0;
+  const VariantPlan& dv = plan.variants[static_cast<size_t>(plan.best)];
+  for (OpId id = 0; id < dv.graph.size(); ++id) {
+    if (dv.graph.op(id).flags & kMoeScope) moe_inter += dv.graph.op(id).inter_node_bytes;
+  }
+  EXPECT_GT(moe_inter, 0);
+}
+
+TEST(Layout, OneStageOneMicroBatchIsTheWholeModelPlan) {
+  ModelConfig m = EightBlocks();
+  m.global_batch_size = 0;  // micro_batch_size * dp = 256
+  ModelPlanner planner(RoundNumberModel());
+  ModelPlan plan;
+  ASSERT_TRUE(planner.Plan(m, {}, &plan).ok());
+  LayoutPlanner lp(RoundNumberModel());
+  LayoutCandidate c;
+  const Layout l = Make(32, 1, 1, 32, 1, Family::kDpMoe);
+  ASSERT_TRUE(lp.Evaluate(m, l, {}, {}, &c).ok());
+  EXPECT_NEAR(c.iteration_us, plan.variants[static_cast<size_t>(plan.best)].iteration_us(), 1e-6);
+  EXPECT_EQ(c.micro_batch_size, 8);
+  EXPECT_EQ(c.bubble_us, 0.0);
+  // tokens/s/GPU = 256 * 128 tokens per iteration over 32 GPUs.
+  EXPECT_REL(c.tokens_per_s_per_gpu, 256.0 * 128 / (c.iteration_us * 1e-6) / 32);
+}
+
+TEST(Layout, ZeroStagesChangeTheGradientSynchronisation) {
+  ModelConfig m = EightBlocks();
+  LayoutPlanner lp(RoundNumberModel());
+  Layout l = Make(32, 1, 1, 32, 1, Family::kDpMoe);
+  double us[4];
+  for (int z = 0; z < 4; ++z) {
+    l.zero_stage = z;
+    LayoutCandidate c;
+    ASSERT_TRUE(lp.Evaluate(m, l, {}, {}, &c).ok());
+    us[z] = c.iteration_us;
+    EXPECT_GT(c.iteration_us, 0.0);
+  }
+  // ZeRO-3 gathers parameters every forward and backward: the slowest.
+  EXPECT_GT(us[3], us[0]);
+  EXPECT_GT(us[3], us[1]);
+}
+
+TEST(Search, ReturnsFeasibleLayoutsAndBeatsEveryFixedOne) {
+  const ModelConfig m = EightBlocks();
+  LayoutPlanner lp(RoundNumberModel());
+  SearchOptions so;
+  so.top = 1000;
+  so.max_microbatches = 8;
+  MemoryOptions mem;
+  mem.gpu_memory_bytes = 96.0 * 1024 * 1024;  // 96 MiB: prunes the replicated layouts
+  LayoutSearchResult r;
+  ASSERT_TRUE(lp.Search(m, so, {}, mem, &r).ok());
+  ASSERT_FALSE(r.candidates.empty()) << r.stats.enumerated << " " << r.stats.pruned_memory << " " << r.stats.simulated;
+  EXPECT_EQ(r.gpus, 32);
+  EXPECT_GT(r.stats.pruned_memory, 0);
+  EXPECT_EQ(r.stats.enumerated,
+            r.stats.pruned_memory + r.stats.pruned_bound + r.stats.simulated);
+  for (size_t i = 0; i < r.candidates.size(); ++i) {
+    const LayoutCandidate& c = r.candidates[i];
+    EXPECT_TRUE(c.feasible);
+    EXPECT_LE(c.memory.total, mem.gpu_memory_bytes);
+    EXPECT_EQ(c.layout.Gpus(), 32);
+    if (i > 0) {
+      EXPECT_GE(c.iteration_us, r.candidates[i - 1].iteration_us);
+    }
+  }
+  // Every fixed layout that fits is no faster than the search's best.
+  const double best = r.candidates[0].iteration_us;
+  int fixed = 0;
+  for (const Layout& base :
+       {Make(32, 1, 1, 32, 1, Family::kDpMoe), Make(4, 8, 1, 8, 1, Family::kPpMoe),
+        Make(16, 2, 1, 16, 2, Family::kParm), Make(2, 8, 2, 8, 1, Family::kPpMoe),
+        Make(8, 2, 2, 8, 2, Family::kDpMoe), Make(8, 1, 4, 8, 1, Family::kDpMoe)}) {
+    for (int z : {0, 1, 2, 3}) {
+      for (int mb : {1, 2, 4, 8}) {
+        Layout l = base;
+        l.zero_stage = z;
+        l.microbatches = mb;
+        if (!ValidateLayout(m, l, 64, {4, 8}).ok()) continue;
+        LayoutCandidate c;
+        ASSERT_TRUE(lp.Evaluate(m, l, {}, mem, &c).ok());
+        if (!c.feasible) continue;
+        ++fixed;
+        EXPECT_GE(c.iteration_us, best - 1e-6) << FamilyName(l.family) << " dp=" << l.dp
+                                               << " tp=" << l.tp << " pp=" << l.pp;
+      }
+    }
+  }
+  EXPECT_GT(fixed, 5);
+}
+
+}  // namespace
+}  // namespace moeplan::planner
