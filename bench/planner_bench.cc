@@ -10,6 +10,7 @@
 #include "moeplan/calibration/profiles.h"
 #include "moeplan/client/sweep.h"
 #include "moeplan/planner/cost_model.h"
+#include "moeplan/planner/layout.h"
 #include "moeplan/planner/model.h"
 #include "moeplan/planner/planner.h"
 #include "moeplan/proto/convert.h"
@@ -112,5 +113,39 @@ BENCHMARK_CAPTURE(BM_PlanModel, gpt2_s_moe_all_variants_64_gpus, "gpt2-s-moe.a10
     ->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(BM_PlanModel, fine_grained_mp2_all_variants_64_gpus, "fine-grained-moe.json")
     ->Unit(benchmark::kMillisecond);
+
+// The layout search (docs/layouts.md) with every variant, family, ZeRO stage
+// and pipeline schedule: GPT-3 Medium + 64 experts on 32 V100s, and a
+// Qwen-MoE-like model (128 experts, top-8) on 1,024 A100s. A fresh planner per
+// iteration: nothing is cached between searches.
+void BM_SearchLayouts(benchmark::State& state, const char* file, const char* profile, int gpus) {
+  v1::ModelConfig msg;
+  if (!proto::ReadJsonFile(std::string(MOEPLAN_SOURCE_DIR "/examples/models/") + file, &msg).ok()) {
+    std::abort();
+  }
+  const planner::ModelConfig model = OrDie(proto::ModelFromProto(msg));
+  const planner::CostModel cost = OrDie(planner::CostModel::Create(
+      OrDie(calibration::LoadProfile(profile)).profile));
+  planner::SearchOptions options;
+  options.gpus = gpus;
+  options.top = 10;
+  planner::LayoutSearchResult r;
+  for (auto _ : state) {
+    planner::LayoutPlanner lp(cost);
+    if (!lp.Search(model, options, {}, {}, &r).ok()) std::abort();
+    benchmark::DoNotOptimize(r.candidates.data());
+  }
+  state.counters["enumerated"] = static_cast<double>(r.stats.enumerated);
+  state.counters["pruned_memory"] = static_cast<double>(r.stats.pruned_memory);
+  state.counters["pruned_bound"] = static_cast<double>(r.stats.pruned_bound);
+  state.counters["simulated"] = static_cast<double>(r.stats.simulated);
+  state.counters["stage_plans"] = static_cast<double>(r.stats.stage_plans);
+}
+BENCHMARK_CAPTURE(BM_SearchLayouts, gpt3_medium_moe_32_v100, "gpt3-medium-moe.json", "v100-8x8", 32)
+    ->Unit(benchmark::kMillisecond)
+    ->Iterations(1);
+BENCHMARK_CAPTURE(BM_SearchLayouts, qwen_moe_1024_a100, "qwen-moe-like.json", "a100-8x8", 1024)
+    ->Unit(benchmark::kMillisecond)
+    ->Iterations(1);
 
 BENCHMARK_MAIN();
