@@ -306,8 +306,7 @@ MemoryBreakdown StageMemory(const ModelConfig& model, const Layout& l, int64_t m
         block += (S * E * 4.0 + rows * (M + 2.0 * shard) * e +
                   2.0 * S * static_cast<double>(m.moe.shared_expert_ffn_hidden_size) / t * e) /
                  (e / 2.0);
-        buffers = std::max(buffers, 2.0 * (l.family == Family::kPpMoe ? E / l.ep * cap : E * cap) *
-                                        M * e);
+        buffers = std::max(buffers, 2.0 * rows * M * e);
       } else {
         block += 16.0 * S * M / t;
       }
@@ -567,7 +566,6 @@ struct LayoutPlanner::Impl {
   SimResult pipe_result;
   SearchStats* stats = nullptr;
   ModelPlanOptions plan_options;
-  const ModelConfig* model_key = nullptr;  // the cache is per (model, options)
 
   absl::StatusOr<ChunkTimes> Chunk(const ModelConfig& model, const Layout& l, int64_t mbs,
                                    int stage, int chunk) {
@@ -762,7 +760,6 @@ struct LayoutPlanner::Impl {
     // The caches hold chunks of one (model, options); a new call starts afresh.
     cache.clear();
     bounds.clear();
-    model_key = &model;
     plan_options = options;
   }
 };
@@ -920,14 +917,11 @@ absl::Status LayoutPlanner::Search(const ModelConfig& model, const SearchOptions
             bool fits = false;
             for (bool rc : {false, true}) {
               l.recompute = rc;
-              double worst = 0.0;
               bool ok = true;
               for (int stage = 0; stage < l.pp && ok; ++stage) {
-                const MemoryBreakdown mb = StageMemory(
-                    model, l, mbs, stage,
-                    InFlightMicrobatches(ps, l.pp, v, m, stage), mem);
-                ok = mb.fits();
-                worst = std::max(worst, mb.total);
+                ok = StageMemory(model, l, mbs, stage, InFlightMicrobatches(ps, l.pp, v, m, stage),
+                                 mem)
+                         .fits();
               }
               if (ok) {
                 fits = true;

@@ -668,14 +668,14 @@ struct ModelPlanner::Impl {
     std::vector<Bucket> buckets;
     std::vector<int> bucket_of(params.size());
     int open[2] = {-1, -1};
+    int count[2] = {0, 0};
     for (size_t i = 0; i < params.size(); ++i) {
       const int grp = params[i].expert ? 1 : 0;
       if (open[grp] < 0 ||
           buckets[static_cast<size_t>(open[grp])].bytes >= static_cast<double>(opt.bucket_bytes)) {
         buckets.push_back({});
         buckets.back().expert = params[i].expert;
-        for (const Bucket& other : buckets) buckets.back().index += other.expert == params[i].expert;
-        buckets.back().index -= 1;
+        buckets.back().index = count[grp]++;
         open[grp] = static_cast<int>(buckets.size()) - 1;
       }
       bucket_of[i] = open[grp];
