@@ -273,7 +273,8 @@ class PlannerClient:
                 gpus_per_node), families (["dpmoe", "ppmoe", "parm"]), pipelines
                 (["gpipe", "1f1b", "interleaved"]), zero_stages ([0, 1, 2, 3]),
                 max_microbatches (unset: 64), virtual_stages (interleaved v;
-                empty: [2]). {} searches with every default.
+                empty: [2]), exhaustive (simulate every layout that fits, no
+                lower-bound pruning). {} searches with every default.
             layout: a moeplan.v1.Layout dict: dp, tp, pp, ep, esp, microbatches
                 (0: 1 when pp = 1, else pp), zero_stage, family ("dpmoe",
                 "ppmoe", "parm"; "": inferred), pipeline ("gpipe", "1f1b",

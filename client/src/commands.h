@@ -48,6 +48,7 @@ struct PlanModelArgs {
   std::string pipelines = "all";  // gpipe,1f1b,interleaved
   std::string zero_stages = "all";
   int max_microbatches = 64;
+  bool exhaustive = false;
   std::string layout;  // "dp=..,tp=..,pp=..,ep=..,esp=..[,microbatches=..,zero=..,...]"
   double gpu_memory_gib = -1.0;  // < 0: the profile's
   double optimizer_bytes = 12.0;

@@ -115,6 +115,10 @@ CLI::App* AddPlanModel(CLI::App* app, PlanModelArgs* a) {
                    "With --search: most micro-batches per iteration tried")
       ->check(CLI::Range(1, 4096))
       ->capture_default_str();
+  plan->add_flag("--exhaustive", a->exhaustive,
+                 "With --search: simulate every layout that fits instead of stopping at the "
+                 "lower bound (slower; for measured profiles whose small messages cost less "
+                 "per byte than large ones)");
   plan->add_option("--gpu-memory-gib", a->gpu_memory_gib,
                    "GPU memory for the memory check (default: the profile's gpu_memory_gib; "
                    "0: no check)");

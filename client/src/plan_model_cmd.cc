@@ -200,6 +200,7 @@ absl::Status SearchFromFlags(const PlanModelArgs& a, v1::PlanModelRequest* reque
                                                           a.zero_stages, ParseZero, "0, 1, 2, 3"));
   for (int z : zeros) s->add_zero_stages(z);
   s->set_max_microbatches(a.max_microbatches);
+  s->set_exhaustive(a.exhaustive);
   return absl::OkStatus();
 }
 

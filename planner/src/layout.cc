@@ -567,22 +567,26 @@ struct LayoutPlanner::Impl {
   SearchStats* stats = nullptr;
   ModelPlanOptions plan_options;
 
+  ChunkKey KeyOf(const ModelConfig& model, const Layout& l, int64_t mbs, const StageOptions& so,
+                int zero) const {
+    return ChunkKey{mbs,
+                    l.tp,
+                    l.dp,
+                    l.ep,
+                    l.esp,
+                    l.ExpertReplicas(),
+                    zero,
+                    so.end_block - so.first_block,
+                    so.first_block % model.moe.layer_freq,
+                    static_cast<uint8_t>(l.family),
+                    so.embed,
+                    so.head};
+  }
+
   absl::StatusOr<ChunkTimes> Chunk(const ModelConfig& model, const Layout& l, int64_t mbs,
                                    int stage, int chunk) {
     const StageOptions so = ChunkOptions(model, l, stage, chunk);
-    const ChunkKey key{mbs,
-                       l.tp,
-                       l.dp,
-                       l.ep,
-                       l.esp,
-                       l.ExpertReplicas(),
-                       l.zero_stage,
-                       so.end_block - so.first_block,
-                       so.first_block % model.moe.layer_freq,
-                       static_cast<uint8_t>(l.family),
-                       so.embed,
-                       so.head};
-    if (auto it = cache.find(key); it != cache.end()) {
+    if (auto it = cache.find(KeyOf(model, l, mbs, so, l.zero_stage)); it != cache.end()) {
       if (stats) ++stats->stage_cache_hits;
       return it->second;
     }
@@ -592,6 +596,16 @@ struct LayoutPlanner::Impl {
     if (l.family == Family::kDpMoe) opt.schedules = {Schedule::kDefault};
     MOEPLAN_RETURN_IF_ERROR(planner.PlanStage(m, opt, so, &plan));
     const VariantPlan& vp = plan.variants[static_cast<size_t>(plan.best)];
+    // ZeRO 1 and 2 build the same graph (reduce-scatter buckets, gathers after
+    // the step); 2 only counts the buckets as part of every micro-batch's backward.
+    for (int z : {l.zero_stage, l.zero_stage == 1 ? 2 : l.zero_stage == 2 ? 1 : -1}) {
+      if (z >= 0) cache.emplace(KeyOf(model, l, mbs, so, z), Times(vp, z >= 2));
+    }
+    return cache.find(KeyOf(model, l, mbs, so, l.zero_stage))->second;
+  }
+
+  // A planned chunk's times; `sync_in_backward`: its gradient buckets end its backward.
+  static ChunkTimes Times(const VariantPlan& vp, bool sync_in_backward) {
     ChunkTimes t;
     t.variant = vp.variant;
     t.schedule = vp.schedule;
@@ -604,13 +618,14 @@ struct LayoutPlanner::Impl {
       const double end = r.times[static_cast<size_t>(id)].end_us;
       if (op.term == Term::kOptimizer) continue;
       if (op.flags & kGradSync) {
-        if (op.base.substr(0, 4) == "bwd.") sync_end = std::max(sync_end, end);
+        if (op.base.substr(0, 4) == "bwd.") {
+          sync_end = std::max(sync_end, end);
+        }
         continue;
       }
       bwd_end = std::max(bwd_end, end);
     }
-    // ZeRO >= 2 reduce-scatters every micro-batch's gradients: part of its backward.
-    if (l.zero_stage >= 2) bwd_end = std::max(bwd_end, sync_end);
+    if (sync_in_backward) bwd_end = std::max(bwd_end, sync_end);
     t.fwd = r.forward_end_us;
     t.bwd = bwd_end - t.fwd;
     t.tail = std::max(0.0, r.makespan_us - bwd_end);
@@ -627,8 +642,22 @@ struct LayoutPlanner::Impl {
         t.grad_sync += op.cost_us;
       }
     }
-    cache.emplace(key, t);
     return t;
+  }
+
+  // The time of one micro-batch's activation (or gradient) to the next stage:
+  // each TP rank sends its 1/tp (Megatron-LM's scatter-gather), across nodes
+  // once a stage fills a node, and the receiving TP group AllGathers the
+  // pieces (inside its node). Both are charged to the send, which holds the
+  // sender's link.
+  void P2p(const ModelConfig& model, const Layout& l, int64_t mbs, PipelineSpec* spec) const {
+    const int g = cost.profile().shape.gpus_per_node;
+    const bool across = int64_t{l.dp} * l.tp >= g;
+    const double bytes = static_cast<double>(mbs) * model.seq_length * model.hidden_size *
+                         model.bytes_per_element / l.tp;
+    spec->p2p_us = cost.CollectiveUs(Collective::kSendRecv, GroupShape{2, across ? 2 : 1}, bytes) +
+                   cost.CollectiveUs(Collective::kAllGather, GroupShape{l.tp, 1}, bytes);
+    spec->p2p_resource = across ? kInter : kIntra;
   }
 
   // Evaluates a validated layout with `mbs` sequences per micro-batch.
@@ -655,14 +684,7 @@ struct LayoutPlanner::Impl {
         chunks[i] = t;
       }
     }
-    // A micro-batch's activation to the next stage: each TP rank sends its 1/tp
-    // (Megatron-LM's scatter-gather); across nodes once a stage fills a node.
-    const int g = cost.profile().shape.gpus_per_node;
-    const bool across = int64_t{l.dp} * l.tp >= g;
-    const double bytes = static_cast<double>(mbs) * model.seq_length * model.hidden_size *
-                         model.bytes_per_element / l.tp;
-    spec.p2p_us = cost.CollectiveUs(Collective::kSendRecv, GroupShape{2, across ? 2 : 1}, bytes);
-    spec.p2p_resource = across ? kInter : kIntra;
+    P2p(model, l, mbs, &spec);
     PipelineResult pr;
     MOEPLAN_RETURN_IF_ERROR(SimulatePipeline(spec, &pipe_graph, &pipe_sim, &pipe_result, &pr));
     if (stats) ++stats->simulated;
@@ -719,7 +741,9 @@ struct LayoutPlanner::Impl {
     return absl::OkStatus();
   }
 
-  // The pipeline of per-chunk compute lower bounds (StageComputeBound).
+  // The pipeline simulated with each chunk's lower bounds (StageComputeBound)
+  // and the exact p2p: simulated times only grow with op costs, so no
+  // candidate's iteration is shorter.
   absl::StatusOr<double> Bound(const ModelConfig& model, const Layout& l, int64_t mbs) {
     const int p = l.pp, v = std::max(1, l.virtual_stages);
     PipelineSpec spec;
@@ -729,13 +753,11 @@ struct LayoutPlanner::Impl {
     spec.microbatches = l.microbatches;
     spec.fwd_us.assign(static_cast<size_t>(p * v), 0.0);
     spec.bwd_us.assign(static_cast<size_t>(p * v), 0.0);
+    spec.tail_us.assign(static_cast<size_t>(p), 0.0);
     for (int st = 0; st < p; ++st) {
       for (int c = 0; c < v; ++c) {
         const StageOptions so = ChunkOptions(model, l, st, c);
-        // Compute does not depend on dp, ZeRO or the expert replicas.
-        const ChunkKey key{mbs, l.tp, 0, l.ep, l.esp, 0, 0, so.end_block - so.first_block,
-                           so.first_block % model.moe.layer_freq,
-                           static_cast<uint8_t>(l.family), so.embed, so.head};
+        const ChunkKey key = KeyOf(model, l, mbs, so, /*zero=*/0);  // the bounds hold for every stage
         ModelPlanner::StageBound b;
         if (auto it = bounds.find(key); it != bounds.end()) {
           b = it->second;
@@ -749,8 +771,11 @@ struct LayoutPlanner::Impl {
         const size_t i = static_cast<size_t>(st) * v + c;
         spec.fwd_us[i] = b.fwd_us;
         spec.bwd_us[i] = b.bwd_us + (l.recompute ? b.fwd_us : 0.0);
+        spec.tail_us[static_cast<size_t>(st)] +=
+            l.zero_stage >= 1 ? b.sharded_optimizer_us : b.optimizer_us;
       }
     }
+    P2p(model, l, mbs, &spec);
     PipelineResult pr;
     MOEPLAN_RETURN_IF_ERROR(SimulatePipeline(spec, &pipe_graph, &pipe_sim, &pipe_result, &pr));
     return pr.makespan_us;
@@ -953,7 +978,7 @@ absl::Status LayoutPlanner::Search(const ModelConfig& model, const SearchOptions
   };
   for (size_t i = 0; i < pending.size(); ++i) {
     const Pending& c = pending[i];
-    if (static_cast<int>(ranked.size()) >= options.top &&
+    if (!options.exhaustive && static_cast<int>(ranked.size()) >= options.top &&
         c.bound >= ranked[static_cast<size_t>(options.top) - 1].iteration_us) {
       st.pruned_bound += static_cast<int64_t>(pending.size() - i);
       break;

@@ -356,7 +356,7 @@ struct ModelPlanner::Impl {
   Deps ZeroGather(OpGraph* g, int block, Phase phase) {
     if (st.zero_stage < 3) return {};
     Builder b(cost, g);
-    b.Stamp(block, 0);
+    b.Stamp(block, kPrefetch);
     const double e = m->bytes_per_element;
     const bool moe = m->IsMoeBlock(block);
     const RankParams params = BlockParams(*m, block);
@@ -631,9 +631,15 @@ struct ModelPlanner::Impl {
     return simulator.Run(final_graph, &final_sim);
   }
 
-  // The compute ops of the whole forward and backward (no split, no
-  // overlap): what any variant's compute resource must run at least.
-  void ComputeOnly(double* fwd, double* bwd) {
+  // A lower bound on any variant's forward and backward of this schedule and
+  // algorithm (docs/layouts.md "Search"): each resource runs its ops one at a
+  // time, so a phase lasts at least the busiest resource's sum of that
+  // phase's ops. Every forward op ends by the forward's end and every
+  // backward op descends from the loss; gradient buckets and ZeRO-3 gathers
+  // (prefetched, depending on nothing) are left out. Ops are unsplit: with
+  // alpha-beta costs and GEMM efficiency that does not fall with size, k
+  // pieces never cost less than the whole.
+  void PhaseBound(double* fwd, double* bwd) {
     g0.Clear();
     params.clear();
     slots.clear();
@@ -642,11 +648,16 @@ struct ModelPlanner::Impl {
     EmitRange(0, static_cast<int>(units.size()), 1, &g0, false);
     const auto& o = piece_out[static_cast<size_t>(piece_begin[units.size() - 1])];
     EmitBackward(Deps{o[0], o[1]}, false);
+    double busy[2][kNumResources] = {};
     for (OpId id = 0; id < g0.size(); ++id) {
       const Op& op = g0.op(id);
-      if (op.kind != OpKind::kCompute) continue;
-      (op.phase == F ? *fwd : *bwd) += op.cost_us;
+      if (op.flags & (kGradSync | kPrefetch)) continue;
+      for (int r = 0; r < kNumResources; ++r) {
+        if (op.resources & (1u << r)) busy[op.phase == F ? 0 : 1][r] += op.cost_us;
+      }
     }
+    *fwd = *std::max_element(std::begin(busy[0]), std::end(busy[0]));
+    *bwd = *std::max_element(std::begin(busy[1]), std::end(busy[1]));
   }
 
   // Copies g0 in `order` into final_graph, issuing each DDP bucket's
@@ -744,13 +755,7 @@ struct ModelPlanner::Impl {
     step.base = "optimizer.step";
     step.phase = B;
     step.term = Term::kOptimizer;
-    // Each rank updates its shard: ZeRO >= 1 divides the states by the group.
-    const double shard = sharded ? static_cast<double>(DenseParamsPerRank()) / dp_shape.ranks +
-                                       static_cast<double>(ExpertParamsPerRank()) / edp_shape.ranks
-                                 : static_cast<double>(ParamsPerRank());
-    const double bytes = shard * (24.0 + 2.0 * m->bytes_per_element);
-    step.cost_us = cost.MemoryBoundUs(bytes);
-    step.bytes = internal::Bytes(bytes);
+    step.cost_us = OptimizerStepUs(sharded, &step.bytes);
     const OpId step_id = final_graph.Add(step, dep_buf);
     if (st.zero_stage == 1 || st.zero_stage == 2) {
       for (size_t i = 0; i < buckets.size(); ++i) {
@@ -764,6 +769,18 @@ struct ModelPlanner::Impl {
       }
     }
     return absl::OkStatus();
+  }
+
+  // The optimizer step: each rank updates its shard (`sharded`: ZeRO >= 1
+  // divides the states by the group), reading and writing fp32 states and the weights.
+  double OptimizerStepUs(bool sharded, int64_t* bytes_out = nullptr) const {
+    const double shard = sharded
+                             ? static_cast<double>(DenseParamsPerRank()) / dp_shape.ranks +
+                                   static_cast<double>(ExpertParamsPerRank()) / edp_shape.ranks
+                             : static_cast<double>(ParamsPerRank());
+    const double bytes = shard * (24.0 + 2.0 * m->bytes_per_element);
+    if (bytes_out != nullptr) *bytes_out = internal::Bytes(bytes);
+    return cost.MemoryBoundUs(bytes);
   }
 
   StageOptions Stage() const {
@@ -1049,16 +1066,20 @@ absl::Status ModelPlanner::Run(const ModelConfig& model, const ModelPlanOptions&
   s.BuildUnits();
   s.ResetPieces();
   if (bound != nullptr) {
-    // Each schedule's compute ops, unsplit and unoverlapped; the least per phase.
+    // The least over the schedules and algorithms, per phase.
     bound->fwd_us = bound->bwd_us = kInf;
     for (Schedule sc : schedules) {
-      s.sched = sc;
-      s.algo = algos.front();
-      double fwd = 0.0, bwd = 0.0;
-      s.ComputeOnly(&fwd, &bwd);
-      bound->fwd_us = std::min(bound->fwd_us, fwd);
-      bound->bwd_us = std::min(bound->bwd_us, bwd);
+      for (AllToAllAlgo a : algos) {
+        s.sched = sc;
+        s.algo = a;
+        double fwd = 0.0, bwd = 0.0;
+        s.PhaseBound(&fwd, &bwd);
+        bound->fwd_us = std::min(bound->fwd_us, fwd);
+        bound->bwd_us = std::min(bound->bwd_us, bwd);
+      }
     }
+    bound->optimizer_us = s.OptimizerStepUs(false);
+    bound->sharded_optimizer_us = s.OptimizerStepUs(true);
     return absl::OkStatus();
   }
   s.BuildBounds();
@@ -1069,6 +1090,7 @@ absl::Status ModelPlanner::Run(const ModelConfig& model, const ModelPlanOptions&
   out->params_per_rank = s.ParamsPerRank();
   out->crossover = s.Crossover();
   Impl::Built built;
+  absl::flat_hash_map<uint64_t, std::vector<Range>> partitions;
   for (size_t vi = 0; vi < variants.size(); ++vi) {
     VariantPlan& vp = out->variants[vi];
     vp = VariantPlan{};
@@ -1116,8 +1138,10 @@ absl::Status ModelPlanner::Run(const ModelConfig& model, const ModelPlanOptions&
             break;
           case Variant::kPartition:
           case Variant::kLancet: {
-            const std::vector<Range> ranges = s.PartitionRanges();
-            MOEPLAN_RETURN_IF_ERROR(consider(ranges, vp.variant == Variant::kLancet, 0));
+            // Both variants split the same ranges: one DP per schedule and algorithm.
+            auto [it, fresh] = partitions.try_emplace(s.combo_salt);
+            if (fresh) it->second = s.PartitionRanges();
+            MOEPLAN_RETURN_IF_ERROR(consider(it->second, vp.variant == Variant::kLancet, 0));
             break;
           }
         }

@@ -679,6 +679,7 @@ absl::StatusOr<p::SearchOptions> SearchFromProto(const v1::SearchOptions& m) {
   if (!m.virtual_stages().empty()) {
     o.virtual_stages.assign(m.virtual_stages().begin(), m.virtual_stages().end());
   }
+  o.exhaustive = m.exhaustive();
   MOEPLAN_RETURN_IF_ERROR(p::ValidateSearchOptions(o));
   return o;
 }

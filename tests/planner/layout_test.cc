@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <string>
+#include <tuple>
 
 #include "moeplan/planner/model.h"
 #include "test_profile.h"
@@ -349,6 +350,37 @@ TEST(Search, ReturnsFeasibleLayoutsAndBeatsEveryFixedOne) {
     }
   }
   EXPECT_GT(fixed, 5);
+}
+
+// The lower bound only skips what cannot make the top N: the pruned search
+// returns exactly what simulating every candidate returns.
+TEST(Search, BoundPruningKeepsTheExhaustiveTopN) {
+  const ModelConfig m = EightBlocks();
+  LayoutPlanner lp(RoundNumberModel());
+  SearchOptions so;
+  so.top = 5;
+  so.max_microbatches = 4;
+  so.zero_stages = {0, 2};
+  LayoutSearchResult pruned, all;
+  ASSERT_TRUE(lp.Search(m, so, {}, {}, &pruned).ok());
+  so.exhaustive = true;
+  ASSERT_TRUE(lp.Search(m, so, {}, {}, &all).ok());
+  EXPECT_GT(pruned.stats.pruned_bound, 0);
+  EXPECT_LT(pruned.stats.simulated, all.stats.simulated);
+  EXPECT_EQ(all.stats.pruned_bound, 0);
+  EXPECT_EQ(all.stats.simulated, all.stats.enumerated - all.stats.pruned_memory);
+  ASSERT_EQ(pruned.candidates.size(), 5u);
+  ASSERT_EQ(all.candidates.size(), 5u);
+  for (size_t i = 0; i < 5; ++i) {
+    const Layout& a = pruned.candidates[i].layout;
+    const Layout& b = all.candidates[i].layout;
+    EXPECT_EQ(std::tie(a.dp, a.tp, a.pp, a.ep, a.esp, a.microbatches, a.zero_stage, a.family,
+                       a.pipeline, a.virtual_stages, a.recompute),
+              std::tie(b.dp, b.tp, b.pp, b.ep, b.esp, b.microbatches, b.zero_stage, b.family,
+                       b.pipeline, b.virtual_stages, b.recompute))
+        << "rank " << i;
+    EXPECT_EQ(pruned.candidates[i].iteration_us, all.candidates[i].iteration_us) << "rank " << i;
+  }
 }
 
 }  // namespace

@@ -179,6 +179,10 @@ struct SearchOptions {
   std::vector<int> zero_stages;              // empty: 0-3
   int max_microbatches = 64;
   std::vector<int> virtual_stages = {2};     // interleaved v
+  // Simulate every candidate that fits instead of stopping at the lower
+  // bound (docs/layouts.md "Search"): for profiles whose costs are not
+  // subadditive (a piece costing less than its share of the whole).
+  bool exhaustive = false;
 };
 // InvalidArgument naming "search.<field>".
 absl::Status ValidateSearchOptions(const SearchOptions& options);

@@ -196,11 +196,15 @@ class ModelPlanner {
   // layout sets them) is not validated here (ValidateLayout does); options are.
   absl::Status PlanStage(const ModelConfig& model, const ModelPlanOptions& options,
                          const StageOptions& stage, ModelPlan* out);
-  // A lower bound on any variant's per-micro-batch forward and backward of the
-  // stage: its compute ops unsplit and unoverlapped (the least over the
-  // schedules), without simulating. The layout search prunes with it.
+  // Lower bounds on any variant's per-micro-batch forward and backward of the
+  // stage (per phase, the busiest resource's unsplit ops, the least over the
+  // schedules and algorithms) and its optimizer step, without simulating.
+  // They hold for every ZeRO stage (stage.zero_stage is not read). The layout
+  // search prunes with them.
   struct StageBound {
     double fwd_us = 0.0, bwd_us = 0.0;
+    double optimizer_us = 0.0;          // ZeRO 0
+    double sharded_optimizer_us = 0.0;  // ZeRO >= 1: each rank updates its shard
   };
   absl::Status StageComputeBound(const ModelConfig& model, const ModelPlanOptions& options,
                                  const StageOptions& stage, StageBound* bound);

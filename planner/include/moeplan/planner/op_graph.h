@@ -46,6 +46,7 @@ enum OpFlag : uint8_t {
   kMoeScope = 2,    // whole models: an op of an MoE layer ("b5.moe.fwd.gate")
   kGradSync = 4,    // whole models: a gradient bucket's collective or ZeRO's parameter gather
                     // after the optimizer (once per iteration, not per micro-batch)
+  kPrefetch = 8,    // whole models: ZeRO-3's parameter gather, which depends on nothing
 };
 
 struct Op {
