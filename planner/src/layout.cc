@@ -164,6 +164,12 @@ absl::Status ValidateLayout(const ModelConfig& m, const Layout& l, int64_t globa
       }
       break;
     case Family::kPpMoe:
+      if (l.tp < 2) {
+        return Bad("layout.tp",
+                   "ppmoe spreads a layer's experts over the TP group: needs tp >= 2 (with tp = 1 "
+                   "every rank holds every expert: dpmoe with ep = 1)",
+                   Cat(l.tp));
+      }
       if (experts != l.tp) {
         return Bad("layout.ep",
                    "ppmoe spreads a layer's experts over the TP group: ep*esp must equal tp",
@@ -880,6 +886,7 @@ absl::Status LayoutPlanner::Search(const ModelConfig& model, const SearchOptions
             for (int ep : divisors(dp, dp)) experts.push_back({ep, tp});
             break;
           case Family::kPpMoe:
+            if (tp == 1) break;  // no TP group to spread the experts over
             for (int ep : divisors(tp, tp)) experts.push_back({ep, tp / ep});
             break;
           case Family::kParm:

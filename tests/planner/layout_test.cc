@@ -211,6 +211,8 @@ TEST(Layout, BadLayoutsNameTheField) {
       {Make(6, 1, 1, 3, 2, Family::kParm), "layout.ep: must divide moe.num_experts (64) (got 3)"},
       {Make(8, 4, 1, 2, 4, Family::kPpMoe),
        "layout.ep: ppmoe spreads a layer's experts over the TP group"},
+      {Make(8, 1, 1, 1, 1, Family::kPpMoe),
+       "layout.tp: ppmoe spreads a layer's experts over the TP group: needs tp >= 2"},
       {Make(8, 2, 1, 16, 2, Family::kDpMoe), "layout.ep: dpmoe spreads the experts"},
       {Make(8, 2, 1, 8, 1, Family::kDpMoe), "layout.esp: dpmoe shards each expert"},
       {Make(16, 2, 2, 32, 1, Family::kParm), "layout: dp*tp*pp must be <= the GPUs (32)"},
