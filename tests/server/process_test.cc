@@ -67,6 +67,31 @@ TEST(ServerProcess, CliOutputMatchesLocalAndSigtermExitsZero) {
   EXPECT_EQ(server.Stop(SIGTERM), 0);
 }
 
+// The layout search of every layout example answers over gRPC exactly as locally.
+TEST(ServerProcess, LayoutSearchOfEveryExampleMatchesLocal) {
+  TempDir dir;
+  ServerProcess server(dir.path());
+  ASSERT_FALSE(server.address().empty()) << "server did not announce its address";
+  for (const char* args : {
+           "--model examples/models/gpt3-medium-moe.json --cluster v100-8x8 --gpus 32",
+           "--model examples/models/gpt3-6.7b-moe.json --cluster a100-8x8 --gpus 128",
+           "--model examples/models/mixtral-8x7b-like.json --cluster h200-8x8 --gpus 64",
+           "--model examples/models/qwen-moe-like.json --cluster a100-8x8 --gpus 32",
+       }) {
+    // Two overlap variants keep it quick under TSan; the search is the same.
+    const std::string cmd =
+        std::string("plan-model --search --top 3 --variants none,dw --format json ") + args;
+    SCOPED_TRACE(cmd);
+    CliResult local = RunCli(cmd);
+    CliResult remote = RunCli(cmd + " --server " + server.address());
+    ASSERT_EQ(local.exit_code, 0) << local.err;
+    ASSERT_EQ(remote.exit_code, 0) << remote.err;
+    EXPECT_NE(local.out.find("\"candidates\""), std::string::npos);
+    EXPECT_EQ(remote.out, local.out);
+  }
+  EXPECT_EQ(server.Stop(SIGTERM), 0);
+}
+
 TEST(ServerProcess, SigintAlsoExitsZero) {
   TempDir dir;
   ServerProcess server(dir.path());
