@@ -76,15 +76,8 @@ absl::Status ValidateWorld(const planner::LayerConfig& layer, int world_size) {
 
 absl::Status ValidateForExecutor(const planner::LayerConfig& layer, Schedule schedule,
                                  int world_size) {
-  MOEPLAN_RETURN_IF_ERROR(ValidateWorld(layer, world_size));
-  const planner::ParallelLayout& p = layer.parallel;
-  if (schedule == Schedule::kDefault && p.esp > 0 && p.mp % p.esp != 0) {
-    return absl::InvalidArgumentError(
-        Cat("parallel.esp: the default schedule needs esp to divide mp (each ESP group inside "
-            "an MP group, so every shard of an expert sees the same tokens) (got mp=",
-            p.mp, ", esp=", p.esp, ")"));
-  }
-  return absl::OkStatus();
+  // esp | mp, which the default schedule needs, is ValidateLayer's.
+  return ValidateWorld(layer, world_size);
 }
 
 class MoeLayerRunner::Impl final : public OpRecorder {

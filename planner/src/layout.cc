@@ -181,9 +181,10 @@ absl::Status ValidateLayout(const ModelConfig& m, const Layout& l, int64_t globa
         return Bad("layout.ep", "parm (MP+EP+ESP) needs ep*esp == tp*dp",
                    Cat("ep*esp=", experts, ", tp*dp=", stage));
       }
-      if (!(g % l.esp == 0 || l.esp % g == 0)) {
-        return Bad("layout.esp", Cat("must divide gpus_per_node (", g, ") or be a multiple of it"),
-                   Cat(l.esp));
+      if (l.tp % l.esp != 0) {
+        return Bad("layout.esp",
+                   "parm runs each expert shard on its TP group's tokens: must divide tp",
+                   Cat("esp=", l.esp, ", tp=", l.tp));
       }
       break;
   }
@@ -874,6 +875,7 @@ absl::Status LayoutPlanner::Search(const ModelConfig& model, const SearchOptions
   if (zeros.empty()) zeros = {0, 1, 2, 3};
 
   // Every valid (dp, tp, pp, ep, esp, family).
+  const bool has_parm = std::count(families.begin(), families.end(), Family::kParm) > 0;
   std::vector<Layout> layouts;
   for (int tp : divisors(g, g)) {
     for (int pp : divisors(model.num_layers, gpus / tp)) {
@@ -883,22 +885,19 @@ absl::Status LayoutPlanner::Search(const ModelConfig& model, const SearchOptions
         std::vector<std::pair<int, int>> experts;  // (ep, esp)
         switch (f) {
           case Family::kDpMoe:
-            for (int ep : divisors(dp, dp)) experts.push_back({ep, tp});
+            for (int ep : divisors(dp, dp)) {
+              // ep = dp is parm's esp = tp (which also tries S1 and S2): one name for it.
+              if (ep == dp && has_parm) continue;
+              experts.push_back({ep, tp});
+            }
             break;
           case Family::kPpMoe:
             if (tp == 1) break;  // no TP group to spread the experts over
             for (int ep : divisors(tp, tp)) experts.push_back({ep, tp / ep});
             break;
           case Family::kParm:
-            for (int ep : divisors(int64_t{tp} * dp, int64_t{tp} * dp)) {
-              const int esp = tp * dp / ep;
-              // Without TP, parm with esp = 1 is dpmoe with ep = dp.
-              if (tp == 1 && esp == 1 && std::count(families.begin(), families.end(),
-                                                    Family::kDpMoe) > 0) {
-                continue;
-              }
-              experts.push_back({ep, esp});
-            }
+            // Each expert shard runs on its TP group's tokens: esp | tp.
+            for (int esp : divisors(tp, tp)) experts.push_back({tp * dp / esp, esp});
             break;
         }
         for (auto [ep, esp] : experts) {

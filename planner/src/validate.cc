@@ -93,6 +93,14 @@ absl::Status ValidateLayer(const LayerConfig& l, const ClusterShape& c) {
     return Bad("parallel.esp", "must divide hidden_dim (experts are split along H)",
                Cat("esp=", p.esp, ", hidden_dim=", l.hidden_dim));
   }
+  if (p.mp % p.esp != 0) {
+    // The default schedule runs each shard on the tokens its MP group holds and
+    // sums the partial outputs over ESP; S1 and S2 need esp == mp.
+    return Bad("parallel.esp",
+               "must divide mp: each ESP group sits inside an MP group, so every shard of an "
+               "expert sees the same tokens",
+               Cat("mp=", p.mp, ", esp=", p.esp));
+  }
   const int64_t total = dense * p.pp;
   if (total > c.TotalGpus()) {
     return Bad(

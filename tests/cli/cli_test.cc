@@ -181,6 +181,10 @@ std::vector<BadCase> BadCases() {
   static const std::string mp_esp =
       R"({"batch_size": 8, "seq_len": 512, "model_dim": 1024, "hidden_dim": 4096,
           "num_experts": 32, "top_k": 2, "capacity_factor": 1.0,
+          "parallel": {"mp": 4, "ep": 32, "esp": 2, "dp": 16}})";
+  static const std::string esp_over_mp =
+      R"({"batch_size": 8, "seq_len": 512, "model_dim": 1024, "hidden_dim": 4096,
+          "num_experts": 32, "top_k": 2, "capacity_factor": 1.0,
           "parallel": {"mp": 2, "ep": 16, "esp": 4, "dp": 32}})";
   static const std::string too_big =
       R"({"batch_size": 8, "seq_len": 512, "model_dim": 1024, "hidden_dim": 4096,
@@ -201,6 +205,8 @@ std::vector<BadCase> BadCases() {
       {"mp_ne_esp_for_s1_s2", mp_esp.c_str(), "",
        "parallel.esp: schedules s1 and s2 need esp == mp"},
       {"mp_ne_esp_s2_only", mp_esp.c_str(), "--schedules s2", "parallel.esp: schedules s1 and s2"},
+      {"esp_not_dividing_mp", esp_over_mp.c_str(), "--schedules default",
+       "parallel.esp: must divide mp: each ESP group sits inside an MP group"},
       {"too_many_ranks", too_big.c_str(), "", "parallel: mp*dp*pp must be <= the cluster's GPUs"},
       {"inconsistent_dp", ranks.c_str(), "", "parallel: mp*dp must equal ep*esp"},
       {"missing_profile", kGoodLayer, "--cluster no-such-cluster",

@@ -79,7 +79,7 @@ expect_error "mp*dp != ranks" 4 "parallel: mp\*dp must equal the number of ranks
 sed 's/"mp": 2, "ep": 2, "esp": 2/"mp": 2, "ep": 4, "esp": 1/' "$LAYER" >"$TMP/esp.json"
 expect_error "s1 needs esp == mp" 4 "parallel.esp: schedules s1 and s2 need esp == mp" --layer "$TMP/esp.json" --schedule s1
 sed 's/"mp": 2, "ep": 2, "esp": 2/"mp": 1, "ep": 2, "esp": 2/' "$LAYER" >"$TMP/def.json"
-expect_error "default needs esp | mp" 4 "parallel.esp: the default schedule needs esp to divide mp" --layer "$TMP/def.json"
+expect_error "default needs esp | mp" 4 "parallel.esp: must divide mp" --layer "$TMP/def.json"
 sed 's/"top_k": 2/"top_k": 2, "bogus": 1/' "$LAYER" >"$TMP/unknown.json"
 expect_error "unknown field" 4 "bogus" --layer "$TMP/unknown.json"
 expect_error "missing file" 4 "no-such-file.json" --layer "$TMP/no-such-file.json"

@@ -479,10 +479,17 @@ std::vector<BadRequest> BadRequests() {
       Layer(
           "mp_ne_esp",
           [](auto* l) {
+            l->mutable_parallel()->set_mp(8);
+            l->mutable_parallel()->set_dp(8);
+          },
+          "layer.parallel.esp: schedules s1 and s2 need esp == mp"),
+      Layer(
+          "esp_not_dividing_mp",
+          [](auto* l) {
             l->mutable_parallel()->set_mp(2);
             l->mutable_parallel()->set_dp(32);
           },
-          "layer.parallel.esp: schedules s1 and s2 need esp == mp"),
+          "layer.parallel.esp: must divide mp"),
       Layer(
           "dp_underivable", [](auto* l) { l->mutable_parallel()->set_mp(3); },
           "layer.parallel.dp: unset"),
