@@ -81,6 +81,13 @@ absl::Status LayerPlanner::Plan(const LayerConfig& layer, std::span<const Schedu
     seen[i] = true;
     MOEPLAN_RETURN_IF_ERROR(ValidateForSchedule(layer, s));
   }
+  // At mp = 1 (then esp = 1 too) S1 and S2 run the default's collectives: no
+  // MP group to split the tokens over, and an SAA of one ESP rank is the
+  // AlltoAll. Asked for with the default, they are not ranked against it.
+  static constexpr Schedule kDefaultOnly[] = {Schedule::kDefault};
+  const bool collapsed = layer.parallel.mp == 1 && seen[static_cast<int>(Schedule::kDefault)] &&
+                         schedules.size() > 1;
+  if (collapsed) schedules = kDefaultOnly;
 
   LayerContext ctx;
   ctx.layer = &layer;
@@ -99,6 +106,12 @@ absl::Status LayerPlanner::Plan(const LayerConfig& layer, std::span<const Schedu
       out->candidates.begin(), out->candidates.end(),
       [](const Candidate& a, const Candidate& b) { return a.total_us() < b.total_us(); });
   Decide(out);
+  if (collapsed) {
+    out->decision.summary = fmt::format(
+        "default is the only schedule at mp = 1: s1 and s2 run the same collectives there (no MP "
+        "group to split the tokens over), so they are not planned apart: {:.1f} us per iteration",
+        out->candidates.front().total_us());
+  }
   return absl::OkStatus();
 }
 

@@ -27,7 +27,6 @@ namespace {
 using testing::RoundNumberModel;
 using testing::RoundNumberProfile;
 const CostModel& Model() { return RoundNumberModel(); }
-ClusterProfile MakeProfile() { return RoundNumberProfile(); }
 
 constexpr ClusterShape kCluster{4, 8};  // 32 GPUs
 
@@ -140,9 +139,12 @@ std::vector<BadCase> BadCases() {
       {"esp not tiling gpus_per_node",
        [](LayerConfig& l) {
          l.hidden_dim = 3072;
-         SetLayout(l, 2, 2, 3, 3);
+         SetLayout(l, 24, 2, 12, 1);
        },
        "parallel.esp: must divide gpus_per_node (8) or be a multiple of it"},
+      {"esp not dividing mp",
+       [](LayerConfig& l) { SetLayout(l, 2, 4, 4, 8); },
+       "parallel.esp: must divide mp: each ESP group sits inside an MP group"},
       {"stage not tiling gpus_per_node",
        [](LayerConfig& l) {
          l.num_experts = 24;
@@ -155,7 +157,7 @@ std::vector<BadCase> BadCases() {
        Stage::kSchedule,
        {Schedule::kS1}},
       {"s2 with esp != mp",
-       [](LayerConfig& l) { SetLayout(l, 4, 4, 8, 8); },
+       [](LayerConfig& l) { SetLayout(l, 4, 8, 2, 4); },
        "parallel.esp: schedules s1 and s2 need esp == mp",
        Stage::kSchedule,
        {Schedule::kS2}},
@@ -269,7 +271,12 @@ TEST(ValidLayerTest, PassAndPlan) {
       {"pipeline stages", [](LayerConfig& l) { SetLayout(l, 4, 4, 4, 4, 2); }, true},
       {"default only: esp != mp", [](LayerConfig& l) { SetLayout(l, 2, 8, 1, 4); }, false},
       {"single GPU", [](LayerConfig& l) { SetLayout(l, 1, 1, 1, 1); }, true},
-      {"all 32 GPUs dp only", [](LayerConfig& l) { SetLayout(l, 1, 16, 2, 32); }, false},
+      {"all 32 GPUs dp only",
+       [](LayerConfig& l) {
+         l.num_experts = 32;
+         SetLayout(l, 1, 32, 1, 32);
+       },
+       true},
       {"boundaries",
        [](LayerConfig& l) {
          l.top_k = l.num_experts;
@@ -297,7 +304,20 @@ TEST(ValidLayerTest, PassAndPlan) {
     const Schedule def[] = {Schedule::kDefault};
     absl::StatusOr<LayerPlan> plan = c.s1_s2 ? PlanLayer(l, Model()) : PlanLayer(l, Model(), def);
     ASSERT_TRUE(plan.ok()) << plan.status();
-    EXPECT_EQ(plan->candidates.size(), c.s1_s2 ? 3u : 1u);
+    // At mp = 1 S1 and S2 are the default's collectives: planned once.
+    EXPECT_EQ(plan->candidates.size(), c.s1_s2 && l.parallel.mp > 1 ? 3u : 1u);
+    if (l.parallel.mp == 1) {
+      EXPECT_NE(plan->decision.summary.find("default is the only schedule at mp = 1"),
+                std::string::npos)
+          << plan->decision.summary;
+      // Named with the default, the same; named alone, planned as asked.
+      const Schedule all[] = {Schedule::kDefault, Schedule::kS1, Schedule::kS2};
+      ASSERT_TRUE(PlanLayer(l, Model(), all).ok());
+      EXPECT_EQ(PlanLayer(l, Model(), all)->candidates.size(), 1u);
+      const Schedule s1[] = {Schedule::kS1};
+      ASSERT_TRUE(PlanLayer(l, Model(), s1).ok());
+      EXPECT_EQ(PlanLayer(l, Model(), s1)->candidates.front().schedule, Schedule::kS1);
+    }
     for (const Candidate& cand : plan->candidates) {
       EXPECT_GT(cand.total_us(), 0.0);
       EXPECT_TRUE(std::isfinite(cand.total_us()));

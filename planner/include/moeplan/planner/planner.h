@@ -61,6 +61,8 @@ class LayerPlanner {
 
   // Validates `layer` against the profile's cluster and every requested schedule
   // (InvalidArgument naming the field), then plans. Empty `schedules`: all three.
+  // At mp = 1, where S1 and S2 run the default's collectives, a list with the
+  // default plans the default alone and the decision's summary says so.
   // Duplicate schedules are an error. On error `out` is left unspecified.
   absl::Status Plan(const LayerConfig& layer, std::span<const Schedule> schedules, LayerPlan* out);
 
