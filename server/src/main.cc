@@ -29,6 +29,11 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--cache-entries", options.cache_entries, "Plan cache size (0 disables it)")
       ->capture_default_str();
+  size_t cache_mib = options.cache_bytes >> 20;
+  app.add_option("--cache-mib", cache_mib,
+                 "Plan cache bound in MiB (keys plus serialised responses; 0 disables it)")
+      ->check(CLI::Range(size_t{0}, size_t{1} << 20))
+      ->capture_default_str();
   app.add_option("--drain-ms", drain_ms, "On SIGTERM/SIGINT, how long in-flight calls may finish")
       ->capture_default_str();
   bool quiet = false;
@@ -42,6 +47,7 @@ int main(int argc, char** argv) {
     return app.exit(e);
   }
   options.log_requests = !quiet;
+  options.cache_bytes = cache_mib << 20;
   // Debian's abseil checks every absl::Mutex acquisition for lock-order cycles
   // (~3% of server CPU under load); the server's locking is flat.
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);

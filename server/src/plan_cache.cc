@@ -30,16 +30,25 @@ PlanCache::Value PlanCache::Get(const std::string& key) {
 }
 
 void PlanCache::Put(const std::string& key, Value value) {
-  if (capacity_ == 0) return;
+  if (capacity_ == 0 || capacity_bytes_ == 0 || value == nullptr) return;
+  const size_t bytes = key.size() + value->ByteSizeLong();
   std::lock_guard<std::mutex> lock(mu_);
   if (auto it = index_.find(std::string_view(key)); it != index_.end()) {
-    it->second->value = std::move(value);
-    lru_.splice(lru_.begin(), lru_, it->second);
-    return;
+    const auto node = it->second;
+    index_.erase(it);
+    bytes_ -= node->bytes;
+    lru_.erase(node);
   }
-  lru_.push_front(Entry{key, std::move(value)});
+  if (bytes > capacity_bytes_) return;  // would evict everything and still not fit
+  lru_.push_front(Entry{key, std::move(value), bytes});
   index_.emplace(std::string_view(lru_.front().key), lru_.begin());
-  while (lru_.size() > capacity_) {
+  bytes_ += bytes;
+  EvictLocked();
+}
+
+void PlanCache::EvictLocked() {
+  while (lru_.size() > capacity_ || bytes_ > capacity_bytes_) {
+    bytes_ -= lru_.back().bytes;
     index_.erase(std::string_view(lru_.back().key));
     lru_.pop_back();
   }
@@ -53,6 +62,7 @@ size_t PlanCache::EraseProfile(std::string_view profile_name) {
     if (k.size() > profile_name.size() && k.compare(0, profile_name.size(), profile_name) == 0 &&
         k[profile_name.size()] == '\0') {
       index_.erase(std::string_view(k));
+      bytes_ -= it->bytes;
       it = lru_.erase(it);
       ++erased;
     } else {
@@ -65,6 +75,10 @@ size_t PlanCache::EraseProfile(std::string_view profile_name) {
 size_t PlanCache::size() const {
   std::lock_guard<std::mutex> lock(mu_);
   return lru_.size();
+}
+size_t PlanCache::bytes() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return bytes_;
 }
 uint64_t PlanCache::hits() const {
   std::lock_guard<std::mutex> lock(mu_);

@@ -499,7 +499,7 @@ absl::StatusOr<std::unique_ptr<PlannerServer>> PlannerServer::Start(
       ProfileStore::Open(options.data_dir, report);
   if (!store.ok()) return store.status();
   out->store_ = *std::move(store);
-  out->cache_ = std::make_unique<PlanCache>(options.cache_entries);
+  out->cache_ = std::make_unique<PlanCache>(options.cache_entries, options.cache_bytes);
   out->impl_ = std::make_unique<Impl>();
   out->impl_->core =
       std::make_unique<PlannerCore>(out->store_.get(), out->cache_.get(), options.log_requests);

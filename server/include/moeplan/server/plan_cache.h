@@ -1,7 +1,9 @@
 // A bounded LRU cache of plan responses, keyed by the canonical bytes of a
 // normalised request and the profile's name and version (see PlanCacheKey), so
-// a new profile version never hits an old plan. Thread-safe; values are shared
-// immutable responses.
+// a new profile version never hits an old plan. Bounded in entries and in
+// bytes (keys plus the responses' serialised sizes): the least recently used
+// go first, and a response larger than the whole byte budget is not kept.
+// Thread-safe; values are shared immutable responses.
 #pragma once
 
 #include <cstddef>
@@ -29,8 +31,10 @@ class PlanCache {
   // prefixes the request bytes with the method).
   using Value = std::shared_ptr<const google::protobuf::Message>;
 
-  // capacity 0 disables caching.
-  explicit PlanCache(size_t capacity) : capacity_(capacity) {}
+  static constexpr size_t kDefaultCapacityBytes = size_t{256} << 20;
+  // capacity 0 (entries or bytes) disables caching.
+  explicit PlanCache(size_t capacity, size_t capacity_bytes = kDefaultCapacityBytes)
+      : capacity_(capacity), capacity_bytes_(capacity_bytes) {}
 
   Value Get(const std::string& key);
   void Put(const std::string& key, Value value);
@@ -38,7 +42,9 @@ class PlanCache {
   size_t EraseProfile(std::string_view profile_name);
 
   size_t size() const;
+  size_t bytes() const;  // keys plus serialised responses held
   size_t capacity() const { return capacity_; }
+  size_t capacity_bytes() const { return capacity_bytes_; }
   uint64_t hits() const;
   uint64_t misses() const;
 
@@ -46,8 +52,12 @@ class PlanCache {
   struct Entry {
     std::string key;
     Value value;
+    size_t bytes = 0;
   };
+  void EvictLocked();
   const size_t capacity_;
+  const size_t capacity_bytes_;
+  size_t bytes_ = 0;
   mutable std::mutex mu_;
   std::list<Entry> lru_;                                                     // most recent first
   absl::flat_hash_map<std::string_view, std::list<Entry>::iterator> index_;  // views into lru_ keys

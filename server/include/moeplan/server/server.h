@@ -20,6 +20,7 @@ struct ServerOptions {
   std::string data_dir;
   int threads = 0;  // >0: cap on the threads that run handlers (gRPC resource quota)
   size_t cache_entries = 10000;
+  size_t cache_bytes = PlanCache::kDefaultCapacityBytes;  // keys plus serialised responses
   bool log_requests = true;  // one structured line per request on stderr
 };
 

@@ -1,0 +1,99 @@
+// PlanCache: LRU order, the entry and byte bounds, capacity 0, and profile
+// invalidation (docs/service.md "Plan cache").
+#include "moeplan/server/plan_cache.h"
+
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <string>
+
+#include "moeplan/v1/layer.pb.h"
+
+namespace moeplan::server {
+namespace {
+
+// A response of about `bytes` serialised bytes (its name field).
+PlanCache::Value Response(size_t bytes, char fill = 'x') {
+  auto m = std::make_shared<v1::LayerConfig>();
+  m->set_name(std::string(bytes, fill));
+  return m;
+}
+
+std::string Key(std::string_view profile, uint32_t version, std::string_view request) {
+  return PlanCacheKey(profile, version, request);
+}
+
+TEST(PlanCache, EvictsTheLeastRecentlyUsed) {
+  PlanCache cache(2);
+  cache.Put(Key("p", 1, "a"), Response(10, 'a'));
+  cache.Put(Key("p", 1, "b"), Response(10, 'b'));
+  ASSERT_NE(cache.Get(Key("p", 1, "a")), nullptr);  // a is now the most recent
+  cache.Put(Key("p", 1, "c"), Response(10, 'c'));   // evicts b
+  EXPECT_NE(cache.Get(Key("p", 1, "a")), nullptr);
+  EXPECT_EQ(cache.Get(Key("p", 1, "b")), nullptr);
+  EXPECT_NE(cache.Get(Key("p", 1, "c")), nullptr);
+  EXPECT_EQ(cache.size(), 2u);
+  EXPECT_EQ(cache.hits(), 3u);
+  EXPECT_EQ(cache.misses(), 1u);
+}
+
+TEST(PlanCache, PutOfAKnownKeyReplacesItsValueAndRefreshesIt) {
+  PlanCache cache(2);
+  cache.Put(Key("p", 1, "a"), Response(10, 'a'));
+  cache.Put(Key("p", 1, "b"), Response(10, 'b'));
+  cache.Put(Key("p", 1, "a"), Response(20, 'z'));  // a most recent again
+  cache.Put(Key("p", 1, "c"), Response(10, 'c'));  // evicts b
+  auto a = cache.Get(Key("p", 1, "a"));
+  ASSERT_NE(a, nullptr);
+  EXPECT_EQ(static_cast<const v1::LayerConfig&>(*a).name(), std::string(20, 'z'));
+  EXPECT_EQ(cache.Get(Key("p", 1, "b")), nullptr);
+  EXPECT_EQ(cache.size(), 2u);
+}
+
+TEST(PlanCache, CapacityZeroKeepsNothing) {
+  for (PlanCache* cache : {new PlanCache(0), new PlanCache(10, 0)}) {
+    std::unique_ptr<PlanCache> owned(cache);
+    cache->Put(Key("p", 1, "a"), Response(10));
+    EXPECT_EQ(cache->Get(Key("p", 1, "a")), nullptr);
+    EXPECT_EQ(cache->size(), 0u);
+    EXPECT_EQ(cache->bytes(), 0u);
+  }
+}
+
+TEST(PlanCache, BoundedInBytes) {
+  const std::string k1 = Key("p", 1, "a"), k2 = Key("p", 1, "b"), k3 = Key("p", 1, "c");
+  const size_t one = k1.size() + Response(1000)->ByteSizeLong();
+  PlanCache cache(100, 2 * one + one / 2);  // room for two responses, not three
+  cache.Put(k1, Response(1000));
+  cache.Put(k2, Response(1000));
+  EXPECT_EQ(cache.bytes(), 2 * one);
+  cache.Put(k3, Response(1000));  // evicts k1, the least recent
+  EXPECT_EQ(cache.size(), 2u);
+  EXPECT_EQ(cache.bytes(), 2 * one);
+  EXPECT_EQ(cache.Get(k1), nullptr);
+  EXPECT_NE(cache.Get(k2), nullptr);
+  // A response larger than the whole budget is not kept, and evicts nothing.
+  cache.Put(Key("p", 1, "huge"), Response(10 * one));
+  EXPECT_EQ(cache.Get(Key("p", 1, "huge")), nullptr);
+  EXPECT_EQ(cache.size(), 2u);
+  EXPECT_EQ(cache.bytes(), 2 * one);
+}
+
+TEST(PlanCache, ANewProfileVersionNeverHitsAndEraseProfileDropsOnlyThatProfile) {
+  PlanCache cache(10);
+  cache.Put(Key("p", 1, "a"), Response(10));
+  cache.Put(Key("p", 1, "b"), Response(10));
+  cache.Put(Key("p2", 1, "a"), Response(10));  // a name that starts like "p"
+  cache.Put(Key("q", 1, "a"), Response(10));
+  EXPECT_EQ(cache.Get(Key("p", 2, "a")), nullptr);  // version 2: a different key
+  EXPECT_EQ(cache.EraseProfile("p"), 2u);
+  EXPECT_EQ(cache.Get(Key("p", 1, "a")), nullptr);
+  EXPECT_NE(cache.Get(Key("p2", 1, "a")), nullptr);
+  EXPECT_NE(cache.Get(Key("q", 1, "a")), nullptr);
+  EXPECT_EQ(cache.size(), 2u);
+  EXPECT_EQ(cache.bytes(), Key("p2", 1, "a").size() + Response(10)->ByteSizeLong() +
+                               Key("q", 1, "a").size() + Response(10)->ByteSizeLong());
+}
+
+}  // namespace
+}  // namespace moeplan::server
