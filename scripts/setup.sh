@@ -2,7 +2,8 @@
 # Installs the Debian packages moeplan builds with (idempotent: apt runs only when
 # something is missing) and builds it with ccache into build/ (or $BUILD_DIR).
 #   bash scripts/setup.sh [extra cmake args...]
-# Environment: BUILD_DIR (default build), BUILD_TARGETS (default all), JOBS.
+# Environment: BUILD_DIR (default build), BUILD_TARGETS (default all), JOBS,
+# EXTRA_PACKAGES (more Debian packages this build needs, e.g. clang for fuzz/).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -16,6 +17,8 @@ PACKAGES=(
   python3 python3-grpcio python3-protobuf
   gnuplot-nox iproute2
 )
+# shellcheck disable=SC2206
+PACKAGES+=(${EXTRA_PACKAGES:-})
 
 missing=()
 for p in "${PACKAGES[@]}"; do

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs, builds and runs every test: the full suite (ctest), then the unit
-# tests again under ASan+UBSan in build-asan/, then the server tests under TSan
-# in build-tsan/.
+# tests again under ASan+UBSan in build-asan/, then the fuzz harnesses for a
+# bounded time in build-fuzz/, then the server tests under TSan in build-tsan/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 JOBS="${JOBS:-$(nproc)}"
@@ -15,6 +15,10 @@ BUILD_TARGETS="base_test planner_test proto_test calibration_test profiler_test 
 export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1}"
 export UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}"
 (cd build-asan && ctest --output-on-failure -j "$JOBS" -L unit)
+
+# Fuzzing (fuzz/README.md): every harness's regression inputs replayed, then a
+# bounded run of each (clang, ASan+UBSan, build-fuzz/).
+FUZZ_JOBS="$JOBS" bash scripts/fuzz.sh "${FUZZ_SECONDS:-15}"
 
 # TSan: the server tests (in-process server, client threads, a real process).
 export BUILD_DIR=build-tsan
