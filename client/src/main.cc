@@ -15,11 +15,20 @@
 namespace moeplan::client {
 namespace {
 
-// One line on stderr, non-zero exit.
+// One line on stderr, non-zero exit. Messages echo input (file contents,
+// flag values): other control bytes are written as \xNN, so nothing from
+// the input reaches the terminal as an escape sequence.
 int Fail(const absl::Status& s) {
-  std::string msg(View(s.message()));
-  for (char& c : msg) {
-    if (c == '\n') c = ' ';
+  std::string msg;
+  for (char c : View(s.message())) {
+    const unsigned char u = static_cast<unsigned char>(c);
+    if (c == '\n') {
+      msg += ' ';
+    } else if (u < 0x20 || u == 0x7f) {
+      msg += fmt::format("\\x{:02x}", u);
+    } else {
+      msg += c;
+    }
   }
   fmt::print(stderr, "moeplan: error: {}\n", msg);
   return 1;

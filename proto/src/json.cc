@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <sstream>
@@ -114,7 +115,27 @@ absl::StatusOr<std::string> ToJson(const google::protobuf::Message& msg, JsonSty
   return out;
 }
 
-absl::Status WriteFileAtomic(const std::string& path, std::string_view contents) {
+absl::Status WriteFileAtomic(const std::string& given, std::string_view contents) {
+  // Only ever replace a regular file: renaming over a device node, FIFO or
+  // socket would replace it (as root, /dev/null), and a directory cannot be.
+  // A symbolic link is followed, so its target is replaced, not the link.
+  std::string path = given;
+  struct stat st;
+  if (::lstat(given.c_str(), &st) == 0 && S_ISLNK(st.st_mode)) {
+    char* real = ::realpath(given.c_str(), nullptr);
+    if (real != nullptr) {
+      path = real;
+      std::free(real);
+    }
+  }
+  if (::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) {
+    const char* what = S_ISDIR(st.st_mode)    ? "a directory"
+                       : S_ISFIFO(st.st_mode) ? "a FIFO"
+                       : S_ISSOCK(st.st_mode) ? "a socket"
+                                              : "a device";
+    return absl::InvalidArgumentError(
+        Cat(given, ": is ", what, "; output is written only to regular files"));
+  }
   std::string tmpl = path + ".tmp.XXXXXX";
   std::vector<char> name(tmpl.begin(), tmpl.end());
   name.push_back('\0');

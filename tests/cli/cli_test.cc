@@ -1,6 +1,8 @@
 // The `moeplan` CLI as users run it: outputs, files, and the bad-input contract
 // (one-line error naming the field and rule, non-zero exit, no partial output).
 #include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <filesystem>
@@ -222,6 +224,58 @@ std::vector<BadCase> BadCases() {
 
 INSTANTIATE_TEST_SUITE_P(Table, BadInputTest, ::testing::ValuesIn(BadCases()),
                          [](const auto& info) { return std::string(info.param.label); });
+
+// Output files replace only regular files: a device node, FIFO or directory
+// named by --trace / --out is refused and left as it was.
+TEST(CliOutput, OnlyRegularFilesAreReplaced) {
+  TempDir tmp;
+  const std::string fifo = tmp.File("fifo");
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  struct Case {
+    std::string args, path, what;
+  } cases[] = {
+      {"plan-layer --layer examples/gpt2-moe-layer.json --trace /dev/null", "/dev/null",
+       "is a device"},
+      {"plan-layer --layer examples/gpt2-moe-layer.json --trace " + fifo, fifo, "is a FIFO"},
+      {"plan-layer --layer examples/gpt2-moe-layer.json --trace " + tmp.path(), tmp.path(),
+       "is a directory"},
+      {"sweep --grid examples/parm-grid.json --out /dev/null", "/dev/null", "is a device"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.args);
+    struct stat before;
+    ASSERT_EQ(::stat(c.path.c_str(), &before), 0);
+    CliResult r = RunCli(c.args);
+    EXPECT_NE(r.exit_code, 0);
+    EXPECT_NE(r.err.find(c.path + ": " + c.what + "; output is written only to regular files"),
+              std::string::npos)
+        << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+    struct stat after;
+    ASSERT_EQ(::stat(c.path.c_str(), &after), 0);
+    EXPECT_EQ(after.st_mode, before.st_mode);
+    EXPECT_EQ(after.st_ino, before.st_ino);
+  }
+  // A symbolic link to a regular file: the target is replaced, the link stays.
+  const std::string target = tmp.Write("target.json", "old");
+  const std::string link = tmp.File("link.json");
+  ASSERT_EQ(::symlink(target.c_str(), link.c_str()), 0);
+  CliResult r = RunCli("plan-layer --layer examples/gpt2-moe-layer.json --trace " + link);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  struct stat st;
+  ASSERT_EQ(::lstat(link.c_str(), &st), 0);
+  EXPECT_TRUE(S_ISLNK(st.st_mode));
+  EXPECT_NE(Slurp(target).find("traceEvents"), std::string::npos);
+}
+
+// Input echoed in an error reaches the terminal without its control bytes.
+TEST(CliOutput, ErrorsEscapeControlBytes) {
+  CliResult r = RunCli("plan-layer --layer examples/gpt2-moe-layer.json --cluster "
+                       "$(printf 'x\\033[2Jy')");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_EQ(r.err.find('\033'), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("x\\x1b[2Jy"), std::string::npos) << r.err;
+}
 
 TEST(SweepCliBadInput, EmptyListAndInvalidConfigLeaveNoCsv) {
   TempDir tmp;

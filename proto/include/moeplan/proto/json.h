@@ -33,7 +33,9 @@ absl::StatusOr<std::string> ReadFile(const std::string& path);
 
 // Writes `contents` to `path` atomically: a temporary file in the same directory,
 // flushed and fsync'ed, then renamed over `path`. On error nothing is left behind
-// and an existing `path` is untouched.
+// and an existing `path` is untouched. Only regular files are replaced (a
+// symbolic link's target is): a device, FIFO, socket or directory at `path` is
+// InvalidArgument "<path>: is a FIFO; output is written only to regular files".
 absl::Status WriteFileAtomic(const std::string& path, std::string_view contents);
 
 }  // namespace moeplan::proto
