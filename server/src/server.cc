@@ -18,6 +18,7 @@
 #include <mutex>
 #include <optional>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_join.h"
 #include "moeplan/base/status.h"
 #include "moeplan/base/strings.h"
@@ -100,16 +101,23 @@ class RequestLog {
            std::string_view cache, std::string_view profile) {
     if (!enabled_) return;
     const auto us = std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - start);
+    // The profile name and the error come from requests: escaped (no newline
+    // forges a line, no escape sequence reaches a terminal) and cut.
+    std::string name = profile.empty() ? "-" : Printable(profile, 64);
+    for (size_t i = name.find_first_of(" \"="); i != std::string::npos;
+         i = name.find_first_of(" \"=", i)) {
+      name.replace(i, 1, fmt::format("\\x{:02x}", static_cast<unsigned char>(name[i])));
+    }
     if (s.ok()) {
       logger_->info("method={} code=OK latency_us={} cache={} profile={}", method, us.count(),
-                    cache, profile.empty() ? "-" : profile);
+                    cache, name);
     } else {
-      std::string msg(View(s.message()));
+      std::string msg = Printable(View(s.message()), 512);
       for (char& c : msg) {
         if (c == '"') c = '\'';
       }
       logger_->info("method={} code={} latency_us={} cache={} profile={} error=\"{}\"", method,
-                    CodeName(s.code()), us.count(), cache, profile.empty() ? "-" : profile, msg);
+                    CodeName(s.code()), us.count(), cache, name, msg);
     }
   }
 
@@ -223,9 +231,18 @@ class PlannerCore {
   }
 
  private:
+  // NOT_FOUND at any number of stored profiles: the message names at most
+  // kListed of them (it travels in the status, whose size gRPC limits), and
+  // the requested name is echoed escaped and cut.
+  static constexpr size_t kListed = 16;
   absl::Status UnknownProfile(std::string_view field, std::string_view name) const {
-    return absl::NotFoundError(Cat(field, ": no profile named '", name,
-                                   "' (known: ", absl::StrJoin(store_.Names(), ", "), ")"));
+    std::vector<std::string> names = store_.Names();
+    const size_t more = names.size() > kListed ? names.size() - kListed : 0;
+    names.resize(std::min(names.size(), kListed));
+    return absl::NotFoundError(
+        Cat(field, ": no profile named '", Printable(name, 64), "' (known: ",
+            absl::StrJoin(names, ", "),
+            more > 0 ? Cat(" and ", more, " more; ListProfiles lists them") : std::string(), ")"));
   }
 
   // The profile a plan request names or carries inline (then `inline_bytes`
@@ -355,16 +372,43 @@ class PlannerCore {
       return Under("plan.layer.", s);
     }
     if (req.ops_size() == 0) return Invalid("ops: at least one measured op is required");
+    // Measurements feed calibration and fill the disk: each names an op of the
+    // plan it measured, at most once, with a duration of at most an hour.
+    p::LayerPlanner planner(entry->cost);
+    p::LayerPlan plan;
+    const p::Schedule one[] = {*schedule};
+    if (absl::Status s = planner.Plan(*layer, one, &plan); !s.ok()) {
+      return Under("plan.layer.", s);
+    }
+    const p::OpGraph& graph = plan.candidates.front().graph();
+    if (req.ops_size() > graph.size()) {
+      return Invalid(Cat("ops: at most one entry per op of the plan (", graph.size(),
+                         " ops) (got ", req.ops_size(), ")"));
+    }
+    absl::flat_hash_set<std::string> names, seen;
+    for (p::OpId id = 0; id < graph.size(); ++id) names.insert(graph.op(id).Name());
+    constexpr double kMaxUs = 3.6e9;  // one hour
     for (int i = 0; i < req.ops_size(); ++i) {
       const v1::MeasuredOp& op = req.ops(i);
       if (op.name().empty()) return Invalid(Cat("ops[", i, "].name: required"));
-      if (!std::isfinite(op.duration_us()) || op.duration_us() < 0) {
-        return Invalid(
-            Cat("ops[", i, "].duration_us: must be finite and >= 0 (got ", op.duration_us(), ")"));
+      if (!names.contains(op.name())) {
+        return Invalid(Cat("ops[", i, "].name: not an op of the plan's ",
+                           p::ScheduleName(*schedule), " schedule (got '",
+                           Printable(op.name(), 64), "')"));
+      }
+      if (!seen.insert(op.name()).second) {
+        return Invalid(Cat("ops[", i, "].name: each op may be reported once (got '", op.name(),
+                           "' twice)"));
+      }
+      if (!std::isfinite(op.duration_us()) || op.duration_us() < 0 ||
+          op.duration_us() > kMaxUs) {
+        return Invalid(Cat("ops[", i, "].duration_us: must be finite, >= 0 and <= 3.6e9 (an hour) (got ",
+                           op.duration_us(), ")"));
       }
     }
-    if (!std::isfinite(req.total_us()) || req.total_us() <= 0) {
-      return Invalid(Cat("total_us: must be finite and > 0 (got ", req.total_us(), ")"));
+    if (!std::isfinite(req.total_us()) || req.total_us() <= 0 || req.total_us() > kMaxUs) {
+      return Invalid(Cat("total_us: must be finite, > 0 and <= 3.6e9 (an hour) (got ",
+                         req.total_us(), ")"));
     }
     proto::JsonStyle style;
     style.pretty = false;

@@ -127,5 +127,13 @@ TEST(Strings, CatFormatsEveryArgument) {
   EXPECT_EQ(Cat(sv, av, 1, ' ', 0.5, "z"), "xy1 0.5z");
 }
 
+TEST(Strings, PrintableEscapesControlBytesAndCuts) {
+  EXPECT_EQ(Printable("plain name-1.2"), "plain name-1.2");
+  EXPECT_EQ(Printable("a\nb\x1b[31m\\"), "a\\x0ab\\x1b[31m\\x5c");
+  EXPECT_EQ(Printable("\x7f"), "\\x7f");
+  EXPECT_EQ(Printable("abcdef", 3), "abc...(6 bytes)");
+  EXPECT_EQ(Printable(std::string_view("a\0b", 3)), "a\\x00b");
+}
+
 }  // namespace
 }  // namespace moeplan

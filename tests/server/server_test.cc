@@ -255,6 +255,30 @@ TEST_F(ServerTest, UnknownProfilesAreNotFound) {
             "cpu-testbed-2x2, h200-8x8, rtx2080ti-8x4, v100-8x8)");
 }
 
+// With many stored profiles NOT_FOUND stays NOT_FOUND: the message lists a
+// bounded few, and the requested name is echoed escaped and cut.
+TEST_F(ServerTest, NotFoundStaysSmallAtAnyNumberOfProfiles) {
+  v1::ClusterProfile p = *calibration::BuiltinProfile("a100-8x8");
+  for (int i = 0; i < 40; ++i) {
+    p.set_name("many-" + std::to_string(100 + i));
+    ASSERT_TRUE(client_->PutProfile(p).ok()) << i;
+  }
+  const std::string asked = "evil\nmethod=PutProfile code=OK" + std::string(4000, 'x');
+  absl::StatusOr<v1::PlanLayerResponse> r = [&] {
+    v1::PlanLayerRequest req = PlanRequest();
+    req.set_profile_name(asked);
+    return client_->PlanLayer(req);
+  }();
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kNotFound);
+  const std::string msg = Msg(r.status());
+  EXPECT_LT(msg.size(), 600u) << msg;
+  EXPECT_EQ(msg.find('\n'), std::string::npos);
+  EXPECT_NE(msg.find("no profile named 'evil\\x0amethod=PutProfile code=OK"), std::string::npos)
+      << msg;
+  EXPECT_NE(msg.find("...(4030 bytes)"), std::string::npos) << msg;
+  EXPECT_NE(msg.find(" and 30 more; ListProfiles lists them)"), std::string::npos) << msg;
+}
+
 TEST_F(ServerTest, InlineProfilesArePlannedAndCachedByContent) {
   v1::PlanLayerRequest req = PlanRequest();
   *req.mutable_profile() = *calibration::BuiltinProfile("h200-8x8");
@@ -577,6 +601,24 @@ std::vector<BadRequest> BadRequests() {
           "ops[0].duration_us: "),
       Report(
           "report_total_zero", [](auto* r) { r->set_total_us(0); }, "total_us: "),
+      Report(
+          "report_total_huge", [](auto* r) { r->set_total_us(1e308); }, "total_us: "),
+      Report(
+          "report_op_huge", [](auto* r) { r->mutable_ops(0)->set_duration_us(1e308); },
+          "ops[0].duration_us: must be finite, >= 0 and <= 3.6e9"),
+      Report(
+          "report_op_unknown",
+          [](auto* r) { r->mutable_ops(0)->set_name(std::string(1 << 20, 'x')); },
+          "ops[0].name: not an op of the plan's s1 schedule (got 'xxxx"),
+      Report(
+          "report_op_twice", [](auto* r) { *r->add_ops() = r->ops(0); },
+          "ops[1].name: each op may be reported once (got 'fwd.gate' twice)"),
+      Report(
+          "report_too_many_ops",
+          [](auto* r) {
+            for (int i = 0; i < 1000; ++i) *r->add_ops() = r->ops(0);
+          },
+          "ops: at most one entry per op of the plan"),
   };
 }
 

@@ -5,6 +5,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <iterator>
 #include <string>
 #include <string_view>
@@ -41,6 +42,26 @@ inline std::string ShellQuote(std::string_view s) {
     }
   }
   return out + "'";
+}
+
+// Untrusted text made safe to echo in a message or a log line: control bytes,
+// backslash and DEL as \xNN (so a newline cannot forge a line and no escape
+// sequence reaches a terminal), and at most `max_bytes` of the input kept,
+// the rest said as "...(N bytes)".
+inline std::string Printable(std::string_view s, size_t max_bytes = 128) {
+  std::string out;
+  const size_t n = std::min(s.size(), max_bytes);
+  out.reserve(n + 16);
+  for (size_t i = 0; i < n; ++i) {
+    const unsigned char c = static_cast<unsigned char>(s[i]);
+    if (c < 0x20 || c == 0x7f || c == '\\') {
+      fmt::format_to(std::back_inserter(out), "\\x{:02x}", c);
+    } else {
+      out += static_cast<char>(c);
+    }
+  }
+  if (s.size() > max_bytes) fmt::format_to(std::back_inserter(out), "...({} bytes)", s.size());
+  return out;
 }
 
 // absl::Status::message() as a std::string_view.
