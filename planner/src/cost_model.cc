@@ -29,12 +29,19 @@ namespace {
 
 using internal::Bad;
 
+// Physical ranges: a latency of at most 10 s, a link of at least 1 KB/s; and
+// a bound on the fits (5 collectives x every group shape of a large cluster).
+constexpr size_t kMaxCollectiveFits = 4096;
+constexpr double kMaxAlphaUs = 1e7;
+constexpr double kMaxBetaUsPerByte = 1e3;
+
 absl::Status CheckAlphaBeta(std::string_view field, const AlphaBeta& ab) {
-  if (!(ab.alpha_us >= 0.0) || !std::isfinite(ab.alpha_us)) {
-    return Bad(Cat(field, ".alpha_us"), "must be finite and >= 0", Cat(ab.alpha_us));
+  if (!(ab.alpha_us >= 0.0 && ab.alpha_us <= kMaxAlphaUs)) {
+    return Bad(Cat(field, ".alpha_us"), "must be >= 0 and <= 1e7 (10 s)", Cat(ab.alpha_us));
   }
-  if (!(ab.beta_us_per_byte > 0.0) || !std::isfinite(ab.beta_us_per_byte)) {
-    return Bad(Cat(field, ".beta_us_per_byte"), "must be finite and > 0", Cat(ab.beta_us_per_byte));
+  if (!(ab.beta_us_per_byte > 0.0 && ab.beta_us_per_byte <= kMaxBetaUsPerByte)) {
+    return Bad(Cat(field, ".beta_us_per_byte"), "must be > 0 and <= 1e3 (1 KB/s)",
+               Cat(ab.beta_us_per_byte));
   }
   return absl::OkStatus();
 }
@@ -103,6 +110,12 @@ absl::Status ValidateProfile(const ClusterProfile& p) {
   }
   MOEPLAN_RETURN_IF_ERROR(CheckAlphaBeta("links.intra", p.intra));
   MOEPLAN_RETURN_IF_ERROR(CheckAlphaBeta("links.inter", p.inter));
+  if (p.collectives.size() > kMaxCollectiveFits) {
+    return Bad("collectives", Cat("must have at most ", kMaxCollectiveFits, " fits"),
+               Cat(p.collectives.size()));
+  }
+  absl::flat_hash_map<uint64_t, size_t> fit_index;
+  fit_index.reserve(p.collectives.size());
   for (size_t i = 0; i < p.collectives.size(); ++i) {
     const CollectiveFit& f = p.collectives[i];
     const std::string field = Cat("collectives[", i, "]");
@@ -128,17 +141,18 @@ absl::Status ValidateProfile(const ClusterProfile& p) {
       }
       MOEPLAN_RETURN_IF_ERROR(CheckAlphaBeta(Cat(piece, ".cost"), f.pieces[k].cost));
     }
-    for (size_t j = 0; j < i; ++j) {
-      if (p.collectives[j].collective == f.collective && p.collectives[j].shape == f.shape) {
-        return Bad(field, "duplicate (collective, shape) fit", Cat("same as collectives[", j, "]"));
-      }
+    // One pass: a hash of the fits seen (was a scan of all earlier fits per fit).
+    const auto [it, fresh] = fit_index.try_emplace(CostModel::FitKey(f.collective, f.shape), i);
+    if (!fresh) {
+      return Bad(field, "duplicate (collective, shape) fit",
+                 Cat("same as collectives[", it->second, "]"));
     }
   }
-  if (!(p.gemm.peak_tflops > 0.0) || !std::isfinite(p.gemm.peak_tflops)) {
-    return Bad("gemm.peak_tflops", "must be finite and > 0", Cat(p.gemm.peak_tflops));
+  if (!(p.gemm.peak_tflops > 0.0 && p.gemm.peak_tflops <= 1e6)) {
+    return Bad("gemm.peak_tflops", "must be > 0 and <= 1e6", Cat(p.gemm.peak_tflops));
   }
-  if (!(p.gemm.launch_overhead_us >= 0.0) || !std::isfinite(p.gemm.launch_overhead_us)) {
-    return Bad("gemm.launch_overhead_us", "must be finite and >= 0",
+  if (!(p.gemm.launch_overhead_us >= 0.0 && p.gemm.launch_overhead_us <= kMaxAlphaUs)) {
+    return Bad("gemm.launch_overhead_us", "must be >= 0 and <= 1e7 (10 s)",
                Cat(p.gemm.launch_overhead_us));
   }
   const GemmEfficiencyGrid& g = p.gemm.grid;

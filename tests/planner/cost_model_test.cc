@@ -318,15 +318,17 @@ std::vector<BadProfileCase> BadProfileCases() {
        },
        "nodes: "},
       {"negative intra alpha", [](ClusterProfile& p) { p.intra.alpha_us = -1.0; },
-       "links.intra.alpha_us: must be finite and >= 0"},
+       "links.intra.alpha_us: must be >= 0 and <= 1e7 (10 s)"},
       {"nan intra alpha", [nan](ClusterProfile& p) { p.intra.alpha_us = nan; },
        "links.intra.alpha_us: "},
       {"zero intra beta", [](ClusterProfile& p) { p.intra.beta_us_per_byte = 0.0; },
-       "links.intra.beta_us_per_byte: must be finite and > 0"},
+       "links.intra.beta_us_per_byte: must be > 0 and <= 1e3 (1 KB/s)"},
+      {"absurd intra alpha", [](ClusterProfile& p) { p.intra.alpha_us = 1e300; },
+       "links.intra.alpha_us: must be >= 0 and <= 1e7 (10 s) (got 1e+300)"},
       {"negative inter alpha", [](ClusterProfile& p) { p.inter.alpha_us = -0.5; },
        "links.inter.alpha_us: "},
       {"zero inter beta", [](ClusterProfile& p) { p.inter.beta_us_per_byte = 0.0; },
-       "links.inter.beta_us_per_byte: must be finite and > 0"},
+       "links.inter.beta_us_per_byte: must be > 0 and <= 1e3"},
       {"infinite inter beta", [inf](ClusterProfile& p) { p.inter.beta_us_per_byte = inf; },
        "links.inter.beta_us_per_byte: "},
       {"fit of one rank",
@@ -358,7 +360,15 @@ std::vector<BadProfileCase> BadProfileCases() {
        },
        "collectives[2]: duplicate (collective, shape) fit"},
       {"zero peak", [](ClusterProfile& p) { p.gemm.peak_tflops = 0; },
-       "gemm.peak_tflops: must be finite and > 0"},
+       "gemm.peak_tflops: must be > 0 and <= 1e6"},
+      {"too many fits",
+       [](ClusterProfile& p) {
+         for (int r = 2; r < 5000; ++r) {
+           p.collectives.push_back(
+               {Collective::kAllToAll, GroupShape{r, 1}, AlphaBeta{1, 1}, {}});
+         }
+       },
+       "collectives: must have at most 4096 fits (got 4998)"},
       {"negative gemm overhead", [](ClusterProfile& p) { p.gemm.launch_overhead_us = -1; },
        "gemm.launch_overhead_us: "},
       {"grid without m axis",

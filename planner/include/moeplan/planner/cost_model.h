@@ -48,9 +48,11 @@ class CostModel {
   // profile's activation line, else the memory model.
   double ActivationUs(double bytes, bool backward) const;
 
+  // A (collective, group shape) as one integer: the fits' key.
+  static uint64_t FitKey(Collective c, GroupShape shape);
+
  private:
   explicit CostModel(ClusterProfile profile);
-  static uint64_t FitKey(Collective c, GroupShape shape);
 
   // A fit's pieces inline (no pointer chasing in the simulator's hot path):
   // the last piece whose `from` is <= n applies.
