@@ -748,9 +748,13 @@ struct LayoutPlanner::Impl {
     return absl::OkStatus();
   }
 
-  // The pipeline simulated with each chunk's lower bounds (StageComputeBound)
-  // and the exact p2p: simulated times only grow with op costs, so no
-  // candidate's iteration is shorter.
+  // Two lower bounds, the larger kept. (1) The pipeline simulated with each
+  // chunk's lower bounds (StageComputeBound) and the exact p2p: simulated
+  // times only grow with op costs. (2) Each stage's load: a chunk's planned
+  // iteration (forward, backward and tail) holds every resource r for at
+  // least F_r + B_r + G_r (its gradient synchronisation and optimizer), its
+  // forward and backward last at least F_r and B_r, and the stage runs m of
+  // each before its tail: m (F_r + B_r) + G_r per chunk, for every r.
   absl::StatusOr<double> Bound(const ModelConfig& model, const Layout& l, int64_t mbs) {
     const int p = l.pp, v = std::max(1, l.virtual_stages);
     PipelineSpec spec;
@@ -761,7 +765,11 @@ struct LayoutPlanner::Impl {
     spec.fwd_us.assign(static_cast<size_t>(p * v), 0.0);
     spec.bwd_us.assign(static_cast<size_t>(p * v), 0.0);
     spec.tail_us.assign(static_cast<size_t>(p), 0.0);
+    const size_t zc = l.zero_stage == 0 ? 0 : l.zero_stage <= 2 ? 1 : 2;
+    const double m = l.microbatches;
+    double load = 0.0;
     for (int st = 0; st < p; ++st) {
+      double stage_load = 0.0;
       for (int c = 0; c < v; ++c) {
         const StageOptions so = ChunkOptions(model, l, st, c);
         const ChunkKey key = KeyOf(model, l, mbs, so, /*zero=*/0);  // the bounds hold for every stage
@@ -780,12 +788,19 @@ struct LayoutPlanner::Impl {
         spec.bwd_us[i] = b.bwd_us + (l.recompute ? b.fwd_us : 0.0);
         spec.tail_us[static_cast<size_t>(st)] +=
             l.zero_stage >= 1 ? b.sharded_optimizer_us : b.optimizer_us;
+        double chunk_load = 0.0;
+        for (size_t r = 0; r < kNumResources; ++r) {
+          const double f = b.fwd_res[r] * (l.recompute ? 2.0 : 1.0);
+          chunk_load = std::max(chunk_load, m * (f + b.bwd_res[r]) + b.sync_res[zc][r]);
+        }
+        stage_load += chunk_load;
       }
+      load = std::max(load, stage_load);
     }
     P2p(model, l, mbs, &spec);
     PipelineResult pr;
     MOEPLAN_RETURN_IF_ERROR(SimulatePipeline(spec, &pipe_graph, &pipe_sim, &pipe_result, &pr));
-    return pr.makespan_us;
+    return std::max(pr.makespan_us, load);
   }
 
   void Begin(const ModelConfig& model, const ModelPlanOptions& options) {

@@ -639,7 +639,7 @@ struct ModelPlanner::Impl {
   // (prefetched, depending on nothing) are left out. Ops are unsplit: with
   // alpha-beta costs and GEMM efficiency that does not fall with size, k
   // pieces never cost less than the whole.
-  void PhaseBound(double* fwd, double* bwd) {
+  void PhaseBound(double (&busy)[2][kNumResources]) {
     g0.Clear();
     params.clear();
     slots.clear();
@@ -648,7 +648,7 @@ struct ModelPlanner::Impl {
     EmitRange(0, static_cast<int>(units.size()), 1, &g0, false);
     const auto& o = piece_out[static_cast<size_t>(piece_begin[units.size() - 1])];
     EmitBackward(Deps{o[0], o[1]}, false);
-    double busy[2][kNumResources] = {};
+    for (auto& phase : busy) std::fill(std::begin(phase), std::end(phase), 0.0);
     for (OpId id = 0; id < g0.size(); ++id) {
       const Op& op = g0.op(id);
       if (op.flags & (kGradSync | kPrefetch)) continue;
@@ -656,8 +656,31 @@ struct ModelPlanner::Impl {
         if (op.resources & (1u << r)) busy[op.phase == F ? 0 : 1][r] += op.cost_us;
       }
     }
-    *fwd = *std::max_element(std::begin(busy[0]), std::end(busy[0]));
-    *bwd = *std::max_element(std::begin(busy[1]), std::end(busy[1]));
+  }
+
+  // What Finalize's buckets cost at least, per resource, by ZeRO class (0;
+  // 1-2; 3): with alpha-beta costs the buckets of a group cost no less than
+  // one collective of all of them. ZeRO 1-2 add the parameter AllGather after
+  // the step; ZeRO-3's per-block gathers are left out. Reads `params` (g0's).
+  void SyncBound(std::array<std::array<double, kNumResources>, 3>* out) const {
+    double bytes[2] = {0.0, 0.0};  // dense, expert
+    for (const Param& p : params) bytes[p.expert ? 1 : 0] += p.bytes;
+    for (int z = 0; z < 3; ++z) {
+      auto& a = (*out)[static_cast<size_t>(z)];
+      a.fill(0.0);
+      for (int grp = 0; grp < 2; ++grp) {
+        const GroupShape shape = grp ? edp_shape : dp_shape;
+        if (shape.ranks <= 1 || bytes[grp] <= 0.0) continue;
+        const double shard = bytes[grp] / shape.ranks;
+        double us = z == 0 ? cost.CollectiveUs(Collective::kAllReduce, shape, bytes[grp])
+                           : cost.CollectiveUs(Collective::kReduceScatter, shape, shard);
+        if (z == 1) us += cost.CollectiveUs(Collective::kAllGather, shape, shard);
+        const ResourceMask mask = internal::ResourcesOf(shape);
+        for (int r = 0; r < kNumResources; ++r) {
+          if (mask & (1u << r)) a[static_cast<size_t>(r)] += us;
+        }
+      }
+    }
   }
 
   // Copies g0 in `order` into final_graph, issuing each DDP bucket's
@@ -1066,20 +1089,30 @@ absl::Status ModelPlanner::Run(const ModelConfig& model, const ModelPlanOptions&
   s.BuildUnits();
   s.ResetPieces();
   if (bound != nullptr) {
-    // The least over the schedules and algorithms, per phase.
+    // The least over the schedules and algorithms, per phase (and resource).
     bound->fwd_us = bound->bwd_us = kInf;
+    bound->fwd_res.fill(kInf);
+    bound->bwd_res.fill(kInf);
+    double busy[2][kNumResources];
     for (Schedule sc : schedules) {
       for (AllToAllAlgo a : algos) {
         s.sched = sc;
         s.algo = a;
-        double fwd = 0.0, bwd = 0.0;
-        s.PhaseBound(&fwd, &bwd);
-        bound->fwd_us = std::min(bound->fwd_us, fwd);
-        bound->bwd_us = std::min(bound->bwd_us, bwd);
+        s.PhaseBound(busy);
+        bound->fwd_us = std::min(bound->fwd_us, *std::max_element(busy[0], busy[0] + kNumResources));
+        bound->bwd_us = std::min(bound->bwd_us, *std::max_element(busy[1], busy[1] + kNumResources));
+        for (size_t r = 0; r < kNumResources; ++r) {
+          bound->fwd_res[r] = std::min(bound->fwd_res[r], busy[0][r]);
+          bound->bwd_res[r] = std::min(bound->bwd_res[r], busy[1][r]);
+        }
       }
     }
     bound->optimizer_us = s.OptimizerStepUs(false);
     bound->sharded_optimizer_us = s.OptimizerStepUs(true);
+    s.SyncBound(&bound->sync_res);
+    bound->sync_res[0][0] += bound->optimizer_us;
+    bound->sync_res[1][0] += bound->sharded_optimizer_us;
+    bound->sync_res[2][0] += bound->sharded_optimizer_us;
     return absl::OkStatus();
   }
   s.BuildBounds();

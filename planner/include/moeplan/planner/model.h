@@ -7,6 +7,7 @@
 // allows.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -205,6 +206,12 @@ class ModelPlanner {
     double fwd_us = 0.0, bwd_us = 0.0;
     double optimizer_us = 0.0;          // ZeRO 0
     double sharded_optimizer_us = 0.0;  // ZeRO >= 1: each rank updates its shard
+    // Per resource (compute, intra, inter): each phase's ops as above, and the
+    // iteration's gradient synchronisation (one collective of all the
+    // gradients per group, which buckets only split) by ZeRO class (0, 1-2,
+    // 3), with the optimizer step on compute.
+    std::array<double, kNumResources> fwd_res{}, bwd_res{};
+    std::array<std::array<double, kNumResources>, 3> sync_res{};
   };
   absl::Status StageComputeBound(const ModelConfig& model, const ModelPlanOptions& options,
                                  const StageOptions& stage, StageBound* bound);
