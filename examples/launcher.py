@@ -335,6 +335,9 @@ def run_model(args, mc) -> int:
               f"{_int(stats.get('stage_plans'))} stage plans "
               f"({_int(stats.get('stage_cache_hits'))} cache hits) in "
               f"{float(stats.get('elapsed_ms', 0.0)):.1f} ms")
+        if _int(stats.get("over_limit")) > 0:
+            print(f"search: {_int(stats.get('over_limit'))} candidates skipped: more pipeline "
+                  f"steps than the planner simulates (lower max_microbatches)")
     lay = best["layout"]
     schedule = best.get("schedule", "SCHEDULE_UNSPECIFIED")
     try:

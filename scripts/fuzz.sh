@@ -11,7 +11,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 SECONDS_EACH="${1:-20}"
 shift || true
-ALL=(layer_json grid_json model_json profile_json store_file samples_jsonl)
+ALL=(layer_json grid_json model_json profile_json store_file samples_jsonl server_requests)
 HARNESSES=("${@:-${ALL[@]}}")
 for h in "${HARNESSES[@]}"; do
   [[ " ${ALL[*]} " == *" $h "* ]] || { echo "fuzz.sh: unknown harness '$h' (one of: ${ALL[*]})" >&2; exit 2; }
@@ -42,6 +42,7 @@ seeds() {
     model_json) ls examples/models/*.json ;;
     profile_json | store_file) ls calibration/profiles/*.json ;;
     samples_jsonl) ls calibration/profiles/measured/*/samples.jsonl ;;
+    server_requests) ls examples/*-layer.json examples/models/*.json calibration/profiles/*.json ;;
   esac
 }
 corpus() {
@@ -55,11 +56,33 @@ corpus() {
       store_file) { printf '\001'; cat "$f"; } >"$dir/seed-$i" ;;
       # Slices of a few lines each: libFuzzer keeps inputs small.
       samples_jsonl) split -l 4 -d -a 3 "$f" "$dir/seed-$i-" ;;
+      # Byte 0 picks the handler ('0' PlanLayer, '1' PlanModel, '4' PutProfile;
+      # JSON requests); each file becomes the request that carries it.
+      server_requests)
+        case "$f" in
+          examples/models/*)
+            { printf '1{"profile_name":"a100-8x8","model":'; cat "$f"; printf '}'; } >"$dir/seed-$i"
+            { printf '1{"profile_name":"a100-8x8","layout":{"dp":8,"tp":8,"pp":1,"ep":8,"esp":8,"microbatches":1},"model":'
+              cat "$f"; printf '}'; } >"$dir/seed-$i-layout" ;;
+          examples/*)
+            { printf '0{"profile_name":"a100-8x8","include_timeline":true,"layer":'; cat "$f"; printf '}'; } >"$dir/seed-$i" ;;
+          *) { printf '4{"profile":'; cat "$f"; printf '}'; } >"$dir/seed-$i" ;;
+        esac ;;
       *) cp "$f" "$dir/seed-$i" ;;
     esac
   done
   echo "$dir"
 }
+
+if [[ " ${HARNESSES[*]} " == *" server_requests "* ]]; then
+  dir="$OUT/corpus/server_requests"
+  mkdir -p "$dir"
+  printf '2{}' >"$dir/seed-list"
+  printf '3{"name":"a100-8x8"}' >"$dir/seed-get"
+  printf '5{"profile_name":"a100-8x8","profile_version":1,"schedule":"SCHEDULE_S2","plan":{"layer":' >"$dir/seed-report"
+  cat examples/gpt2-moe-layer.json >>"$dir/seed-report"
+  printf '},"ops":[{"name":"fwd.gate","duration_us":25.5}],"total_us":9000}' >>"$dir/seed-report"
+fi
 
 # Regression inputs: every finding fixed so far, replayed first.
 for h in "${HARNESSES[@]}"; do

@@ -307,7 +307,7 @@ class PlannerClient:
               grad_sync_us, optimizer_us, bubble_us, bubble_fraction,
               stage_forward_us, stage_backward_us, rank (1-based);
               search_stats {enumerated, pruned_memory, pruned_bound, simulated,
-              stage_plans, stage_cache_hits (int64 strings)}; gpus;
+              stage_plans, stage_cache_hits, over_limit (int64 strings)}; gpus;
               global_batch_size.
 
         Raises:

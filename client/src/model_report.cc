@@ -7,6 +7,7 @@
 
 #include "moeplan/base/format.h"
 #include "moeplan/client/report.h"
+#include "moeplan/planner/limits.h"
 #include "moeplan/proto/convert.h"
 
 namespace moeplan::client {
@@ -168,6 +169,12 @@ std::string FormatLayoutTable(const v1::ModelConfig& m, const v1::PlanModelRespo
                    "simulated ({} stages planned, {} reused)\n",
                    s.enumerated(), s.pruned_memory(), s.pruned_bound(), s.simulated(),
                    s.stage_plans(), s.stage_cache_hits());
+    if (s.over_limit() > 0) {
+      fmt::format_to(w,
+                     "search: {} candidates skipped: more than {} pipeline steps to simulate "
+                     "(pp*v*microbatches*2; lower --max-microbatches)\n",
+                     s.over_limit(), planner::kMaxPipelineSteps);
+    }
   }
   if (plan.candidates_size() == 0) {
     fmt::format_to(w, "no layout fits: every candidate was pruned by memory\n");

@@ -52,8 +52,13 @@ absl::StatusOr<SweepResult> RunSweep(const std::vector<v1::LayerConfig>& configs
 
 namespace {
 
-// RFC 4180 quoting where needed.
-std::string CsvField(const std::string& s) {
+// A text cell: RFC 4180 quoting where needed, and a cell that a spreadsheet
+// would run as a formula (starting with = + - @, tab or CR) is prefixed with '
+// so that it is read as text.
+std::string CsvField(const std::string& given) {
+  const bool formula = !given.empty() && std::string_view("=+-@\t\r").find(given[0]) !=
+                                             std::string_view::npos;
+  const std::string s = formula ? "'" + given : given;
   if (s.find_first_of(",\"\n\r") == std::string::npos) return s;
   std::string out = "\"";
   for (char c : s) {

@@ -21,6 +21,7 @@
 #include <algorithm>
 #include <cmath>
 #include <iterator>
+#include <optional>
 
 #include "moeplan/base/status.h"
 #include "moeplan/base/strings.h"
@@ -170,10 +171,27 @@ class MoeLayerRunner::Impl final : public OpRecorder {
   absl::Status Copy(void* dst, const void* src, int64_t elems) {
     return dev_->Copy(dst, src, static_cast<size_t>(elems) * es_, kComputeLane);
   }
-  absl::Status Alloc(DeviceBuffer* b, int64_t elems, size_t elem_size) {
-    MOEPLAN_ASSIGN_OR_RETURN(*b, DeviceBuffer::Make(dev_, static_cast<size_t>(elems) * elem_size));
+  // Allocation runs twice: first only adding up what it would allocate
+  // (estimate_ set), so that a layer too large for the memory is refused
+  // before anything is allocated or filled, naming its largest tensor.
+  struct Estimate {
+    size_t total = 0, largest = 0;
+    std::string_view largest_name;
+  };
+  absl::Status Alloc(DeviceBuffer* b, int64_t elems, size_t elem_size, std::string_view what) {
+    const size_t bytes = static_cast<size_t>(elems) * elem_size;
+    if (estimate_) {
+      estimate_->total += bytes;
+      if (bytes > estimate_->largest) {
+        estimate_->largest = bytes;
+        estimate_->largest_name = what;
+      }
+      return absl::OkStatus();
+    }
+    MOEPLAN_ASSIGN_OR_RETURN(*b, DeviceBuffer::Make(dev_, bytes));
     return absl::OkStatus();
   }
+  absl::Status AllocateBuffers();
   absl::Status AlltoAll(std::string_view name, Phase ph, const void* send, void* recv,
                         int64_t per_peer) {
     return Coll(
@@ -233,6 +251,7 @@ class MoeLayerRunner::Impl final : public OpRecorder {
 
   planner::LayerConfig layer_;
   RunOptions opt_;
+  std::optional<Estimate> estimate_;
   Device* dev_;
   Kernels* k_;
   Communicator* world_;
@@ -338,54 +357,76 @@ absl::Status MoeLayerRunner::Impl::Init() {
   xshape_.groups = groups;
   xshape_.rows = part_rows_;
 
+  estimate_.emplace();
+  MOEPLAN_RETURN_IF_ERROR(AllocateBuffers());
+  const Estimate need = *estimate_;
+  estimate_.reset();
+  if (opt_.memory_limit_bytes > 0 && need.total > opt_.memory_limit_bytes) {
+    constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+    return absl::ResourceExhaustedError(fmt::format(
+        "memory: the {} schedule needs {:.2f} GiB per rank, over the {:.2f} GiB it may use ({}); "
+        "the largest tensor is {} ({:.2f} GiB): lower batch_size * seq_len, model_dim, "
+        "hidden_dim, num_experts or capacity_factor, or use more ranks",
+        planner::ScheduleName(opt_.schedule), need.total / kGiB,
+        opt_.memory_limit_bytes / kGiB, opt_.memory_limit_source, need.largest_name,
+        need.largest / kGiB));
+  }
+  MOEPLAN_RETURN_IF_ERROR(AllocateBuffers());
+  return FillInputs();
+}
+
+absl::Status MoeLayerRunner::Impl::AllocateBuffers() {
   const int64_t tok = S_ * M_;
   const int64_t buf = bshape_.BufferElements();  // E * T * M
   const int64_t part = E_ * part_rows_ * M_;     // what one rank dispatches
-  MOEPLAN_RETURN_IF_ERROR(Alloc(&x_, tok, es_));
-  MOEPLAN_RETURN_IF_ERROR(Alloc(&dy_, tok, es_));
-  MOEPLAN_RETURN_IF_ERROR(Alloc(&y_, tok, es_));
-  MOEPLAN_RETURN_IF_ERROR(Alloc(&dx_, tok, es_));
+  MOEPLAN_RETURN_IF_ERROR(Alloc(&x_, tok, es_, "the input x [S x M]"));
+  MOEPLAN_RETURN_IF_ERROR(Alloc(&dy_, tok, es_, "the output gradient dy [S x M]"));
+  MOEPLAN_RETURN_IF_ERROR(Alloc(&y_, tok, es_, "the output y [S x M]"));
+  MOEPLAN_RETURN_IF_ERROR(Alloc(&dx_, tok, es_, "the input gradient dx [S x M]"));
   if (opt_.schedule == Schedule::kS1) {
     for (DeviceBuffer* b : {&xs_, &ys_, &dys_, &dxs_}) {
-      MOEPLAN_RETURN_IF_ERROR(Alloc(b, gated_ * M_, es_));
+      MOEPLAN_RETURN_IF_ERROR(Alloc(b, gated_ * M_, es_, "an S1 token slice [S/mp x M]"));
     }
   }
   if (dt_ != DType::kF32) {
-    MOEPLAN_RETURN_IF_ERROR(Alloc(&x32_, gated_ * M_, 4));
-    MOEPLAN_RETURN_IF_ERROR(Alloc(&dxg32_, gated_ * M_, 4));
+    MOEPLAN_RETURN_IF_ERROR(Alloc(&x32_, gated_ * M_, 4, "the fp32 gate input [S x M]"));
+    MOEPLAN_RETURN_IF_ERROR(Alloc(&dxg32_, gated_ * M_, 4, "the fp32 gate input gradient"));
   }
-  MOEPLAN_RETURN_IF_ERROR(Alloc(&logits_, gated_ * E_, 4));
-  MOEPLAN_RETURN_IF_ERROR(Alloc(&probs_, gated_ * E_, 4));
-  MOEPLAN_RETURN_IF_ERROR(Alloc(&dlogits_, gated_ * E_, 4));
-  MOEPLAN_RETURN_IF_ERROR(Alloc(&expert_, gated_ * K_, 4));
-  MOEPLAN_RETURN_IF_ERROR(Alloc(&slot_, gated_ * K_, 4));
-  MOEPLAN_RETURN_IF_ERROR(Alloc(&weight_, gated_ * K_, 4));
-  MOEPLAN_RETURN_IF_ERROR(Alloc(&dweight_, gated_ * K_, 4));
-  MOEPLAN_RETURN_IF_ERROR(Alloc(&wg_, M_ * E_, 4));
-  MOEPLAN_RETURN_IF_ERROR(Alloc(&dwg_, M_ * E_, 4));
+  for (DeviceBuffer* b : {&logits_, &probs_, &dlogits_}) {
+    MOEPLAN_RETURN_IF_ERROR(Alloc(b, gated_ * E_, 4, "the gate logits [S x E]"));
+  }
+  for (DeviceBuffer* b : {&expert_, &slot_, &weight_, &dweight_}) {
+    MOEPLAN_RETURN_IF_ERROR(Alloc(b, gated_ * K_, 4, "the routing table [S x k]"));
+  }
+  MOEPLAN_RETURN_IF_ERROR(Alloc(&wg_, M_ * E_, 4, "the gate weight [M x E]"));
+  MOEPLAN_RETURN_IF_ERROR(Alloc(&dwg_, M_ * E_, 4, "the gate weight gradient [M x E]"));
   route_ = RouteBuffers{probs_.as<float>(), expert_.as<int32_t>(), slot_.as<int32_t>(),
                         weight_.as<float>()};
 
   for (DeviceBuffer* b : {&w1_, &w2_, &dw1_, &dw2_}) {
-    MOEPLAN_RETURN_IF_ERROR(Alloc(b, xshape_.WeightElements(), es_));
+    MOEPLAN_RETURN_IF_ERROR(Alloc(b, xshape_.WeightElements(), es_,
+                                  "an expert weight shard [E/ep x M x H/esp]"));
   }
   for (DeviceBuffer* b : {&z_, &a_, &dz_}) {
-    MOEPLAN_RETURN_IF_ERROR(Alloc(b, xshape_.HiddenElements(), es_));
+    MOEPLAN_RETURN_IF_ERROR(Alloc(b, xshape_.HiddenElements(), es_,
+                                  "an expert hidden activation [E/ep x rows x H/esp]"));
   }
   for (DeviceBuffer* b : {&ein_, &eout_, &dein_, &deout_}) {
-    MOEPLAN_RETURN_IF_ERROR(Alloc(b, xshape_.TokenElements(), es_));
+    MOEPLAN_RETURN_IF_ERROR(
+        Alloc(b, xshape_.TokenElements(), es_, "an expert input/output [E/ep x rows x M]"));
   }
   for (DeviceBuffer* b : {&disp_, &ddisp_, &comb_, &dcomb_}) {
-    MOEPLAN_RETURN_IF_ERROR(Alloc(b, buf, es_));
+    MOEPLAN_RETURN_IF_ERROR(
+        Alloc(b, buf, es_, "a dispatch/combine buffer [E x capacity x M]"));
   }
   if (opt_.schedule != Schedule::kDefault) {
     // S1: AlltoAll results before the gather / after the scatter; S2: the
     // rank's part, SAA receive buffers and the dual's staging.
     for (DeviceBuffer* b : {&part_, &dpart_, &recv_, &drecv_, &back_, &dback_, &stage_}) {
-      MOEPLAN_RETURN_IF_ERROR(Alloc(b, part, es_));
+      MOEPLAN_RETURN_IF_ERROR(Alloc(b, part, es_, "an AlltoAll part [E x capacity/mp x M]"));
     }
   }
-  return FillInputs();
+  return absl::OkStatus();
 }
 
 absl::Status MoeLayerRunner::Impl::FillInputs() {

@@ -47,6 +47,7 @@ struct Args {
   bool check = false;
   bool json = false;
   bool sequential = false;
+  double max_memory_gib = 0.0;  // 0: what the device has free (CPU: shared by this host's ranks)
 };
 
 int Rank() {
@@ -93,6 +94,16 @@ struct Setup {
   std::vector<p::Schedule> schedules;
   bool auto_schedule = false;
 };
+
+// Ranks of this job on this host.
+int LocalRanks() {
+  MPI_Comm local;
+  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &local);
+  int n = 1;
+  MPI_Comm_size(local, &n);
+  MPI_Comm_free(&local);
+  return n;
+}
 
 int Hosts() {
   MPI_Comm local;
@@ -200,6 +211,21 @@ std::unique_ptr<ex::MoeLayerRunner> CreateRunner(const Args& a, const Setup& s,
   opt.schedule = schedule;
   opt.dtype = s.dtype;
   opt.seed = a.seed;
+  // What this rank's buffers may take, read now (runners already alive hold theirs).
+  if (a.max_memory_gib > 0) {
+    opt.memory_limit_bytes = static_cast<size_t>(a.max_memory_gib * 1024.0 * 1024.0 * 1024.0);
+    opt.memory_limit_source = "--max-memory-gib";
+  } else if (absl::StatusOr<size_t> free = b.device->FreeBytes(); free.ok()) {
+    if (b.device->is_gpu()) {
+      opt.memory_limit_bytes = *free;
+      opt.memory_limit_source = Cat("free memory of ", b.device->name());
+    } else {
+      const int local = LocalRanks();
+      opt.memory_limit_bytes = *free / static_cast<size_t>(local);
+      opt.memory_limit_source =
+          Cat("this host's available memory shared by its ", local, " rank(s); --max-memory-gib sets it");
+    }
+  }
   absl::StatusOr<std::unique_ptr<ex::MoeLayerRunner>> runner =
       ex::MoeLayerRunner::Create(s.layer, opt, b.device.get(), b.kernels.get(), b.world.get());
   if (absl::Status st = Agree(runner.status()); !st.ok()) {
@@ -354,12 +380,19 @@ int Run(const Args& a) {
 
   // The planner's prediction for the same layer (every rank: cheap, no I/O
   // beyond the profile) — also what --schedule auto follows.
+  // A profile that does not load is an error of the command line (exit 1),
+  // not a missing prediction.
+  absl::StatusOr<calibration::LoadedProfile> profile = calibration::LoadProfile(a.profile);
+  absl::StatusOr<p::CostModel> cost =
+      profile.ok() ? p::CostModel::Create(profile->profile) : absl::StatusOr<p::CostModel>(profile.status());
+  if (!Agree(cost.ok() ? absl::OkStatus()
+                       : absl::Status(cost.status().code(),
+                                      Cat("--profile: ", View(cost.status().message()))))
+           .ok()) {
+    return 1;
+  }
   v1::PlanLayerResponse predicted;
   absl::Status predict_status = [&]() -> absl::Status {
-    absl::StatusOr<calibration::LoadedProfile> profile = calibration::LoadProfile(a.profile);
-    if (!profile.ok()) return profile.status();
-    absl::StatusOr<p::CostModel> cost = p::CostModel::Create(profile->profile);
-    if (!cost.ok()) return cost.status();
     p::LayerPlanner planner(*cost);
     v1::PlanLayerRequest request;
     request.set_profile_name(profile->message.name());
@@ -462,6 +495,12 @@ int main(int argc, char** argv) {
   app.add_option("--iters", a.iters, "timed iterations")->capture_default_str();
   app.add_option("--warmup", a.warmup, "untimed iterations first")->capture_default_str();
   app.add_option("--seed", a.seed, "seed of inputs, weights and output gradient")
+      ->capture_default_str();
+  app.add_option("--max-memory-gib", a.max_memory_gib,
+                 "Memory one rank's buffers may take; over it the run is refused before anything "
+                 "is allocated (0: the GPU's free memory, or the host's available memory divided "
+                 "by its ranks)")
+      ->check(CLI::Range(0.0, 1e6))
       ->capture_default_str();
   app.add_option("--profile", a.profile, "profile for the prediction and --schedule auto")
       ->capture_default_str();

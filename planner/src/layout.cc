@@ -13,6 +13,7 @@
 #include "field_rules.h"
 #include "moeplan/base/status.h"
 #include "moeplan/base/strings.h"
+#include "moeplan/planner/limits.h"
 #include "moeplan/planner/schedules.h"
 #include "moeplan/planner/validate.h"
 
@@ -21,7 +22,6 @@ namespace {
 
 using internal::Bad;
 
-constexpr double kInf = std::numeric_limits<double>::infinity();
 constexpr int kMaxDegree = 1 << 20;
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 
@@ -111,6 +111,20 @@ ModelConfig ModelForLayout(const ModelConfig& model, const Layout& l, int64_t mi
   m.micro_batch_size = micro_batch_size;
   m.parallel = ParallelLayout{l.tp, l.ep, l.esp, l.dp, l.pp};
   return m;
+}
+
+int64_t PipelineSteps(const Layout& l) {
+  return int64_t{l.pp} * l.virtual_stages * l.microbatches * 2;
+}
+
+absl::Status CheckPipelineSteps(const Layout& l) {
+  const int64_t steps = PipelineSteps(l);
+  if (steps <= kMaxPipelineSteps) return absl::OkStatus();
+  return absl::ResourceExhaustedError(
+      Cat("layout: pp*virtual_stages*microbatches*2 = ", steps,
+          " pipeline steps to simulate exceed the limit of ", kMaxPipelineSteps,
+          " (pp=", l.pp, ", virtual_stages=", l.virtual_stages, ", microbatches=", l.microbatches,
+          "); use fewer micro-batches or stages"));
 }
 
 absl::Status ValidateLayout(const ModelConfig& m, const Layout& l, int64_t global_batch,
@@ -219,6 +233,7 @@ absl::Status ValidateLayout(const ModelConfig& m, const Layout& l, int64_t globa
   } else if (v != 1) {
     return Bad("layout.virtual_stages", "must be 1 unless pipeline is interleaved", Cat(v));
   }
+  MOEPLAN_RETURN_IF_ERROR(CheckPipelineSteps(l));
   // The MoE layer's own rules at one micro-batch (S1/S2 are checked per schedule).
   const ModelConfig lm = ModelForLayout(m, l, global_batch / (int64_t{l.dp} * l.microbatches));
   MOEPLAN_RETURN_IF_ERROR(ValidateModelShape(lm));
@@ -958,7 +973,16 @@ absl::Status LayoutPlanner::Search(const ModelConfig& model, const SearchOptions
                 (base.pp < 2 || m % base.pp != 0 || model.num_layers % (base.pp * v) != 0)) {
               continue;
             }
-            ++st.enumerated;
+            if (++st.enumerated > kMaxSearchCandidates) {
+              return absl::ResourceExhaustedError(
+                  Cat("search: more than ", kMaxSearchCandidates,
+                      " candidate layouts to enumerate; narrow search.gpus, search.families, "
+                      "search.pipelines, search.zero_stages or search.max_microbatches"));
+            }
+            if (PipelineSteps(l) > kMaxPipelineSteps) {
+              ++st.over_limit;
+              continue;
+            }
             const int64_t mbs = per_replica / m;
             bool fits = false;
             for (bool rc : {false, true}) {
@@ -989,6 +1013,7 @@ absl::Status LayoutPlanner::Search(const ModelConfig& model, const SearchOptions
   // no candidate can beat its bound; candidates are evaluated in bound order
   // until the N-th best found is no slower than the next bound.
   for (Pending& c : pending) {
+    MOEPLAN_RETURN_IF_ERROR(plan.deadline.Check("search"));
     MOEPLAN_ASSIGN_OR_RETURN(c.bound, s.Bound(model, c.layout, c.mbs));
   }
   std::stable_sort(pending.begin(), pending.end(),
@@ -1004,6 +1029,7 @@ absl::Status LayoutPlanner::Search(const ModelConfig& model, const SearchOptions
       st.pruned_bound += static_cast<int64_t>(pending.size() - i);
       break;
     }
+    MOEPLAN_RETURN_IF_ERROR(plan.deadline.Check("search"));
     LayoutCandidate cand;
     MOEPLAN_RETURN_IF_ERROR(s.Run(model, c.layout, c.mbs, mem, &cand));
     if (!cand.feasible) continue;

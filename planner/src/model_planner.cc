@@ -1138,6 +1138,7 @@ absl::Status ModelPlanner::Run(const ModelConfig& model, const ModelPlanOptions&
         s.combo_salt = 1 + static_cast<uint64_t>(sc) * 4 + static_cast<uint64_t>(a);
         VariantAlternative alt{sc, a, 0, kInf};
         auto consider = [&](const std::vector<Range>& ranges, bool dw, int degree) -> absl::Status {
+          MOEPLAN_RETURN_IF_ERROR(options.deadline.Check("model plan"));
           MOEPLAN_RETURN_IF_ERROR(s.Evaluate(ranges, dw, &built));
           const double us = s.final_sim.makespan_us;
           if (us < alt.iteration_us) {

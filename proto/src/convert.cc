@@ -31,11 +31,23 @@ absl::StatusOr<p::ParallelLayout> ParallelFromProto(const v1::ParallelLayout& pa
   return out;
 }
 
+// Names are labels copied into every row, config and log line that mentions
+// them: bounded, so that a name cannot multiply into gigabytes.
+namespace {
+constexpr size_t kMaxNameBytes = 256;
+absl::Status CheckName(const std::string& name) {
+  if (name.size() <= kMaxNameBytes) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      Cat("name: must be at most ", kMaxNameBytes, " bytes (got ", name.size(), ")"));
+}
+}  // namespace
+
 absl::StatusOr<p::LayerConfig> LayerFromProto(const v1::LayerConfig& m) {
   if (m.schema_version() > 1) {
     return absl::InvalidArgumentError(
         Cat("schema_version: must be 1 (got ", m.schema_version(), ")"));
   }
+  MOEPLAN_RETURN_IF_ERROR(CheckName(m.name()));
   p::LayerConfig l;
   l.name = m.name();
   l.batch_size = m.batch_size();
@@ -349,6 +361,7 @@ absl::StatusOr<std::vector<v1::LayerConfig>> ExpandGrid(const v1::LayerGrid& g,
                        {"bytes_per_element", bpe},
                        {"token_skew", skew},
                        {"parallel", g.parallel_size()}};
+  MOEPLAN_RETURN_IF_ERROR(CheckName(g.name()));
   size_t total = 1;
   for (const Axis& a : axes) {
     if (a.size == 0) {
@@ -407,6 +420,7 @@ absl::StatusOr<p::ModelConfig> ModelFromProto(const v1::ModelConfig& m) {
     return absl::InvalidArgumentError(
         Cat("schema_version: must be 1 (got ", m.schema_version(), ")"));
   }
+  MOEPLAN_RETURN_IF_ERROR(CheckName(m.name()));
   p::ModelConfig out;
   out.name = m.name();
   out.num_layers = m.num_layers();
@@ -743,8 +757,9 @@ absl::Status UnderRequest(const absl::Status& s) {
 
 absl::Status AnswerPlanModel(const p::ModelConfig& model, const v1::PlanModelRequest& request,
                              p::ModelPlanner& planner, const p::ClusterProfile& profile,
-                             v1::PlanModelResponse* out) {
+                             v1::PlanModelResponse* out, p::Deadline deadline) {
   MOEPLAN_ASSIGN_OR_RETURN(p::ModelPlanOptions options, ModelOptionsFromProto(request.options()));
+  options.deadline = deadline;
   if (request.has_search() && request.has_layout()) {
     return absl::InvalidArgumentError("search: give either search or layout, not both");
   }
@@ -776,6 +791,7 @@ absl::Status AnswerPlanModel(const p::ModelConfig& model, const v1::PlanModelReq
     v1::SearchStats* st = out->mutable_search_stats();
     st->set_enumerated(r.stats.enumerated);
     st->set_pruned_memory(r.stats.pruned_memory);
+    st->set_over_limit(r.stats.over_limit);
     st->set_pruned_bound(r.stats.pruned_bound);
     st->set_simulated(r.stats.simulated);
     st->set_stage_plans(r.stats.stage_plans);
@@ -784,16 +800,27 @@ absl::Status AnswerPlanModel(const p::ModelConfig& model, const v1::PlanModelReq
   }
   p::ModelPlan plan;
   MOEPLAN_RETURN_IF_ERROR(UnderRequest(planner.Plan(model, options, &plan)));
+  if (request.include_timeline()) {
+    int64_t ops = 0;
+    for (const p::VariantPlan& v : plan.variants) ops += v.graph.size();
+    if (ops > p::kMaxTimelineOps) {
+      return absl::ResourceExhaustedError(
+          Cat("include_timeline: the timeline would hold ", ops, " op timings (",
+              plan.variants.size(), " variants), over the limit of ", p::kMaxTimelineOps,
+              " per response; plan without it or with fewer options.variants"));
+    }
+  }
   ModelPlanToProto(plan, model, profile, request.include_timeline(), out);
   return absl::OkStatus();
 }
 
 absl::Status AnswerPlanModel(const v1::PlanModelRequest& request, p::ModelPlanner& planner,
-                             const p::ClusterProfile& profile, v1::PlanModelResponse* out) {
+                             const p::ClusterProfile& profile, v1::PlanModelResponse* out,
+                             p::Deadline deadline) {
   if (!request.has_model()) return absl::InvalidArgumentError("model: required");
   absl::StatusOr<p::ModelConfig> model = ModelFromProto(request.model());
   if (!model.ok()) return absl::InvalidArgumentError(Cat("model.", View(model.status().message())));
-  return AnswerPlanModel(*model, request, planner, profile, out);
+  return AnswerPlanModel(*model, request, planner, profile, out, deadline);
 }
 
 }  // namespace moeplan::proto

@@ -80,7 +80,7 @@ absl::Status ParseJson(std::string_view json, google::protobuf::Message* msg) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::string> ReadFile(const std::string& path) {
+absl::StatusOr<std::string> ReadFile(const std::string& path, size_t max_bytes) {
   std::ifstream in(path, std::ios::binary);
   if (!in) {
     const int err = errno;
@@ -89,10 +89,19 @@ absl::StatusOr<std::string> ReadFile(const std::string& path) {
     if (err == EACCES) return absl::PermissionDeniedError(why);
     return absl::InternalError(why);
   }
-  std::ostringstream buf;
-  buf << in.rdbuf();
-  if (in.bad()) return absl::InternalError(Cat(path, ": read failed"));
-  return buf.str();
+  std::string out;
+  char buf[1 << 16];
+  while (!in.eof()) {
+    in.read(buf, sizeof buf);
+    if (in.bad()) return absl::InternalError(Cat(path, ": read failed: ", std::strerror(errno)));
+    const size_t n = static_cast<size_t>(in.gcount());
+    if (out.size() + n > max_bytes) {
+      return absl::InvalidArgumentError(
+          Cat(path, ": larger than ", max_bytes, " bytes, the most an input file may hold"));
+    }
+    out.append(buf, n);
+  }
+  return out;
 }
 
 absl::Status ReadJsonFile(const std::string& path, google::protobuf::Message* msg) {

@@ -34,6 +34,23 @@ int main(int argc, char** argv) {
                  "Plan cache bound in MiB (keys plus serialised responses; 0 disables it)")
       ->check(CLI::Range(size_t{0}, size_t{1} << 20))
       ->capture_default_str();
+  size_t max_message_mib = options.handlers.max_response_bytes >> 20;
+  app.add_option("--max-message-mib", max_message_mib,
+                 "Largest response in MiB (a larger one is refused RESOURCE_EXHAUSTED, never "
+                 "cached); the bundled clients accept this much")
+      ->check(CLI::Range(size_t{1}, size_t{2047}))
+      ->capture_default_str();
+  app.add_option("--max-model-plans", options.handlers.max_model_plans,
+                 "Uncached PlanModel calls (whole models, layouts, searches) run at once; one more "
+                 "is refused RESOURCE_EXHAUSTED (0: the machine's hardware threads)")
+      ->check(CLI::Range(0, 4096))
+      ->capture_default_str();
+  double max_plan_seconds = options.handlers.max_plan_time.count() / 1000.0;
+  app.add_option("--max-plan-seconds", max_plan_seconds,
+                 "Longest one plan may run before it is stopped DEADLINE_EXCEEDED (the call's own "
+                 "deadline applies when earlier)")
+      ->check(CLI::Range(0.001, 86400.0))
+      ->capture_default_str();
   app.add_option("--drain-ms", drain_ms, "On SIGTERM/SIGINT, how long in-flight calls may finish")
       ->capture_default_str();
   bool quiet = false;
@@ -46,7 +63,10 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }
-  options.log_requests = !quiet;
+  options.handlers.log_requests = !quiet;
+  options.handlers.max_response_bytes = max_message_mib << 20;
+  options.handlers.max_plan_time = std::chrono::milliseconds(
+      static_cast<int64_t>(max_plan_seconds * 1000.0));
   options.cache_bytes = cache_mib << 20;
   // Debian's abseil checks every absl::Mutex acquisition for lock-order cycles
   // (~3% of server CPU under load); the server's locking is flat.

@@ -296,6 +296,27 @@ TEST(SweepCliBadInput, EmptyListAndInvalidConfigLeaveNoCsv) {
   EXPECT_EQ(r2.out, "");
 }
 
+TEST(SweepCli, NamesThatASpreadsheetWouldRunAreWrittenAsText) {
+  TempDir tmp;
+  const std::string grid = tmp.Write("grid.json", R"J({"name": "=HYPERLINK(\"x\")",
+      "batch_size": [8], "seq_len": [512], "model_dim": [1024], "hidden_dim": [4096],
+      "num_experts": [32], "top_k": [1], "capacity_factor": [1.0],
+      "parallel": [{"mp": 1, "ep": 8, "esp": 1}]})J");
+  CliResult r = RunCli("sweep --grid " + grid + " --out " + tmp.File("r.csv"));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const std::string csv = Slurp(tmp.File("r.csv"));
+  EXPECT_NE(csv.find("\n0,\"'=HYPERLINK(\"\"x\"\")#0\",8,"), std::string::npos) << csv;
+}
+
+TEST(CliBadInput, AnEndlessInputFileIsRefusedAtTheSizeLimit) {
+  CliResult r = RunCli("plan-layer --layer /dev/zero");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("/dev/zero: larger than 67108864 bytes, the most an input file may hold"),
+            std::string::npos)
+      << r.err;
+  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+}
+
 // ---- plan-model (docs/model.md) ----
 
 // A valid model on a100-8x8 with one field replaced (`field` is the JSON text

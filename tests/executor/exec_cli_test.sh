@@ -87,5 +87,11 @@ expect_error "bad schedule" 4 "--schedule: must be" --layer "$LAYER" --schedule 
 expect_error "bad iters" 4 "--iters: must be >= 1" --layer "$LAYER" --iters 0
 expect_error "bf16 on mpi" 4 "--dtype: the mpi backend computes in f32" --layer "$LAYER" --dtype bf16
 expect_error "nccl without GPU" 4 "nccl" --layer "$LAYER" --backend nccl
+expect_error "unknown profile" 4 "^moeplan-exec: --profile: .*nosuch" --layer "$LAYER" --profile nosuch
+expect_error "endless input" 4 "larger than 67108864 bytes" --layer /dev/zero
+# Memory is added up before anything is allocated: refused naming the largest tensor.
+expect_error "memory over the limit" 4 \
+  "memory: the default schedule needs .* GiB per rank, over the 0.00 GiB it may use (--max-memory-gib); the largest tensor is" \
+  --layer "$LAYER" --schedule default --max-memory-gib 0.0001
 
 exit $fail

@@ -6,6 +6,7 @@
 #include <string>
 #include <tuple>
 
+#include "moeplan/planner/limits.h"
 #include "moeplan/planner/model.h"
 #include "test_profile.h"
 
@@ -305,6 +306,65 @@ TEST(Layout, ZeroStagesChangeTheGradientSynchronisation) {
   EXPECT_GT(us[3], us[1]);
 }
 
+// 128 blocks, 4,096 sequences per iteration: pipelines as long as the
+// limit on simulated steps allows.
+ModelConfig LongPipelineModel() {
+  ModelConfig m = EightBlocks();
+  m.num_layers = 128;
+  m.micro_batch_size = 1;
+  m.global_batch_size = 4096;
+  return m;
+}
+
+TEST(Layout, PipelinesUpToTheStepLimitAreSimulatedAndLongerOnesRefused) {
+  const ModelConfig m = LongPipelineModel();
+  LayoutPlanner lp(RoundNumberModel());
+  Layout l = Make(1, 1, 32, 1, 1, Family::kDpMoe);
+  l.pipeline = PipelineSchedule::kInterleaved;
+  l.virtual_stages = 4;
+  l.microbatches = 2048;  // 32 * 4 * 2048 * 2 = 2^19 steps: the worst legal pipeline
+  ASSERT_EQ(PipelineSteps(l), kMaxPipelineSteps);
+  MemoryOptions no_check;
+  no_check.gpu_memory_bytes = 0;
+  LayoutCandidate c;
+  ASSERT_TRUE(lp.Evaluate(m, l, {}, no_check, &c).ok());
+  EXPECT_GT(c.iteration_us, 0.0);
+  l.microbatches = 4096;  // twice the steps
+  const absl::Status s = lp.Evaluate(m, l, {}, no_check, &c);
+  ASSERT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+  EXPECT_EQ(std::string(s.message()),
+            "layout: pp*virtual_stages*microbatches*2 = 1048576 pipeline steps to simulate exceed "
+            "the limit of 524288 (pp=32, virtual_stages=4, microbatches=4096); use fewer "
+            "micro-batches or stages");
+}
+
+TEST(Search, SkipsAndCountsCandidatesOverTheStepLimit) {
+  const ModelConfig m = LongPipelineModel();
+  LayoutPlanner lp(RoundNumberModel());
+  SearchOptions so;
+  so.top = 1;
+  so.max_microbatches = 4096;
+  so.families = {Family::kDpMoe};
+  so.pipelines = {PipelineSchedule::kGpipe};
+  so.zero_stages = {0};
+  MemoryOptions no_check;
+  no_check.gpu_memory_bytes = 0;
+  LayoutSearchResult r;
+  ASSERT_TRUE(lp.Search(m, so, {}, no_check, &r).ok());
+  // pp = 32 (dp = tp = 1) with 4,096 micro-batches is 2^18 steps (legal); no
+  // GPipe layout of 32 GPUs exceeds 2^19, so the count is exact: 0.
+  EXPECT_EQ(r.stats.over_limit, 0);
+  so.pipelines = {PipelineSchedule::kInterleaved};
+  so.virtual_stages = {4};
+  ASSERT_TRUE(lp.Search(m, so, {}, no_check, &r).ok());
+  // Interleaved, v = 4 (pp * 4 | 128 blocks, pp | m): pp * 4 * m * 2 > 2^19
+  // only for pp = 32 (dp = tp = 1) with m = 4,096; pp = 16 reaches exactly
+  // 2^19 (dp = 1, tp = 2, m = 4,096), which is legal.
+  EXPECT_EQ(r.stats.over_limit, 1);
+  EXPECT_EQ(r.stats.enumerated, r.stats.pruned_memory + r.stats.pruned_bound +
+                                    r.stats.simulated + r.stats.over_limit);
+}
+
 TEST(Search, ReturnsFeasibleLayoutsAndBeatsEveryFixedOne) {
   const ModelConfig m = EightBlocks();
   LayoutPlanner lp(RoundNumberModel());
@@ -318,8 +378,8 @@ TEST(Search, ReturnsFeasibleLayoutsAndBeatsEveryFixedOne) {
   ASSERT_FALSE(r.candidates.empty()) << r.stats.enumerated << " " << r.stats.pruned_memory << " " << r.stats.simulated;
   EXPECT_EQ(r.gpus, 32);
   EXPECT_GT(r.stats.pruned_memory, 0);
-  EXPECT_EQ(r.stats.enumerated,
-            r.stats.pruned_memory + r.stats.pruned_bound + r.stats.simulated);
+  EXPECT_EQ(r.stats.enumerated, r.stats.pruned_memory + r.stats.pruned_bound +
+                                    r.stats.simulated + r.stats.over_limit);
   for (size_t i = 0; i < r.candidates.size(); ++i) {
     const LayoutCandidate& c = r.candidates[i];
     EXPECT_TRUE(c.feasible);

@@ -105,6 +105,37 @@ TEST(ExpandGrid, RejectsEmptyListsAndHugeGrids) {
   EXPECT_NE(Msg(ExpandGrid(g, 1000).status()).find("exceeds the limit of 1000"), std::string::npos);
 }
 
+TEST(Names, AreLabelsOfAtMost256Bytes) {
+  // A grid's name is copied into each of its configs: bounded, it cannot
+  // multiply into gigabytes.
+  v1::LayerGrid g;
+  g.set_name(std::string(256, 'g'));
+  for (int i = 0; i < 4; ++i) g.add_batch_size(i + 1);
+  g.add_seq_len(8);
+  g.add_model_dim(8);
+  g.add_hidden_dim(8);
+  g.add_num_experts(2);
+  g.add_top_k(1);
+  g.add_capacity_factor(1);
+  g.add_parallel();
+  ASSERT_TRUE(ExpandGrid(g).ok());
+  g.set_name(std::string(257, 'g'));
+  EXPECT_EQ(Msg(ExpandGrid(g).status()), "name: must be at most 256 bytes (got 257)");
+  v1::LayerConfig l = Layer(R"({"batch_size": 4, "seq_len": 8, "model_dim": 8, "hidden_dim": 8,
+                                "num_experts": 2, "top_k": 1, "parallel": {"mp": 1, "ep": 1, "esp": 1}})");
+  l.set_name(std::string(256, 'l'));
+  EXPECT_TRUE(LayerFromProto(l).ok());
+  l.set_name(std::string(257, 'l'));
+  EXPECT_EQ(Msg(LayerFromProto(l).status()), "name: must be at most 256 bytes (got 257)");
+  v1::ModelConfig m;
+  ASSERT_TRUE(proto::ReadJsonFile(MOEPLAN_SOURCE_DIR "/examples/models/gpt3-medium-moe.json", &m)
+                  .ok());
+  m.set_name(std::string(256, 'm'));
+  EXPECT_TRUE(ModelFromProto(m).ok());
+  m.set_name(std::string(257, 'm'));
+  EXPECT_EQ(Msg(ModelFromProto(m).status()), "name: must be at most 256 bytes (got 257)");
+}
+
 class AnswerTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -165,6 +196,37 @@ TEST_F(AnswerTest, ErrorsNameRequestFields) {
   req.add_schedules(v1::SCHEDULE_S2);
   EXPECT_EQ(Msg(AnswerPlanLayer(req, *planner_, profile_.profile, &resp)).rfind("schedules: ", 0),
             0u);
+}
+
+}  // namespace
+}  // namespace moeplan::proto
+
+namespace moeplan::proto {
+namespace {
+
+// A model's timeline is bounded per response: 1,024 blocks of which every
+// one is MoE is ~42,000 ops per variant plan without overlap, ~100,000 with
+// partitions; all five variants are over kMaxTimelineOps, one is not.
+TEST_F(AnswerTest, ATimelineOverTheLimitIsRefusedBeforeItIsBuilt) {
+  v1::PlanModelRequest req;
+  ASSERT_TRUE(ReadJsonFile(MOEPLAN_SOURCE_DIR "/examples/models/gpt3-medium-moe.json",
+                           req.mutable_model())
+                  .ok());
+  req.mutable_model()->set_num_layers(1024);
+  req.mutable_model()->mutable_moe()->set_layer_freq(1);
+  req.set_include_timeline(true);
+  planner::ModelPlanner planner(*cost_);
+  v1::PlanModelResponse out;
+  absl::Status s = AnswerPlanModel(req, planner, profile_.profile, &out);
+  ASSERT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+  EXPECT_EQ(Msg(s).rfind("include_timeline: the timeline would hold ", 0), 0u) << s;
+  EXPECT_NE(Msg(s).find("(5 variants), over the limit of 262144 per response"), std::string::npos)
+      << s;
+  req.mutable_options()->add_variants(v1::OVERLAP_VARIANT_LANCET);
+  ASSERT_TRUE(AnswerPlanModel(req, planner, profile_.profile, &out).ok());
+  ASSERT_EQ(out.variants_size(), 1);
+  EXPECT_GT(out.variants(0).ops_size(), 50000);
+  EXPECT_LE(out.variants(0).ops_size(), planner::kMaxTimelineOps);
 }
 
 }  // namespace

@@ -55,7 +55,7 @@ class ServerTest : public ::testing::Test {
     ServerOptions options;
     options.listen = "127.0.0.1:0";
     options.data_dir = dir_;
-    options.log_requests = false;
+    options.handlers.log_requests = false;
     ProfileStore::OpenReport report;
     absl::StatusOr<std::unique_ptr<PlannerServer>> s = PlannerServer::Start(options, &report);
     ASSERT_TRUE(s.ok()) << s.status();
@@ -222,7 +222,7 @@ TEST(ServerThreadsTest, ThreadCapServesTheSameAnswersOnTheSynchronousApi) {
   ServerOptions options;
   options.listen = "127.0.0.1:0";
   options.data_dir = tmpl;
-  options.log_requests = false;
+  options.handlers.log_requests = false;
   options.threads = 2;
   ProfileStore::OpenReport report;
   absl::StatusOr<std::unique_ptr<PlannerServer>> server = PlannerServer::Start(options, &report);
@@ -286,10 +286,23 @@ TEST_F(ServerTest, InlineProfilesArePlannedAndCachedByContent) {
   ASSERT_TRUE(a.ok()) << a.status();
   EXPECT_EQ(a->profile_name(), "h200-8x8");
   req.mutable_profile()->mutable_links()->mutable_inter()->set_alpha_us(100);
+  // Other numbers under a stored profile's name would be labelled as that profile.
+  absl::StatusOr<v1::PlanLayerResponse> clash = client_->PlanLayer(req);
+  ASSERT_EQ(clash.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(std::string(clash.status().message())
+                .rfind("profile.name: 'h200-8x8' is the name of a built-in profile", 0),
+            0u)
+      << clash.status();
+  req.mutable_profile()->set_name("h200-8x8-slow-inter");
   absl::StatusOr<v1::PlanLayerResponse> b = client_->PlanLayer(req);
-  ASSERT_TRUE(b.ok());
-  EXPECT_EQ(server_->cache().hits(), 0u) << "same name and version, other numbers: no hit";
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ(b->profile_name(), "h200-8x8-slow-inter");
+  EXPECT_EQ(server_->cache().hits(), 0u);
   EXPECT_GT(b->candidates(0).total_us(), a->candidates(0).total_us());
+  // The same numbers under another name are another cache entry, not a hit.
+  req.mutable_profile()->set_name("h200-8x8-slow-inter-2");
+  ASSERT_TRUE(client_->PlanLayer(req).ok());
+  EXPECT_EQ(server_->cache().hits(), 0u);
 }
 
 TEST_F(ServerTest, ReportMeasurementAppendsDurably) {

@@ -4,6 +4,8 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <string>
 
 #include "moeplan/base/strings.h"
 #include "moeplan/executor/backends.h"
@@ -28,6 +30,17 @@ class CpuDevice final : public Device {
     return p;
   }
   void Free(void* p) override { std::free(p); }
+  absl::StatusOr<size_t> FreeBytes() override {
+    // MemAvailable: what can be allocated without swapping (Linux >= 3.14).
+    std::ifstream in("/proc/meminfo");
+    std::string key;
+    size_t kib = 0;
+    std::string unit;
+    while (in >> key >> kib >> unit) {
+      if (key == "MemAvailable:") return kib * 1024;
+    }
+    return absl::UnimplementedError("cpu device: /proc/meminfo has no MemAvailable");
+  }
 
   absl::Status Upload(void* dst, const void* host, size_t bytes) override {
     if (bytes) std::memcpy(dst, host, bytes);

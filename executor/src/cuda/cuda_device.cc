@@ -59,6 +59,12 @@ class CudaDevice final : public Device {
   bool is_gpu() const override { return true; }
   int ordinal() const { return ordinal_; }
 
+  absl::StatusOr<size_t> FreeBytes() override {
+    MOEPLAN_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal_), "Device::FreeBytes on ", name_);
+    size_t free = 0, total = 0;
+    MOEPLAN_CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&free, &total), "cudaMemGetInfo on ", name_);
+    return free;
+  }
   absl::StatusOr<void*> Alloc(size_t bytes) override {
     if (bytes == 0) return nullptr;
     MOEPLAN_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal_), "Device::Alloc(", bytes, ") on ", name_);

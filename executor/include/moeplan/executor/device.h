@@ -41,6 +41,11 @@ class Device {
 
   // Zeroed device memory; Free(nullptr) is a no-op.
   virtual absl::StatusOr<void*> Alloc(size_t bytes) = 0;
+  // Memory an allocation may take now (the host's available memory on the
+  // CPU, the GPU's free memory on CUDA); Unimplemented where unknown.
+  virtual absl::StatusOr<size_t> FreeBytes() {
+    return absl::UnimplementedError("this device does not report its free memory");
+  }
   virtual void Free(void* p) = 0;
   // Host <-> device copies; synchronous (they wait for the compute lane).
   virtual absl::Status Upload(void* dst, const void* host, size_t bytes) = 0;

@@ -41,6 +41,11 @@ struct RunOptions {
   planner::Schedule schedule = planner::Schedule::kDefault;
   DType dtype = DType::kF32;
   uint64_t seed = 1;
+  // Bytes of device memory the runner may allocate per rank (0: no check).
+  // Its buffers are added up first: over this, Create fails ResourceExhausted
+  // naming the total and the largest tensor, having allocated nothing.
+  size_t memory_limit_bytes = 0;
+  std::string memory_limit_source = "--max-memory-gib";  // says where the limit came from
 };
 
 // One timed op of an iteration, microseconds from the iteration's start.

@@ -58,9 +58,15 @@ struct Layout {
 Family InferFamily(const Layout& l);
 
 // Field rules of a layout for `model` on `cluster` with `global_batch`
-// sequences per iteration; errors InvalidArgument "layout.<field>: <rule> (got ...)".
+// sequences per iteration; errors InvalidArgument "layout.<field>: <rule> (got ...)",
+// and ResourceExhausted for a pipeline over kMaxPipelineSteps.
 absl::Status ValidateLayout(const ModelConfig& model, const Layout& layout, int64_t global_batch,
                             const ClusterShape& cluster);
+
+// Steps of the layout's pipeline simulation (pp * virtual_stages *
+// microbatches * 2) and the check of them against kMaxPipelineSteps.
+int64_t PipelineSteps(const Layout& layout);
+absl::Status CheckPipelineSteps(const Layout& layout);
 
 // The model as one stage of the layout runs it: micro_batch_size per
 // micro-batch, parallel {mp = tp, ep, esp, dp, pp}.
@@ -189,6 +195,7 @@ absl::Status ValidateSearchOptions(const SearchOptions& options);
 
 struct SearchStats {
   int64_t enumerated = 0, pruned_memory = 0, pruned_bound = 0, simulated = 0;
+  int64_t over_limit = 0;  // enumerated with more than kMaxPipelineSteps: skipped
   int64_t stage_plans = 0, stage_cache_hits = 0;
 };
 

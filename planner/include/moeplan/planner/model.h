@@ -18,6 +18,7 @@
 #include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "moeplan/planner/cost_model.h"
+#include "moeplan/planner/limits.h"
 #include "moeplan/planner/op_graph.h"
 #include "moeplan/planner/simulator.h"
 #include "moeplan/planner/types.h"
@@ -85,6 +86,8 @@ struct ModelPlanOptions {
   int partition_groups = 5;           // gamma: groups of dense ops between two MoE layers
   int max_span = 0;                   // iota, in groups; 0: the span between two MoE layers
   std::vector<int> tutel_degrees = {1, 2, 4, 8};
+  // Checked between simulated candidates (DeadlineExceeded once passed).
+  Deadline deadline;
 };
 // InvalidArgument naming the option ("bucket_bytes", "max_partitions", ...).
 absl::Status ValidateModelPlanOptions(const ModelPlanOptions& options);

@@ -92,12 +92,15 @@ void CandidateToProto(const planner::LayoutCandidate& c, int rank, v1::LayoutCan
 // With `search` or `layout` set, the layout modes (candidates[]); else the
 // variants plan of model.parallel.
 // Errors: InvalidArgument "model.<field>: ...", "options.<field>: ...",
-// "layout.<field>: ...", "search.<field>: ..." or "memory.<field>: ...".
+// "layout.<field>: ...", "search.<field>: ..." or "memory.<field>: ...";
+// ResourceExhausted past a limit of planner/limits.h; DeadlineExceeded once
+// `deadline` passes.
 absl::Status AnswerPlanModel(const v1::PlanModelRequest& request, planner::ModelPlanner& planner,
-                             const planner::ClusterProfile& profile, v1::PlanModelResponse* out);
+                             const planner::ClusterProfile& profile, v1::PlanModelResponse* out,
+                             planner::Deadline deadline = {});
 // The same for a model already converted with ModelFromProto.
 absl::Status AnswerPlanModel(const planner::ModelConfig& model, const v1::PlanModelRequest& request,
                              planner::ModelPlanner& planner, const planner::ClusterProfile& profile,
-                             v1::PlanModelResponse* out);
+                             v1::PlanModelResponse* out, planner::Deadline deadline = {});
 
 }  // namespace moeplan::proto

@@ -28,8 +28,13 @@ struct JsonStyle {
 };
 absl::StatusOr<std::string> ToJson(const google::protobuf::Message& msg, JsonStyle style = {});
 
-// Reads a whole file. NotFound / PermissionDenied / Internal with the path.
-absl::StatusOr<std::string> ReadFile(const std::string& path);
+// Reads a whole file. NotFound / PermissionDenied / Internal with the path;
+// InvalidArgument past max_bytes.
+// Inputs (configs, profiles, samples) are refused past this size, read no
+// further: `--layer /dev/zero` is an error, not an endless read.
+inline constexpr size_t kMaxInputFileBytes = size_t{64} << 20;
+absl::StatusOr<std::string> ReadFile(const std::string& path,
+                                     size_t max_bytes = kMaxInputFileBytes);
 
 // Writes `contents` to `path` atomically: a temporary file in the same directory,
 // flushed and fsync'ed, then renamed over `path`. On error nothing is left behind

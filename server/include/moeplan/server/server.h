@@ -9,6 +9,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "moeplan/server/handlers.h"
 #include "moeplan/server/plan_cache.h"
 #include "moeplan/server/profile_store.h"
 
@@ -21,7 +22,7 @@ struct ServerOptions {
   int threads = 0;  // >0: cap on the threads that run handlers (gRPC resource quota)
   size_t cache_entries = 10000;
   size_t cache_bytes = PlanCache::kDefaultCapacityBytes;  // keys plus serialised responses
-  bool log_requests = true;  // one structured line per request on stderr
+  HandlerOptions handlers;  // limits on one request's work, the request log
 };
 
 // InvalidArgument unless `listen` is host:port on a loopback host (127.0.0.0/8,

@@ -1,0 +1,39 @@
+// What one plan may make the planner build, beyond the field rules of its
+// inputs (docs/service.md, "Limits"). Each is checked before the work it
+// bounds is allocated, and exceeding one is ResourceExhausted naming the limit
+// and the value. They are sized for the largest real jobs with room to spare;
+// a server answering many launchers at once needs every request's memory and
+// time bounded, whatever the request.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <string_view>
+
+#include "absl/status/status.h"
+
+namespace moeplan::planner {
+
+// Steps of one pipeline simulation: stages * chunks * micro-batches * 2
+// (forward and backward). A step costs about 200 bytes while simulated, so
+// the largest pipeline holds ~100 MiB (pp = 64 stages of 1,024 micro-batches
+// with 4 virtual stages each, or pp = 128 with 2,048).
+inline constexpr int64_t kMaxPipelineSteps = int64_t{1} << 19;
+
+// Candidates one layout search enumerates (before pruning). The largest
+// searches of the examples enumerate ~10,000.
+inline constexpr int64_t kMaxSearchCandidates = int64_t{1} << 18;
+
+// Op timings one response may carry (include_timeline): a timing is ~100
+// bytes of protobuf and ~300 of JSON.
+inline constexpr int64_t kMaxTimelineOps = int64_t{1} << 18;
+
+// A plan's wall-clock budget, checked between the candidates it simulates.
+struct Deadline {
+  std::chrono::steady_clock::time_point at = std::chrono::steady_clock::time_point::max();
+  bool Passed() const { return std::chrono::steady_clock::now() >= at; }
+  // DeadlineExceeded saying what was cut short, e.g. "search: ...".
+  absl::Status Check(std::string_view what) const;
+};
+
+}  // namespace moeplan::planner

@@ -1,0 +1,79 @@
+// The Planner service's handlers without gRPC: each takes its request proto and
+// fills its response, so the server (server.cc adapts gRPC's contexts to
+// CallContext) and the fuzz harness that feeds them arbitrary requests run the
+// same code. Every request's work is bounded (docs/service.md, "Limits"): the
+// planner's own limits on what one plan may build, a response-size limit
+// checked before a response is cached or sent, a wall-clock limit on one plan
+// and a cap on the uncached whole-model plans running at once.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <memory>
+
+#include "absl/status/status.h"
+#include "moeplan/server/plan_cache.h"
+#include "moeplan/server/profile_store.h"
+#include "moeplan/v1/service.pb.h"
+
+namespace moeplan::server {
+
+// What a handler needs of its call.
+class CallContext {
+ public:
+  virtual ~CallContext() = default;
+  virtual bool IsCancelled() const = 0;
+  virtual std::chrono::system_clock::time_point deadline() const = 0;
+};
+
+// A call that is never cancelled and has no deadline (tests, the fuzz harness).
+class NoDeadline final : public CallContext {
+ public:
+  bool IsCancelled() const override { return false; }
+  std::chrono::system_clock::time_point deadline() const override {
+    return std::chrono::system_clock::time_point::max();
+  }
+};
+
+struct HandlerOptions {
+  // Largest response sent (and cached): gRPC's message limit on the server's
+  // and the bundled clients' channels. A larger one is RESOURCE_EXHAUSTED.
+  size_t max_response_bytes = size_t{64} << 20;
+  // Uncached PlanModel calls (whole models, layouts, searches) running at once;
+  // one more is refused RESOURCE_EXHAUSTED at once (clients back off and
+  // retry). 0: the machine's hardware threads.
+  int max_model_plans = 0;
+  // Longest one plan may run; the call's own deadline applies when earlier.
+  std::chrono::milliseconds max_plan_time{60000};
+  bool log_requests = true;  // one structured line per request on stderr
+};
+
+class Handlers {
+ public:
+  Handlers(ProfileStore* store, PlanCache* cache, const HandlerOptions& options);
+  ~Handlers();
+  Handlers(const Handlers&) = delete;
+  Handlers& operator=(const Handlers&) = delete;
+
+  absl::Status PlanLayer(const CallContext& ctx, const v1::PlanLayerRequest& req,
+                         v1::PlanLayerResponse* resp);
+  absl::Status PlanModel(const CallContext& ctx, const v1::PlanModelRequest& req,
+                         v1::PlanModelResponse* resp);
+  absl::Status ListProfiles(const v1::ListProfilesRequest& req, v1::ListProfilesResponse* resp);
+  absl::Status GetProfile(const v1::GetProfileRequest& req, v1::ClusterProfile* resp);
+  absl::Status PutProfile(const v1::PutProfileRequest& req, v1::PutProfileResponse* resp);
+  absl::Status ReportMeasurement(const v1::ReportMeasurementRequest& req,
+                                 v1::ReportMeasurementResponse* resp);
+
+  const HandlerOptions& options() const { return options_; }
+  // Uncached PlanModel calls running now.
+  int model_plans_running() const;
+
+ private:
+  class Impl;
+  HandlerOptions options_;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace moeplan::server
