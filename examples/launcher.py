@@ -298,10 +298,13 @@ def run_model(args, mc) -> int:
             search["gpus"] = args.gpus
 
     try:
-        with mc.PlannerClient(args.server, timeout_s=args.timeout) as client:
+        with mc.PlannerClient(args.server, timeout_s=args.timeout, tls_ca=args.tls_ca,
+                              token_file=args.token_file) as client:
             plan = client.plan_model(model, profile=args.cluster, search=search, layout=layout)
     except mc.PlannerError as e:
         fail(f"{e.code}: {e.message}")
+    except ValueError as e:  # --tls-ca / --token-file
+        fail(str(e))
 
     candidates = plan.get("candidates") or []
     if not candidates:
@@ -369,10 +372,13 @@ def run_layer(args, mc) -> int:
         fail(f"{layer_path}: {e}")
 
     try:
-        with mc.PlannerClient(args.server, timeout_s=args.timeout) as client:
+        with mc.PlannerClient(args.server, timeout_s=args.timeout, tls_ca=args.tls_ca,
+                              token_file=args.token_file) as client:
             plan = client.plan_layer(layer, profile=args.cluster)
     except mc.PlannerError as e:
         fail(f"{e.code}: {e.message}")
+    except ValueError as e:  # --tls-ca / --token-file
+        fail(str(e))
 
     best = plan["best_schedule"]
     schedule = mc.schedule_short_name(best)
@@ -405,6 +411,10 @@ def main() -> int:
                     "layout (--model) to train with.")
     parser.add_argument("--server", required=True, metavar="ADDR",
                         help="moeplan-server address, host:port")
+    parser.add_argument("--tls-ca", default=None, metavar="PEM",
+                        help="CA certificate of a server started with --tls-cert (TLS)")
+    parser.add_argument("--token-file", default=None, metavar="FILE",
+                        help="the server's bearer token, for a server with --token-for-reads")
     parser.add_argument("--layer", default=None, metavar="FILE",
                         help="LayerConfig JSON (default: examples/gpt2-moe-layer.json)")
     parser.add_argument("--model", default=None, metavar="FILE",

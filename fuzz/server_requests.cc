@@ -89,14 +89,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       v1::ListProfilesRequest req;
       if (!Decode(binary, bytes, &req)) return 0;
       v1::ListProfilesResponse resp;
-      Check(h.ListProfiles(req, &resp), resp, limit);
+      Check(h.ListProfiles(call, req, &resp), resp, limit);
       break;
     }
     case 3: {
       v1::GetProfileRequest req;
       if (!Decode(binary, bytes, &req)) return 0;
       v1::ClusterProfile resp;
-      Check(h.GetProfile(req, &resp), resp, limit);
+      Check(h.GetProfile(call, req, &resp), resp, limit);
       break;
     }
     default: {
@@ -112,7 +112,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
           v1::PutProfileRequest req;
           if (Decode(binary, bytes, &req)) {
             v1::PutProfileResponse resp;
-            const absl::Status s = w.PutProfile(req, &resp);
+            const absl::Status s = w.PutProfile(call, req, &resp);
             // An acknowledged profile is stored: a reopened store serves it.
             if (s.ok()) {
               server::ProfileStore::OpenReport again;
@@ -128,7 +128,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
           v1::ReportMeasurementRequest req;
           if (Decode(binary, bytes, &req)) {
             v1::ReportMeasurementResponse resp;
-            (void)w.ReportMeasurement(req, &resp);
+            (void)w.ReportMeasurement(call, req, &resp);
           }
         }
       }

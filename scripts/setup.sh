@@ -15,7 +15,7 @@ PACKAGES=(
   libfmt-dev libspdlog-dev libcli11-dev zlib1g-dev
   libopenmpi-dev openmpi-bin
   python3 python3-grpcio python3-protobuf
-  gnuplot-nox iproute2
+  gnuplot-nox iproute2 openssl
 )
 # shellcheck disable=SC2206
 PACKAGES+=(${EXTRA_PACKAGES:-})

@@ -28,6 +28,7 @@ python3-grpcio and python3-protobuf).
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from typing import Any, Iterable, Mapping, Optional, Sequence, Tuple, Union
@@ -148,23 +149,69 @@ def _to_dict(message) -> dict:
                                      preserving_proto_field_name=True)
 
 
+# gRPC's retry policy for the idempotent methods (the C++ client's, too).
+_SERVICE_CONFIG = json.dumps({"methodConfig": [{
+    "name": [{"service": "moeplan.v1.Planner", "method": m}
+             for m in ("PlanLayer", "PlanModel", "ListProfiles", "GetProfile", "PutProfile")],
+    "retryPolicy": {"maxAttempts": 5, "initialBackoff": "0.5s", "maxBackoff": "4s",
+                    "backoffMultiplier": 2, "retryableStatusCodes": ["UNAVAILABLE"]},
+}]})
+
+
 class PlannerClient:
     """Client of one moeplan-server.
 
     Args:
-        address: "host:port" (e.g. "127.0.0.1:50051") or "unix:PATH". The channel is
-            plaintext: the server listens on loopback and has no authentication.
+        address: "host:port" (e.g. "127.0.0.1:50051") or "unix:PATH".
         timeout_s: deadline of every call, in seconds.
+        tls_ca: path of the PEM CA certificate that signed the server's
+            certificate (moeplan-server --tls-cert): the channel is TLS. None:
+            plaintext (a loopback server without TLS).
+        token_file: path of a file whose first line is the server's bearer token
+            (moeplan-server --token-file), sent with every call. PutProfile and
+            ReportMeasurement need it on a server that has one.
+        max_message_mib: largest response accepted (the server's --max-message-mib).
+
+    Idempotent calls (plans, list, get, put_profile) are retried with
+    exponential backoff while the server is UNAVAILABLE (e.g. restarting): up
+    to 5 attempts, 0.5 s doubling to 4 s (jittered: ~4 s in all), within timeout_s.
+    report_measurement appends, so it is not retried.
 
     Use as a context manager, or call close(), to release the channel.
     """
 
-    def __init__(self, address: str, timeout_s: float = 10.0):
+    def __init__(self, address: str, timeout_s: float = 10.0, tls_ca: Optional[str] = None,
+                 token_file: Optional[str] = None, max_message_mib: int = 64):
         if timeout_s <= 0:
             raise ValueError(f"timeout_s: must be > 0 (got {timeout_s})")
         self.address = address
         self.timeout_s = float(timeout_s)
-        self._channel = grpc.insecure_channel(address)
+        self._metadata: Tuple[Tuple[str, str], ...] = ()
+        if token_file is not None:
+            try:
+                with open(token_file, encoding="ascii") as f:
+                    token = f.readline().rstrip("\r\n ")
+            except (OSError, UnicodeDecodeError) as e:
+                raise ValueError(f"token_file: cannot read {token_file}: {e}") from None
+            if not token:
+                raise ValueError(f"token_file: {token_file} holds no token on its first line")
+            self._metadata = (("authorization", f"Bearer {token}"),)
+        options = [("grpc.service_config", _SERVICE_CONFIG), ("grpc.enable_retries", 1),
+                   ("grpc.initial_reconnect_backoff_ms", 100),
+                   ("grpc.min_reconnect_backoff_ms", 100), ("grpc.max_reconnect_backoff_ms", 1000),
+                   ("grpc.max_receive_message_length", int(max_message_mib) << 20)]
+        if tls_ca is not None:
+            try:
+                with open(tls_ca, "rb") as f:
+                    root = f.read()
+            except OSError as e:
+                raise ValueError(f"tls_ca: cannot read {tls_ca}: {e}") from None
+            if b"-----BEGIN CERTIFICATE-----" not in root:
+                raise ValueError(f"tls_ca: {tls_ca} holds no PEM certificate")
+            creds = grpc.ssl_channel_credentials(root_certificates=root)
+            self._channel = grpc.secure_channel(address, creds, options=options)
+        else:
+            self._channel = grpc.insecure_channel(address, options=options)
         self._stub = service_pb2_grpc.PlannerStub(self._channel)
         self._closed = False
 
@@ -186,7 +233,8 @@ class PlannerClient:
         if self._closed:
             raise ValueError("PlannerClient: the channel is closed")
         try:
-            return getattr(self._stub, method)(request, timeout=self.timeout_s)
+            return getattr(self._stub, method)(request, timeout=self.timeout_s,
+                                               metadata=self._metadata)
         except grpc.RpcError as e:
             code = e.code() if hasattr(e, "code") else None
             details = e.details() if hasattr(e, "details") else str(e)
@@ -437,7 +485,7 @@ class PlannerClient:
                                           request_serializer=lambda b: b,
                                           response_deserializer=lambda b: b)
         try:
-            reply = check(request, timeout=self.timeout_s)
+            reply = check(request, timeout=self.timeout_s, metadata=self._metadata)
         except grpc.RpcError as e:
             raise PlannerError(e.code().name, e.details() or "", "Health.Check") from None
         status = 0

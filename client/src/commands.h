@@ -9,6 +9,7 @@
 
 #include "absl/status/status.h"
 #include "moeplan/calibration/profiles.h"
+#include "moeplan/client/planner_client.h"
 
 namespace moeplan::client {
 
@@ -19,7 +20,7 @@ struct PlanLayerArgs {
   std::string format = "table";  // table | json
   std::string trace;             // Chrome trace to write; empty: none
   bool no_timeline = false;
-  std::string server;  // empty: plan locally
+  ClientOptions server;  // address empty: plan locally
 };
 // Plans one layer, locally or on a moeplan-server (docs/service.md), and prints
 // the ranked candidates as a table or JSON, the same bytes either way; writes
@@ -39,7 +40,7 @@ struct PlanModelArgs {
   std::string format = "table";  // table | json
   std::string trace;             // Chrome trace to write; empty: none
   bool timeline = false;         // JSON: include every op
-  std::string server;            // empty: plan locally
+  ClientOptions server;          // address empty: plan locally
   // Layouts (docs/layouts.md): rank every layout, or evaluate one.
   bool search = false;
   int top = 10;
@@ -74,9 +75,9 @@ absl::Status SweepCmd(const SweepArgs& a);
 // (host:port) a moeplan-server's. List prints one line per profile, show (and
 // get) one profile (name or file) as JSON; put stores a profile file on a
 // server, so it needs `server`.
-absl::Status ProfilesListCmd(const std::string& server);
-absl::Status ProfilesShowCmd(const std::string& name, const std::string& server);
-absl::Status ProfilesPutCmd(const std::string& file, const std::string& server);
+absl::Status ProfilesListCmd(const ClientOptions& server);
+absl::Status ProfilesShowCmd(const std::string& name, const ClientOptions& server);
+absl::Status ProfilesPutCmd(const std::string& file, const ClientOptions& server);
 
 // `moeplan calibrate` and `moeplan validate` (docs/calibration.md): fitting a
 // measured profile from moeplan-profile samples, and measuring prediction error

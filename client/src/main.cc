@@ -34,6 +34,19 @@ int Fail(const absl::Status& s) {
   return 1;
 }
 
+// --server and how to reach it: --tls-ca for a server with --tls-cert,
+// --token-file for one with --token-file. Returns the --server option.
+CLI::Option* AddServerOptions(CLI::App* cmd, ClientOptions* o, const std::string& help) {
+  CLI::Option* server = cmd->add_option("--server", o->address, help);
+  cmd->add_option("--tls-ca", o->tls_ca_file,
+                  "With --server: PEM of the CA that signed the server's certificate (TLS)")
+      ->needs(server);
+  cmd->add_option("--token-file", o->token_file,
+                  "With --server: file whose first line is the server's bearer token")
+      ->needs(server);
+  return server;
+}
+
 CLI::App* AddPlanLayer(CLI::App* app, PlanLayerArgs* a) {
   CLI::App* plan = app->add_subcommand(
       "plan-layer",
@@ -50,7 +63,7 @@ CLI::App* AddPlanLayer(CLI::App* app, PlanLayerArgs* a) {
   plan->add_option("--trace", a->trace,
                    "Write a Chrome trace (open in Perfetto / chrome://tracing) to this file");
   plan->add_flag("--no-timeline", a->no_timeline, "Leave the per-op timelines out of the output");
-  plan->add_option("--server", a->server,
+  AddServerOptions(plan, &a->server,
                    "Plan on a moeplan-server at host:port instead of locally (same output)");
   return plan;
 }
@@ -94,7 +107,7 @@ CLI::App* AddPlanModel(CLI::App* app, PlanModelArgs* a) {
   plan->add_option("--trace", a->trace,
                    "Write a Chrome trace (one process per variant, one track per resource)");
   plan->add_flag("--timeline", a->timeline, "Include every op's timing in the JSON output");
-  plan->add_option("--server", a->server,
+  AddServerOptions(plan, &a->server,
                    "Plan on a moeplan-server at host:port instead of locally (same output)");
   CLI::Option* search =
       plan->add_flag("--search", a->search,
@@ -157,7 +170,7 @@ CLI::App* AddSweep(CLI::App* app, SweepArgs* a) {
 // `profiles list|show|get|put` share their values; dispatch asks which one ran
 // (list when none of these).
 struct ProfilesCli {
-  std::string server;
+  ClientOptions server;
   std::string name;  // show, get
   std::string file;  // put
   CLI::App* show = nullptr;
@@ -170,16 +183,16 @@ void AddProfiles(CLI::App* app, ProfilesCli* a) {
       app->add_subcommand("profiles", "Cluster profiles (built-in, or a server's)");
   profiles->require_subcommand(1);
   CLI::App* list = profiles->add_subcommand("list", "List the profiles");
-  list->add_option("--server", a->server, "List a moeplan-server's profiles (host:port)");
+  AddServerOptions(list, &a->server, "List a moeplan-server's profiles (host:port)");
   a->show = profiles->add_subcommand("show", "Print a profile (name or file) as JSON");
   a->show->add_option("name", a->name, "Profile name or file")->required();
-  a->show->add_option("--server", a->server, "Ask a moeplan-server (host:port)");
+  AddServerOptions(a->show, &a->server, "Ask a moeplan-server (host:port)");
   a->get = profiles->add_subcommand("get", "Print a profile as JSON (same as show)");
   a->get->add_option("name", a->name, "Profile name or file")->required();
-  a->get->add_option("--server", a->server, "Ask a moeplan-server (host:port)");
+  AddServerOptions(a->get, &a->server, "Ask a moeplan-server (host:port)");
   a->put = profiles->add_subcommand("put", "Store a profile file on a moeplan-server");
   a->put->add_option("file", a->file, "Profile JSON (moeplan.v1.ClusterProfile)")->required();
-  a->put->add_option("--server", a->server, "The moeplan-server (host:port)")->required();
+  AddServerOptions(a->put, &a->server, "The moeplan-server (host:port)")->required();
 }
 
 CLI::App* AddCalibrate(CLI::App* app, CalibrateArgs* a) {

@@ -41,10 +41,11 @@ absl::Status InFile(const std::string& path, const absl::Status& s) {
 
 // Plans on a server: a --cluster that names an existing file is sent inline,
 // anything else is a profile name the server resolves (built-in or stored).
-absl::Status PlanOnServer(const std::string& server, const std::string& cluster,
+absl::Status PlanOnServer(const ClientOptions& server, const std::string& cluster,
                           v1::PlanLayerRequest* request, v1::PlanLayerResponse* response,
                           v1::ClusterProfile* profile) {
-  PlannerClient client(server);
+  MOEPLAN_ASSIGN_OR_RETURN(std::unique_ptr<PlannerClient> connected, PlannerClient::Connect(server));
+  PlannerClient& client = *connected;
   if (SendProfileInline(cluster)) {
     MOEPLAN_RETURN_IF_ERROR(proto::ReadJsonFile(cluster, request->mutable_profile()));
     *profile = request->profile();
@@ -67,7 +68,7 @@ absl::Status PlanLayerCmd(const PlanLayerArgs& a) {
   request.set_include_timeline(!a.no_timeline || !a.trace.empty());
   v1::PlanLayerResponse response;
   v1::ClusterProfile profile_message;
-  if (!a.server.empty()) {
+  if (!a.server.address.empty()) {
     absl::Status s = PlanOnServer(a.server, a.cluster, &request, &response, &profile_message);
     if (!s.ok()) return InFile(a.layer, s);
   } else {

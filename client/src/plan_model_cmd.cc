@@ -221,8 +221,12 @@ absl::Status PlanModelCmd(const PlanModelArgs& a) {
   request.set_include_timeline(a.timeline || !a.trace.empty());
   v1::PlanModelResponse response;
   v1::ClusterProfile profile_message;
-  if (!a.server.empty()) {
-    PlannerClient client(a.server, std::chrono::seconds(60));
+  if (!a.server.address.empty()) {
+    ClientOptions options = a.server;
+    options.timeout = std::chrono::seconds(60);
+    MOEPLAN_ASSIGN_OR_RETURN(std::unique_ptr<PlannerClient> connected,
+                             PlannerClient::Connect(options));
+    PlannerClient& client = *connected;
     if (SendProfileInline(a.cluster)) {
       MOEPLAN_RETURN_IF_ERROR(proto::ReadJsonFile(a.cluster, request.mutable_profile()));
       profile_message = request.profile();

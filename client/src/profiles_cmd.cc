@@ -38,16 +38,23 @@ absl::StatusOr<v1::ListProfilesResponse> LocalProfiles() {
 
 // A profile (built-in name or file), or with `server` the server's profile of
 // that name.
-absl::StatusOr<v1::ClusterProfile> FindProfile(const std::string& name, const std::string& server) {
-  if (server.empty()) return calibration::ResolveProfile(name);
-  return PlannerClient(server).GetProfile(name);
+absl::StatusOr<v1::ClusterProfile> FindProfile(const std::string& name,
+                                               const ClientOptions& server) {
+  if (server.address.empty()) return calibration::ResolveProfile(name);
+  MOEPLAN_ASSIGN_OR_RETURN(std::unique_ptr<PlannerClient> client, PlannerClient::Connect(server));
+  return client->GetProfile(name);
 }
 
 }  // namespace
 
-absl::Status ProfilesListCmd(const std::string& server) {
-  MOEPLAN_ASSIGN_OR_RETURN(v1::ListProfilesResponse list,
-                           server.empty() ? LocalProfiles() : PlannerClient(server).ListProfiles());
+absl::Status ProfilesListCmd(const ClientOptions& server) {
+  v1::ListProfilesResponse list;
+  if (server.address.empty()) {
+    MOEPLAN_ASSIGN_OR_RETURN(list, LocalProfiles());
+  } else {
+    MOEPLAN_ASSIGN_OR_RETURN(std::unique_ptr<PlannerClient> client, PlannerClient::Connect(server));
+    MOEPLAN_ASSIGN_OR_RETURN(list, client->ListProfiles());
+  }
   std::string text = fmt::format("{:<16}{:<10}{:>8}{:>8}{:>6}  {}\n", "name", "source", "version",
                                  "nodes", "gpus", "summary");
   for (const v1::ProfileSummary& prof : list.profiles()) {
@@ -60,23 +67,25 @@ absl::Status ProfilesListCmd(const std::string& server) {
   return WriteStdout(text);
 }
 
-absl::Status ProfilesShowCmd(const std::string& name, const std::string& server) {
+absl::Status ProfilesShowCmd(const std::string& name, const ClientOptions& server) {
   MOEPLAN_ASSIGN_OR_RETURN(v1::ClusterProfile prof, FindProfile(name, server));
   MOEPLAN_ASSIGN_OR_RETURN(std::string json, proto::ToJson(prof));
   return WriteStdout(json + "\n");
 }
 
-absl::Status ProfilesPutCmd(const std::string& file, const std::string& server) {
-  if (server.empty()) {
+absl::Status ProfilesPutCmd(const std::string& file, const ClientOptions& server) {
+  if (server.address.empty()) {
     return absl::InvalidArgumentError(
         "--server: profiles put stores a profile on a server; give its address");
   }
   v1::ClusterProfile prof;
   MOEPLAN_RETURN_IF_ERROR(proto::ReadJsonFile(file, &prof));
-  absl::StatusOr<v1::PutProfileResponse> r = PlannerClient(server).PutProfile(prof);
+  MOEPLAN_ASSIGN_OR_RETURN(std::unique_ptr<PlannerClient> client, PlannerClient::Connect(server));
+  absl::StatusOr<v1::PutProfileResponse> r = client->PutProfile(prof);
   if (!r.ok()) return absl::Status(r.status().code(), Cat(file, ": ", View(r.status().message())));
   return WriteStdout(
-      fmt::format("stored profile {} version {} on {}\n", r->name(), r->version(), server));
+      fmt::format("stored profile {} version {} on {}\n", r->name(), r->version(),
+                  server.address));
 }
 
 }  // namespace moeplan::client

@@ -764,6 +764,8 @@ absl::Status AnswerPlanModel(const p::ModelConfig& model, const v1::PlanModelReq
     return absl::InvalidArgumentError("search: give either search or layout, not both");
   }
   if (request.has_search() || request.has_layout()) {
+    // The model's shape first: the response's summary fields read it.
+    MOEPLAN_RETURN_IF_ERROR(UnderRequest(p::ValidateModelShape(model)));
     const p::MemoryOptions memory = MemoryFromProto(request.memory());
     p::LayoutPlanner lp(planner.cost());
     out->Clear();

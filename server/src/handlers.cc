@@ -46,35 +46,6 @@ absl::Status Under(std::string_view prefix, const absl::Status& s) {
   return absl::Status(s.code(), Cat(prefix, View(s.message())));
 }
 
-const char* CodeName(absl::StatusCode c) {
-  switch (c) {
-    case absl::StatusCode::kOk:
-      return "OK";
-    case absl::StatusCode::kCancelled:
-      return "CANCELLED";
-    case absl::StatusCode::kInvalidArgument:
-      return "INVALID_ARGUMENT";
-    case absl::StatusCode::kDeadlineExceeded:
-      return "DEADLINE_EXCEEDED";
-    case absl::StatusCode::kNotFound:
-      return "NOT_FOUND";
-    case absl::StatusCode::kAlreadyExists:
-      return "ALREADY_EXISTS";
-    case absl::StatusCode::kPermissionDenied:
-      return "PERMISSION_DENIED";
-    case absl::StatusCode::kFailedPrecondition:
-      return "FAILED_PRECONDITION";
-    case absl::StatusCode::kDataLoss:
-      return "DATA_LOSS";
-    case absl::StatusCode::kInternal:
-      return "INTERNAL";
-    case absl::StatusCode::kUnavailable:
-      return "UNAVAILABLE";
-    default:
-      return "UNKNOWN";
-  }
-}
-
 // One logfmt line per request on stderr, through spdlog's async queue so the
 // handlers never wait on the terminal.
 class RequestLog {
@@ -111,7 +82,7 @@ class RequestLog {
         if (c == '"') c = '\'';
       }
       logger_->info("method={} code={} latency_us={} cache={} profile={} error=\"{}\"", method,
-                    CodeName(s.code()), us.count(), cache, name, msg);
+                    absl::StatusCodeToString(s.code()), us.count(), cache, name, msg);
     }
   }
 
@@ -161,9 +132,10 @@ class Handlers::Impl {
     const auto start = Clock::now();
     std::string_view cache_state = "-";
     std::string profile_name;
-    absl::Status s = Guard(resp, [&] {
-      return DoPlanLayer(ctx, *req, resp, &cache_state, &profile_name);
-    });
+    absl::Status s = Authorize(ctx, "PlanLayer", false);
+    if (s.ok()) {
+      s = Guard(resp, [&] { return DoPlanLayer(ctx, *req, resp, &cache_state, &profile_name); });
+    }
     log_.Log("PlanLayer", s, start, cache_state, profile_name);
     return s;
   }
@@ -173,34 +145,41 @@ class Handlers::Impl {
     const auto start = Clock::now();
     std::string_view cache_state = "-";
     std::string profile_name;
-    absl::Status s = Guard(resp, [&] {
-      return DoPlanModel(ctx, *req, resp, &cache_state, &profile_name);
-    });
+    absl::Status s = Authorize(ctx, "PlanModel", false);
+    if (s.ok()) {
+      s = Guard(resp, [&] { return DoPlanModel(ctx, *req, resp, &cache_state, &profile_name); });
+    }
     log_.Log("PlanModel", s, start, cache_state, profile_name);
     return s;
   }
 
   int model_plans_running() const { return model_plans_.load(); }
 
-  absl::Status ListProfiles(const v1::ListProfilesRequest*, v1::ListProfilesResponse* resp) {
+  absl::Status ListProfiles(const CallContext& ctx, const v1::ListProfilesRequest*,
+                            v1::ListProfilesResponse* resp) {
     const auto start = Clock::now();
-    for (const auto& e : store_.List()) {
-      v1::ProfileSummary* s = resp->add_profiles();
-      s->set_name(e->message.name());
-      s->set_version(e->message.version());
-      s->set_source(e->message.source());
-      s->set_nodes(e->message.nodes());
-      s->set_gpus_per_node(e->message.gpus_per_node());
-      s->set_comment(e->message.comment());
+    absl::Status s = Authorize(ctx, "ListProfiles", false);
+    if (s.ok()) {
+      for (const auto& e : store_.List()) {
+        v1::ProfileSummary* p = resp->add_profiles();
+        p->set_name(e->message.name());
+        p->set_version(e->message.version());
+        p->set_source(e->message.source());
+        p->set_nodes(e->message.nodes());
+        p->set_gpus_per_node(e->message.gpus_per_node());
+        p->set_comment(e->message.comment());
+      }
     }
-    log_.Log("ListProfiles", absl::OkStatus(), start, "-", "");
-    return absl::OkStatus();
+    log_.Log("ListProfiles", s, start, "-", "");
+    return s;
   }
 
-  absl::Status GetProfile(const v1::GetProfileRequest* req, v1::ClusterProfile* resp) {
+  absl::Status GetProfile(const CallContext& ctx, const v1::GetProfileRequest* req,
+                          v1::ClusterProfile* resp) {
     const auto start = Clock::now();
-    absl::Status s;
-    if (req->name().empty()) {
+    absl::Status s = Authorize(ctx, "GetProfile", false);
+    if (!s.ok()) {
+    } else if (req->name().empty()) {
       s = Invalid("name: required");
     } else if (auto e = store_.Get(req->name())) {
       *resp = e->message;
@@ -211,10 +190,12 @@ class Handlers::Impl {
     return s;
   }
 
-  absl::Status PutProfile(const v1::PutProfileRequest* req, v1::PutProfileResponse* resp) {
+  absl::Status PutProfile(const CallContext& ctx, const v1::PutProfileRequest* req,
+                          v1::PutProfileResponse* resp) {
     const auto start = Clock::now();
-    absl::Status s;
-    if (!req->has_profile()) {
+    absl::Status s = Authorize(ctx, "PutProfile", true);
+    if (!s.ok()) {
+    } else if (!req->has_profile()) {
       s = Invalid("profile: required");
     } else {
       absl::StatusOr<std::shared_ptr<const ProfileEntry>> e = Guard(resp, [&] {
@@ -232,15 +213,42 @@ class Handlers::Impl {
     return s;
   }
 
-  absl::Status ReportMeasurement(const v1::ReportMeasurementRequest* req,
+  absl::Status ReportMeasurement(const CallContext& ctx, const v1::ReportMeasurementRequest* req,
                                  v1::ReportMeasurementResponse* resp) {
     const auto start = Clock::now();
-    absl::Status s = Guard(resp, [&] { return DoReport(*req, resp); });
+    absl::Status s = Authorize(ctx, "ReportMeasurement", true);
+    if (s.ok()) s = Guard(resp, [&] { return DoReport(*req, resp); });
     log_.Log("ReportMeasurement", s, start, "-", req->profile_name());
     return s;
   }
 
  private:
+  // The bearer token, where the server has one: writes always need it, reads
+  // with token_for_reads. Compared in constant time (no early exit on the
+  // first differing byte, nor on a shorter token).
+  absl::Status Authorize(const CallContext& ctx, std::string_view method, bool write) const {
+    if (options_.token.empty() || (!write && !options_.token_for_reads)) return absl::OkStatus();
+    const std::string_view got = ctx.Authorization();
+    constexpr std::string_view kBearer = "Bearer ";
+    if (got.empty() || got.substr(0, kBearer.size()) != kBearer) {
+      return absl::UnauthenticatedError(
+          Cat(method, " needs the server's bearer token: call metadata 'authorization: Bearer "
+                      "<token>' (the clients' --token-file)"));
+    }
+    const std::string_view token = got.substr(kBearer.size());
+    const std::string& want = options_.token;
+    unsigned diff = token.size() == want.size() ? 0u : 1u;
+    for (size_t i = 0; i < want.size(); ++i) {
+      const unsigned char a = static_cast<unsigned char>(want[i]);
+      const unsigned char b = i < token.size() ? static_cast<unsigned char>(token[i]) : 0u;
+      diff |= static_cast<unsigned>(a ^ b);
+    }
+    if (diff != 0) {
+      return absl::UnauthenticatedError(Cat(method, ": the bearer token is not the server's"));
+    }
+    return absl::OkStatus();
+  }
+
   // No request's failure ends the process: an allocation that fails (a
   // request the limits did not foresee) fails the call, with nothing cached
   // or written, and the response is cleared.
@@ -518,19 +526,22 @@ absl::Status Handlers::PlanModel(const CallContext& ctx, const v1::PlanModelRequ
                                  v1::PlanModelResponse* resp) {
   return impl_->PlanModel(ctx, &req, resp);
 }
-absl::Status Handlers::ListProfiles(const v1::ListProfilesRequest& req,
+absl::Status Handlers::ListProfiles(const CallContext& ctx, const v1::ListProfilesRequest& req,
                                     v1::ListProfilesResponse* resp) {
-  return impl_->ListProfiles(&req, resp);
+  return impl_->ListProfiles(ctx, &req, resp);
 }
-absl::Status Handlers::GetProfile(const v1::GetProfileRequest& req, v1::ClusterProfile* resp) {
-  return impl_->GetProfile(&req, resp);
+absl::Status Handlers::GetProfile(const CallContext& ctx, const v1::GetProfileRequest& req,
+                                  v1::ClusterProfile* resp) {
+  return impl_->GetProfile(ctx, &req, resp);
 }
-absl::Status Handlers::PutProfile(const v1::PutProfileRequest& req, v1::PutProfileResponse* resp) {
-  return impl_->PutProfile(&req, resp);
+absl::Status Handlers::PutProfile(const CallContext& ctx, const v1::PutProfileRequest& req,
+                                  v1::PutProfileResponse* resp) {
+  return impl_->PutProfile(ctx, &req, resp);
 }
-absl::Status Handlers::ReportMeasurement(const v1::ReportMeasurementRequest& req,
+absl::Status Handlers::ReportMeasurement(const CallContext& ctx,
+                                         const v1::ReportMeasurementRequest& req,
                                          v1::ReportMeasurementResponse* resp) {
-  return impl_->ReportMeasurement(&req, resp);
+  return impl_->ReportMeasurement(ctx, &req, resp);
 }
 
 }  // namespace moeplan::server

@@ -1,4 +1,5 @@
-// moeplan-server --listen ADDR --data-dir DIR [--threads N] [--cache-entries N]
+// moeplan-server --listen ADDR --data-dir DIR [--tls-cert F --tls-key F] [--token-file F]
+// [--threads N] [--cache-entries N] ... (--help lists them)
 // Serves until SIGTERM or SIGINT, then drains in-flight calls and exits 0.
 #include <fmt/format.h>
 #include <pthread.h>
@@ -20,7 +21,16 @@ int main(int argc, char** argv) {
                  "host:port to listen on (port 0: any free port); loopback unless --allow-public")
       ->capture_default_str();
   app.add_flag("--allow-public", options.allow_public,
-               "Allow listening on a non-loopback address (the service has no authentication)");
+               "Allow listening on a non-loopback address; needs --tls-cert, --tls-key and "
+               "--token-file");
+  app.add_option("--tls-cert", options.tls_cert_file,
+                 "PEM certificate chain: serve over TLS (with --tls-key)");
+  app.add_option("--tls-key", options.tls_key_file, "PEM private key of --tls-cert");
+  app.add_option("--token-file", options.token_file,
+                 "File whose first line is the bearer token PutProfile and ReportMeasurement "
+                 "need (metadata 'authorization: Bearer <token>'; at least 16 characters)");
+  app.add_flag("--token-for-reads", options.token_for_reads,
+               "Require the token for every RPC, reads included");
   app.add_option("--data-dir", options.data_dir, "Directory for stored profiles and measurements")
       ->required();
   app.add_option("--threads", options.threads,

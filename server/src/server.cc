@@ -10,11 +10,14 @@
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
 
+#include <algorithm>
 #include <chrono>
+#include <limits>
 #include <mutex>
 
 #include "moeplan/base/status.h"
 #include "moeplan/base/strings.h"
+#include "moeplan/proto/json.h"
 #include "moeplan/server/handlers.h"
 #include "moeplan/v1/service.grpc.pb.h"
 
@@ -35,6 +38,12 @@ class GrpcCall final : public CallContext {
   explicit GrpcCall(grpc::ServerContextBase* ctx) : ctx_(*ctx) {}
   bool IsCancelled() const override { return ctx_.IsCancelled(); }
   std::chrono::system_clock::time_point deadline() const override { return ctx_.deadline(); }
+  std::string_view Authorization() const override {
+    const auto& md = ctx_.client_metadata();
+    const auto it = md.find("authorization");
+    if (it == md.end()) return {};
+    return {it->second.data(), it->second.size()};
+  }
 
  private:
   grpc::ServerContextBase& ctx_;
@@ -57,22 +66,22 @@ class CallbackPlanner final : public v1::Planner::CallbackService {
   grpc::ServerUnaryReactor* ListProfiles(grpc::CallbackServerContext* ctx,
                                          const v1::ListProfilesRequest* req,
                                          v1::ListProfilesResponse* resp) override {
-    return Finish(ctx, core_.ListProfiles(*req, resp));
+    return Finish(ctx, core_.ListProfiles(GrpcCall(ctx), *req, resp));
   }
   grpc::ServerUnaryReactor* GetProfile(grpc::CallbackServerContext* ctx,
                                        const v1::GetProfileRequest* req,
                                        v1::ClusterProfile* resp) override {
-    return Finish(ctx, core_.GetProfile(*req, resp));
+    return Finish(ctx, core_.GetProfile(GrpcCall(ctx), *req, resp));
   }
   grpc::ServerUnaryReactor* PutProfile(grpc::CallbackServerContext* ctx,
                                        const v1::PutProfileRequest* req,
                                        v1::PutProfileResponse* resp) override {
-    return Finish(ctx, core_.PutProfile(*req, resp));
+    return Finish(ctx, core_.PutProfile(GrpcCall(ctx), *req, resp));
   }
   grpc::ServerUnaryReactor* ReportMeasurement(grpc::CallbackServerContext* ctx,
                                               const v1::ReportMeasurementRequest* req,
                                               v1::ReportMeasurementResponse* resp) override {
-    return Finish(ctx, core_.ReportMeasurement(*req, resp));
+    return Finish(ctx, core_.ReportMeasurement(GrpcCall(ctx), *req, resp));
   }
 
  private:
@@ -96,21 +105,21 @@ class SyncPlanner final : public v1::Planner::Service {
                          v1::PlanModelResponse* resp) override {
     return ToGrpc(core_.PlanModel(GrpcCall(ctx), *req, resp));
   }
-  grpc::Status ListProfiles(grpc::ServerContext*, const v1::ListProfilesRequest* req,
+  grpc::Status ListProfiles(grpc::ServerContext* ctx, const v1::ListProfilesRequest* req,
                             v1::ListProfilesResponse* resp) override {
-    return ToGrpc(core_.ListProfiles(*req, resp));
+    return ToGrpc(core_.ListProfiles(GrpcCall(ctx), *req, resp));
   }
-  grpc::Status GetProfile(grpc::ServerContext*, const v1::GetProfileRequest* req,
+  grpc::Status GetProfile(grpc::ServerContext* ctx, const v1::GetProfileRequest* req,
                           v1::ClusterProfile* resp) override {
-    return ToGrpc(core_.GetProfile(*req, resp));
+    return ToGrpc(core_.GetProfile(GrpcCall(ctx), *req, resp));
   }
-  grpc::Status PutProfile(grpc::ServerContext*, const v1::PutProfileRequest* req,
+  grpc::Status PutProfile(grpc::ServerContext* ctx, const v1::PutProfileRequest* req,
                           v1::PutProfileResponse* resp) override {
-    return ToGrpc(core_.PutProfile(*req, resp));
+    return ToGrpc(core_.PutProfile(GrpcCall(ctx), *req, resp));
   }
-  grpc::Status ReportMeasurement(grpc::ServerContext*, const v1::ReportMeasurementRequest* req,
+  grpc::Status ReportMeasurement(grpc::ServerContext* ctx, const v1::ReportMeasurementRequest* req,
                                  v1::ReportMeasurementResponse* resp) override {
-    return ToGrpc(core_.ReportMeasurement(*req, resp));
+    return ToGrpc(core_.ReportMeasurement(GrpcCall(ctx), *req, resp));
   }
 
  private:
@@ -147,9 +156,67 @@ struct PlannerServer::Impl {
   std::once_flag shutdown_once;
 };
 
+namespace {
+
+// The bearer token: the file's first line, at least 16 printable characters.
+absl::StatusOr<std::string> ReadToken(const std::string& path) {
+  absl::StatusOr<std::string> text = proto::ReadFile(path, 4096);
+  if (!text.ok()) return Invalid(Cat("--token-file: ", View(text.status().message())));
+  std::string token = text->substr(0, text->find('\n'));
+  while (!token.empty() && (token.back() == '\r' || token.back() == ' ')) token.pop_back();
+  if (token.size() < 16) {
+    return Invalid(Cat("--token-file: the token (the file's first line) must be at least 16 "
+                       "characters (got ",
+                       token.size(), ")"));
+  }
+  for (char c : token) {
+    if (c < 0x21 || c > 0x7e) {
+      return Invalid("--token-file: the token must be printable ASCII without spaces");
+    }
+  }
+  return token;
+}
+
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> Credentials(const ServerOptions& o) {
+  if (o.tls_cert_file.empty() != o.tls_key_file.empty()) {
+    return Invalid("--tls-cert and --tls-key: give both (the certificate chain and its key)");
+  }
+  if (o.allow_public && (o.tls_cert_file.empty() || o.token_file.empty())) {
+    return Invalid(
+        "--allow-public: serving beyond this machine needs TLS and a token for writes: give "
+        "--tls-cert, --tls-key and --token-file");
+  }
+  if (o.tls_cert_file.empty()) return grpc::InsecureServerCredentials();
+  absl::StatusOr<std::string> cert = proto::ReadFile(o.tls_cert_file, 1 << 20);
+  if (!cert.ok()) return Invalid(Cat("--tls-cert: ", View(cert.status().message())));
+  absl::StatusOr<std::string> key = proto::ReadFile(o.tls_key_file, 1 << 20);
+  if (!key.ok()) return Invalid(Cat("--tls-key: ", View(key.status().message())));
+  if (cert->find("-----BEGIN CERTIFICATE-----") == std::string::npos) {
+    return Invalid(Cat("--tls-cert: ", o.tls_cert_file, " holds no PEM certificate"));
+  }
+  if (key->find("PRIVATE KEY-----") == std::string::npos) {
+    return Invalid(Cat("--tls-key: ", o.tls_key_file, " holds no PEM private key"));
+  }
+  grpc::SslServerCredentialsOptions ssl;
+  ssl.pem_key_cert_pairs.push_back({*key, *cert});
+  return grpc::SslServerCredentials(ssl);
+}
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<PlannerServer>> PlannerServer::Start(
     const ServerOptions& options, ProfileStore::OpenReport* report) {
   MOEPLAN_RETURN_IF_ERROR(CheckListenAddress(options.listen, options.allow_public));
+  MOEPLAN_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> credentials,
+                           Credentials(options));
+  HandlerOptions handler_options = options.handlers;
+  if (!options.token_file.empty()) {
+    MOEPLAN_ASSIGN_OR_RETURN(handler_options.token, ReadToken(options.token_file));
+  }
+  handler_options.token_for_reads = options.token_for_reads;
+  if (options.token_for_reads && options.token_file.empty()) {
+    return Invalid("--token-for-reads: needs --token-file");
+  }
   if (options.threads < 0)
     return Invalid(Cat("--threads: must be >= 0 (got ", options.threads, ")"));
   std::unique_ptr<PlannerServer> out(new PlannerServer());
@@ -160,7 +227,7 @@ absl::StatusOr<std::unique_ptr<PlannerServer>> PlannerServer::Start(
   out->cache_ = std::make_unique<PlanCache>(options.cache_entries, options.cache_bytes);
   out->impl_ = std::make_unique<Impl>();
   out->impl_->core =
-      std::make_unique<Handlers>(out->store_.get(), out->cache_.get(), options.handlers);
+      std::make_unique<Handlers>(out->store_.get(), out->cache_.get(), handler_options);
   if (options.threads > 0) {
     out->impl_->service = std::make_unique<SyncPlanner>(out->impl_->core.get());
   } else {
@@ -170,7 +237,9 @@ absl::StatusOr<std::unique_ptr<PlannerServer>> PlannerServer::Start(
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(options.listen, grpc::InsecureServerCredentials(), &out->port_);
+  builder.AddListeningPort(options.listen, credentials, &out->port_);
+  builder.SetMaxSendMessageSize(static_cast<int>(
+      std::min<size_t>(handler_options.max_response_bytes, std::numeric_limits<int>::max())));
   builder.RegisterService(out->impl_->service.get());
   if (options.threads > 0) {
     // The synchronous thread manager keeps one thread polling: a call that

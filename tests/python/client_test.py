@@ -4,6 +4,8 @@ Run by tests/python/launcher_test.sh, which starts the server and sets
   MOEPLAN_SERVER       host:port of the server
   MOEPLAN_PYTHONPATH   the generated stubs (build/client/python)
   MOEPLAN_SOURCE_DIR   the repository root (default: two levels up from here)
+  MOEPLAN_TLS_SERVER   host:port of a second server with --tls-cert and --token-file
+  MOEPLAN_TLS_CA, MOEPLAN_TOKEN_FILE   its CA certificate and token
 Expects a fresh data directory (no stored profiles). Use /usr/bin/python3.
 """
 
@@ -295,6 +297,48 @@ class ClientTest(unittest.TestCase):
         with self.assertRaises(ValueError):
             c.list_profiles()
         c.close()  # idempotent
+
+
+class SecureClientTest(unittest.TestCase):
+    """A server with TLS and a bearer token: writes need the token, reads do not."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.server = os.environ.get("MOEPLAN_TLS_SERVER", "")
+        if not cls.server:
+            raise unittest.SkipTest("MOEPLAN_TLS_SERVER is not set (run launcher_test.sh)")
+        cls.ca = os.environ["MOEPLAN_TLS_CA"]
+        cls.token = os.environ["MOEPLAN_TOKEN_FILE"]
+
+    def profile(self, name):
+        with PlannerClient(self.server, tls_ca=self.ca) as c:
+            p = c.get_profile("a100-8x8")
+        p["name"] = name
+        p["version"] = 1
+        return p
+
+    def test_writes_need_the_token(self):
+        with PlannerClient(self.server, tls_ca=self.ca) as anon:
+            self.assertIn(anon.plan_layer(example_layer())["best_schedule"], SCHEDULES)
+            with self.assertRaises(PlannerError) as ctx:
+                anon.put_profile(self.profile("py-secure"))
+            self.assertEqual(ctx.exception.code, "UNAUTHENTICATED")
+            self.assertNotIn("py-secure", {p["name"] for p in anon.list_profiles()})
+        with PlannerClient(self.server, tls_ca=self.ca, token_file=self.token) as c:
+            stored = c.put_profile(self.profile("py-secure"))
+            self.assertEqual(stored["name"], "py-secure")
+
+    def test_plaintext_cannot_reach_a_tls_server(self):
+        with PlannerClient(self.server, timeout_s=2.0) as c:
+            with self.assertRaises(PlannerError) as ctx:
+                c.list_profiles()
+            self.assertIn(ctx.exception.code, {"UNAVAILABLE", "DEADLINE_EXCEEDED"})
+
+    def test_bad_files_are_value_errors(self):
+        with self.assertRaises(ValueError):
+            PlannerClient(self.server, tls_ca=self.token)  # not a certificate
+        with self.assertRaises(ValueError):
+            PlannerClient(self.server, token_file="/no/such/token")
 
 
 if __name__ == "__main__":

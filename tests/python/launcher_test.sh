@@ -144,10 +144,32 @@ rc=0
 [[ $rc -eq 1 ]] && grep -q 'INVALID_ARGUMENT: layout.tp' "$work/badtp.err" ||
   fail "tp=16 on 8-GPU nodes: want INVALID_ARGUMENT naming layout.tp, got exit $rc: $(cat "$work/badtp.err")"
 
+# --- a second server over TLS with a bearer token (throw-away CA) ---------------
+bash "$src/tests/server/make_test_certs.sh" "$work/certs" || fail "cannot make test certificates (openssl)"
+mkdir -p "$work/tls-data"
+"$server_bin" --listen 127.0.0.1:0 --data-dir "$work/tls-data" --tls-cert "$work/certs/server.pem" \
+  --tls-key "$work/certs/server.key" --token-file "$work/certs/token" \
+  >"$work/tls.out" 2>"$work/tls.err" &
+tls_pid=$!
+tls_addr=""
+for _ in $(seq 1 200); do
+  line=$(grep -m1 '^moeplan-server listening on ' "$work/tls.out" || true)
+  if [[ -n $line ]]; then
+    tls_addr=localhost:${line##*:}
+    break
+  fi
+  kill -0 "$tls_pid" 2>/dev/null || fail "TLS server exited before listening: $(cat "$work/tls.err")"
+  sleep 0.1
+done
+[[ -n $tls_addr ]] || fail "TLS server did not print 'listening on' within 20 s"
+
 # --- the client wrapper ------------------------------------------------------------
 rc=0
 MOEPLAN_SERVER=$addr MOEPLAN_PYTHONPATH=$stubs MOEPLAN_SOURCE_DIR=$src \
+  MOEPLAN_TLS_SERVER=$tls_addr MOEPLAN_TLS_CA=$work/certs/ca.pem MOEPLAN_TOKEN_FILE=$work/certs/token \
   "$py" "$src/tests/python/client_test.py" -v || rc=$?
+kill -TERM "$tls_pid" 2>/dev/null || true
+wait "$tls_pid" 2>/dev/null || true
 [[ $rc -eq 0 ]] || fail "client_test.py exited $rc"
 
 # --- SIGTERM: the server drains and exits 0 ------------------------------------------

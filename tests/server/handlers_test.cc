@@ -162,7 +162,7 @@ TEST_F(HandlersTest, UncachedModelPlansBeyondTheCapAreRefusedWhileCheapCallsAnsw
   v1::PlanLayerResponse lr;
   EXPECT_TRUE(h->PlanLayer(call_, LayerRequest(false), &lr).ok());
   v1::ListProfilesResponse lp;
-  EXPECT_TRUE(h->ListProfiles({}, &lp).ok());
+  EXPECT_TRUE(h->ListProfiles(call_, {}, &lp).ok());
   gate.Release();
   t.join();
   EXPECT_TRUE(first.ok()) << first;
@@ -179,7 +179,7 @@ TEST_F(HandlersTest, AnInlineProfileMayNotTakeAStoredProfilesName) {
   v1::GetProfileRequest get;
   get.set_name("a100-8x8");
   v1::ClusterProfile builtin;
-  ASSERT_TRUE(h->GetProfile(get, &builtin).ok());
+  ASSERT_TRUE(h->GetProfile(call_, get, &builtin).ok());
   *req.mutable_profile() = builtin;
   v1::PlanLayerResponse r;
   ASSERT_TRUE(h->PlanLayer(call_, req, &r).ok()) << "the identical profile is the same profile";

@@ -6,11 +6,14 @@
 #include <atomic>
 #include <filesystem>
 #include <mutex>
+#include <cstdlib>
+#include <map>
 #include <thread>
 
 #include "../cli/run_cli.h"
 #include "moeplan/calibration/profiles.h"
 #include "moeplan/client/planner_client.h"
+#include "moeplan/proto/json.h"
 #include "server_process.h"
 
 namespace moeplan::testing {
@@ -162,6 +165,63 @@ TEST(ServerProcess, KillDashNineDuringPutsLosesNoAcknowledgedProfile) {
     }
   }
   EXPECT_EQ(restarted.Stop(SIGTERM), 0);
+}
+
+// The server comes back on the same port after kill -9: a call made while it
+// is down is retried (gRPC's retry policy in the client) and answered, and
+// the profiles acknowledged before the kill are served.
+TEST(ServerProcess, ClientsRetryAcrossARestart) {
+  TempDir dir;
+  std::string port;
+  v1::ClusterProfile p = *calibration::BuiltinProfile("a100-8x8");
+  p.set_name("before-the-kill");
+  p.set_version(1);
+  {
+    ServerProcess server(dir.path());
+    ASSERT_FALSE(server.address().empty());
+    port = server.port();
+    ASSERT_TRUE(client::PlannerClient(server.address()).PutProfile(p).ok());
+    EXPECT_EQ(server.Stop(SIGKILL), 128 + SIGKILL);
+  }
+  client::PlannerClient c("127.0.0.1:" + port, std::chrono::seconds(20));
+  absl::StatusOr<v1::ClusterProfile> got;
+  std::thread call([&] { got = c.GetProfile("before-the-kill"); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // the first attempt fails
+  ServerProcess restarted(dir.path(), {}, "127.0.0.1:" + port);
+  ASSERT_FALSE(restarted.address().empty());
+  call.join();
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->SerializeAsString(), p.SerializeAsString());
+  EXPECT_EQ(restarted.Stop(SIGTERM), 0);
+}
+
+// TLS and a bearer token from the command line: the CLI's --tls-ca and
+// --token-file reach a server started with --tls-cert, --tls-key, --token-file.
+TEST(ServerProcess, CliWritesOverTlsWithTheTokenOnly) {
+  TempDir dir;
+  const std::string certs = dir.File("certs");
+  ASSERT_EQ(std::system(("bash " MOEPLAN_SOURCE_DIR "/tests/server/make_test_certs.sh " + certs).c_str()),
+            0);
+  ServerProcess server(dir.File("data"), {"--tls-cert", certs + "/server.pem", "--tls-key",
+                                          certs + "/server.key", "--token-file", certs + "/token"});
+  ASSERT_FALSE(server.address().empty());
+  const std::string at = "--server localhost:" + server.port() + " --tls-ca " + certs + "/ca.pem";
+  v1::ClusterProfile p = *calibration::BuiltinProfile("a100-8x8");
+  p.set_name("over-tls");
+  p.set_version(1);
+  const std::string file = dir.Write("p.json", *proto::ToJson(p));
+  CliResult anon = RunCli("profiles put " + file + " " + at);
+  EXPECT_EQ(anon.exit_code, 1);
+  EXPECT_NE(anon.err.find("PutProfile needs the server's bearer token"), std::string::npos)
+      << anon.err;
+  CliResult list = RunCli("profiles list " + at);  // reads stay open
+  EXPECT_EQ(list.exit_code, 0) << list.err;
+  CliResult put = RunCli("profiles put " + file + " " + at + " --token-file " + certs + "/token");
+  ASSERT_EQ(put.exit_code, 0) << put.err;
+  EXPECT_NE(put.out.find("stored profile over-tls version 1"), std::string::npos) << put.out;
+  CliResult plain = RunCli("profiles list --server localhost:" + server.port());
+  EXPECT_NE(plain.exit_code, 0) << "plaintext cannot reach a TLS server";
+  EXPECT_EQ(server.Stop(SIGTERM), 0);
 }
 
 }  // namespace

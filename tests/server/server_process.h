@@ -10,14 +10,22 @@
 #include <cstdio>
 #include <string>
 #include <thread>
+#include <vector>
 
 namespace moeplan::testing {
 
 class ServerProcess {
  public:
-  // Starts `moeplan-server --listen 127.0.0.1:0 --data-dir DIR --no-request-log`
-  // and waits (up to 20 s) for "moeplan-server listening on ADDR".
-  explicit ServerProcess(const std::string& data_dir) {
+  // Starts `moeplan-server --listen LISTEN --data-dir DIR --no-request-log
+  // EXTRA...` and waits (up to 20 s) for "moeplan-server listening on ADDR".
+  explicit ServerProcess(const std::string& data_dir, std::vector<std::string> extra = {},
+                         const std::string& listen = "127.0.0.1:0") {
+    std::vector<std::string> args = {MOEPLAN_SERVER, "--listen",  listen,
+                                     "--data-dir",   data_dir,    "--no-request-log"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    std::vector<char*> argv;
+    for (std::string& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
     int out[2];
     if (pipe(out) != 0) return;
     pid_ = fork();
@@ -25,8 +33,7 @@ class ServerProcess {
       dup2(out[1], 1);
       close(out[0]);
       close(out[1]);
-      execl(MOEPLAN_SERVER, MOEPLAN_SERVER, "--listen", "127.0.0.1:0", "--data-dir",
-            data_dir.c_str(), "--no-request-log", static_cast<char*>(nullptr));
+      execv(MOEPLAN_SERVER, argv.data());
       _exit(127);
     }
     close(out[1]);
@@ -47,6 +54,7 @@ class ServerProcess {
     }
   }
   const std::string& address() const { return address_; }
+  std::string port() const { return address_.substr(address_.rfind(':') + 1); }
   pid_t pid() const { return pid_; }
 
   // Sends `sig` and returns the exit status (WEXITSTATUS, or 128 + signal).

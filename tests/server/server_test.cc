@@ -8,12 +8,15 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <limits>
 
 #include "grpc_std/health.grpc.pb.h"
 #include "grpc_std/reflection.pb.h"
+#include "moeplan/base/strings.h"
 #include "moeplan/calibration/profiles.h"
 #include "moeplan/client/planner_client.h"
 #include "moeplan/planner/cost_model.h"
@@ -121,6 +124,23 @@ TEST_F(ServerTest, PlanModelValidatesAndCaches) {
   bad = req;
   bad.clear_model();
   EXPECT_EQ(Msg(client_->PlanModel(bad).status()), "model: required");
+  // Found by fuzz_server_requests: a layout request read the model's shape
+  // (MoE layers = num_layers / layer_freq) before validating it.
+  for (bool search : {false, true}) {
+    bad = req;
+    bad.mutable_model()->mutable_moe()->set_layer_freq(0);
+    if (search) {
+      bad.mutable_search();
+    } else {
+      bad.mutable_layout()->set_dp(8);
+      bad.mutable_layout()->set_tp(1);
+      bad.mutable_layout()->set_pp(1);
+    }
+    r = client_->PlanModel(bad);
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(Msg(r.status()).rfind("model.moe.layer_freq: must be between 1 and 1024", 0), 0u)
+        << r.status();
+  }
 }
 
 TEST_F(ServerTest, EquivalentRequestsShareACacheEntry) {
@@ -649,6 +669,140 @@ INSTANTIATE_TEST_SUITE_P(Table, BadRequestTest, ::testing::ValuesIn(BadRequests(
                          [](const auto& info) { return std::string(info.param.label); });
 
 TEST(BadRequestTable, HasAtLeastThirtyCases) { EXPECT_GE(BadRequests().size(), 30u); }
+
+}  // namespace
+}  // namespace moeplan::server
+
+namespace moeplan::server {
+namespace {
+
+// TLS and the bearer token (docs/service.md "Who may write"), with a CA and
+// server certificate made for the test by tests/server/make_test_certs.sh.
+class SecureServerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/moeplan_tls_test.XXXXXX";
+    ASSERT_NE(mkdtemp(tmpl), nullptr);
+    dir_ = tmpl;
+    const std::string cmd = Cat("bash " MOEPLAN_SOURCE_DIR "/tests/server/make_test_certs.sh ",
+                                dir_, "/certs");
+    ASSERT_EQ(std::system(cmd.c_str()), 0) << "openssl is needed (scripts/setup.sh installs it)";
+  }
+  void TearDown() override {
+    server_.reset();
+    std::filesystem::remove_all(dir_);
+  }
+  std::string Cert(const char* f) const { return Cat(dir_, "/certs/", f); }
+  ServerOptions Options() const {
+    ServerOptions o;
+    o.listen = "127.0.0.1:0";
+    o.data_dir = dir_ + "/data";
+    o.handlers.log_requests = false;
+    o.tls_cert_file = Cert("server.pem");
+    o.tls_key_file = Cert("server.key");
+    o.token_file = Cert("token");
+    return o;
+  }
+  void Start(const ServerOptions& o) {
+    ProfileStore::OpenReport report;
+    absl::StatusOr<std::unique_ptr<PlannerServer>> s = PlannerServer::Start(o, &report);
+    ASSERT_TRUE(s.ok()) << s.status();
+    server_ = *std::move(s);
+  }
+  std::unique_ptr<client::PlannerClient> Client(std::string token_file, bool tls = true) {
+    client::ClientOptions c;
+    c.address = Cat("localhost:", server_->port());
+    c.timeout = std::chrono::seconds(5);
+    if (tls) c.tls_ca_file = Cert("ca.pem");
+    c.token_file = std::move(token_file);
+    absl::StatusOr<std::unique_ptr<client::PlannerClient>> r = client::PlannerClient::Connect(c);
+    EXPECT_TRUE(r.ok()) << r.status();
+    return r.ok() ? *std::move(r) : nullptr;
+  }
+  static v1::ClusterProfile Custom() {
+    v1::ClusterProfile p = *calibration::BuiltinProfile("a100-8x8");
+    p.set_name("secure-custom");
+    p.set_version(1);
+    return p;
+  }
+
+  std::string dir_;
+  std::unique_ptr<PlannerServer> server_;
+};
+
+TEST_F(SecureServerTest, WritesNeedTheTokenReadsDoNot) {
+  Start(Options());
+  const std::string wrong = Cat(dir_, "/wrong-token");
+  std::ofstream(wrong) << "0123456789abcdef0123456789abcdef\n";
+  for (const std::string& token : {std::string(), wrong}) {
+    std::unique_ptr<client::PlannerClient> c = Client(token);
+    absl::StatusOr<v1::PutProfileResponse> put = c->PutProfile(Custom());
+    ASSERT_EQ(put.status().code(), absl::StatusCode::kUnauthenticated) << put.status();
+    EXPECT_EQ(Msg(put.status()).rfind("PutProfile", 0), 0u) << put.status();
+    v1::ReportMeasurementRequest report;
+    report.set_profile_name("a100-8x8");
+    EXPECT_EQ(c->ReportMeasurement(report).status().code(), absl::StatusCode::kUnauthenticated);
+    // Reads stay open.
+    absl::StatusOr<v1::PlanLayerResponse> plan = c->PlanLayer(PlanRequest());
+    EXPECT_TRUE(plan.ok()) << plan.status();
+    EXPECT_TRUE(c->ListProfiles().ok());
+  }
+  EXPECT_EQ(server_->store().Get("secure-custom"), nullptr) << "nothing written";
+  EXPECT_FALSE(std::filesystem::exists(dir_ + "/data/profiles/secure-custom.profile"));
+  // The right token writes.
+  std::unique_ptr<client::PlannerClient> ok = Client(Cert("token"));
+  absl::StatusOr<v1::PutProfileResponse> put = ok->PutProfile(Custom());
+  ASSERT_TRUE(put.ok()) << put.status();
+  EXPECT_NE(server_->store().Get("secure-custom"), nullptr);
+  // Plaintext cannot talk to a TLS server: UNAVAILABLE, or the deadline
+  // passes while the client retries.
+  std::unique_ptr<client::PlannerClient> plain = Client(Cert("token"), /*tls=*/false);
+  const absl::StatusCode code = plain->ListProfiles().status().code();
+  EXPECT_TRUE(code == absl::StatusCode::kUnavailable ||
+              code == absl::StatusCode::kDeadlineExceeded)
+      << code;
+}
+
+TEST_F(SecureServerTest, TokenForReadsClosesEveryRpc) {
+  ServerOptions o = Options();
+  o.token_for_reads = true;
+  Start(o);
+  std::unique_ptr<client::PlannerClient> anon = Client("");
+  EXPECT_EQ(anon->ListProfiles().status().code(), absl::StatusCode::kUnauthenticated);
+  EXPECT_EQ(anon->PlanLayer(PlanRequest()).status().code(), absl::StatusCode::kUnauthenticated);
+  EXPECT_TRUE(Client(Cert("token"))->ListProfiles().ok());
+}
+
+TEST_F(SecureServerTest, ServingBeyondThisMachineNeedsTlsAndAToken) {
+  ProfileStore::OpenReport report;
+  ServerOptions o = Options();
+  o.allow_public = true;
+  o.tls_cert_file.clear();
+  o.tls_key_file.clear();
+  absl::Status s = PlannerServer::Start(o, &report).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Msg(s).rfind("--allow-public: serving beyond this machine needs TLS and a token", 0),
+            0u)
+      << s;
+  o = Options();
+  o.allow_public = true;
+  o.token_file.clear();
+  EXPECT_EQ(PlannerServer::Start(o, &report).status().code(), absl::StatusCode::kInvalidArgument);
+  o = Options();
+  o.tls_key_file.clear();
+  EXPECT_EQ(Msg(PlannerServer::Start(o, &report).status()),
+            "--tls-cert and --tls-key: give both (the certificate chain and its key)");
+  const std::string short_token = Cat(dir_, "/short");
+  std::ofstream(short_token) << "abc\n";
+  o = Options();
+  o.token_file = short_token;
+  EXPECT_EQ(Msg(PlannerServer::Start(o, &report).status()),
+            "--token-file: the token (the file's first line) must be at least 16 characters "
+            "(got 3)");
+  o = Options();
+  o.tls_cert_file = Cert("token");  // not a certificate
+  EXPECT_EQ(Msg(PlannerServer::Start(o, &report).status()).rfind("--tls-cert: ", 0), 0u);
+}
 
 }  // namespace
 }  // namespace moeplan::server

@@ -2,6 +2,12 @@
 // for launchers and the CLI. gRPC stays out of this header. Errors are the
 // server's status (same code, same one-line message naming the field); a server
 // that cannot be reached is Unavailable naming the address.
+//
+// Idempotent calls (plans, list, get, and PutProfile, whose retry of an
+// acknowledged put is acknowledged again) are retried by gRPC with
+// exponential backoff while the server is UNAVAILABLE (restarting): up to 5
+// attempts, 0.5 s doubling to 4 s (jittered: ~4 s in all), within the call's deadline.
+// ReportMeasurement appends, so it is not retried.
 #pragma once
 
 #include <chrono>
@@ -16,9 +22,26 @@
 
 namespace moeplan::client {
 
+// How to reach a server.
+struct ClientOptions {
+  std::string address;  // host:port or unix:PATH
+  std::chrono::milliseconds timeout = std::chrono::seconds(10);  // every call's deadline
+  // PEM file of the CA that signed the server's certificate (moeplan-server
+  // --tls-cert): the channel is TLS. Empty: plaintext.
+  std::string tls_ca_file;
+  // File whose first line is the server's bearer token (--token-file), sent as
+  // "authorization: Bearer <token>" with every call. Empty: none.
+  std::string token_file;
+  // Largest response accepted; the server's --max-message-mib default.
+  size_t max_message_bytes = size_t{64} << 20;
+};
+
 class PlannerClient {
  public:
-  // `address` is host:port (or unix:PATH). Every call gets `timeout` as deadline.
+  // Reads the CA and token files (InvalidArgument naming --tls-ca or
+  // --token-file) and opens the channel (connecting lazily, at the first call).
+  static absl::StatusOr<std::unique_ptr<PlannerClient>> Connect(const ClientOptions& options);
+  // A plaintext channel without a token.
   explicit PlannerClient(const std::string& address,
                          std::chrono::milliseconds timeout = std::chrono::seconds(10));
   ~PlannerClient();
@@ -33,12 +56,15 @@ class PlannerClient {
   absl::StatusOr<v1::ReportMeasurementResponse> ReportMeasurement(
       const v1::ReportMeasurementRequest& request);
 
-  const std::string& address() const { return address_; }
+  const std::string& address() const { return options_.address; }
 
  private:
   struct Impl;
-  std::string address_;
-  std::chrono::milliseconds timeout_;
+  PlannerClient() = default;
+  template <class Response, class Call>
+  absl::StatusOr<Response> Invoke(Call call);
+  ClientOptions options_;
+  std::string authorization_;  // "Bearer <token>", or empty
   std::unique_ptr<Impl> impl_;
 };
 

@@ -11,6 +11,8 @@
 #include <chrono>
 #include <cstddef>
 #include <memory>
+#include <string>
+#include <string_view>
 
 #include "absl/status/status.h"
 #include "moeplan/server/plan_cache.h"
@@ -25,6 +27,8 @@ class CallContext {
   virtual ~CallContext() = default;
   virtual bool IsCancelled() const = 0;
   virtual std::chrono::system_clock::time_point deadline() const = 0;
+  // The call's "authorization" metadata ("Bearer <token>"), empty if none.
+  virtual std::string_view Authorization() const { return {}; }
 };
 
 // A call that is never cancelled and has no deadline (tests, the fuzz harness).
@@ -47,6 +51,11 @@ struct HandlerOptions {
   // Longest one plan may run; the call's own deadline applies when earlier.
   std::chrono::milliseconds max_plan_time{60000};
   bool log_requests = true;  // one structured line per request on stderr
+  // Non-empty: PutProfile and ReportMeasurement (every RPC with
+  // token_for_reads) need "authorization: Bearer <token>", compared in
+  // constant time; without it, or with another, UNAUTHENTICATED, nothing written.
+  std::string token;
+  bool token_for_reads = false;
 };
 
 class Handlers {
@@ -60,10 +69,13 @@ class Handlers {
                          v1::PlanLayerResponse* resp);
   absl::Status PlanModel(const CallContext& ctx, const v1::PlanModelRequest& req,
                          v1::PlanModelResponse* resp);
-  absl::Status ListProfiles(const v1::ListProfilesRequest& req, v1::ListProfilesResponse* resp);
-  absl::Status GetProfile(const v1::GetProfileRequest& req, v1::ClusterProfile* resp);
-  absl::Status PutProfile(const v1::PutProfileRequest& req, v1::PutProfileResponse* resp);
-  absl::Status ReportMeasurement(const v1::ReportMeasurementRequest& req,
+  absl::Status ListProfiles(const CallContext& ctx, const v1::ListProfilesRequest& req,
+                            v1::ListProfilesResponse* resp);
+  absl::Status GetProfile(const CallContext& ctx, const v1::GetProfileRequest& req,
+                          v1::ClusterProfile* resp);
+  absl::Status PutProfile(const CallContext& ctx, const v1::PutProfileRequest& req,
+                          v1::PutProfileResponse* resp);
+  absl::Status ReportMeasurement(const CallContext& ctx, const v1::ReportMeasurementRequest& req,
                                  v1::ReportMeasurementResponse* resp);
 
   const HandlerOptions& options() const { return options_; }

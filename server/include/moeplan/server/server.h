@@ -17,7 +17,11 @@ namespace moeplan::server {
 
 struct ServerOptions {
   std::string listen = "127.0.0.1:50051";  // host:port; port 0 picks a free one
-  bool allow_public = false;               // needed to listen on a non-loopback address
+  // Needed to listen on a non-loopback address, and then needs TLS and a token.
+  bool allow_public = false;
+  std::string tls_cert_file, tls_key_file;  // PEM; both or neither: TLS on every call
+  std::string token_file;                   // the bearer token writes need (its first line)
+  bool token_for_reads = false;             // reads need the token too
   std::string data_dir;
   int threads = 0;  // >0: cap on the threads that run handlers (gRPC resource quota)
   size_t cache_entries = 10000;
