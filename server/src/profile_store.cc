@@ -253,24 +253,27 @@ absl::StatusOr<uint64_t> ProfileStore::AppendMeasurement(const std::string& prof
   const std::string path = MeasurementPath(profile_name);
   const int fd = ::open(path.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
   if (fd < 0) return absl::InternalError(Cat(path, ": cannot open: ", std::strerror(errno)));
+  // Appends are serialised (write_mu_), so the end of the file now is where
+  // this line starts: a write that fails part-way (a full disk) is cut back
+  // to it, so the log never holds a torn line that a later append would
+  // continue.
+  const off_t start = ::lseek(fd, 0, SEEK_END);
+  auto fail = [&](std::string_view what) {
+    const std::string why = Cat(path, ": ", what, ": ", std::strerror(errno));
+    if (start >= 0 && ::ftruncate(fd, start) == 0) ::fdatasync(fd);
+    ::close(fd);
+    return absl::InternalError(why);
+  };
   std::string data(line);
   data.push_back('\n');
   size_t done = 0;
   while (done < data.size()) {
     const ssize_t n = ::write(fd, data.data() + done, data.size() - done);
     if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      const std::string why = Cat(path, ": write failed: ", std::strerror(errno));
-      ::close(fd);
-      return absl::InternalError(why);
-    }
+    if (n < 0) return fail("write failed");
     done += static_cast<size_t>(n);
   }
-  if (::fdatasync(fd) != 0) {
-    const std::string why = Cat(path, ": fdatasync failed: ", std::strerror(errno));
-    ::close(fd);
-    return absl::InternalError(why);
-  }
+  if (::fdatasync(fd) != 0) return fail("fdatasync failed");
   ::close(fd);
   std::lock_guard<std::mutex> lock(mu_);
   return ++measurement_counts_[profile_name];

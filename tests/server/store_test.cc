@@ -2,9 +2,14 @@
 // skipped (never used), torn measurement lines repaired, stale temporaries removed.
 #include <gtest/gtest.h>
 
+#include <sys/mount.h>
+
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 
+#include "moeplan/base/strings.h"
 #include "moeplan/calibration/profiles.h"
 #include "moeplan/proto/json.h"
 #include "moeplan/server/profile_store.h"
@@ -128,6 +133,67 @@ TEST_F(StoreTest, PutIsDurableAndVersioned) {
   EXPECT_EQ(again.loaded, std::vector<std::string>{"lab"});
   EXPECT_TRUE(again.skipped.empty());
   EXPECT_EQ(reopened->Get("lab")->message.version(), 3u);
+}
+
+// A full disk during a put or an append: a clear error naming the file, the
+// store serving what it had, nothing half-written left behind, and the data
+// directory loading cleanly afterwards. The disk is a 256 KiB tmpfs (this
+// needs the right to mount, which CI's containers have).
+class FullDiskTest : public StoreTest {
+ protected:
+  void SetUp() override {
+    StoreTest::SetUp();
+    if (::mount("tmpfs", dir_.c_str(), "tmpfs", 0, "size=256k") != 0) {
+      GTEST_SKIP() << "cannot mount a tmpfs here (" << std::strerror(errno)
+                   << "): the full-disk test needs CAP_SYS_ADMIN";
+    }
+    mounted_ = true;
+  }
+  void TearDown() override {
+    if (mounted_) ::umount(dir_.c_str());
+    StoreTest::TearDown();
+  }
+  // Fills the file system up to its last bytes.
+  void Fill() {
+    std::ofstream f(Cat(dir_, "/filler", fills_++), std::ios::binary);
+    f.rdbuf()->pubsetbuf(nullptr, 0);  // unbuffered: stop at the first byte that fails
+    while (f.put('x')) {
+    }
+  }
+  int fills_ = 0;
+  bool mounted_ = false;
+};
+
+TEST_F(FullDiskTest, PutAndAppendFailCleanlyAndTheStoreStaysLoadable) {
+  ProfileStore::OpenReport report;
+  auto store = Open(&report);
+  ASSERT_TRUE(store->Put(Profile("lab", 1)).ok());
+  ASSERT_TRUE(store->AppendMeasurement("lab", R"({"total_us": 1})").ok());
+  Fill();
+  absl::StatusOr<std::shared_ptr<const ProfileEntry>> put = store->Put(Profile("lab", 2));
+  ASSERT_EQ(put.status().code(), absl::StatusCode::kInternal) << put.status();
+  EXPECT_NE(Msg(put.status()).find("No space left on device"), std::string::npos) << put.status();
+  EXPECT_NE(Msg(put.status()).find("lab.profile"), std::string::npos) << put.status();
+  EXPECT_EQ(store->Get("lab")->message.version(), 1u) << "the acknowledged version is served";
+  Fill();  // the failed put gave its temporary file's blocks back
+  const std::string line(16384, 'm');  // past the log's last page
+  absl::StatusOr<uint64_t> app = store->AppendMeasurement("lab", Cat(R"({"x": ")", line, R"("})"));
+  EXPECT_FALSE(app.ok());
+  for (const auto& e : std::filesystem::recursive_directory_iterator(dir_)) {
+    EXPECT_EQ(e.path().filename().string().find(".tmp."), std::string::npos)
+        << "a temporary file was left: " << e.path();
+  }
+  for (int i = 0; i < fills_; ++i) std::filesystem::remove(Cat(dir_, "/filler", i));
+  ProfileStore::OpenReport again;
+  auto reopened = Open(&again);
+  EXPECT_TRUE(again.skipped.empty()) << (again.skipped.empty() ? "" : again.skipped.front());
+  EXPECT_EQ(reopened->Get("lab")->message.version(), 1u);
+  // The measurement log keeps its whole lines: one before the disk filled.
+  absl::StatusOr<uint64_t> n = reopened->AppendMeasurement("lab", R"({"total_us": 2})");
+  ASSERT_TRUE(n.ok()) << n.status();
+  EXPECT_EQ(*n, 2u);
+  // And with space again, the put goes through.
+  EXPECT_TRUE(reopened->Put(Profile("lab", 2)).ok());
 }
 
 }  // namespace
