@@ -25,6 +25,7 @@
 
 #include "moeplan/base/status.h"
 #include "moeplan/base/strings.h"
+#include "moeplan/base/watchdog.h"
 #include "moeplan/executor/saa.h"
 #include "moeplan/planner/validate.h"
 
@@ -122,6 +123,7 @@ class MoeLayerRunner::Impl final : public OpRecorder {
     if (step >= 0) fmt::format_to(std::back_inserter(r.name), ".{}", step);
     r.phase = phase;
     r.kind = kind;
+    Watchdog::Step(r.name);
     return nrec_++;
   }
 
@@ -151,6 +153,7 @@ class MoeLayerRunner::Impl final : public OpRecorder {
   }
   absl::Status Finish(Pending* p) {
     if (p->comm == nullptr) return absl::OkStatus();
+    Watchdog::Step(recs_[p->rec].name);  // the wait on the peers
     MOEPLAN_RETURN_IF_ERROR(p->comm->Wait(&p->req));
     recs_[p->rec].begin = p->req.begin;
     recs_[p->rec].end = p->req.end;

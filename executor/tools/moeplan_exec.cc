@@ -20,6 +20,7 @@
 #include "exec_report.h"
 #include "moeplan/base/status.h"
 #include "moeplan/base/strings.h"
+#include "moeplan/base/watchdog.h"
 #include "moeplan/calibration/profiles.h"
 #include "moeplan/executor/backends.h"
 #include "moeplan/executor/check.h"
@@ -48,6 +49,7 @@ struct Args {
   bool json = false;
   bool sequential = false;
   double max_memory_gib = 0.0;  // 0: what the device has free (CPU: shared by this host's ranks)
+  double watchdog_s = 300.0;    // a rank with no new op for this long exits (0: off)
 };
 
 int Rank() {
@@ -63,6 +65,7 @@ int Size() {
 
 // Every rank learns whether any rank failed; the lowest failing rank prints.
 absl::Status Agree(const absl::Status& local) {
+  Watchdog::Step("agreeing with the other ranks (MPI_Allreduce)");
   const int rank = Rank();
   int bad = local.ok() ? INT_MAX : rank, first = INT_MAX;
   MPI_Allreduce(&bad, &first, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
@@ -251,6 +254,7 @@ void TimeIteration(const Args& a, int it, ex::MoeLayerRunner& runner, Measured* 
   }
   local[2 * n] = runner.forward_us();
   local[2 * n + 1] = runner.total_us();
+  Watchdog::Step(Cat("gathering iteration ", it, "'s op times (MPI_Reduce)"));
   MPI_Reduce(local.data(), global.data(), static_cast<int>(local.size()), MPI_DOUBLE, MPI_MAX, 0,
              MPI_COMM_WORLD);
   if (Rank() == 0) {
@@ -504,6 +508,11 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--profile", a.profile, "profile for the prediction and --schedule auto")
       ->capture_default_str();
+  app.add_option("--watchdog-s", a.watchdog_s,
+                 "a rank that begins no new op for this long (a peer died or stalled) prints the "
+                 "op it waits in and exits 3, and mpirun stops the job (0: off)")
+      ->check(CLI::Range(0.0, 86400.0))
+      ->capture_default_str();
   app.add_flag("--check", a.check,
                "also run every schedule the layout allows on the same inputs and compare "
                "outputs, gradients and routing with the default's (exit 1 on mismatch)");
@@ -515,7 +524,12 @@ int main(int argc, char** argv) {
   int rc = 0;
   try {
     app.parse(argc, argv);
+    int rank = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    moeplan::Watchdog::Start("moeplan-exec", rank,
+                             std::chrono::milliseconds(static_cast<int64_t>(a.watchdog_s * 1000)));
     rc = moeplan::exec::Run(a);
+    moeplan::Watchdog::Stop();
   } catch (const CLI::ParseError& e) {
     // Every rank parsed the same arguments: all stop here, rank 0 explains.
     int rank = 0;

@@ -9,6 +9,7 @@
 #include "moeplan/base/stats.h"
 #include "moeplan/base/status.h"
 #include "moeplan/base/strings.h"
+#include "moeplan/base/watchdog.h"
 #include "moeplan/executor/kernels.h"
 #include "moeplan/executor/saa.h"
 #include "moeplan/proto/convert.h"
@@ -148,6 +149,8 @@ struct Repeater {
   absl::Status Run(const std::function<absl::Status()>& op,
                    const std::function<absl::StatusOr<int64_t>()>& check,
                    v1::ProfileSample* s) const {
+    // What a stalled peer leaves this rank waiting in (docs: --watchdog-s).
+    Watchdog::Step(Cat("timing ", s->ShortDebugString()));
     double warm = 0.0;
     int64_t wrong = 0;
     for (int i = 0; i < options.warmup; ++i) {

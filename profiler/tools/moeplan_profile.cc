@@ -23,6 +23,7 @@
 #include "fmt/format.h"
 #include "moeplan/base/status.h"
 #include "moeplan/base/strings.h"
+#include "moeplan/base/watchdog.h"
 #include "moeplan/executor/backends.h"
 #include "moeplan/profiler/profiler.h"
 #include "moeplan/profiler/sweep.h"
@@ -49,6 +50,7 @@ struct Args {
   std::vector<int64_t> gemm_sizes;
   double gemm_max_gflop = 0.0;  // 0: the backend's default
   std::vector<int64_t> memory_tokens;
+  double watchdog_s = 600.0;  // a rank whose sample does not finish for this long exits (0: off)
   int64_t max_point_memory = 0;  // 0: auto
 };
 
@@ -394,10 +396,20 @@ int main(int argc, char** argv) {
          "per-rank buffer memory one point may take; larger points are left out (auto: half the "
          "host's memory over its ranks), e.g. 2GiB; 0: auto")
       ->transform(size_units);
+  app.add_option("--watchdog-s", a.watchdog_s,
+                 "a rank stuck this long in one sample (a peer died or stalled) prints the sample "
+                 "and exits 3, and mpirun stops the job (0: off)")
+      ->check(CLI::Range(0.0, 86400.0))
+      ->capture_default_str();
   int rc = 0;
   try {
     app.parse(argc, argv);
+    int rank = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    moeplan::Watchdog::Start("moeplan-profile", rank,
+                             std::chrono::milliseconds(static_cast<int64_t>(a.watchdog_s * 1000)));
     rc = moeplan::profiler::Run(a);
+    moeplan::Watchdog::Stop();
   } catch (const CLI::ParseError& e) {
     int rank = 0;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);

@@ -6,7 +6,8 @@
 #   schedules were interleaved and each one's per-iteration totals are reported,
 #   their median being its total; --sequential likewise, not interleaved;
 # - bad inputs: exit 1 on every rank within the timeout (no rank left waiting),
-#   one error line naming the field.
+#   one error line naming the field;
+# - a rank stopped or killed mid-run: the job ends non-zero within 30 s.
 set -uo pipefail
 EXEC=$1 CLI=$2 SRC=$3
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
@@ -93,5 +94,40 @@ expect_error "endless input" 4 "larger than 67108864 bytes" --layer /dev/zero
 expect_error "memory over the limit" 4 \
   "memory: the default schedule needs .* GiB per rank, over the 0.00 GiB it may use (--max-memory-gib); the largest tensor is" \
   --layer "$LAYER" --schedule default --max-memory-gib 0.0001
+
+# 3. A rank that stalls (SIGSTOP) or dies (SIGKILL) mid-run: the job ends
+# non-zero within a bounded time, never hangs. A stall is caught by the other
+# ranks' watchdogs (--watchdog-s), which name the rank and the op they wait in;
+# a death by mpirun itself.
+interrupt() {  # name, signal, pattern in stderr
+  local name=$1 sig=$2 pattern=$3
+  timeout 120 mpirun -np 4 "$EXEC" --layer "$LAYER" --schedule s2 --iters 100000000 --warmup 0 \
+    --watchdog-s 5 >"$TMP/int.out" 2>"$TMP/int.err" &
+  local tpid=$! mpid="" ranks="" _
+  for _ in $(seq 1 200); do  # the ranks: children of mpirun, child of timeout
+    mpid=$(pgrep -P "$tpid" | head -1)
+    [ -n "$mpid" ] && ranks=$(pgrep -P "$mpid" -x moeplan-exec | sort -n)
+    [ "$(echo "$ranks" | grep -c .)" = 4 ] && break
+    sleep 0.1
+  done
+  if [ "$(echo "$ranks" | grep -c .)" != 4 ]; then
+    bad "$name: the 4 ranks did not start"; kill -9 "$tpid" 2>/dev/null; wait "$tpid"; return
+  fi
+  sleep 3  # past setup, into the iterations
+  local victim
+  victim=$(echo "$ranks" | sed -n 2p)
+  local t0=$SECONDS
+  kill "-$sig" "$victim"
+  wait "$tpid"
+  local rc=$? took=$((SECONDS - t0))
+  kill -CONT "$victim" 2>/dev/null; kill -9 "$victim" 2>/dev/null
+  if [ $rc -eq 124 ]; then bad "$name: the job hung (timeout)"; return; fi
+  [ $rc -ne 0 ] || bad "$name: exit 0"
+  [ $took -le 30 ] || bad "$name: took $took s to end (want <= 30 s: watchdog 5 s)"
+  grep -q -- "$pattern" "$TMP/int.err" || bad "$name: no '$pattern' in: $(tail -5 "$TMP/int.err")"
+  echo "$name: job ended in $took s, exit $rc"
+}
+interrupt "stalled rank" STOP "moeplan-exec: rank [0-9]: no progress for [0-9.]* s in '"
+interrupt "killed rank" KILL "exited on signal 9"
 
 exit $fail
