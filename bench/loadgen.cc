@@ -2,7 +2,7 @@
 // (default) or open loop at a fixed rate (--rate).
 //
 //   moeplan-loadgen --server 127.0.0.1:PORT [--clients 8] [--duration-s 10] [--warmup-s 1]
-//                   [--mode cached|uncached] [--layer FILE] [--profile NAME]
+//                   [--mode cached|uncached|check] [--layer FILE] [--profile NAME]
 //                   [--server-pid PID] [--deadline-ms 1000] [--channels 2] [--threads 0]
 //                   [--rate R] [--json]
 //
@@ -19,6 +19,9 @@
 //           answers from its plan cache.
 // uncached: every call carries a distinct, valid batch_size (a cyclic sequence far
 //           longer than the server's cache), so every call is planned afresh.
+// check:    the standard health service's Check (an empty unary call): gRPC's
+//           own cost on this machine, the yardstick the plan modes are
+//           reported against (scripts/load.sh prints their ratios to it).
 //
 // Exit status: 0 when every call succeeded, 1 when any failed (warmup and drain
 // included), 2 on a usage or setup error.
@@ -43,6 +46,8 @@
 #include <string>
 #include <thread>
 #include <vector>
+
+#include <grpcpp/generic/generic_stub.h>
 
 #include "absl/synchronization/mutex.h"
 #include "moeplan/proto/json.h"
@@ -246,6 +251,10 @@ struct Slot {
   v1::PlanLayerRequest request;
   std::optional<grpc::ClientContext> ctx;
   std::unique_ptr<grpc::ClientAsyncResponseReader<v1::PlanLayerResponse>> rpc;
+  // --mode check: grpc.health.v1.Health/Check through the generic stub.
+  grpc::GenericStub* generic = nullptr;
+  grpc::ByteBuffer check_request, check_response;
+  std::unique_ptr<grpc::ClientAsyncResponseReader<grpc::ByteBuffer>> check_rpc;
   grpc::Status status;
   Clock::time_point sent;
   bool in_flight = false;
@@ -265,13 +274,16 @@ class Worker {
  public:
   // Slots first_slot, first_slot + stride, ... below `total` are this worker's;
   // slot i calls through stubs[i % stubs.size()].
-  Worker(const std::vector<std::unique_ptr<v1::Planner::Stub>>& stubs, int first_slot, int stride,
-         int total, const v1::PlanLayerRequest& base, size_t arena_bytes, const Config& cfg,
-         const Window& w, const BatchSequence* seq, std::atomic<uint64_t>* seq_counter)
-      : cfg_(cfg), w_(w), seq_(seq), seq_counter_(seq_counter) {
+  Worker(const std::vector<std::unique_ptr<v1::Planner::Stub>>& stubs,
+         const std::vector<std::unique_ptr<grpc::GenericStub>>& generic, int first_slot,
+         int stride, int total, const v1::PlanLayerRequest& base, size_t arena_bytes,
+         const Config& cfg, const Window& w, const BatchSequence* seq,
+         std::atomic<uint64_t>* seq_counter)
+      : cfg_(cfg), w_(w), seq_(seq), seq_counter_(seq_counter), check_(cfg.mode == "check") {
     for (int i = first_slot; i < total; i += stride) {
       auto s = std::make_unique<Slot>(arena_bytes);
       s->stub = stubs[static_cast<size_t>(i) % stubs.size()].get();
+      s->generic = generic[static_cast<size_t>(i) % generic.size()].get();
       s->request = base;
       slots_.push_back(std::move(s));
     }
@@ -361,15 +373,23 @@ class Worker {
           seq_->At(seq_counter_->fetch_add(1, std::memory_order_relaxed)));
     }
     s.status = grpc::Status();
+    s.sent = sent;
+    s.in_flight = true;
+    ++outstanding_;
+    if (check_) {
+      // HealthCheckRequest{service = ""}: zero bytes on the wire.
+      s.check_rpc = s.generic->PrepareUnaryCall(&*s.ctx, "/grpc.health.v1.Health/Check",
+                                                s.check_request, &cq_);
+      s.check_rpc->StartCall();
+      s.check_rpc->Finish(&s.check_response, &s.status, &s);
+      return;
+    }
     s.response = nullptr;
     s.arena.Reset();
     s.response = google::protobuf::Arena::CreateMessage<v1::PlanLayerResponse>(&s.arena);
-    s.sent = sent;
     s.rpc = s.stub->PrepareAsyncPlanLayer(&*s.ctx, s.request, &cq_);
     s.rpc->StartCall();
     s.rpc->Finish(s.response, &s.status, &s);
-    s.in_flight = true;
-    ++outstanding_;
   }
 
   void Complete(Slot& s, Clock::time_point now) {
@@ -378,7 +398,7 @@ class Worker {
     ++result_.completed_all;
     int code = static_cast<int>(s.status.error_code());
     if (code < 0 || code >= kNumCodes) code = static_cast<int>(grpc::StatusCode::UNKNOWN);
-    if (code == 0 && (s.response->candidates_size() == 0 ||
+    if (code == 0 && !check_ && (s.response->candidates_size() == 0 ||
                       s.response->best_schedule() == v1::SCHEDULE_UNSPECIFIED)) {
       code = kBadResponse;
     }
@@ -408,6 +428,7 @@ class Worker {
   const BatchSequence* seq_;
   std::atomic<uint64_t>* seq_counter_;
   int outstanding_ = 0;
+  const bool check_;
   WorkerResult result_;
 };
 
@@ -451,9 +472,10 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::Range(0.0, 3600.0));
   app.add_option("--mode", cfg.mode,
-                 "cached: one request repeated; uncached: every request differs")
+                 "cached: one request repeated; uncached: every request differs; check: the "
+                 "health service's empty Check, gRPC's own cost")
       ->capture_default_str()
-      ->check(CLI::IsMember({"cached", "uncached"}));
+      ->check(CLI::IsMember({"cached", "uncached", "check"}));
   app.add_option("--layer", cfg.layer_path, "LayerConfig JSON")->capture_default_str();
   app.add_option("--profile", cfg.profile, "Profile name")->capture_default_str();
   app.add_option("--server-pid", cfg.server_pid, "Report this process's RSS over the window")
@@ -556,9 +578,13 @@ int main(int argc, char** argv) {
   std::atomic<uint64_t> seq_counter{0};
   std::vector<std::unique_ptr<Worker>> workers;
   std::vector<std::unique_ptr<v1::Planner::Stub>> stubs;
-  for (auto& ch : channels) stubs.push_back(v1::Planner::NewStub(ch));
+  std::vector<std::unique_ptr<grpc::GenericStub>> generic;
+  for (auto& ch : channels) {
+    stubs.push_back(v1::Planner::NewStub(ch));
+    generic.push_back(std::make_unique<grpc::GenericStub>(ch));
+  }
   for (int i = 0; i < cfg.threads; ++i) {
-    workers.push_back(std::make_unique<Worker>(stubs, i, cfg.threads, slots_total, base,
+    workers.push_back(std::make_unique<Worker>(stubs, generic, i, cfg.threads, slots_total, base,
                                                arena_bytes, cfg, w, uncached ? &seq : nullptr,
                                                &seq_counter));
   }

@@ -10,7 +10,8 @@
 #   DURATION=10        measured seconds per run (60 for the report run)
 #   WARMUP=1           unmeasured seconds before each run's window
 #   CLIENTS="1 8 64"   outstanding calls per run
-#   MODES="cached uncached"
+#   MODES="check cached uncached"   check: the health service's empty Check, gRPC's
+#                      own cost; each plan mode is also reported as a ratio of it
 #   CHANNELS=2         gRPC channels (TCP connections) of the load generator
 #   THREADS=0          its completion-queue threads (0: min(CHANNELS, 2))
 #   CACHE_ENTRIES=     server --cache-entries (unset: the server's default)
@@ -28,7 +29,7 @@ cd "$(dirname "$0")/.."
 DURATION=${DURATION:-10}
 WARMUP=${WARMUP:-1}
 CLIENTS=${CLIENTS:-"1 8 64"}
-MODES=${MODES:-"cached uncached"}
+MODES=${MODES:-"check cached uncached"}
 CHANNELS=${CHANNELS:-2}
 THREADS=${THREADS:-0}
 CACHE_ENTRIES=${CACHE_ENTRIES:-}
@@ -98,6 +99,8 @@ jget() {
 }
 
 rows=()
+ratios=()
+declare -A check_rps check_p99
 failed=0
 uncached_runs=0
 for c in $CLIENTS; do
@@ -132,7 +135,15 @@ for c in $CLIENTS; do
     errs=$(jget errors_total "$out")
     [[ $errs != 0 && $errs != - ]] && failed=1
     growth=$(jget growth_pct "$out")
-    rows+=("| $c | $m | $(jget throughput_rps "$out") | $(jget p50 "$out") | $(jget p99 "$out") | $(jget max "$out") | $errs | $growth |")
+    rps=$(jget throughput_rps "$out")
+    p99=$(jget p99 "$out")
+    rows+=("| $c | $m | $rps | $(jget p50 "$out") | $p99 | $(jget max "$out") | $errs | $growth |")
+    if [[ $m == check ]]; then
+      check_rps[$c]=$rps
+      check_p99[$c]=$p99
+    elif [[ -n ${check_rps[$c]:-} && $rps != - ]]; then
+      ratios+=("| $c | $m | $(awk -v a="$rps" -v b="${check_rps[$c]}" 'BEGIN{printf "%.0f %%", 100*a/b}') | $(awk -v a="$p99" -v b="${check_p99[$c]}" 'BEGIN{printf "%.2f", a/b}') |")
+    fi
   done
 done
 
@@ -148,6 +159,14 @@ echo
 echo "| clients | mode | req/s | p50 µs | p99 µs | max µs | errors | server RSS growth % |"
 echo "|--:|---|--:|--:|--:|--:|--:|--:|"
 printf '%s\n' "${rows[@]}"
+if [[ ${#ratios[@]} -gt 0 ]]; then
+  echo
+  echo "Against gRPC itself (the health service's Check, same clients, same run):"
+  echo
+  echo "| clients | mode | req/s as % of Check's | p99 / Check's p99 |"
+  echo "|--:|---|--:|--:|"
+  printf '%s\n' "${ratios[@]}"
+fi
 
 # Stop the server now (the trap does the same on every other path) and check
 # that SIGTERM gives exit 0.

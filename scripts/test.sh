@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Installs, builds and runs every test: the full suite (ctest), then the unit
-# tests again under ASan+UBSan in build-asan/, then the fuzz harnesses for a
+# Installs, builds and runs every test: the full suite (ctest), a short soak
+# of the server, then the unit tests again under ASan+UBSan in build-asan/, then the fuzz harnesses for a
 # bounded time in build-fuzz/, then the server tests under TSan in build-tsan/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -8,6 +8,11 @@ JOBS="${JOBS:-$(nproc)}"
 
 bash scripts/setup.sh
 (cd build && ctest --output-on-failure -j "$JOBS")
+
+# A short soak of the server (scripts/soak.sh; 600 s is the reported run):
+# mixed traffic with no failed call and bounded RSS, then a burst of
+# worst-case requests during which cheap calls are still answered.
+DURATION="${SOAK_SECONDS:-20}" WORST_S=5 bash scripts/soak.sh
 
 # ASan+UBSan: unit tests only (the CLI tests run the release binary above).
 export BUILD_DIR=build-asan

@@ -153,6 +153,24 @@ class Handlers::Impl {
     return s;
   }
 
+  bool PlanModelCached(const CallContext& ctx, const v1::PlanModelRequest* req,
+                       v1::PlanModelResponse* resp, absl::Status* status) {
+    const auto start = Clock::now();
+    std::string_view cache_state = "-";
+    std::string profile_name;
+    bool miss = false;
+    absl::Status s = Authorize(ctx, "PlanModel", false);
+    if (s.ok()) {
+      s = Guard(resp, [&] {
+        return DoPlanModel(ctx, *req, resp, &cache_state, &profile_name, &miss);
+      });
+    }
+    if (miss && s.ok()) return false;
+    log_.Log("PlanModel", s, start, cache_state, profile_name);
+    *status = s;
+    return true;
+  }
+
   int model_plans_running() const { return model_plans_.load(); }
 
   absl::Status ListProfiles(const CallContext& ctx, const v1::ListProfilesRequest*,
@@ -331,9 +349,10 @@ class Handlers::Impl {
     return Invalid("profile_name: required (or an inline profile)");
   }
 
+  // `defer` set: a miss returns OK at once with *defer true, planning nothing.
   absl::Status DoPlanModel(const CallContext& ctx, const v1::PlanModelRequest& req,
                            v1::PlanModelResponse* resp, std::string_view* cache_state,
-                           std::string* profile_name) {
+                           std::string* profile_name, bool* defer = nullptr) {
     MOEPLAN_RETURN_IF_ERROR(CheckDeadline(ctx));
     std::string inline_bytes;
     MOEPLAN_ASSIGN_OR_RETURN(std::shared_ptr<const ProfileEntry> entry,
@@ -360,6 +379,10 @@ class Handlers::Impl {
       return absl::OkStatus();
     }
     *cache_state = "miss";
+    if (defer != nullptr) {
+      *defer = true;
+      return absl::OkStatus();
+    }
     // Whole-model plans take milliseconds to seconds, and a search's memory
     // grows with its candidates: only max_model_plans run at once.
     const int running = model_plans_.fetch_add(1) + 1;
@@ -517,6 +540,11 @@ Handlers::Handlers(ProfileStore* store, PlanCache* cache, const HandlerOptions& 
 Handlers::~Handlers() = default;
 
 int Handlers::model_plans_running() const { return impl_->model_plans_running(); }
+
+bool Handlers::PlanModelCached(const CallContext& ctx, const v1::PlanModelRequest& req,
+                               v1::PlanModelResponse* resp, absl::Status* status) {
+  return impl_->PlanModelCached(ctx, &req, resp, status);
+}
 
 absl::Status Handlers::PlanLayer(const CallContext& ctx, const v1::PlanLayerRequest& req,
                                  v1::PlanLayerResponse* resp) {

@@ -12,6 +12,11 @@
 
 #include <algorithm>
 #include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <thread>
+#include <vector>
 #include <limits>
 #include <mutex>
 
@@ -49,10 +54,62 @@ class GrpcCall final : public CallContext {
   grpc::ServerContextBase& ctx_;
 };
 
-// The callback API: handlers run inline on gRPC's pool and finish at once.
+// Threads for uncached whole-model plans (milliseconds to seconds each), so
+// that gRPC's own threads, which the callback API runs handlers on and which
+// number about the machine's cores, stay free for the cheap calls. At most
+// `queue` calls wait for a thread; one more is refused.
+class PlanPool {
+ public:
+  PlanPool(int threads, int queue) : queue_(static_cast<size_t>(queue)) {
+    for (int i = 0; i < threads; ++i) threads_.emplace_back([this] { Work(); });
+  }
+  ~PlanPool() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    for (std::thread& t : threads_) t.join();
+  }
+  bool Submit(std::function<void()> job) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (stop_ || jobs_.size() >= queue_) return false;
+      jobs_.push_back(std::move(job));
+    }
+    cv_.notify_one();
+    return true;
+  }
+  int threads() const { return static_cast<int>(threads_.size()); }
+  size_t queue() const { return queue_; }
+
+ private:
+  void Work() {
+    for (;;) {
+      std::function<void()> job;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait(lock, [&] { return stop_ || !jobs_.empty(); });
+        if (jobs_.empty()) return;  // stopping, nothing left
+        job = std::move(jobs_.front());
+        jobs_.pop_front();
+      }
+      job();
+    }
+  }
+  const size_t queue_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> jobs_;
+  bool stop_ = false;
+  std::vector<std::thread> threads_;
+};
+
+// The callback API: handlers run inline on gRPC's pool and finish at once,
+// except uncached whole-model plans, which run on the PlanPool.
 class CallbackPlanner final : public v1::Planner::CallbackService {
  public:
-  explicit CallbackPlanner(Handlers* core) : core_(*core) {}
+  CallbackPlanner(Handlers* core, PlanPool* pool) : core_(*core), pool_(*pool) {}
   grpc::ServerUnaryReactor* PlanLayer(grpc::CallbackServerContext* ctx,
                                       const v1::PlanLayerRequest* req,
                                       v1::PlanLayerResponse* resp) override {
@@ -61,7 +118,19 @@ class CallbackPlanner final : public v1::Planner::CallbackService {
   grpc::ServerUnaryReactor* PlanModel(grpc::CallbackServerContext* ctx,
                                       const v1::PlanModelRequest* req,
                                       v1::PlanModelResponse* resp) override {
-    return Finish(ctx, core_.PlanModel(GrpcCall(ctx), *req, resp));
+    absl::Status s;
+    if (core_.PlanModelCached(GrpcCall(ctx), *req, resp, &s)) return Finish(ctx, s);
+    grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+    // ctx, req and resp live until the reactor finishes.
+    const bool queued = pool_.Submit([this, ctx, req, resp, reactor] {
+      reactor->Finish(ToGrpc(core_.PlanModel(GrpcCall(ctx), *req, resp)));
+    });
+    if (!queued) {
+      reactor->Finish(ToGrpc(absl::ResourceExhaustedError(
+          Cat("server busy: ", pool_.threads(), " uncached model plans are running and ",
+              pool_.queue(), " waiting (moeplan-server --max-model-plans); retry later"))));
+    }
+    return reactor;
   }
   grpc::ServerUnaryReactor* ListProfiles(grpc::CallbackServerContext* ctx,
                                          const v1::ListProfilesRequest* req,
@@ -91,6 +160,7 @@ class CallbackPlanner final : public v1::Planner::CallbackService {
     return reactor;
   }
   Handlers& core_;
+  PlanPool& pool_;
 };
 
 // The synchronous API: gRPC's thread manager, bounded by the resource quota.
@@ -151,6 +221,7 @@ absl::Status CheckListenAddress(const std::string& listen, bool allow_public) {
 
 struct PlannerServer::Impl {
   std::unique_ptr<Handlers> core;
+  std::unique_ptr<PlanPool> pool;  // destroyed after the server (its jobs finish calls)
   std::unique_ptr<grpc::Service> service;
   std::unique_ptr<grpc::Server> server;
   std::once_flag shutdown_once;
@@ -214,6 +285,14 @@ absl::StatusOr<std::unique_ptr<PlannerServer>> PlannerServer::Start(
     MOEPLAN_ASSIGN_OR_RETURN(handler_options.token, ReadToken(options.token_file));
   }
   handler_options.token_for_reads = options.token_for_reads;
+  if (options.threads > 0) {
+    // The synchronous API runs every call on its N threads: model plans may
+    // hold at most N - 1 of them, so one is always left for the cheap calls.
+    const int most = std::max(1, options.threads - 1);
+    if (handler_options.max_model_plans <= 0 || handler_options.max_model_plans > most) {
+      handler_options.max_model_plans = most;
+    }
+  }
   if (options.token_for_reads && options.token_file.empty()) {
     return Invalid("--token-for-reads: needs --token-file");
   }
@@ -231,7 +310,12 @@ absl::StatusOr<std::unique_ptr<PlannerServer>> PlannerServer::Start(
   if (options.threads > 0) {
     out->impl_->service = std::make_unique<SyncPlanner>(out->impl_->core.get());
   } else {
-    out->impl_->service = std::make_unique<CallbackPlanner>(out->impl_->core.get());
+    const int plans = handler_options.max_model_plans > 0
+                          ? handler_options.max_model_plans
+                          : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    out->impl_->pool = std::make_unique<PlanPool>(plans, 16 * plans);
+    out->impl_->service =
+        std::make_unique<CallbackPlanner>(out->impl_->core.get(), out->impl_->pool.get());
   }
 
   grpc::EnableDefaultHealthCheckService(true);

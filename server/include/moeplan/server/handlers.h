@@ -69,6 +69,11 @@ class Handlers {
                          v1::PlanLayerResponse* resp);
   absl::Status PlanModel(const CallContext& ctx, const v1::PlanModelRequest& req,
                          v1::PlanModelResponse* resp);
+  // PlanModel's cheap part: answers a cache hit or a bad request (true, with
+  // `*status`); false on a miss, which only PlanModel plans. The server runs
+  // misses on its own threads, so gRPC's stay free for cheap calls.
+  bool PlanModelCached(const CallContext& ctx, const v1::PlanModelRequest& req,
+                       v1::PlanModelResponse* resp, absl::Status* status);
   absl::Status ListProfiles(const CallContext& ctx, const v1::ListProfilesRequest& req,
                             v1::ListProfilesResponse* resp);
   absl::Status GetProfile(const CallContext& ctx, const v1::GetProfileRequest& req,

@@ -1,0 +1,229 @@
+#!/usr/bin/env bash
+# Soak test of moeplan-server (docs/service.md): mixed traffic for DURATION
+# seconds against one server on loopback, then a burst of worst-case requests.
+#
+#   bash scripts/soak.sh            # 600 s, the figure reported
+#   DURATION=20 bash scripts/soak.sh   # what CI runs (scripts/test.sh)
+#
+# Traffic, all at once:
+#   - moeplan-loadgen, cached PlanLayer, CACHED_CLIENTS (32) calls outstanding;
+#   - moeplan-loadgen, uncached PlanLayer, UNCACHED_CLIENTS (32);
+#     both against profile "soak", so that every put below invalidates their
+#     cache entries;
+#   - a writer (Python client): a new version of "soak" every PUT_EVERY_S (2 s)
+#     and REPORTS_PER_S (20) ReportMeasurement calls per second;
+#   - the server's RSS sampled every second.
+# Then WORST_CLIENTS (64) threads send worst-case PlanModel requests for
+# WORST_S (10 s: layout searches of 2^20 GPUs and 4,096 micro-batches, 1,024-
+# layer models with timelines) while one thread times cached PlanLayer calls.
+#
+# Passes (exit 0) when no call failed in the soak (worst-case requests may be
+# refused with RESOURCE_EXHAUSTED or DEADLINE_EXCEEDED, never anything else),
+# the RSS grew less than 10 % from the end of the warm-up (WARMUP_S, 60 s; a
+# tenth of DURATION when shorter) to the end, the cached calls during the
+# burst were all answered, and the server stops with exit 0 on SIGTERM.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+DURATION=${DURATION:-600}
+WARMUP_S=${WARMUP_S:-60}
+CACHED_CLIENTS=${CACHED_CLIENTS:-32}
+UNCACHED_CLIENTS=${UNCACHED_CLIENTS:-32}
+PUT_EVERY_S=${PUT_EVERY_S:-2}
+REPORTS_PER_S=${REPORTS_PER_S:-20}
+WORST_CLIENTS=${WORST_CLIENTS:-64}
+WORST_S=${WORST_S:-10}
+BUILD_DIR=${BUILD_DIR:-build}
+if ((WARMUP_S * 10 > DURATION)); then WARMUP_S=$((DURATION / 10 > 0 ? DURATION / 10 : 1)); fi
+
+server_bin=$BUILD_DIR/server/moeplan-server
+loadgen_bin=$BUILD_DIR/bench/moeplan-loadgen
+stubs=$BUILD_DIR/client/python
+for b in "$server_bin" "$loadgen_bin"; do
+  [[ -x $b ]] || { echo "soak.sh: error: $b not built" >&2; exit 2; }
+done
+[[ -f $stubs/moeplan/v1/service_pb2_grpc.py ]] || { echo "soak.sh: error: no Python stubs in $stubs" >&2; exit 2; }
+
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/moeplan-soak.XXXXXX")
+server_pid=""
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  if [[ -n $server_pid ]] && kill -0 "$server_pid" 2>/dev/null; then
+    kill -KILL "$server_pid" 2>/dev/null || true
+    wait "$server_pid" 2>/dev/null || true
+  fi
+  rm -rf "$tmp"
+}
+trap cleanup EXIT
+
+mkdir -p "$tmp/data"
+"$server_bin" --listen 127.0.0.1:0 --data-dir "$tmp/data" --no-request-log --max-plan-seconds 5 \
+  >"$tmp/server.out" 2>"$tmp/server.err" &
+server_pid=$!
+addr=""
+for _ in $(seq 200); do
+  line=$(grep -m1 '^moeplan-server listening on ' "$tmp/server.out" || true)
+  [[ -n $line ]] && { addr=${line#moeplan-server listening on }; break; }
+  kill -0 "$server_pid" 2>/dev/null || break
+  sleep 0.1
+done
+[[ -n $addr ]] || { echo "soak.sh: the server did not start: $(cat "$tmp/server.err")" >&2; exit 2; }
+echo "soak.sh: server pid $server_pid on $addr; ${DURATION} s of mixed traffic (warm-up ${WARMUP_S} s)" >&2
+
+export MOEPLAN_PYTHONPATH=$stubs
+py() { /usr/bin/python3 - "$@"; }
+
+# The profile the traffic plans against.
+py "$addr" <<'EOF'
+import sys
+sys.path.insert(0, "client/python")
+from moeplan_client import PlannerClient
+with PlannerClient(sys.argv[1]) as c:
+    p = c.get_profile("a100-8x8")
+    p["name"], p["version"] = "soak", 1
+    c.put_profile(p)
+EOF
+
+# RSS sampler: "seconds kib" lines.
+(
+  t=0
+  while kill -0 "$server_pid" 2>/dev/null; do
+    echo "$t $(awk '/^VmRSS:/ {print $2}' "/proc/$server_pid/status" 2>/dev/null || echo 0)"
+    sleep 1
+    t=$((t + 1))
+  done
+) >"$tmp/rss" &
+pids+=($!)
+
+common=(--server "$addr" --profile soak --duration-s "$DURATION" --warmup-s 0 --deadline-ms 10000 --json)
+"$loadgen_bin" "${common[@]}" --mode cached --clients "$CACHED_CLIENTS" >"$tmp/cached.json" 2>"$tmp/cached.err" &
+cached_pid=$!
+"$loadgen_bin" "${common[@]}" --mode uncached --clients "$UNCACHED_CLIENTS" >"$tmp/uncached.json" 2>"$tmp/uncached.err" &
+uncached_pid=$!
+
+# The writer: puts and measurement reports for DURATION seconds.
+py "$addr" "$DURATION" "$PUT_EVERY_S" "$REPORTS_PER_S" >"$tmp/writer.json" <<'EOF'
+import json, sys, time
+sys.path.insert(0, "client/python")
+from moeplan_client import PlannerClient, PlannerError
+addr, duration, put_every, reports_per_s = sys.argv[1], float(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4])
+with open("examples/gpt2-moe-layer.json") as f:
+    layer = json.load(f)
+puts = reports = 0
+errors = []
+with PlannerClient(addr, timeout_s=10.0) as c:
+    profile = c.get_profile("soak")
+    start = time.monotonic()
+    next_put = start + put_every
+    while time.monotonic() - start < duration:
+        now = time.monotonic()
+        try:
+            if now >= next_put:
+                profile["version"] += 1
+                profile["links"]["inter"]["alpha_us"] = 1.0 + profile["version"] * 1e-3
+                c.put_profile(profile)
+                puts += 1
+                next_put += put_every
+            c.report_measurement("soak", 1, layer, "s2", {"fwd.gate": 25.0 + reports % 7}, 9000.0)
+            reports += 1
+        except PlannerError as e:
+            errors.append(f"{e.code}: {e.message}")
+        time.sleep(1.0 / reports_per_s)
+print(json.dumps({"puts": puts, "reports": reports, "errors": len(errors), "first_error": errors[:1]}))
+EOF
+
+cached_rc=0; wait "$cached_pid" || cached_rc=$?
+uncached_rc=0; wait "$uncached_pid" || uncached_rc=$?
+
+# The burst of worst-case requests, with a cheap caller timing cached plans.
+py "$addr" "$WORST_CLIENTS" "$WORST_S" >"$tmp/worst.json" <<'EOF'
+import json, sys, threading, time
+sys.path.insert(0, "client/python")
+from moeplan_client import PlannerClient, PlannerError
+addr, clients, seconds = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+with open("examples/models/gpt3-medium-moe.json") as f:
+    model = json.load(f)
+with open("examples/gpt2-moe-layer.json") as f:
+    layer = json.load(f)
+big = dict(model, num_layers=1024, moe=dict(model["moe"], layer_freq=1))
+codes, lock, stop = {}, threading.Lock(), time.monotonic() + seconds
+def worst(i):
+    with PlannerClient(addr, timeout_s=30.0) as c:
+        while time.monotonic() < stop:
+            try:
+                if i % 2:
+                    c.plan_model(model, search={"gpus": 1 << 20, "max_microbatches": 4096, "top": 1000})
+                else:
+                    c.plan_model(big, include_timeline=True)
+                code = "OK"
+            except PlannerError as e:
+                code = e.code
+            with lock:
+                codes[code] = codes.get(code, 0) + 1
+threads = [threading.Thread(target=worst, args=(i,)) for i in range(clients)]
+for t in threads:
+    t.start()
+lat, failed = [], 0
+with PlannerClient(addr, timeout_s=10.0) as c:
+    c.plan_layer(layer)
+    while time.monotonic() < stop:
+        t0 = time.monotonic()
+        try:
+            c.plan_layer(layer)
+            lat.append((time.monotonic() - t0) * 1e3)
+        except PlannerError:
+            failed += 1
+        time.sleep(0.01)
+for t in threads:
+    t.join()
+lat.sort()
+q = lambda p: round(lat[min(len(lat) - 1, int(p * len(lat)))], 2) if lat else None
+print(json.dumps({"worst_codes": codes, "cheap_calls": len(lat), "cheap_failed": failed,
+                  "cheap_p50_ms": q(0.5), "cheap_p99_ms": q(0.99), "cheap_max_ms": q(1.0)}))
+EOF
+
+kill -0 "$server_pid" 2>/dev/null || { echo "soak.sh: the server died: $(tail -5 "$tmp/server.err")" >&2; exit 1; }
+kill -TERM "$server_pid"
+server_rc=0
+wait "$server_pid" || server_rc=$?
+server_pid=""
+
+# Verdict.
+/usr/bin/python3 - "$tmp" "$WARMUP_S" "$DURATION" "$cached_rc" "$uncached_rc" "$server_rc" <<'EOF'
+import json, sys
+tmp, warmup, duration = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+cached_rc, uncached_rc, server_rc = map(int, sys.argv[4:7])
+def load(name):
+    try:
+        with open(f"{tmp}/{name}") as f:
+            return json.loads(f.read().strip().splitlines()[-1])
+    except (OSError, ValueError, IndexError):
+        return {}
+cached, uncached, writer, worst = load("cached.json"), load("uncached.json"), load("writer.json"), load("worst.json")
+rss = [tuple(map(int, l.split())) for l in open(f"{tmp}/rss") if len(l.split()) == 2 and l.split()[1] != "0"]
+soak = [kib for t, kib in rss if t <= duration]
+base = next((kib for t, kib in rss if t >= warmup), soak[0] if soak else 0)
+end_max = max((kib for t, kib in rss if warmup <= t <= duration), default=base)
+growth = 100.0 * (end_max - base) / base if base else float("nan")
+peak = max((kib for _, kib in rss), default=0)
+ok = True
+print(f"soak: {duration} s, loopback, {cached.get('clients', '?')} cached + {uncached.get('clients', '?')} uncached PlanLayer clients, a writer")
+for name, r, rc in (("cached", cached, cached_rc), ("uncached", uncached, uncached_rc)):
+    errs = r.get("errors_total", "?")
+    print(f"  {name:9s} {r.get('throughput_rps', '?')} req/s, p50 {r.get('p50', '?')} us, p99 {r.get('p99', '?')} us, errors {errs} (exit {rc})")
+    ok &= rc == 0 and errs == 0
+print(f"  writer    {writer.get('puts', '?')} profile puts (each invalidating the plans), {writer.get('reports', '?')} measurement reports, errors {writer.get('errors', '?')} {writer.get('first_error', '')}")
+ok &= writer.get("errors") == 0
+print(f"  RSS       {base / 1024:.1f} MiB after the {warmup} s warm-up, at most {end_max / 1024:.1f} MiB to the end: growth {growth:.1f} % (limit 10 %)")
+ok &= growth < 10.0
+codes = worst.get("worst_codes", {})
+print(f"  burst     worst-case answers {codes}; cached plans meanwhile: {worst.get('cheap_calls')} answered, "
+      f"{worst.get('cheap_failed')} failed, p50 {worst.get('cheap_p50_ms')} ms, p99 {worst.get('cheap_p99_ms')} ms, max {worst.get('cheap_max_ms')} ms; peak RSS {peak / 1024:.1f} MiB")
+ok &= worst.get("cheap_failed") == 0 and (worst.get("cheap_calls") or 0) > 0
+ok &= set(codes) <= {"OK", "RESOURCE_EXHAUSTED", "DEADLINE_EXCEEDED"}
+print(f"  server    exit {server_rc} on SIGTERM")
+ok &= server_rc == 0
+print("soak: PASS" if ok else "soak: FAIL")
+sys.exit(0 if ok else 1)
+EOF
