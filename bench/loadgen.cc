@@ -284,6 +284,9 @@ class Worker {
       auto s = std::make_unique<Slot>(arena_bytes);
       s->stub = stubs[static_cast<size_t>(i) % stubs.size()].get();
       s->generic = generic[static_cast<size_t>(i) % generic.size()].get();
+      // An empty message, not a missing one (a default ByteBuffer has no slices).
+      grpc::Slice empty("", 0);
+      s->check_request = grpc::ByteBuffer(&empty, 1);
       s->request = base;
       slots_.push_back(std::move(s));
     }
