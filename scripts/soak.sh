@@ -88,13 +88,12 @@ with PlannerClient(sys.argv[1]) as c:
     c.put_profile(p)
 EOF
 
-# RSS sampler: "seconds kib" lines.
+# RSS sampler: "seconds-since-start kib" lines, every second of wall time.
+t0=$(date +%s.%N)
 (
-  t=0
   while kill -0 "$server_pid" 2>/dev/null; do
-    echo "$t $(awk '/^VmRSS:/ {print $2}' "/proc/$server_pid/status" 2>/dev/null || echo 0)"
+    echo "$(awk -v a="$(date +%s.%N)" -v b="$t0" 'BEGIN{printf "%.1f", a-b}') $(awk '/^VmRSS:/ {print $2}' "/proc/$server_pid/status" 2>/dev/null || echo 0)"
     sleep 1
-    t=$((t + 1))
   done
 ) >"$tmp/rss" &
 pids+=($!)
@@ -138,6 +137,8 @@ EOF
 
 cached_rc=0; wait "$cached_pid" || cached_rc=$?
 uncached_rc=0; wait "$uncached_pid" || uncached_rc=$?
+# Where the soak ends and the burst begins, on the sampler's clock.
+soak_end=$(awk -v a="$(date +%s.%N)" -v b="$t0" 'BEGIN{printf "%.1f", a-b}')
 
 # The burst of worst-case requests, with a cheap caller timing cached plans.
 py "$addr" "$WORST_CLIENTS" "$WORST_S" >"$tmp/worst.json" <<'EOF'
@@ -194,10 +195,11 @@ wait "$server_pid" || server_rc=$?
 server_pid=""
 
 # Verdict.
-/usr/bin/python3 - "$tmp" "$WARMUP_S" "$DURATION" "$cached_rc" "$uncached_rc" "$server_rc" <<'EOF'
+/usr/bin/python3 - "$tmp" "$WARMUP_S" "$DURATION" "$cached_rc" "$uncached_rc" "$server_rc" "$soak_end" <<'EOF'
 import json, sys
 tmp, warmup, duration = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 cached_rc, uncached_rc, server_rc = map(int, sys.argv[4:7])
+soak_end = float(sys.argv[7])
 def load(name):
     try:
         with open(f"{tmp}/{name}") as f:
@@ -205,10 +207,11 @@ def load(name):
     except (OSError, ValueError, IndexError):
         return {}
 cached, uncached, writer, worst = load("cached.json"), load("uncached.json"), load("writer.json"), load("worst.json")
-rss = [tuple(map(int, l.split())) for l in open(f"{tmp}/rss") if len(l.split()) == 2 and l.split()[1] != "0"]
-soak = [kib for t, kib in rss if t <= duration]
+rss = [(float(l.split()[0]), int(l.split()[1])) for l in open(f"{tmp}/rss")
+       if len(l.split()) == 2 and l.split()[1] != "0"]
+soak = [kib for t, kib in rss if t <= soak_end]
 base = next((kib for t, kib in rss if t >= warmup), soak[0] if soak else 0)
-end_max = max((kib for t, kib in rss if warmup <= t <= duration), default=base)
+end_max = max((kib for t, kib in rss if warmup <= t <= soak_end), default=base)
 growth = 100.0 * (end_max - base) / base if base else float("nan")
 peak = max((kib for _, kib in rss), default=0)
 ok = True
