@@ -153,7 +153,7 @@ def _to_dict(message) -> dict:
 _SERVICE_CONFIG = json.dumps({"methodConfig": [{
     "name": [{"service": "moeplan.v1.Planner", "method": m}
              for m in ("PlanLayer", "PlanModel", "ListProfiles", "GetProfile", "PutProfile")],
-    "retryPolicy": {"maxAttempts": 5, "initialBackoff": "0.5s", "maxBackoff": "4s",
+    "retryPolicy": {"maxAttempts": 5, "initialBackoff": "1s", "maxBackoff": "4s",
                     "backoffMultiplier": 2, "retryableStatusCodes": ["UNAVAILABLE"]},
 }]})
 
@@ -174,7 +174,7 @@ class PlannerClient:
 
     Idempotent calls (plans, list, get, put_profile) are retried with
     exponential backoff while the server is UNAVAILABLE (e.g. restarting): up
-    to 5 attempts, 0.5 s doubling to 4 s (jittered: ~4 s in all), within timeout_s.
+    to 5 attempts, 1 s doubling to 4 s (jittered: ~5 s in all), within timeout_s.
     report_measurement appends, so it is not retried.
 
     Use as a context manager, or call close(), to release the channel.

@@ -27,7 +27,7 @@ constexpr char kServiceConfig[] = R"({
     ],
     "retryPolicy": {
       "maxAttempts": 5,
-      "initialBackoff": "0.5s",
+      "initialBackoff": "1s",
       "maxBackoff": "4s",
       "backoffMultiplier": 2,
       "retryableStatusCodes": ["UNAVAILABLE"]

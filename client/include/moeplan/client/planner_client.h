@@ -6,7 +6,7 @@
 // Idempotent calls (plans, list, get, and PutProfile, whose retry of an
 // acknowledged put is acknowledged again) are retried by gRPC with
 // exponential backoff while the server is UNAVAILABLE (restarting): up to 5
-// attempts, 0.5 s doubling to 4 s (jittered: ~4 s in all), within the call's deadline.
+// attempts, 1 s doubling to 4 s (jittered: ~5 s in all), within the call's deadline.
 // ReportMeasurement appends, so it is not retried.
 #pragma once
 
