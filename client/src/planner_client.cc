@@ -2,6 +2,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include "moeplan/base/status.h"
 #include "moeplan/base/strings.h"
 #include "moeplan/proto/json.h"
 #include "moeplan/v1/service.grpc.pb.h"
@@ -71,12 +72,7 @@ absl::StatusOr<std::unique_ptr<PlannerClient>> PlannerClient::Connect(
     creds = grpc::SslCredentials(ssl);
   }
   if (!options.token_file.empty()) {
-    absl::StatusOr<std::string> text = proto::ReadFile(options.token_file, 4096);
-    if (!text.ok()) {
-      return absl::InvalidArgumentError(Cat("--token-file: ", View(text.status().message())));
-    }
-    std::string token = text->substr(0, text->find('\n'));
-    while (!token.empty() && (token.back() == '\r' || token.back() == ' ')) token.pop_back();
+    MOEPLAN_ASSIGN_OR_RETURN(std::string token, proto::ReadTokenFile(options.token_file));
     if (token.empty()) {
       return absl::InvalidArgumentError(
           Cat("--token-file: ", options.token_file, " holds no token on its first line"));

@@ -104,6 +104,16 @@ absl::StatusOr<std::string> ReadFile(const std::string& path, size_t max_bytes) 
   return out;
 }
 
+absl::StatusOr<std::string> ReadTokenFile(const std::string& path) {
+  absl::StatusOr<std::string> text = ReadFile(path, 4096);
+  if (!text.ok()) {
+    return absl::InvalidArgumentError(Cat("--token-file: ", View(text.status().message())));
+  }
+  std::string token = text->substr(0, text->find('\n'));
+  while (!token.empty() && (token.back() == '\r' || token.back() == ' ')) token.pop_back();
+  return token;
+}
+
 absl::Status ReadJsonFile(const std::string& path, google::protobuf::Message* msg) {
   absl::StatusOr<std::string> text = ReadFile(path);
   if (!text.ok()) return text.status();

@@ -231,10 +231,7 @@ namespace {
 
 // The bearer token: the file's first line, at least 16 printable characters.
 absl::StatusOr<std::string> ReadToken(const std::string& path) {
-  absl::StatusOr<std::string> text = proto::ReadFile(path, 4096);
-  if (!text.ok()) return Invalid(Cat("--token-file: ", View(text.status().message())));
-  std::string token = text->substr(0, text->find('\n'));
-  while (!token.empty() && (token.back() == '\r' || token.back() == ' ')) token.pop_back();
+  MOEPLAN_ASSIGN_OR_RETURN(std::string token, proto::ReadTokenFile(path));
   if (token.size() < 16) {
     return Invalid(Cat("--token-file: the token (the file's first line) must be at least 16 "
                        "characters (got ",

@@ -36,6 +36,11 @@ inline constexpr size_t kMaxInputFileBytes = size_t{64} << 20;
 absl::StatusOr<std::string> ReadFile(const std::string& path,
                                      size_t max_bytes = kMaxInputFileBytes);
 
+// A bearer-token file (--token-file of the server and the clients): its first
+// line without the line end or trailing spaces, possibly empty. Errors are
+// InvalidArgument "--token-file: ..." (unreadable, or over 4 KiB).
+absl::StatusOr<std::string> ReadTokenFile(const std::string& path);
+
 // Writes `contents` to `path` atomically: a temporary file in the same directory,
 // flushed and fsync'ed, then renamed over `path`. On error nothing is left behind
 // and an existing `path` is untouched. Only regular files are replaced (a
