@@ -41,6 +41,18 @@ void SetHeader(const v1::ProfileRun& run, const CalibrateOptions& options,
   prof->set_nodes(run.nodes());
   prof->set_gpus_per_node(run.ranks_per_node());
   if (options.gpu_memory_gib > 0.0) prof->set_gpu_memory_gib(options.gpu_memory_gib);
+  v1::Provenance* where = prof->mutable_provenance();
+  if (run.hosts().empty() && !run.host().empty()) {
+    where->add_hosts(run.host());
+  } else {
+    *where->mutable_hosts() = run.hosts();
+  }
+  where->set_backend(run.backend());
+  where->set_dtype(run.dtype());
+  where->set_versions(run.versions());
+  where->set_measured_at(run.timestamp());
+  where->set_machine(run.machine());
+  where->set_ranks(run.ranks());
 }
 
 }  // namespace

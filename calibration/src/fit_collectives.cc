@@ -15,7 +15,7 @@
 namespace moeplan::calibration::internal {
 namespace {
 
-using GroupKey = std::tuple<int, int, int>;  // collective, ranks, nodes
+using GroupKey = std::tuple<bool, int, int, int>;  // in context, collective, ranks, nodes
 
 // The fit of one group's points: a line, or pieces when one line does not
 // hold and a piecewise line is closer (regimes: protocol or algorithm
@@ -54,8 +54,7 @@ GroupFit FitGroup(std::string what, const std::vector<Obs>& pts, const Calibrate
 }
 
 void AddCollectiveFit(v1::Collective coll, int ranks, int nodes, const GroupFit& g,
-                      v1::ClusterProfile* prof) {
-  v1::CollectiveFit* f = prof->add_collectives();
+                      v1::CollectiveFit* f) {
   f->set_collective(coll);
   f->mutable_shape()->set_ranks(ranks);
   f->mutable_shape()->set_nodes(nodes);
@@ -105,20 +104,30 @@ absl::Status FitLinks(const v1::ProfileRun& run, std::optional<LineFit> intra,
 
 absl::Status FitCollectives(const std::vector<v1::ProfileSample>& samples,
                             const CalibrateOptions& options, Calibration* out) {
-  std::map<GroupKey, std::vector<Obs>> groups;  // ordered: a stable profile and report
+  // Ordered: a stable profile and report, isolated fits first.
+  std::map<GroupKey, std::vector<Obs>> groups;
+  double phase_us = 0.0;
   for (const v1::ProfileSample& s : samples) {
     if (s.op_case() != v1::ProfileSample::kCollective) continue;
     const v1::CollectiveSample& c = s.collective();
-    groups[{c.collective(), c.shape().ranks(), c.shape().nodes()}].push_back(
+    const bool in_context = c.context_us() > 0.0;
+    if (in_context && phase_us > 0.0 && c.context_us() != phase_us) {
+      return Bad("samples", Cat("in-context samples after compute phases of ", phase_us, " and ",
+                                c.context_us(), " us: fit one --context-ms per profile"));
+    }
+    if (in_context) phase_us = c.context_us();
+    groups[{in_context, c.collective(), c.shape().ranks(), c.shape().nodes()}].push_back(
         {static_cast<double>(c.bytes()), s.median_us(), 0.0});
   }
+  if (phase_us > 0.0) out->profile.mutable_context()->set_compute_phase_us(phase_us);
   std::optional<LineFit> intra, inter;
   for (const auto& [key, pts] : groups) {
-    const auto [coll_int, ranks, nodes] = key;
+    const auto [in_context, coll_int, ranks, nodes] = key;
     const auto coll = static_cast<v1::Collective>(coll_int);
-    const bool send_recv = coll == v1::COLLECTIVE_SEND_RECV && ranks == 2;
+    const bool send_recv = !in_context && coll == v1::COLLECTIVE_SEND_RECV && ranks == 2;
     const bool is_intra = send_recv && nodes == 1, is_inter = send_recv && nodes == 2;
-    std::string what = Cat(proto::CollectiveLabel(coll), " ", ShapeName(ranks, nodes));
+    std::string what = Cat(proto::CollectiveLabel(coll), " ", ShapeName(ranks, nodes),
+                           in_context ? " in context" : "");
     if (DistinctSizes(pts) < 2) {
       out->warnings.push_back(Cat(what, ": only one size measured (", FormatBytes(pts.front().n),
                                   "), not fitted; the planner derives it from the link costs"));
@@ -127,7 +136,9 @@ absl::Status FitCollectives(const std::vector<v1::ProfileSample>& samples,
     if (is_intra) what += " (intra link)";
     if (is_inter) what += " (inter link)";
     GroupFit g = FitGroup(std::move(what), pts, options);
-    AddCollectiveFit(coll, ranks, nodes, g, &out->profile);
+    AddCollectiveFit(coll, ranks, nodes, g,
+                     in_context ? out->profile.mutable_context()->add_collectives()
+                                : out->profile.add_collectives());
     if (is_intra) intra = g.quality.fit;
     if (is_inter) inter = g.quality.fit;
     out->fits.push_back(std::move(g.quality));
@@ -139,7 +150,8 @@ absl::Status FitCollectives(const std::vector<v1::ProfileSample>& samples,
 // with: they stay measured only.
 absl::Status CompareSaa(const std::vector<v1::ProfileSample>& samples,
                         const planner::CostModel& cost, double tolerance, Calibration* out) {
-  using SaaKey = std::tuple<int, int, int, int, int>;  // a2a r, n, gather r, n, a2a ranks/node
+  // In context, a2a ranks, nodes, gather ranks, nodes, a2a ranks per node.
+  using SaaKey = std::tuple<bool, int, int, int, int, int>;
   std::map<SaaKey, std::vector<Obs>> saa;
   planner::OpGraph graph;
   planner::SimResult sim;
@@ -154,12 +166,16 @@ absl::Status CompareSaa(const std::vector<v1::ProfileSample>& samples,
     planner::AppendSaa(cost, a2a, a.a2a_ranks_per_node(), gather, bytes, bytes / a2a.ranks,
                        planner::Phase::kForward, planner::kNoOp, &graph);
     MOEPLAN_RETURN_IF_ERROR(simulator.Run(graph, &sim));
-    saa[{a2a.ranks, a2a.nodes, gather.ranks, gather.nodes, a.a2a_ranks_per_node()}].push_back(
-        {bytes, s.median_us(), sim.makespan_us});
+    saa[{a.context_us() > 0.0, a2a.ranks, a2a.nodes, gather.ranks, gather.nodes,
+         a.a2a_ranks_per_node()}]
+        .push_back({bytes, s.median_us(), sim.makespan_us});
   }
   for (const auto& [key, obs] : saa) {
-    const auto [ar, an, gr, gn, rpn] = key;
-    FitQuality q{Cat("saa a2a ", ar, "x", an, " / gather ", gr, "x", gn), {}, {}};
+    const auto [in_context, ar, an, gr, gn, rpn] = key;
+    FitQuality q{Cat("saa a2a ", ar, "x", an, " / gather ", gr, "x", gn,
+                     in_context ? " in context" : ""),
+                 {},
+                 {}};
     FillQuality(obs, tolerance, &q.fit);
     if (q.fit.max_rel_err > tolerance) {
       q.warnings.push_back(Cat(q.what, ": the planner's SAA composition is off by up to ",

@@ -98,4 +98,22 @@ absl::StatusOr<LoadedProfile> LoadProfile(std::string_view name_or_path) {
   return out;
 }
 
+std::string ProvenanceLine(const v1::ClusterProfile& p) {
+  if (p.source() == v1::PROFILE_SOURCE_SPEC) {
+    return "derived from hardware specifications (not measured)";
+  }
+  if (!p.has_provenance()) {
+    return "no provenance recorded (calibrated before moeplan recorded where and when)";
+  }
+  const v1::Provenance& w = p.provenance();
+  std::string hosts;
+  for (const std::string& h : w.hosts()) hosts += Cat(hosts.empty() ? "" : ", ", h);
+  std::string what = Cat(w.ranks(), " ranks");
+  for (const std::string& part : {w.backend(), w.dtype(), w.versions(), w.machine()}) {
+    if (!part.empty()) what += Cat("; ", part);
+  }
+  return Cat("measured on ", hosts.empty() ? std::string("unknown hosts") : hosts, " (", what,
+             ") at ", w.measured_at().empty() ? std::string("an unknown time") : w.measured_at());
+}
+
 }  // namespace moeplan::calibration

@@ -100,10 +100,12 @@ void Header(const v1::ValidationSummary& s, const ReportContext& ctx, std::strin
   if (!ctx.profile_comment.empty()) {
     fmt::format_to(out, "Profile: {}\n\n", ctx.profile_comment);
   }
+  if (!ctx.provenance.empty()) fmt::format_to(out, "Profile provenance: {}\n\n", ctx.provenance);
   if (!ctx.command.empty()) {
     const std::string fence = Fence(ctx.command);
     fmt::format_to(out, "Measured with:\n\n{}\n{}\n{}\n\n", fence, ctx.command, fence);
   }
+  md += ctx.section;
 }
 
 // The summary table: errors, selection accuracy (strict, decisive, ties counted), regret.

@@ -1,9 +1,13 @@
 #include "cli_util.h"
 
 #include <sys/stat.h>
+#include <sys/wait.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
+#include <filesystem>
 #include <string_view>
 
 #include "absl/strings/str_split.h"
@@ -43,6 +47,33 @@ absl::Status WriteStdout(const std::string& text) {
     return absl::InternalError("stdout: write failed");
   }
   return absl::OkStatus();
+}
+
+std::string SiblingBinary(std::string_view dir, std::string_view name) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::path self = fs::read_symlink("/proc/self/exe", ec);
+  if (!ec) {
+    for (const fs::path& cand :
+         {self.parent_path().parent_path() / dir / name, self.parent_path() / name}) {
+      if (fs::exists(cand, ec)) return cand.string();
+    }
+  }
+  return std::string(name);
+}
+
+absl::StatusOr<Ran> RunCommand(const std::string& command) {
+  std::FILE* pipe = ::popen(command.c_str(), "r");
+  if (pipe == nullptr) {
+    return absl::InternalError(Cat("cannot start '", command, "': ", std::strerror(errno)));
+  }
+  Ran r;
+  char buf[1 << 16];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, pipe)) > 0) r.out.append(buf, n);
+  const int status = ::pclose(pipe);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  return r;
 }
 
 }  // namespace moeplan::client

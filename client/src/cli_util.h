@@ -61,4 +61,16 @@ absl::StatusOr<std::vector<v1::LayerConfig>> ReadGrid(const std::string& path, v
 // Writes `text` to stdout and flushes it: InternalError "stdout: write failed".
 absl::Status WriteStdout(const std::string& text);
 
+// A binary of this build tree (build/client/moeplan -> build/<dir>/<name>) or
+// installed beside this one; else `name`, found on the PATH.
+std::string SiblingBinary(std::string_view dir, std::string_view name);
+
+struct Ran {
+  int exit_code = 0;
+  std::string out;
+};
+// Runs `command` under /bin/sh, collecting stdout (stderr goes where the
+// command sends it).
+absl::StatusOr<Ran> RunCommand(const std::string& command);
+
 }  // namespace moeplan::client

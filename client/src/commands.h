@@ -95,6 +95,19 @@ struct CalibrateArgs {
 // Prints the fit report to stdout and writes the profile.
 absl::Status CalibrateCmd(const CalibrateArgs& a);
 
+struct ProfileCheckArgs {
+  std::string profile;  // built-in name or file
+  int ranks = 0;        // 0: the profile's nodes x gpus_per_node
+  std::string launcher = "mpirun -np {ranks}";
+  std::string profiler;      // moeplan-profile; empty: next to this binary, else PATH
+  std::string samples;       // compare these samples instead of measuring
+  std::string out_dir = ".";  // where check.jsonl is written
+  double threshold_pct = 15.0;
+};
+// Re-measures a few points (moeplan-profile --check under the launcher),
+// prints each term's drift from the profile; FailedPrecondition when stale.
+absl::Status ProfileCheckCmd(const ProfileCheckArgs& a);
+
 struct ValidateArgs {
   std::string profile;  // built-in name or file
   std::string layers;   // moeplan.v1.LayerGrid
@@ -106,6 +119,9 @@ struct ValidateArgs {
   int warmup = 2;
   std::string out_dir = "validation";
   bool json = false;
+  double holdout = 0.0;  // fraction of each layout's configs held out; 0: no split
+  uint64_t seed = 1;
+  std::string from_runs;  // an earlier --out-dir whose exec/ reports are re-predicted
 };
 // Runs every config (every schedule the layout allows), predicts them, and
 // writes OUT_DIR/report.md, plot.png (gnuplot), plot.dat, plot.gp, and the

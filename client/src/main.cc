@@ -238,7 +238,43 @@ CLI::App* AddValidate(CLI::App* app, ValidateArgs* a) {
       ->add_option("--out-dir", a->out_dir, "Directory for report.md, plot.png and the runs' files")
       ->capture_default_str();
   validate->add_flag("--json", a->json, "Print the summary as JSON (moeplan.v1.ValidationSummary)");
+  validate
+      ->add_option("--holdout", a->holdout,
+                   "Hold out this fraction of the configs (of each layout): fit in-context op "
+                   "corrections on the rest, report the error on both parts, and write the "
+                   "refitted profile to OUT_DIR/refit-profile.json (0: no split)")
+      ->check(CLI::Range(0.0, 0.9))
+      ->capture_default_str();
+  validate->add_option("--seed", a->seed, "Seed of the --holdout split")->capture_default_str();
+  validate->add_option(
+      "--from-runs", a->from_runs,
+      "Re-predict the moeplan-exec reports of an earlier --out-dir (DIR/exec/NNN.json, same grid) "
+      "instead of running moeplan-exec");
   return validate;
+}
+
+CLI::App* AddProfileCheck(CLI::App* app, ProfileCheckArgs* a) {
+  CLI::App* check = app->add_subcommand(
+      "profile-check",
+      "Re-measure a few points (GEMMs, memory kernels, each link level, an AlltoAll per group "
+      "shape; under a minute) with moeplan-profile --check under mpirun, and report how far each "
+      "cost-model term has drifted from the profile; exit 1 beyond the threshold (stale)");
+  check->add_option("--profile", a->profile, "Profile to check (name or file)")->required();
+  check->add_option("--ranks", a->ranks, "Ranks to launch (default: the profile's nodes x GPUs)");
+  check
+      ->add_option("--launcher", a->launcher,
+                   "Shell text that launches moeplan-profile; {ranks} is replaced")
+      ->capture_default_str();
+  check->add_option("--profiler", a->profiler, "moeplan-profile binary (default: next to moeplan)");
+  check->add_option("--samples", a->samples,
+                    "Compare these moeplan-profile samples instead of measuring");
+  check->add_option("--out-dir", a->out_dir, "Where check.jsonl (the samples taken) goes")
+      ->capture_default_str();
+  check
+      ->add_option("--threshold-pct", a->threshold_pct,
+                   "A term whose median drift exceeds this (in %) makes the profile stale")
+      ->capture_default_str();
+  return check;
 }
 
 int Main(int argc, char** argv) {
@@ -263,6 +299,8 @@ int Main(int argc, char** argv) {
   AddProfiles(&app, &pr);
   CLI::App* calibrate = AddCalibrate(&app, &ca);
   CLI::App* validate = AddValidate(&app, &va);
+  ProfileCheckArgs pc;
+  CLI::App* profile_check = AddProfileCheck(&app, &pc);
 
   try {
     app.parse(argc, argv);
@@ -281,6 +319,8 @@ int Main(int argc, char** argv) {
     status = CalibrateCmd(ca);
   } else if (validate->parsed()) {
     status = ValidateCmd(va);
+  } else if (profile_check->parsed()) {
+    status = ProfileCheckCmd(pc);
   } else if (pr.show->parsed() || pr.get->parsed()) {
     status = ProfilesShowCmd(pr.name, pr.server);
   } else if (pr.put->parsed()) {

@@ -10,6 +10,8 @@
 #include <cstring>
 #include <filesystem>
 #include <iterator>
+#include <map>
+#include <random>
 #include <optional>
 #include <string>
 #include <system_error>
@@ -22,6 +24,7 @@
 #include "commands.h"
 #include "moeplan/base/status.h"
 #include "moeplan/base/strings.h"
+#include "moeplan/calibration/context_fit.h"
 #include "moeplan/calibration/profiles.h"
 #include "moeplan/calibration/validation.h"
 #include "moeplan/planner/cost_model.h"
@@ -47,41 +50,6 @@ std::string Replace(std::string s, const std::string& from, const std::string& t
     s.replace(at, from.size(), to);
   }
   return s;
-}
-
-// moeplan-exec next to this binary's build tree (build/client/moeplan ->
-// build/executor/moeplan-exec) or installed beside it; else the PATH's.
-std::string DefaultExec() {
-  std::error_code ec;
-  const fs::path self = fs::read_symlink("/proc/self/exe", ec);
-  if (!ec) {
-    for (const fs::path& cand : {self.parent_path().parent_path() / "executor" / "moeplan-exec",
-                                 self.parent_path() / "moeplan-exec"}) {
-      if (fs::exists(cand, ec)) return cand.string();
-    }
-  }
-  return "moeplan-exec";
-}
-
-struct Ran {
-  int exit_code = 0;
-  std::string out;
-};
-
-// Runs `command` under /bin/sh, collecting stdout (stderr goes where the
-// command sends it).
-absl::StatusOr<Ran> RunCommand(const std::string& command) {
-  std::FILE* pipe = ::popen(command.c_str(), "r");
-  if (pipe == nullptr) {
-    return absl::InternalError(Cat("cannot start '", command, "': ", std::strerror(errno)));
-  }
-  Ran r;
-  char buf[1 << 16];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof buf, pipe)) > 0) r.out.append(buf, n);
-  const int status = ::pclose(pipe);
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  return r;
 }
 
 std::string ConfigName(size_t i, const v1::LayerConfig& l) {
@@ -127,7 +95,7 @@ absl::StatusOr<Setup> Prepare(const ValidateArgs& a, const v1::ClusterProfile& p
     }
   }
   setup.ranks = a.ranks > 0 ? a.ranks : profile.nodes() * profile.gpus_per_node();
-  setup.exec = a.exec.empty() ? DefaultExec() : a.exec;
+  setup.exec = a.exec.empty() ? SiblingBinary("executor", "moeplan-exec") : a.exec;
   setup.launcher = Replace(a.launcher, "{ranks}", std::to_string(setup.ranks));
   return setup;
 }
@@ -192,6 +160,24 @@ absl::StatusOr<ConfigRun> RunConfig(const ValidateArgs& a, const Setup& setup,
   MOEPLAN_ASSIGN_OR_RETURN(std::string layer_json, proto::ToJson(layer));
   MOEPLAN_RETURN_IF_ERROR(proto::WriteFileAtomic(config_file, layer_json + "\n"));
   const std::string name = ConfigName(i, layer);
+  if (!a.from_runs.empty()) {
+    // An earlier run's report of the same config: re-predicted, not re-run.
+    const std::string earlier = (fs::path(a.from_runs) / "exec" / (stem + ".json")).string();
+    std::error_code ec;
+    if (!fs::exists(earlier, ec)) {
+      return ConfigRun{std::nullopt, fmt::format("{}: not in --from-runs ({} missing)", name, earlier)};
+    }
+    MOEPLAN_ASSIGN_OR_RETURN(std::string text, proto::ReadFile(earlier));
+    v1::ExecReport report;
+    MOEPLAN_RETURN_IF_ERROR(proto::ParseJson(text, &report));
+    if (ConfigName(i, report.layer()) != name) {
+      return absl::FailedPreconditionError(
+          fmt::format("--from-runs: {} ran another config than {} of {}", earlier, name, a.layers));
+    }
+    fmt::print(stderr, "moeplan validate: [{}/{}] {} (from {})\n", i + 1, configs.size(), name,
+               earlier);
+    return Predict(name, report, profile, planner);
+  }
   const std::string command =
       fmt::format("{} {} --layer {} --schedule all --json --iters {} --warmup {} --profile {} 2>{}",
                   setup.launcher, ShellQuote(setup.exec), ShellQuote(config_file), a.iters,
@@ -231,11 +217,14 @@ struct Written {
 absl::StatusOr<Written> WriteReport(const ValidateArgs& a, const Setup& setup,
                                     const v1::ClusterProfile& profile,
                                     const v1::ValidationSummary& summary,
-                                    const std::vector<std::string>& skipped) {
+                                    const std::vector<std::string>& skipped,
+                                    const std::string& section) {
   calibration::ReportContext ctx;
   ctx.command = fmt::format("{} {} --layer CONFIG --schedule all --json --iters {} --warmup {}",
                             setup.launcher, setup.exec, a.iters, a.warmup);
   ctx.profile_comment = profile.comment();
+  ctx.provenance = calibration::ProvenanceLine(profile);
+  ctx.section = section;
   const std::string data_file = (setup.dir / "plot.dat").string();
   const std::string script_file = (setup.dir / "plot.gp").string();
   const std::string png_file = (setup.dir / "plot.png").string();
@@ -293,8 +282,86 @@ absl::Status PrintSummary(bool json, const v1::ValidationSummary& summary, size_
 
 }  // namespace
 
+namespace {
+
+// The --holdout split: within each layout (parallel mp/ep/esp), a seeded
+// shuffle, the first round(fraction x n) held out (at least one config stays
+// in the fit part). True at index i: held out.
+std::vector<bool> HoldoutSplit(const std::vector<calibration::ValidationInput>& inputs,
+                               double fraction, uint64_t seed) {
+  std::map<std::string, std::vector<size_t>> layouts;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const auto& par = inputs[i].layer.parallel();
+    layouts[fmt::format("{}/{}/{}", par.mp(), par.ep(), par.esp())].push_back(i);
+  }
+  std::vector<bool> held(inputs.size(), false);
+  std::mt19937_64 rng(seed);
+  for (auto& [layout, idx] : layouts) {
+    // Fisher-Yates with the engine's raw output: the same split on every
+    // standard library (std::shuffle's algorithm is unspecified).
+    for (size_t k = idx.size(); k > 1; --k) std::swap(idx[k - 1], idx[rng() % k]);
+    const size_t n = std::min(idx.size() - 1,
+                              static_cast<size_t>(std::llround(fraction * double(idx.size()))));
+    for (size_t k = 0; k < n; ++k) held[idx[k]] = true;
+  }
+  return held;
+}
+
+std::vector<calibration::ValidationInput> Part(const std::vector<calibration::ValidationInput>& all,
+                                               const std::vector<bool>& held, bool want_held) {
+  std::vector<calibration::ValidationInput> out;
+  for (size_t i = 0; i < all.size(); ++i) {
+    if (held[i] == want_held) out.push_back(all[i]);
+  }
+  return out;
+}
+
+// The inputs again with `planner`'s predictions (the measurements unchanged).
+absl::StatusOr<std::vector<calibration::ValidationInput>> Repredict(
+    const std::vector<calibration::ValidationInput>& inputs,
+    const calibration::LoadedProfile& profile, p::LayerPlanner& planner) {
+  std::vector<calibration::ValidationInput> out;
+  for (const calibration::ValidationInput& in : inputs) {
+    v1::ExecReport report;
+    *report.mutable_layer() = in.layer;
+    for (const v1::CandidatePlan& m : in.measured) *report.add_candidates() = m;
+    for (const v1::ScheduleIterations& it : in.iterations) *report.add_iterations() = it;
+    report.set_interleaved(in.paired);
+    MOEPLAN_ASSIGN_OR_RETURN(ConfigRun run, Predict(in.name, report, profile, planner));
+    if (!run.input.has_value()) return absl::InternalError(run.skipped);
+    out.push_back(*std::move(run.input));
+  }
+  return out;
+}
+
+std::string SummaryRow(std::string_view part, std::string_view model, const v1::ValidationSummary& s) {
+  return fmt::format("| {} | {} | {} | {:.1f} | {:.1f} | {:.1f} | {:.1f} | {} | {:.2f} | {:.1f} |\n",
+                     part, model, s.configs(), s.mape_pct(), s.p90_pct(), s.max_pct(),
+                     s.selection_accuracy_pct(),
+                     s.paired_configs() == 0 ? std::string("-")
+                                             : fmt::format("{:.1f}", s.selection_accuracy_tied_pct()),
+                     s.mean_regret_pct(), s.max_regret_pct());
+}
+
+}  // namespace
+
 absl::Status ValidateCmd(const ValidateArgs& a) {
   MOEPLAN_ASSIGN_OR_RETURN(calibration::LoadedProfile profile, calibration::LoadProfile(a.profile));
+  if (a.holdout < 0.0 || a.holdout > 0.9) {
+    return absl::InvalidArgumentError(Cat("--holdout: must be in [0, 0.9] (got ", a.holdout, ")"));
+  }
+  const bool holdout = a.holdout > 0.0;
+  if (holdout && profile.message.context().ops_size() > 0) {
+    // The corrections are fitted against the profile's own model: start from
+    // it without the old ones.
+    fmt::print(stderr,
+               "moeplan validate: --holdout: ignoring the {} op corrections profile {} has and "
+               "fitting new ones\n",
+               profile.message.context().ops_size(), profile.message.name());
+    profile.message.mutable_context()->clear_ops();
+    profile.message.mutable_context()->clear_ops_fitted_on();
+    MOEPLAN_ASSIGN_OR_RETURN(profile.profile, proto::ProfileFromProto(profile.message));
+  }
   MOEPLAN_ASSIGN_OR_RETURN(p::CostModel cost, p::CostModel::Create(profile.profile));
   v1::LayerGrid grid;
   MOEPLAN_ASSIGN_OR_RETURN(std::vector<v1::LayerConfig> configs, ReadGrid(a.layers, &grid));
@@ -316,13 +383,86 @@ absl::Status ValidateCmd(const ValidateArgs& a) {
                                              " skipped; first: ", skipped.empty() ? "" : skipped[0],
                                              ")"));
   }
+  const std::string& name = profile.message.name();
+  const int hosts = profile.message.nodes();
   // Every run kept ran on the profile's nodes (RunConfig fails otherwise).
-  MOEPLAN_ASSIGN_OR_RETURN(
-      v1::ValidationSummary summary,
-      calibration::Summarize(inputs, profile.message.name(), setup.ranks, profile.message.nodes()));
+  if (!holdout) {
+    MOEPLAN_ASSIGN_OR_RETURN(v1::ValidationSummary summary,
+                             calibration::Summarize(inputs, name, setup.ranks, hosts));
+    MOEPLAN_ASSIGN_OR_RETURN(Written written,
+                             WriteReport(a, setup, profile.message, summary, skipped, ""));
+    return PrintSummary(a.json, summary, skipped.size(), written);
+  }
+
+  // --holdout: fit op corrections on one part, judge them on the other.
+  const std::vector<bool> held = HoldoutSplit(inputs, a.holdout, a.seed);
+  const std::vector<calibration::ValidationInput> fit_base = Part(inputs, held, false);
+  const std::vector<calibration::ValidationInput> held_base = Part(inputs, held, true);
+  if (held_base.empty()) {
+    return absl::FailedPreconditionError(
+        Cat("--holdout ", a.holdout, ": no config is held out of the ", inputs.size(),
+            " that ran (each layout keeps at least one for the fit); raise --holdout"));
+  }
+  calibration::OpContextOptions fit_options;
+  fit_options.seed = a.seed;
+  MOEPLAN_ASSIGN_OR_RETURN(std::vector<v1::OpContext> ops,
+                           calibration::FitOpContexts(fit_base, fit_options));
+  calibration::LoadedProfile refit;
+  refit.message = profile.message;
+  refit.message.set_version(profile.message.version() + 1);
+  v1::ContextModel* ctx = refit.message.mutable_context();
+  for (v1::OpContext& c : ops) *ctx->add_ops() = c;
+  ctx->set_ops_fitted_on(fmt::format(
+      "moeplan validate --holdout {} --seed {}: {} of the {} configs of {} ({}), measured on {} "
+      "host(s) x {} ranks",
+      a.holdout, a.seed, fit_base.size(), inputs.size(), a.layers, grid.name(), hosts,
+      setup.ranks));
+  MOEPLAN_ASSIGN_OR_RETURN(refit.profile, proto::ProfileFromProto(refit.message));
+  MOEPLAN_ASSIGN_OR_RETURN(p::CostModel refit_cost, p::CostModel::Create(refit.profile));
+  p::LayerPlanner refit_planner(refit_cost);
+  MOEPLAN_ASSIGN_OR_RETURN(const std::vector<calibration::ValidationInput> fit_refit,
+                           Repredict(fit_base, refit, refit_planner));
+  MOEPLAN_ASSIGN_OR_RETURN(const std::vector<calibration::ValidationInput> held_refit,
+                           Repredict(held_base, refit, refit_planner));
+  const std::string refit_file = (setup.dir / "refit-profile.json").string();
+  MOEPLAN_ASSIGN_OR_RETURN(std::string refit_json, proto::ToJson(refit.message));
+  MOEPLAN_RETURN_IF_ERROR(proto::WriteFileAtomic(refit_file, refit_json + "\n"));
+
+  MOEPLAN_ASSIGN_OR_RETURN(v1::ValidationSummary s_held,
+                           calibration::Summarize(held_refit, name, setup.ranks, hosts));
+  MOEPLAN_ASSIGN_OR_RETURN(v1::ValidationSummary s_held_base,
+                           calibration::Summarize(held_base, name, setup.ranks, hosts));
+  MOEPLAN_ASSIGN_OR_RETURN(v1::ValidationSummary s_fit,
+                           calibration::Summarize(fit_refit, name, setup.ranks, hosts));
+  MOEPLAN_ASSIGN_OR_RETURN(v1::ValidationSummary s_fit_base,
+                           calibration::Summarize(fit_base, name, setup.ranks, hosts));
+  std::string section = fmt::format(
+      "## Held-out validation\n\n"
+      "`--holdout {} --seed {}`: of the {} configs that ran, {} (a seeded {:.0f} % of each layout) "
+      "were held out; in-context op corrections (offset + scale × the profile's cost of the op, "
+      "docs/cost-model.md \"In context\") were fitted on the other {} and written with the "
+      "profile as `refit-profile.json` (version {}). The rest of this report is about the "
+      "held-out configs, predicted with the refitted profile: configs the fit never saw.\n\n"
+      "| configs | model | n | MAPE % | p90 % | max % | selection % | ties counted % | mean "
+      "regret % | max regret % |\n|---|---|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+      a.holdout, a.seed, inputs.size(), held_base.size(), a.holdout * 100.0, fit_base.size(),
+      refit.message.version());
+  section += SummaryRow("held out", "refitted", s_held);
+  section += SummaryRow("held out", "profile alone", s_held_base);
+  section += SummaryRow("fit", "refitted", s_fit);
+  section += SummaryRow("fit", "profile alone", s_fit_base);
+  section += "\nCorrections fitted (scale ± is the half-width of its bootstrap 95 % interval):\n\n";
+  section += calibration::RenderOpContexts(ops);
+  section += "\n";
   MOEPLAN_ASSIGN_OR_RETURN(Written written,
-                           WriteReport(a, setup, profile.message, summary, skipped));
-  return PrintSummary(a.json, summary, skipped.size(), written);
+                           WriteReport(a, setup, refit.message, s_held, skipped, section));
+  fmt::print(stderr,
+             "moeplan validate: held out {} of {} configs; fit part: MAPE {:.1f} % (profile "
+             "alone {:.1f} %); held out with the profile alone: MAPE {:.1f} %; refitted profile: "
+             "{}\n",
+             held_base.size(), inputs.size(), s_fit.mape_pct(), s_fit_base.mape_pct(),
+             s_held_base.mape_pct(), refit_file);
+  return PrintSummary(a.json, s_held, skipped.size(), written);
 }
 
 }  // namespace moeplan::client

@@ -2,6 +2,11 @@
 #include "moeplan/executor/backends.h"
 
 #include <mpi.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <string>
+#include <string_view>
 
 #include "moeplan/base/status.h"
 #include "moeplan/base/strings.h"
@@ -40,6 +45,29 @@ absl::StatusOr<Backend> MakeBackend(std::string_view backend) {
     return b;
   }
   return absl::InvalidArgumentError(Cat("backend: must be mpi or nccl (got ", backend, ")"));
+}
+
+std::string MachineDescription(const Device& device) {
+  std::string model;
+  if (std::FILE* f = std::fopen("/proc/cpuinfo", "r")) {
+    char line[512];
+    while (model.empty() && std::fgets(line, sizeof line, f) != nullptr) {
+      const std::string_view l(line);
+      if (l.rfind("model name", 0) != 0) continue;
+      const size_t colon = l.find(':');
+      if (colon == std::string_view::npos) continue;
+      std::string_view v = l.substr(colon + 1);
+      while (!v.empty() && (v.front() == ' ' || v.front() == '\t')) v.remove_prefix(1);
+      while (!v.empty() && (v.back() == '\n' || v.back() == ' ')) v.remove_suffix(1);
+      model = std::string(v);
+    }
+    std::fclose(f);
+  }
+  if (model.empty()) model = "unknown CPU";
+  const long cores = sysconf(_SC_NPROCESSORS_ONLN);
+  std::string out = Cat(model, " x ", cores, " cores");
+  if (device.is_gpu()) out += Cat("; ", device.name());
+  return out;
 }
 
 }  // namespace moeplan::executor

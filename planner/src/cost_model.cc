@@ -80,6 +80,82 @@ inline void Bracket(const std::vector<double>& axis, double x, size_t* i, double
   *t = (x - axis[hi - 1]) / (axis[hi] - axis[hi - 1]);
 }
 
+// Rules of one list of collective fits (`field`: its JSON path).
+absl::Status CheckCollectiveFits(std::string_view list, const std::vector<CollectiveFit>& fits) {
+  if (fits.size() > kMaxCollectiveFits) {
+    return Bad(list, Cat("must have at most ", kMaxCollectiveFits, " fits"),
+               Cat(fits.size()));
+  }
+  absl::flat_hash_map<uint64_t, size_t> fit_index;
+  fit_index.reserve(fits.size());
+  for (size_t i = 0; i < fits.size(); ++i) {
+    const CollectiveFit& f = fits[i];
+    const std::string field = Cat(list, "[", i, "]");
+    if (f.shape.ranks < 2) {
+      return Bad(Cat(field, ".shape.ranks"), "must be >= 2", Cat(f.shape.ranks));
+    }
+    if (f.shape.nodes < 1 || f.shape.ranks % f.shape.nodes != 0) {
+      return Bad(Cat(field, ".shape.nodes"), "must be >= 1 and divide shape.ranks",
+                 Cat("ranks=", f.shape.ranks, ", nodes=", f.shape.nodes));
+    }
+    MOEPLAN_RETURN_IF_ERROR(CheckAlphaBeta(Cat(field, ".cost"), f.cost));
+    if (f.pieces.size() > static_cast<size_t>(kMaxFitPieces)) {
+      return Bad(Cat(field, ".pieces"), Cat("must have at most ", kMaxFitPieces, " pieces"),
+                 Cat(f.pieces.size()));
+    }
+    for (size_t k = 0; k < f.pieces.size(); ++k) {
+      const std::string piece = Cat(field, ".pieces[", k, "]");
+      const double from = f.pieces[k].from_bytes;
+      if (k == 0 && from != 0.0) return Bad(Cat(piece, ".from_bytes"), "must be 0", Cat(from));
+      if (k > 0 && !(from > f.pieces[k - 1].from_bytes)) {
+        return Bad(Cat(piece, ".from_bytes"), "must be greater than the previous piece's",
+                   Cat(from));
+      }
+      MOEPLAN_RETURN_IF_ERROR(CheckAlphaBeta(Cat(piece, ".cost"), f.pieces[k].cost));
+    }
+    // One pass: a hash of the fits seen (was a scan of all earlier fits per fit).
+    const auto [it, fresh] = fit_index.try_emplace(CostModel::FitKey(f.collective, f.shape), i);
+    if (!fresh) {
+      return Bad(field, "duplicate (collective, shape) fit",
+                 Cat("same as ", list, "[", it->second, "]"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Rules of profile.context (profile.proto's ContextModel).
+absl::Status CheckContext(const ClusterProfile& p) {
+  MOEPLAN_RETURN_IF_ERROR(CheckCollectiveFits("context.collectives", p.context.collectives));
+  if (p.context.ops.size() > kMaxOpContexts) {
+    return Bad("context.ops", Cat("must have at most ", kMaxOpContexts, " entries"),
+               Cat(p.context.ops.size()));
+  }
+  absl::flat_hash_map<std::string, size_t> seen;
+  for (size_t i = 0; i < p.context.ops.size(); ++i) {
+    const OpContext& c = p.context.ops[i];
+    const std::string field = Cat("context.ops[", i, "]");
+    if (c.op.empty() || c.op.size() > 256) {
+      return Bad(Cat(field, ".op"), "must be an op name of 1 to 256 characters",
+                 Cat(c.op.size(), " characters"));
+    }
+    if (c.resources == 0 || c.resources > 7) {
+      return Bad(Cat(field, ".resource"), "must be compute, intra, inter or a '+' join of them",
+                 Cat(int{c.resources}));
+    }
+    if (!(c.offset_us >= 0.0 && c.offset_us <= kMaxAlphaUs)) {
+      return Bad(Cat(field, ".offset_us"), "must be >= 0 and <= 1e7 (10 s)", Cat(c.offset_us));
+    }
+    if (!(c.scale > 0.0 && c.scale <= 100.0)) {
+      return Bad(Cat(field, ".scale"), "must be > 0 and <= 100", Cat(c.scale));
+    }
+    const auto [it, fresh] = seen.try_emplace(Cat(c.op, "/", int{c.resources}), i);
+    if (!fresh) {
+      return Bad(field, "duplicate (op, resource) entry", Cat("same as context.ops[", it->second, "]"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status ValidateProfile(const ClusterProfile& p) {
@@ -110,44 +186,8 @@ absl::Status ValidateProfile(const ClusterProfile& p) {
   }
   MOEPLAN_RETURN_IF_ERROR(CheckAlphaBeta("links.intra", p.intra));
   MOEPLAN_RETURN_IF_ERROR(CheckAlphaBeta("links.inter", p.inter));
-  if (p.collectives.size() > kMaxCollectiveFits) {
-    return Bad("collectives", Cat("must have at most ", kMaxCollectiveFits, " fits"),
-               Cat(p.collectives.size()));
-  }
-  absl::flat_hash_map<uint64_t, size_t> fit_index;
-  fit_index.reserve(p.collectives.size());
-  for (size_t i = 0; i < p.collectives.size(); ++i) {
-    const CollectiveFit& f = p.collectives[i];
-    const std::string field = Cat("collectives[", i, "]");
-    if (f.shape.ranks < 2) {
-      return Bad(Cat(field, ".shape.ranks"), "must be >= 2", Cat(f.shape.ranks));
-    }
-    if (f.shape.nodes < 1 || f.shape.ranks % f.shape.nodes != 0) {
-      return Bad(Cat(field, ".shape.nodes"), "must be >= 1 and divide shape.ranks",
-                 Cat("ranks=", f.shape.ranks, ", nodes=", f.shape.nodes));
-    }
-    MOEPLAN_RETURN_IF_ERROR(CheckAlphaBeta(Cat(field, ".cost"), f.cost));
-    if (f.pieces.size() > static_cast<size_t>(kMaxFitPieces)) {
-      return Bad(Cat(field, ".pieces"), Cat("must have at most ", kMaxFitPieces, " pieces"),
-                 Cat(f.pieces.size()));
-    }
-    for (size_t k = 0; k < f.pieces.size(); ++k) {
-      const std::string piece = Cat(field, ".pieces[", k, "]");
-      const double from = f.pieces[k].from_bytes;
-      if (k == 0 && from != 0.0) return Bad(Cat(piece, ".from_bytes"), "must be 0", Cat(from));
-      if (k > 0 && !(from > f.pieces[k - 1].from_bytes)) {
-        return Bad(Cat(piece, ".from_bytes"), "must be greater than the previous piece's",
-                   Cat(from));
-      }
-      MOEPLAN_RETURN_IF_ERROR(CheckAlphaBeta(Cat(piece, ".cost"), f.pieces[k].cost));
-    }
-    // One pass: a hash of the fits seen (was a scan of all earlier fits per fit).
-    const auto [it, fresh] = fit_index.try_emplace(CostModel::FitKey(f.collective, f.shape), i);
-    if (!fresh) {
-      return Bad(field, "duplicate (collective, shape) fit",
-                 Cat("same as collectives[", it->second, "]"));
-    }
-  }
+  MOEPLAN_RETURN_IF_ERROR(CheckCollectiveFits("collectives", p.collectives));
+  MOEPLAN_RETURN_IF_ERROR(CheckContext(p));
   if (!(p.gemm.peak_tflops > 0.0 && p.gemm.peak_tflops <= 1e6)) {
     return Bad("gemm.peak_tflops", "must be > 0 and <= 1e6", Cat(p.gemm.peak_tflops));
   }
@@ -206,7 +246,12 @@ absl::StatusOr<CostModel> CostModel::Create(ClusterProfile profile) {
 }
 
 CostModel::CostModel(ClusterProfile profile) : profile_(std::move(profile)) {
-  for (const CollectiveFit& f : profile_.collectives) {
+  // In-context fits last: they replace the isolated fit of their key.
+  std::vector<const CollectiveFit*> all;
+  for (const CollectiveFit& f : profile_.collectives) all.push_back(&f);
+  for (const CollectiveFit& f : profile_.context.collectives) all.push_back(&f);
+  for (const CollectiveFit* fp : all) {
+    const CollectiveFit& f = *fp;
     Piecewise pw;
     if (f.pieces.empty()) {
       pw.count = 1;
@@ -218,7 +263,10 @@ CostModel::CostModel(ClusterProfile profile) : profile_(std::move(profile)) {
         pw.cost[i] = f.pieces[static_cast<size_t>(i)].cost;
       }
     }
-    fits_.emplace(FitKey(f.collective, f.shape), pw);
+    fits_.insert_or_assign(FitKey(f.collective, f.shape), pw);
+  }
+  for (const OpContext& c : profile_.context.ops) {
+    op_context_[c.op][c.resources & 7u] = {true, c.offset_us, c.scale};
   }
   const GemmEfficiencyGrid& g = profile_.gemm.grid;
   const std::vector<int64_t>* axes[3] = {&g.m, &g.n, &g.k};

@@ -87,7 +87,7 @@ class Builder {
     op.phase = phase;
     op.term = term;
     op.resources = kCompute;
-    op.cost_us = cost_us;
+    op.cost_us = cost_.InContextUs(name, kCompute, cost_us);
     op.bytes = Bytes(bytes);
     return {Add(op, {dep.a, dep.b})};
   }
@@ -102,7 +102,7 @@ class Builder {
     op.phase = phase;
     op.term = TermOf(c);
     op.resources = ResourcesOf(shape);
-    op.cost_us = cost_.CollectiveUs(c, shape, n);
+    op.cost_us = cost_.InContextUs(name, op.resources, cost_.CollectiveUs(c, shape, n));
     op.bytes = Bytes(n);
     op.inter_node_bytes = Bytes(InterNodeBytes(c, shape, n));
     return {Add(op, {dep.a, dep.b})};
@@ -146,7 +146,8 @@ class Builder {
     op.phase = phase;
     op.term = Term::kAllToAll;
     op.resources = a2a.SpansNodes() ? kInter : kIntra;
-    op.cost_us = cost_.CollectiveUs(Collective::kSendRecv, pair, chunk);
+    op.cost_us =
+        cost_.InContextUs(name, op.resources, cost_.CollectiveUs(Collective::kSendRecv, pair, chunk));
     op.bytes = Bytes(chunk);
     op.inter_node_bytes = i >= ranks_per_node ? Bytes(chunk) : 0;
     return Add(op, deps);
@@ -161,7 +162,7 @@ class Builder {
     op.phase = phase;
     op.term = TermOf(c);
     op.resources = ResourcesOf(shape);
-    op.cost_us = cost_.CollectiveUs(c, shape, chunk);
+    op.cost_us = cost_.InContextUs(name, op.resources, cost_.CollectiveUs(c, shape, chunk));
     op.bytes = Bytes(chunk);
     op.inter_node_bytes = Bytes(InterNodeBytes(c, shape, chunk));
     return Add(op, deps);

@@ -20,6 +20,26 @@ std::string ResourceMaskName(ResourceMask mask) {
   return out;
 }
 
+bool ParseResourceMask(std::string_view name, ResourceMask* mask) {
+  ResourceMask m = 0;
+  while (!name.empty()) {
+    const size_t plus = name.find('+');
+    const std::string_view part = name.substr(0, plus);
+    int found = -1;
+    for (int r = 0; r < kNumResources; ++r) {
+      if (part == ResourceName(r)) found = r;
+    }
+    if (found < 0 || (m & (1u << found))) return false;
+    m = static_cast<ResourceMask>(m | (1u << found));
+    if (plus == std::string_view::npos) break;
+    name.remove_prefix(plus + 1);
+    if (name.empty()) return false;  // a trailing '+'
+  }
+  if (m == 0) return false;
+  *mask = m;
+  return true;
+}
+
 std::string_view TermName(Term t) {
   switch (t) {
     case Term::kGate:

@@ -137,13 +137,30 @@ struct Repeater {
   // them (a short kernel after a barrier would get a core to itself).
   bool kernel = false;
 
-  absl::StatusOr<double> Once(const std::function<absl::Status()>& op, int inner) const {
+  // In context (docs/cost-model.md "In context"): a compute phase runs on every
+  // rank between the barrier and the op, as the layer's compute runs before
+  // its collectives, and a repetition is timed as moeplan-exec times an op:
+  // the latest end minus the latest start over ranks, each stamped from the
+  // barrier's exit.
+  const std::function<absl::Status()>* context = nullptr;
+
+  struct Stamps {
+    double start_us = 0.0, end_us = 0.0;
+  };
+
+  absl::StatusOr<Stamps> Once(const std::function<absl::Status()>& op, int inner) const {
     MOEPLAN_RETURN_IF_ERROR(device->Synchronize());
     MPI_Barrier(MPI_COMM_WORLD);
     const double t0 = MPI_Wtime();
+    if (context != nullptr) {
+      MOEPLAN_RETURN_IF_ERROR((*context)());
+      MOEPLAN_RETURN_IF_ERROR(device->Synchronize());
+    }
+    const double t1 = MPI_Wtime();
     for (int i = 0; i < inner; ++i) MOEPLAN_RETURN_IF_ERROR(op());
     MOEPLAN_RETURN_IF_ERROR(device->Synchronize());
-    return (MPI_Wtime() - t0) * 1e6 / inner;
+    const double t2 = MPI_Wtime();
+    return Stamps{(t1 - t0) * 1e6, (t1 - t0) * 1e6 + (t2 - t1) * 1e6 / inner};
   }
 
   absl::Status Run(const std::function<absl::Status()>& op,
@@ -154,7 +171,8 @@ struct Repeater {
     double warm = 0.0;
     int64_t wrong = 0;
     for (int i = 0; i < options.warmup; ++i) {
-      MOEPLAN_ASSIGN_OR_RETURN(warm, Once(op, 1));
+      MOEPLAN_ASSIGN_OR_RETURN(const Stamps st, Once(op, 1));
+      warm = st.end_us - st.start_us;
       if (i == 0 && check) {
         MOEPLAN_ASSIGN_OR_RETURN(wrong, check());
       }
@@ -171,11 +189,20 @@ struct Repeater {
     const double fit = options.point_budget_s * 1e6 / (one * inner);
     const int iters =
         std::clamp(static_cast<int>(std::min(fit, 1e9)), options.min_iters, options.iters);
-    std::vector<double> local(static_cast<size_t>(iters)), global(local.size());
-    for (int i = 0; i < iters; ++i) {
-      MOEPLAN_ASSIGN_OR_RETURN(local[static_cast<size_t>(i)], Once(op, inner));
+    // Per repetition: [start, end] of this rank, reduced to the latest of each.
+    const size_t n = static_cast<size_t>(iters);
+    std::vector<double> local(2 * n), latest(2 * n), global(n);
+    for (size_t i = 0; i < n; ++i) {
+      MOEPLAN_ASSIGN_OR_RETURN(const Stamps st, Once(op, inner));
+      local[i] = st.start_us;
+      local[n + i] = context != nullptr ? st.end_us : st.end_us - st.start_us;
     }
-    MPI_Allreduce(local.data(), global.data(), iters, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    MPI_Allreduce(local.data(), latest.data(), 2 * iters, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    // Isolated: the max over ranks of each rank's time; in context: latest
+    // end minus latest start.
+    for (size_t i = 0; i < n; ++i) {
+      global[i] = context != nullptr ? latest[n + i] - latest[i] : latest[n + i];
+    }
     s->set_iters(iters);
     s->set_warmup(options.warmup);
     s->set_median_us(Median(global));
@@ -218,6 +245,51 @@ struct Buffers {
 };
 
 }  // namespace
+
+// The compute phase of in-context points: GEMMs of kContextGemm^3 (f32 on
+// CPUs, the kernel dtype elsewhere), as many as take `us` on the slowest rank
+// while every rank runs them (counted once per length, the same on every rank,
+// so the ranks do equal work and finish as unevenly as a layer's do).
+absl::StatusOr<const std::function<absl::Status()>*> Profiler::ContextPhase(double us) {
+  if (us <= 0.0) return nullptr;
+  const int64_t d = kContextGemm;
+  const DType t = options_.kernel_dtype;
+  ex::Device* dev = backend_->device.get();
+  if (context_.a.data() == nullptr) {
+    const size_t bytes = static_cast<size_t>(d * d) * ex::SizeOf(t);
+    for (ex::DeviceBuffer* b : {&context_.a, &context_.b, &context_.c}) {
+      MOEPLAN_ASSIGN_OR_RETURN(*b, ex::DeviceBuffer::Make(dev, bytes));
+    }
+    MOEPLAN_RETURN_IF_ERROR(ex::UploadAs(*dev, context_.a.data(),
+                                         std::vector<float>(static_cast<size_t>(d * d), 0.5f), t));
+    MOEPLAN_RETURN_IF_ERROR(ex::UploadAs(*dev, context_.b.data(),
+                                         std::vector<float>(static_cast<size_t>(d * d), 0.25f), t));
+  }
+  ex::Kernels* k = backend_->kernels.get();
+  auto gemm = [this, k, d, t] {
+    return k->Gemm(false, false, d, d, d, 1.0f, context_.a.data(), d, context_.b.data(), d, 0.0f,
+                   context_.c.data(), d, t);
+  };
+  if (context_.gemm_us <= 0.0) {
+    // Every rank at once, as in the phase itself; the slowest rank's time.
+    constexpr int kProbe = 8;
+    MOEPLAN_RETURN_IF_ERROR(gemm());
+    MOEPLAN_RETURN_IF_ERROR(dev->Synchronize());
+    MPI_Barrier(MPI_COMM_WORLD);
+    const double t0 = MPI_Wtime();
+    for (int i = 0; i < kProbe; ++i) MOEPLAN_RETURN_IF_ERROR(gemm());
+    MOEPLAN_RETURN_IF_ERROR(dev->Synchronize());
+    double one = (MPI_Wtime() - t0) * 1e6 / kProbe;
+    MPI_Allreduce(MPI_IN_PLACE, &one, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    context_.gemm_us = std::max(one, 1e-3);
+  }
+  const int reps = static_cast<int>(std::clamp(std::ceil(us / context_.gemm_us), 1.0, 1e7));
+  context_.phase = [gemm, reps] {
+    for (int i = 0; i < reps; ++i) MOEPLAN_RETURN_IF_ERROR(gemm());
+    return absl::OkStatus();
+  };
+  return &context_.phase;
+}
 
 absl::StatusOr<v1::ProfileSample> Profiler::Measure(const Point& p) {
   switch (p.kind) {
@@ -313,9 +385,11 @@ absl::StatusOr<v1::ProfileSample> Profiler::Collective(const Point& p) {
     return Mismatches(got, want);
   };
   v1::ProfileSample sample;
-  const Repeater rep{backend_->device.get(), options_};
+  Repeater rep{backend_->device.get(), options_};
+  MOEPLAN_ASSIGN_OR_RETURN(rep.context, ContextPhase(p.context_us));
   MOEPLAN_RETURN_IF_ERROR(rep.Run(op, check, &sample));
   v1::CollectiveSample* cs = sample.mutable_collective();
+  cs->set_context_us(p.context_us);
   cs->set_collective(proto::CollectiveToProto(p.collective));
   SetShape(p.shape, cs->mutable_shape());
   cs->set_groups(GroupsOf(layout_, p.shape));
@@ -390,12 +464,14 @@ absl::StatusOr<v1::ProfileSample> Profiler::Saa(const Point& p) {
       });
     };
   }
-  const Repeater rep{backend_->device.get(), options_};
+  Repeater rep{backend_->device.get(), options_};
+  MOEPLAN_ASSIGN_OR_RETURN(rep.context, ContextPhase(p.context_us));
   v1::ProfileSample seq;
   MOEPLAN_RETURN_IF_ERROR(rep.Run(sequential, nullptr, &seq));
   v1::ProfileSample sample;
   MOEPLAN_RETURN_IF_ERROR(rep.Run(fused, check, &sample));
   v1::SaaSample* ss = sample.mutable_saa();
+  ss->set_context_us(p.context_us);
   SetShape(p.saa.a2a, ss->mutable_a2a());
   SetShape(p.saa.gather, ss->mutable_gather());
   ss->set_a2a_ranks_per_node(p.saa.a2a_ranks_per_node);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <tuple>
 
 #include "fmt/format.h"
 #include "moeplan/base/format.h"
@@ -106,11 +107,13 @@ Bandwidth BandwidthOf(Collective c, int ranks, int64_t bytes, double us) {
 std::string Point::Label() const {
   switch (kind) {
     case Kind::kCollective:
-      return fmt::format("{} {} {}", std::string(planner::CollectiveName(collective)),
-                         ShapeLabel(shape), FormatBytes(static_cast<double>(bytes)));
+      return fmt::format("{} {} {}{}", std::string(planner::CollectiveName(collective)),
+                         ShapeLabel(shape), FormatBytes(static_cast<double>(bytes)),
+                         context_us > 0.0 ? " in context" : "");
     case Kind::kSaa:
-      return fmt::format("saa{} a2a {} gather {} {}", dual ? "-dual" : "", ShapeLabel(saa.a2a),
-                         ShapeLabel(saa.gather), FormatBytes(static_cast<double>(bytes)));
+      return fmt::format("saa{} a2a {} gather {} {}{}", dual ? "-dual" : "", ShapeLabel(saa.a2a),
+                         ShapeLabel(saa.gather), FormatBytes(static_cast<double>(bytes)),
+                         context_us > 0.0 ? " in context" : "");
     case Kind::kGemm:
       return fmt::format("gemm {}x{}x{}{}", m, n, k,
                          m == 1 && n == 1 && k == 1 ? ""
@@ -141,15 +144,28 @@ absl::StatusOr<Sweep> PlanSweep(const NodeLayout& layout, const SweepOptions& o)
       return absl::InvalidArgumentError(Cat("--memory-tokens: must be >= 1 (got ", t, ")"));
     }
   }
+  if (!(o.context_us >= 0.0 && o.context_us <= 1e7)) {
+    return absl::InvalidArgumentError(
+        Cat("--context-ms: must be >= 0 and <= 10000 (got ", o.context_us / 1e3, ")"));
+  }
   Sweep sw;
-  auto add = [&](Point p) {
+  auto add = [&](Point p) -> bool {
     if (p.buffer_bytes > o.max_point_bytes) {
       sw.skipped.push_back(fmt::format("{}: needs {} per rank, more than the {} allowed", p.Label(),
                                        FormatBytes(static_cast<double>(p.buffer_bytes)),
                                        FormatBytes(static_cast<double>(o.max_point_bytes))));
-      return;
+      return false;
     }
     sw.points.push_back(std::move(p));
+    return true;
+  };
+  // Communication points, isolated and (with o.context_us) right after it the
+  // same point in context: adjacent, so drift of the machine hits both alike.
+  auto add_comm = [&](Point p) {
+    if (add(p) && o.context_us > 0.0) {
+      p.context_us = o.context_us;
+      sw.points.push_back(std::move(p));
+    }
   };
   std::vector<int64_t> sizes;
   for (int64_t b = o.min_bytes; b <= o.max_bytes; b *= o.size_step) sizes.push_back(b);
@@ -175,7 +191,7 @@ absl::StatusOr<Sweep> PlanSweep(const NodeLayout& layout, const SweepOptions& o)
           default:
             p.buffer_bytes = 2 * p.bytes;
         }
-        add(std::move(p));
+        add_comm(std::move(p));
       }
     }
   }
@@ -192,7 +208,7 @@ absl::StatusOr<Sweep> PlanSweep(const NodeLayout& layout, const SweepOptions& o)
           p.bytes = b / (w * kF32) * w * kF32;
           // send + a2a_recv (+ staging) + the gathered output (N copies).
           p.buffer_bytes = p.bytes * (3 + s.gather_ranks);
-          add(std::move(p));
+          add_comm(std::move(p));
         }
       }
     }
@@ -242,6 +258,49 @@ absl::StatusOr<Sweep> PlanSweep(const NodeLayout& layout, const SweepOptions& o)
                            : tokens_bytes * (2 + kMemoryTopK) + t * kMemoryExperts * kF32 * 2;
       add(std::move(p));
     }
+  }
+  return sw;
+}
+
+Sweep PlanCheckSweep(const NodeLayout& layout, int64_t collective_bytes) {
+  Sweep sw;
+  for (const auto& [m, n, k] : {std::tuple<int64_t, int64_t, int64_t>{256, 256, 256},
+                                {1024, 1024, 256},
+                                {1024, 1024, 1024}}) {
+    Point p;
+    p.kind = Point::Kind::kGemm;
+    p.m = m;
+    p.n = n;
+    p.k = k;
+    p.buffer_bytes = (m * k + k * n + m * n) * kF32;
+    sw.points.push_back(p);
+  }
+  for (std::string_view kernel : {"copy", "order", "gelu", "gelu_bwd"}) {
+    Point p;
+    p.kind = Point::Kind::kMemory;
+    p.kernel = std::string(kernel);
+    p.tokens = 4096;
+    p.n = 1024;
+    p.buffer_bytes = p.tokens * p.n * kF32 * (2 + kMemoryTopK);
+    sw.points.push_back(p);
+  }
+  for (GroupShape shape : ProfiledShapes(layout)) {
+    Point p;
+    p.kind = Point::Kind::kCollective;
+    p.shape = shape;
+    if (shape.ranks == 2) {
+      p.collective = Collective::kSendRecv;
+      for (int64_t b : {int64_t{64} << 10, int64_t{4} << 20}) {
+        p.bytes = b;
+        p.buffer_bytes = 2 * b;
+        sw.points.push_back(p);
+      }
+    }
+    p.collective = Collective::kAllToAll;
+    const int64_t unit = shape.ranks * kF32;
+    p.bytes = std::max<int64_t>(collective_bytes / unit, 1) * unit;
+    p.buffer_bytes = 2 * p.bytes;
+    sw.points.push_back(p);
   }
   return sw;
 }

@@ -52,6 +52,8 @@ struct Args {
   std::vector<int64_t> memory_tokens;
   double watchdog_s = 600.0;  // a rank whose sample does not finish for this long exits (0: off)
   int64_t max_point_memory = 0;  // 0: auto
+  double context_ms = 20.0;      // 0: isolated collectives only
+  bool check = false;            // the few points of moeplan profile-check
 };
 
 int Rank() {
@@ -182,6 +184,15 @@ int64_t PhysicalMemory() {
 
 absl::Status MakeOptions(const Args& a, const NodeLayout& layout, bool gpu, SweepOptions* o,
                          MeasureOptions* m) {
+  if (a.check) {
+    // moeplan profile-check: a few points, briefly (PlanCheckSweep).
+    m->iters = 7;
+    m->warmup = 2;
+    m->point_budget_s = 0.5;
+    m->min_iters = 3;
+    o->context_us = 0.0;
+    return absl::OkStatus();
+  }
   if (a.quick) {
     // CI's round trip: a few sizes, few repetitions, a small GEMM grid.
     o->min_bytes = 4 << 10;
@@ -205,6 +216,7 @@ absl::Status MakeOptions(const Args& a, const NodeLayout& layout, bool gpu, Swee
   if (!a.memory_tokens.empty()) o->memory_tokens = a.memory_tokens;
   // A CPU does a few GFLOP/s: cap the grid so a run takes minutes, not hours.
   o->gemm_max_flop = a.gemm_max_gflop > 0 ? a.gemm_max_gflop * 1e9 : (gpu ? 1e15 : 4e9);
+  o->context_us = a.context_ms * 1e3;
   if (a.budget_s <= 0) return absl::InvalidArgumentError("--budget: must be > 0 seconds");
   if (a.max_point_memory == 0) {
     // Half of the host's memory shared by its ranks (GPUs: device allocation
@@ -256,7 +268,9 @@ int Run(const Args& a) {
     }
   }
   absl::StatusOr<Sweep> sweep =
-      st.ok() ? PlanSweep(layout, sweep_options) : absl::StatusOr<Sweep>(st);
+      !st.ok()  ? absl::StatusOr<Sweep>(st)
+      : a.check ? absl::StatusOr<Sweep>(PlanCheckSweep(layout))
+                : PlanSweep(layout, sweep_options);
   if (!AllOk(sweep.status())) return 1;
   if (sweep->points.empty()) {
     if (Rank() == 0) std::fprintf(stderr, "moeplan-profile: nothing to measure (see --only)\n");
@@ -288,6 +302,7 @@ int Run(const Args& a) {
     run.set_nodes(layout.nodes);
     run.set_ranks_per_node(layout.ranks_per_node);
     run.set_moeplan_version(MOEPLAN_VERSION);
+    run.set_machine(ex::MachineDescription(*backend->device));
     out = std::fopen(partial.c_str(), "w");
     if (out == nullptr)
       open_status =
@@ -396,6 +411,14 @@ int main(int argc, char** argv) {
          "per-rank buffer memory one point may take; larger points are left out (auto: half the "
          "host's memory over its ranks), e.g. 2GiB; 0: auto")
       ->transform(size_units);
+  app.add_flag("--check", a.check,
+               "measure only the few points moeplan profile-check compares with a profile "
+               "(GEMMs, memory kernels, each link level, an AlltoAll per group shape; well under "
+               "a minute; ignores the size, repetition and --only flags)");
+  app.add_option("--context-ms", a.context_ms,
+                 "also measure every collective and SAA point in context: after this many ms of "
+                 "compute on every rank, timed as moeplan-exec times an op (0: isolated only)")
+      ->capture_default_str();
   app.add_option("--watchdog-s", a.watchdog_s,
                  "a rank stuck this long in one sample (a peer died or stalled) prints the sample "
                  "and exits 3, and mpirun stops the job (0: off)")

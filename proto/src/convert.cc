@@ -5,6 +5,7 @@
 
 #include "moeplan/base/status.h"
 #include "moeplan/base/strings.h"
+#include "moeplan/planner/op_graph.h"
 
 namespace moeplan::proto {
 
@@ -143,6 +144,24 @@ p::AlphaBeta AlphaBetaFromProto(const v1::AlphaBeta& m) {
   return {m.alpha_us(), m.beta_us_per_byte()};
 }
 
+absl::Status FitsFromProto(const google::protobuf::RepeatedPtrField<v1::CollectiveFit>& fits,
+                           std::string_view list, std::vector<p::CollectiveFit>* out) {
+  for (int i = 0; i < fits.size(); ++i) {
+    const v1::CollectiveFit& f = fits[i];
+    absl::StatusOr<p::Collective> c =
+        CollectiveFromProto(f.collective(), Cat(list, "[", i, "].collective"));
+    if (!c.ok()) return c.status();
+    p::CollectiveFit fit{
+        *c, {f.shape().ranks(), f.shape().nodes()}, AlphaBetaFromProto(f.cost()), {}};
+    for (const v1::FitPiece& piece : f.pieces()) {
+      fit.pieces.push_back(
+          {static_cast<double>(piece.from_bytes()), AlphaBetaFromProto(piece.cost())});
+    }
+    out->push_back(std::move(fit));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<p::ClusterProfile> ProfileFromProto(const v1::ClusterProfile& m) {
@@ -172,18 +191,18 @@ absl::StatusOr<p::ClusterProfile> ProfileFromProto(const v1::ClusterProfile& m) 
   }
   pr.intra = AlphaBetaFromProto(m.links().intra());
   pr.inter = AlphaBetaFromProto(m.links().inter());
-  for (int i = 0; i < m.collectives_size(); ++i) {
-    const v1::CollectiveFit& f = m.collectives(i);
-    absl::StatusOr<p::Collective> c =
-        CollectiveFromProto(f.collective(), Cat("collectives[", i, "].collective"));
-    if (!c.ok()) return c.status();
-    p::CollectiveFit fit{
-        *c, {f.shape().ranks(), f.shape().nodes()}, AlphaBetaFromProto(f.cost()), {}};
-    for (const v1::FitPiece& piece : f.pieces()) {
-      fit.pieces.push_back(
-          {static_cast<double>(piece.from_bytes()), AlphaBetaFromProto(piece.cost())});
+  MOEPLAN_RETURN_IF_ERROR(FitsFromProto(m.collectives(), "collectives", &pr.collectives));
+  MOEPLAN_RETURN_IF_ERROR(
+      FitsFromProto(m.context().collectives(), "context.collectives", &pr.context.collectives));
+  for (int i = 0; i < m.context().ops_size(); ++i) {
+    const v1::OpContext& c = m.context().ops(i);
+    p::OpContext oc{c.op(), 0, c.offset_us(), c.scale()};
+    if (!p::ParseResourceMask(c.resource(), &oc.resources)) {
+      return absl::InvalidArgumentError(
+          Cat("context.ops[", i, "].resource: must be compute, intra, inter or a '+' join of them "
+              "(got \"", c.resource(), "\")"));
     }
-    pr.collectives.push_back(std::move(fit));
+    pr.context.ops.push_back(std::move(oc));
   }
   pr.gemm.peak_tflops = m.gemm().peak_tflops();
   pr.gemm.launch_overhead_us = m.gemm().launch_overhead_us();

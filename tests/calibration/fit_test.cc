@@ -12,6 +12,8 @@
 #include <vector>
 
 #include "moeplan/base/strings.h"
+#include "moeplan/calibration/context_fit.h"
+#include "moeplan/calibration/profile_check.h"
 #include "moeplan/planner/cost_model.h"
 #include "moeplan/planner/op_graph.h"
 #include "moeplan/planner/profile.h"
@@ -630,6 +632,269 @@ TEST(ReadSamplesTest, ReadsAFileAndReportsAMissingOne) {
   ASSERT_TRUE(s.ok()) << s.status();
   EXPECT_EQ(s->size(), 2u);
   EXPECT_EQ(ReadSamples(path + ".missing").status().code(), absl::StatusCode::kNotFound);
+}
+
+}  // namespace
+}  // namespace moeplan::calibration
+
+// ---------------------------------------------------------------------------
+// In-context collectives (moeplan-profile --context-ms) and provenance.
+
+namespace moeplan::calibration {
+namespace {
+
+using ::testing::Contains;
+using ::testing::HasSubstr;
+
+TEST(CalibrateContextTest, InContextSamplesBecomeContextFitsThePlannerUses) {
+  const planner::ClusterProfile ref = Reference();
+  std::vector<v1::ProfileSample> samples = Samples(ref);
+  // The same collectives measured after a 20 ms compute phase, 30 % slower.
+  const size_t n = samples.size();
+  for (size_t i = 0; i < n; ++i) {
+    if (samples[i].op_case() != v1::ProfileSample::kCollective) continue;
+    v1::ProfileSample s = samples[i];
+    s.set_median_us(s.median_us() * 1.3);
+    s.mutable_collective()->set_context_us(20000.0);
+    samples.push_back(std::move(s));
+  }
+  samples.front().mutable_run()->set_machine("Test CPU x 2 cores");
+  for (v1::ProfileSample& s : samples) *s.mutable_run() = samples.front().run();
+  absl::StatusOr<Calibration> c = Calibrate(samples, Options());
+  ASSERT_TRUE(c.ok()) << c.status();
+  const v1::ClusterProfile& p = c->profile;
+  EXPECT_EQ(p.collectives_size(), static_cast<int>(ref.collectives.size()));
+  EXPECT_EQ(p.context().collectives_size(), static_cast<int>(ref.collectives.size()));
+  EXPECT_DOUBLE_EQ(p.context().compute_phase_us(), 20000.0);
+  EXPECT_NE(FindFit(*c, "alltoall 4 ranks / 2 nodes in context"), nullptr);
+  // Provenance: where and when, from the run.
+  EXPECT_THAT(p.provenance().hosts(), testing::ElementsAre("node0", "node1"));
+  EXPECT_EQ(p.provenance().machine(), "Test CPU x 2 cores");
+  EXPECT_EQ(p.provenance().measured_at(), "2024-05-01T12:00:00Z");
+  EXPECT_EQ(p.provenance().ranks(), 4);
+
+  absl::StatusOr<planner::ClusterProfile> conv = proto::ProfileFromProto(p);
+  ASSERT_TRUE(conv.ok()) << conv.status();
+  const planner::CostModel in_context = Model(*conv);
+  v1::ClusterProfile alone_msg = p;
+  alone_msg.clear_context();
+  const planner::CostModel alone = Model(*proto::ProfileFromProto(alone_msg));
+  const planner::GroupShape shape{4, 2};
+  for (double b : {64 * kKiB, 4 * kMiB}) {
+    const double want = ref.collectives[3].cost.At(b);
+    EXPECT_NEAR(alone.CollectiveUs(planner::Collective::kAllToAll, shape, b), want, 1e-6 * want);
+    EXPECT_NEAR(in_context.CollectiveUs(planner::Collective::kAllToAll, shape, b), 1.3 * want,
+                1e-6 * want);
+  }
+}
+
+TEST(CalibrateContextTest, OneComputePhasePerProfile) {
+  std::vector<v1::ProfileSample> samples = Samples(Reference());
+  for (int phase : {10000, 20000}) {
+    v1::ProfileSample s = samples.front();
+    s.mutable_collective()->set_context_us(phase);
+    samples.push_back(s);
+  }
+  absl::StatusOr<Calibration> c = Calibrate(samples, Options());
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(Msg(c.status()), HasSubstr("one --context-ms per profile"));
+}
+
+// ---------------------------------------------------------------------------
+// profile-check: synthetic drift in both directions.
+
+// The samples moeplan-profile --check takes, timed as `p` predicts, with the
+// GEMMs `gemm` times and the inter link `inter` times as slow.
+std::vector<v1::ProfileSample> CheckSamples(const v1::ClusterProfile& p, double gemm,
+                                            double inter) {
+  const planner::CostModel cost = Model(*proto::ProfileFromProto(p));
+  const v1::ProfileRun run = MakeRun(2);
+  std::vector<v1::ProfileSample> out;
+  for (int64_t d : {256, 1024}) {
+    v1::ProfileSample s = Sample(run, gemm * cost.GemmUs(d, d, d));
+    s.mutable_gemm()->set_m(d);
+    s.mutable_gemm()->set_n(d);
+    s.mutable_gemm()->set_k(d);
+    out.push_back(s);
+  }
+  for (const char* kernel : {"copy", "gelu"}) {
+    const double b = 16 * kMiB;
+    const bool act = std::string_view(kernel) == "gelu";
+    v1::ProfileSample s = Sample(run, act ? cost.ActivationUs(b, false) : cost.MemoryBoundUs(b));
+    s.mutable_memory()->set_kernel(kernel);
+    s.mutable_memory()->set_bytes(static_cast<int64_t>(b));
+    out.push_back(s);
+  }
+  for (int nodes : {1, 2}) {
+    for (double b : {64 * kKiB, 4 * kMiB}) {
+      const planner::GroupShape shape{2, nodes};
+      v1::ProfileSample s =
+          Sample(run, (nodes == 2 ? inter : 1.0) *
+                          cost.CollectiveUs(planner::Collective::kSendRecv, shape, b));
+      v1::CollectiveSample* c = s.mutable_collective();
+      c->set_collective(v1::COLLECTIVE_SEND_RECV);
+      c->mutable_shape()->set_ranks(2);
+      c->mutable_shape()->set_nodes(nodes);
+      c->set_bytes(static_cast<int64_t>(b));
+      out.push_back(s);
+    }
+  }
+  return out;
+}
+
+v1::ClusterProfile CalibratedReference() {
+  absl::StatusOr<Calibration> c = Calibrate(Samples(Reference()), Options());
+  EXPECT_TRUE(c.ok()) << c.status();
+  return c->profile;
+}
+
+TEST(ProfileCheckTest, AFreshProfileIsFresh) {
+  const v1::ClusterProfile p = CalibratedReference();
+  // 5 % slower everywhere: within the 15 % threshold.
+  absl::StatusOr<ProfileCheckResult> r = CheckProfile(p, CheckSamples(p, 1.05, 1.05), 15.0);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_FALSE(r->stale);
+  ASSERT_EQ(r->rows.size(), 5u);  // activation, gemm, inter link, intra link, memory
+  for (const DriftRow& row : r->rows) {
+    EXPECT_FALSE(row.stale) << row.term;
+    EXPECT_LT(std::abs(row.drift_pct), 5.1) << row.term;
+  }
+  EXPECT_THAT(RenderProfileCheck(p, *r, 15.0), HasSubstr("verdict: fresh"));
+}
+
+TEST(ProfileCheckTest, DriftedTermsAreStaleInBothDirections) {
+  const v1::ClusterProfile p = CalibratedReference();
+  // GEMMs 25 % slower, the inter link 30 % faster than the profile says.
+  absl::StatusOr<ProfileCheckResult> r = CheckProfile(p, CheckSamples(p, 1.25, 0.7), 15.0);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(r->stale);
+  for (const DriftRow& row : r->rows) {
+    if (row.term == "gemm") {
+      EXPECT_TRUE(row.stale);
+      EXPECT_NEAR(row.drift_pct, 25.0, 0.5);
+    } else if (row.term == "inter link") {
+      EXPECT_TRUE(row.stale);
+      EXPECT_NEAR(row.drift_pct, -30.0, 0.5);
+    } else {
+      EXPECT_FALSE(row.stale) << row.term;
+    }
+  }
+  const std::string text = RenderProfileCheck(p, *r, 15.0);
+  EXPECT_THAT(text, HasSubstr("verdict: STALE: 2 of"));
+  EXPECT_THAT(text, HasSubstr("STALE\n"));
+}
+
+TEST(ProfileCheckTest, OtherMachineAndLayoutAreNamed) {
+  v1::ClusterProfile p = CalibratedReference();
+  p.mutable_provenance()->set_machine("Other CPU x 64 cores");
+  std::vector<v1::ProfileSample> samples = CheckSamples(p, 1.0, 1.0);
+  for (v1::ProfileSample& s : samples) s.mutable_run()->set_machine("Test CPU x 2 cores");
+  absl::StatusOr<ProfileCheckResult> r = CheckProfile(p, samples, 15.0);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_THAT(r->notes, Contains(HasSubstr("other machine")));
+  p.set_gpus_per_node(4);
+  EXPECT_EQ(CheckProfile(p, samples, 15.0).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(CheckProfile(p, {}, 15.0).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(CheckProfile(CalibratedReference(), samples, 0.0).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+// ---------------------------------------------------------------------------
+// Op corrections fitted on measured layers.
+
+v1::OpTiming Timing(std::string name, std::string resource, double start, double us) {
+  v1::OpTiming t;
+  t.set_name(std::move(name));
+  t.set_resource(std::move(resource));
+  t.set_start_us(start);
+  t.set_end_us(start + us);
+  return t;
+}
+
+TEST(OpContextTest, BaseNames) {
+  EXPECT_EQ(OpBaseName("fwd.saa_dispatch.alltoall.3"), "fwd.saa_dispatch.alltoall");
+  EXPECT_EQ(OpBaseName("fwd.expert.p1"), "fwd.expert");
+  EXPECT_EQ(OpBaseName("fwd.expert.1.p0"), "fwd.expert");
+  EXPECT_EQ(OpBaseName("fwd.ep_alltoall_combine"), "fwd.ep_alltoall_combine");
+  EXPECT_EQ(OpBaseName("gate"), "gate");
+}
+
+TEST(OpContextTest, RecoversOffsetAndScalePerOpAndPoolsSteps) {
+  std::vector<ValidationInput> inputs;
+  for (int i = 1; i <= 6; ++i) {
+    const double x = 100.0 * i;  // predicted op durations differ per config
+    ValidationInput in;
+    in.name = Cat("c", i);
+    v1::CandidatePlan pred, meas;
+    pred.set_schedule(v1::SCHEDULE_S2);
+    meas.set_schedule(v1::SCHEDULE_S2);
+    // measured = 40 + 1.5 x on the inter link; the expert 10 % slower; two
+    // pipeline steps of one op at 2x.
+    *pred.add_ops() = Timing("fwd.ep_alltoall_combine", "inter", 0, x);
+    *meas.add_ops() = Timing("fwd.ep_alltoall_combine", "inter", 0, 40 + 1.5 * x);
+    *pred.add_ops() = Timing("fwd.expert", "compute", x, 3 * x);
+    *meas.add_ops() = Timing("fwd.expert", "compute", x, 3.3 * x);
+    for (int step : {1, 2}) {
+      *pred.add_ops() = Timing(Cat("fwd.saa_dispatch.allgather.", step), "intra", 0, x / 2);
+      *meas.add_ops() = Timing(Cat("fwd.saa_dispatch.allgather.", step), "intra", 0, x);
+    }
+    // Only measured, or only predicted: not fitted.
+    *meas.add_ops() = Timing("fwd.unknown", "compute", 0, 5);
+    in.predicted.push_back(pred);
+    in.measured.push_back(meas);
+    inputs.push_back(in);
+  }
+  absl::StatusOr<std::vector<v1::OpContext>> ops = FitOpContexts(inputs, OpContextOptions{});
+  ASSERT_TRUE(ops.ok()) << ops.status();
+  ASSERT_EQ(ops->size(), 3u);
+  const v1::OpContext& comb = (*ops)[0];
+  EXPECT_EQ(comb.op(), "fwd.ep_alltoall_combine");
+  EXPECT_EQ(comb.resource(), "inter");
+  EXPECT_NEAR(comb.offset_us(), 40.0, 1e-6);
+  EXPECT_NEAR(comb.scale(), 1.5, 1e-9);
+  EXPECT_EQ(comb.samples(), 6);
+  EXPECT_NEAR(comb.scale_ci_pct(), 0.0, 1e-6);  // exact data: every resample agrees
+  EXPECT_NEAR(comb.max_error_pct(), 0.0, 1e-6);
+  EXPECT_EQ((*ops)[1].op(), "fwd.expert");
+  EXPECT_NEAR((*ops)[1].scale(), 1.1, 1e-9);
+  EXPECT_NEAR((*ops)[1].offset_us(), 0.0, 1e-6);
+  EXPECT_EQ((*ops)[2].op(), "fwd.saa_dispatch.allgather");
+  EXPECT_EQ((*ops)[2].samples(), 12);
+  EXPECT_NEAR((*ops)[2].scale(), 2.0, 1e-9);
+  EXPECT_THAT(RenderOpContexts(*ops), HasSubstr("| fwd.ep_alltoall_combine | inter | 6 | 40.0 | 1.500 |"));
+
+  // Too few instances: no correction.
+  std::vector<ValidationInput> two(inputs.begin(), inputs.begin() + 2);
+  absl::StatusOr<std::vector<v1::OpContext>> few = FitOpContexts(two, OpContextOptions{});
+  ASSERT_TRUE(few.ok());
+  ASSERT_EQ(few->size(), 1u);  // only the pooled steps have 4
+  EXPECT_EQ(FitOpContexts({}, OpContextOptions{}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(OpContextTest, ThePlannerAppliesCorrectionsByOpAndResource) {
+  v1::ClusterProfile p = CalibratedReference();
+  const planner::CostModel plain = Model(*proto::ProfileFromProto(p));
+  v1::OpContext* c = p.mutable_context()->add_ops();
+  c->set_op("fwd.gate");
+  c->set_resource("compute");
+  c->set_offset_us(10.0);
+  c->set_scale(2.0);
+  const planner::CostModel corrected = Model(*proto::ProfileFromProto(p));
+  EXPECT_DOUBLE_EQ(corrected.InContextUs("fwd.gate", planner::kCompute, 5.0), 20.0);
+  EXPECT_DOUBLE_EQ(corrected.InContextUs("fwd.gate", planner::kInter, 5.0), 5.0);
+  EXPECT_DOUBLE_EQ(corrected.InContextUs("bwd.gate", planner::kCompute, 5.0), 5.0);
+  EXPECT_DOUBLE_EQ(plain.InContextUs("fwd.gate", planner::kCompute, 5.0), 5.0);
+  // Field rules, named.
+  c->set_resource("gpu");
+  EXPECT_THAT(Msg(proto::ProfileFromProto(p).status()), HasSubstr("context.ops[0].resource"));
+  c->set_resource("compute");
+  c->set_scale(0.0);
+  EXPECT_THAT(Msg(proto::ProfileFromProto(p).status()), HasSubstr("context.ops[0].scale"));
+  c->set_scale(1.0);
+  *p.mutable_context()->add_ops() = *c;
+  EXPECT_THAT(Msg(proto::ProfileFromProto(p).status()), HasSubstr("duplicate (op, resource)"));
 }
 
 }  // namespace

@@ -28,6 +28,11 @@ absl::StatusOr<v1::ClusterProfile> BuiltinProfile(std::string_view name);
 // is neither gives NotFound listing the built-ins.
 absl::StatusOr<v1::ClusterProfile> ResolveProfile(std::string_view name_or_path);
 
+// Where and when a profile was measured, in one line: "measured on node0,
+// node1 (4 ranks; mpi, f32; Open MPI v4.1.4; <machine>) at 2026-11-21T05:51:27Z";
+// spec profiles and measured ones without provenance say so.
+std::string ProvenanceLine(const v1::ClusterProfile& profile);
+
 // Both forms of a resolved profile.
 struct LoadedProfile {
   v1::ClusterProfile message;

@@ -46,6 +46,8 @@ struct ReportContext {
   std::string command;    // how the measurements were taken (shown verbatim)
   std::string plot_file;  // the PNG's file name, relative to the report; empty: none
   std::string profile_comment;
+  std::string provenance;  // where and when the profile was measured (ProvenanceLine)
+  std::string section;     // Markdown placed before the summary (e.g. the --holdout split)
 };
 // The Markdown report: summary, per-schedule and per-op error tables, the worst
 // configs, selection misses, every config.

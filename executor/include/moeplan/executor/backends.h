@@ -42,6 +42,10 @@ absl::StatusOr<std::unique_ptr<Communicator>> MakeNcclWorld(Device* device);
 // "cuda runtime 13.0, cublas 13.x, nccl 2.28.x" or why there is none.
 std::string CudaVersions();
 
+// This host as a profile's provenance names it: the CPU model and its online
+// cores ("AMD EPYC 7B13 x 2 cores"), and the device when it is a GPU.
+std::string MachineDescription(const Device& device);
+
 // A device, kernels and world communicator of one backend.
 struct Backend {
   std::unique_ptr<Device> device;

@@ -6,6 +6,8 @@
 
 #include <array>
 #include <cstdint>
+#include <string>
+#include <string_view>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
@@ -48,6 +50,17 @@ class CostModel {
   // profile's activation line, else the memory model.
   double ActivationUs(double bytes, bool backward) const;
 
+  // An op's cost in context (profile.context.ops): offset + scale * `us` for
+  // the op named `op` (without step) holding `resources`; `us` where the
+  // profile has no correction for it.
+  double InContextUs(std::string_view op, uint8_t resources, double us) const {
+    if (op_context_.empty()) return us;
+    const auto it = op_context_.find(absl::string_view(op.data(), op.size()));
+    if (it == op_context_.end()) return us;
+    const OpLine& l = it->second[resources & 7u];
+    return l.set ? l.offset_us + l.scale * us : us;
+  }
+
   // A (collective, group shape) as one integer: the fits' key.
   static uint64_t FitKey(Collective c, GroupShape shape);
 
@@ -77,6 +90,13 @@ class CostModel {
     double bytes_per_us = 1.0;
   };
   std::array<ActLine, 2> act_{};  // forward, backward
+  struct OpLine {
+    bool set = false;
+    double offset_us = 0.0;
+    double scale = 1.0;
+  };
+  // Op name -> correction per resource mask (3 bits).
+  absl::flat_hash_map<std::string, std::array<OpLine, 8>> op_context_;
 };
 
 }  // namespace moeplan::planner

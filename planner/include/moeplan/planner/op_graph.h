@@ -18,6 +18,8 @@ enum Resource : uint8_t { kCompute = 1, kIntra = 2, kInter = 4 };
 inline constexpr int kNumResources = 3;
 using ResourceMask = uint8_t;
 std::string ResourceMaskName(ResourceMask mask);  // e.g. "intra+inter"
+// The inverse of ResourceMaskName; false for an empty or unknown name.
+bool ParseResourceMask(std::string_view name, ResourceMask* mask);
 std::string_view ResourceName(int index);         // 0 compute, 1 intra, 2 inter
 
 enum class OpKind : uint8_t { kCompute, kComm };

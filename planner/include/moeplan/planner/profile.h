@@ -74,6 +74,24 @@ struct ActivationModel {
   MemoryModel backward;
 };
 
+// In-context costs (docs/cost-model.md "In context"; profile.proto's
+// ContextModel). An op correction: the op `op` (its name without step) holding
+// `resources` (op_graph.h's Resource bits) costs offset_us + scale * its cost.
+struct OpContext {
+  std::string op;
+  uint8_t resources = 0;
+  double offset_us = 0.0;
+  double scale = 1.0;
+};
+inline constexpr size_t kMaxOpContexts = 4096;
+
+struct ContextModel {
+  // Collectives measured after a compute phase: replace the isolated fit of
+  // the same (collective, shape).
+  std::vector<CollectiveFit> collectives;
+  std::vector<OpContext> ops;
+};
+
 struct ClusterProfile {
   std::string name;
   uint32_t version = 0;
@@ -85,6 +103,7 @@ struct ClusterProfile {
   GemmModel gemm;
   MemoryModel memory;
   ActivationModel activation;
+  ContextModel context;
   double gpu_memory_gib = 0.0;  // per GPU; 0: unknown (memory is not checked)
 };
 

@@ -4,6 +4,7 @@
 // ranks: every rank calls Measure with the same point, in the same order.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -54,12 +55,21 @@ class Profiler {
   absl::StatusOr<v1::ProfileSample> Saa(const Point& p);
   absl::StatusOr<v1::ProfileSample> Gemm(const Point& p);
   absl::StatusOr<v1::ProfileSample> Memory(const Point& p);
+  // The compute phase before each repetition of an in-context point (null for
+  // `us` <= 0: isolated).
+  absl::StatusOr<const std::function<absl::Status()>*> ContextPhase(double us);
 
   executor::Backend* backend_;
   executor::Communicator* world_;
   NodeLayout layout_;
   MeasureOptions options_;
   std::vector<std::unique_ptr<Group>> groups_;
+  struct Context {
+    executor::DeviceBuffer a, b, c;
+    double gemm_us = 0.0;  // one GEMM, all ranks at once, the slowest rank
+    std::function<absl::Status()> phase;
+  };
+  Context context_;
 };
 
 }  // namespace moeplan::profiler

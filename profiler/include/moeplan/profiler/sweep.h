@@ -65,6 +65,9 @@ struct Bandwidth {
 };
 Bandwidth BandwidthOf(Collective c, int ranks, int64_t bytes, double us);
 
+// The compute phase of in-context points: square GEMMs of this size.
+inline constexpr int64_t kContextGemm = 256;
+
 // The memory-bound kernels run on a fixed routing of S tokens: E experts, top-k,
 // capacity factor 1 (T = ceil(k S / E) slots per expert).
 inline constexpr int64_t kMemoryExperts = 16;
@@ -83,6 +86,9 @@ struct SweepOptions {
                                          Collective::kReduceScatter, Collective::kAllToAll,
                                          Collective::kSendRecv};
   bool saa = true;
+  // > 0: every collective and SAA point is measured twice, isolated and then
+  // in context after a compute phase of this many µs (Point::context_us).
+  double context_us = 0.0;
   // GEMM grid: every (m, n, k) from `gemm_sizes`^3 with 2mnk <= gemm_max_flop,
   // each as NN, NT and TN (the executor's forward, input-gradient and
   // weight-gradient forms), plus the 1x1x1 launch-overhead probe.
@@ -106,6 +112,9 @@ struct Point {
   int64_t bytes = 0;                      // collectives, SAA: n in the proto's convention
   int64_t m = 0, n = 0, k = 0;            // GEMM
   bool trans_a = false, trans_b = false;  // GEMM: NN, NT (input grads), TN (weight grads)
+  // Collectives, SAA: the compute phase (µs) before each timed repetition;
+  // 0: isolated (docs/cost-model.md "In context").
+  double context_us = 0.0;
   std::string kernel;                     // memory: one of kMemoryKernels
   int64_t tokens = 0;                     // memory
   // Per-rank bytes of the buffers the point allocates (for the memory guard).
@@ -120,5 +129,12 @@ struct Sweep {
 // The whole sweep, in the order it runs: collectives by shape then size, SAA,
 // GEMMs, memory-bound kernels. InvalidArgument for inconsistent options (named).
 absl::StatusOr<Sweep> PlanSweep(const NodeLayout& layout, const SweepOptions& options);
+
+// The handful of points `moeplan profile-check` re-measures (docs/calibration.md
+// "Stale profiles"): three GEMMs, the data-movement and activation kernels at
+// one size, the pair SendRecv of each link level at a small and a large
+// message, and an AlltoAll of `collective_bytes` on every group shape. With
+// the check's short budget it takes well under a minute.
+Sweep PlanCheckSweep(const NodeLayout& layout, int64_t collective_bytes = int64_t{1} << 20);
 
 }  // namespace moeplan::profiler

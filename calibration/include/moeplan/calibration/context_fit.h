@@ -1,0 +1,49 @@
+// In-context op corrections (profile.proto's OpContext, docs/cost-model.md "In
+// context"): how much longer (or shorter) each op of the schedules takes inside
+// running layers than the profile's own model of it says, fitted on measured
+// layers (`moeplan validate --holdout`). Pure.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "moeplan/calibration/validation.h"
+#include "moeplan/v1/profile.pb.h"
+
+namespace moeplan::calibration {
+
+struct OpContextOptions {
+  // Instances an (op, resource) needs before it gets a correction.
+  int min_samples = 3;
+  // A line (offset + scale x) needs this many distinct predicted durations
+  // spanning at least `min_span` (max / min); otherwise the fit is a scale
+  // alone (offset 0), which extrapolates more safely.
+  int line_min_distinct = 4;
+  double min_span = 2.0;
+  int bootstrap = 200;  // resamples for the scale's confidence interval
+  uint64_t seed = 1;
+  double tolerance = 0.10;  // for the fit quality's "holds" range
+};
+
+// "fwd.saa_dispatch.alltoall.3" -> "fwd.saa_dispatch.alltoall" (a trailing
+// numeric step or ".p<part>" removed); other names unchanged.
+std::string_view OpBaseName(std::string_view name);
+
+// For every (op without step, resource) that appears in both the measured and
+// the predicted timelines of `inputs` (ops matched by full name within one
+// schedule of one config), fits measured = offset + scale * predicted by least
+// squares on relative residuals (offset >= 0). `predicted` must come from the
+// profile the corrections will be added to, without op corrections of its
+// own. Ordered by op name, then resource. InvalidArgument when `inputs` is
+// empty or an option is out of range.
+absl::StatusOr<std::vector<v1::OpContext>> FitOpContexts(
+    const std::vector<ValidationInput>& inputs, const OpContextOptions& options);
+
+// The Markdown table of fitted corrections (op, resource, instances, offset,
+// scale with its 95 % interval, R², max error).
+std::string RenderOpContexts(const std::vector<v1::OpContext>& ops);
+
+}  // namespace moeplan::calibration

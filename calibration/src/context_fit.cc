@@ -1,0 +1,150 @@
+// In-context op corrections fitted on measured layers (context_fit.h).
+#include "moeplan/calibration/context_fit.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <random>
+#include <utility>
+
+#include "fit_internal.h"
+#include "moeplan/base/strings.h"
+
+namespace moeplan::calibration {
+namespace {
+
+using internal::Obs;
+
+bool AllDigits(std::string_view s) {
+  return !s.empty() && std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; });
+}
+
+// The scale through the origin minimising sum(((s x - t) / t)^2).
+double ScaleOnly(const std::vector<Obs>& pts) {
+  double sxx = 0.0, sx = 0.0;
+  for (const Obs& p : pts) {
+    const double r = p.n / p.t;
+    sxx += r * r;
+    sx += r;
+  }
+  return sxx > 0.0 ? sx / sxx : 1.0;
+}
+
+struct Line {
+  double offset = 0.0, scale = 1.0;
+};
+
+Line FitOne(const std::vector<Obs>& pts, bool line, double tolerance) {
+  if (!line) return {0.0, ScaleOnly(pts)};
+  const LineFit f = internal::FitPoints(pts, tolerance);
+  // A flat fit (no growth with the model's cost) is no correction of it.
+  if (!(f.beta_us_per_byte > internal::kTinyBeta)) return {0.0, ScaleOnly(pts)};
+  return {f.alpha_us, f.beta_us_per_byte};
+}
+
+bool UseLine(const std::vector<Obs>& pts, const OpContextOptions& o) {
+  std::vector<double> xs;
+  for (const Obs& p : pts) xs.push_back(p.n);
+  std::sort(xs.begin(), xs.end());
+  xs.erase(std::unique(xs.begin(), xs.end()), xs.end());
+  return static_cast<int>(xs.size()) >= o.line_min_distinct && xs.back() >= o.min_span * xs.front();
+}
+
+}  // namespace
+
+std::string_view OpBaseName(std::string_view name) {
+  const size_t dot = name.rfind('.');
+  if (dot == std::string_view::npos) return name;
+  std::string_view tail = name.substr(dot + 1);
+  if (!tail.empty() && tail[0] == 'p') tail.remove_prefix(1);
+  return AllDigits(tail) ? OpBaseName(name.substr(0, dot)) : name;
+}
+
+absl::StatusOr<std::vector<v1::OpContext>> FitOpContexts(const std::vector<ValidationInput>& inputs,
+                                                         const OpContextOptions& o) {
+  if (inputs.empty()) return absl::InvalidArgumentError("op contexts: no measured layers to fit on");
+  if (o.min_samples < 2 || o.line_min_distinct < 2 || !(o.min_span >= 1.0) || o.bootstrap < 0) {
+    return absl::InvalidArgumentError(
+        "op contexts: min_samples and line_min_distinct must be >= 2, min_span >= 1, "
+        "bootstrap >= 0");
+  }
+  // (op, resource) -> (predicted, measured) per instance.
+  std::map<std::pair<std::string, std::string>, std::vector<Obs>> groups;
+  for (const ValidationInput& in : inputs) {
+    for (const v1::CandidatePlan& m : in.measured) {
+      const auto pred = std::find_if(in.predicted.begin(), in.predicted.end(),
+                                     [&](const v1::CandidatePlan& c) {
+                                       return c.schedule() == m.schedule();
+                                     });
+      if (pred == in.predicted.end()) continue;
+      std::map<std::string_view, const v1::OpTiming*> by_name;
+      for (const v1::OpTiming& op : pred->ops()) by_name.emplace(op.name(), &op);
+      for (const v1::OpTiming& op : m.ops()) {
+        const auto it = by_name.find(op.name());
+        if (it == by_name.end()) continue;
+        const double x = it->second->end_us() - it->second->start_us();
+        const double t = op.end_us() - op.start_us();
+        if (!(x > 0.0) || !(t > 0.0) || !std::isfinite(x) || !std::isfinite(t)) continue;
+        groups[{std::string(OpBaseName(op.name())), it->second->resource()}].push_back({x, t, 0.0});
+      }
+    }
+  }
+  std::vector<v1::OpContext> out;
+  std::mt19937_64 rng(o.seed);
+  for (const auto& [key, pts] : groups) {
+    if (static_cast<int>(pts.size()) < o.min_samples) continue;
+    const bool line = UseLine(pts, o);
+    const Line fit = FitOne(pts, line, o.tolerance);
+    if (!(fit.scale > 0.0 && fit.scale <= 100.0) || !(fit.offset >= 0.0)) continue;
+    v1::OpContext c;
+    c.set_op(key.first);
+    c.set_resource(key.second);
+    c.set_offset_us(fit.offset);
+    c.set_scale(fit.scale);
+    c.set_samples(static_cast<int>(pts.size()));
+    std::vector<Obs> obs = pts;
+    for (Obs& p : obs) p.pred = fit.offset + fit.scale * p.n;
+    LineFit q;
+    internal::FillQuality(obs, o.tolerance, &q);
+    c.set_r_squared(q.r_squared);
+    c.set_max_error_pct(q.max_rel_err * 100.0);
+    if (o.bootstrap > 0) {
+      // The scale refitted on resamples of the instances (the same model
+      // choice): the half-width of its central 95 % in % of the scale.
+      std::vector<double> scales;
+      std::vector<Obs> re(pts.size());
+      std::uniform_int_distribution<size_t> pick(0, pts.size() - 1);
+      for (int b = 0; b < o.bootstrap; ++b) {
+        for (Obs& r : re) r = pts[pick(rng)];
+        // A line needs two distinct predicted durations; a resample without
+        // them says nothing about the line's scale.
+        if (line && internal::DistinctSizes(re) < 2) continue;
+        scales.push_back(FitOne(re, line, o.tolerance).scale);
+      }
+      if (scales.empty()) scales.push_back(fit.scale);
+      std::sort(scales.begin(), scales.end());
+      const auto at = [&](double q) {
+        return scales[static_cast<size_t>(std::lround(q * static_cast<double>(scales.size() - 1)))];
+      };
+      c.set_scale_ci_pct((at(0.975) - at(0.025)) / 2.0 / fit.scale * 100.0);
+    }
+    out.push_back(std::move(c));
+  }
+  return out;
+}
+
+std::string RenderOpContexts(const std::vector<v1::OpContext>& ops) {
+  std::string md =
+      "| op | resource | instances | offset µs | scale | scale 95 % ± | R² | max error % |\n"
+      "|---|---|---:|---:|---:|---:|---:|---:|\n";
+  for (const v1::OpContext& c : ops) {
+    md += fmt::format("| {} | {} | {} | {:.1f} | {:.3f} | {:.1f} % | {:.3f} | {:.1f} |\n", c.op(),
+                      c.resource(), c.samples(), c.offset_us(), c.scale(), c.scale_ci_pct(),
+                      c.r_squared(), c.max_error_pct());
+  }
+  return md;
+}
+
+}  // namespace moeplan::calibration
