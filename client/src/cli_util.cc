@@ -62,6 +62,15 @@ std::string SiblingBinary(std::string_view dir, std::string_view name) {
   return std::string(name);
 }
 
+std::string LauncherFor(std::string launcher, int ranks) {
+  const std::string n = std::to_string(ranks);
+  for (size_t at = launcher.find("{ranks}"); at != std::string::npos;
+       at = launcher.find("{ranks}", at + n.size())) {
+    launcher.replace(at, 7, n);
+  }
+  return launcher;
+}
+
 absl::StatusOr<Ran> RunCommand(const std::string& command) {
   std::FILE* pipe = ::popen(command.c_str(), "r");
   if (pipe == nullptr) {

@@ -65,6 +65,9 @@ absl::Status WriteStdout(const std::string& text);
 // installed beside this one; else `name`, found on the PATH.
 std::string SiblingBinary(std::string_view dir, std::string_view name);
 
+// A --launcher text with every "{ranks}" replaced by `ranks`.
+std::string LauncherFor(std::string launcher, int ranks);
+
 struct Ran {
   int exit_code = 0;
   std::string out;

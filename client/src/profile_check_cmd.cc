@@ -35,11 +35,7 @@ absl::Status ProfileCheckCmd(const ProfileCheckArgs& a) {
         profile.provenance().backend().empty() ? "mpi" : profile.provenance().backend();
     const std::string profiler =
         a.profiler.empty() ? SiblingBinary("profiler", "moeplan-profile") : a.profiler;
-    std::string launcher = a.launcher;
-    for (size_t at = launcher.find("{ranks}"); at != std::string::npos;
-         at = launcher.find("{ranks}")) {
-      launcher.replace(at, 7, std::to_string(ranks));
-    }
+    const std::string launcher = LauncherFor(a.launcher, ranks);
     const std::string command =
         fmt::format("{} {} --check --backend {} --watchdog-s 120 --out {} 1>&2", launcher,
                     ShellQuote(profiler), ShellQuote(backend), ShellQuote(samples_file));

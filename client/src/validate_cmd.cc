@@ -45,13 +45,6 @@ namespace p = ::moeplan::planner;
 
 namespace {
 
-std::string Replace(std::string s, const std::string& from, const std::string& to) {
-  for (size_t at = s.find(from); at != std::string::npos; at = s.find(from, at + to.size())) {
-    s.replace(at, from.size(), to);
-  }
-  return s;
-}
-
 std::string ConfigName(size_t i, const v1::LayerConfig& l) {
   return fmt::format("grid[{}] B={} L={} M={} H={} E={} k={} f={:g} mp={} ep={} esp={}", i,
                      l.batch_size(), l.seq_len(), l.model_dim(), l.hidden_dim(), l.num_experts(),
@@ -96,7 +89,7 @@ absl::StatusOr<Setup> Prepare(const ValidateArgs& a, const v1::ClusterProfile& p
   }
   setup.ranks = a.ranks > 0 ? a.ranks : profile.nodes() * profile.gpus_per_node();
   setup.exec = a.exec.empty() ? SiblingBinary("executor", "moeplan-exec") : a.exec;
-  setup.launcher = Replace(a.launcher, "{ranks}", std::to_string(setup.ranks));
+  setup.launcher = LauncherFor(a.launcher, setup.ranks);
   return setup;
 }
 
