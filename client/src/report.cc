@@ -40,10 +40,11 @@ std::string FormatPlanTable(const v1::LayerConfig& l, const v1::PlanLayerRespons
                  plan.profile_version(), SourceLabel(profile.source()), profile.nodes(),
                  profile.gpus_per_node());
   fmt::format_to(w,
-                 "  B={} L={} M={} H={} E={} k={} f={} b={} skew={} | mp={} ep={} esp={} dp={} "
+                 "  B={} L={} M={} H={} E={} k={} f={} b={} skew={}{} | mp={} ep={} esp={} dp={} "
                  "pp={}\n",
                  l.batch_size(), l.seq_len(), l.model_dim(), l.hidden_dim(), l.num_experts(),
-                 l.top_k(), l.capacity_factor(), l.bytes_per_element(), l.token_skew(), p.mp(),
+                 l.top_k(), l.capacity_factor(), l.bytes_per_element(), l.token_skew(),
+                 l.dropless() ? " dropless" : "", p.mp(),
                  p.ep(), p.esp(), p.dp(), p.pp());
   fmt::format_to(w, "  S={} tokens, capacity T={}, X={}, D={}\n\n", d.tokens(), d.capacity(),
                  FormatBytes(static_cast<double>(d.activation_bytes())),

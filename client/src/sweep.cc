@@ -75,16 +75,16 @@ std::string TimeCell(double us) { return us < 0.0 ? "" : fmt::format("{:.3f}", u
 std::string SweepCsv(const SweepResult& r) {
   std::string out =
       "index,name,batch_size,seq_len,model_dim,hidden_dim,num_experts,top_k,capacity_factor,"
-      "bytes_per_element,token_skew,mp,ep,esp,dp,pp,default_us,s1_us,s2_us,best,best_us,"
+      "bytes_per_element,token_skew,dropless,mp,ep,esp,dp,pp,default_us,s1_us,s2_us,best,best_us,"
       "speedup_vs_default,margin_pct\n";
   auto w = std::back_inserter(out);
   for (const SweepRow& row : r.rows) {
     const p::LayerConfig& l = row.layer;
     const p::ParallelLayout& par = l.parallel;
     fmt::format_to(
-        w, "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}\n", row.index,
+        w, "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}\n", row.index,
         CsvField(l.name), l.batch_size, l.seq_len, l.model_dim, l.hidden_dim, l.num_experts,
-        l.top_k, l.capacity_factor, l.bytes_per_element, l.token_skew, par.mp, par.ep, par.esp,
+        l.top_k, l.capacity_factor, l.bytes_per_element, l.token_skew, l.dropless, par.mp, par.ep, par.esp,
         par.dp, par.pp, TimeCell(row.total_us[0]), TimeCell(row.total_us[1]),
         TimeCell(row.total_us[2]), p::ScheduleName(row.best),
         TimeCell(row.total_us[static_cast<int>(row.best)]),

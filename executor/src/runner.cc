@@ -45,10 +45,28 @@ enum Tensor : uint32_t {
   kTensorGate = 2,
   kTensorW1 = 3,
   kTensorW2 = 4,
-  kTensorDy = 5
+  kTensorDy = 5,
+  kTensorSkew = 6
 };
 
 }  // namespace
+
+std::vector<float> SkewBias(int64_t experts, double exponent, uint64_t seed) {
+  // A seeded Fisher-Yates permutation: rank_of[e] is expert e's popularity rank.
+  std::vector<int64_t> order(static_cast<size_t>(experts));
+  for (int64_t e = 0; e < experts; ++e) order[static_cast<size_t>(e)] = e;
+  for (int64_t i = experts - 1; i > 0; --i) {
+    const double u = 0.5 * (SeededValue(seed, kTensorSkew, static_cast<uint64_t>(i), 1.0f) + 1.0);
+    const int64_t j = std::min(i, static_cast<int64_t>(u * static_cast<double>(i + 1)));
+    std::swap(order[static_cast<size_t>(i)], order[static_cast<size_t>(j)]);
+  }
+  std::vector<float> bias(static_cast<size_t>(experts));
+  for (int64_t r = 0; r < experts; ++r) {
+    bias[static_cast<size_t>(order[static_cast<size_t>(r)])] =
+        static_cast<float>(-exponent * std::log(static_cast<double>(r + 1)));
+  }
+  return bias;
+}
 
 RankPlace PlaceOf(const planner::ParallelLayout& p, int rank) {
   RankPlace r;
@@ -78,6 +96,11 @@ absl::Status ValidateWorld(const planner::LayerConfig& layer, int world_size) {
 
 absl::Status ValidateForExecutor(const planner::LayerConfig& layer, Schedule schedule,
                                  int world_size) {
+  if (layer.dropless) {
+    return absl::InvalidArgumentError(
+        "dropless: the executor pads every expert's buffer to capacity; dropless routing "
+        "(an irregular AlltoAll) is planned but not executable yet: set dropless to false");
+  }
   // esp | mp, which the default schedule needs, is ValidateLayer's.
   return ValidateWorld(layer, world_size);
 }
@@ -91,6 +114,7 @@ class MoeLayerRunner::Impl final : public OpRecorder {
   absl::Status Init();
   absl::Status RunIteration();
   absl::StatusOr<LayerResults> Results();
+  absl::StatusOr<RouteCounts> Routing();
 
   const std::vector<OpTime>& timings() const { return times_; }
   double forward_us() const { return forward_us_; }
@@ -276,6 +300,7 @@ class MoeLayerRunner::Impl final : public OpRecorder {
   // Tokens and gate.
   DeviceBuffer x_, dy_, y_, dx_, xs_, ys_, dys_, dxs_;
   DeviceBuffer x32_, dxg32_, logits_, probs_, expert_, slot_, weight_, dweight_, dlogits_;
+  DeviceBuffer ones_, skew_bias_;  // --skew: logits += ones [S x 1] * bias [1 x E]
   DeviceBuffer wg_, dwg_;
   // Experts.
   DeviceBuffer w1_, w2_, dw1_, dw2_, z_, a_, dz_;
@@ -402,6 +427,10 @@ absl::Status MoeLayerRunner::Impl::AllocateBuffers() {
     MOEPLAN_RETURN_IF_ERROR(Alloc(b, gated_ * K_, 4, "the routing table [S x k]"));
   }
   MOEPLAN_RETURN_IF_ERROR(Alloc(&wg_, M_ * E_, 4, "the gate weight [M x E]"));
+  if (opt_.skew_exponent > 0.0) {
+    MOEPLAN_RETURN_IF_ERROR(Alloc(&ones_, gated_, 4, "the gate bias's ones [S]"));
+    MOEPLAN_RETURN_IF_ERROR(Alloc(&skew_bias_, E_, 4, "the gate bias [E]"));
+  }
   MOEPLAN_RETURN_IF_ERROR(Alloc(&dwg_, M_ * E_, 4, "the gate weight gradient [M x E]"));
   route_ = RouteBuffers{probs_.as<float>(), expert_.as<int32_t>(), slot_.as<int32_t>(),
                         weight_.as<float>()};
@@ -451,6 +480,12 @@ absl::Status MoeLayerRunner::Impl::FillInputs() {
   host.resize(static_cast<size_t>(M_ * E_));
   for (size_t i = 0; i < host.size(); ++i) host[i] = SeededValue(seed, kTensorGate, i, ws1);
   MOEPLAN_RETURN_IF_ERROR(upload(wg_, DType::kF32));
+  if (opt_.skew_exponent > 0.0) {
+    host = SkewBias(E_, opt_.skew_exponent, seed);
+    MOEPLAN_RETURN_IF_ERROR(upload(skew_bias_, DType::kF32));
+    host.assign(static_cast<size_t>(gated_), 1.0f);
+    MOEPLAN_RETURN_IF_ERROR(upload(ones_, DType::kF32));
+  }
 
   // Expert shards: global expert e = ep_rank * El + l, global hidden column
   // h = esp_rank * Hs + j.
@@ -487,6 +522,11 @@ absl::Status MoeLayerRunner::Impl::GateForward(const void* x) {
   }
   MOEPLAN_RETURN_IF_ERROR(k_->Gemm(false, false, gated_, E_, M_, 1.0f, x32, M_, wg_.data(), E_,
                                    0.0f, logits_.data(), E_, DType::kF32));
+  if (opt_.skew_exponent > 0.0) {
+    MOEPLAN_RETURN_IF_ERROR(k_->Gemm(false, false, gated_, E_, 1, 1.0f, ones_.data(), 1,
+                                     skew_bias_.data(), E_, 1.0f, logits_.data(), E_,
+                                     DType::kF32));
+  }
   return k_->Route(logits_.as<float>(), gated_, E_, K_, route_cap_, route_);
 }
 
@@ -728,6 +768,21 @@ absl::StatusOr<LayerResults> MoeLayerRunner::Impl::Results() {
   return r;
 }
 
+absl::StatusOr<RouteCounts> MoeLayerRunner::Impl::Routing() {
+  MOEPLAN_RETURN_IF_ERROR(dev_->Synchronize());
+  const size_t n = static_cast<size_t>(gated_ * K_);
+  std::vector<int32_t> expert(n), slot(n);
+  MOEPLAN_RETURN_IF_ERROR(dev_->Download(expert.data(), expert_.data(), n * 4));
+  MOEPLAN_RETURN_IF_ERROR(dev_->Download(slot.data(), slot_.data(), n * 4));
+  RouteCounts c;
+  c.routed.assign(static_cast<size_t>(E_), 0);
+  for (size_t i = 0; i < n; ++i) {
+    if (expert[i] >= 0 && expert[i] < E_) ++c.routed[static_cast<size_t>(expert[i])];
+    if (slot[i] < 0) ++c.dropped;
+  }
+  return c;
+}
+
 // ---- the public face ----
 MoeLayerRunner::MoeLayerRunner(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 MoeLayerRunner::~MoeLayerRunner() = default;
@@ -745,6 +800,7 @@ const std::vector<OpTime>& MoeLayerRunner::timings() const { return impl_->timin
 double MoeLayerRunner::forward_us() const { return impl_->forward_us(); }
 double MoeLayerRunner::total_us() const { return impl_->total_us(); }
 absl::StatusOr<LayerResults> MoeLayerRunner::Results() { return impl_->Results(); }
+absl::StatusOr<RouteCounts> MoeLayerRunner::Routing() { return impl_->Routing(); }
 const RankPlace& MoeLayerRunner::place() const { return impl_->place(); }
 
 }  // namespace moeplan::executor

@@ -110,12 +110,22 @@ std::string RenderTable(const v1::ExecReport& r) {
   put("backend {} ({}), dtype {}, {} ranks on {} host(s), {} iterations after {} warm-up{}\n",
       r.backend(), r.versions(), r.dtype(), r.ranks(), r.hosts(), r.iters(), r.warmup(),
       r.interleaved() ? ", schedules interleaved" : "");
+  if (r.skew_exponent() > 0.0) {
+    put("gate biased by a Zipf law of exponent {:g} (--skew)\n", r.skew_exponent());
+  }
   put("times: median over iterations of the max over ranks, microseconds\n");
-  for (const v1::CandidatePlan& c : r.candidates()) {
+  for (int i = 0; i < r.candidates_size(); ++i) {
+    const v1::CandidatePlan& c = r.candidates(i);
     put("\n{}: total {:.1f} us (forward {:.1f}, backward {:.1f}); compute {:.1f}, comm {:.1f} "
         "({:.1f} hidden)\n",
         ScheduleLabel(c.schedule()), c.total_us(), c.forward_us(), c.backward_us(), c.compute_us(),
         c.comm_us(), c.hidden_comm_us());
+    if (i < r.routing_size()) {
+      const v1::ExecRouting& g = r.routing(i);
+      put("  routing: heaviest EP rank {:.2f}x the mean (token_skew), heaviest expert {:.2f}x, "
+          "{:.1f}% of choices dropped by capacity\n",
+          g.rank_load_ratio(), g.expert_load_ratio(), g.dropped_pct());
+    }
     put("  {:<36} {:>7} {:>12} {:>12} {:>12}\n", "op", "kind", "start", "end", "duration");
     for (const v1::OpTiming& op : c.ops()) {
       put("  {:<36} {:>7} {:>12.1f} {:>12.1f} {:>12.1f}\n", op.name(), op.kind(), op.start_us(),

@@ -45,6 +45,7 @@ struct Args {
   int iters = 10;
   int warmup = 2;
   uint64_t seed = 1;
+  double skew = 0.0;  // Zipf exponent of the gate bias; 0: none
   bool check = false;
   bool json = false;
   bool sequential = false;
@@ -205,6 +206,7 @@ struct Measured {
   std::vector<ex::OpTime> ops;
   std::vector<IterationTimes> iterations;  // rank 0 only
   ex::LayerResults results;
+  v1::ExecRouting routing;  // the last iteration's, over every rank
   std::vector<double> local, global;  // TimeIteration's reduce buffers, reused
 };
 
@@ -214,6 +216,7 @@ std::unique_ptr<ex::MoeLayerRunner> CreateRunner(const Args& a, const Setup& s,
   opt.schedule = schedule;
   opt.dtype = s.dtype;
   opt.seed = a.seed;
+  opt.skew_exponent = a.skew;
   // What this rank's buffers may take, read now (runners already alive hold theirs).
   if (a.max_memory_gib > 0) {
     opt.memory_limit_bytes = static_cast<size_t>(a.max_memory_gib * 1024.0 * 1024.0 * 1024.0);
@@ -274,7 +277,47 @@ void Warm(ex::MoeLayerRunner& runner) {
   if (absl::Status st = runner.RunIteration(); !st.ok()) Abort(st);
 }
 
-void Finish(const Args& a, ex::MoeLayerRunner& runner, Measured* m) {
+// The last iteration's routing over every rank (collective): load per EP rank
+// and per expert against the mean, and the share dropped by capacity.
+v1::ExecRouting Routing(const Setup& s, p::Schedule schedule, ex::MoeLayerRunner& runner) {
+  absl::StatusOr<ex::RouteCounts> c = runner.Routing();
+  if (!c.ok()) Abort(c.status());
+  // Default and S2 gate the MP group's tokens on every MP rank: count once.
+  const bool counts = schedule == p::Schedule::kS1 || runner.place().mp_rank == 0;
+  const size_t e = c->routed.size();
+  std::vector<int64_t> local(e + 1, 0), global(e + 1, 0);
+  if (counts) {
+    std::copy(c->routed.begin(), c->routed.end(), local.begin());
+    local[e] = c->dropped;
+  }
+  Watchdog::Step("summing the routing over ranks (MPI_Allreduce)");
+  MPI_Allreduce(local.data(), global.data(), static_cast<int>(e + 1), MPI_INT64_T, MPI_SUM,
+                MPI_COMM_WORLD);
+  v1::ExecRouting r;
+  r.set_schedule(ToProto(schedule));
+  const int ep = s.layer.parallel.ep;
+  const size_t per_rank = e / static_cast<size_t>(ep);
+  int64_t total = 0, max_expert = 0, max_rank = 0;
+  for (size_t r0 = 0; r0 < e; r0 += per_rank) {
+    int64_t rank_load = 0;
+    for (size_t i = r0; i < r0 + per_rank; ++i) {
+      rank_load += global[i];
+      max_expert = std::max(max_expert, global[i]);
+    }
+    max_rank = std::max(max_rank, rank_load);
+    total += rank_load;
+  }
+  if (total > 0) {
+    r.set_rank_load_ratio(static_cast<double>(max_rank) * ep / static_cast<double>(total));
+    r.set_expert_load_ratio(static_cast<double>(max_expert) * static_cast<double>(e) /
+                            static_cast<double>(total));
+    r.set_dropped_pct(100.0 * static_cast<double>(global[e]) / static_cast<double>(total));
+  }
+  return r;
+}
+
+void Finish(const Args& a, const Setup& s, ex::MoeLayerRunner& runner, Measured* m) {
+  m->routing = Routing(s, m->schedule, runner);
   if (!a.check) return;
   absl::StatusOr<ex::LayerResults> r = runner.Results();
   if (!r.ok()) Abort(r.status());
@@ -296,7 +339,7 @@ std::vector<Measured> MeasureAll(const Args& a, const Setup& s, ex::Backend& b) 
       std::unique_ptr<ex::MoeLayerRunner> runner = CreateRunner(a, s, m.schedule, b);
       for (int i = 0; i < a.warmup; ++i) Warm(*runner);
       for (int it = 0; it < a.iters; ++it) TimeIteration(a, it, *runner, &m);
-      Finish(a, *runner, &m);
+      Finish(a, s, *runner, &m);
     }
     return runs;
   }
@@ -312,7 +355,7 @@ std::vector<Measured> MeasureAll(const Args& a, const Setup& s, ex::Backend& b) 
       TimeIteration(a, it, *runners[j], &runs[j]);
     }
   }
-  for (size_t j = 0; j < n; ++j) Finish(a, *runners[j], &runs[j]);
+  for (size_t j = 0; j < n; ++j) Finish(a, s, *runners[j], &runs[j]);
   return runs;
 }
 
@@ -431,6 +474,7 @@ int Run(const Args& a) {
   report.set_iters(a.iters);
   report.set_warmup(a.warmup);
   report.set_interleaved(!a.sequential && runs.size() > 1);
+  report.set_skew_exponent(a.skew);
   report.set_versions(a.backend == "mpi" ? ex::MpiVersion()
                                          : Cat(ex::MpiVersion(), "; ", ex::CudaVersions()));
   for (const Measured& m : runs) {
@@ -454,6 +498,7 @@ int Run(const Args& a) {
     v1::ScheduleIterations* its = report.add_iterations();
     its->set_schedule(ToProto(m.schedule));
     for (const IterationTimes& t : m.iterations) its->add_total_us(t.total_us);
+    *report.add_routing() = m.routing;
   }
   std::string text;
   if (a.json) {
@@ -499,6 +544,13 @@ int main(int argc, char** argv) {
   app.add_option("--iters", a.iters, "timed iterations")->capture_default_str();
   app.add_option("--warmup", a.warmup, "untimed iterations first")->capture_default_str();
   app.add_option("--seed", a.seed, "seed of inputs, weights and output gradient")
+      ->capture_default_str();
+  app.add_option("--skew", a.skew,
+                 "skewed routing: the gate favours experts by a Zipf law of this exponent (expert "
+                 "of popularity rank r gets weight 1/(1+r)^skew, the ranking drawn from --seed); "
+                 "the report gives the measured heaviest-rank load over the mean, the planner's "
+                 "token_skew (0: unbiased gate)")
+      ->check(CLI::Range(0.0, 16.0))
       ->capture_default_str();
   app.add_option("--max-memory-gib", a.max_memory_gib,
                  "Memory one rank's buffers may take; over it the run is refused before anything "

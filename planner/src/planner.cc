@@ -112,6 +112,12 @@ absl::Status LayerPlanner::Plan(const LayerConfig& layer, std::span<const Schedu
         "group to split the tokens over), so they are not planned apart: {:.1f} us per iteration",
         out->candidates.front().total_us());
   }
+  if (const double dropped = DroppedShare(layer); dropped > 0.0) {
+    out->decision.summary += fmt::format(
+        "; padded at capacity_factor {:g}, token_skew {:g} drops {:.0f}% of the heaviest rank's "
+        "tokens (dropless = true plans the irregular exchange instead)",
+        layer.capacity_factor, layer.token_skew, 100.0 * dropped);
+  }
   return absl::OkStatus();
 }
 

@@ -82,9 +82,10 @@ class Kernels {
     return static_cast<double>(LocalExperts()) * rows * l_.model_dim * b_ * 2.0 +
            2.0 * ActBytes(rows);
   }
-  // Token skew scales the heaviest rank's expert-side rows.
+  // Dropless token skew scales the heaviest rank's expert-side rows (a padded
+  // buffer holds T rows however the tokens were routed).
   int64_t Skewed(int64_t rows) const {
-    return static_cast<int64_t>(std::ceil(static_cast<double>(rows) * l_.token_skew - 1e-9));
+    return static_cast<int64_t>(std::ceil(static_cast<double>(rows) * ExpertSkew(l_) - 1e-9));
   }
 
  private:
@@ -132,7 +133,7 @@ Deps SectionDefault(MoeSection sec, const LayerContext& ctx, Builder& b, Deps x)
   const Kernels k(ctx);
   const DerivedShape d = Derive(l);
   const int64_t s = d.tokens, cap = d.capacity;
-  const double n = static_cast<double>(d.dispatch_bytes) * l.token_skew;
+  const double n = static_cast<double>(d.dispatch_bytes) * ExpertSkew(l);
   const int64_t rows = k.Skewed(int64_t{l.parallel.ep} * cap);  // per local expert
   const int q = t.ep_ranks_per_node;
   switch (sec) {
@@ -169,10 +170,10 @@ Deps SectionS1(MoeSection sec, const LayerContext& ctx, Builder& b, Deps x) {
   const int n = l.parallel.mp;
   const DerivedShape d = Derive(l);
   const int64_t s1 = d.tokens / n;  // tokens per rank after the MP split
-  const int64_t cap1 = Capacity(l.top_k, l.capacity_factor, s1, l.num_experts);  // per rank
+  const int64_t cap1 = RouteCapacity(l, s1);  // per rank
   const double d1 = static_cast<double>(l.num_experts) * cap1 * l.model_dim * l.bytes_per_element;
   const double x1 = static_cast<double>(d.activation_bytes) / n;
-  const double skew = l.token_skew;
+  const double skew = ExpertSkew(l);
   const int64_t rows = k.Skewed(int64_t{n} * l.parallel.ep * cap1);
   const double gate_grad = static_cast<double>(l.model_dim) * l.num_experts * l.bytes_per_element;
   const int q = t.ep_ranks_per_node;
@@ -223,7 +224,7 @@ Deps SectionS2(MoeSection sec, const LayerContext& ctx, Builder& b, Deps x) {
   const int64_t cap2 = (d.capacity + n - 1) / n * n;
   const double dn = static_cast<double>(l.num_experts) * cap2 * l.model_dim * l.bytes_per_element /
                     n;  // per rank after the split
-  const double skew = l.token_skew;
+  const double skew = ExpertSkew(l);
   const int64_t rows = k.Skewed(int64_t{l.parallel.ep} * cap2);
   const int q = t.ep_ranks_per_node;
   const int w = l.parallel.ep;

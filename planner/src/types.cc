@@ -64,10 +64,22 @@ int64_t Capacity(int64_t top_k, double capacity_factor, int64_t tokens, int64_t 
 DerivedShape Derive(const LayerConfig& layer) {
   DerivedShape d;
   d.tokens = layer.batch_size * layer.seq_len;
-  d.capacity = Capacity(layer.top_k, layer.capacity_factor, d.tokens, layer.num_experts);
+  d.capacity = RouteCapacity(layer, d.tokens);
   d.activation_bytes = d.tokens * layer.model_dim * layer.bytes_per_element;
   d.dispatch_bytes = layer.num_experts * d.capacity * layer.model_dim * layer.bytes_per_element;
   return d;
+}
+
+int64_t RouteCapacity(const LayerConfig& layer, int64_t tokens) {
+  return Capacity(layer.top_k, layer.dropless ? 1.0 : layer.capacity_factor, tokens,
+                  layer.num_experts);
+}
+
+double ExpertSkew(const LayerConfig& layer) { return layer.dropless ? layer.token_skew : 1.0; }
+
+double DroppedShare(const LayerConfig& layer) {
+  if (layer.dropless || layer.token_skew <= layer.capacity_factor) return 0.0;
+  return 1.0 - layer.capacity_factor / layer.token_skew;
 }
 
 }  // namespace moeplan::planner

@@ -44,9 +44,12 @@ absl::Status ValidateLayer(const LayerConfig& l, const ClusterShape& c) {
     return Bad("top_k", "must be <= num_experts",
                Cat("top_k=", l.top_k, ", num_experts=", l.num_experts));
   }
-  if (!(l.capacity_factor > 0.0) || !std::isfinite(l.capacity_factor) ||
-      l.capacity_factor > kMaxCapacityFactor) {
-    return Bad("capacity_factor", Cat("must be > 0 and <= ", kMaxCapacityFactor),
+  // Dropless routing has no capacity: the factor may be left unset (0).
+  const bool cf_unset = l.dropless && l.capacity_factor == 0.0;
+  if (!cf_unset && (!(l.capacity_factor > 0.0) || !std::isfinite(l.capacity_factor) ||
+                    l.capacity_factor > kMaxCapacityFactor)) {
+    return Bad("capacity_factor",
+               Cat("must be > 0 and <= ", kMaxCapacityFactor, " (or unset when dropless)"),
                Cat(l.capacity_factor));
   }
   if (l.bytes_per_element != 1 && l.bytes_per_element != 2 && l.bytes_per_element != 4) {
@@ -62,8 +65,9 @@ absl::Status ValidateLayer(const LayerConfig& l, const ClusterShape& c) {
   }
   // Bound the buffers in double before Derive forms them in int64 (E*T*M*b can
   // overflow for absurd but in-range fields).
-  const double cap = std::ceil(static_cast<double>(l.top_k) * l.capacity_factor *
-                               static_cast<double>(tokens) / static_cast<double>(l.num_experts));
+  const double cap =
+      std::ceil(static_cast<double>(l.top_k) * (l.dropless ? l.token_skew : l.capacity_factor) *
+                static_cast<double>(tokens) / static_cast<double>(l.num_experts));
   const double x_bytes = static_cast<double>(tokens) * l.model_dim * l.bytes_per_element;
   const double d_bytes =
       static_cast<double>(l.num_experts) * cap * l.model_dim * l.bytes_per_element;

@@ -60,6 +60,7 @@ absl::StatusOr<p::LayerConfig> LayerFromProto(const v1::LayerConfig& m) {
   l.capacity_factor = m.capacity_factor();
   l.bytes_per_element = m.has_bytes_per_element() ? m.bytes_per_element() : 2;
   l.token_skew = m.has_token_skew() ? m.token_skew() : 1.0;
+  l.dropless = m.dropless();
   MOEPLAN_ASSIGN_OR_RETURN(l.parallel, ParallelFromProto(m.parallel()));
   return l;
 }
@@ -77,6 +78,7 @@ v1::LayerConfig LayerToProto(const p::LayerConfig& l) {
   m.set_capacity_factor(l.capacity_factor);
   m.set_bytes_per_element(l.bytes_per_element);
   m.set_token_skew(l.token_skew);
+  m.set_dropless(l.dropless);
   v1::ParallelLayout* par = m.mutable_parallel();
   par->set_mp(l.parallel.mp);
   par->set_ep(l.parallel.ep);
@@ -370,6 +372,7 @@ absl::StatusOr<std::vector<v1::LayerConfig>> ExpandGrid(const v1::LayerGrid& g,
   };
   const int bpe = g.bytes_per_element_size() ? g.bytes_per_element_size() : 1;
   const int skew = g.token_skew_size() ? g.token_skew_size() : 1;
+  const int dropless = g.dropless_size() ? g.dropless_size() : 1;
   const Axis axes[] = {{"batch_size", g.batch_size_size()},
                        {"seq_len", g.seq_len_size()},
                        {"model_dim", g.model_dim_size()},
@@ -379,7 +382,8 @@ absl::StatusOr<std::vector<v1::LayerConfig>> ExpandGrid(const v1::LayerGrid& g,
                        {"capacity_factor", g.capacity_factor_size()},
                        {"bytes_per_element", bpe},
                        {"token_skew", skew},
-                       {"parallel", g.parallel_size()}};
+                       {"parallel", g.parallel_size()},
+                       {"dropless", dropless}};
   MOEPLAN_RETURN_IF_ERROR(CheckName(g.name()));
   size_t total = 1;
   for (const Axis& a : axes) {
@@ -396,7 +400,7 @@ absl::StatusOr<std::vector<v1::LayerConfig>> ExpandGrid(const v1::LayerGrid& g,
   }
   std::vector<v1::LayerConfig> out;
   out.reserve(total);
-  int idx[10] = {};
+  int idx[11] = {};
   for (size_t n = 0; n < total; ++n) {
     v1::LayerConfig c;
     c.set_schema_version(1);
@@ -411,9 +415,10 @@ absl::StatusOr<std::vector<v1::LayerConfig>> ExpandGrid(const v1::LayerGrid& g,
     if (g.bytes_per_element_size()) c.set_bytes_per_element(g.bytes_per_element(idx[7]));
     if (g.token_skew_size()) c.set_token_skew(g.token_skew(idx[8]));
     *c.mutable_parallel() = g.parallel(idx[9]);
+    if (g.dropless_size()) c.set_dropless(g.dropless(idx[10]));
     out.push_back(std::move(c));
     // Odometer increment, last axis fastest.
-    for (int a = 9; a >= 0; --a) {
+    for (int a = 10; a >= 0; --a) {
       if (++idx[a] < axes[a].size) break;
       idx[a] = 0;
     }

@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <memory>
 #include <numeric>
@@ -24,6 +25,7 @@
 #include "gtest/gtest.h"
 #include "moeplan/executor/backends.h"
 #include "moeplan/executor/kernels.h"
+#include "moeplan/executor/runner.h"
 
 namespace moeplan::executor {
 namespace {
@@ -103,6 +105,28 @@ class CpuKernelsTest : public ::testing::Test {
  protected:
   std::unique_ptr<Kernels> k_ = MakeCpuKernels();
 };
+
+TEST(SkewBiasTest, IsTheLogOfAZipfLawOverASeededRanking) {
+  const std::vector<float> b = SkewBias(8, 1.5, 7);
+  ASSERT_EQ(b.size(), 8u);
+  // Sorted descending, the biases are -1.5 * log(1 + r) for r = 0..7: every
+  // popularity rank is used exactly once.
+  std::vector<float> sorted = b;
+  std::sort(sorted.begin(), sorted.end(), std::greater<float>());
+  for (int r = 0; r < 8; ++r) {
+    EXPECT_FLOAT_EQ(sorted[static_cast<size_t>(r)], static_cast<float>(-1.5 * std::log(1.0 + r)));
+  }
+  EXPECT_EQ(SkewBias(8, 1.5, 7), b) << "a pure function of its arguments";
+  // The ranking comes from the seed: over a few seeds the favourite moves.
+  std::vector<int> favourites;
+  for (uint64_t seed = 1; seed <= 8; ++seed) {
+    const std::vector<float> s = SkewBias(8, 1.0, seed);
+    favourites.push_back(static_cast<int>(std::max_element(s.begin(), s.end()) - s.begin()));
+  }
+  std::sort(favourites.begin(), favourites.end());
+  EXPECT_GT(std::unique(favourites.begin(), favourites.end()) - favourites.begin(), 2);
+  for (float v : SkewBias(4, 0.0, 3)) EXPECT_EQ(v, 0.0f) << "exponent 0: no bias";
+}
 
 TEST_F(CpuKernelsTest, NameAndTypes) {
   EXPECT_EQ(k_->name(), "cpu-eigen");

@@ -62,6 +62,36 @@ check(seq["check"]["passed"], "--sequential: check did not pass")
 sys.exit(0 if ok else 1)
 PYEOF
 
+# 1b. Skewed routing: the report gives each schedule's measured load. Top-1,
+# so the favourite expert's EP rank gets nearly every token whichever it is.
+sed 's/"top_k": 2/"top_k": 1/' "$LAYER" >"$TMP/top1.json"
+if ! timeout 120 mpirun -np 4 "$EXEC" --layer "$TMP/top1.json" --schedule default --skew 2 --json \
+    --iters 1 --warmup 0 >"$TMP/skew.json" 2>"$TMP/skew.err"; then
+  bad "moeplan-exec --skew 2 failed: $(cat "$TMP/skew.err")"
+fi
+$PY - "$TMP/exec.json" "$TMP/skew.json" <<'PYEOF' || fail=1
+import json, sys
+flat, skew = (json.load(open(f)) for f in sys.argv[1:3])
+ok = True
+def check(cond, msg):
+    global ok
+    if not cond:
+        print("FAIL:", msg, file=sys.stderr); ok = False
+check([r["schedule"] for r in flat["routing"]] == [c["schedule"] for c in flat["candidates"]],
+      "routing: one entry per candidate, same order")
+check(skew.get("skew_exponent") == 2, "skew_exponent not reported")
+r = skew["routing"][0]
+# Zipf 2 over 8 experts on 2 EP ranks, top-1: nearly every token picks the
+# favourite, so its rank carries close to all (2x its balanced share) and the
+# capacity (T = 1 * 4 * 32 / 8 = 16 of 32 tokens) drops about half.
+check(r["rank_load_ratio"] > 1.6, f"skew 2: rank load ratio {r['rank_load_ratio']}")
+check(r["expert_load_ratio"] > 6, f"skew 2: expert load ratio {r['expert_load_ratio']}")
+check(r.get("dropped_pct", 0) > 30, f"skew 2: dropped {r.get('dropped_pct', 0)}%")
+check(all(x["rank_load_ratio"] < r["rank_load_ratio"] for x in flat["routing"]),
+      "unbiased routing should be more even than skew 2")
+sys.exit(0 if ok else 1)
+PYEOF
+
 # 2. Bad inputs: every rank exits 1, promptly, one message naming the field.
 expect_error() {  # name, np, pattern, args...
   local name=$1 np=$2 pattern=$3
@@ -83,6 +113,8 @@ sed 's/"mp": 2, "ep": 2, "esp": 2/"mp": 1, "ep": 2, "esp": 2/' "$LAYER" >"$TMP/d
 expect_error "default needs esp | mp" 4 "parallel.esp: must divide mp" --layer "$TMP/def.json"
 sed 's/"top_k": 2/"top_k": 2, "bogus": 1/' "$LAYER" >"$TMP/unknown.json"
 expect_error "unknown field" 4 "bogus" --layer "$TMP/unknown.json"
+sed 's/"top_k": 2/"top_k": 2, "dropless": true/' "$LAYER" >"$TMP/dropless.json"
+expect_error "dropless" 4 "dropless: the executor pads every expert's buffer" --layer "$TMP/dropless.json"
 expect_error "missing file" 4 "no-such-file.json" --layer "$TMP/no-such-file.json"
 expect_error "bad schedule" 4 "--schedule: must be" --layer "$LAYER" --schedule s3
 expect_error "bad iters" 4 "--iters: must be >= 1" --layer "$LAYER" --iters 0

@@ -8,6 +8,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <numeric>
+#include <string>
 #include <vector>
 
 #include "../planner/test_profile.h"
@@ -233,6 +235,71 @@ TEST(MpiExecutor, IterationsAreIndependent) {
     EXPECT_EQ(once.dw1, thrice.dw1) << planner::ScheduleName(s);
     EXPECT_EQ(once.dgate, thrice.dgate) << planner::ScheduleName(s);
   }
+}
+
+// The world's routed choices per expert for a schedule and gate skew, counted
+// once per MP group (MP ranks of the default gate the same tokens).
+std::vector<int64_t> RoutedPerExpert(const LayerConfig& l, Schedule s, double skew) {
+  RunOptions opt;
+  opt.schedule = s;
+  opt.skew_exponent = skew;
+  absl::StatusOr<std::unique_ptr<MoeLayerRunner>> r = MoeLayerRunner::Create(
+      l, opt, g_backend->device.get(), g_backend->kernels.get(), g_backend->world.get());
+  if (!r.ok()) std::abort();  // the other ranks are stuck in Create's collectives anyway
+  EXPECT_TRUE((*r)->RunIteration().ok());
+  absl::StatusOr<RouteCounts> c = (*r)->Routing();
+  EXPECT_TRUE(c.ok()) << c.status();
+  std::vector<int64_t> local(static_cast<size_t>(l.num_experts), 0), sum(local.size());
+  if (c.ok() && (*r)->place().mp_rank == 0) local = c->routed;
+  MPI_Allreduce(local.data(), sum.data(), static_cast<int>(sum.size()), MPI_INT64_T, MPI_SUM,
+                MPI_COMM_WORLD);
+  return sum;
+}
+
+TEST(MpiExecutor, SkewedGateFollowsTheZipfRanking) {
+  const LayerConfig l = Tiny(2, WorldSize() / 2, 2);
+  const std::vector<float> bias = SkewBias(l.num_experts, 2.0, /*seed=*/1);
+  const int64_t choices = l.batch_size * l.seq_len * l.top_k * (WorldSize() / 2);
+  const std::vector<int64_t> flat = RoutedPerExpert(l, Schedule::kDefault, 0.0);
+  const std::vector<int64_t> skewed = RoutedPerExpert(l, Schedule::kDefault, 2.0);
+  EXPECT_EQ(std::accumulate(flat.begin(), flat.end(), int64_t{0}), choices);
+  EXPECT_EQ(std::accumulate(skewed.begin(), skewed.end(), int64_t{0}), choices);
+  // Popularity 1, 1/4, 1/9, ...: the gate's own logits (|z| well under 1) barely
+  // matter, so nearly every token picks the two most popular experts.
+  std::vector<size_t> by_rank(bias.size());
+  std::iota(by_rank.begin(), by_rank.end(), size_t{0});
+  std::sort(by_rank.begin(), by_rank.end(), [&](size_t a, size_t b) { return bias[a] > bias[b]; });
+  const int64_t top2 = skewed[by_rank[0]] + skewed[by_rank[1]];
+  EXPECT_GE(top2, choices * 9 / 10) << "the two most popular experts get the choices";
+  EXPECT_GT(skewed[by_rank[0]], 3 * choices / l.num_experts);
+  EXPECT_LT(*std::max_element(flat.begin(), flat.end()), 3 * choices / l.num_experts)
+      << "unbiased routing is roughly balanced";
+  // The bias is part of the gate, so S2 still routes exactly like the default
+  // and computes the same values.
+  const auto run = [&](Schedule s) {
+    RunOptions opt;
+    opt.schedule = s;
+    opt.skew_exponent = 2.0;
+    auto r = MoeLayerRunner::Create(l, opt, g_backend->device.get(), g_backend->kernels.get(),
+                                    g_backend->world.get());
+    if (!r.ok()) std::abort();
+    EXPECT_TRUE((*r)->RunIteration().ok());
+    absl::StatusOr<LayerResults> res = (*r)->Results();
+    EXPECT_TRUE(res.ok()) << res.status();
+    return res.ok() ? *std::move(res) : LayerResults{};
+  };
+  const LayerResults def = run(Schedule::kDefault), s2 = run(Schedule::kS2);
+  EXPECT_TRUE(TrueOnAllRanks(SameRouting(def, s2, l.top_k, /*slots=*/true)));
+  ExpectSameValues(def, s2, "skew 2");
+}
+
+TEST(MpiExecutor, DroplessLayersAreRefusedWithTheReason) {
+  LayerConfig l = Tiny(2, WorldSize() / 2, 2);
+  l.dropless = true;
+  const absl::Status st = ValidateForExecutor(l, Schedule::kDefault, WorldSize());
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(std::string(st.message()).find("dropless: the executor pads"), std::string::npos)
+      << st;
 }
 
 TEST(MpiExecutor, OpsAreTimedUnderThePlannersNames) {

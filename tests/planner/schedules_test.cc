@@ -781,8 +781,9 @@ TEST(PlannerTest, S1AndS2BeatDefaultWhenInterNodeTrafficDominates) {
 // ---------------------------------------------------------------------------
 // (i) Token skew.
 
-TEST(SchedulesTest, TokenSkewScalesDefaultsAllToAll) {
+TEST(SchedulesTest, DroplessTokenSkewScalesDefaultsAllToAll) {
   LayerConfig l = MakeLayer(4, 8, 4, 8);
+  l.dropless = true;  // f = 1: the balanced share is the padded capacity T = 128
   const SimResult r1 = Simulate(Build(Schedule::kDefault, l));
   l.token_skew = 2.0;
   const SimResult r2 = Simulate(Build(Schedule::kDefault, l));
@@ -798,16 +799,62 @@ TEST(SchedulesTest, TokenSkewScalesDefaultsAllToAll) {
   EXPECT_EQ(r2.inter_node_bytes, 2 * r1.inter_node_bytes);
 }
 
-TEST(SchedulesTest, TokenSkewSlowsEverySchedule) {
+TEST(SchedulesTest, DroplessTokenSkewSlowsEverySchedule) {
   for (Schedule s : kAllSchedules) {
     SCOPED_TRACE(std::string(ScheduleName(s)));
     LayerConfig l = MakeLayer(4, 8, 4, 8);
+    l.dropless = true;
     const SimResult r1 = Simulate(Build(s, l));
     l.token_skew = 1.5;
     const SimResult r2 = Simulate(Build(s, l));
     EXPECT_GT(r2.critical_term_us[int(Term::kAllToAll)], r1.critical_term_us[int(Term::kAllToAll)]);
     EXPECT_GT(r2.makespan_us, r1.makespan_us);
   }
+}
+
+// A padded buffer costs the same however the tokens were routed: skew only
+// drops tokens, and the plan says how many.
+TEST(SchedulesTest, PaddedTokenSkewChangesNoCostAndNamesTheDrops) {
+  for (Schedule s : kAllSchedules) {
+    SCOPED_TRACE(std::string(ScheduleName(s)));
+    LayerConfig l = MakeLayer(4, 8, 4, 8);
+    const SimResult r1 = Simulate(Build(s, l));
+    l.token_skew = 4.0;
+    const SimResult r4 = Simulate(Build(s, l));
+    EXPECT_EQ(r4.makespan_us, r1.makespan_us);
+    EXPECT_EQ(r4.inter_node_bytes, r1.inter_node_bytes);
+  }
+  LayerConfig l = MakeLayer(4, 8, 4, 8);
+  l.capacity_factor = 1.25;
+  l.token_skew = 1.25;
+  EXPECT_EQ(DroppedShare(l), 0.0) << "within capacity";
+  l.token_skew = 2.5;
+  EXPECT_DOUBLE_EQ(DroppedShare(l), 0.5);
+  absl::StatusOr<LayerPlan> plan = PlanLayer(l, Model());
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_NE(plan->decision.summary.find("padded at capacity_factor 1.25, token_skew 2.5 drops 50% "
+                                        "of the heaviest rank's tokens"),
+            std::string::npos)
+      << plan->decision.summary;
+  l.dropless = true;
+  EXPECT_EQ(DroppedShare(l), 0.0);
+  plan = PlanLayer(l, Model());
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->decision.summary.find("drops"), std::string::npos);
+}
+
+// Dropless routing has no capacity: the balanced share k*S/E, whatever f is.
+TEST(SchedulesTest, DroplessIgnoresTheCapacityFactor) {
+  LayerConfig l = MakeLayer(4, 8, 4, 8);
+  l.dropless = true;
+  const SimResult f1 = Simulate(Build(Schedule::kS1, l));
+  l.capacity_factor = 2.0;
+  EXPECT_EQ(Simulate(Build(Schedule::kS1, l)).makespan_us, f1.makespan_us);
+  EXPECT_EQ(Derive(l).capacity, 128);  // 2 * 1024 / 16
+  EXPECT_EQ(RouteCapacity(l, 512), 64);
+  l.dropless = false;
+  EXPECT_EQ(Derive(l).capacity, 256);
+  EXPECT_GT(Simulate(Build(Schedule::kS1, l)).makespan_us, f1.makespan_us);
 }
 
 }  // namespace

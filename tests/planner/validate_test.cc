@@ -85,6 +85,8 @@ std::vector<BadCase> BadCases() {
       {"bytes_per_element 8", [](LayerConfig& l) { l.bytes_per_element = 8; },
        "bytes_per_element: "},
       {"token_skew 0.5", [](LayerConfig& l) { l.token_skew = 0.5; }, "token_skew: must be >= 1"},
+      {"capacity_factor unset when padded", [](LayerConfig& l) { l.capacity_factor = 0.0; },
+       "capacity_factor: must be > 0 and <= 1024 (or unset when dropless)"},
       {"token_skew NaN", [nan](LayerConfig& l) { l.token_skew = nan; }, "token_skew: "},
       {"token_skew above 1024", [](LayerConfig& l) { l.token_skew = 2000.0; }, "token_skew: "},
       {"too many tokens",
@@ -290,6 +292,13 @@ TEST(ValidLayerTest, PassAndPlan) {
          l.bytes_per_element = 1;
          l.token_skew = 1.5;
          l.capacity_factor = 1.25;
+       },
+       true},
+      {"dropless, capacity_factor unset",
+       [](LayerConfig& l) {
+         l.dropless = true;
+         l.capacity_factor = 0.0;
+         l.token_skew = 3.0;
        },
        true},
   };

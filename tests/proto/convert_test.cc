@@ -85,6 +85,27 @@ TEST(ExpandGrid, CartesianProductInFieldOrder) {
   EXPECT_EQ((*c)[11].hidden_dim(), 128);
   EXPECT_EQ((*c)[5].name(), "g#5");
   EXPECT_FALSE((*c)[0].has_bytes_per_element()) << "unset lists leave the field unset";
+  EXPECT_FALSE((*c)[0].has_dropless());
+}
+
+TEST(ExpandGrid, DroplessIsTheInnermostAxis) {
+  v1::LayerGrid g;
+  ASSERT_TRUE(ParseJson(R"({"batch_size": [1], "seq_len": [8], "model_dim": [16],
+      "hidden_dim": [32], "num_experts": [4], "top_k": [1], "capacity_factor": [1.0],
+      "token_skew": [1, 2], "parallel": [{"mp": 1, "ep": 1, "esp": 1}], "dropless": [false, true]})",
+                        &g)
+                  .ok());
+  absl::StatusOr<std::vector<v1::LayerConfig>> c = ExpandGrid(g);
+  ASSERT_TRUE(c.ok()) << c.status();
+  ASSERT_EQ(c->size(), 4u);
+  EXPECT_FALSE((*c)[0].dropless());
+  EXPECT_TRUE((*c)[1].dropless());
+  EXPECT_EQ((*c)[1].token_skew(), 1.0);
+  EXPECT_EQ((*c)[2].token_skew(), 2.0);
+  absl::StatusOr<planner::LayerConfig> l = LayerFromProto((*c)[3]);
+  ASSERT_TRUE(l.ok()) << l.status();
+  EXPECT_TRUE(l->dropless);
+  EXPECT_TRUE(LayerToProto(*l).dropless());
 }
 
 TEST(ExpandGrid, RejectsEmptyListsAndHugeGrids) {

@@ -41,6 +41,11 @@ struct RunOptions {
   planner::Schedule schedule = planner::Schedule::kDefault;
   DType dtype = DType::kF32;
   uint64_t seed = 1;
+  // Skewed routing: >= 0, 0 = none. Expert e is given the popularity
+  // 1 / (1 + rank_e)^skew_exponent (Zipf), rank_e its place in a permutation
+  // of the experts drawn from `seed`, and the gate adds log(popularity) to every
+  // token's logits: a constant bias, so training math is unchanged.
+  double skew_exponent = 0.0;
   // Bytes of device memory the runner may allocate per rank (0: no check).
   // Its buffers are added up first: over this, Create fails ResourceExhausted
   // naming the total and the largest tensor, having allocated nothing.
@@ -56,6 +61,15 @@ struct OpTime {
   double start_us = 0.0;
   double end_us = 0.0;
 };
+
+// How the last iteration routed the tokens this rank gated.
+struct RouteCounts {
+  std::vector<int64_t> routed;  // [E]: choices per expert, before capacity
+  int64_t dropped = 0;          // choices dropped by capacity
+};
+
+// The gate bias of RunOptions::skew_exponent: log(popularity) per expert [E].
+std::vector<float> SkewBias(int64_t experts, double exponent, uint64_t seed);
 
 // Host copies (fp32) of what a rank computed, for correctness checks.
 struct LayerResults {
@@ -92,6 +106,8 @@ class MoeLayerRunner {
 
   // Downloads the results of the last iteration.
   absl::StatusOr<LayerResults> Results();
+  // Counts the last iteration's routing (downloads the routing table only).
+  absl::StatusOr<RouteCounts> Routing();
 
   const RankPlace& place() const;
 

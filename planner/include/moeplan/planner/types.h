@@ -31,7 +31,15 @@ struct LayerConfig {
   int64_t top_k = 0;             // k
   double capacity_factor = 0.0;  // f
   int bytes_per_element = 2;     // b
-  double token_skew = 1.0;       // >= 1; scales the heaviest rank's a2a bytes and expert work
+  // >= 1: the heaviest rank's routed tokens over the balanced share. With
+  // padded capacity it decides only how many tokens are dropped; dropless, it
+  // scales the heaviest rank's AlltoAll bytes and expert rows.
+  double token_skew = 1.0;
+  // false: every expert's buffer is padded to capacity T (tokens beyond it are
+  // dropped), so costs do not depend on routing. true: no capacity; experts
+  // get exactly what was routed to them (irregular AlltoAll); capacity_factor
+  // is unused.
+  bool dropless = false;
   ParallelLayout parallel;
 };
 
@@ -60,7 +68,7 @@ bool ParseAllToAllAlgo(std::string_view name, AllToAllAlgo* out);
 // Derived sizes of docs/notation.md (per MP group / per rank, bytes where named so).
 struct DerivedShape {
   int64_t tokens = 0;            // S = B * L
-  int64_t capacity = 0;          // T = ceil(k * f * S / E)
+  int64_t capacity = 0;          // T = ceil(k * f * S / E); dropless: ceil(k * S / E)
   int64_t activation_bytes = 0;  // X = S * M * b
   int64_t dispatch_bytes = 0;    // D = E * T * M * b
 };
@@ -71,5 +79,17 @@ struct DerivedShape {
 int64_t Capacity(int64_t top_k, double capacity_factor, int64_t tokens, int64_t num_experts);
 
 DerivedShape Derive(const LayerConfig& layer);
+
+// Rows per expert that `tokens` routed tokens occupy before skew: the padded
+// capacity T, or dropless the balanced share ceil(k * tokens / E).
+int64_t RouteCapacity(const LayerConfig& layer, int64_t tokens);
+
+// What the heaviest rank's expert side is scaled by: token_skew when dropless,
+// 1 when padded (a padded buffer costs the same however tokens are routed).
+double ExpertSkew(const LayerConfig& layer);
+
+// The share of the heaviest rank's routed tokens a padded buffer drops:
+// 1 - f / token_skew when token_skew > f; 0 when dropless or within capacity.
+double DroppedShare(const LayerConfig& layer);
 
 }  // namespace moeplan::planner
