@@ -6,7 +6,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
+#include <string>
 #include <string_view>
+#include <vector>
 
 #include "fit_internal.h"
 #include "moeplan/base/format.h"
@@ -55,14 +58,197 @@ void SetHeader(const v1::ProfileRun& run, const CalibrateOptions& options,
   where->set_ranks(run.ranks());
 }
 
+// The measured points profile-check re-measures (Provenance.reference).
+void SetReference(const std::vector<v1::ProfileSample>& samples, v1::Provenance* where) {
+  for (const v1::ProfileSample& s : samples) {
+    bool keep = false;
+    switch (s.op_case()) {
+      case v1::ProfileSample::kGemm:
+        keep = !s.gemm().trans_a() && !s.gemm().trans_b();
+        break;
+      case v1::ProfileSample::kMemory:
+        keep = true;
+        break;
+      case v1::ProfileSample::kCollective: {
+        const v1::CollectiveSample& c = s.collective();
+        keep = c.collective() == v1::COLLECTIVE_ALL_TO_ALL ||
+               (c.collective() == v1::COLLECTIVE_SEND_RECV && c.shape().ranks() == 2);
+        break;
+      }
+      default:
+        break;
+    }
+    if (!keep || !(s.median_us() > 0.0)) continue;
+    v1::ReferencePoint* r = where->add_reference();
+    r->set_point(internal::PointLabel(s));
+    r->set_median_us(s.median_us());
+  }
+}
+
+// One round's (or every point's median round's) fit.
+absl::StatusOr<Calibration> CalibrateOnce(const std::vector<v1::ProfileSample>& samples,
+                                          const CalibrateOptions& options);
+
+// A point's identity: the sample with its timings and round cleared.
+std::string PointKey(const v1::ProfileSample& s) {
+  v1::ProfileSample k = s;
+  k.clear_run();
+  k.clear_round();
+  k.clear_iters();
+  k.clear_warmup();
+  k.clear_median_us();
+  k.clear_min_us();
+  k.clear_max_us();
+  k.clear_checked();
+  k.clear_wrong_elements();
+  if (k.has_collective()) {
+    k.mutable_collective()->clear_algbw_gbytes_per_s();
+    k.mutable_collective()->clear_busbw_gbytes_per_s();
+    k.mutable_collective()->clear_context_us();
+  } else if (k.has_saa()) {
+    k.mutable_saa()->clear_sequential_median_us();
+    k.mutable_saa()->clear_context_us();
+  } else if (k.has_gemm()) {
+    k.mutable_gemm()->clear_tflops();
+  } else if (k.has_memory()) {
+    k.mutable_memory()->clear_gbytes_per_s();
+  }
+  return k.SerializeAsString();
+}
+
+double Predict(const LineFit& f, double n) { return f.alpha_us + f.beta_us_per_byte * n; }
+
+// A fit row's name without the " (N pieces)" a piecewise fit adds: one round
+// may need pieces where the others do not.
+std::string_view RowKey(std::string_view what) {
+  if (what.ends_with(" pieces)")) {
+    if (const size_t open = what.rfind(" ("); open != std::string_view::npos) {
+      return what.substr(0, open);
+    }
+  }
+  return what;
+}
+
+// Several rounds: fit each point's median round, then every round alone, and
+// compare. Points missing from a round (a budget cut it short) are fitted from
+// the rounds that have them.
+absl::StatusOr<Calibration> CalibrateRounds(const std::vector<v1::ProfileSample>& samples,
+                                            const CalibrateOptions& options, int rounds) {
+  std::map<std::string, std::vector<const v1::ProfileSample*>> by_point;
+  std::vector<std::string> order;  // first appearance, so the fit sees the sweep's order
+  for (const v1::ProfileSample& s : samples) {
+    std::vector<const v1::ProfileSample*>& v = by_point[PointKey(s)];
+    if (v.empty()) order.push_back(PointKey(s));
+    v.push_back(&s);
+  }
+  std::vector<v1::ProfileSample> merged;
+  merged.reserve(order.size());
+  Calibration out;
+  std::vector<PointSpread> spreads;
+  for (const std::string& key : order) {
+    std::vector<const v1::ProfileSample*> v = by_point[key];
+    std::sort(v.begin(), v.end(), [](const v1::ProfileSample* a, const v1::ProfileSample* b) {
+      return a->median_us() < b->median_us();
+    });
+    merged.push_back(*v[(v.size() - 1) / 2]);
+    merged.back().clear_round();
+    if (static_cast<int>(v.size()) < rounds) continue;
+    ++out.points;
+    const double lo = v.front()->median_us(), hi = v.back()->median_us();
+    if (lo > 0.0 && hi / lo - 1.0 > options.repeat_tolerance) {
+      PointSpread p;
+      p.point = internal::PointLabel(*v.front());
+      std::vector<const v1::ProfileSample*> by_round = by_point[key];
+      std::sort(by_round.begin(), by_round.end(),
+                [](const v1::ProfileSample* a, const v1::ProfileSample* b) {
+                  return a->round() < b->round();
+                });
+      for (const v1::ProfileSample* s : by_round) p.median_us.push_back(s->median_us());
+      p.spread_pct = 100.0 * (hi / lo - 1.0);
+      spreads.push_back(std::move(p));
+    }
+  }
+  MOEPLAN_ASSIGN_OR_RETURN(Calibration all, CalibrateOnce(merged, options));
+  all.rounds = rounds;
+  all.points = out.points;
+  all.repeat_tolerance = options.repeat_tolerance;
+  std::sort(spreads.begin(), spreads.end(),
+            [](const PointSpread& a, const PointSpread& b) { return a.spread_pct > b.spread_pct; });
+  all.disagreeing = std::move(spreads);
+
+  std::map<std::string, FitSpread> rows;
+  for (int r = 0; r < rounds; ++r) {
+    std::vector<v1::ProfileSample> one;
+    for (const v1::ProfileSample& s : samples) {
+      if (s.round() != r) continue;
+      one.push_back(s);
+      one.back().clear_round();
+    }
+    absl::StatusOr<Calibration> c =
+        one.empty() ? absl::NotFoundError("no samples") : CalibrateOnce(one, options);
+    if (!c.ok()) {
+      all.warnings.push_back(Cat("round ", r, " could not be fitted alone (",
+                                 View(c.status().message()), "): left out of the spreads"));
+      continue;
+    }
+    for (const FitQuality& q : c->fits) {
+      const auto whole = std::find_if(all.fits.begin(), all.fits.end(), [&](const FitQuality& w) {
+        return RowKey(w.what) == RowKey(q.what);
+      });
+      if (whole == all.fits.end()) continue;
+      const LineFit& w = whole->fit;
+      FitSpread& s = rows[std::string(RowKey(q.what))];
+      if (s.rounds == 0) {
+        s.what = whole->what;
+        s.alpha_min_us = s.alpha_max_us = q.fit.alpha_us;
+        s.beta_min = s.beta_max = q.fit.beta_us_per_byte;
+      }
+      ++s.rounds;
+      s.alpha_min_us = std::min(s.alpha_min_us, q.fit.alpha_us);
+      s.alpha_max_us = std::max(s.alpha_max_us, q.fit.alpha_us);
+      s.beta_min = std::min(s.beta_min, q.fit.beta_us_per_byte);
+      s.beta_max = std::max(s.beta_max, q.fit.beta_us_per_byte);
+      auto off = [&](double n) {
+        const double ref = Predict(w, n);
+        return ref > 0.0 ? 100.0 * std::abs(Predict(q.fit, n) / ref - 1.0) : 0.0;
+      };
+      s.spread_small_pct = std::max(s.spread_small_pct, off(static_cast<double>(w.min_bytes)));
+      s.spread_large_pct = std::max(s.spread_large_pct, off(static_cast<double>(w.max_bytes)));
+    }
+  }
+  for (const FitQuality& q : all.fits) {
+    if (auto it = rows.find(std::string(RowKey(q.what))); it != rows.end()) {
+      all.spreads.push_back(it->second);
+    }
+  }
+  return all;
+}
+
 }  // namespace
 
 absl::StatusOr<Calibration> Calibrate(const std::vector<v1::ProfileSample>& samples,
                                       const CalibrateOptions& options) {
   MOEPLAN_RETURN_IF_ERROR(CheckOptions(options));
+  if (!(options.repeat_tolerance >= 0.0) || !std::isfinite(options.repeat_tolerance)) {
+    return Bad("repeat_tolerance",
+               Cat("must be finite and >= 0 (got ", options.repeat_tolerance, ")"));
+  }
   MOEPLAN_RETURN_IF_ERROR(internal::CheckSamples(samples));
+  int rounds = 1;
+  for (const v1::ProfileSample& s : samples) {
+    if (s.round() < 0) return Bad("round", Cat("must be >= 0 (got ", s.round(), ")"));
+    rounds = std::max(rounds, s.round() + 1);
+  }
+  return rounds > 1 ? CalibrateRounds(samples, options, rounds) : CalibrateOnce(samples, options);
+}
+
+namespace {
+
+absl::StatusOr<Calibration> CalibrateOnce(const std::vector<v1::ProfileSample>& samples,
+                                          const CalibrateOptions& options) {
   Calibration out;
   SetHeader(samples.front().run(), options, &out.profile);
+  SetReference(samples, out.profile.mutable_provenance());
   MOEPLAN_RETURN_IF_ERROR(internal::FitCollectives(samples, options, &out));
   MOEPLAN_RETURN_IF_ERROR(internal::FitGemm(samples, &out));
   MOEPLAN_ASSIGN_OR_RETURN(const internal::MemoryFits memory,
@@ -75,6 +261,8 @@ absl::StatusOr<Calibration> Calibrate(const std::vector<v1::ProfileSample>& samp
   MOEPLAN_RETURN_IF_ERROR(internal::CompareSaa(samples, cost, options.tolerance, &out));
   return out;
 }
+
+}  // namespace
 
 std::string RenderFitReport(const Calibration& c) {
   const v1::ClusterProfile& p = c.profile;
@@ -127,6 +315,35 @@ std::string RenderFitReport(const Calibration& c) {
                                   : Cat(size(f.holds_from_bytes), " .. ", size(f.holds_to_bytes));
     line(fmt::format("{:<{}}  {:>9}  {:>10}  {:>9}  {:>6.3f}  {:>9.1f}  {:<24}  {:<24}", q.what,
                      what_w, alpha, beta, gbs, f.r_squared, f.max_rel_err * 100.0, sampled, holds));
+  }
+  if (c.rounds > 1) {
+    line("");
+    line(
+        fmt::format("repeatability over {} interleaved rounds ({} points in every round): each "
+                    "row fitted on one round at a time",
+                    c.rounds, c.points));
+    line(fmt::format("{:<{}}  {:>6}  {:>19}  {:>21}  {:>9}  {:>9}", "what", what_w, "rounds",
+                     "alpha us (min..max)", "beta us/B (min..max)", "small ±%", "large ±%"));
+    for (const FitSpread& s : c.spreads) {
+      line(fmt::format("{:<{}}  {:>6}  {:>19}  {:>21}  {:>9.1f}  {:>9.1f}", s.what, what_w,
+                       s.rounds, fmt::format("{:.3g}..{:.3g}", s.alpha_min_us, s.alpha_max_us),
+                       s.beta_max > 0.0 ? fmt::format("{:.3g}..{:.3g}", s.beta_min, s.beta_max)
+                                        : std::string("-"),
+                       s.spread_small_pct, s.spread_large_pct));
+    }
+    line(fmt::format("points whose rounds disagree by more than {:.0f}%: {} of {}",
+                     100.0 * c.repeat_tolerance, c.disagreeing.size(), c.points));
+    constexpr size_t kShown = 15;
+    for (size_t i = 0; i < std::min(kShown, c.disagreeing.size()); ++i) {
+      const PointSpread& p = c.disagreeing[i];
+      std::string values;
+      for (double v : p.median_us) values += fmt::format("{}{:.4g}", values.empty() ? "" : ", ", v);
+      line(
+          fmt::format("  {:+.0f}%  {}  (medians us, by round: {})", p.spread_pct, p.point, values));
+    }
+    if (c.disagreeing.size() > kShown) {
+      line(fmt::format("  ... and {} more", c.disagreeing.size() - kShown));
+    }
   }
   std::vector<std::string_view> warnings;
   for (const FitQuality& q : c.fits)

@@ -77,6 +77,9 @@ absl::Status CheckName(std::string_view name);
 // One run (backend, dtype, layout) and every sample well-formed, named by
 // index and op on error.
 absl::Status CheckSamples(const std::vector<v1::ProfileSample>& samples);
+// What a sample measured, without its timings: "gemm 256x256x256",
+// "allgather 4 ranks / 1 node, 65536 bytes".
+std::string PointLabel(const v1::ProfileSample& s);
 // The generated profile comment: hosts, layout, backend, versions, time.
 std::string RunComment(const v1::ProfileRun& r, std::string_view extra);
 

@@ -51,9 +51,26 @@ absl::StatusOr<ProfileCheckResult> CheckProfile(const v1::ClusterProfile& profil
   MOEPLAN_ASSIGN_OR_RETURN(const planner::CostModel cost,
                            planner::CostModel::Create(std::move(converted)));
 
-  std::map<std::string, std::vector<Point>> terms;  // ordered: a stable table
+  // The sweep's own measurements where the profile kept them: drift is then
+  // measured against measured, free of the fitted lines' own error.
+  std::map<std::string, double> reference;
+  for (const v1::ReferencePoint& r : profile.provenance().reference()) {
+    if (r.median_us() > 0.0) reference[r.point()] = r.median_us();
+  }
+  // Several rounds of one point (moeplan-profile --check --rounds): its median.
+  std::map<std::string, std::vector<double>> rounds;
+  std::vector<const v1::ProfileSample*> points;
   for (const v1::ProfileSample& s : samples) {
     if (!(s.median_us() > 0.0)) continue;
+    std::vector<double>& v = rounds[internal::PointLabel(s)];
+    if (v.empty()) points.push_back(&s);
+    v.push_back(s.median_us());
+  }
+  int against_reference = 0, compared = 0;
+  std::map<std::string, std::vector<Point>> terms;  // ordered: a stable table
+  for (const v1::ProfileSample* point : points) {
+    const v1::ProfileSample& s = *point;
+    const double measured = Median(rounds[internal::PointLabel(s)]);
     std::string term, label;
     double predicted = 0.0;
     switch (s.op_case()) {
@@ -82,19 +99,33 @@ absl::StatusOr<ProfileCheckResult> CheckProfile(const v1::ClusterProfile& profil
         term = pair ? (shape.nodes == 1 ? "intra link" : "inter link")
                     : Cat(proto::CollectiveLabel(c.collective()), " ",
                           internal::ShapeName(shape.ranks, shape.nodes));
-        label = Cat(proto::CollectiveLabel(c.collective()), " ",
-                    internal::ShapeName(shape.ranks, shape.nodes), " ",
-                    FormatBytes(double(c.bytes())));
+        label =
+            Cat(proto::CollectiveLabel(c.collective()), " ",
+                internal::ShapeName(shape.ranks, shape.nodes), " ", FormatBytes(double(c.bytes())));
         predicted = cost.CollectiveUs(coll, shape, double(c.bytes()));
         break;
       }
       default:
         continue;  // SAA: composed of the above
     }
+    if (auto it = reference.find(internal::PointLabel(s)); it != reference.end()) {
+      predicted = it->second;
+      ++against_reference;
+    }
     if (!(predicted > 0.0)) continue;
-    terms[term].push_back({label, s.median_us() / predicted});
+    ++compared;
+    terms[term].push_back({label, measured / predicted});
   }
   ProfileCheckResult r;
+  if (against_reference == compared) {
+    r.notes.push_back(
+        Cat("compared with the profile's own measurements at all ", compared, " points"));
+  } else {
+    r.notes.push_back(Cat("compared with the profile's own measurements at ", against_reference,
+                          " of ", compared,
+                          " points, the rest with its fitted model (whose own error then counts "
+                          "as drift: re-calibrate to record the measurements)"));
+  }
   for (auto& [term, pts] : terms) {
     DriftRow row;
     row.term = term;
@@ -118,8 +149,9 @@ absl::StatusOr<ProfileCheckResult> CheckProfile(const v1::ClusterProfile& profil
     r.notes.push_back("the profile records no provenance (where and when it was measured)");
   } else {
     if (!was.machine().empty() && !run.machine().empty() && was.machine() != run.machine()) {
-      r.notes.push_back(fmt::format("other machine: the profile was measured on \"{}\", this is \"{}\"",
-                                    was.machine(), run.machine()));
+      r.notes.push_back(
+          fmt::format("other machine: the profile was measured on \"{}\", this is \"{}\"",
+                      was.machine(), run.machine()));
     }
     if (!was.backend().empty() && was.backend() != run.backend()) {
       r.notes.push_back(fmt::format("other backend: the profile was measured with {}, this with {}",
@@ -133,23 +165,24 @@ absl::StatusOr<ProfileCheckResult> CheckProfile(const v1::ClusterProfile& profil
 
 std::string RenderProfileCheck(const v1::ClusterProfile& profile, const ProfileCheckResult& r,
                                double threshold_pct) {
-  std::string out = fmt::format("profile-check {} (version {}): drift = measured / predicted - 1\n",
-                                profile.name(), profile.version());
+  std::string out =
+      fmt::format("profile-check {} (version {}): drift = measured now / the profile - 1\n",
+                  profile.name(), profile.version());
   size_t w = 4;
   for (const DriftRow& row : r.rows) w = std::max(w, row.term.size());
   out += fmt::format("{:<{}}  {:>6}  {:>8}  {:>8}  {}\n", "term", w, "points", "drift %", "worst %",
                      "worst point");
   for (const DriftRow& row : r.rows) {
     out += fmt::format("{:<{}}  {:>6}  {:>+8.1f}  {:>+8.1f}  {}{}\n", row.term, w, row.points,
-                       row.drift_pct, row.worst_pct, row.worst_point,
-                       row.stale ? "  STALE" : "");
+                       row.drift_pct, row.worst_pct, row.worst_point, row.stale ? "  STALE" : "");
   }
   for (const std::string& n : r.notes) out += Cat("note: ", n, "\n");
   int stale = 0;
   for (const DriftRow& row : r.rows) stale += row.stale ? 1 : 0;
-  out += r.stale ? fmt::format("verdict: STALE: {} of {} terms drifted more than {:g} % from the "
-                               "profile; re-measure it (moeplan-profile, moeplan calibrate)\n",
-                               stale, r.rows.size(), threshold_pct)
+  out += r.stale ? fmt::format(
+                       "verdict: STALE: {} of {} terms drifted more than {:g} % from the "
+                       "profile; re-measure it (moeplan-profile, moeplan calibrate)\n",
+                       stale, r.rows.size(), threshold_pct)
                  : fmt::format("verdict: fresh: every term within {:g} % of the profile\n",
                                threshold_pct);
   return out;

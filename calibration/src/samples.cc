@@ -17,6 +17,12 @@ namespace {
 // "samples[3] (allgather 4 ranks / 1 node, 65536 bytes)": which sample, in
 // terms the profiler's output can be searched for.
 std::string SampleName(size_t i, const v1::ProfileSample& s) {
+  return Cat("samples[", i, "] (", internal::PointLabel(s), ")");
+}
+
+}  // namespace
+
+std::string PointLabel(const v1::ProfileSample& s) {
   std::string what;
   switch (s.op_case()) {
     case v1::ProfileSample::kCollective: {
@@ -34,6 +40,9 @@ std::string SampleName(size_t i, const v1::ProfileSample& s) {
     }
     case v1::ProfileSample::kGemm:
       what = Cat("gemm ", s.gemm().m(), "x", s.gemm().n(), "x", s.gemm().k());
+      if (s.gemm().trans_a() || s.gemm().trans_b()) {
+        what += Cat(" ", s.gemm().trans_a() ? "T" : "N", s.gemm().trans_b() ? "T" : "N");
+      }
       break;
     case v1::ProfileSample::kMemory:
       what = Cat("memory ", s.memory().kernel(), ", ", s.memory().bytes(), " bytes");
@@ -41,8 +50,10 @@ std::string SampleName(size_t i, const v1::ProfileSample& s) {
     default:
       what = "no op";
   }
-  return Cat("samples[", i, "] (", what, ")");
+  return what;
 }
+
+namespace {
 
 // Every sample must come from the same run: one layout, one backend, one
 // element type; a fit across runs would mix incomparable times.

@@ -34,6 +34,7 @@ absl::Status CalibrateCmd(const CalibrateArgs& a) {
   options.comment = a.comment;
   options.version = a.version;
   options.tolerance = a.tolerance_pct / 100.0;
+  options.repeat_tolerance = a.repeat_tolerance_pct / 100.0;
   absl::StatusOr<calibration::Calibration> c = calibration::Calibrate(samples, options);
   if (!c.ok()) {
     return absl::Status(c.status().code(), Cat(a.samples, ": ", View(c.status().message())));

@@ -44,13 +44,13 @@ struct PlanModelArgs {
   // Layouts (docs/layouts.md): rank every layout, or evaluate one.
   bool search = false;
   int top = 10;
-  int gpus = 0;                  // 0: the profile's
-  std::string families = "all";  // dpmoe,ppmoe,parm
+  int gpus = 0;                   // 0: the profile's
+  std::string families = "all";   // dpmoe,ppmoe,parm
   std::string pipelines = "all";  // gpipe,1f1b,interleaved
   std::string zero_stages = "all";
   int max_microbatches = 64;
   bool exhaustive = false;
-  std::string layout;  // "dp=..,tp=..,pp=..,ep=..,esp=..[,microbatches=..,zero=..,...]"
+  std::string layout;            // "dp=..,tp=..,pp=..,ep=..,esp=..[,microbatches=..,zero=..,...]"
   double gpu_memory_gib = -1.0;  // < 0: the profile's
   double optimizer_bytes = 12.0;
   double grad_bytes = 4.0;
@@ -89,8 +89,9 @@ struct CalibrateArgs {
   std::string out;      // the profile to write (atomically)
   std::string name;     // default: the stem of `out`
   std::string comment;
-  double tolerance_pct = 10.0;  // a fit "holds" where its error is below this
-  uint32_t version = 1;         // the profile's version: bump it on every re-calibration
+  double tolerance_pct = 10.0;         // a fit "holds" where its error is below this
+  uint32_t version = 1;                // the profile's version: bump it on every re-calibration
+  double repeat_tolerance_pct = 20.0;  // rounds of a point further apart are listed
 };
 // Prints the fit report to stdout and writes the profile.
 absl::Status CalibrateCmd(const CalibrateArgs& a);
@@ -99,8 +100,8 @@ struct ProfileCheckArgs {
   std::string profile;  // built-in name or file
   int ranks = 0;        // 0: the profile's nodes x gpus_per_node
   std::string launcher = "mpirun -np {ranks}";
-  std::string profiler;      // moeplan-profile; empty: next to this binary, else PATH
-  std::string samples;       // compare these samples instead of measuring
+  std::string profiler;       // moeplan-profile; empty: next to this binary, else PATH
+  std::string samples;        // compare these samples instead of measuring
   std::string out_dir = ".";  // where check.jsonl is written
   double threshold_pct = 15.0;
 };

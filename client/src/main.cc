@@ -125,8 +125,7 @@ CLI::App* AddPlanModel(CLI::App* app, PlanModelArgs* a) {
                    "With --search: GPUs to lay out (default: the profile's; more extrapolates "
                    "its link costs to more nodes)")
       ->check(CLI::Range(1, 1 << 20));
-  plan->add_option("--families", a->families,
-                   "With --search: subset of dpmoe,ppmoe,parm, or all")
+  plan->add_option("--families", a->families, "With --search: subset of dpmoe,ppmoe,parm, or all")
       ->capture_default_str();
   plan->add_option("--pipelines", a->pipelines,
                    "With --search: subset of gpipe,1f1b,interleaved, or all")
@@ -214,6 +213,12 @@ CLI::App* AddCalibrate(CLI::App* app, CalibrateArgs* a) {
   calibrate
       ->add_option("--tolerance", a->tolerance_pct,
                    "Relative error (%) under which a fit counts as holding")
+      ->capture_default_str();
+  calibrate
+      ->add_option("--repeat-tolerance", a->repeat_tolerance_pct,
+                   "Samples of several rounds (moeplan-profile --rounds): a point whose rounds' "
+                   "medians differ by more than this (%) is listed in the fit report")
+      ->check(CLI::Range(0.0, 1e6))
       ->capture_default_str();
   return calibrate;
 }

@@ -37,8 +37,8 @@ absl::Status ProfileCheckCmd(const ProfileCheckArgs& a) {
         a.profiler.empty() ? SiblingBinary("profiler", "moeplan-profile") : a.profiler;
     const std::string launcher = LauncherFor(a.launcher, ranks);
     const std::string command =
-        fmt::format("{} {} --check --backend {} --watchdog-s 120 --out {} 1>&2", launcher,
-                    ShellQuote(profiler), ShellQuote(backend), ShellQuote(samples_file));
+        fmt::format("{} {} --check --rounds 3 --backend {} --watchdog-s 120 --out {} 1>&2",
+                    launcher, ShellQuote(profiler), ShellQuote(backend), ShellQuote(samples_file));
     fmt::print(stderr, "moeplan profile-check: {}\n", command);
     MOEPLAN_ASSIGN_OR_RETURN(Ran ran, RunCommand(command));
     if (ran.exit_code != 0) {
@@ -46,17 +46,16 @@ absl::Status ProfileCheckCmd(const ProfileCheckArgs& a) {
           Cat("moeplan-profile --check failed (exit code ", ran.exit_code, "); see above"));
     }
   }
-  MOEPLAN_ASSIGN_OR_RETURN(
-      std::vector<v1::ProfileSample> samples,
-      calibration::ReadSamples(a.samples.empty() ? samples_file : a.samples));
+  MOEPLAN_ASSIGN_OR_RETURN(std::vector<v1::ProfileSample> samples,
+                           calibration::ReadSamples(a.samples.empty() ? samples_file : a.samples));
   MOEPLAN_ASSIGN_OR_RETURN(calibration::ProfileCheckResult r,
                            calibration::CheckProfile(profile, samples, a.threshold_pct));
   MOEPLAN_RETURN_IF_ERROR(
       WriteStdout(calibration::RenderProfileCheck(profile, r, a.threshold_pct)));
   if (r.stale) {
-    return absl::FailedPreconditionError(
-        Cat("profile ", profile.name(), " is stale on this machine (drift beyond ",
-            a.threshold_pct, " %)"));
+    return absl::FailedPreconditionError(Cat("profile ", profile.name(),
+                                             " is stale on this machine (drift beyond ",
+                                             a.threshold_pct, " %)"));
   }
   return absl::OkStatus();
 }

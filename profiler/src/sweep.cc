@@ -290,7 +290,7 @@ Sweep PlanCheckSweep(const NodeLayout& layout, int64_t collective_bytes) {
     p.shape = shape;
     if (shape.ranks == 2) {
       p.collective = Collective::kSendRecv;
-      for (int64_t b : {int64_t{64} << 10, int64_t{4} << 20}) {
+      for (int64_t b : {int64_t{64} << 10, int64_t{1} << 20, int64_t{4} << 20}) {
         p.bytes = b;
         p.buffer_bytes = 2 * b;
         sw.points.push_back(p);
@@ -298,9 +298,11 @@ Sweep PlanCheckSweep(const NodeLayout& layout, int64_t collective_bytes) {
     }
     p.collective = Collective::kAllToAll;
     const int64_t unit = shape.ranks * kF32;
-    p.bytes = std::max<int64_t>(collective_bytes / unit, 1) * unit;
-    p.buffer_bytes = 2 * p.bytes;
-    sw.points.push_back(p);
+    for (int64_t b : {collective_bytes / 4, collective_bytes, collective_bytes * 4}) {
+      p.bytes = std::max<int64_t>(b / unit, 1) * unit;
+      p.buffer_bytes = 2 * p.bytes;
+      sw.points.push_back(p);
+    }
   }
   return sw;
 }

@@ -50,11 +50,31 @@ struct Args {
   std::vector<int64_t> gemm_sizes;
   double gemm_max_gflop = 0.0;  // 0: the backend's default
   std::vector<int64_t> memory_tokens;
-  double watchdog_s = 600.0;  // a rank whose sample does not finish for this long exits (0: off)
+  double watchdog_s = 600.0;     // a rank whose sample does not finish for this long exits (0: off)
   int64_t max_point_memory = 0;  // 0: auto
   double context_ms = 20.0;      // 0: isolated collectives only
   bool check = false;            // the few points of moeplan profile-check
+  int rounds = 1;                // sweeps of every point, each in its own shuffled order
 };
+
+// The order round `round` visits `n` points in: the sweep's order for a single
+// round; with several, a permutation drawn from the round (a pure function, so
+// every rank visits the same point at the same time), so a slow drift of the
+// machine does not land on one kind of point.
+std::vector<size_t> RoundOrder(size_t n, int round, int rounds) {
+  std::vector<size_t> order(n);
+  for (size_t i = 0; i < n; ++i) order[i] = i;
+  if (rounds <= 1) return order;
+  uint64_t x = 0x9e3779b97f4a7c15ULL * static_cast<uint64_t>(round + 1);
+  for (size_t i = n; i > 1; --i) {
+    x ^= x >> 12;  // xorshift64*
+    x ^= x << 25;
+    x ^= x >> 27;
+    const uint64_t r = x * 0x2545f4914f6cdd1dULL;
+    std::swap(order[i - 1], order[static_cast<size_t>(r % i)]);
+  }
+  return order;
+}
 
 int Rank() {
   int r = 0;
@@ -267,10 +287,9 @@ int Run(const Args& a) {
           absl::InvalidArgumentError(Cat("--dtype: must be auto, f32 or bf16 (got ", a.dtype, ")"));
     }
   }
-  absl::StatusOr<Sweep> sweep =
-      !st.ok()  ? absl::StatusOr<Sweep>(st)
-      : a.check ? absl::StatusOr<Sweep>(PlanCheckSweep(layout))
-                : PlanSweep(layout, sweep_options);
+  absl::StatusOr<Sweep> sweep = !st.ok()  ? absl::StatusOr<Sweep>(st)
+                                : a.check ? absl::StatusOr<Sweep>(PlanCheckSweep(layout))
+                                          : PlanSweep(layout, sweep_options);
   if (!AllOk(sweep.status())) return 1;
   if (sweep->points.empty()) {
     if (Rank() == 0) std::fprintf(stderr, "moeplan-profile: nothing to measure (see --only)\n");
@@ -319,29 +338,38 @@ int Run(const Args& a) {
       std::fprintf(stderr, "moeplan-profile: left out %s\n", s.c_str());
   }
 
-  Progress progress(sweep->points.size());
+  const size_t total = sweep->points.size() * static_cast<size_t>(a.rounds);
+  Progress progress(total);
   size_t done = 0;
-  for (const Point& p : sweep->points) {
-    if (Rank() == 0) progress.Update(done, p.Label());
-    absl::StatusOr<v1::ProfileSample> sample = (*profiler)->Measure(p);
-    if (!sample.ok())
-      Abort(absl::Status(sample.status().code(),
-                         Cat(p.Label(), ": ", View(sample.status().message()))),
-            partial);
-    ++done;
-    if (Rank() != 0) continue;
-    *sample->mutable_run() = run;
-    absl::StatusOr<std::string> line =
-        proto::ToJson(*sample, {.pretty = false, .always_print_primitive_fields = true});
-    if (!line.ok()) Abort(line.status(), partial);
-    if (std::fprintf(out, "%s\n", line->c_str()) < 0 || std::fflush(out) != 0) {
-      Abort(absl::DataLossError(Cat(partial, ": write failed: ", std::strerror(errno))), partial);
-    }
-    if (sample->wrong_elements() > 0) {
-      std::fprintf(
-          stderr,
-          "\nmoeplan-profile: %s: %lld wrong elements: the collective is broken on this cluster\n",
-          p.Label().c_str(), static_cast<long long>(sample->wrong_elements()));
+  for (int round = 0; round < a.rounds; ++round) {
+    for (size_t index : RoundOrder(sweep->points.size(), round, a.rounds)) {
+      const Point& p = sweep->points[index];
+      if (Rank() == 0) {
+        progress.Update(done, a.rounds > 1
+                                  ? Cat("round ", round + 1, "/", a.rounds, ": ", p.Label())
+                                  : p.Label());
+      }
+      absl::StatusOr<v1::ProfileSample> sample = (*profiler)->Measure(p);
+      if (!sample.ok())
+        Abort(absl::Status(sample.status().code(),
+                           Cat(p.Label(), ": ", View(sample.status().message()))),
+              partial);
+      ++done;
+      if (Rank() != 0) continue;
+      *sample->mutable_run() = run;
+      sample->set_round(round);
+      absl::StatusOr<std::string> line =
+          proto::ToJson(*sample, {.pretty = false, .always_print_primitive_fields = true});
+      if (!line.ok()) Abort(line.status(), partial);
+      if (std::fprintf(out, "%s\n", line->c_str()) < 0 || std::fflush(out) != 0) {
+        Abort(absl::DataLossError(Cat(partial, ": write failed: ", std::strerror(errno))), partial);
+      }
+      if (sample->wrong_elements() > 0) {
+        std::fprintf(stderr,
+                     "\nmoeplan-profile: %s: %lld wrong elements: the collective is broken on this "
+                     "cluster\n",
+                     p.Label().c_str(), static_cast<long long>(sample->wrong_elements()));
+      }
     }
   }
   if (Rank() == 0) {
@@ -418,6 +446,12 @@ int main(int argc, char** argv) {
   app.add_option("--context-ms", a.context_ms,
                  "also measure every collective and SAA point in context: after this many ms of "
                  "compute on every rank, timed as moeplan-exec times an op (0: isolated only)")
+      ->capture_default_str();
+  app.add_option("--rounds", a.rounds,
+                 "measure every point this many times, each round in its own shuffled order, so "
+                 "slow drifts of the machine spread over all kinds of points; calibrate fits the "
+                 "median round and reports how far the fits move from round to round")
+      ->check(CLI::Range(1, 100))
       ->capture_default_str();
   app.add_option("--watchdog-s", a.watchdog_s,
                  "a rank stuck this long in one sample (a peer died or stalled) prints the sample "

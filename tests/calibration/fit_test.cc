@@ -596,6 +596,74 @@ TEST(RenderFitReportTest, TableAndWarnings) {
   EXPECT_THAT(r, HasSubstr("warnings:\n  - inter link not measured"));
 }
 
+// Three rounds of the same sweep: round 1 is 10 % slower everywhere, round 2
+// 5 % faster except one point that took 1.5x. The profile is fitted on each
+// point's median round; the spreads and the disagreeing point are reported.
+TEST(CalibrateRoundsTest, MedianRoundIsFittedAndSpreadsReported) {
+  const std::vector<v1::ProfileSample> base = Samples(Reference());
+  std::vector<v1::ProfileSample> all;
+  const auto is_outlier = [](const v1::ProfileSample& s) {
+    return s.has_collective() && s.collective().collective() == v1::COLLECTIVE_SEND_RECV &&
+           s.collective().shape().nodes() == 1 && s.collective().bytes() == (int64_t{1} << 20);
+  };
+  for (int round : {2, 0, 1}) {  // file order does not matter
+    for (v1::ProfileSample s : base) {
+      const double f = round == 0 ? 1.0 : round == 1 ? 1.10 : is_outlier(s) ? 1.5 : 0.95;
+      s.set_median_us(s.median_us() * f);
+      s.set_round(round);
+      all.push_back(std::move(s));
+    }
+  }
+  absl::StatusOr<Calibration> c = Calibrate(all, Options());
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->rounds, 3);
+  EXPECT_EQ(c->points, static_cast<int>(base.size()));
+  // The median round is round 0 (the reference) at every point but the
+  // outlier (1.0, 1.1, 1.5: 1.1), so the links come out nearly exact.
+  EXPECT_NEAR(c->profile.links().intra().beta_us_per_byte(), 1e-4, 0.02e-4);
+  ExpectCost(c->profile.links().inter(), 10.0, 1e-3);
+  const FitSpread* intra = nullptr;
+  for (const FitSpread& f : c->spreads) {
+    if (f.what == "sendrecv 2 ranks / 1 node (intra link)") intra = &f;
+  }
+  ASSERT_NE(intra, nullptr);
+  EXPECT_EQ(intra->rounds, 3);
+  // Round 1 predicts 10 % more than the reference at both ends; the fit of all
+  // rounds sits a little above the reference (its 1 MiB point is round 1's), so
+  // the spread is somewhat under 10 %.
+  EXPECT_NEAR(intra->spread_large_pct, 9.0, 2.0);
+  EXPECT_NEAR(intra->spread_small_pct, 9.0, 2.0);
+  EXPECT_LT(intra->beta_min, intra->beta_max);
+  // 1.10 / 0.95 - 1 = 15.8 % stays under the 20 % tolerance; only the outlier
+  // (1.5 / 1.0 - 1 = 50 %) is listed, its medians in round order.
+  ASSERT_EQ(c->disagreeing.size(), 1u);
+  EXPECT_EQ(c->disagreeing[0].point, "sendrecv 2 ranks / 1 node, 1048576 bytes");
+  EXPECT_NEAR(c->disagreeing[0].spread_pct, 50.0, 1e-6);
+  ASSERT_EQ(c->disagreeing[0].median_us.size(), 3u);
+  EXPECT_NEAR(c->disagreeing[0].median_us[2] / c->disagreeing[0].median_us[0], 1.5, 1e-9);
+  const std::string r = RenderFitReport(*c);
+  EXPECT_THAT(r, HasSubstr("repeatability over 3 interleaved rounds (" +
+                           std::to_string(base.size()) + " points in every round)"));
+  EXPECT_THAT(r, HasSubstr("points whose rounds disagree by more than 20%: 1 of"));
+  EXPECT_THAT(r, HasSubstr("+50%  sendrecv 2 ranks / 1 node, 1048576 bytes"));
+
+  // A round that cannot be fitted alone (its memory samples lost) is a
+  // warning; the others still give spreads.
+  std::vector<v1::ProfileSample> partial;
+  for (const v1::ProfileSample& s : all) {
+    if (!(s.round() == 2 && s.has_memory())) partial.push_back(s);
+  }
+  c = Calibrate(partial, Options());
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_THAT(c->warnings, Contains(HasSubstr("round 2 could not be fitted alone")));
+  EXPECT_LT(c->points, static_cast<int>(base.size()));
+  for (const FitSpread& f : c->spreads) EXPECT_EQ(f.rounds, 2) << f.what;
+  v1::ProfileSample bad = base[0];
+  bad.set_round(-1);
+  EXPECT_THAT(std::string(Calibrate({bad}, Options()).status().message()),
+              HasSubstr("round: must be >= 0"));
+}
+
 // ---------------------------------------------------------------------------
 // JSON Lines input.
 
@@ -784,6 +852,51 @@ TEST(ProfileCheckTest, DriftedTermsAreStaleInBothDirections) {
   EXPECT_THAT(text, HasSubstr("STALE\n"));
 }
 
+// The check compares with the sweep's own measurements where the profile kept
+// them, so a fitted line that was off at calibration is not mistaken for drift.
+TEST(ProfileCheckTest, ComparesWithTheProfilesOwnMeasurements) {
+  const v1::ClusterProfile exact = CalibratedReference();
+  ASSERT_GT(exact.provenance().reference_size(), 0);
+  const std::vector<v1::ProfileSample> now = CheckSamples(exact, 1.0, 1.0);
+  // A memory line twice as fast as the machine, e.g. one line for kernels of
+  // different speeds: measured against the reference, memory has not moved.
+  v1::ClusterProfile biased = exact;
+  biased.mutable_memory()->set_bandwidth_gbytes_per_s(2 * exact.memory().bandwidth_gbytes_per_s());
+  absl::StatusOr<ProfileCheckResult> r = CheckProfile(biased, now, 15.0);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_FALSE(r->stale);
+  // gemm 256^3 is not a sweep point of Samples(): it alone uses the model.
+  EXPECT_THAT(r->notes, Contains(HasSubstr("own measurements at 7 of 8 points")));
+  // Without the measurements the line's own error shows up as drift.
+  biased.mutable_provenance()->clear_reference();
+  r = CheckProfile(biased, now, 15.0);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(r->stale);
+  for (const DriftRow& row : r->rows) {
+    if (row.term == "memory") EXPECT_GT(row.drift_pct, 50.0);
+  }
+  EXPECT_THAT(r->notes, Contains(HasSubstr("own measurements at 0 of 8 points")));
+}
+
+// Rounds of the check (moeplan-profile --check --rounds 3): each point counts
+// with its median round, so one disturbed round does not make a term stale.
+TEST(ProfileCheckTest, OneDisturbedRoundDoesNotDecide) {
+  const v1::ClusterProfile p = CalibratedReference();
+  std::vector<v1::ProfileSample> rounds;
+  for (int round = 0; round < 3; ++round) {
+    for (v1::ProfileSample s : CheckSamples(p, 1.0, 1.0)) {
+      if (round == 1) s.set_median_us(3.0 * s.median_us());
+      s.set_round(round);
+      rounds.push_back(std::move(s));
+    }
+  }
+  absl::StatusOr<ProfileCheckResult> r = CheckProfile(p, rounds, 15.0);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_FALSE(r->stale);
+  for (const DriftRow& row : r->rows) EXPECT_NEAR(row.drift_pct, 0.0, 1e-6) << row.term;
+  EXPECT_THAT(r->notes, Contains(HasSubstr("at 7 of 8 points")));
+}
+
 TEST(ProfileCheckTest, OtherMachineAndLayoutAreNamed) {
   v1::ClusterProfile p = CalibratedReference();
   p.mutable_provenance()->set_machine("Other CPU x 64 cores");
@@ -793,8 +906,7 @@ TEST(ProfileCheckTest, OtherMachineAndLayoutAreNamed) {
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_THAT(r->notes, Contains(HasSubstr("other machine")));
   p.set_gpus_per_node(4);
-  EXPECT_EQ(CheckProfile(p, samples, 15.0).status().code(),
-            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(CheckProfile(p, samples, 15.0).status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(CheckProfile(p, {}, 15.0).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(CheckProfile(CalibratedReference(), samples, 0.0).status().code(),
             absl::StatusCode::kInvalidArgument);
@@ -862,7 +974,8 @@ TEST(OpContextTest, RecoversOffsetAndScalePerOpAndPoolsSteps) {
   EXPECT_EQ((*ops)[2].op(), "fwd.saa_dispatch.allgather");
   EXPECT_EQ((*ops)[2].samples(), 12);
   EXPECT_NEAR((*ops)[2].scale(), 2.0, 1e-9);
-  EXPECT_THAT(RenderOpContexts(*ops), HasSubstr("| fwd.ep_alltoall_combine | inter | 6 | 40.0 | 1.500 |"));
+  EXPECT_THAT(RenderOpContexts(*ops),
+              HasSubstr("| fwd.ep_alltoall_combine | inter | 6 | 40.0 | 1.500 |"));
 
   // Too few instances: no correction.
   std::vector<ValidationInput> two(inputs.begin(), inputs.begin() + 2);

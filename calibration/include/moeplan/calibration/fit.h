@@ -50,6 +50,9 @@ struct CalibrateOptions {
   double tolerance = 0.10;  // relative error under which a fit "holds"
   double min_r_squared = 0.95;
   double gpu_memory_gib = 0;  // 0: unknown, left unset
+  // Several rounds: a point whose rounds' medians differ by more than this
+  // (max / min - 1) is listed as disagreeing.
+  double repeat_tolerance = 0.20;
 };
 
 // What one fit is and how well it holds. Rows, in order: one per fitted
@@ -66,9 +69,36 @@ struct FitQuality {
   std::vector<std::string> warnings;  // empty: the fit holds over the sampled range
 };
 
+// Samples of several rounds (moeplan-profile --rounds): how much one fit moves
+// when it is made from one round's samples instead of all of them. The spread
+// is the largest |round's prediction / all rounds' prediction - 1| at the
+// smallest and the largest size the row sampled, in percent.
+struct FitSpread {
+  std::string what;  // a FitQuality row
+  int rounds = 0;    // rounds whose own fit had this row
+  double alpha_min_us = 0.0, alpha_max_us = 0.0;
+  double beta_min = 0.0, beta_max = 0.0;  // us per byte
+  double spread_small_pct = 0.0, spread_large_pct = 0.0;
+};
+// A point whose rounds disagree: max / min of its rounds' medians beyond
+// CalibrateOptions::repeat_tolerance.
+struct PointSpread {
+  std::string point;              // PointLabel
+  std::vector<double> median_us;  // per round, in round order
+  double spread_pct = 0.0;        // 100 * (max / min - 1)
+};
+
 struct Calibration {
   v1::ClusterProfile profile;  // source: PROFILE_SOURCE_MEASURED, valid for the planner
   std::vector<FitQuality> fits;
+  // Filled when the samples come from more than one round: the profile is fitted
+  // on each point's median round, `spreads` and `disagreeing` say how repeatable
+  // it is. `points` counts the points measured in every round.
+  int rounds = 1;
+  int points = 0;
+  double repeat_tolerance = 0.0;  // CalibrateOptions::repeat_tolerance
+  std::vector<FitSpread> spreads;
+  std::vector<PointSpread> disagreeing;  // worst first
   // About the samples as a whole: groups skipped (one size only), a link level
   // copied from the other, GEMM grid cells filled, a missing launch probe.
   std::vector<std::string> warnings;
@@ -82,6 +112,9 @@ struct Calibration {
 // (unless one node: then inter copies intra, with a warning), no
 // GEMM besides the 1x1x1 probe, fewer than 2 memory-kernel sizes. Groups of
 // one size are skipped with a warning; dual SAA samples are not compared.
+// Samples of several rounds (ProfileSample.round): each point enters the fit
+// once, as its median round, and every round is also fitted alone for the
+// spreads; a round that cannot be fitted alone is a warning.
 absl::StatusOr<Calibration> Calibrate(const std::vector<v1::ProfileSample>& samples,
                                       const CalibrateOptions& options);
 

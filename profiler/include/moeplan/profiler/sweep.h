@@ -115,8 +115,8 @@ struct Point {
   // Collectives, SAA: the compute phase (µs) before each timed repetition;
   // 0: isolated (docs/cost-model.md "In context").
   double context_us = 0.0;
-  std::string kernel;                     // memory: one of kMemoryKernels
-  int64_t tokens = 0;                     // memory
+  std::string kernel;  // memory: one of kMemoryKernels
+  int64_t tokens = 0;  // memory
   // Per-rank bytes of the buffers the point allocates (for the memory guard).
   int64_t buffer_bytes = 0;
   std::string Label() const;  // "allgather 4 ranks/2 nodes 1 MiB", "gemm 64x1024x256", ...
@@ -132,9 +132,10 @@ absl::StatusOr<Sweep> PlanSweep(const NodeLayout& layout, const SweepOptions& op
 
 // The handful of points `moeplan profile-check` re-measures (docs/calibration.md
 // "Stale profiles"): three GEMMs, the data-movement and activation kernels at
-// one size, the pair SendRecv of each link level at a small and a large
-// message, and an AlltoAll of `collective_bytes` on every group shape. With
-// the check's short budget it takes well under a minute.
+// one size, the pair SendRecv of each link level at 64 KiB, 1 MiB and 4 MiB,
+// and an AlltoAll of `collective_bytes` / 4, x 1 and x 4 on every group shape:
+// three points per link term, so one disturbed point does not decide its
+// median. With the check's short budget it takes well under a minute.
 Sweep PlanCheckSweep(const NodeLayout& layout, int64_t collective_bytes = int64_t{1} << 20);
 
 }  // namespace moeplan::profiler
