@@ -195,7 +195,10 @@ absl::StatusOr<Calibration> CalibrateRounds(const std::vector<v1::ProfileSample>
       const auto whole = std::find_if(all.fits.begin(), all.fits.end(), [&](const FitQuality& w) {
         return RowKey(w.what) == RowKey(q.what);
       });
-      if (whole == all.fits.end()) continue;
+      // Rows that are not one line (gemm: its alpha is the launch probe; saa:
+      // a cross-check) have no prediction to compare; their points' spreads
+      // show among the disagreeing points.
+      if (whole == all.fits.end() || !(whole->fit.beta_us_per_byte > 0.0)) continue;
       const LineFit& w = whole->fit;
       FitSpread& s = rows[std::string(RowKey(q.what))];
       if (s.rounds == 0) {

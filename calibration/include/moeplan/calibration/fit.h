@@ -70,7 +70,8 @@ struct FitQuality {
 };
 
 // Samples of several rounds (moeplan-profile --rounds): how much one fit moves
-// when it is made from one round's samples instead of all of them. The spread
+// when it is made from one round's samples instead of all of them (rows that
+// are one line: collectives, links, memory kernels; not gemm or saa). The spread
 // is the largest |round's prediction / all rounds' prediction - 1| at the
 // smallest and the largest size the row sampled, in percent.
 struct FitSpread {
