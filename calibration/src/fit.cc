@@ -28,6 +28,10 @@ absl::Status CheckOptions(const CalibrateOptions& options) {
     return Bad("tolerance", Cat("must be finite and >= 0 (got ", options.tolerance, ")"));
   }
   if (options.version < 1) return Bad("version", "must be >= 1 (got 0)");
+  if (!(options.repeat_tolerance >= 0.0) || !std::isfinite(options.repeat_tolerance)) {
+    return Bad("repeat_tolerance",
+               Cat("must be finite and >= 0 (got ", options.repeat_tolerance, ")"));
+  }
   if (!(options.gpu_memory_gib >= 0.0) || !std::isfinite(options.gpu_memory_gib)) {
     return Bad("gpu_memory_gib", Cat("must be finite and >= 0 (got ", options.gpu_memory_gib, ")"));
   }
@@ -137,8 +141,9 @@ absl::StatusOr<Calibration> CalibrateRounds(const std::vector<v1::ProfileSample>
   std::map<std::string, std::vector<const v1::ProfileSample*>> by_point;
   std::vector<std::string> order;  // first appearance, so the fit sees the sweep's order
   for (const v1::ProfileSample& s : samples) {
-    std::vector<const v1::ProfileSample*>& v = by_point[PointKey(s)];
-    if (v.empty()) order.push_back(PointKey(s));
+    std::string key = PointKey(s);
+    std::vector<const v1::ProfileSample*>& v = by_point[key];
+    if (v.empty()) order.push_back(std::move(key));
     v.push_back(&s);
   }
   std::vector<v1::ProfileSample> merged;
@@ -232,10 +237,6 @@ absl::StatusOr<Calibration> CalibrateRounds(const std::vector<v1::ProfileSample>
 absl::StatusOr<Calibration> Calibrate(const std::vector<v1::ProfileSample>& samples,
                                       const CalibrateOptions& options) {
   MOEPLAN_RETURN_IF_ERROR(CheckOptions(options));
-  if (!(options.repeat_tolerance >= 0.0) || !std::isfinite(options.repeat_tolerance)) {
-    return Bad("repeat_tolerance",
-               Cat("must be finite and >= 0 (got ", options.repeat_tolerance, ")"));
-  }
   MOEPLAN_RETURN_IF_ERROR(internal::CheckSamples(samples));
   int rounds = 1;
   for (const v1::ProfileSample& s : samples) {

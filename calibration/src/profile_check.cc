@@ -58,19 +58,20 @@ absl::StatusOr<ProfileCheckResult> CheckProfile(const v1::ClusterProfile& profil
     if (r.median_us() > 0.0) reference[r.point()] = r.median_us();
   }
   // Several rounds of one point (moeplan-profile --check --rounds): its median.
-  std::map<std::string, std::vector<double>> rounds;
-  std::vector<const v1::ProfileSample*> points;
+  using Rounds = std::map<std::string, std::vector<double>>;  // point label -> medians
+  Rounds rounds;
+  std::vector<std::pair<const v1::ProfileSample*, const Rounds::value_type*>> points;
   for (const v1::ProfileSample& s : samples) {
     if (!(s.median_us() > 0.0)) continue;
-    std::vector<double>& v = rounds[internal::PointLabel(s)];
-    if (v.empty()) points.push_back(&s);
-    v.push_back(s.median_us());
+    const auto [it, first] = rounds.try_emplace(internal::PointLabel(s));
+    if (first) points.emplace_back(&s, &*it);
+    it->second.push_back(s.median_us());
   }
   int against_reference = 0, compared = 0;
   std::map<std::string, std::vector<Point>> terms;  // ordered: a stable table
-  for (const v1::ProfileSample* point : points) {
+  for (const auto& [point, seen] : points) {
     const v1::ProfileSample& s = *point;
-    const double measured = Median(rounds[internal::PointLabel(s)]);
+    const double measured = Median(seen->second);
     std::string term, label;
     double predicted = 0.0;
     switch (s.op_case()) {
@@ -108,7 +109,7 @@ absl::StatusOr<ProfileCheckResult> CheckProfile(const v1::ClusterProfile& profil
       default:
         continue;  // SAA: composed of the above
     }
-    if (auto it = reference.find(internal::PointLabel(s)); it != reference.end()) {
+    if (auto it = reference.find(seen->first); it != reference.end()) {
       predicted = it->second;
       ++against_reference;
     }
