@@ -62,6 +62,36 @@ void SetHeader(const v1::ProfileRun& run, const CalibrateOptions& options,
   where->set_ranks(run.ranks());
 }
 
+// CalibrateOptions::comm_from: everything the samples of one rank cannot measure.
+absl::Status CheckCommFrom(const std::vector<v1::ProfileSample>& samples,
+                           const v1::ClusterProfile& from) {
+  for (const v1::ProfileSample& s : samples) {
+    if (s.has_collective() || s.has_saa()) {
+      return Bad("comm_from", Cat("the samples measured communication (", internal::PointLabel(s),
+                                  "): fit it from them, or leave out the profile to take it from"));
+    }
+  }
+  if (from.nodes() < 1 || from.gpus_per_node() < 1 || !from.has_links()) {
+    return Bad("comm_from", Cat("profile '", from.name(), "' has no node layout or links"));
+  }
+  return absl::OkStatus();
+}
+
+void CopyCommunication(const v1::ClusterProfile& from, Calibration* out) {
+  v1::ClusterProfile& p = out->profile;
+  p.set_nodes(from.nodes());
+  p.set_gpus_per_node(from.gpus_per_node());
+  if (p.gpu_memory_gib() <= 0.0) p.set_gpu_memory_gib(from.gpu_memory_gib());
+  *p.mutable_links() = from.links();
+  *p.mutable_collectives() = from.collectives();
+  if (from.has_context()) *p.mutable_context() = from.context();
+  const std::string what = Cat("profile '", from.name(), "' v", from.version());
+  p.set_comment(Cat(p.comment(), " Links, collectives and in-context costs from ", what, "."));
+  out->warnings.push_back(Cat("links, collectives and in-context costs are ", what,
+                              "'s, not measured here; the ", from.nodes(), " x ",
+                              from.gpus_per_node(), " node layout too"));
+}
+
 // The measured points profile-check re-measures (Provenance.reference).
 void SetReference(const std::vector<v1::ProfileSample>& samples, v1::Provenance* where) {
   for (const v1::ProfileSample& s : samples) {
@@ -238,6 +268,7 @@ absl::StatusOr<Calibration> Calibrate(const std::vector<v1::ProfileSample>& samp
                                       const CalibrateOptions& options) {
   MOEPLAN_RETURN_IF_ERROR(CheckOptions(options));
   MOEPLAN_RETURN_IF_ERROR(internal::CheckSamples(samples));
+  if (options.comm_from) MOEPLAN_RETURN_IF_ERROR(CheckCommFrom(samples, *options.comm_from));
   int rounds = 1;
   for (const v1::ProfileSample& s : samples) {
     if (s.round() < 0) return Bad("round", Cat("must be >= 0 (got ", s.round(), ")"));
@@ -253,7 +284,11 @@ absl::StatusOr<Calibration> CalibrateOnce(const std::vector<v1::ProfileSample>& 
   Calibration out;
   SetHeader(samples.front().run(), options, &out.profile);
   SetReference(samples, out.profile.mutable_provenance());
-  MOEPLAN_RETURN_IF_ERROR(internal::FitCollectives(samples, options, &out));
+  if (options.comm_from) {
+    CopyCommunication(*options.comm_from, &out);
+  } else {
+    MOEPLAN_RETURN_IF_ERROR(internal::FitCollectives(samples, options, &out));
+  }
   MOEPLAN_RETURN_IF_ERROR(internal::FitGemm(samples, &out));
   MOEPLAN_ASSIGN_OR_RETURN(const internal::MemoryFits memory,
                            internal::FitMemory(samples, options.tolerance, &out));
@@ -293,6 +328,8 @@ std::string RenderFitReport(const Calibration& c) {
   };
   line(fmt::format("activation: forward {}; backward {}", act(p.activation().forward()),
                    act(p.activation().backward())));
+  line(fmt::format("kernels: order {}; iorder {}; route {}", act(p.kernels().order()),
+                   act(p.kernels().iorder()), act(p.kernels().route())));
   line("");
 
   size_t what_w = 4;

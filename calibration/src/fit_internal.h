@@ -105,11 +105,21 @@ struct MemoryFits {
   std::vector<Obs> shared;                          // the points of the shared line
   std::map<std::string, std::vector<Obs>> kernels;  // every memory kernel's points
   LineFit shared_line;
-  std::array<LineFit, 2> activation;  // gelu, gelu_bwd (the shared line when not fitted)
+  // Kernels with lines of their own (gelu, gelu_bwd, order, iorder, route),
+  // by name; a kernel missing here (fewer than 2 sizes) uses the shared line.
+  std::map<std::string, LineFit, std::less<>> own;
+  const LineFit& LineOf(std::string_view kernel) const {
+    const auto it = own.find(kernel);
+    return it == own.end() ? shared_line : it->second;
+  }
 };
-// The shared memory line and the activation lines into `out->profile`.
+// The shared memory line and the kernels' own lines into `out->profile`.
 absl::StatusOr<MemoryFits> FitMemory(const std::vector<v1::ProfileSample>& samples,
                                      double tolerance, Calibration* out);
+// The planner's time for the profiler's memory kernel `kernel` touching
+// `bytes`: its own line (activation, order, i-order, route), else the memory
+// model.
+double MemoryKernelUs(const planner::CostModel& cost, std::string_view kernel, double bytes);
 // Quality rows of the planner's kernel model on the fitted profile: "gemm",
 // "memory" and one per memory kernel.
 void CompareKernels(const std::vector<v1::ProfileSample>& samples, const planner::CostModel& cost,

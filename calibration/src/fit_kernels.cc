@@ -22,9 +22,18 @@ constexpr double kMinEfficiency = 1e-4;
 // information; its compute time is floored at this fraction of its measured
 // time so that one noisy small shape cannot set an absurd peak.
 constexpr double kMinBusyFraction = 0.01;
+// The peak is the fastest rate among shapes that spend at least this share of
+// their measured time computing: a shape that barely outlasts the launch
+// overhead has a rate that is mostly noise (a GPU hides part of the launch
+// behind the kernel, so t - overhead can be far below the kernel's time), and
+// one such rate, taken as the peak, would rescale every efficiency and let the
+// planner's interpolation between cells run faster than any GEMM measured.
+constexpr double kPeakBusyFraction = 0.5;
 
 // The memory kernels that are the expert activation (profiler/README.md).
 constexpr std::string_view kGelu = "gelu", kGeluBackward = "gelu_bwd";
+// The layer's data-movement and routing kernels, and plain streaming.
+constexpr std::string_view kOrder = "order", kIOrder = "iorder", kRoute = "route", kCopy = "copy";
 
 using Mnk = std::tuple<int64_t, int64_t, int64_t>;
 
@@ -56,6 +65,7 @@ GemmGrid RatesOf(const std::map<Mnk, std::vector<double>>& shapes, double overhe
     a.erase(std::unique(a.begin(), a.end()), a.end());
   }
   g.rate.assign(g.axes[0].size() * g.axes[1].size() * g.axes[2].size(), -1.0);
+  double any_peak = 0.0;
   for (const auto& [mnk, ts] : shapes) {
     const auto [m, n, k] = mnk;
     // Several samples of one shape are its transpose variants (NN, NT, TN):
@@ -66,8 +76,10 @@ GemmGrid RatesOf(const std::map<Mnk, std::vector<double>>& shapes, double overhe
     const double flops = 2.0 * double(m) * double(n) * double(k);
     const double r = flops / std::max(t - overhead, kMinBusyFraction * t);
     g.rate[g.Cell(m, n, k)] = r;
-    g.peak = std::max(g.peak, r);
+    any_peak = std::max(any_peak, r);
+    if (t - overhead >= kPeakBusyFraction * t) g.peak = std::max(g.peak, r);
   }
+  if (g.peak <= 0.0) g.peak = any_peak;  // only launch-bound shapes: nothing better
   return g;
 }
 
@@ -115,6 +127,25 @@ absl::Status FitGemm(const std::vector<v1::ProfileSample>& samples, Calibration*
   double overhead = 0.0;
   if (!probes.empty()) {
     overhead = Median(std::move(probes));
+    // A launch costs no more than the fastest whole GEMM: a probe slower than
+    // that took another path (a GEMV kernel, a heuristic lookup) and would
+    // charge its extra to every GEMM.
+    double fastest = std::numeric_limits<double>::infinity();
+    Mnk at{};
+    for (const auto& [mnk, ts] : shapes) {
+      if (const double t = Median(ts); t < fastest) {
+        fastest = t;
+        at = mnk;
+      }
+    }
+    if (fastest < overhead) {
+      out->warnings.push_back(Cat("gemm: the 1x1x1 launch probe (", fmt::format("{:.3g}", overhead),
+                                  " us) took longer than the ", std::get<0>(at), "x",
+                                  std::get<1>(at), "x", std::get<2>(at), " GEMM (",
+                                  fmt::format("{:.3g}", fastest),
+                                  " us): the launch overhead is taken as the latter"));
+      overhead = fastest;
+    }
   } else {
     double fastest = std::numeric_limits<double>::infinity();
     for (const auto& [mnk, ts] : shapes) fastest = std::min(fastest, Median(ts));
@@ -152,31 +183,36 @@ absl::Status FitGemm(const std::vector<v1::ProfileSample>& samples, Calibration*
   return absl::OkStatus();
 }
 
-// The shared line is fitted on the data-movement kernels (copy, order,
-// i-order): routing's softmax and top-k are compute-bound on CPUs and would
-// drag the shared line (and its launch overhead, charged to every
-// memory-bound op) far off; its own quality row says how well the line covers
-// it. Routing counts only when nothing else was measured. The expert
-// activation (gelu, gelu_bwd) gets lines of its own: on CPUs it is bound by
-// tanh, not by memory, and it is a large part of the expert's time.
+// The shared line (plain streaming: splits, element-wise ops, the optimizer)
+// is fitted on the copy kernel; without copy samples, on every kernel but
+// routing, and without those on routing. The layer's own kernels get lines of
+// their own: the scatter (order) and gather (iorder) move rows by index and
+// run well below streaming speed on GPUs; routing's softmax and top-k are
+// latency-bound on GPUs and compute-bound on CPUs; the expert activation
+// (gelu, gelu_bwd) is bound by tanh on CPUs.
 absl::StatusOr<MemoryFits> FitMemory(const std::vector<v1::ProfileSample>& samples,
                                      double tolerance, Calibration* out) {
   MemoryFits f;
-  std::vector<Obs> all_mem;
-  std::array<std::vector<Obs>, 2> act;  // forward, backward
   for (const v1::ProfileSample& s : samples) {
     if (s.op_case() != v1::ProfileSample::kMemory) continue;
-    const std::string& kernel = s.memory().kernel();
-    const Obs o{static_cast<double>(s.memory().bytes()), s.median_us(), 0.0};
-    f.kernels[kernel].push_back(o);
-    if (kernel == kGelu || kernel == kGeluBackward) {
-      act[kernel == kGelu ? 0 : 1].push_back(o);
-      continue;
-    }
-    all_mem.push_back(o);
-    if (kernel != "route") f.shared.push_back(o);
+    f.kernels[s.memory().kernel()].push_back(
+        {static_cast<double>(s.memory().bytes()), s.median_us(), 0.0});
   }
-  if (DistinctSizes(f.shared) < 2) f.shared = all_mem;
+  auto gather = [&f](auto keep) {
+    std::vector<Obs> pts;
+    for (const auto& [kernel, obs] : f.kernels) {
+      if (keep(std::string_view(kernel))) pts.insert(pts.end(), obs.begin(), obs.end());
+    }
+    return pts;
+  };
+  f.shared = gather([](std::string_view k) { return k == kCopy; });
+  if (DistinctSizes(f.shared) < 2) {
+    f.shared =
+        gather([](std::string_view k) { return k != kRoute && k != kGelu && k != kGeluBackward; });
+  }
+  if (DistinctSizes(f.shared) < 2) {
+    f.shared = gather([](std::string_view k) { return k != kGelu && k != kGeluBackward; });
+  }
   if (DistinctSizes(f.shared) < 2) {
     return Bad("samples",
                "memory-kernel samples need at least 2 distinct sizes: the planner needs the "
@@ -186,21 +222,27 @@ absl::StatusOr<MemoryFits> FitMemory(const std::vector<v1::ProfileSample>& sampl
   f.shared_line = FitPoints(f.shared, tolerance);
   prof.mutable_memory()->set_launch_overhead_us(f.shared_line.alpha_us);
   prof.mutable_memory()->set_bandwidth_gbytes_per_s(1e-3 / f.shared_line.beta_us_per_byte);
-  f.activation = {f.shared_line, f.shared_line};
-  for (size_t i = 0; i < 2; ++i) {
-    const std::string_view name = i == 0 ? kGelu : kGeluBackward;
-    if (act[i].empty()) continue;
-    if (DistinctSizes(act[i]) < 2) {
-      out->warnings.push_back(Cat("memory kernel ", name,
-                                  ": fewer than 2 distinct sizes; the activation keeps the "
-                                  "memory model"));
+  const std::pair<std::string_view, v1::MemoryModel*> own[] = {
+      {kGelu, prof.mutable_activation()->mutable_forward()},
+      {kGeluBackward, prof.mutable_activation()->mutable_backward()},
+      {kOrder, prof.mutable_kernels()->mutable_order()},
+      {kIOrder, prof.mutable_kernels()->mutable_iorder()},
+      {kRoute, prof.mutable_kernels()->mutable_route()}};
+  for (const auto& [name, model] : own) {
+    const auto it = f.kernels.find(std::string(name));
+    if (it == f.kernels.end()) continue;
+    if (DistinctSizes(it->second) < 2) {
+      out->warnings.push_back(
+          Cat("memory kernel ", name, ": fewer than 2 distinct sizes; it keeps the memory model"));
       continue;
     }
-    f.activation[i] = FitPoints(act[i], tolerance);
-    v1::MemoryModel* m = i == 0 ? prof.mutable_activation()->mutable_forward()
-                                : prof.mutable_activation()->mutable_backward();
-    m->set_launch_overhead_us(f.activation[i].alpha_us);
-    m->set_bandwidth_gbytes_per_s(1e-3 / f.activation[i].beta_us_per_byte);
+    const LineFit line = FitPoints(it->second, tolerance);
+    f.own.emplace(name, line);
+    model->set_launch_overhead_us(line.alpha_us);
+    model->set_bandwidth_gbytes_per_s(1e-3 / line.beta_us_per_byte);
+  }
+  if (!prof.kernels().has_order() && !prof.kernels().has_iorder() && !prof.kernels().has_route()) {
+    prof.clear_kernels();
   }
   return f;
 }
@@ -239,28 +281,31 @@ FitQuality GemmQuality(const std::vector<v1::ProfileSample>& samples,
 
 }  // namespace
 
+double MemoryKernelUs(const planner::CostModel& cost, std::string_view kernel, double bytes) {
+  if (kernel == kGelu || kernel == kGeluBackward) return cost.ActivationUs(bytes, kernel != kGelu);
+  if (kernel == kOrder || kernel == kIOrder) return cost.OrderUs(bytes, kernel == kIOrder);
+  if (kernel == kRoute) return cost.RouteUs(bytes);
+  return cost.MemoryBoundUs(bytes);
+}
+
 void CompareKernels(const std::vector<v1::ProfileSample>& samples, const planner::CostModel& cost,
                     const MemoryFits& memory, const CalibrateOptions& options, Calibration* out) {
   out->fits.push_back(
       GemmQuality(samples, cost, out->profile.gemm().launch_overhead_us(), options.tolerance));
-  // line: -1 the memory model, 0/1 the activation forward/backward.
-  auto memory_quality = [&](std::string what, const std::vector<Obs>& pts, int line) {
+  auto memory_quality = [&](std::string what, const std::vector<Obs>& pts, std::string_view kernel,
+                            const LineFit& l) {
     std::vector<Obs> obs = pts;
-    for (Obs& o : obs) o.pred = line < 0 ? cost.MemoryBoundUs(o.n) : cost.ActivationUs(o.n, line);
+    for (Obs& o : obs) o.pred = MemoryKernelUs(cost, kernel, o.n);
     FitQuality q{std::move(what), {}, {}};
     FillQuality(std::move(obs), options.tolerance, &q.fit);
-    const LineFit& l = line < 0 ? memory.shared_line : memory.activation[static_cast<size_t>(line)];
     q.fit.alpha_us = l.alpha_us;
     q.fit.beta_us_per_byte = l.beta_us_per_byte;
     LineWarnings(q, options, "small buffers", "large buffers", &q.warnings);
     out->fits.push_back(std::move(q));
   };
-  memory_quality("memory", memory.shared, -1);
+  memory_quality("memory", memory.shared, kCopy, memory.shared_line);
   for (const auto& [name, pts] : memory.kernels) {
-    memory_quality(Cat("memory kernel ", name), pts,
-                   name == kGelu           ? 0
-                   : name == kGeluBackward ? 1
-                                           : -1);
+    memory_quality(Cat("memory kernel ", name), pts, name, memory.LineOf(name));
   }
 }
 

@@ -87,8 +87,7 @@ absl::StatusOr<ProfileCheckResult> CheckProfile(const v1::ClusterProfile& profil
         const bool act = m.kernel() == "gelu" || m.kernel() == "gelu_bwd";
         term = act ? "activation" : "memory";
         label = fmt::format("{} {}", m.kernel(), FormatBytes(double(m.bytes())));
-        predicted = act ? cost.ActivationUs(double(m.bytes()), m.kernel() == "gelu_bwd")
-                        : cost.MemoryBoundUs(double(m.bytes()));
+        predicted = internal::MemoryKernelUs(cost, m.kernel(), double(m.bytes()));
         break;
       }
       case v1::ProfileSample::kCollective: {

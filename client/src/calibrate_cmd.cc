@@ -13,6 +13,7 @@
 #include "moeplan/base/status.h"
 #include "moeplan/base/strings.h"
 #include "moeplan/calibration/fit.h"
+#include "moeplan/calibration/profiles.h"
 #include "moeplan/proto/json.h"
 #include "moeplan/v1/profile.pb.h"
 #include "moeplan/v1/samples.pb.h"
@@ -35,6 +36,14 @@ absl::Status CalibrateCmd(const CalibrateArgs& a) {
   options.version = a.version;
   options.tolerance = a.tolerance_pct / 100.0;
   options.repeat_tolerance = a.repeat_tolerance_pct / 100.0;
+  if (!a.comm_from.empty()) {
+    absl::StatusOr<v1::ClusterProfile> from = calibration::ResolveProfile(a.comm_from);
+    if (!from.ok()) {
+      return absl::Status(from.status().code(),
+                          Cat("--comm-from: ", View(from.status().message())));
+    }
+    options.comm_from = *std::move(from);
+  }
   absl::StatusOr<calibration::Calibration> c = calibration::Calibrate(samples, options);
   if (!c.ok()) {
     return absl::Status(c.status().code(), Cat(a.samples, ": ", View(c.status().message())));

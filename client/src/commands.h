@@ -92,6 +92,7 @@ struct CalibrateArgs {
   double tolerance_pct = 10.0;         // a fit "holds" where its error is below this
   uint32_t version = 1;                // the profile's version: bump it on every re-calibration
   double repeat_tolerance_pct = 20.0;  // rounds of a point further apart are listed
+  std::string comm_from;               // built-in name or file: links etc. for one-rank samples
 };
 // Prints the fit report to stdout and writes the profile.
 absl::Status CalibrateCmd(const CalibrateArgs& a);

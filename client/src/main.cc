@@ -220,6 +220,11 @@ CLI::App* AddCalibrate(CLI::App* app, CalibrateArgs* a) {
                    "medians differ by more than this (%) is listed in the fit report")
       ->check(CLI::Range(0.0, 1e6))
       ->capture_default_str();
+  calibrate->add_option(
+      "--comm-from", a->comm_from,
+      "Samples of one rank (one GPU measures no link): take the links, collective fits, "
+      "in-context costs and node layout from this profile (built-in name or file) and fit only "
+      "GEMM and memory");
   return calibrate;
 }
 

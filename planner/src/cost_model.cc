@@ -83,8 +83,7 @@ inline void Bracket(const std::vector<double>& axis, double x, size_t* i, double
 // Rules of one list of collective fits (`field`: its JSON path).
 absl::Status CheckCollectiveFits(std::string_view list, const std::vector<CollectiveFit>& fits) {
   if (fits.size() > kMaxCollectiveFits) {
-    return Bad(list, Cat("must have at most ", kMaxCollectiveFits, " fits"),
-               Cat(fits.size()));
+    return Bad(list, Cat("must have at most ", kMaxCollectiveFits, " fits"), Cat(fits.size()));
   }
   absl::flat_hash_map<uint64_t, size_t> fit_index;
   fit_index.reserve(fits.size());
@@ -150,7 +149,8 @@ absl::Status CheckContext(const ClusterProfile& p) {
     }
     const auto [it, fresh] = seen.try_emplace(Cat(c.op, "/", int{c.resources}), i);
     if (!fresh) {
-      return Bad(field, "duplicate (op, resource) entry", Cat("same as context.ops[", it->second, "]"));
+      return Bad(field, "duplicate (op, resource) entry",
+                 Cat("same as context.ops[", it->second, "]"));
     }
   }
   return absl::OkStatus();
@@ -222,7 +222,10 @@ absl::Status ValidateProfile(const ClusterProfile& p) {
                Cat(p.memory.launch_overhead_us));
   }
   for (const auto& [name, m] : {std::pair{"activation.forward", &p.activation.forward},
-                                {"activation.backward", &p.activation.backward}}) {
+                                {"activation.backward", &p.activation.backward},
+                                {"kernels.order", &p.kernels.order},
+                                {"kernels.iorder", &p.kernels.iorder},
+                                {"kernels.route", &p.kernels.route}}) {
     if (!(m->bandwidth_gbytes_per_s >= 0.0) || !std::isfinite(m->bandwidth_gbytes_per_s)) {
       return Bad(Cat(name, ".bandwidth_gbytes_per_s"),
                  "must be finite and >= 0 (0: the memory model)", Cat(m->bandwidth_gbytes_per_s));
@@ -275,8 +278,10 @@ CostModel::CostModel(ClusterProfile profile) : profile_(std::move(profile)) {
   }
   flops_per_us_ = profile_.gemm.peak_tflops * 1e6;                   // 1 TFLOP/s = 1e6 flop/us
   mem_bytes_per_us_ = profile_.memory.bandwidth_gbytes_per_s * 1e3;  // 1 GB/s = 1e3 B/us
-  const MemoryModel* act[2] = {&profile_.activation.forward, &profile_.activation.backward};
-  for (int i = 0; i < 2; ++i) {
+  const MemoryModel* act[kLines] = {&profile_.activation.forward, &profile_.activation.backward,
+                                    &profile_.kernels.order, &profile_.kernels.iorder,
+                                    &profile_.kernels.route};
+  for (size_t i = 0; i < kLines; ++i) {
     const bool own = act[i]->bandwidth_gbytes_per_s > 0.0;
     act_[i] = {own ? act[i]->launch_overhead_us : profile_.memory.launch_overhead_us,
                own ? act[i]->bandwidth_gbytes_per_s * 1e3 : mem_bytes_per_us_};
@@ -355,10 +360,14 @@ double CostModel::BatchedGemmUs(int64_t batch, int64_t m, int64_t n, int64_t k) 
 }
 
 double CostModel::ActivationUs(double bytes, bool backward) const {
-  if (bytes <= 0.0) return 0.0;
-  const ActLine& l = act_[backward ? 1 : 0];
-  return l.overhead_us + bytes / l.bytes_per_us;
+  return LineUs(backward ? kActBackward : kActForward, bytes);
 }
+
+double CostModel::OrderUs(double bytes, bool inverse) const {
+  return LineUs(inverse ? kIOrderLine : kOrderLine, bytes);
+}
+
+double CostModel::RouteUs(double bytes) const { return LineUs(kRouteLine, bytes); }
 
 double CostModel::MemoryBoundUs(double bytes) const {
   if (bytes <= 0.0) return 0.0;

@@ -3,9 +3,9 @@
 #include <algorithm>
 #include <cmath>
 
+#include "graph_builder.h"
 #include "moeplan/base/status.h"
 #include "moeplan/planner/validate.h"
-#include "graph_builder.h"
 
 namespace moeplan::planner {
 
@@ -39,19 +39,30 @@ class Kernels {
   // (read logits, write probabilities, read them for top-k: 3 S E b bytes).
   double GateBytes(int64_t s) const { return 3.0 * s * l_.num_experts * b_; }
   double GateFwd(int64_t s) const {
-    return c_.GemmUs(s, l_.num_experts, l_.model_dim) + c_.MemoryBoundUs(GateBytes(s));
+    return c_.GemmUs(s, l_.num_experts, l_.model_dim) + c_.RouteUs(GateBytes(s));
   }
-  // dX = dL·Wg^T and dWg = X^T·dL, plus the softmax backward.
+  // dX = dL·Wg^T and dWg = X^T·dL, plus the softmax backward (charged like
+  // the forward's softmax and top-k: the same small per-token kernels).
   double GateBwd(int64_t s) const {
     return c_.GemmUs(s, l_.model_dim, l_.num_experts) + c_.GemmUs(l_.model_dim, l_.num_experts, s) +
-           c_.MemoryBoundUs(GateBytes(s));
+           c_.RouteUs(GateBytes(s));
   }
   // Order / i-order: scatter S tokens into the (E, T, M) buffer or gather back.
   double OrderBytes(int64_t s, int64_t t) const {
     return static_cast<double>(s) * l_.model_dim * b_ +
            static_cast<double>(l_.num_experts) * t * l_.model_dim * b_;
   }
-  double Order(int64_t s, int64_t t) const { return c_.MemoryBoundUs(OrderBytes(s, t)); }
+  // Scatter (fwd.order) and gather (fwd.iorder; bwd.order gathers the
+  // dispatch gradient back).
+  double Scatter(int64_t s, int64_t t) const { return c_.OrderUs(OrderBytes(s, t), false); }
+  double Gather(int64_t s, int64_t t) const { return c_.OrderUs(OrderBytes(s, t), true); }
+  // bwd.iorder scatters the output gradient like fwd.order and also reads the
+  // combined expert outputs for the gate weights' gradient (one dot product
+  // per routed row): the dispatch buffer is touched twice.
+  double UnrouteBytes(int64_t s, int64_t t) const {
+    return OrderBytes(s, t) + static_cast<double>(l_.num_experts) * t * l_.model_dim * b_;
+  }
+  double Unroute(int64_t s, int64_t t) const { return c_.OrderUs(UnrouteBytes(s, t), false); }
   // A local split copies its slice: read + write.
   double Split(double slice_bytes) const { return c_.MemoryBoundUs(2.0 * slice_bytes); }
 
@@ -120,8 +131,8 @@ constexpr A2aNames kBwdDispatch{"bwd.ep_alltoall_dispatch", "bwd.ep_alltoall_dis
 // The expert backward is dX then dW; with detach_dw the dW op hangs off the
 // chain (its inputs are dX's) instead of preceding the next op.
 Deps ExpertBackward(Builder& b, const LayerContext& ctx, const Kernels& k, int64_t rows, Deps x) {
-  const Deps dx = b.Compute("bwd.expert_dx", B, Term::kExpert, k.ExpertDx(rows),
-                            k.ExpertBytes(rows), x);
+  const Deps dx =
+      b.Compute("bwd.expert_dx", B, Term::kExpert, k.ExpertDx(rows), k.ExpertBytes(rows), x);
   const Deps dw = b.Compute("bwd.expert_dw", B, Term::kExpert, k.ExpertDw(rows),
                             k.ExpertBytes(rows), ctx.detach_dw ? x : dx, kWeightGrad);
   return ctx.detach_dw ? dx : dw;
@@ -139,15 +150,15 @@ Deps SectionDefault(MoeSection sec, const LayerContext& ctx, Builder& b, Deps x)
   switch (sec) {
     case MoeSection::kFwdRoute:
       x = b.Compute("fwd.gate", F, Term::kGate, k.GateFwd(s), k.GateBytes(s), x);
-      return b.Compute("fwd.order", F, Term::kOrder, k.Order(s, cap), k.OrderBytes(s, cap), x);
+      return b.Compute("fwd.order", F, Term::kOrder, k.Scatter(s, cap), k.OrderBytes(s, cap), x);
     case MoeSection::kFwdExchange:
       x = b.AllToAll(kFwdDispatch, F, ctx.a2a, t.ep, q, n, x);
       x = b.Compute("fwd.expert", F, Term::kExpert, k.ExpertFwd(rows), k.ExpertBytes(rows), x);
       x = b.Coll("fwd.esp_allreduce", F, Collective::kAllReduce, t.esp, n, x);
       x = b.AllToAll(kFwdCombine, F, ctx.a2a, t.ep, q, n, x);
-      return b.Compute("fwd.iorder", F, Term::kOrder, k.Order(s, cap), k.OrderBytes(s, cap), x);
+      return b.Compute("fwd.iorder", F, Term::kOrder, k.Gather(s, cap), k.OrderBytes(s, cap), x);
     case MoeSection::kBwdUnroute:
-      return b.Compute("bwd.iorder", B, Term::kOrder, k.Order(s, cap), k.OrderBytes(s, cap), x);
+      return b.Compute("bwd.iorder", B, Term::kOrder, k.Unroute(s, cap), k.UnrouteBytes(s, cap), x);
     case MoeSection::kBwdExchange:
       x = b.AllToAll(kBwdCombine, B, ctx.a2a, t.ep, q, n, x);
       // The output gradient is replicated over the ESP group, so the forward
@@ -157,7 +168,7 @@ Deps SectionDefault(MoeSection sec, const LayerContext& ctx, Builder& b, Deps x)
       x = b.Coll("bwd.esp_allreduce", B, Collective::kAllReduce, t.esp, n, x);
       return b.AllToAll(kBwdDispatch, B, ctx.a2a, t.ep, q, n, x);
     case MoeSection::kBwdRoute:
-      x = b.Compute("bwd.order", B, Term::kOrder, k.Order(s, cap), k.OrderBytes(s, cap), x);
+      x = b.Compute("bwd.order", B, Term::kOrder, k.Gather(s, cap), k.OrderBytes(s, cap), x);
       return b.Compute("bwd.gate", B, Term::kGate, k.GateBwd(s), k.GateBytes(s), x);
   }
   return x;
@@ -169,7 +180,7 @@ Deps SectionS1(MoeSection sec, const LayerContext& ctx, Builder& b, Deps x) {
   const Kernels k(ctx);
   const int n = l.parallel.mp;
   const DerivedShape d = Derive(l);
-  const int64_t s1 = d.tokens / n;  // tokens per rank after the MP split
+  const int64_t s1 = d.tokens / n;            // tokens per rank after the MP split
   const int64_t cap1 = RouteCapacity(l, s1);  // per rank
   const double d1 = static_cast<double>(l.num_experts) * cap1 * l.model_dim * l.bytes_per_element;
   const double x1 = static_cast<double>(d.activation_bytes) / n;
@@ -181,20 +192,22 @@ Deps SectionS1(MoeSection sec, const LayerContext& ctx, Builder& b, Deps x) {
     case MoeSection::kFwdRoute:
       x = b.Compute("fwd.mp_split", F, Term::kSplit, k.Split(x1), 2.0 * x1, x);
       x = b.Compute("fwd.gate", F, Term::kGate, k.GateFwd(s1), k.GateBytes(s1), x);
-      return b.Compute("fwd.order", F, Term::kOrder, k.Order(s1, cap1), k.OrderBytes(s1, cap1), x);
+      return b.Compute("fwd.order", F, Term::kOrder, k.Scatter(s1, cap1), k.OrderBytes(s1, cap1),
+                       x);
     case MoeSection::kFwdExchange:
       x = b.AllToAll(kFwdDispatch, F, ctx.a2a, t.ep, q, d1 * skew, x);
       x = b.Coll("fwd.esp_allgather", F, Collective::kAllGather, t.esp, d1 * skew, x);
       x = b.Compute("fwd.expert", F, Term::kExpert, k.ExpertFwd(rows), k.ExpertBytes(rows), x);
       x = b.Coll("fwd.esp_reducescatter", F, Collective::kReduceScatter, t.esp, d1 * skew, x);
       x = b.AllToAll(kFwdCombine, F, ctx.a2a, t.ep, q, d1 * skew, x);
-      x = b.Compute("fwd.iorder", F, Term::kOrder, k.Order(s1, cap1), k.OrderBytes(s1, cap1), x);
+      x = b.Compute("fwd.iorder", F, Term::kOrder, k.Gather(s1, cap1), k.OrderBytes(s1, cap1), x);
       return b.Coll("fwd.mp_allgather", F, Collective::kAllGather, t.mp, x1, x);
     // Backward: the dual of each op in reverse (MP-AllGather -> local split,
     // AllGather <-> ReduceScatter, AlltoAll -> AlltoAll, split -> AllGather).
     case MoeSection::kBwdUnroute:
       x = b.Compute("bwd.mp_split", B, Term::kSplit, k.Split(x1), 2.0 * x1, x);
-      return b.Compute("bwd.iorder", B, Term::kOrder, k.Order(s1, cap1), k.OrderBytes(s1, cap1), x);
+      return b.Compute("bwd.iorder", B, Term::kOrder, k.Unroute(s1, cap1), k.UnrouteBytes(s1, cap1),
+                       x);
     case MoeSection::kBwdExchange:
       x = b.AllToAll(kBwdCombine, B, ctx.a2a, t.ep, q, d1 * skew, x);
       x = b.Coll("bwd.esp_allgather", B, Collective::kAllGather, t.esp, d1 * skew, x);
@@ -202,7 +215,7 @@ Deps SectionS1(MoeSection sec, const LayerContext& ctx, Builder& b, Deps x) {
       x = b.Coll("bwd.esp_reducescatter", B, Collective::kReduceScatter, t.esp, d1 * skew, x);
       return b.AllToAll(kBwdDispatch, B, ctx.a2a, t.ep, q, d1 * skew, x);
     case MoeSection::kBwdRoute:
-      x = b.Compute("bwd.order", B, Term::kOrder, k.Order(s1, cap1), k.OrderBytes(s1, cap1), x);
+      x = b.Compute("bwd.order", B, Term::kOrder, k.Gather(s1, cap1), k.OrderBytes(s1, cap1), x);
       x = b.Compute("bwd.gate", B, Term::kGate, k.GateBwd(s1), k.GateBytes(s1), x);
       // The gate weights saw only S/N tokens per rank: their gradient is summed
       // over MP (a side branch: only the optimizer waits for it).
@@ -231,7 +244,7 @@ Deps SectionS2(MoeSection sec, const LayerContext& ctx, Builder& b, Deps x) {
   switch (sec) {
     case MoeSection::kFwdRoute:
       x = b.Compute("fwd.gate", F, Term::kGate, k.GateFwd(s), k.GateBytes(s), x);
-      x = b.Compute("fwd.order", F, Term::kOrder, k.Order(s, cap2), k.OrderBytes(s, cap2), x);
+      x = b.Compute("fwd.order", F, Term::kOrder, k.Scatter(s, cap2), k.OrderBytes(s, cap2), x);
       return b.Compute("fwd.mp_split", F, Term::kSplit, k.Split(dn), 2.0 * dn, x);
     case MoeSection::kFwdExchange:
       // SAA dispatch: EP-AlltoAll(D/N) fused with ESP-AllGather (expert side: skewed).
@@ -242,24 +255,24 @@ Deps SectionS2(MoeSection sec, const LayerContext& ctx, Builder& b, Deps x) {
       // SAA combine: EP-AlltoAll(D/N) fused with MP-AllGather (token side).
       x = b.SaaGather("fwd.saa_combine.alltoall", "fwd.saa_combine.allgather", F, t.ep, q, t.mp,
                       dn * skew, dn / w, x);
-      return b.Compute("fwd.iorder", F, Term::kOrder, k.Order(s, cap2), k.OrderBytes(s, cap2), x);
+      return b.Compute("fwd.iorder", F, Term::kOrder, k.Gather(s, cap2), k.OrderBytes(s, cap2), x);
     // Backward. The combine's MP-AllGather has a local split as dual; the
     // AlltoAll that follows it feeds the dual of the forward ESP-ReduceScatter
     // (an ESP-AllGather), so the pair is again an SAA. The dispatch's dual is
     // the ReduceScatter pipelined with the AlltoAll, then the dual of the
     // forward MP-split (an MP-AllGather of D/N).
     case MoeSection::kBwdUnroute:
-      x = b.Compute("bwd.iorder", B, Term::kOrder, k.Order(s, cap2), k.OrderBytes(s, cap2), x);
+      x = b.Compute("bwd.iorder", B, Term::kOrder, k.Unroute(s, cap2), k.UnrouteBytes(s, cap2), x);
       return b.Compute("bwd.mp_split", B, Term::kSplit, k.Split(dn), 2.0 * dn, x);
     case MoeSection::kBwdExchange:
       x = b.SaaGather("bwd.saa_combine.alltoall", "bwd.saa_combine.allgather", B, t.ep, q, t.esp,
                       dn * skew, dn * skew / w, x);
       x = ExpertBackward(b, ctx, k, rows, x);
-      return b.SaaScatter("bwd.saa_dispatch.reducescatter", "bwd.saa_dispatch.alltoall", B, t.ep,
-                          q, t.esp, dn * skew, dn * skew / w, x);
+      return b.SaaScatter("bwd.saa_dispatch.reducescatter", "bwd.saa_dispatch.alltoall", B, t.ep, q,
+                          t.esp, dn * skew, dn * skew / w, x);
     case MoeSection::kBwdRoute:
       x = b.Coll("bwd.mp_allgather", B, Collective::kAllGather, t.mp, dn, x);
-      x = b.Compute("bwd.order", B, Term::kOrder, k.Order(s, cap2), k.OrderBytes(s, cap2), x);
+      x = b.Compute("bwd.order", B, Term::kOrder, k.Gather(s, cap2), k.OrderBytes(s, cap2), x);
       return b.Compute("bwd.gate", B, Term::kGate, k.GateBwd(s), k.GateBytes(s), x);
   }
   return x;
@@ -280,23 +293,26 @@ Deps SectionLocal(MoeSection sec, const LayerContext& ctx, Builder& b, Deps x) {
   const int64_t s = d.tokens, cap = d.capacity;
   const int64_t rows = k.Skewed(cap);  // per local expert
   const double x_bytes = static_cast<double>(d.activation_bytes);
-  const double select = x_bytes + static_cast<double>(k.LocalExperts()) * cap * l.model_dim *
-                                      l.bytes_per_element;
+  const double rows_bytes =
+      static_cast<double>(k.LocalExperts()) * cap * l.model_dim * l.bytes_per_element;
+  const double select = x_bytes + rows_bytes;
+  const double unroute = select + rows_bytes;  // + the rows read for the gate weights' gradient
   switch (sec) {
     case MoeSection::kFwdRoute:
       x = b.Compute("fwd.gate", F, Term::kGate, k.GateFwd(s), k.GateBytes(s), x);
-      return b.Compute("fwd.index_select", F, Term::kOrder, ctx.cost->MemoryBoundUs(select),
+      return b.Compute("fwd.index_select", F, Term::kOrder, ctx.cost->OrderUs(select, false),
                        select, x);
     case MoeSection::kFwdExchange:
       x = b.Compute("fwd.expert", F, Term::kExpert, k.ExpertFwd(rows), k.ExpertBytes(rows), x);
-      x = b.Compute("fwd.iorder", F, Term::kOrder, ctx.cost->MemoryBoundUs(select), select, x);
+      x = b.Compute("fwd.iorder", F, Term::kOrder, ctx.cost->OrderUs(select, true), select, x);
       return b.Coll("fwd.mp_allreduce_combine", F, Collective::kAllReduce, t.mp, x_bytes, x);
     case MoeSection::kBwdUnroute:
-      return b.Compute("bwd.iorder", B, Term::kOrder, ctx.cost->MemoryBoundUs(select), select, x);
+      return b.Compute("bwd.iorder", B, Term::kOrder, ctx.cost->OrderUs(unroute, false), unroute,
+                       x);
     case MoeSection::kBwdExchange:
       return ExpertBackward(b, ctx, k, rows, x);
     case MoeSection::kBwdRoute:
-      x = b.Compute("bwd.index_select", B, Term::kOrder, ctx.cost->MemoryBoundUs(select), select,
+      x = b.Compute("bwd.index_select", B, Term::kOrder, ctx.cost->OrderUs(select, true), select,
                     x);
       x = b.Compute("bwd.gate", B, Term::kGate, k.GateBwd(s), k.GateBytes(s), x);
       return b.Coll("bwd.mp_allreduce", B, Collective::kAllReduce, t.mp, x_bytes, x);

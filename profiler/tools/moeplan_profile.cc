@@ -230,7 +230,11 @@ absl::Status MakeOptions(const Args& a, const NodeLayout& layout, bool gpu, Swee
     m->iters = a.iters;
     m->warmup = a.warmup;
     m->point_budget_s = a.budget_s;
-    if (gpu) o->gemm_sizes = {16, 64, 256, 1024, 4096, 16384};
+    if (gpu) {
+      o->gemm_sizes = {16, 64, 256, 1024, 4096, 16384};
+      // Past the GPU's L2 (tens of MiB): a layer's order buffers are larger.
+      o->memory_tokens = {1024, 4096, 16384, 65536, 131072};
+    }
   }
   if (!a.gemm_sizes.empty()) o->gemm_sizes = a.gemm_sizes;
   if (!a.memory_tokens.empty()) o->memory_tokens = a.memory_tokens;
@@ -432,7 +436,10 @@ int main(int argc, char** argv) {
       ->delimiter(',');
   app.add_option("--gemm-max-gflop", a.gemm_max_gflop,
                  "skip GEMMs above this many GFLOP (default: 4 on CPUs, none on GPUs)");
-  app.add_option("--memory-tokens", a.memory_tokens, "tokens per memory-bound kernel point")
+  app.add_option("--memory-tokens", a.memory_tokens,
+                 "tokens per memory-bound kernel point, of 1024 f32 values each (default: "
+                 "256,1024,4096,16384 on CPUs; 1024,4096,16384,65536,131072 on GPUs, past their "
+                 "L2 cache)")
       ->delimiter(',');
   app.add_option(
          "--max-point-memory", a.max_point_memory,

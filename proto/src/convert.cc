@@ -201,8 +201,10 @@ absl::StatusOr<p::ClusterProfile> ProfileFromProto(const v1::ClusterProfile& m) 
     p::OpContext oc{c.op(), 0, c.offset_us(), c.scale()};
     if (!p::ParseResourceMask(c.resource(), &oc.resources)) {
       return absl::InvalidArgumentError(
-          Cat("context.ops[", i, "].resource: must be compute, intra, inter or a '+' join of them "
-              "(got \"", c.resource(), "\")"));
+          Cat("context.ops[", i,
+              "].resource: must be compute, intra, inter or a '+' join of them "
+              "(got \"",
+              c.resource(), "\")"));
     }
     pr.context.ops.push_back(std::move(oc));
   }
@@ -219,6 +221,12 @@ absl::StatusOr<p::ClusterProfile> ProfileFromProto(const v1::ClusterProfile& m) 
   pr.activation.backward.bandwidth_gbytes_per_s =
       m.activation().backward().bandwidth_gbytes_per_s();
   pr.activation.backward.launch_overhead_us = m.activation().backward().launch_overhead_us();
+  for (const auto& [to, from] : {std::pair{&pr.kernels.order, &m.kernels().order()},
+                                 {&pr.kernels.iorder, &m.kernels().iorder()},
+                                 {&pr.kernels.route, &m.kernels().route()}}) {
+    to->bandwidth_gbytes_per_s = from->bandwidth_gbytes_per_s();
+    to->launch_overhead_us = from->launch_overhead_us();
+  }
   MOEPLAN_RETURN_IF_ERROR(p::ValidateProfile(pr));
   return pr;
 }
@@ -520,9 +528,9 @@ absl::StatusOr<p::ModelPlanOptions> ModelOptionsFromProto(const v1::ModelPlanOpt
   for (int i = 0; i < m.schedules_size(); ++i) {
     const p::Schedule* s = FromWire(kSchedules, m.schedules(i));
     if (s == nullptr) {
-      return absl::InvalidArgumentError(
-          Cat("options.schedules[", i, "]: must be SCHEDULE_DEFAULT, SCHEDULE_S1 or SCHEDULE_S2 (got ",
-              static_cast<int>(m.schedules(i)), ")"));
+      return absl::InvalidArgumentError(Cat(
+          "options.schedules[", i, "]: must be SCHEDULE_DEFAULT, SCHEDULE_S1 or SCHEDULE_S2 (got ",
+          static_cast<int>(m.schedules(i)), ")"));
     }
     o.schedules.push_back(*s);
   }
@@ -651,7 +659,8 @@ absl::StatusOr<p::Layout> LayoutFromProto(const v1::Layout& m) {
         Cat("layout.family: must be dpmoe, ppmoe or parm (got '", m.family(), "')"));
   }
   if (m.pipeline().empty()) {
-    l.pipeline = l.virtual_stages > 1 ? p::PipelineSchedule::kInterleaved : p::PipelineSchedule::k1F1B;
+    l.pipeline =
+        l.virtual_stages > 1 ? p::PipelineSchedule::kInterleaved : p::PipelineSchedule::k1F1B;
   } else if (!p::ParsePipelineSchedule(m.pipeline(), &l.pipeline)) {
     return absl::InvalidArgumentError(
         Cat("layout.pipeline: must be gpipe, 1f1b or interleaved (got '", m.pipeline(), "')"));

@@ -139,7 +139,7 @@ TEST(FitLineTest, RejectsBadInput) {
 // (1 GB/s), AlltoAll {4,2} 20 us + 5e-4 us/B, AllGather {2,1} 3 us + 2e-4 us/B;
 // GEMM peak 100 TFLOP/s (1e8 flop/us), launch 5 us, grid {128, 1024}^3 with
 // efficiency 0.125 * 2^(im + in + ik) (1 at 1024^3); memory 500 GB/s
-// (2e-6 us/B), launch 3 us.
+// (2e-6 us/B), launch 3 us; order, i-order and route lines of their own.
 planner::ClusterProfile Reference(int nodes = 2) {
   using planner::Collective;
   planner::ClusterProfile p;
@@ -165,6 +165,9 @@ planner::ClusterProfile Reference(int nodes = 2) {
   p.memory.launch_overhead_us = 3.0;
   p.activation.forward = {50.0, 4.0};
   p.activation.backward = {20.0, 6.0};
+  p.kernels.order = {200.0, 4.0};
+  p.kernels.iorder = {100.0, 5.0};
+  p.kernels.route = {10.0, 8.0};
   return p;
 }
 
@@ -233,11 +236,14 @@ std::vector<v1::ProfileSample> Samples(const planner::ClusterProfile& p) {
       for (int64_t k : {128, 1024}) gemm(m, n, k, cost.GemmUs(m, n, k));
     }
   }
-  for (const char* kernel : {"order", "copy", "gelu", "gelu_bwd"}) {
+  for (const char* kernel : {"order", "iorder", "route", "copy", "gelu", "gelu_bwd"}) {
     const std::string_view k = kernel;
     for (double b = 64 * kKiB; b <= 64 * kMiB; b *= 4) {
       v1::ProfileSample s = Sample(run, k == "gelu"       ? cost.ActivationUs(b, false)
                                         : k == "gelu_bwd" ? cost.ActivationUs(b, true)
+                                        : k == "order"    ? cost.OrderUs(b, false)
+                                        : k == "iorder"   ? cost.OrderUs(b, true)
+                                        : k == "route"    ? cost.RouteUs(b)
                                                           : cost.MemoryBoundUs(b));
       s.mutable_memory()->set_kernel(kernel);
       s.mutable_memory()->set_bytes(static_cast<int64_t>(b));
@@ -330,20 +336,28 @@ TEST(CalibrateTest, ReproducesTheKnownProfile) {
   EXPECT_NEAR(p.activation().forward().launch_overhead_us(), 4.0, 1e-7);
   EXPECT_NEAR(p.activation().backward().bandwidth_gbytes_per_s(), 20.0, 1e-6);
   EXPECT_NEAR(p.activation().backward().launch_overhead_us(), 6.0, 1e-7);
+  // So have the layer's scatter, gather and routing kernels; the memory line
+  // is the copy kernel's.
+  EXPECT_NEAR(p.kernels().order().bandwidth_gbytes_per_s(), 200.0, 1e-6);
+  EXPECT_NEAR(p.kernels().order().launch_overhead_us(), 4.0, 1e-7);
+  EXPECT_NEAR(p.kernels().iorder().bandwidth_gbytes_per_s(), 100.0, 1e-6);
+  EXPECT_NEAR(p.kernels().iorder().launch_overhead_us(), 5.0, 1e-7);
+  EXPECT_NEAR(p.kernels().route().bandwidth_gbytes_per_s(), 10.0, 1e-6);
+  EXPECT_NEAR(p.kernels().route().launch_overhead_us(), 8.0, 1e-7);
 
   // Every fit holds: no warnings; the kernel rows match to rounding.
   EXPECT_THAT(AllWarnings(*c), IsEmpty());
   for (std::string_view what :
-       {"gemm", "memory", "memory kernel copy", "memory kernel order", "memory kernel gelu",
-        "memory kernel gelu_bwd", "sendrecv 2 ranks / 1 node (intra link)",
-        "sendrecv 2 ranks / 2 nodes (inter link)", "alltoall 4 ranks / 2 nodes",
-        "allgather 2 ranks / 1 node"}) {
+       {"gemm", "memory", "memory kernel copy", "memory kernel order", "memory kernel iorder",
+        "memory kernel route", "memory kernel gelu", "memory kernel gelu_bwd",
+        "sendrecv 2 ranks / 1 node (intra link)", "sendrecv 2 ranks / 2 nodes (inter link)",
+        "alltoall 4 ranks / 2 nodes", "allgather 2 ranks / 1 node"}) {
     const FitQuality* q = FindFit(*c, what);
     ASSERT_NE(q, nullptr) << what;
     EXPECT_LT(q->fit.max_rel_err, 1e-6) << what;
   }
   EXPECT_EQ(FindFit(*c, "gemm")->fit.points, 9);
-  EXPECT_EQ(FindFit(*c, "memory")->fit.points, 12);
+  EXPECT_EQ(FindFit(*c, "memory")->fit.points, 6);
 
   // The planner loads it and predicts what the reference did.
   absl::StatusOr<planner::ClusterProfile> loaded = proto::ProfileFromProto(p);
@@ -468,6 +482,75 @@ TEST(CalibrateTest, MissingLaunchProbeIsEstimated) {
   const double fastest = 5.0 + 2.0 * 128 * 128 * 128 / 1.25e7;
   EXPECT_NEAR(c->profile.gemm().launch_overhead_us(), 0.5 * fastest, 1e-12);
   EXPECT_THAT(c->warnings, Contains(HasSubstr("no 1x1x1 launch probe")));
+}
+
+TEST(CalibrateTest, ASlowLaunchProbeAndLaunchBoundShapesDoNotSetThePeak) {
+  // As on a GPU: the 1x1x1 probe (40 us) takes longer than the fastest GEMM
+  // (128^3: 5 + 2*128^3 / 1.25e7 us), so the launch overhead is that GEMM's
+  // time. The peak then comes from the shapes that spend at least half their
+  // time computing (1024^3 alone: 2*1024^3 / (26.47 - 5.34) us = 101.6
+  // TFLOP/s), not from a shape whose time barely exceeds the overhead.
+  std::vector<v1::ProfileSample> s = Samples(Reference());
+  for (v1::ProfileSample& x : s) {
+    if (x.has_gemm() && x.gemm().m() == 1) x.set_median_us(40.0);
+  }
+  absl::StatusOr<Calibration> c = Calibrate(s, Options());
+  ASSERT_TRUE(c.ok()) << c.status();
+  const double fastest = 5.0 + 2.0 * 128 * 128 * 128 / 1.25e7;
+  EXPECT_NEAR(c->profile.gemm().launch_overhead_us(), fastest, 1e-9);
+  const double t1024 = 5.0 + 2.0 * 1024 * 1024 * 1024 / 1e8;
+  EXPECT_NEAR(c->profile.gemm().peak_tflops(), 2.0 * 1024 * 1024 * 1024 / (t1024 - fastest) / 1e6,
+              1e-6);
+  EXPECT_THAT(c->warnings,
+              Contains(HasSubstr("took longer than the 128x128x128 GEMM (5.34 us): the launch "
+                                 "overhead is taken as the latter")));
+  // Every efficiency stays within (0, 1], so no interpolated shape runs
+  // faster than the peak.
+  for (double e : c->profile.gemm().efficiency()) EXPECT_LE(e, 1.0);
+  EXPECT_NEAR(c->profile.gemm().efficiency(7), 1.0, 1e-12);  // 1024^3
+}
+
+TEST(CalibrateTest, OneRankSamplesTakeTheirCommunicationFromAnotherProfile) {
+  // One GPU measures GEMMs and memory kernels only: links, collectives, the
+  // in-context terms and the node layout come from the profile named.
+  absl::StatusOr<Calibration> cluster = Calibrate(Samples(Reference()), Options());
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  v1::ClusterProfile from = cluster->profile;
+  from.set_name("cluster");
+  from.mutable_context()->set_compute_phase_us(7.0);
+  std::vector<v1::ProfileSample> one;
+  for (v1::ProfileSample s : Samples(Reference())) {
+    if (s.has_collective()) continue;
+    s.mutable_run()->set_ranks(1);
+    s.mutable_run()->set_nodes(1);
+    s.mutable_run()->set_ranks_per_node(1);
+    one.push_back(std::move(s));
+  }
+  CalibrateOptions o = Options();
+  o.gpu_memory_gib = 0;
+  o.comm_from = from;
+  absl::StatusOr<Calibration> c = Calibrate(one, o);
+  ASSERT_TRUE(c.ok()) << c.status();
+  const v1::ClusterProfile& p = c->profile;
+  EXPECT_EQ(p.nodes(), 2);
+  EXPECT_EQ(p.gpus_per_node(), 2);
+  EXPECT_EQ(p.gpu_memory_gib(), 80);
+  ExpectCost(p.links().inter(), 10.0, 1e-3);
+  EXPECT_EQ(p.collectives_size(), from.collectives_size());
+  EXPECT_EQ(p.context().compute_phase_us(), 7.0);
+  EXPECT_NEAR(p.gemm().peak_tflops(), 100.0, 1e-9);
+  EXPECT_NEAR(p.memory().bandwidth_gbytes_per_s(), 500.0, 1e-6);
+  EXPECT_THAT(p.comment(), HasSubstr("from profile 'cluster' v1"));
+  EXPECT_THAT(c->warnings, Contains(HasSubstr("are profile 'cluster' v1's, not measured here")));
+
+  // Samples that measured communication fit it themselves.
+  absl::StatusOr<Calibration> both = Calibrate(Samples(Reference()), o);
+  ASSERT_FALSE(both.ok());
+  EXPECT_THAT(std::string(both.status().message()),
+              StartsWith("comm_from: the samples measured communication"));
+  // Without the profile, one rank's samples lack the intra link.
+  o.comm_from.reset();
+  EXPECT_THAT(std::string(Calibrate(one, o).status().message()), HasSubstr("no SendRecv sweep"));
 }
 
 TEST(CalibrateTest, PiecewiseWhereTheTimesChangeRegime) {
@@ -873,7 +956,9 @@ TEST(ProfileCheckTest, ComparesWithTheProfilesOwnMeasurements) {
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_TRUE(r->stale);
   for (const DriftRow& row : r->rows) {
-    if (row.term == "memory") EXPECT_GT(row.drift_pct, 50.0);
+    if (row.term == "memory") {
+      EXPECT_GT(row.drift_pct, 50.0);
+    }
   }
   EXPECT_THAT(r->notes, Contains(HasSubstr("own measurements at 0 of 8 points")));
 }

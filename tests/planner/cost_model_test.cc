@@ -281,6 +281,30 @@ TEST(CostModelTest, ActivationUsesItsOwnLinesElseTheMemoryModel) {
   EXPECT_REL(m->ActivationUs(2e6, true), 502.0);
 }
 
+TEST(CostModelTest, LayerKernelsUseTheirOwnLinesElseTheMemoryModel) {
+  const CostModel plain = MakeModel();
+  EXPECT_REL(plain.OrderUs(2e6, false), 5.0);
+  EXPECT_REL(plain.OrderUs(2e6, true), 5.0);
+  EXPECT_REL(plain.RouteUs(2e6), 5.0);
+  EXPECT_EQ(plain.RouteUs(0), 0.0);
+  // order 2 GB/s + 1 us, i-order 1 GB/s + 2 us, route 0.5 GB/s + 4 us.
+  ClusterProfile p = MakeProfile();
+  p.kernels.order = {2.0, 1.0};
+  p.kernels.iorder = {1.0, 2.0};
+  p.kernels.route = {0.5, 4.0};
+  absl::StatusOr<CostModel> m = CostModel::Create(p);
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_REL(m->OrderUs(2e6, false), 1.0 + 2e6 / 2e3);
+  EXPECT_REL(m->OrderUs(2e6, true), 2.0 + 2e6 / 1e3);
+  EXPECT_REL(m->RouteUs(2e6), 4.0 + 2e6 / 5e2);
+  EXPECT_REL(m->MemoryBoundUs(2e6), 5.0);
+  EXPECT_REL(m->ActivationUs(2e6, false), 5.0);
+  // A launch overhead without a bandwidth is refused, naming the field.
+  p.kernels.route = {0.0, 4.0};
+  EXPECT_THAT(std::string(CostModel::Create(p).status().message()),
+              ::testing::StartsWith("kernels.route.launch_overhead_us: must be 0"));
+}
+
 TEST(CostModelTest, CreateKeepsTheProfile) {
   const CostModel m = MakeModel();
   EXPECT_EQ(m.profile().name, "test-4x8");
@@ -364,8 +388,7 @@ std::vector<BadProfileCase> BadProfileCases() {
       {"too many fits",
        [](ClusterProfile& p) {
          for (int r = 2; r < 5000; ++r) {
-           p.collectives.push_back(
-               {Collective::kAllToAll, GroupShape{r, 1}, AlphaBeta{1, 1}, {}});
+           p.collectives.push_back({Collective::kAllToAll, GroupShape{r, 1}, AlphaBeta{1, 1}, {}});
          }
        },
        "collectives: must have at most 4096 fits (got 4998)"},

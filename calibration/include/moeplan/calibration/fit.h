@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -53,6 +54,11 @@ struct CalibrateOptions {
   // Several rounds: a point whose rounds' medians differ by more than this
   // (max / min - 1) is listed as disagreeing.
   double repeat_tolerance = 0.20;
+  // Samples of one rank (a single GPU or CPU slot measures no link): the links,
+  // collective fits and in-context terms, and the node layout, are taken from
+  // this profile; only GEMM and memory are fitted. The samples then may hold no
+  // collective or SAA point.
+  std::optional<v1::ClusterProfile> comm_from;
 };
 
 // What one fit is and how well it holds. Rows, in order: one per fitted
@@ -113,6 +119,9 @@ struct Calibration {
 // (unless one node: then inter copies intra, with a warning), no
 // GEMM besides the 1x1x1 probe, fewer than 2 memory-kernel sizes. Groups of
 // one size are skipped with a warning; dual SAA samples are not compared.
+// With options.comm_from, samples holding a collective or SAA point are
+// InvalidArgument ("comm_from: ..."), and the fit report warns which profile
+// the communication terms came from.
 // Samples of several rounds (ProfileSample.round): each point enters the fit
 // once, as its median round, and every round is also fitted alone for the
 // spreads; a round that cannot be fitted alone is a warning.

@@ -49,6 +49,13 @@ class CostModel {
   // The expert activation (forward, or backward) touching `bytes`: the
   // profile's activation line, else the memory model.
   double ActivationUs(double bytes, bool backward) const;
+  // The scatter of token rows into the dispatch buffer (inverse = false) or
+  // the gather back, touching `bytes`: the profile's kernel line, else the
+  // memory model.
+  double OrderUs(double bytes, bool inverse) const;
+  // Routing's softmax and top-k touching `bytes`: the profile's route line,
+  // else the memory model.
+  double RouteUs(double bytes) const;
 
   // An op's cost in context (profile.context.ops): offset + scale * `us` for
   // the op named `op` (without step) holding `resources`; `us` where the
@@ -89,7 +96,14 @@ class CostModel {
     double overhead_us = 0.0;
     double bytes_per_us = 1.0;
   };
-  std::array<ActLine, 2> act_{};  // forward, backward
+  // Lines of their own: activation forward and backward, order, i-order, route.
+  enum Line : size_t { kActForward, kActBackward, kOrderLine, kIOrderLine, kRouteLine, kLines };
+  std::array<ActLine, kLines> act_{};
+  double LineUs(Line line, double bytes) const {
+    if (bytes <= 0.0) return 0.0;
+    const ActLine& l = act_[line];
+    return l.overhead_us + bytes / l.bytes_per_us;
+  }
   struct OpLine {
     bool set = false;
     double offset_us = 0.0;

@@ -74,6 +74,14 @@ struct ActivationModel {
   MemoryModel backward;
 };
 
+// The layer's row scatter (order), row gather (i-order) and routing kernels
+// (profile.proto's KernelModels); bandwidth 0 = the memory model.
+struct KernelModels {
+  MemoryModel order;
+  MemoryModel iorder;
+  MemoryModel route;
+};
+
 // In-context costs (docs/cost-model.md "In context"; profile.proto's
 // ContextModel). An op correction: the op `op` (its name without step) holding
 // `resources` (op_graph.h's Resource bits) costs offset_us + scale * its cost.
@@ -103,6 +111,7 @@ struct ClusterProfile {
   GemmModel gemm;
   MemoryModel memory;
   ActivationModel activation;
+  KernelModels kernels;
   ContextModel context;
   double gpu_memory_gib = 0.0;  // per GPU; 0: unknown (memory is not checked)
 };
