@@ -101,7 +101,13 @@ void Header(const v1::ValidationSummary& s, const ReportContext& ctx, std::strin
     fmt::format_to(out, "Profile: {}\n\n", ctx.profile_comment);
   }
   if (!ctx.provenance.empty()) fmt::format_to(out, "Profile provenance: {}\n\n", ctx.provenance);
-  if (!ctx.command.empty()) {
+  if (!ctx.from_runs.empty()) {
+    fmt::format_to(
+        out,
+        "Measured earlier: these are the moeplan-exec reports in `{}/exec`, re-predicted "
+        "(each report records its backend, element type and iterations).\n\n",
+        ctx.from_runs);
+  } else if (!ctx.command.empty()) {
     const std::string fence = Fence(ctx.command);
     fmt::format_to(out, "Measured with:\n\n{}\n{}\n{}\n\n", fence, ctx.command, fence);
   }

@@ -117,6 +117,7 @@ struct ValidateArgs {
   // Shell text run before moeplan-exec; {ranks} is replaced.
   std::string launcher = "mpirun -np {ranks}";
   std::string exec;  // moeplan-exec; empty: next to this binary, else PATH
+  std::string backend = "mpi";  // moeplan-exec --backend: mpi (CPU) or nccl (GPU)
   int iters = 5;
   int warmup = 2;
   std::string out_dir = "validation";

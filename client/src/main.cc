@@ -242,6 +242,12 @@ CLI::App* AddValidate(CLI::App* app, ValidateArgs* a) {
                    "Shell text that launches moeplan-exec; {ranks} is replaced")
       ->capture_default_str();
   validate->add_option("--exec", a->exec, "moeplan-exec binary (default: next to moeplan)");
+  validate
+      ->add_option("--backend", a->backend,
+                   "moeplan-exec's backend: mpi (CPU, host buffers) or nccl (GPU; the profile "
+                   "should be measured with it too)")
+      ->check(CLI::IsMember({"mpi", "nccl"}))
+      ->capture_default_str();
   validate->add_option("--iters", a->iters, "Timed iterations per schedule")->capture_default_str();
   validate->add_option("--warmup", a->warmup, "Untimed iterations first")->capture_default_str();
   validate

@@ -44,8 +44,7 @@ std::string FormatPlanTable(const v1::LayerConfig& l, const v1::PlanLayerRespons
                  "pp={}\n",
                  l.batch_size(), l.seq_len(), l.model_dim(), l.hidden_dim(), l.num_experts(),
                  l.top_k(), l.capacity_factor(), l.bytes_per_element(), l.token_skew(),
-                 l.dropless() ? " dropless" : "", p.mp(),
-                 p.ep(), p.esp(), p.dp(), p.pp());
+                 l.dropless() ? " dropless" : "", p.mp(), p.ep(), p.esp(), p.dp(), p.pp());
   fmt::format_to(w, "  S={} tokens, capacity T={}, X={}, D={}\n\n", d.tokens(), d.capacity(),
                  FormatBytes(static_cast<double>(d.activation_bytes())),
                  FormatBytes(static_cast<double>(d.dispatch_bytes())));
@@ -61,10 +60,11 @@ std::string FormatPlanTable(const v1::LayerConfig& l, const v1::PlanLayerRespons
     const std::string vs = default_total > 0.0 && c.total_us() > 0.0
                                ? fmt::format("{:.2f}x", default_total / c.total_us())
                                : "-";
-    fmt::format_to(w, "{:<9}{:>13.1f}{:>13.1f}{:>13.1f}{:>12.1f}{:>12.1f}{:>12.1f}{:>13}{:>11}\n",
-                   ScheduleLabel(c.schedule()), c.forward_us(), c.backward_us(), c.total_us(),
-                   c.comm_us(), c.exposed_comm_us(), c.hidden_comm_us(),
-                   FormatBytes(static_cast<double>(c.inter_node_bytes())), vs);
+    fmt::format_to(
+        w, "{:<9} {:>12.1f} {:>12.1f} {:>12.1f} {:>11.1f} {:>11.1f} {:>11.1f} {:>12} {:>10}\n",
+        ScheduleLabel(c.schedule()), c.forward_us(), c.backward_us(), c.total_us(), c.comm_us(),
+        c.exposed_comm_us(), c.hidden_comm_us(),
+        FormatBytes(static_cast<double>(c.inter_node_bytes())), vs);
   }
   fmt::format_to(w, "\nbest: {}\n  {}\n", ScheduleLabel(plan.best_schedule()),
                  plan.decision().summary());
@@ -73,10 +73,12 @@ std::string FormatPlanTable(const v1::LayerConfig& l, const v1::PlanLayerRespons
     if (c.ops_size() == 0) continue;
     fmt::format_to(w, "\ntimeline of {} ({} ops; * = on the critical path)\n",
                    ScheduleLabel(c.schedule()), c.ops_size());
-    fmt::format_to(w, "  {:>11}{:>11}{:>10}  {:<12}{:>11}  {}\n", "start_us", "end_us", "dur_us",
+    // A space between the numbers: CPU layers run for seconds, and 1e8 us
+    // fills the columns.
+    fmt::format_to(w, "  {:>11} {:>11} {:>10}  {:<12}{:>11}  {}\n", "start_us", "end_us", "dur_us",
                    "resource", "bytes", "op");
     for (const v1::OpTiming& op : c.ops()) {
-      fmt::format_to(w, "  {:>11.1f}{:>11.1f}{:>10.1f}  {:<12}{:>11}  {}{}\n", op.start_us(),
+      fmt::format_to(w, "  {:>11.1f} {:>11.1f} {:>10.1f}  {:<12}{:>11}  {}{}\n", op.start_us(),
                      op.end_us(), op.end_us() - op.start_us(), op.resource(),
                      FormatBytes(static_cast<double>(op.bytes())), op.name(),
                      op.critical() ? " *" : "");
@@ -138,10 +140,11 @@ v1::ChromeTrace BuildTrace(const v1::PlanLayerResponse& plan) {
   trace.set_display_time_unit("ms");  // display only; ts and dur are microseconds
   for (int i = 0; i < plan.candidates_size(); ++i) {
     const v1::CandidatePlan& c = plan.candidates(i);
-    AddTraceProcess(i + 1,
-                    fmt::format("{}{} — {:.1f} us", ScheduleLabel(c.schedule()),
-                                c.schedule() == plan.best_schedule() ? " (best)" : "", c.total_us()),
-                    c.ops(), &trace);
+    AddTraceProcess(
+        i + 1,
+        fmt::format("{}{} — {:.1f} us", ScheduleLabel(c.schedule()),
+                    c.schedule() == plan.best_schedule() ? " (best)" : "", c.total_us()),
+        c.ops(), &trace);
   }
   return trace;
 }
@@ -151,10 +154,11 @@ v1::ChromeTrace BuildModelTrace(const v1::PlanModelResponse& plan) {
   trace.set_display_time_unit("ms");
   for (int i = 0; i < plan.variants_size(); ++i) {
     const v1::VariantPlan& v = plan.variants(i);
-    AddTraceProcess(i + 1,
-                    fmt::format("{}{} — {}", v.name(), v.name() == plan.best_variant() ? " (best)" : "",
-                                FormatDuration(v.iteration_us())),
-                    v.ops(), &trace);
+    AddTraceProcess(
+        i + 1,
+        fmt::format("{}{} — {}", v.name(), v.name() == plan.best_variant() ? " (best)" : "",
+                    FormatDuration(v.iteration_us())),
+        v.ops(), &trace);
   }
   return trace;
 }

@@ -11,8 +11,8 @@
 #include <filesystem>
 #include <iterator>
 #include <map>
-#include <random>
 #include <optional>
+#include <random>
 #include <string>
 #include <system_error>
 #include <utility>
@@ -158,7 +158,8 @@ absl::StatusOr<ConfigRun> RunConfig(const ValidateArgs& a, const Setup& setup,
     const std::string earlier = (fs::path(a.from_runs) / "exec" / (stem + ".json")).string();
     std::error_code ec;
     if (!fs::exists(earlier, ec)) {
-      return ConfigRun{std::nullopt, fmt::format("{}: not in --from-runs ({} missing)", name, earlier)};
+      return ConfigRun{std::nullopt,
+                       fmt::format("{}: not in --from-runs ({} missing)", name, earlier)};
     }
     MOEPLAN_ASSIGN_OR_RETURN(std::string text, proto::ReadFile(earlier));
     v1::ExecReport report;
@@ -171,10 +172,11 @@ absl::StatusOr<ConfigRun> RunConfig(const ValidateArgs& a, const Setup& setup,
                earlier);
     return Predict(name, report, profile, planner);
   }
-  const std::string command =
-      fmt::format("{} {} --layer {} --schedule all --json --iters {} --warmup {} --profile {} 2>{}",
-                  setup.launcher, ShellQuote(setup.exec), ShellQuote(config_file), a.iters,
-                  a.warmup, ShellQuote(a.profile), ShellQuote(log_file));
+  const std::string command = fmt::format(
+      "{} {} --layer {} --backend {} --schedule all --json --iters {} --warmup {} "
+      "--profile {} 2>{}",
+      setup.launcher, ShellQuote(setup.exec), ShellQuote(config_file), a.backend, a.iters, a.warmup,
+      ShellQuote(a.profile), ShellQuote(log_file));
   fmt::print(stderr, "moeplan validate: [{}/{}] {}\n", i + 1, configs.size(), name);
   MOEPLAN_ASSIGN_OR_RETURN(Ran ran, RunCommand(command));
   v1::ExecReport report;
@@ -213,8 +215,13 @@ absl::StatusOr<Written> WriteReport(const ValidateArgs& a, const Setup& setup,
                                     const std::vector<std::string>& skipped,
                                     const std::string& section) {
   calibration::ReportContext ctx;
-  ctx.command = fmt::format("{} {} --layer CONFIG --schedule all --json --iters {} --warmup {}",
-                            setup.launcher, setup.exec, a.iters, a.warmup);
+  if (a.from_runs.empty()) {
+    ctx.command = fmt::format(
+        "{} {} --layer CONFIG --backend {} --schedule all --json --iters {} --warmup {}",
+        setup.launcher, setup.exec, a.backend, a.iters, a.warmup);
+  } else {
+    ctx.from_runs = a.from_runs;
+  }
   ctx.profile_comment = profile.comment();
   ctx.provenance = calibration::ProvenanceLine(profile);
   ctx.section = section;
@@ -254,16 +261,25 @@ absl::Status PrintSummary(bool json, const v1::ValidationSummary& summary, size_
     MOEPLAN_ASSIGN_OR_RETURN(std::string text, proto::ToJson(summary));
     return WriteStdout(text + "\n");
   }
+  // Selection needs two or more schedules of a config measured (the report
+  // says the same); one-rank grids have one.
+  int choice = 0;
+  for (const v1::ValidationConfig& c : summary.results()) choice += c.points_size() >= 2 ? 1 : 0;
+  const std::string selection =
+      choice == 0 ? std::string("selection: not measured (no config ran two or more schedules)\n")
+                  : fmt::format(
+                        "selection: predicted best = measured best in {:.1f} % of {} configs; "
+                        "mean regret {:.2f} %\n",
+                        summary.selection_accuracy_pct(), choice, summary.mean_regret_pct());
   return WriteStdout(fmt::format(
       "validated {} configs x schedules = {} points on {} ({} ranks, {} hosts){}\n"
       "total time: MAPE {:.1f} %, p90 {:.1f} %, max {:.1f} % ({})\n"
-      "selection: predicted best = measured best in {:.1f} % of configs; mean regret {:.2f} %\n"
+      "{}"
       "{}"
       "report: {}{}\n",
       summary.configs(), summary.points(), summary.profile(), summary.ranks(), summary.hosts(),
       skipped == 0 ? "" : fmt::format("; {} configs not run (see the report)", skipped),
-      summary.mape_pct(), summary.p90_pct(), summary.max_pct(), summary.worst_config(),
-      summary.selection_accuracy_pct(), summary.mean_regret_pct(),
+      summary.mape_pct(), summary.p90_pct(), summary.max_pct(), summary.worst_config(), selection,
       summary.paired_configs() == 0
           ? std::string()
           : fmt::format("selection, ties for best counted: {:.1f} % of {} configs ({} with a "
@@ -293,8 +309,8 @@ std::vector<bool> HoldoutSplit(const std::vector<calibration::ValidationInput>& 
     // Fisher-Yates with the engine's raw output: the same split on every
     // standard library (std::shuffle's algorithm is unspecified).
     for (size_t k = idx.size(); k > 1; --k) std::swap(idx[k - 1], idx[rng() % k]);
-    const size_t n = std::min(idx.size() - 1,
-                              static_cast<size_t>(std::llround(fraction * double(idx.size()))));
+    const size_t n =
+        std::min(idx.size() - 1, static_cast<size_t>(std::llround(fraction * double(idx.size()))));
     for (size_t k = 0; k < n; ++k) held[idx[k]] = true;
   }
   return held;
@@ -327,13 +343,14 @@ absl::StatusOr<std::vector<calibration::ValidationInput>> Repredict(
   return out;
 }
 
-std::string SummaryRow(std::string_view part, std::string_view model, const v1::ValidationSummary& s) {
-  return fmt::format("| {} | {} | {} | {:.1f} | {:.1f} | {:.1f} | {:.1f} | {} | {:.2f} | {:.1f} |\n",
-                     part, model, s.configs(), s.mape_pct(), s.p90_pct(), s.max_pct(),
-                     s.selection_accuracy_pct(),
-                     s.paired_configs() == 0 ? std::string("-")
-                                             : fmt::format("{:.1f}", s.selection_accuracy_tied_pct()),
-                     s.mean_regret_pct(), s.max_regret_pct());
+std::string SummaryRow(std::string_view part, std::string_view model,
+                       const v1::ValidationSummary& s) {
+  return fmt::format(
+      "| {} | {} | {} | {:.1f} | {:.1f} | {:.1f} | {:.1f} | {} | {:.2f} | {:.1f} |\n", part, model,
+      s.configs(), s.mape_pct(), s.p90_pct(), s.max_pct(), s.selection_accuracy_pct(),
+      s.paired_configs() == 0 ? std::string("-")
+                              : fmt::format("{:.1f}", s.selection_accuracy_tied_pct()),
+      s.mean_regret_pct(), s.max_regret_pct());
 }
 
 }  // namespace

@@ -102,5 +102,26 @@ else
 fi
 [ "$(find "$TMP/val/exec" -name "*.json" | wc -l)" = 4 ] || bad "expected 4 saved moeplan-exec reports"
 
+# 4. Re-predict the saved reports (--from-runs): nothing runs, the measured side
+# and, with the same profile, every error are the first run's, and the report
+# says where the measurements came from.
+if ! "$CLI" validate --profile "$TMP/cpu-quick.json" --layers "$SRC/tests/calibration/quick-grid.json" \
+    --from-runs "$TMP/val" --exec /nonexistent --out-dir "$TMP/val2" --json >"$TMP/summary2.json" 2>"$TMP/validate2.err"; then
+  bad "validate --from-runs failed: $(tail -5 "$TMP/validate2.err")"
+fi
+$PY - "$TMP/summary.json" "$TMP/summary2.json" <<'PYEOF' || fail=1
+import json, sys
+a, b = (json.load(open(f)) for f in sys.argv[1:3])
+ok = a.get("points") == b.get("points") == 12 and abs(a["mape_pct"] - b["mape_pct"]) < 1e-9
+for x, y in zip(a.get("results", []), b.get("results", [])):
+    ok = ok and [p["measured_us"] for p in x["points"]] == [p["measured_us"] for p in y["points"]]
+if not ok:
+    print("FAIL: --from-runs did not reproduce the first run's points and errors", file=sys.stderr)
+sys.exit(0 if ok else 1)
+PYEOF
+grep -q "Measured earlier: these are the moeplan-exec reports in \`$TMP/val/exec\`" "$TMP/val2/report.md" ||
+  bad "the --from-runs report does not name the earlier run"
+grep -q "Measured with" "$TMP/val2/report.md" && bad "the --from-runs report shows a command it did not run"
+
 [ $fail = 0 ] && echo "roundtrip: all checks passed"
 exit $fail

@@ -9,6 +9,7 @@
 
 #include "moeplan/proto/json.h"
 #include "moeplan/v1/plan.pb.h"
+#include "moeplan/v1/profile.pb.h"
 #include "moeplan/v1/trace.pb.h"
 #include "run_cli.h"
 
@@ -227,6 +228,38 @@ INSTANTIATE_TEST_SUITE_P(Table, BadInputTest, ::testing::ValuesIn(BadCases()),
 
 // Output files replace only regular files: a device node, FIFO or directory
 // named by --trace / --out is refused and left as it was.
+// The committed one-H100 samples (GEMMs and memory kernels of one rank):
+// calibrated with the links of a built-in profile, they give kernel lines and
+// a GEMM peak the GPU can reach; without a profile to take links from, the
+// missing intra link is the error, and a bad --comm-from names the flag and
+// writes nothing.
+TEST(CalibrateCli, OneGpuSamplesTakeTheirLinksFromAnotherProfile) {
+  TempDir tmp;
+  const std::string samples =
+      MOEPLAN_SOURCE_DIR "/calibration/profiles/measured/h100-1gpu/samples.jsonl";
+  CliResult r = RunCli("calibrate --samples " + samples + " --out " + tmp.File("h100.json") +
+                       " --comm-from cpu-testbed-1x4");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("kernels: order "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("are profile 'cpu-testbed-1x4' v2's, not measured here"), std::string::npos);
+  EXPECT_NE(r.out.find("took longer than the 16x64x256 GEMM"), std::string::npos) << r.out;
+  v1::ClusterProfile p;
+  ASSERT_TRUE(proto::ParseJson(Slurp(tmp.File("h100.json")), &p).ok());
+  EXPECT_GT(p.gemm().peak_tflops(), 800.0);  // the H100's bf16 GEMMs measured up to 876
+  EXPECT_LT(p.gemm().peak_tflops(), 1200.0);
+  EXPECT_GT(p.kernels().route().bandwidth_gbytes_per_s(), 0.0);
+  EXPECT_LT(p.kernels().order().bandwidth_gbytes_per_s(), p.memory().bandwidth_gbytes_per_s());
+
+  r = RunCli("calibrate --samples " + samples + " --out " + tmp.File("none.json"));
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("no SendRecv sweep on 2 ranks / 1 node"), std::string::npos) << r.err;
+  r = RunCli("calibrate --samples " + samples + " --out " + tmp.File("none.json") +
+             " --comm-from no-such-profile");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_EQ(r.err.rfind("moeplan: error: --comm-from: ", 0), 0u) << r.err;
+  EXPECT_FALSE(std::filesystem::exists(tmp.File("none.json")));
+}
+
 TEST(CliOutput, OnlyRegularFilesAreReplaced) {
   TempDir tmp;
   const std::string fifo = tmp.File("fifo");

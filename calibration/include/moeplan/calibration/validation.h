@@ -43,7 +43,10 @@ absl::StatusOr<v1::ValidationSummary> Summarize(const std::vector<ValidationInpu
                                                 const std::string& profile, int ranks, int hosts);
 
 struct ReportContext {
-  std::string command;    // how the measurements were taken (shown verbatim)
+  std::string command;  // how the measurements were taken (shown verbatim)
+  // Not measured by this run: the folder of the earlier run whose moeplan-exec
+  // reports were re-predicted (validate --from-runs); `command` is then empty.
+  std::string from_runs;
   std::string plot_file;  // the PNG's file name, relative to the report; empty: none
   std::string profile_comment;
   std::string provenance;  // where and when the profile was measured (ProvenanceLine)
