@@ -180,6 +180,7 @@ absl::StatusOr<Calibration> CalibrateRounds(const std::vector<v1::ProfileSample>
   merged.reserve(order.size());
   Calibration out;
   std::vector<PointSpread> spreads;
+  std::map<std::string, double> point_spread;  // label -> spread %, points of every round
   for (const std::string& key : order) {
     std::vector<const v1::ProfileSample*> v = by_point[key];
     std::sort(v.begin(), v.end(), [](const v1::ProfileSample* a, const v1::ProfileSample* b) {
@@ -190,6 +191,7 @@ absl::StatusOr<Calibration> CalibrateRounds(const std::vector<v1::ProfileSample>
     if (static_cast<int>(v.size()) < rounds) continue;
     ++out.points;
     const double lo = v.front()->median_us(), hi = v.back()->median_us();
+    if (lo > 0.0) point_spread[internal::PointLabel(*v.front())] = 100.0 * (hi / lo - 1.0);
     if (lo > 0.0 && hi / lo - 1.0 > options.repeat_tolerance) {
       PointSpread p;
       p.point = internal::PointLabel(*v.front());
@@ -204,6 +206,11 @@ absl::StatusOr<Calibration> CalibrateRounds(const std::vector<v1::ProfileSample>
     }
   }
   MOEPLAN_ASSIGN_OR_RETURN(Calibration all, CalibrateOnce(merged, options));
+  for (v1::ReferencePoint& r : *all.profile.mutable_provenance()->mutable_reference()) {
+    if (auto it = point_spread.find(r.point()); it != point_spread.end()) {
+      r.set_spread_pct(it->second);
+    }
+  }
   all.rounds = rounds;
   all.points = out.points;
   all.repeat_tolerance = options.repeat_tolerance;

@@ -22,7 +22,8 @@ namespace {
 
 struct Point {
   std::string label;
-  double ratio = 1.0;  // measured / predicted
+  double ratio = 1.0;       // measured / predicted
+  double spread_pct = 0.0;  // its rounds' disagreement at calibration
 };
 
 }  // namespace
@@ -53,9 +54,9 @@ absl::StatusOr<ProfileCheckResult> CheckProfile(const v1::ClusterProfile& profil
 
   // The sweep's own measurements where the profile kept them: drift is then
   // measured against measured, free of the fitted lines' own error.
-  std::map<std::string, double> reference;
+  std::map<std::string, const v1::ReferencePoint*> reference;
   for (const v1::ReferencePoint& r : profile.provenance().reference()) {
-    if (r.median_us() > 0.0) reference[r.point()] = r.median_us();
+    if (r.median_us() > 0.0) reference[r.point()] = &r;
   }
   // Several rounds of one point (moeplan-profile --check --rounds): its median.
   using Rounds = std::map<std::string, std::vector<double>>;  // point label -> medians
@@ -108,13 +109,15 @@ absl::StatusOr<ProfileCheckResult> CheckProfile(const v1::ClusterProfile& profil
       default:
         continue;  // SAA: composed of the above
     }
+    double spread = 0.0;
     if (auto it = reference.find(seen->first); it != reference.end()) {
-      predicted = it->second;
+      predicted = it->second->median_us();
+      spread = it->second->spread_pct();
       ++against_reference;
     }
     if (!(predicted > 0.0)) continue;
     ++compared;
-    terms[term].push_back({label, measured / predicted});
+    terms[term].push_back({label, measured / predicted, spread});
   }
   ProfileCheckResult r;
   if (against_reference == compared) {
@@ -130,15 +133,20 @@ absl::StatusOr<ProfileCheckResult> CheckProfile(const v1::ClusterProfile& profil
     DriftRow row;
     row.term = term;
     row.points = static_cast<int>(pts.size());
-    std::vector<double> ratios;
-    for (const Point& p : pts) ratios.push_back(p.ratio);
+    std::vector<double> ratios, spreads;
+    for (const Point& p : pts) {
+      ratios.push_back(p.ratio);
+      spreads.push_back(p.spread_pct);
+    }
     row.drift_pct = (Median(ratios) - 1.0) * 100.0;
+    row.noise_pct = Median(std::move(spreads));
+    row.band_pct = std::max(threshold_pct, row.noise_pct);
     const auto worst = std::max_element(pts.begin(), pts.end(), [](const Point& a, const Point& b) {
       return std::abs(a.ratio - 1.0) < std::abs(b.ratio - 1.0);
     });
     row.worst_pct = (worst->ratio - 1.0) * 100.0;
     row.worst_point = worst->label;
-    row.stale = std::abs(row.drift_pct) > threshold_pct;
+    row.stale = std::abs(row.drift_pct) > row.band_pct;
     r.stale = r.stale || row.stale;
     r.rows.push_back(std::move(row));
   }
@@ -170,21 +178,25 @@ std::string RenderProfileCheck(const v1::ClusterProfile& profile, const ProfileC
                   profile.name(), profile.version());
   size_t w = 4;
   for (const DriftRow& row : r.rows) w = std::max(w, row.term.size());
-  out += fmt::format("{:<{}}  {:>6}  {:>8}  {:>8}  {}\n", "term", w, "points", "drift %", "worst %",
-                     "worst point");
+  out += fmt::format("{:<{}}  {:>6}  {:>8}  {:>7}  {:>8}  {}\n", "term", w, "points", "drift %",
+                     "noise %", "worst %", "worst point");
   for (const DriftRow& row : r.rows) {
-    out += fmt::format("{:<{}}  {:>6}  {:>+8.1f}  {:>+8.1f}  {}{}\n", row.term, w, row.points,
-                       row.drift_pct, row.worst_pct, row.worst_point, row.stale ? "  STALE" : "");
+    out += fmt::format("{:<{}}  {:>6}  {:>+8.1f}  {:>7.1f}  {:>+8.1f}  {}{}\n", row.term, w,
+                       row.points, row.drift_pct, row.noise_pct, row.worst_pct, row.worst_point,
+                       row.stale ? "  STALE" : "");
   }
   for (const std::string& n : r.notes) out += Cat("note: ", n, "\n");
   int stale = 0;
   for (const DriftRow& row : r.rows) stale += row.stale ? 1 : 0;
   out += r.stale ? fmt::format(
-                       "verdict: STALE: {} of {} terms drifted more than {:g} % from the "
-                       "profile; re-measure it (moeplan-profile, moeplan calibrate)\n",
+                       "verdict: STALE: {} of {} terms drifted more than {:g} % (or their "
+                       "noise %) from the profile; re-measure it (moeplan-profile, moeplan "
+                       "calibrate)\n",
                        stale, r.rows.size(), threshold_pct)
-                 : fmt::format("verdict: fresh: every term within {:g} % of the profile\n",
-                               threshold_pct);
+                 : fmt::format(
+                       "verdict: fresh: every term within {:g} % (or its noise %) of the "
+                       "profile\n",
+                       threshold_pct);
   return out;
 }
 

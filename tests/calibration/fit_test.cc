@@ -724,6 +724,17 @@ TEST(CalibrateRoundsTest, MedianRoundIsFittedAndSpreadsReported) {
   EXPECT_NEAR(c->disagreeing[0].spread_pct, 50.0, 1e-6);
   ASSERT_EQ(c->disagreeing[0].median_us.size(), 3u);
   EXPECT_NEAR(c->disagreeing[0].median_us[2] / c->disagreeing[0].median_us[0], 1.5, 1e-9);
+  // The profile keeps every reference point's spread for profile-check.
+  bool outlier_kept = false;
+  for (const v1::ReferencePoint& p : c->profile.provenance().reference()) {
+    if (p.point() == "sendrecv 2 ranks / 1 node, 1048576 bytes") {
+      outlier_kept = true;
+      EXPECT_NEAR(p.spread_pct(), 50.0, 1e-6);
+    } else {
+      EXPECT_NEAR(p.spread_pct(), 100.0 * (1.10 / 0.95 - 1.0), 1e-6) << p.point();
+    }
+  }
+  EXPECT_TRUE(outlier_kept);
   const std::string r = RenderFitReport(*c);
   EXPECT_THAT(r, HasSubstr("repeatability over 3 interleaved rounds (" +
                            std::to_string(base.size()) + " points in every round)"));
@@ -933,6 +944,43 @@ TEST(ProfileCheckTest, DriftedTermsAreStaleInBothDirections) {
   const std::string text = RenderProfileCheck(p, *r, 15.0);
   EXPECT_THAT(text, HasSubstr("verdict: STALE: 2 of"));
   EXPECT_THAT(text, HasSubstr("STALE\n"));
+}
+
+// A term whose points disagreed between rounds at calibration by more than the
+// threshold gets that noise as its band: the inter link moving 30 % on a
+// machine where its rounds already disagreed by 35 % is not stale; GEMMs
+// moving 25 % where they disagreed by 10 % still are.
+TEST(ProfileCheckTest, NoiseRecordedAtCalibrationWidensTheBand) {
+  v1::ClusterProfile p = CalibratedReference();
+  int inter = 0, gemm = 0;
+  for (v1::ReferencePoint& r : *p.mutable_provenance()->mutable_reference()) {
+    if (r.point().starts_with("sendrecv 2 ranks / 2 nodes")) {
+      r.set_spread_pct(35.0);
+      ++inter;
+    } else if (r.point().starts_with("gemm")) {
+      r.set_spread_pct(10.0);
+      ++gemm;
+    }
+  }
+  ASSERT_GT(inter, 0);
+  ASSERT_GT(gemm, 0);
+  absl::StatusOr<ProfileCheckResult> r = CheckProfile(p, CheckSamples(p, 1.25, 0.7), 15.0);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(r->stale);
+  for (const DriftRow& row : r->rows) {
+    if (row.term == "inter link") {
+      EXPECT_FALSE(row.stale);
+      EXPECT_NEAR(row.noise_pct, 35.0, 1e-9);
+      EXPECT_NEAR(row.band_pct, 35.0, 1e-9);
+      EXPECT_NEAR(row.drift_pct, -30.0, 0.5);
+    } else if (row.term == "gemm") {
+      EXPECT_TRUE(row.stale);
+      EXPECT_NEAR(row.band_pct, 15.0, 1e-9);
+    }
+  }
+  const std::string text = RenderProfileCheck(p, *r, 15.0);
+  EXPECT_THAT(text, HasSubstr("noise %"));
+  EXPECT_THAT(text, HasSubstr("verdict: STALE: 1 of"));
 }
 
 // The check compares with the sweep's own measurements where the profile kept

@@ -22,7 +22,13 @@ struct DriftRow {
   double drift_pct = 0.0;
   double worst_pct = 0.0;   // the point farthest from the profile
   std::string worst_point;  // which one
-  bool stale = false;       // |drift_pct| > the threshold
+  // The term's noise: the median over its points of how far a point's rounds
+  // disagreed at calibration (ReferencePoint.spread_pct; 0 for a profile of
+  // one round). The check's own rounds do not widen it: their median already
+  // discounts one disturbed round, and a noisy check must not hide drift.
+  double noise_pct = 0.0;
+  double band_pct = 0.0;  // max(threshold, noise_pct): drift within it is not stale
+  bool stale = false;     // |drift_pct| > band_pct
 };
 
 struct ProfileCheckResult {
@@ -33,8 +39,11 @@ struct ProfileCheckResult {
 
 // Compares `samples` (one moeplan-profile run) with the profile's isolated
 // model (its in-context and op corrections aside: the check measures ops
-// alone). FailedPrecondition when the samples ran on another node layout than
-// the profile describes; InvalidArgument for no samples or a threshold <= 0.
+// alone). A term is stale when its drift exceeds both the threshold and the
+// term's own round-to-round noise: a machine whose points move 30 % between
+// rounds an hour apart cannot tell a 25 % drift from noise. FailedPrecondition when the samples ran
+// on another node layout than the profile describes; InvalidArgument for no samples or a threshold
+// <= 0.
 absl::StatusOr<ProfileCheckResult> CheckProfile(const v1::ClusterProfile& profile,
                                                 const std::vector<v1::ProfileSample>& samples,
                                                 double threshold_pct);
