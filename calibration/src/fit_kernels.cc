@@ -241,7 +241,13 @@ absl::StatusOr<MemoryFits> FitMemory(const std::vector<v1::ProfileSample>& sampl
     model->set_launch_overhead_us(line.alpha_us);
     model->set_bandwidth_gbytes_per_s(1e-3 / line.beta_us_per_byte);
   }
-  if (!prof.kernels().has_order() && !prof.kernels().has_iorder() && !prof.kernels().has_route()) {
+  // Leave out what was not fitted (an unset line is the memory model).
+  auto fitted = [](const v1::MemoryModel& m) { return m.bandwidth_gbytes_per_s() > 0.0; };
+  if (!fitted(prof.activation().forward()) && !fitted(prof.activation().backward())) {
+    prof.clear_activation();
+  }
+  if (!fitted(prof.kernels().order()) && !fitted(prof.kernels().iorder()) &&
+      !fitted(prof.kernels().route())) {
     prof.clear_kernels();
   }
   return f;

@@ -471,6 +471,30 @@ TEST(CalibrateTest, FillsUnmeasuredGemmShapes) {
   EXPECT_THAT(c->warnings, Contains(HasSubstr("gemm: 1 of 8 grid points were not measured")));
 }
 
+TEST(CalibrateTest, KernelsWithoutSamplesKeepTheMemoryModel) {
+  // Only the copy kernel measured: no activation or kernel lines are written,
+  // and the planner charges those ops on the memory line.
+  std::vector<v1::ProfileSample> s;
+  for (const v1::ProfileSample& x : Samples(Reference())) {
+    if (!x.has_memory() || x.memory().kernel() == "copy") s.push_back(x);
+  }
+  absl::StatusOr<Calibration> c = Calibrate(s, Options());
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_FALSE(c->profile.has_activation());
+  EXPECT_FALSE(c->profile.has_kernels());
+  EXPECT_NEAR(c->profile.memory().bandwidth_gbytes_per_s(), 500.0, 1e-6);
+  // One order size only: that kernel keeps the memory model, with a warning.
+  for (const v1::ProfileSample& x : Samples(Reference())) {
+    if (x.has_memory() && x.memory().kernel() == "order" && x.memory().bytes() == 64 * kKiB) {
+      s.push_back(x);
+    }
+  }
+  c = Calibrate(s, Options());
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_FALSE(c->profile.has_kernels());
+  EXPECT_THAT(c->warnings, Contains(HasSubstr("memory kernel order: fewer than 2 distinct sizes")));
+}
+
 TEST(CalibrateTest, MissingLaunchProbeIsEstimated) {
   std::vector<v1::ProfileSample> s;
   for (const v1::ProfileSample& x : Samples(Reference())) {
