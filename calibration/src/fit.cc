@@ -104,9 +104,12 @@ void SetReference(const std::vector<v1::ProfileSample>& samples, v1::Provenance*
         keep = true;
         break;
       case v1::ProfileSample::kCollective: {
+        // profile-check times collectives alone: in-context samples are not
+        // its reference.
         const v1::CollectiveSample& c = s.collective();
-        keep = c.collective() == v1::COLLECTIVE_ALL_TO_ALL ||
-               (c.collective() == v1::COLLECTIVE_SEND_RECV && c.shape().ranks() == 2);
+        keep = c.context_us() <= 0.0 &&
+               (c.collective() == v1::COLLECTIVE_ALL_TO_ALL ||
+                (c.collective() == v1::COLLECTIVE_SEND_RECV && c.shape().ranks() == 2));
         break;
       }
       default:
@@ -135,13 +138,13 @@ std::string PointKey(const v1::ProfileSample& s) {
   k.clear_max_us();
   k.clear_checked();
   k.clear_wrong_elements();
+  // context_us (the compute phase before an in-context sample) stays: the
+  // same collective isolated and in context are two points.
   if (k.has_collective()) {
     k.mutable_collective()->clear_algbw_gbytes_per_s();
     k.mutable_collective()->clear_busbw_gbytes_per_s();
-    k.mutable_collective()->clear_context_us();
   } else if (k.has_saa()) {
     k.mutable_saa()->clear_sequential_median_us();
-    k.mutable_saa()->clear_context_us();
   } else if (k.has_gemm()) {
     k.mutable_gemm()->clear_tflops();
   } else if (k.has_memory()) {

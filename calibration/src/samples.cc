@@ -28,14 +28,15 @@ std::string PointLabel(const v1::ProfileSample& s) {
     case v1::ProfileSample::kCollective: {
       const v1::CollectiveSample& c = s.collective();
       what = Cat(proto::CollectiveLabel(c.collective()), " ",
-                 ShapeName(c.shape().ranks(), c.shape().nodes()), ", ", c.bytes(), " bytes");
+                 ShapeName(c.shape().ranks(), c.shape().nodes()), ", ", c.bytes(), " bytes",
+                 c.context_us() > 0.0 ? " in context" : "");
       break;
     }
     case v1::ProfileSample::kSaa: {
       const v1::SaaSample& a = s.saa();
-      what =
-          Cat(a.dual() ? "saa dual" : "saa", " a2a ", a.a2a().ranks(), "x", a.a2a().nodes(),
-              " / gather ", a.gather().ranks(), "x", a.gather().nodes(), ", ", a.bytes(), " bytes");
+      what = Cat(a.dual() ? "saa dual" : "saa", " a2a ", a.a2a().ranks(), "x", a.a2a().nodes(),
+                 " / gather ", a.gather().ranks(), "x", a.gather().nodes(), ", ", a.bytes(),
+                 " bytes", a.context_us() > 0.0 ? " in context" : "");
       break;
     }
     case v1::ProfileSample::kGemm:

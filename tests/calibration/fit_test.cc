@@ -874,6 +874,50 @@ TEST(CalibrateContextTest, InContextSamplesBecomeContextFitsThePlannerUses) {
   }
 }
 
+// A collective isolated and the same collective in context are two points,
+// also in a profile of several rounds: each keeps its own fit, and only the
+// isolated ones are profile-check's reference.
+TEST(CalibrateContextTest, IsolatedAndInContextStayApartOverRounds) {
+  const planner::ClusterProfile ref = Reference();
+  std::vector<v1::ProfileSample> one = Samples(ref);
+  const size_t n = one.size();
+  for (size_t i = 0; i < n; ++i) {
+    if (one[i].op_case() != v1::ProfileSample::kCollective) continue;
+    v1::ProfileSample s = one[i];
+    s.set_median_us(s.median_us() * 1.3);
+    s.mutable_collective()->set_context_us(20000.0);
+    one.push_back(std::move(s));
+  }
+  std::vector<v1::ProfileSample> rounds;
+  for (int r : {0, 1, 2}) {
+    for (v1::ProfileSample s : one) {
+      s.set_round(r);
+      rounds.push_back(std::move(s));
+    }
+  }
+  for (const auto* samples : {&one, &rounds}) {
+    absl::StatusOr<Calibration> c = Calibrate(*samples, Options());
+    ASSERT_TRUE(c.ok()) << c.status();
+    if (samples == &rounds) EXPECT_EQ(c->points, static_cast<int>(one.size()));
+    const v1::ClusterProfile& p = c->profile;
+    ASSERT_EQ(p.context().collectives_size(), static_cast<int>(ref.collectives.size()));
+    const planner::CostModel in_context = Model(*proto::ProfileFromProto(p));
+    const planner::GroupShape shape{4, 2};
+    const double want = ref.collectives[3].cost.At(4 * kMiB);
+    EXPECT_NEAR(in_context.CollectiveUs(planner::Collective::kAllToAll, shape, 4 * kMiB),
+                1.3 * want, 1e-6 * want);
+    int alltoalls = 0;
+    for (const v1::ReferencePoint& r : p.provenance().reference()) {
+      EXPECT_THAT(r.point(), Not(HasSubstr("in context")));
+      if (r.point() == "alltoall 4 ranks / 2 nodes, 4194304 bytes") {
+        ++alltoalls;
+        EXPECT_NEAR(r.median_us(), want, 1e-6 * want);
+      }
+    }
+    EXPECT_EQ(alltoalls, 1);
+  }
+}
+
 TEST(CalibrateContextTest, OneComputePhasePerProfile) {
   std::vector<v1::ProfileSample> samples = Samples(Reference());
   for (int phase : {10000, 20000}) {
