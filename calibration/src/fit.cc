@@ -122,9 +122,13 @@ void SetReference(const std::vector<v1::ProfileSample>& samples, v1::Provenance*
   }
 }
 
-// One round's (or every point's median round's) fit.
+// One round's (or every point's median round's) fit. A round fitted only for
+// the spreads keeps no reference points (Reference::kNone): its profile is
+// dropped.
+enum class Reference { kKeep, kNone };
 absl::StatusOr<Calibration> CalibrateOnce(const std::vector<v1::ProfileSample>& samples,
-                                          const CalibrateOptions& options);
+                                          const CalibrateOptions& options,
+                                          Reference reference = Reference::kKeep);
 
 // A point's identity: the sample with its timings and round cleared.
 std::string PointKey(const v1::ProfileSample& s) {
@@ -229,8 +233,8 @@ absl::StatusOr<Calibration> CalibrateRounds(const std::vector<v1::ProfileSample>
       one.push_back(s);
       one.back().clear_round();
     }
-    absl::StatusOr<Calibration> c =
-        one.empty() ? absl::NotFoundError("no samples") : CalibrateOnce(one, options);
+    absl::StatusOr<Calibration> c = one.empty() ? absl::NotFoundError("no samples")
+                                                : CalibrateOnce(one, options, Reference::kNone);
     if (!c.ok()) {
       all.warnings.push_back(Cat("round ", r, " could not be fitted alone (",
                                  View(c.status().message()), "): left out of the spreads"));
@@ -290,10 +294,10 @@ absl::StatusOr<Calibration> Calibrate(const std::vector<v1::ProfileSample>& samp
 namespace {
 
 absl::StatusOr<Calibration> CalibrateOnce(const std::vector<v1::ProfileSample>& samples,
-                                          const CalibrateOptions& options) {
+                                          const CalibrateOptions& options, Reference reference) {
   Calibration out;
   SetHeader(samples.front().run(), options, &out.profile);
-  SetReference(samples, out.profile.mutable_provenance());
+  if (reference == Reference::kKeep) SetReference(samples, out.profile.mutable_provenance());
   if (options.comm_from) {
     CopyCommunication(*options.comm_from, &out);
   } else {

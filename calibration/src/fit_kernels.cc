@@ -124,20 +124,21 @@ absl::Status FitGemm(const std::vector<v1::ProfileSample>& samples, Calibration*
                "no GEMM samples besides the 1x1x1 launch probe: the planner needs peak_tflops");
   }
   v1::GemmModel* gm = out->profile.mutable_gemm();
+  // The fastest GEMM bounds the launch overhead (or stands in for a missing probe).
+  double fastest = std::numeric_limits<double>::infinity();
+  Mnk at{};
+  for (const auto& [mnk, ts] : shapes) {
+    if (const double t = Median(ts); t < fastest) {
+      fastest = t;
+      at = mnk;
+    }
+  }
   double overhead = 0.0;
   if (!probes.empty()) {
     overhead = Median(std::move(probes));
     // A launch costs no more than the fastest whole GEMM: a probe slower than
     // that took another path (a GEMV kernel, a heuristic lookup) and would
     // charge its extra to every GEMM.
-    double fastest = std::numeric_limits<double>::infinity();
-    Mnk at{};
-    for (const auto& [mnk, ts] : shapes) {
-      if (const double t = Median(ts); t < fastest) {
-        fastest = t;
-        at = mnk;
-      }
-    }
     if (fastest < overhead) {
       out->warnings.push_back(Cat("gemm: the 1x1x1 launch probe (", fmt::format("{:.3g}", overhead),
                                   " us) took longer than the ", std::get<0>(at), "x",
@@ -147,8 +148,6 @@ absl::Status FitGemm(const std::vector<v1::ProfileSample>& samples, Calibration*
       overhead = fastest;
     }
   } else {
-    double fastest = std::numeric_limits<double>::infinity();
-    for (const auto& [mnk, ts] : shapes) fastest = std::min(fastest, Median(ts));
     overhead = 0.5 * fastest;
     out->warnings.push_back(
         Cat("gemm: no 1x1x1 launch probe; launch overhead taken as half the fastest GEMM (",

@@ -832,10 +832,9 @@ namespace {
 using ::testing::Contains;
 using ::testing::HasSubstr;
 
-TEST(CalibrateContextTest, InContextSamplesBecomeContextFitsThePlannerUses) {
-  const planner::ClusterProfile ref = Reference();
-  std::vector<v1::ProfileSample> samples = Samples(ref);
-  // The same collectives measured after a 20 ms compute phase, 30 % slower.
+// `samples` and, for every collective, the same measured after a 20 ms compute
+// phase, 30 % slower.
+std::vector<v1::ProfileSample> WithInContextTwins(std::vector<v1::ProfileSample> samples) {
   const size_t n = samples.size();
   for (size_t i = 0; i < n; ++i) {
     if (samples[i].op_case() != v1::ProfileSample::kCollective) continue;
@@ -844,6 +843,12 @@ TEST(CalibrateContextTest, InContextSamplesBecomeContextFitsThePlannerUses) {
     s.mutable_collective()->set_context_us(20000.0);
     samples.push_back(std::move(s));
   }
+  return samples;
+}
+
+TEST(CalibrateContextTest, InContextSamplesBecomeContextFitsThePlannerUses) {
+  const planner::ClusterProfile ref = Reference();
+  std::vector<v1::ProfileSample> samples = WithInContextTwins(Samples(ref));
   samples.front().mutable_run()->set_machine("Test CPU x 2 cores");
   for (v1::ProfileSample& s : samples) *s.mutable_run() = samples.front().run();
   absl::StatusOr<Calibration> c = Calibrate(samples, Options());
@@ -879,15 +884,7 @@ TEST(CalibrateContextTest, InContextSamplesBecomeContextFitsThePlannerUses) {
 // isolated ones are profile-check's reference.
 TEST(CalibrateContextTest, IsolatedAndInContextStayApartOverRounds) {
   const planner::ClusterProfile ref = Reference();
-  std::vector<v1::ProfileSample> one = Samples(ref);
-  const size_t n = one.size();
-  for (size_t i = 0; i < n; ++i) {
-    if (one[i].op_case() != v1::ProfileSample::kCollective) continue;
-    v1::ProfileSample s = one[i];
-    s.set_median_us(s.median_us() * 1.3);
-    s.mutable_collective()->set_context_us(20000.0);
-    one.push_back(std::move(s));
-  }
+  std::vector<v1::ProfileSample> one = WithInContextTwins(Samples(ref));
   std::vector<v1::ProfileSample> rounds;
   for (int r : {0, 1, 2}) {
     for (v1::ProfileSample s : one) {
@@ -895,10 +892,12 @@ TEST(CalibrateContextTest, IsolatedAndInContextStayApartOverRounds) {
       rounds.push_back(std::move(s));
     }
   }
-  for (const auto* samples : {&one, &rounds}) {
+  for (const std::vector<v1::ProfileSample>* samples : {&one, &rounds}) {
     absl::StatusOr<Calibration> c = Calibrate(*samples, Options());
     ASSERT_TRUE(c.ok()) << c.status();
-    if (samples == &rounds) EXPECT_EQ(c->points, static_cast<int>(one.size()));
+    if (samples == &rounds) {
+      EXPECT_EQ(c->points, static_cast<int>(one.size()));
+    }
     const v1::ClusterProfile& p = c->profile;
     ASSERT_EQ(p.context().collectives_size(), static_cast<int>(ref.collectives.size()));
     const planner::CostModel in_context = Model(*proto::ProfileFromProto(p));
