@@ -116,10 +116,11 @@ struct ValidateArgs {
   int ranks = 0;        // 0: the profile's nodes x gpus_per_node
   // Shell text run before moeplan-exec; {ranks} is replaced.
   std::string launcher = "mpirun -np {ranks}";
-  std::string exec;  // moeplan-exec; empty: next to this binary, else PATH
+  std::string exec;             // moeplan-exec; empty: next to this binary, else PATH
   std::string backend = "mpi";  // moeplan-exec --backend: mpi (CPU) or nccl (GPU)
   int iters = 5;
   int warmup = 2;
+  double skew = 0.0;  // moeplan-exec --skew (Zipf exponent of the gate bias)
   std::string out_dir = "validation";
   bool json = false;
   double holdout = 0.0;  // fraction of each layout's configs held out; 0: no split

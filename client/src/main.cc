@@ -249,6 +249,12 @@ CLI::App* AddValidate(CLI::App* app, ValidateArgs* a) {
       ->check(CLI::IsMember({"mpi", "nccl"}))
       ->capture_default_str();
   validate->add_option("--iters", a->iters, "Timed iterations per schedule")->capture_default_str();
+  validate
+      ->add_option("--skew", a->skew,
+                   "moeplan-exec --skew: bias every config's gate by a Zipf law of this exponent "
+                   "(0: none); dropless configs are predicted at their measured heaviest-rank load")
+      ->check(CLI::Range(0.0, 16.0))
+      ->capture_default_str();
   validate->add_option("--warmup", a->warmup, "Untimed iterations first")->capture_default_str();
   validate
       ->add_option("--out-dir", a->out_dir, "Directory for report.md, plot.png and the runs' files")

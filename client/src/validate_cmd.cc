@@ -64,6 +64,11 @@ std::string LastLine(const std::string& path) {
 
 bool HaveGnuplot() { return std::system("command -v gnuplot >/dev/null 2>&1") == 0; }
 
+// moeplan-exec's --skew, when asked for.
+std::string SkewFlag(const ValidateArgs& a) {
+  return a.skew > 0.0 ? fmt::format(" --skew {:g}", a.skew) : std::string();
+}
+
 // Where and how the configs run, once the arguments are checked.
 struct Setup {
   fs::path dir;          // --out-dir, with configs/, exec/ and logs/ in it
@@ -173,10 +178,10 @@ absl::StatusOr<ConfigRun> RunConfig(const ValidateArgs& a, const Setup& setup,
     return Predict(name, report, profile, planner);
   }
   const std::string command = fmt::format(
-      "{} {} --layer {} --backend {} --schedule all --json --iters {} --warmup {} "
+      "{} {} --layer {} --backend {} --schedule all --json --iters {} --warmup {}{} "
       "--profile {} 2>{}",
       setup.launcher, ShellQuote(setup.exec), ShellQuote(config_file), a.backend, a.iters, a.warmup,
-      ShellQuote(a.profile), ShellQuote(log_file));
+      SkewFlag(a), ShellQuote(a.profile), ShellQuote(log_file));
   fmt::print(stderr, "moeplan validate: [{}/{}] {}\n", i + 1, configs.size(), name);
   MOEPLAN_ASSIGN_OR_RETURN(Ran ran, RunCommand(command));
   v1::ExecReport report;
@@ -217,8 +222,8 @@ absl::StatusOr<Written> WriteReport(const ValidateArgs& a, const Setup& setup,
   calibration::ReportContext ctx;
   if (a.from_runs.empty()) {
     ctx.command = fmt::format(
-        "{} {} --layer CONFIG --backend {} --schedule all --json --iters {} --warmup {}",
-        setup.launcher, setup.exec, a.backend, a.iters, a.warmup);
+        "{} {} --layer CONFIG --backend {} --schedule all --json --iters {} --warmup {}{}",
+        setup.launcher, setup.exec, a.backend, a.iters, a.warmup, SkewFlag(a));
   } else {
     ctx.from_runs = a.from_runs;
   }

@@ -7,6 +7,12 @@
 //   default: order -> disp [E][T][M] = [W][El][T][M] -> AlltoAll -> expert input
 //            [W][El][T][M] (G = W groups of R = T rows) -> partial output ->
 //            ESP-AllReduce -> AlltoAll -> comb [E][T][M] -> i-order.
+//   dropless (default schedule only): every routed choice is kept. The
+//            dispatch buffer is compact, [k*S][M] with expert e's rows from its
+//            offset on (order / i-order see row i as slot i % S of "expert"
+//            i / S); the EP ranks exchange their per-expert counts, then an
+//            AlltoAllv; the expert input is [W][El][rows(w, l)][M], packed, and
+//            each (peer, local expert) block is one GEMM of its own row count.
 //   S1:      the rank's S/N tokens, capacity T1 per rank; after the AlltoAll the
 //            ESP-AllGather gives [N][W][El][T1][M] (G = N*W); ESP-ReduceScatter
 //            brings back the rank's own block.
@@ -96,10 +102,13 @@ absl::Status ValidateWorld(const planner::LayerConfig& layer, int world_size) {
 
 absl::Status ValidateForExecutor(const planner::LayerConfig& layer, Schedule schedule,
                                  int world_size) {
-  if (layer.dropless) {
-    return absl::InvalidArgumentError(
-        "dropless: the executor pads every expert's buffer to capacity; dropless routing "
-        "(an irregular AlltoAll) is planned but not executable yet: set dropless to false");
+  if (layer.dropless && schedule != Schedule::kDefault) {
+    return absl::InvalidArgumentError(Cat(
+        "dropless: the executor runs dropless layers (an irregular AlltoAll) under the default "
+        "schedule only; ",
+        planner::ScheduleName(schedule),
+        "'s ESP gathers of uneven blocks are planned but not executable: use --schedule default "
+        "or set dropless to false"));
   }
   // esp | mp, which the default schedule needs, is ValidateLayer's.
   return ValidateWorld(layer, world_size);
@@ -218,7 +227,13 @@ class MoeLayerRunner::Impl final : public OpRecorder {
     MOEPLAN_ASSIGN_OR_RETURN(*b, DeviceBuffer::Make(dev_, bytes));
     return absl::OkStatus();
   }
-  absl::Status AllocateBuffers();
+  // The token side (inputs, gate, dispatch buffers, weights) and the expert
+  // side (expert inputs, outputs and activations), separately: a dropless
+  // layer knows the expert side's rows only once the tokens are routed.
+  absl::Status AllocateBuffers(bool token_side, bool expert_side);
+  // Adds up one call's buffers, refuses them over the memory limit (with
+  // `before` bytes already allocated), then allocates them; returns their bytes.
+  absl::StatusOr<size_t> AllocateChecked(bool token_side, bool expert_side, size_t before);
   absl::Status AlltoAll(std::string_view name, Phase ph, const void* send, void* recv,
                         int64_t per_peer) {
     return Coll(
@@ -245,6 +260,30 @@ class MoeLayerRunner::Impl final : public OpRecorder {
         name, ph, c, [&] { return c->StartAllReduce(buf, buf, static_cast<size_t>(count), t); },
         [] { return absl::OkStatus(); });
   }
+
+  // The default schedule's EP exchange, to the experts or back: padded, an
+  // AlltoAll of the capacity blocks; dropless, an AlltoAllv of this
+  // iteration's counts (back: the same blocks, reversed).
+  absl::Status EpExchange(std::string_view name, Phase ph, const void* send, void* recv,
+                          bool to_experts);
+
+  // ---- dropless ----
+  // The routing on the host: counts per expert, offsets, compact slots (uploaded).
+  absl::Status CountRoutes();
+  // fwd.ep_alltoall_counts, then the exchange's sizes from the counts.
+  absl::Status ExchangeCounts();
+  absl::Status SizeExchange();
+  // The order kernels' view of the routing: dropless, k*S compact rows.
+  const RouteBuffers& OrderRoute() const { return dropless_ ? flat_ : route_; }
+  // Elements of the expert input (what the ESP AllReduce sums).
+  int64_t ExpertTokenElements() const {
+    return dropless_ ? recv_rows_ * M_ : xshape_.TokenElements();
+  }
+  // The expert FFN shard on uneven blocks: block (w, l) is peer_count_[w*El+l]
+  // rows from block_off_, local expert l's weights; one GEMM per block.
+  absl::Status RaggedExpertForward();
+  absl::Status RaggedExpertBackwardData();
+  absl::Status RaggedExpertBackwardWeights();
 
   absl::Status ExpertForward();
   absl::Status ExpertBackward();
@@ -309,6 +348,21 @@ class MoeLayerRunner::Impl final : public OpRecorder {
   DeviceBuffer disp_, ddisp_, comb_, dcomb_;
   DeviceBuffer part_, dpart_, recv_, drecv_, back_, dback_, stage_;
   RouteBuffers route_;
+  // Dropless: the routing seen as k "experts" of S slots each, so that the
+  // choice at compact row i is slot i % S of expert i / S: the order kernels
+  // then fill the [k*S][M] buffer expert by expert. And the irregular
+  // exchange's sizes (host vectors sized once, reused).
+  bool dropless_ = false;
+  DeviceBuffer flat_expert_, flat_slot_;
+  RouteBuffers flat_;
+  std::vector<int32_t> host_expert_, host_slot_, host_flat_expert_, host_flat_;  // [S x k]
+  std::vector<int64_t> count_;       // [E] choices routed to each expert here
+  std::vector<int64_t> expert_off_;  // [E] the expert's first row in the compact buffer
+  std::vector<int64_t> peer_count_;  // [W x El] rows peer w sends for local expert l
+  std::vector<int64_t> block_off_;   // [W x El] their first row in the expert input
+  std::vector<size_t> send_n_, send_off_, recv_n_, recv_off_;  // [W] AlltoAllv, elements
+  int64_t recv_rows_ = 0;                                      // rows received this iteration
+  int64_t recv_cap_ = 0;                                       // rows the expert-side buffers hold
 
   std::vector<Rec> recs_;
   size_t nrec_ = 0;
@@ -380,30 +434,86 @@ absl::Status MoeLayerRunner::Impl::Init() {
       groups = int64_t{N_} * W_;
       break;
   }
+  dropless_ = layer_.dropless;  // default schedule only (ValidateForExecutor)
+  if (dropless_) {
+    // No capacity: an expert gets a token at most once, so capacity S keeps
+    // every choice; the buffer holds exactly the k*S routed rows.
+    route_cap_ = S_;
+    bshape_.experts = K_;
+    bshape_.capacity = S_;
+    const size_t n = static_cast<size_t>(S_ * K_);
+    for (std::vector<int32_t>* v : {&host_expert_, &host_slot_, &host_flat_expert_, &host_flat_}) {
+      v->resize(n);
+    }
+    for (std::vector<int64_t>* v : {&count_, &expert_off_, &peer_count_, &block_off_}) {
+      v->assign(static_cast<size_t>(E_), 0);
+    }
+    for (std::vector<size_t>* v : {&send_n_, &send_off_, &recv_n_, &recv_off_}) {
+      v->assign(static_cast<size_t>(W_), 0);
+    }
+  }
   bshape_.tokens = gated_;
   part_rows_ = bshape_.capacity / bshape_.parts;
   xshape_.groups = groups;
   xshape_.rows = part_rows_;
 
+  if (!dropless_) {
+    MOEPLAN_RETURN_IF_ERROR(AllocateChecked(true, true, 0).status());
+    return FillInputs();
+  }
+  // Routing is a pure function of the seeded inputs, the same every
+  // iteration: one untimed gate pass and count exchange size the expert side.
+  absl::StatusOr<size_t> token_bytes = AllocateChecked(true, false, 0);
+  absl::Status routed = token_bytes.status();
+  if (routed.ok()) routed = FillInputs();
+  if (routed.ok()) routed = GateForward(x_.data());
+  if (routed.ok()) routed = CountRoutes();
+  // Every rank takes part in the exchange whatever happened above, so that
+  // none is left waiting in it; the errors are returned after.
+  if (!routed.ok()) std::fill(count_.begin(), count_.end(), 0);
+  const absl::Status exchanged = ep_->ExchangeCounts(count_, absl::MakeSpan(peer_count_));
+  MOEPLAN_RETURN_IF_ERROR(routed);
+  MOEPLAN_RETURN_IF_ERROR(exchanged);
+  recv_cap_ = -1;  // not sized yet: SizeExchange accepts any row count
+  MOEPLAN_RETURN_IF_ERROR(SizeExchange());
+  recv_cap_ = recv_rows_;
+  return AllocateChecked(false, true, *token_bytes).status();
+}
+
+absl::StatusOr<size_t> MoeLayerRunner::Impl::AllocateChecked(bool token_side, bool expert_side,
+                                                             size_t before) {
   estimate_.emplace();
-  MOEPLAN_RETURN_IF_ERROR(AllocateBuffers());
+  MOEPLAN_RETURN_IF_ERROR(AllocateBuffers(token_side, expert_side));
   const Estimate need = *estimate_;
   estimate_.reset();
-  if (opt_.memory_limit_bytes > 0 && need.total > opt_.memory_limit_bytes) {
+  const size_t total = before + need.total;
+  if (opt_.memory_limit_bytes > 0 && total > opt_.memory_limit_bytes) {
     constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
     return absl::ResourceExhaustedError(fmt::format(
         "memory: the {} schedule needs {:.2f} GiB per rank, over the {:.2f} GiB it may use ({}); "
         "the largest tensor is {} ({:.2f} GiB): lower batch_size * seq_len, model_dim, "
-        "hidden_dim, num_experts or capacity_factor, or use more ranks",
-        planner::ScheduleName(opt_.schedule), need.total / kGiB,
-        opt_.memory_limit_bytes / kGiB, opt_.memory_limit_source, need.largest_name,
-        need.largest / kGiB));
+        "hidden_dim, num_experts or capacity_factor{}, or use more ranks",
+        planner::ScheduleName(opt_.schedule), total / kGiB, opt_.memory_limit_bytes / kGiB,
+        opt_.memory_limit_source, need.largest_name, need.largest / kGiB,
+        dropless_ ? " (dropless: the heaviest rank's routed rows)" : ""));
   }
-  MOEPLAN_RETURN_IF_ERROR(AllocateBuffers());
-  return FillInputs();
+  MOEPLAN_RETURN_IF_ERROR(AllocateBuffers(token_side, expert_side));
+  return need.total;
 }
 
-absl::Status MoeLayerRunner::Impl::AllocateBuffers() {
+absl::Status MoeLayerRunner::Impl::AllocateBuffers(bool token_side, bool expert_side) {
+  if (expert_side) {
+    const int64_t tokens = dropless_ ? recv_cap_ * M_ : xshape_.TokenElements();
+    const int64_t hidden = dropless_ ? recv_cap_ * Hs_ : xshape_.HiddenElements();
+    for (DeviceBuffer* b : {&z_, &a_, &dz_}) {
+      MOEPLAN_RETURN_IF_ERROR(
+          Alloc(b, hidden, es_, "an expert hidden activation [E/ep x rows x H/esp]"));
+    }
+    for (DeviceBuffer* b : {&ein_, &eout_, &dein_, &deout_}) {
+      MOEPLAN_RETURN_IF_ERROR(Alloc(b, tokens, es_, "an expert input/output [E/ep x rows x M]"));
+    }
+  }
+  if (!token_side) return absl::OkStatus();
   const int64_t tok = S_ * M_;
   const int64_t buf = bshape_.BufferElements();  // E * T * M
   const int64_t part = E_ * part_rows_ * M_;     // what one rank dispatches
@@ -436,20 +546,18 @@ absl::Status MoeLayerRunner::Impl::AllocateBuffers() {
                         weight_.as<float>()};
 
   for (DeviceBuffer* b : {&w1_, &w2_, &dw1_, &dw2_}) {
-    MOEPLAN_RETURN_IF_ERROR(Alloc(b, xshape_.WeightElements(), es_,
-                                  "an expert weight shard [E/ep x M x H/esp]"));
-  }
-  for (DeviceBuffer* b : {&z_, &a_, &dz_}) {
-    MOEPLAN_RETURN_IF_ERROR(Alloc(b, xshape_.HiddenElements(), es_,
-                                  "an expert hidden activation [E/ep x rows x H/esp]"));
-  }
-  for (DeviceBuffer* b : {&ein_, &eout_, &dein_, &deout_}) {
     MOEPLAN_RETURN_IF_ERROR(
-        Alloc(b, xshape_.TokenElements(), es_, "an expert input/output [E/ep x rows x M]"));
+        Alloc(b, xshape_.WeightElements(), es_, "an expert weight shard [E/ep x M x H/esp]"));
+  }
+  if (dropless_) {
+    for (DeviceBuffer* b : {&flat_expert_, &flat_slot_}) {
+      MOEPLAN_RETURN_IF_ERROR(Alloc(b, gated_ * K_, 4, "the compact routing table [S x k]"));
+    }
+    flat_ = RouteBuffers{probs_.as<float>(), flat_expert_.as<int32_t>(), flat_slot_.as<int32_t>(),
+                         weight_.as<float>()};
   }
   for (DeviceBuffer* b : {&disp_, &ddisp_, &comb_, &dcomb_}) {
-    MOEPLAN_RETURN_IF_ERROR(
-        Alloc(b, buf, es_, "a dispatch/combine buffer [E x capacity x M]"));
+    MOEPLAN_RETURN_IF_ERROR(Alloc(b, buf, es_, "a dispatch/combine buffer [E x capacity x M]"));
   }
   if (opt_.schedule != Schedule::kDefault) {
     // S1: AlltoAll results before the gather / after the scatter; S2: the
@@ -524,8 +632,7 @@ absl::Status MoeLayerRunner::Impl::GateForward(const void* x) {
                                    0.0f, logits_.data(), E_, DType::kF32));
   if (opt_.skew_exponent > 0.0) {
     MOEPLAN_RETURN_IF_ERROR(k_->Gemm(false, false, gated_, E_, 1, 1.0f, ones_.data(), 1,
-                                     skew_bias_.data(), E_, 1.0f, logits_.data(), E_,
-                                     DType::kF32));
+                                     skew_bias_.data(), E_, 1.0f, logits_.data(), E_, DType::kF32));
   }
   return k_->Route(logits_.as<float>(), gated_, E_, K_, route_cap_, route_);
 }
@@ -553,6 +660,7 @@ absl::Status MoeLayerRunner::Impl::GateBackward(void* dx) {
 // fwd.expert on the expert input buffer, the same in every schedule.
 absl::Status MoeLayerRunner::Impl::ExpertForward() {
   return Compute("fwd.expert", F, [&] {
+    if (dropless_) return RaggedExpertForward();
     return k_->ExpertForward(xshape_, ein_.data(), w1_.data(), w2_.data(), z_.data(), a_.data(),
                              eout_.data());
   });
@@ -562,47 +670,193 @@ absl::Status MoeLayerRunner::Impl::ExpertForward() {
 // except for the default's duplicated tokens).
 absl::Status MoeLayerRunner::Impl::ExpertBackward() {
   MOEPLAN_RETURN_IF_ERROR(Compute("bwd.expert_dx", B, [&] {
+    if (dropless_) return RaggedExpertBackwardData();
     return k_->ExpertBackwardData(xshape_, deout_.data(), w1_.data(), w2_.data(), z_.data(),
                                   dz_.data(), dein_.data());
   }));
   return Compute("bwd.expert_dw", B, [&] {
+    if (dropless_) return RaggedExpertBackwardWeights();
     return k_->ExpertBackwardWeights(xshape_, ein_.data(), a_.data(), deout_.data(), dz_.data(),
                                      dw_scale_, dw1_.data(), dw2_.data());
   });
 }
 
-// ---- default ----
+// ---- dropless ----
+absl::Status MoeLayerRunner::Impl::CountRoutes() {
+  const size_t n = host_expert_.size();
+  MOEPLAN_RETURN_IF_ERROR(dev_->Download(host_expert_.data(), expert_.data(), n * 4));
+  MOEPLAN_RETURN_IF_ERROR(dev_->Download(host_slot_.data(), slot_.data(), n * 4));
+  std::fill(count_.begin(), count_.end(), 0);
+  for (const int32_t e : host_expert_) {
+    if (e < 0 || e >= E_) {
+      return absl::InternalError(Cat("dropless: the gate chose expert ", e, " of ", E_));
+    }
+    ++count_[static_cast<size_t>(e)];
+  }
+  int64_t row = 0;
+  for (size_t e = 0; e < count_.size(); ++e) {
+    expert_off_[e] = row;
+    row += count_[e];
+  }
+  for (size_t i = 0; i < n; ++i) {
+    if (host_slot_[i] < 0) {
+      return absl::InternalError("dropless: the gate dropped a choice at capacity S");
+    }
+    const int64_t row = expert_off_[static_cast<size_t>(host_expert_[i])] + host_slot_[i];
+    host_flat_expert_[i] = static_cast<int32_t>(row / S_);
+    host_flat_[i] = static_cast<int32_t>(row % S_);
+  }
+  MOEPLAN_RETURN_IF_ERROR(dev_->Upload(flat_expert_.data(), host_flat_expert_.data(), n * 4));
+  return dev_->Upload(flat_slot_.data(), host_flat_.data(), n * 4);
+}
+
+absl::Status MoeLayerRunner::Impl::ExchangeCounts() {
+  if (ep_->size() == 1) {  // the planner has no op for a group of one rank
+    std::copy(count_.begin(), count_.end(), peer_count_.begin());
+    return SizeExchange();
+  }
+  const size_t rec = Reserve("fwd.ep_alltoall_counts", -1, F, OpKind::kComm);
+  MOEPLAN_ASSIGN_OR_RETURN(recs_[rec].begin, dev_->Record(kComputeLane));
+  MOEPLAN_RETURN_IF_ERROR(ep_->ExchangeCounts(count_, absl::MakeSpan(peer_count_)));
+  MOEPLAN_ASSIGN_OR_RETURN(recs_[rec].end, dev_->Record(kComputeLane));
+  return SizeExchange();
+}
+
+absl::Status MoeLayerRunner::Impl::SizeExchange() {
+  int64_t received = 0;
+  for (int64_t w = 0; w < W_; ++w) {
+    const size_t pw = static_cast<size_t>(w), first = static_cast<size_t>(w * El_);
+    int64_t sent = 0, from_w = 0;
+    for (size_t b = first; b < first + static_cast<size_t>(El_); ++b) {
+      sent += count_[b];
+      block_off_[b] = received + from_w;
+      from_w += peer_count_[b];
+    }
+    send_n_[pw] = static_cast<size_t>(sent * M_);
+    send_off_[pw] = static_cast<size_t>(expert_off_[first] * M_);
+    recv_n_[pw] = static_cast<size_t>(from_w * M_);
+    recv_off_[pw] = static_cast<size_t>(received * M_);
+    received += from_w;
+  }
+  recv_rows_ = received;
+  if (recv_cap_ >= 0 && received > recv_cap_) {
+    return absl::InternalError(Cat("dropless: ", received, " rows routed to this rank, over the ",
+                                   recv_cap_, " sized at start (the routing changed)"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status MoeLayerRunner::Impl::RaggedExpertForward() {
+  for (int64_t w = 0; w < W_; ++w) {
+    for (int64_t l = 0; l < El_; ++l) {
+      const size_t b = static_cast<size_t>(w * El_ + l);
+      const int64_t r = peer_count_[b], o = block_off_[b];
+      if (r == 0) continue;
+      void* z = At(z_, o * Hs_);
+      void* a = At(a_, o * Hs_);
+      MOEPLAN_RETURN_IF_ERROR(k_->Gemm(false, false, r, Hs_, M_, 1.0f, At(ein_, o * M_), M_,
+                                       At(w1_, l * M_ * Hs_), Hs_, 0.0f, z, Hs_, dt_));
+      MOEPLAN_RETURN_IF_ERROR(k_->Activation(z, a, r * Hs_, dt_));
+      MOEPLAN_RETURN_IF_ERROR(k_->Gemm(false, false, r, M_, Hs_, 1.0f, a, Hs_,
+                                       At(w2_, l * Hs_ * M_), M_, 0.0f, At(eout_, o * M_), M_,
+                                       dt_));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status MoeLayerRunner::Impl::RaggedExpertBackwardData() {
+  for (int64_t w = 0; w < W_; ++w) {
+    for (int64_t l = 0; l < El_; ++l) {
+      const size_t b = static_cast<size_t>(w * El_ + l);
+      const int64_t r = peer_count_[b], o = block_off_[b];
+      if (r == 0) continue;
+      void* dz = At(dz_, o * Hs_);
+      MOEPLAN_RETURN_IF_ERROR(k_->Gemm(false, true, r, Hs_, M_, 1.0f, At(deout_, o * M_), M_,
+                                       At(w2_, l * Hs_ * M_), M_, 0.0f, dz, Hs_, dt_));
+      MOEPLAN_RETURN_IF_ERROR(k_->ActivationBackward(At(z_, o * Hs_), dz, r * Hs_, dt_));
+      MOEPLAN_RETURN_IF_ERROR(k_->Gemm(false, true, r, M_, Hs_, 1.0f, dz, Hs_,
+                                       At(w1_, l * M_ * Hs_), Hs_, 0.0f, At(dein_, o * M_), M_,
+                                       dt_));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// dW2[l] = scale * sum over peers of a^T dout, dW1[l] = scale * sum of x^T dz:
+// the first block with rows overwrites, later ones add; no rows at all, zero.
+absl::Status MoeLayerRunner::Impl::RaggedExpertBackwardWeights() {
+  for (int64_t l = 0; l < El_; ++l) {
+    void* dw1 = At(dw1_, l * M_ * Hs_);
+    void* dw2 = At(dw2_, l * Hs_ * M_);
+    float beta = 0.0f;
+    for (int64_t w = 0; w < W_; ++w) {
+      const size_t b = static_cast<size_t>(w * El_ + l);
+      const int64_t r = peer_count_[b], o = block_off_[b];
+      if (r == 0) continue;
+      MOEPLAN_RETURN_IF_ERROR(k_->Gemm(true, false, Hs_, M_, r, dw_scale_, At(a_, o * Hs_), Hs_,
+                                       At(deout_, o * M_), M_, beta, dw2, M_, dt_));
+      MOEPLAN_RETURN_IF_ERROR(k_->Gemm(true, false, M_, Hs_, r, dw_scale_, At(ein_, o * M_), M_,
+                                       At(dz_, o * Hs_), Hs_, beta, dw1, Hs_, dt_));
+      beta = 1.0f;
+    }
+    if (beta == 0.0f) {
+      const size_t bytes = static_cast<size_t>(M_ * Hs_) * es_;
+      MOEPLAN_RETURN_IF_ERROR(dev_->Zero(dw1, bytes, kComputeLane));
+      MOEPLAN_RETURN_IF_ERROR(dev_->Zero(dw2, bytes, kComputeLane));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// ---- default (padded or dropless) ----
+absl::Status MoeLayerRunner::Impl::EpExchange(std::string_view name, Phase ph, const void* send,
+                                              void* recv, bool to_experts) {
+  if (!dropless_) return AlltoAll(name, ph, send, recv, El_ * part_rows_ * M_);
+  const size_t* sn = (to_experts ? send_n_ : recv_n_).data();
+  const size_t* so = (to_experts ? send_off_ : recv_off_).data();
+  const size_t* rn = (to_experts ? recv_n_ : send_n_).data();
+  const size_t* ro = (to_experts ? recv_off_ : send_off_).data();
+  return Coll(
+      name, ph, ep_.get(), [&] { return ep_->StartAlltoAllv(send, sn, so, recv, rn, ro, dt_); },
+      [&] {
+        return Copy(static_cast<char*>(recv) + ro[0] * es_,
+                    static_cast<const char*>(send) + so[0] * es_, static_cast<int64_t>(sn[0]));
+      });
+}
+
 absl::Status MoeLayerRunner::Impl::ForwardDefault() {
-  const int64_t per_peer = El_ * part_rows_ * M_;
   MOEPLAN_RETURN_IF_ERROR(Compute("fwd.gate", F, [&] { return GateForward(x_.data()); }));
+  MOEPLAN_RETURN_IF_ERROR(Compute("fwd.order", F, [&] {
+    if (dropless_) MOEPLAN_RETURN_IF_ERROR(CountRoutes());
+    return k_->Order(x_.data(), OrderRoute(), bshape_, disp_.data());
+  }));
+  if (dropless_) MOEPLAN_RETURN_IF_ERROR(ExchangeCounts());
   MOEPLAN_RETURN_IF_ERROR(
-      Compute("fwd.order", F, [&] { return k_->Order(x_.data(), route_, bshape_, disp_.data()); }));
-  MOEPLAN_RETURN_IF_ERROR(
-      AlltoAll("fwd.ep_alltoall_dispatch", F, disp_.data(), ein_.data(), per_peer));
+      EpExchange("fwd.ep_alltoall_dispatch", F, disp_.data(), ein_.data(), /*to_experts=*/true));
   MOEPLAN_RETURN_IF_ERROR(ExpertForward());
   MOEPLAN_RETURN_IF_ERROR(AllReduceInPlace("fwd.esp_allreduce", F, esp_.get(), eout_.data(),
-                                           xshape_.TokenElements(), dt_));
+                                           ExpertTokenElements(), dt_));
   MOEPLAN_RETURN_IF_ERROR(
-      AlltoAll("fwd.ep_alltoall_combine", F, eout_.data(), comb_.data(), per_peer));
+      EpExchange("fwd.ep_alltoall_combine", F, eout_.data(), comb_.data(), /*to_experts=*/false));
   return Compute("fwd.iorder", F,
-                 [&] { return k_->IOrder(comb_.data(), route_, bshape_, y_.data()); });
+                 [&] { return k_->IOrder(comb_.data(), OrderRoute(), bshape_, y_.data()); });
 }
 
 absl::Status MoeLayerRunner::Impl::BackwardDefault() {
-  const int64_t per_peer = El_ * part_rows_ * M_;
   MOEPLAN_RETURN_IF_ERROR(Compute("bwd.iorder", B, [&] {
-    return k_->IOrderBackward(dy_.data(), comb_.data(), route_, bshape_, dcomb_.data(),
+    return k_->IOrderBackward(dy_.data(), comb_.data(), OrderRoute(), bshape_, dcomb_.data(),
                               dweight_.as<float>());
   }));
-  MOEPLAN_RETURN_IF_ERROR(
-      AlltoAll("bwd.ep_alltoall_combine", B, dcomb_.data(), deout_.data(), per_peer));
+  MOEPLAN_RETURN_IF_ERROR(EpExchange("bwd.ep_alltoall_combine", B, dcomb_.data(), deout_.data(),
+                                     /*to_experts=*/true));
   MOEPLAN_RETURN_IF_ERROR(ExpertBackward());
   MOEPLAN_RETURN_IF_ERROR(AllReduceInPlace("bwd.esp_allreduce", B, esp_.get(), dein_.data(),
-                                           xshape_.TokenElements(), dt_));
-  MOEPLAN_RETURN_IF_ERROR(
-      AlltoAll("bwd.ep_alltoall_dispatch", B, dein_.data(), ddisp_.data(), per_peer));
+                                           ExpertTokenElements(), dt_));
+  MOEPLAN_RETURN_IF_ERROR(EpExchange("bwd.ep_alltoall_dispatch", B, dein_.data(), ddisp_.data(),
+                                     /*to_experts=*/false));
   MOEPLAN_RETURN_IF_ERROR(Compute("bwd.order", B, [&] {
-    return k_->OrderBackward(ddisp_.data(), route_, bshape_, dx_.data());
+    return k_->OrderBackward(ddisp_.data(), OrderRoute(), bshape_, dx_.data());
   }));
   return Compute("bwd.gate", B, [&] { return GateBackward(dx_.data()); });
 }

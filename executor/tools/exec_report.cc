@@ -103,10 +103,16 @@ std::string RenderTable(const v1::ExecReport& r) {
     fmt::vformat_to(std::back_inserter(out), format, fmt::make_format_args(args...));
   };
   const v1::LayerConfig& l = r.layer();
-  put("layer {}: B={} L={} M={} H={} E={} k={} f={} | mp={} ep={} esp={} dp={}\n",
+  const std::string routing = l.dropless()
+                                  ? fmt::format("dropless token_skew={:.3g}", l.token_skew())
+                                  : fmt::format("f={}", l.capacity_factor());
+  put("layer {}: B={} L={} M={} H={} E={} k={} {} | mp={} ep={} esp={} dp={}\n",
       l.name().empty() ? "(unnamed)" : l.name(), l.batch_size(), l.seq_len(), l.model_dim(),
-      l.hidden_dim(), l.num_experts(), l.top_k(), l.capacity_factor(), l.parallel().mp(),
-      l.parallel().ep(), l.parallel().esp(), l.parallel().dp());
+      l.hidden_dim(), l.num_experts(), l.top_k(), routing, l.parallel().mp(), l.parallel().ep(),
+      l.parallel().esp(), l.parallel().dp());
+  if (l.dropless()) {
+    put("dropless: predicted at the measured heaviest EP rank's load (token_skew above)\n");
+  }
   put("backend {} ({}), dtype {}, {} ranks on {} host(s), {} iterations after {} warm-up{}\n",
       r.backend(), r.versions(), r.dtype(), r.ranks(), r.hosts(), r.iters(), r.warmup(),
       r.interleaved() ? ", schedules interleaved" : "");

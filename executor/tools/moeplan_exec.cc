@@ -11,9 +11,11 @@
 #include <mpi.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <climits>
 #include <cstdio>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -206,7 +208,7 @@ struct Measured {
   std::vector<ex::OpTime> ops;
   std::vector<IterationTimes> iterations;  // rank 0 only
   ex::LayerResults results;
-  v1::ExecRouting routing;  // the last iteration's, over every rank
+  v1::ExecRouting routing;            // the last iteration's, over every rank
   std::vector<double> local, global;  // TimeIteration's reduce buffers, reused
 };
 
@@ -228,8 +230,8 @@ std::unique_ptr<ex::MoeLayerRunner> CreateRunner(const Args& a, const Setup& s,
     } else {
       const int local = LocalRanks();
       opt.memory_limit_bytes = *free / static_cast<size_t>(local);
-      opt.memory_limit_source =
-          Cat("this host's available memory shared by its ", local, " rank(s); --max-memory-gib sets it");
+      opt.memory_limit_source = Cat("this host's available memory shared by its ", local,
+                                    " rank(s); --max-memory-gib sets it");
     }
   }
   absl::StatusOr<std::unique_ptr<ex::MoeLayerRunner>> runner =
@@ -359,8 +361,26 @@ std::vector<Measured> MeasureAll(const Args& a, const Setup& s, ex::Backend& b) 
   return runs;
 }
 
-// Compares every schedule's results with the default's (collective).
-v1::ExecCheck Check(const Setup& s, const std::vector<Measured>& runs, ex::DType dtype) {
+// The reference of a dropless layer's --check: the same layer padded at
+// capacity_factor E/k, i.e. capacity S, which drops nothing (an expert gets a
+// token at most once), under the default schedule, one iteration (collective).
+ex::LayerResults PaddedReference(const Args& a, const Setup& s, ex::Backend& b) {
+  Setup padded = s;
+  padded.layer.dropless = false;
+  padded.layer.token_skew = 1.0;
+  padded.layer.capacity_factor =
+      static_cast<double>(s.layer.num_experts) / static_cast<double>(s.layer.top_k);
+  std::unique_ptr<ex::MoeLayerRunner> runner = CreateRunner(a, padded, p::Schedule::kDefault, b);
+  Warm(*runner);
+  absl::StatusOr<ex::LayerResults> r = runner->Results();
+  if (!r.ok()) Abort(r.status());
+  return *std::move(r);
+}
+
+// Compares every schedule's results with the default's, and a dropless
+// default's with `padded`, the padded default that drops nothing (collective).
+v1::ExecCheck Check(const Setup& s, const std::vector<Measured>& runs,
+                    const ex::LayerResults* padded, ex::DType dtype) {
   v1::ExecCheck ck;
   ck.set_reference(v1::SCHEDULE_DEFAULT);
   ck.set_tolerance(dtype == ex::DType::kF32 ? 1e-4 : 5e-2);
@@ -376,6 +396,38 @@ v1::ExecCheck Check(const Setup& s, const std::vector<Measured>& runs, ex::DType
     if (m.schedule == p::Schedule::kDefault) ref = &m;
   }
   bool passed = true;
+  // One schedule's results against a reference's: routing (experts, and slots
+  // where `slots`), then every tensor within the tolerance.
+  auto compare = [&](p::Schedule schedule, const ex::LayerResults& want,
+                     const ex::LayerResults& got, bool slots, std::string_view note) {
+    v1::TensorCheck routing;
+    routing.set_schedule(ToProto(schedule));
+    routing.set_tensor("routing");
+    const bool same = ex::TrueOnAllRanks(ex::SameRouting(want, got, s.layer.top_k, slots));
+    routing.set_passed(same);
+    if (!same) {
+      routing.set_note(slots ? "experts or slots differ" : "expert choices differ");
+    } else if (!note.empty()) {
+      routing.set_note(std::string(note));
+    }
+    passed = passed && same;
+    *ck.add_tensors() = routing;
+    for (const ex::TensorDiff& d : ex::CompareResults(want, got)) {
+      v1::TensorCheck tc;
+      tc.set_schedule(ToProto(schedule));
+      tc.set_tensor(d.tensor);
+      tc.set_max_abs_diff(ex::MaxOverWorld(d.max_abs_diff));
+      tc.set_max_abs_ref(ex::MaxOverWorld(d.max_abs_ref));
+      tc.set_passed(tc.max_abs_diff() <= ck.tolerance() * tc.max_abs_ref());
+      if (!note.empty()) tc.set_note(std::string(note));
+      passed = passed && tc.passed();
+      *ck.add_tensors() = tc;
+    }
+  };
+  if (padded != nullptr && ref != nullptr) {
+    compare(p::Schedule::kDefault, *padded, ref->results, /*slots=*/true,
+            "dropless against the padded default at capacity_factor E/k (nothing dropped)");
+  }
   for (size_t i = 0; i < runs.size(); ++i) {
     const Measured& m = runs[i];
     if (ref == nullptr || &m == ref) continue;
@@ -399,22 +451,7 @@ v1::ExecCheck Check(const Setup& s, const std::vector<Measured>& runs, ex::DType
     }
     // S2 routes and drops exactly like the default; S1 without drops picks
     // the same experts (its slots differ: capacity per rank).
-    const bool same =
-        ex::TrueOnAllRanks(ex::SameRouting(ref->results, m.results, s.layer.top_k, !s1));
-    routing.set_passed(same);
-    if (!same) routing.set_note(s1 ? "expert choices differ" : "experts or slots differ");
-    passed = passed && same;
-    *ck.add_tensors() = routing;
-    for (const ex::TensorDiff& d : ex::CompareResults(ref->results, m.results)) {
-      v1::TensorCheck tc;
-      tc.set_schedule(ToProto(m.schedule));
-      tc.set_tensor(d.tensor);
-      tc.set_max_abs_diff(ex::MaxOverWorld(d.max_abs_diff));
-      tc.set_max_abs_ref(ex::MaxOverWorld(d.max_abs_ref));
-      tc.set_passed(tc.max_abs_diff() <= ck.tolerance() * tc.max_abs_ref());
-      passed = passed && tc.passed();
-      *ck.add_tensors() = tc;
-    }
+    compare(m.schedule, ref->results, m.results, /*slots=*/!s1, "");
   }
   ck.set_passed(passed);
   return ck;
@@ -430,8 +467,8 @@ int Run(const Args& a) {
   // A profile that does not load is an error of the command line (exit 1),
   // not a missing prediction.
   absl::StatusOr<calibration::LoadedProfile> profile = calibration::LoadProfile(a.profile);
-  absl::StatusOr<p::CostModel> cost =
-      profile.ok() ? p::CostModel::Create(profile->profile) : absl::StatusOr<p::CostModel>(profile.status());
+  absl::StatusOr<p::CostModel> cost = profile.ok() ? p::CostModel::Create(profile->profile)
+                                                   : absl::StatusOr<p::CostModel>(profile.status());
   if (!Agree(cost.ok() ? absl::OkStatus()
                        : absl::Status(cost.status().code(),
                                       Cat("--profile: ", View(cost.status().message()))))
@@ -439,14 +476,16 @@ int Run(const Args& a) {
     return 1;
   }
   v1::PlanLayerResponse predicted;
-  absl::Status predict_status = [&]() -> absl::Status {
+  auto predict = [&]() -> absl::Status {
     p::LayerPlanner planner(*cost);
     v1::PlanLayerRequest request;
     request.set_profile_name(profile->message.name());
     request.set_include_timeline(true);
     for (p::Schedule sch : s.schedules) request.add_schedules(ToProto(sch));
+    predicted.Clear();
     return proto::AnswerPlanLayer(s.layer, request, planner, profile->profile, &predicted);
-  }();
+  };
+  absl::Status predict_status = predict();
   if (s.auto_schedule) {
     if (!Agree(predict_status).ok()) return 1;
     absl::StatusOr<p::Schedule> best = proto::ScheduleFromProto(predicted.best_schedule());
@@ -461,9 +500,24 @@ int Run(const Args& a) {
   if (!Agree(backend.status()).ok()) return 1;
 
   const std::vector<Measured> runs = MeasureAll(a, s, *backend);
+  // Dropless (default schedule only): the reference of --check is the padded
+  // default at a capacity that drops nothing, run after the measurement.
+  std::optional<ex::LayerResults> padded;
+  if (a.check && s.layer.dropless) padded = PaddedReference(a, s, *backend);
+  if (s.layer.dropless && !runs.empty() && runs[0].routing.rank_load_ratio() > 0.0) {
+    // What ran is what is predicted: a dropless layer costs its heaviest EP
+    // rank's load, which is the measured token_skew.
+    s.layer.token_skew = std::max(1.0, runs[0].routing.rank_load_ratio());
+    s.layer_msg.set_token_skew(s.layer.token_skew);
+    predict_status = predict();
+    if (!predict_status.ok() && Rank() == 0) {
+      std::fprintf(stderr, "moeplan-exec: no prediction at the measured token_skew %g: %s\n",
+                   s.layer.token_skew, std::string(View(predict_status.message())).c_str());
+    }
+  }
 
   v1::ExecReport report;
-  if (a.check) *report.mutable_check() = Check(s, runs, s.dtype);
+  if (a.check) *report.mutable_check() = Check(s, runs, padded ? &*padded : nullptr, s.dtype);
   if (Rank() != 0) return report.check().passed() || !a.check ? 0 : 1;
 
   *report.mutable_layer() = s.layer_msg;

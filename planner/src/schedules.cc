@@ -138,6 +138,18 @@ Deps ExpertBackward(Builder& b, const LayerContext& ctx, const Kernels& k, int64
   return ctx.detach_dw ? dx : dw;
 }
 
+// A dropless layer's dispatch is irregular: first every EP rank learns how many
+// rows each peer will send it, an AlltoAll of one int64 count per expert (what
+// dropless MoE systems exchange before their AlltoAllv).
+constexpr std::string_view kCountsOp = "fwd.ep_alltoall_counts";
+constexpr int kCountBytes = 8;
+Deps DroplessCounts(Builder& b, const LayerContext& ctx, Deps x) {
+  const LayerConfig& l = *ctx.layer;
+  if (!l.dropless) return x;
+  return b.Coll(kCountsOp, F, Collective::kAllToAll, ctx.topo.ep,
+                static_cast<double>(kCountBytes) * l.num_experts, x);
+}
+
 Deps SectionDefault(MoeSection sec, const LayerContext& ctx, Builder& b, Deps x) {
   const LayerConfig& l = *ctx.layer;
   const Topology& t = ctx.topo;
@@ -152,6 +164,7 @@ Deps SectionDefault(MoeSection sec, const LayerContext& ctx, Builder& b, Deps x)
       x = b.Compute("fwd.gate", F, Term::kGate, k.GateFwd(s), k.GateBytes(s), x);
       return b.Compute("fwd.order", F, Term::kOrder, k.Scatter(s, cap), k.OrderBytes(s, cap), x);
     case MoeSection::kFwdExchange:
+      x = DroplessCounts(b, ctx, x);
       x = b.AllToAll(kFwdDispatch, F, ctx.a2a, t.ep, q, n, x);
       x = b.Compute("fwd.expert", F, Term::kExpert, k.ExpertFwd(rows), k.ExpertBytes(rows), x);
       x = b.Coll("fwd.esp_allreduce", F, Collective::kAllReduce, t.esp, n, x);
@@ -195,6 +208,7 @@ Deps SectionS1(MoeSection sec, const LayerContext& ctx, Builder& b, Deps x) {
       return b.Compute("fwd.order", F, Term::kOrder, k.Scatter(s1, cap1), k.OrderBytes(s1, cap1),
                        x);
     case MoeSection::kFwdExchange:
+      x = DroplessCounts(b, ctx, x);
       x = b.AllToAll(kFwdDispatch, F, ctx.a2a, t.ep, q, d1 * skew, x);
       x = b.Coll("fwd.esp_allgather", F, Collective::kAllGather, t.esp, d1 * skew, x);
       x = b.Compute("fwd.expert", F, Term::kExpert, k.ExpertFwd(rows), k.ExpertBytes(rows), x);
@@ -247,6 +261,7 @@ Deps SectionS2(MoeSection sec, const LayerContext& ctx, Builder& b, Deps x) {
       x = b.Compute("fwd.order", F, Term::kOrder, k.Scatter(s, cap2), k.OrderBytes(s, cap2), x);
       return b.Compute("fwd.mp_split", F, Term::kSplit, k.Split(dn), 2.0 * dn, x);
     case MoeSection::kFwdExchange:
+      x = DroplessCounts(b, ctx, x);
       // SAA dispatch: EP-AlltoAll(D/N) fused with ESP-AllGather (expert side: skewed).
       x = b.SaaGather("fwd.saa_dispatch.alltoall", "fwd.saa_dispatch.allgather", F, t.ep, q, t.esp,
                       dn * skew, dn * skew / w, x);

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # moeplan-exec as users run it, under mpirun (label "mpi"):
 #   exec_cli_test.sh MOEPLAN_EXEC MOEPLAN_CLI SOURCE_DIR
+# - a dropless layer with a skewed gate: --check against the padded default
+#   that drops nothing, token_skew reported as measured;
 # - --check --json on 4 ranks: exit 0, three schedules, check passed, and every
 #   schedule's measured op names equal `moeplan plan-layer`'s, in order; the
 #   schedules were interleaved and each one's per-iteration totals are reported,
@@ -92,6 +94,39 @@ check(all(x["rank_load_ratio"] < r["rank_load_ratio"] for x in flat["routing"]),
 sys.exit(0 if ok else 1)
 PYEOF
 
+# 1b. A dropless layer with a skewed gate (mp=1, ep=4, top-1: the popular
+# experts' ranks get several times their share): only the default runs, its
+# --check compares it with the padded default that drops nothing, the report
+# spells out the measured heaviest-rank load as the layer's token_skew, and
+# the count exchange is timed under the planner's name.
+sed -e 's/"top_k": 2, "capacity_factor": 4.0/"top_k": 1, "dropless": true/' \
+    -e 's/"mp": 2, "ep": 2, "esp": 2/"mp": 1, "ep": 4, "esp": 1/' "$LAYER" >"$TMP/dl-skew.json"
+if ! timeout 120 mpirun -np 4 "$EXEC" --layer "$TMP/dl-skew.json" --check --json --iters 3 \
+    --warmup 1 --skew 2 >"$TMP/dl.json" 2>"$TMP/dl.err"; then
+  bad "moeplan-exec dropless --check failed: $(cat "$TMP/dl.err")"
+fi
+$PY - "$TMP/dl.json" <<'PYEOF' || fail=1
+import json, sys
+r = json.load(open(sys.argv[1]))
+ok = True
+def check(cond, msg):
+    global ok
+    if not cond:
+        print("FAIL: dropless:", msg, file=sys.stderr); ok = False
+check(r["check"]["passed"], "check did not pass")
+check([c["schedule"] for c in r["candidates"]] == ["SCHEDULE_DEFAULT"], "only the default runs")
+notes = {t.get("note", "") for t in r["check"]["tensors"]}
+check(any("padded default at capacity_factor E/k" in n for n in notes), f"reference not named: {notes}")
+check(len(r["check"]["tensors"]) == 6, "routing and five tensors compared")
+ratio = r["routing"][0]["rank_load_ratio"]
+check(ratio >= 2.0, f"skew 2 on top-1 should load a rank at least 2x (got {ratio})")
+check(abs(r["layer"]["token_skew"] - ratio) < 1e-9, "token_skew is not the measured load")
+check(r["routing"][0].get("dropped_pct", 0) == 0, "dropless dropped tokens")
+names = [o["name"] for o in r["candidates"][0]["ops"]]
+check("fwd.ep_alltoall_counts" in names, f"no count exchange in {names}")
+sys.exit(0 if ok else 1)
+PYEOF
+
 # 2. Bad inputs: every rank exits 1, promptly, one message naming the field.
 expect_error() {  # name, np, pattern, args...
   local name=$1 np=$2 pattern=$3
@@ -114,7 +149,7 @@ expect_error "default needs esp | mp" 4 "parallel.esp: must divide mp" --layer "
 sed 's/"top_k": 2/"top_k": 2, "bogus": 1/' "$LAYER" >"$TMP/unknown.json"
 expect_error "unknown field" 4 "bogus" --layer "$TMP/unknown.json"
 sed 's/"top_k": 2/"top_k": 2, "dropless": true/' "$LAYER" >"$TMP/dropless.json"
-expect_error "dropless" 4 "dropless: the executor pads every expert's buffer" --layer "$TMP/dropless.json"
+expect_error "dropless under s1" 4 "dropless: the executor runs dropless layers (an irregular AlltoAll) under the default schedule only" --layer "$TMP/dropless.json" --schedule s1
 expect_error "missing file" 4 "no-such-file.json" --layer "$TMP/no-such-file.json"
 expect_error "bad schedule" 4 "--schedule: must be" --layer "$LAYER" --schedule s3
 expect_error "bad iters" 4 "--iters: must be >= 1" --layer "$LAYER" --iters 0

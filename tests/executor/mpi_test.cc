@@ -293,13 +293,96 @@ TEST(MpiExecutor, SkewedGateFollowsTheZipfRanking) {
   ExpectSameValues(def, s2, "skew 2");
 }
 
-TEST(MpiExecutor, DroplessLayersAreRefusedWithTheReason) {
+TEST(MpiExecutor, DroplessRunsUnderTheDefaultScheduleOnly) {
   LayerConfig l = Tiny(2, WorldSize() / 2, 2);
   l.dropless = true;
-  const absl::Status st = ValidateForExecutor(l, Schedule::kDefault, WorldSize());
-  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(std::string(st.message()).find("dropless: the executor pads"), std::string::npos)
-      << st;
+  EXPECT_TRUE(ValidateForExecutor(l, Schedule::kDefault, WorldSize()).ok());
+  for (Schedule s : {Schedule::kS1, Schedule::kS2}) {
+    const absl::Status st = ValidateForExecutor(l, s, WorldSize());
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(std::string(st.message()).find("dropless: the executor runs dropless layers"),
+              std::string::npos)
+        << st;
+  }
+}
+
+// A runner's results and its per-expert routing over the world, with a gate skew.
+struct SkewedRun {
+  LayerResults results;
+  std::vector<int64_t> routed;  // [E] over every MP group
+  int64_t dropped = 0;          // choices dropped, over every MP group
+};
+SkewedRun RunSkewed(const LayerConfig& l, double skew) {
+  RunOptions opt;
+  opt.skew_exponent = skew;
+  absl::StatusOr<std::unique_ptr<MoeLayerRunner>> r = MoeLayerRunner::Create(
+      l, opt, g_backend->device.get(), g_backend->kernels.get(), g_backend->world.get());
+  if (!r.ok()) std::abort();  // the other ranks are stuck in Create's collectives anyway
+  for (int i = 0; i < 2; ++i) EXPECT_TRUE((*r)->RunIteration().ok());
+  SkewedRun out;
+  absl::StatusOr<LayerResults> res = (*r)->Results();
+  EXPECT_TRUE(res.ok()) << res.status();
+  if (res.ok()) out.results = *std::move(res);
+  absl::StatusOr<RouteCounts> c = (*r)->Routing();
+  EXPECT_TRUE(c.ok()) << c.status();
+  std::vector<int64_t> local(static_cast<size_t>(l.num_experts) + 1, 0), sum(local.size());
+  if (c.ok() && (*r)->place().mp_rank == 0) {
+    std::copy(c->routed.begin(), c->routed.end(), local.begin());
+    local.back() = c->dropped;
+  }
+  MPI_Allreduce(local.data(), sum.data(), static_cast<int>(sum.size()), MPI_INT64_T, MPI_SUM,
+                MPI_COMM_WORLD);
+  out.dropped = sum.back();
+  sum.pop_back();
+  out.routed = std::move(sum);
+  return out;
+}
+
+// Dropless keeps every choice, so it must compute exactly what the padded
+// default computes at a capacity that drops nothing (f = E/k: T = S), however
+// unevenly the gate routes: the irregular exchange moves uneven blocks (some
+// empty at skew 2), each (peer, expert) block is its own GEMM, and the weight
+// gradients add up over the peers' blocks.
+TEST(MpiExecutor, DroplessComputesWhatPaddedComputesWhenNothingIsDropped) {
+  const int p = WorldSize();
+  for (const Layout& lay : std::vector<Layout>{{2, p / 2, 2}, {1, p, 1}, {2, p, 1}}) {
+    for (double skew : {0.0, 2.0}) {
+      SCOPED_TRACE(testing::Message() << "mp=" << lay.mp << " ep=" << lay.ep << " esp=" << lay.esp
+                                      << " skew=" << skew);
+      LayerConfig padded = Tiny(lay.mp, lay.ep, lay.esp);  // f = 4 = E/k
+      LayerConfig dropless = padded;
+      dropless.dropless = true;
+      dropless.capacity_factor = 0.0;  // unset: dropless has none
+      const SkewedRun want = RunSkewed(padded, skew), got = RunSkewed(dropless, skew);
+      EXPECT_EQ(want.dropped, 0);
+      EXPECT_EQ(got.dropped, 0);
+      EXPECT_EQ(got.routed, want.routed);
+      if (skew > 0.0) {
+        EXPECT_GT(std::count(got.routed.begin(), got.routed.end(), 0), 0)
+            << "at skew 2 some experts should get no token (empty blocks)";
+        EXPECT_GT(*std::max_element(got.routed.begin(), got.routed.end()),
+                  3 * std::accumulate(got.routed.begin(), got.routed.end(), int64_t{0}) /
+                      padded.num_experts)
+            << "the heaviest expert should get over 3x its share";
+      }
+      EXPECT_TRUE(
+          TrueOnAllRanks(SameRouting(want.results, got.results, padded.top_k, /*slots=*/true)));
+      ExpectSameValues(want.results, got.results, "dropless vs padded");
+    }
+  }
+}
+
+// What padding drops, dropless keeps: at f = 1 a skewed gate overflows the
+// popular experts' capacity; dropless routes every choice.
+TEST(MpiExecutor, DroplessKeepsTheChoicesPaddingDrops) {
+  LayerConfig padded = Tiny(1, WorldSize(), 1, /*capacity_factor=*/1.0);
+  LayerConfig dropless = padded;
+  dropless.dropless = true;
+  const SkewedRun cut = RunSkewed(padded, 2.0), kept = RunSkewed(dropless, 2.0);
+  const int64_t choices = padded.batch_size * padded.seq_len * padded.top_k * WorldSize();
+  EXPECT_GT(cut.dropped, choices / 4);
+  EXPECT_EQ(kept.dropped, 0);
+  EXPECT_EQ(std::accumulate(kept.routed.begin(), kept.routed.end(), int64_t{0}), choices);
 }
 
 TEST(MpiExecutor, OpsAreTimedUnderThePlannersNames) {
@@ -333,6 +416,67 @@ TEST(MpiExecutor, OpsAreTimedUnderThePlannersNames) {
       EXPECT_GT(r->total_us(), r->forward_us());
     }
   }
+}
+
+TEST(MpiExecutor, DroplessOpsAreTimedUnderThePlannersNames) {
+  for (const Layout& lay : SharedLayouts()) {
+    SCOPED_TRACE(testing::Message() << "mp=" << lay.mp << " ep=" << lay.ep);
+    LayerConfig l = Tiny(lay.mp, lay.ep, lay.esp);
+    l.dropless = true;
+    std::unique_ptr<MoeLayerRunner> r = MakeRunner(l, Schedule::kDefault);
+    if (r == nullptr) std::abort();
+    ASSERT_TRUE(r->RunIteration().ok());
+    const Schedule one[] = {Schedule::kDefault};
+    absl::StatusOr<planner::LayerPlan> plan =
+        planner::PlanLayer(l, planner::testing::RoundNumberModel(), one);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    const planner::OpGraph& g = plan->candidates[0].graph();
+    std::vector<std::string> planned, measured;
+    for (int i = 0; i < g.size(); ++i) planned.push_back(g.op(i).Name());
+    for (const OpTime& t : r->timings()) measured.push_back(t.name);
+    EXPECT_EQ(measured, planned);
+    const bool counts =
+        std::find(measured.begin(), measured.end(), "fwd.ep_alltoall_counts") != measured.end();
+    EXPECT_EQ(counts, lay.ep > 1) << "the count exchange runs on EP groups of more than one rank";
+  }
+}
+
+// The irregular exchange on its own: rank r sends r + p + 1 values to rank p,
+// at uneven offsets, after exchanging the counts.
+TEST(MpiExecutor, AlltoAllvMovesUnevenBlocksWhereTheCountsSay) {
+  Communicator& c = *g_backend->world;
+  const int n = c.size(), me = c.rank();
+  std::vector<int64_t> send_counts(static_cast<size_t>(n)), recv_counts(send_counts.size());
+  for (int q = 0; q < n; ++q) send_counts[static_cast<size_t>(q)] = me + q + 1;
+  ASSERT_TRUE(c.ExchangeCounts(send_counts, absl::MakeSpan(recv_counts)).ok());
+  for (int q = 0; q < n; ++q) EXPECT_EQ(recv_counts[static_cast<size_t>(q)], q + me + 1);
+  std::vector<size_t> sn(static_cast<size_t>(n)), so(sn.size()), rn(sn.size()), ro(sn.size());
+  size_t sent = 3, got = 5;  // leading gaps: offsets are honoured
+  for (size_t q = 0; q < sn.size(); ++q) {
+    sn[q] = static_cast<size_t>(send_counts[q]);
+    so[q] = sent;
+    sent += sn[q] + 1;
+    rn[q] = static_cast<size_t>(recv_counts[q]);
+    ro[q] = got;
+    got += rn[q] + 2;
+  }
+  std::vector<float> send(sent, -1.0f), recv(got, -7.0f);
+  for (size_t q = 0; q < sn.size(); ++q) {
+    for (size_t i = 0; i < sn[q]; ++i) send[so[q] + i] = static_cast<float>(me * 1000 + q * 10 + i);
+  }
+  absl::StatusOr<Request> r = c.StartAlltoAllv(send.data(), sn.data(), so.data(), recv.data(),
+                                               rn.data(), ro.data(), DType::kF32);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_TRUE(c.Wait(&*r).ok());
+  size_t wrong = 0, untouched = 0;
+  for (size_t q = 0; q < rn.size(); ++q) {
+    for (size_t i = 0; i < rn[q]; ++i) {
+      wrong += recv[ro[q] + i] != static_cast<float>(q * 1000 + static_cast<size_t>(me) * 10 + i);
+    }
+    untouched += recv[ro[q] + rn[q]] == -7.0f;  // the gap after each block is left alone
+  }
+  EXPECT_EQ(wrong, 0u);
+  EXPECT_EQ(untouched, rn.size());
 }
 
 TEST(MpiExecutor, SaaEqualsAlltoAllThenAllGatherElementForElement) {

@@ -788,15 +788,52 @@ TEST(SchedulesTest, DroplessTokenSkewScalesDefaultsAllToAll) {
   l.token_skew = 2.0;
   const SimResult r2 = Simulate(Build(Schedule::kDefault, l));
   // Four AlltoAlls {8,4}: skew 1: 4 * 7*(10 + 1048576/8*0.01) = 4 * 9245.04 = 36980.16;
-  // skew 2: 4 * 7*(10 + 2097152/8*0.01) = 4 * 18420.08 = 73680.32.
-  EXPECT_REL(r1.critical_term_us[int(Term::kAllToAll)], 36980.16);
-  EXPECT_REL(r2.critical_term_us[int(Term::kAllToAll)], 73680.32);
+  // skew 2: 4 * 7*(10 + 2097152/8*0.01) = 4 * 18420.08 = 73680.32; plus, either
+  // way, the count exchange first: 16 experts * 8 bytes, 7*(10 + 128/8*0.01) = 71.12.
+  EXPECT_REL(r1.critical_term_us[int(Term::kAllToAll)], 36980.16 + 71.12);
+  EXPECT_REL(r2.critical_term_us[int(Term::kAllToAll)], 73680.32 + 71.12);
   EXPECT_GT(r2.critical_term_us[int(Term::kExpert)], r1.critical_term_us[int(Term::kExpert)]);
   // Gate and order work on the rank's own tokens: unchanged.
   EXPECT_REL(r2.critical_term_us[int(Term::kGate)], r1.critical_term_us[int(Term::kGate)]);
   EXPECT_REL(r2.critical_term_us[int(Term::kOrder)], r1.critical_term_us[int(Term::kOrder)]);
   EXPECT_GT(r2.makespan_us, r1.makespan_us);
-  EXPECT_EQ(r2.inter_node_bytes, 2 * r1.inter_node_bytes);
+  // The counts' 128 bytes, 6/8 of them off-node, do not scale with the skew.
+  EXPECT_EQ(r2.inter_node_bytes - 96, 2 * (r1.inter_node_bytes - 96));
+}
+
+// A dropless dispatch is irregular: the EP ranks first exchange one int64
+// count per expert, right before it, in every schedule; padded layers and EP
+// groups of one rank have no such op.
+TEST(SchedulesTest, DroplessExchangesCountsBeforeTheDispatch) {
+  for (Schedule s : kAllSchedules) {
+    SCOPED_TRACE(std::string(ScheduleName(s)));
+    LayerConfig l = MakeLayer(4, 8, 4, 8);
+    l.dropless = true;
+    const OpGraph g = Build(s, l);
+    int counts = -1, dispatch = -1;
+    for (int i = 0; i < g.size(); ++i) {
+      const std::string name = g.op(i).Name();
+      if (name == "fwd.ep_alltoall_counts") counts = i;
+      if (dispatch < 0 && (name.rfind("fwd.ep_alltoall_dispatch", 0) == 0 ||
+                           name.rfind("fwd.saa_dispatch.alltoall", 0) == 0)) {
+        dispatch = i;
+      }
+    }
+    ASSERT_GE(counts, 0);
+    EXPECT_EQ(g.op(counts).bytes, 16 * 8);
+    EXPECT_EQ(g.op(counts).kind, OpKind::kComm);
+    EXPECT_EQ(g.op(counts).term, Term::kAllToAll);
+    EXPECT_LT(counts, dispatch);
+    l.dropless = false;
+    const OpGraph padded = Build(s, l);
+    EXPECT_EQ(padded.size(), g.size() - 1);
+    for (int i = 0; i < padded.size(); ++i)
+      EXPECT_NE(padded.op(i).Name(), "fwd.ep_alltoall_counts");
+  }
+  LayerConfig one = MakeLayer(4, 1, 4, 1);  // EP of one rank: nothing to exchange
+  one.dropless = true;
+  const OpGraph g = Build(Schedule::kDefault, one);
+  for (int i = 0; i < g.size(); ++i) EXPECT_NE(g.op(i).Name(), "fwd.ep_alltoall_counts");
 }
 
 TEST(SchedulesTest, DroplessTokenSkewSlowsEverySchedule) {

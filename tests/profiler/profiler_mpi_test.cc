@@ -110,6 +110,14 @@ class Corrupting : public ex::Communicator {
                                             ex::DType t) override {
     return inner_->StartAlltoAll(send, recv, n, t);
   }
+  absl::StatusOr<ex::Request> StartAlltoAllv(const void* send, const size_t* sn, const size_t* so,
+                                             void* recv, const size_t* rn, const size_t* ro,
+                                             ex::DType t) override {
+    return inner_->StartAlltoAllv(send, sn, so, recv, rn, ro, t);
+  }
+  absl::Status ExchangeCounts(absl::Span<const int64_t> send, absl::Span<int64_t> recv) override {
+    return inner_->ExchangeCounts(send, recv);
+  }
   absl::StatusOr<ex::Request> StartSendRecv(const void* send, size_t sn, int dst, void* recv,
                                             size_t rn, int src, ex::DType t) override {
     return inner_->StartSendRecv(send, sn, dst, recv, rn, src, t);

@@ -219,6 +219,53 @@ class NcclCommunicator final : public Communicator {
     return End(*req, kWho);
   }
 
+  absl::StatusOr<Request> StartAlltoAllv(const void* send, const size_t* send_counts,
+                                         const size_t* send_offsets, void* recv,
+                                         const size_t* recv_counts, const size_t* recv_offsets,
+                                         DType t) override {
+    constexpr std::string_view kWho = "NcclCommunicator::StartAlltoAllv";
+    absl::StatusOr<ncclDataType_t> dt = NcclType(t, kWho);
+    if (!dt.ok()) return dt.status();
+    absl::StatusOr<Request> req = Begin(kWho);
+    if (!req.ok()) return req.status();
+    const size_t elt = SizeOf(t);
+    MOEPLAN_NCCL_RETURN_IF_ERROR(nccl_, ncclGroupStart(), kWho);
+    absl::Status status;
+    for (int p = 0; p < size_ && status.ok(); ++p) {
+      const size_t i = static_cast<size_t>(p);
+      if (send_counts[i] > 0) {
+        status = GroupedSend(static_cast<const char*>(send) + send_offsets[i] * elt, send_counts[i],
+                             *dt, p, kWho);
+      }
+      if (status.ok() && recv_counts[i] > 0) {
+        status = GroupedRecv(static_cast<char*>(recv) + recv_offsets[i] * elt, recv_counts[i], *dt,
+                             p, kWho);
+      }
+    }
+    const ncclResult_t end = ncclGroupEnd();
+    if (!status.ok()) return status;
+    if (end != ncclSuccess) return NcclErrorStatus(end, nccl_, "ncclGroupEnd()", std::string(kWho));
+    return End(*req, kWho);
+  }
+
+  // The counts are host values: they go over this communicator's MPI twin.
+  absl::Status ExchangeCounts(absl::Span<const int64_t> send, absl::Span<int64_t> recv) override {
+    constexpr std::string_view kWho = "NcclCommunicator::ExchangeCounts";
+    if (send.size() != recv.size() || send.size() % static_cast<size_t>(size_) != 0) {
+      return Invalid(kWho, Cat("send and recv must hold the same multiple of the group size ",
+                               size_, " (got ", send.size(), " and ", recv.size(), ")"));
+    }
+    const size_t per_peer = send.size() / static_cast<size_t>(size_);
+    if (per_peer > static_cast<size_t>(INT_MAX)) {
+      return Invalid(kWho, Cat(per_peer, " values per peer exceed MPI's int range"));
+    }
+    MOEPLAN_MPI_RETURN_IF_ERROR(
+        MPI_Alltoall(send.data(), static_cast<int>(per_peer), MPI_INT64_T, recv.data(),
+                     static_cast<int>(per_peer), MPI_INT64_T, mpi_),
+        kWho, " (", per_peer, " values per peer)");
+    return absl::OkStatus();
+  }
+
   absl::StatusOr<Request> StartSendRecv(const void* send, size_t send_count, int dst, void* recv,
                                         size_t recv_count, int src, DType t) override {
     constexpr std::string_view kWho = "NcclCommunicator::StartSendRecv";

@@ -115,6 +115,61 @@ class MpiCommunicator final : public Communicator {
     return r;
   }
 
+  absl::StatusOr<Request> StartAlltoAllv(const void* send, const size_t* send_counts,
+                                         const size_t* send_offsets, void* recv,
+                                         const size_t* recv_counts, const size_t* recv_offsets,
+                                         DType t) override {
+    MOEPLAN_ASSIGN_OR_RETURN(MPI_Datatype type, Type(t, false, "AlltoAllv"));
+    Request r = Begin();
+    Slot& s = slots_[static_cast<size_t>(r.slot)];
+    // MPI takes int counts and displacements, read until completion: kept in
+    // the slot (its vectors keep their capacity, so a warm slot allocates nothing).
+    const size_t n = static_cast<size_t>(size_);
+    s.ints.resize(4 * n);
+    int* sc = s.ints.data();
+    int* sd = sc + n;
+    int* rc = sd + n;
+    int* rd = rc + n;
+    for (size_t p = 0; p < n; ++p) {
+      absl::StatusOr<int> v[4] = {Count(send_counts[p], "AlltoAllv send count"),
+                                  Count(send_offsets[p], "AlltoAllv send offset"),
+                                  Count(recv_counts[p], "AlltoAllv receive count"),
+                                  Count(recv_offsets[p], "AlltoAllv receive offset")};
+      for (const absl::StatusOr<int>& x : v) {
+        if (!x.ok()) {
+          s.busy = false;
+          return x.status();
+        }
+      }
+      sc[p] = *v[0];
+      sd[p] = *v[1];
+      rc[p] = *v[2];
+      rd[p] = *v[3];
+    }
+    if (const int rc_mpi =
+            MPI_Ialltoallv(send, sc, sd, type, recv, rc, rd, type, comm_, &s.reqs[0]);
+        rc_mpi != MPI_SUCCESS) {
+      s.busy = false;
+      return MpiError(rc_mpi, Cat("MPI_Ialltoallv(send to rank 0: ", send_counts[0], ")"));
+    }
+    s.nreq = 1;
+    return r;
+  }
+
+  absl::Status ExchangeCounts(absl::Span<const int64_t> send, absl::Span<int64_t> recv) override {
+    if (send.size() != recv.size() || send.size() % static_cast<size_t>(size_) != 0) {
+      return absl::InvalidArgumentError(
+          Cat("mpi: ExchangeCounts: send and recv must hold the same multiple of the group size ",
+              size_, " (got ", send.size(), " and ", recv.size(), ")"));
+    }
+    MOEPLAN_ASSIGN_OR_RETURN(int per_peer,
+                             Count(send.size() / static_cast<size_t>(size_), "ExchangeCounts"));
+    MOEPLAN_MPI(
+        MPI_Alltoall(send.data(), per_peer, MPI_INT64_T, recv.data(), per_peer, MPI_INT64_T, comm_),
+        Cat("MPI_Alltoall(counts, per_peer=", per_peer, ")"));
+    return absl::OkStatus();
+  }
+
   absl::StatusOr<Request> StartSendRecv(const void* send, size_t send_count, int dst, void* recv,
                                         size_t recv_count, int src, DType t) override {
     MOEPLAN_ASSIGN_OR_RETURN(MPI_Datatype type, Type(t, false, "SendRecv"));
@@ -173,6 +228,7 @@ class MpiCommunicator final : public Communicator {
     int nreq = 0;
     MPI_Request reqs[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
     std::vector<char> staging;
+    std::vector<int> ints;  // AlltoAllv's counts and displacements
   };
   struct StridedType {
     size_t count, stride;

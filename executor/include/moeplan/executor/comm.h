@@ -5,11 +5,13 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <string_view>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 #include "moeplan/executor/device.h"
 
 namespace moeplan::executor {
@@ -55,6 +57,19 @@ class Communicator {
   // `rank()` of its recv.
   virtual absl::StatusOr<Request> StartAlltoAll(const void* send, void* recv, size_t count_per_peer,
                                                 DType t) = 0;
+  // AlltoAllv (irregular exchange): send_counts[p] elements at send +
+  // send_offsets[p] go to rank p; recv_counts[p] elements from rank p land at
+  // recv + recv_offsets[p]. The four arrays hold size() host values (elements
+  // of t) and must stay valid until Wait; each pair must agree (send_counts[p]
+  // here == recv_counts[rank()] on p), which ExchangeCounts arranges.
+  virtual absl::StatusOr<Request> StartAlltoAllv(const void* send, const size_t* send_counts,
+                                                 const size_t* send_offsets, void* recv,
+                                                 const size_t* recv_counts,
+                                                 const size_t* recv_offsets, DType t) = 0;
+  // Host values, blocking: block p of `send` (send.size() / size() values)
+  // goes to rank p and lands at block rank() of its `recv` (the same size).
+  // What an irregular exchange needs first: how much each peer will send.
+  virtual absl::Status ExchangeCounts(absl::Span<const int64_t> send, absl::Span<int64_t> recv) = 0;
   // Sends to `dst` and receives from `src` (either may be -1 for none).
   virtual absl::StatusOr<Request> StartSendRecv(const void* send, size_t send_count, int dst,
                                                 void* recv, size_t recv_count, int src,
