@@ -107,7 +107,7 @@ void SetReference(const std::vector<v1::ProfileSample>& samples, v1::Provenance*
         // profile-check times collectives alone: in-context samples are not
         // its reference.
         const v1::CollectiveSample& c = s.collective();
-        keep = c.context_us() <= 0.0 &&
+        keep = c.context_us() <= 0.0 && !internal::Uneven(c) &&
                (c.collective() == v1::COLLECTIVE_ALL_TO_ALL ||
                 (c.collective() == v1::COLLECTIVE_SEND_RECV && c.shape().ranks() == 2));
         break;
@@ -312,6 +312,7 @@ absl::StatusOr<Calibration> CalibrateOnce(const std::vector<v1::ProfileSample>& 
                            planner::CostModel::Create(std::move(converted)));
   internal::CompareKernels(samples, cost, memory, options, &out);
   MOEPLAN_RETURN_IF_ERROR(internal::CompareSaa(samples, cost, options.tolerance, &out));
+  MOEPLAN_RETURN_IF_ERROR(internal::CompareUneven(samples, cost, options.tolerance, &out));
   return out;
 }
 

@@ -110,6 +110,7 @@ absl::Status FitCollectives(const std::vector<v1::ProfileSample>& samples,
   for (const v1::ProfileSample& s : samples) {
     if (s.op_case() != v1::ProfileSample::kCollective) continue;
     const v1::CollectiveSample& c = s.collective();
+    if (Uneven(c)) continue;  // CompareUneven
     const bool in_context = c.context_us() > 0.0;
     if (in_context && phase_us > 0.0 && c.context_us() != phase_us) {
       return Bad("samples", Cat("in-context samples after compute phases of ", phase_us, " and ",
@@ -172,15 +173,45 @@ absl::Status CompareSaa(const std::vector<v1::ProfileSample>& samples,
   }
   for (const auto& [key, obs] : saa) {
     const auto [in_context, ar, an, gr, gn, rpn] = key;
-    FitQuality q{Cat("saa a2a ", ar, "x", an, " / gather ", gr, "x", gn,
-                     in_context ? " in context" : ""),
-                 {},
-                 {}};
+    FitQuality q{
+        Cat("saa a2a ", ar, "x", an, " / gather ", gr, "x", gn, in_context ? " in context" : ""),
+        {},
+        {}};
     FillQuality(obs, tolerance, &q.fit);
     if (q.fit.max_rel_err > tolerance) {
       q.warnings.push_back(Cat(q.what, ": the planner's SAA composition is off by up to ",
                                FormatPercent(q.fit.max_rel_err), " against the fused measurement",
                                HoldsRange(q.fit, tolerance)));
+    }
+    out->fits.push_back(std::move(q));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CompareUneven(const std::vector<v1::ProfileSample>& samples,
+                           const planner::CostModel& cost, double tolerance, Calibration* out) {
+  // Ranks, nodes, load ratio.
+  std::map<std::tuple<int, int, double>, std::vector<Obs>> uneven;
+  for (const v1::ProfileSample& s : samples) {
+    if (s.op_case() != v1::ProfileSample::kCollective || !Uneven(s.collective())) continue;
+    const v1::CollectiveSample& c = s.collective();
+    const planner::GroupShape shape{c.shape().ranks(), c.shape().nodes()};
+    const double bytes = static_cast<double>(c.bytes());
+    // The planner's rule for a dropless layer's skewed exchange: an even
+    // AlltoAll of token_skew times the bytes.
+    const double rule =
+        cost.CollectiveUs(planner::Collective::kAllToAll, shape, bytes * c.load_ratio());
+    uneven[{shape.ranks, shape.nodes, c.load_ratio()}].push_back({bytes, s.median_us(), rule});
+  }
+  for (const auto& [key, obs] : uneven) {
+    const auto [ranks, nodes, load] = key;
+    FitQuality q{Cat("alltoall ", ShapeName(ranks, nodes), " heaviest ", load, "x"), {}, {}};
+    FillQuality(obs, tolerance, &q.fit);
+    if (q.fit.max_rel_err > tolerance) {
+      q.warnings.push_back(Cat(q.what,
+                               ": the planner's rule for skewed dropless exchanges (an even ",
+                               "AlltoAll of ", load, "x the bytes) is off by up to ",
+                               FormatPercent(q.fit.max_rel_err), HoldsRange(q.fit, tolerance)));
     }
     out->fits.push_back(std::move(q));
   }

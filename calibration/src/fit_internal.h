@@ -32,6 +32,10 @@ namespace moeplan::calibration::internal {
 inline constexpr double kTinyBeta = 1e-12;
 
 // One measured point and what a model predicts for it.
+// An uneven AlltoAll sample (CollectiveSample.load_ratio > 1): not part of
+// the AlltoAll fits, compared with the planner's rule instead (CompareUneven).
+inline bool Uneven(const v1::CollectiveSample& c) { return c.load_ratio() > 1.0; }
+
 struct Obs {
   double n = 0.0;  // bytes (flops for the GEMM row)
   double t = 0.0;  // measured, us
@@ -92,6 +96,11 @@ absl::Status FitCollectives(const std::vector<v1::ProfileSample>& samples,
                             const CalibrateOptions& options, Calibration* out);
 // The planner's SAA composition on `cost` against every fused forward SAA
 // sample: one quality row per SAA shape.
+// Uneven AlltoAll samples against the planner's rule for a skewed dropless
+// exchange (an even AlltoAll of load_ratio times the bytes): one row per
+// (group shape, load), "alltoall 4 ranks / 2 nodes heaviest 2x".
+absl::Status CompareUneven(const std::vector<v1::ProfileSample>& samples,
+                           const planner::CostModel& cost, double tolerance, Calibration* out);
 absl::Status CompareSaa(const std::vector<v1::ProfileSample>& samples,
                         const planner::CostModel& cost, double tolerance, Calibration* out);
 

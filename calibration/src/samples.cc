@@ -29,6 +29,7 @@ std::string PointLabel(const v1::ProfileSample& s) {
       const v1::CollectiveSample& c = s.collective();
       what = Cat(proto::CollectiveLabel(c.collective()), " ",
                  ShapeName(c.shape().ranks(), c.shape().nodes()), ", ", c.bytes(), " bytes",
+                 internal::Uneven(c) ? Cat(", heaviest ", c.load_ratio(), "x") : "",
                  c.context_us() > 0.0 ? " in context" : "");
       break;
     }
@@ -118,6 +119,20 @@ absl::Status CheckSample(size_t i, const v1::ProfileSample& s) {
       }
       MOEPLAN_RETURN_IF_ERROR(CheckShape(who, "collective.shape", c.shape(), 2));
       if (c.bytes() <= 0) return Bad(Cat(who, ".collective.bytes"), "must be > 0");
+      if (c.load_ratio() != 0.0) {
+        if (!(c.load_ratio() >= 1.0 && c.load_ratio() <= c.shape().ranks())) {
+          return Bad(Cat(who, ".collective.load_ratio"),
+                     Cat("must be 0 (even) or in [1, ranks = ", c.shape().ranks(), "] (got ",
+                         c.load_ratio(), ")"));
+        }
+        if (c.collective() != v1::COLLECTIVE_ALL_TO_ALL) {
+          return Bad(Cat(who, ".collective.load_ratio"), "only an AlltoAll may be uneven");
+        }
+        if (c.context_us() > 0.0) {
+          return Bad(Cat(who, ".collective.load_ratio"),
+                     "uneven AlltoAlls are measured isolated (context_us must be 0)");
+        }
+      }
       break;
     }
     case v1::ProfileSample::kSaa: {

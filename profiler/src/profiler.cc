@@ -316,6 +316,7 @@ absl::StatusOr<v1::ProfileSample> Profiler::Collective(const Point& p) {
   std::function<absl::Status()> op;
   std::function<float(int64_t)> want;
   int64_t out_count = 0;
+  std::vector<size_t> uneven;  // an uneven AlltoAll's counts and offsets, read by `op`
   void *send = nullptr, *recv = nullptr;
   const auto& m = g->members;
   switch (p.collective) {
@@ -355,6 +356,41 @@ absl::StatusOr<v1::ProfileSample> Profiler::Collective(const Point& p) {
     }
     case Collective::kAllToAll: {
       const int64_t per_peer = count / s;
+      if (p.load > 1.0) {
+        // Uneven (AlltoAllv): every rank sends its per_peer * s elements, to
+        // group rank 0 load * per_peer of them, the rest evenly to the others;
+        // rank 0 then receives load times the mean.
+        const int64_t total = per_peer * s;
+        const int64_t hot =
+            std::min<int64_t>(total, std::llround(p.load * static_cast<double>(per_peer)));
+        const int64_t other = s > 1 ? (total - hot) / (s - 1) : 0;
+        const size_t n = static_cast<size_t>(s);
+        uneven.assign(4 * n, 0);
+        size_t* sn = uneven.data();
+        size_t* so = sn + n;
+        size_t* rn = so + n;
+        size_t* ro = rn + n;
+        const int64_t mine = q == 0 ? hot : other;  // what each peer sends this rank
+        for (size_t t = 0; t < n; ++t) {
+          sn[t] = static_cast<size_t>(t == 0 ? hot : other);
+          so[t] = t == 0 ? 0 : static_cast<size_t>(hot + static_cast<int64_t>(t - 1) * other);
+          rn[t] = static_cast<size_t>(mine);
+          ro[t] = t * static_cast<size_t>(mine);
+        }
+        MOEPLAN_ASSIGN_OR_RETURN(send, buf.From(Values(me, total)));
+        MOEPLAN_ASSIGN_OR_RETURN(recv, buf.Make(static_cast<size_t>(mine * s) * 4));
+        op = [&, sn, so, rn, ro]() -> absl::Status {
+          MOEPLAN_ASSIGN_OR_RETURN(ex::Request r,
+                                   c.StartAlltoAllv(send, sn, so, recv, rn, ro, DType::kF32));
+          return c.Wait(&r);
+        };
+        out_count = mine * s;
+        const int64_t from = q == 0 ? 0 : hot + (q - 1) * other;  // my block in a sender's buffer
+        want = [&, mine, from](int64_t i) {
+          return Value(m[static_cast<size_t>(i / mine)], from + i % mine);
+        };
+        break;
+      }
       MOEPLAN_ASSIGN_OR_RETURN(send, buf.From(Values(me, per_peer * s)));
       MOEPLAN_ASSIGN_OR_RETURN(recv, buf.Make(static_cast<size_t>(per_peer * s) * 4));
       op = [&, per_peer] {
@@ -394,6 +430,7 @@ absl::StatusOr<v1::ProfileSample> Profiler::Collective(const Point& p) {
   SetShape(p.shape, cs->mutable_shape());
   cs->set_groups(GroupsOf(layout_, p.shape));
   cs->set_bytes(p.bytes);
+  if (p.load > 1.0) cs->set_load_ratio(p.load);
   const Bandwidth bw = BandwidthOf(p.collective, s, p.bytes, sample.median_us());
   cs->set_algbw_gbytes_per_s(bw.algbw);
   cs->set_busbw_gbytes_per_s(bw.busbw);

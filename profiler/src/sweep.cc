@@ -107,8 +107,9 @@ Bandwidth BandwidthOf(Collective c, int ranks, int64_t bytes, double us) {
 std::string Point::Label() const {
   switch (kind) {
     case Kind::kCollective:
-      return fmt::format("{} {} {}{}", std::string(planner::CollectiveName(collective)),
+      return fmt::format("{} {} {}{}{}", std::string(planner::CollectiveName(collective)),
                          ShapeLabel(shape), FormatBytes(static_cast<double>(bytes)),
+                         load > 1.0 ? fmt::format(" heaviest {:g}x", load) : "",
                          context_us > 0.0 ? " in context" : "");
     case Kind::kSaa:
       return fmt::format("saa{} a2a {} gather {} {}{}", dual ? "-dual" : "", ShapeLabel(saa.a2a),
@@ -142,6 +143,12 @@ absl::StatusOr<Sweep> PlanSweep(const NodeLayout& layout, const SweepOptions& o)
   for (int64_t t : o.memory_tokens) {
     if (t < 1) {
       return absl::InvalidArgumentError(Cat("--memory-tokens: must be >= 1 (got ", t, ")"));
+    }
+  }
+  for (double load : o.alltoallv_loads) {
+    if (!(load > 1.0 && load <= 1024.0)) {
+      return absl::InvalidArgumentError(
+          Cat("--alltoallv-loads: must be > 1 and <= 1024 (got ", load, ")"));
     }
   }
   if (!(o.context_us >= 0.0 && o.context_us <= 1e7)) {
@@ -192,6 +199,23 @@ absl::StatusOr<Sweep> PlanSweep(const NodeLayout& layout, const SweepOptions& o)
             p.buffer_bytes = 2 * p.bytes;
         }
         add_comm(std::move(p));
+      }
+    }
+    // Uneven AlltoAll: every rank sends n, rank 0 of the group receives L n.
+    for (double load : o.alltoallv_loads) {
+      if (load > shape.ranks) continue;
+      for (int64_t b : sizes) {
+        const int64_t r = shape.ranks;
+        if (b < r * kF32) continue;
+        Point p;
+        p.kind = Point::Kind::kCollective;
+        p.collective = Collective::kAllToAll;
+        p.shape = shape;
+        p.load = load;
+        p.bytes = b / (r * kF32) * r * kF32;
+        p.buffer_bytes =
+            p.bytes + static_cast<int64_t>(std::ceil(load * static_cast<double>(p.bytes)));
+        add(std::move(p));
       }
     }
   }

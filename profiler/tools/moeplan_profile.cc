@@ -46,7 +46,8 @@ struct Args {
   int iters = 20;
   int warmup = 3;
   double budget_s = 2.0;
-  std::vector<std::string> parts = {"collectives", "saa", "gemm", "memory"};
+  std::vector<std::string> parts = {"collectives", "alltoallv", "saa", "gemm", "memory"};
+  std::vector<double> alltoallv_loads = {2.0, 4.0};
   std::vector<int64_t> gemm_sizes;
   double gemm_max_gflop = 0.0;  // 0: the backend's default
   std::vector<int64_t> memory_tokens;
@@ -250,10 +251,12 @@ absl::Status MakeOptions(const Args& a, const NodeLayout& layout, bool gpu, Swee
   } else {
     o->max_point_bytes = a.max_point_memory;
   }
-  bool coll = false, saa = false, gemm = false, mem = false;
+  bool coll = false, uneven = false, saa = false, gemm = false, mem = false;
   for (const std::string& p : a.parts) {
     if (p == "collectives") {
       coll = true;
+    } else if (p == "alltoallv") {
+      uneven = true;
     } else if (p == "saa") {
       saa = true;
     } else if (p == "gemm") {
@@ -262,10 +265,11 @@ absl::Status MakeOptions(const Args& a, const NodeLayout& layout, bool gpu, Swee
       mem = true;
     } else {
       return absl::InvalidArgumentError(
-          Cat("--only: unknown part '", p, "' (collectives, saa, gemm, memory)"));
+          Cat("--only: unknown part '", p, "' (collectives, alltoallv, saa, gemm, memory)"));
     }
   }
   if (!coll) o->collectives.clear();
+  o->alltoallv_loads = uneven ? a.alltoallv_loads : std::vector<double>{};
   o->saa = saa;
   if (!gemm) o->gemm_sizes.clear();
   if (!mem) o->memory_tokens.clear();
@@ -428,7 +432,13 @@ int main(int argc, char** argv) {
   app.add_option("--budget", a.budget_s,
                  "seconds of timed repetitions per point: slow points run fewer repetitions (>= 3)")
       ->capture_default_str();
-  app.add_option("--only", a.parts, "parts to measure: collectives, saa, gemm, memory")
+  app.add_option("--only", a.parts,
+                 "parts to measure: collectives, alltoallv (uneven AlltoAll), saa, gemm, memory")
+      ->delimiter(',')
+      ->capture_default_str();
+  app.add_option("--alltoallv-loads", a.alltoallv_loads,
+                 "uneven AlltoAll: the heaviest rank's received bytes over the mean, each > 1 "
+                 "(a group of r ranks measures the loads <= r)")
       ->delimiter(',')
       ->capture_default_str();
   app.add_option("--gemm-sizes", a.gemm_sizes,

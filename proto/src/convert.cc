@@ -381,13 +381,19 @@ absl::StatusOr<std::vector<v1::LayerConfig>> ExpandGrid(const v1::LayerGrid& g,
   const int bpe = g.bytes_per_element_size() ? g.bytes_per_element_size() : 1;
   const int skew = g.token_skew_size() ? g.token_skew_size() : 1;
   const int dropless = g.dropless_size() ? g.dropless_size() : 1;
+  // Dropless layers have no capacity: a grid of only dropless configs may
+  // leave capacity_factor out (the configs leave it unset).
+  const bool all_dropless =
+      g.dropless_size() > 0 &&
+      std::all_of(g.dropless().begin(), g.dropless().end(), [](bool d) { return d; });
+  const int cf = g.capacity_factor_size() ? g.capacity_factor_size() : (all_dropless ? 1 : 0);
   const Axis axes[] = {{"batch_size", g.batch_size_size()},
                        {"seq_len", g.seq_len_size()},
                        {"model_dim", g.model_dim_size()},
                        {"hidden_dim", g.hidden_dim_size()},
                        {"num_experts", g.num_experts_size()},
                        {"top_k", g.top_k_size()},
-                       {"capacity_factor", g.capacity_factor_size()},
+                       {"capacity_factor", cf},
                        {"bytes_per_element", bpe},
                        {"token_skew", skew},
                        {"parallel", g.parallel_size()},
@@ -397,7 +403,10 @@ absl::StatusOr<std::vector<v1::LayerConfig>> ExpandGrid(const v1::LayerGrid& g,
   for (const Axis& a : axes) {
     if (a.size == 0) {
       return absl::InvalidArgumentError(
-          Cat(a.field, ": a grid needs at least one value (got an empty list)"));
+          Cat(a.field, ": a grid needs at least one value (got an empty list)",
+              a.size == cf && a.field == std::string_view("capacity_factor")
+                  ? "; only a grid whose dropless values are all true may leave it out"
+                  : ""));
     }
     total *= static_cast<size_t>(a.size);
     if (total > max_configs) {
@@ -419,7 +428,7 @@ absl::StatusOr<std::vector<v1::LayerConfig>> ExpandGrid(const v1::LayerGrid& g,
     c.set_hidden_dim(g.hidden_dim(idx[3]));
     c.set_num_experts(g.num_experts(idx[4]));
     c.set_top_k(g.top_k(idx[5]));
-    c.set_capacity_factor(g.capacity_factor(idx[6]));
+    if (g.capacity_factor_size()) c.set_capacity_factor(g.capacity_factor(idx[6]));
     if (g.bytes_per_element_size()) c.set_bytes_per_element(g.bytes_per_element(idx[7]));
     if (g.token_skew_size()) c.set_token_skew(g.token_skew(idx[8]));
     *c.mutable_parallel() = g.parallel(idx[9]);

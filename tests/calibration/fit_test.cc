@@ -687,6 +687,59 @@ TEST(CalibrateTest, SaaCrossCheck) {
   EXPECT_EQ(saa_rows, 2);
 }
 
+// Uneven AlltoAll samples stay out of the AlltoAll fits and are compared with
+// the planner's rule for a skewed dropless exchange: an even AlltoAll of
+// load_ratio times the bytes.
+TEST(CalibrateTest, UnevenAlltoAllsAreComparedWithThePlannersRule) {
+  const planner::ClusterProfile ref = Reference();
+  const planner::CostModel cost = Model(ref);
+  const std::vector<v1::ProfileSample> even = Samples(ref);
+  std::vector<v1::ProfileSample> s = even;
+  const v1::ProfileRun run = MakeRun(2);
+  const planner::GroupShape shape{4, 2};
+  auto add = [&](double load, double factor) {
+    for (double b = 64 * kKiB; b <= 16 * kMiB; b *= 4) {
+      v1::ProfileSample x =
+          Sample(run, factor * cost.CollectiveUs(planner::Collective::kAllToAll, shape, load * b));
+      v1::CollectiveSample* c = x.mutable_collective();
+      c->set_collective(v1::COLLECTIVE_ALL_TO_ALL);
+      c->mutable_shape()->set_ranks(shape.ranks);
+      c->mutable_shape()->set_nodes(shape.nodes);
+      c->set_groups(1);
+      c->set_bytes(static_cast<int64_t>(b));
+      c->set_load_ratio(load);
+      s.push_back(std::move(x));
+    }
+  };
+  add(2.0, 1.0);  // the rule holds
+  add(4.0, 0.5);  // measured twice as fast as the rule says
+  absl::StatusOr<Calibration> with = Calibrate(s, Options());
+  ASSERT_TRUE(with.ok()) << with.status();
+  absl::StatusOr<Calibration> without = Calibrate(even, Options());
+  ASSERT_TRUE(without.ok()) << without.status();
+  ASSERT_EQ(with->profile.collectives_size(), without->profile.collectives_size());
+  for (int i = 0; i < with->profile.collectives_size(); ++i) {
+    EXPECT_EQ(with->profile.collectives(i).SerializeAsString(),
+              without->profile.collectives(i).SerializeAsString())
+        << "uneven samples must not move the AlltoAll fits";
+  }
+
+  const FitQuality* holds = FindFit(*with, "alltoall 4 ranks / 2 nodes heaviest 2x");
+  ASSERT_NE(holds, nullptr);
+  EXPECT_LT(holds->fit.max_rel_err, 1e-6);
+  EXPECT_EQ(holds->fit.points, 5);
+  EXPECT_THAT(holds->warnings, IsEmpty());
+  const FitQuality* off = FindFit(*with, "alltoall 4 ranks / 2 nodes heaviest 4x");
+  ASSERT_NE(off, nullptr);
+  EXPECT_NEAR(off->fit.max_rel_err, 1.0, 1e-6);
+  ASSERT_EQ(off->warnings.size(), 1u);
+  EXPECT_THAT(off->warnings[0], HasSubstr("the planner's rule for skewed dropless exchanges"));
+  // Not a reference point of profile-check, which times even AlltoAlls.
+  for (const v1::ReferencePoint& r : with->profile.provenance().reference()) {
+    EXPECT_THAT(r.point(), ::testing::Not(HasSubstr("heaviest"))) << r.point();
+  }
+}
+
 TEST(RenderFitReportTest, TableAndWarnings) {
   std::vector<v1::ProfileSample> s = Samples(Reference(/*nodes=*/1));
   absl::StatusOr<Calibration> c = Calibrate(s, Options());

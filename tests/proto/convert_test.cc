@@ -108,6 +108,27 @@ TEST(ExpandGrid, DroplessIsTheInnermostAxis) {
   EXPECT_TRUE(LayerToProto(*l).dropless());
 }
 
+// Dropless layers have no capacity: an all-dropless grid may leave it out,
+// any other grid may not.
+TEST(ExpandGrid, OnlyAnAllDroplessGridMayLeaveTheCapacityFactorOut) {
+  v1::LayerGrid g;
+  ASSERT_TRUE(ParseJson(R"({"batch_size": [1], "seq_len": [8], "model_dim": [16],
+      "hidden_dim": [32], "num_experts": [4], "top_k": [1],
+      "parallel": [{"mp": 1, "ep": 1, "esp": 1}], "dropless": [true]})",
+                        &g)
+                  .ok());
+  absl::StatusOr<std::vector<v1::LayerConfig>> c = ExpandGrid(g);
+  ASSERT_TRUE(c.ok()) << c.status();
+  ASSERT_EQ(c->size(), 1u);
+  EXPECT_EQ((*c)[0].capacity_factor(), 0.0) << "left unset";
+  absl::StatusOr<planner::LayerConfig> l = LayerFromProto((*c)[0]);
+  ASSERT_TRUE(l.ok()) << l.status();
+  g.add_dropless(false);
+  EXPECT_EQ(Msg(ExpandGrid(g).status()),
+            "capacity_factor: a grid needs at least one value (got an empty list); only a grid "
+            "whose dropless values are all true may leave it out");
+}
+
 TEST(ExpandGrid, RejectsEmptyListsAndHugeGrids) {
   v1::LayerGrid g;
   g.add_batch_size(1);
@@ -149,8 +170,8 @@ TEST(Names, AreLabelsOfAtMost256Bytes) {
   l.set_name(std::string(257, 'l'));
   EXPECT_EQ(Msg(LayerFromProto(l).status()), "name: must be at most 256 bytes (got 257)");
   v1::ModelConfig m;
-  ASSERT_TRUE(proto::ReadJsonFile(MOEPLAN_SOURCE_DIR "/examples/models/gpt3-medium-moe.json", &m)
-                  .ok());
+  ASSERT_TRUE(
+      proto::ReadJsonFile(MOEPLAN_SOURCE_DIR "/examples/models/gpt3-medium-moe.json", &m).ok());
   m.set_name(std::string(256, 'm'));
   EXPECT_TRUE(ModelFromProto(m).ok());
   m.set_name(std::string(257, 'm'));
@@ -230,9 +251,9 @@ namespace {
 // partitions; all five variants are over kMaxTimelineOps, one is not.
 TEST_F(AnswerTest, ATimelineOverTheLimitIsRefusedBeforeItIsBuilt) {
   v1::PlanModelRequest req;
-  ASSERT_TRUE(ReadJsonFile(MOEPLAN_SOURCE_DIR "/examples/models/gpt3-medium-moe.json",
-                           req.mutable_model())
-                  .ok());
+  ASSERT_TRUE(
+      ReadJsonFile(MOEPLAN_SOURCE_DIR "/examples/models/gpt3-medium-moe.json", req.mutable_model())
+          .ok());
   req.mutable_model()->set_num_layers(1024);
   req.mutable_model()->mutable_moe()->set_layer_freq(1);
   req.set_include_timeline(true);

@@ -85,6 +85,10 @@ struct SweepOptions {
   std::vector<Collective> collectives = {Collective::kAllReduce, Collective::kAllGather,
                                          Collective::kReduceScatter, Collective::kAllToAll,
                                          Collective::kSendRecv};
+  // Uneven AlltoAll (AlltoAllv), whatever `collectives` holds: on every group
+  // shape of r ranks, each load L <= r (one rank receives L times the mean,
+  // each L > 1), isolated; empty: none.
+  std::vector<double> alltoallv_loads = {2.0, 4.0};
   bool saa = true;
   // > 0: every collective and SAA point is measured twice, isolated and then
   // in context after a compute phase of this many µs (Point::context_us).
@@ -115,6 +119,9 @@ struct Point {
   // Collectives, SAA: the compute phase (µs) before each timed repetition;
   // 0: isolated (docs/cost-model.md "In context").
   double context_us = 0.0;
+  // AlltoAll: > 1 makes it uneven, group rank 0 receiving this many times the
+  // mean (CollectiveSample.load_ratio); 1: even.
+  double load = 1.0;
   std::string kernel;  // memory: one of kMemoryKernels
   int64_t tokens = 0;  // memory
   // Per-rank bytes of the buffers the point allocates (for the memory guard).
@@ -126,8 +133,9 @@ struct Sweep {
   std::vector<Point> points;
   std::vector<std::string> skipped;  // what was left out and why
 };
-// The whole sweep, in the order it runs: collectives by shape then size, SAA,
-// GEMMs, memory-bound kernels. InvalidArgument for inconsistent options (named).
+// The whole sweep, in the order it runs: collectives by shape then size (each
+// shape's uneven AlltoAlls after its even ones), SAA, GEMMs, memory-bound kernels. InvalidArgument
+// for inconsistent options (named).
 absl::StatusOr<Sweep> PlanSweep(const NodeLayout& layout, const SweepOptions& options);
 
 // The handful of points `moeplan profile-check` re-measures (docs/calibration.md
