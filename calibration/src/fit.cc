@@ -84,6 +84,7 @@ void CopyCommunication(const v1::ClusterProfile& from, Calibration* out) {
   if (p.gpu_memory_gib() <= 0.0) p.set_gpu_memory_gib(from.gpu_memory_gib());
   *p.mutable_links() = from.links();
   *p.mutable_collectives() = from.collectives();
+  *p.mutable_alltoall_skew() = from.alltoall_skew();
   if (from.has_context()) *p.mutable_context() = from.context();
   const std::string what = Cat("profile '", from.name(), "' v", from.version());
   p.set_comment(Cat(p.comment(), " Links, collectives and in-context costs from ", what, "."));
@@ -312,7 +313,12 @@ absl::StatusOr<Calibration> CalibrateOnce(const std::vector<v1::ProfileSample>& 
                            planner::CostModel::Create(std::move(converted)));
   internal::CompareKernels(samples, cost, memory, options, &out);
   MOEPLAN_RETURN_IF_ERROR(internal::CompareSaa(samples, cost, options.tolerance, &out));
-  MOEPLAN_RETURN_IF_ERROR(internal::CompareUneven(samples, cost, options.tolerance, &out));
+  // Uneven AlltoAlls are timed alone: held against the isolated even fits.
+  planner::ClusterProfile isolated = cost.profile();
+  isolated.context = {};
+  MOEPLAN_ASSIGN_OR_RETURN(const planner::CostModel alone,
+                           planner::CostModel::Create(std::move(isolated)));
+  MOEPLAN_RETURN_IF_ERROR(internal::FitUneven(samples, alone, options.tolerance, &out));
   return out;
 }
 

@@ -33,7 +33,7 @@ inline constexpr double kTinyBeta = 1e-12;
 
 // One measured point and what a model predicts for it.
 // An uneven AlltoAll sample (CollectiveSample.load_ratio > 1): not part of
-// the AlltoAll fits, compared with the planner's rule instead (CompareUneven).
+// the AlltoAll fits, they fit the profile's AlltoAllSkew instead (FitUneven).
 inline bool Uneven(const v1::CollectiveSample& c) { return c.load_ratio() > 1.0; }
 
 struct Obs {
@@ -96,11 +96,13 @@ absl::Status FitCollectives(const std::vector<v1::ProfileSample>& samples,
                             const CalibrateOptions& options, Calibration* out);
 // The planner's SAA composition on `cost` against every fused forward SAA
 // sample: one quality row per SAA shape.
-// Uneven AlltoAll samples against the planner's rule for a skewed dropless
-// exchange (an even AlltoAll of load_ratio times the bytes): one row per
-// (group shape, load), "alltoall 4 ranks / 2 nodes heaviest 2x".
-absl::Status CompareUneven(const std::vector<v1::ProfileSample>& samples,
-                           const planner::CostModel& cost, double tolerance, Calibration* out);
+// Uneven AlltoAll samples: per group shape, the gamma of profile.proto's
+// AlltoAllSkew (an even AlltoAll of bytes (1 + gamma (load - 1)) on `cost`,
+// the profile fitted so far) by least squares on the log error, added to the
+// profile; one quality row per (shape, load), "alltoall 4 ranks / 2 nodes
+// heaviest 2x (gamma 0.35)".
+absl::Status FitUneven(const std::vector<v1::ProfileSample>& samples,
+                       const planner::CostModel& cost, double tolerance, Calibration* out);
 absl::Status CompareSaa(const std::vector<v1::ProfileSample>& samples,
                         const planner::CostModel& cost, double tolerance, Calibration* out);
 

@@ -188,6 +188,23 @@ absl::Status ValidateProfile(const ClusterProfile& p) {
   MOEPLAN_RETURN_IF_ERROR(CheckAlphaBeta("links.inter", p.inter));
   MOEPLAN_RETURN_IF_ERROR(CheckCollectiveFits("collectives", p.collectives));
   MOEPLAN_RETURN_IF_ERROR(CheckContext(p));
+  for (size_t i = 0; i < p.alltoall_skew.size(); ++i) {
+    const AlltoAllSkew& s = p.alltoall_skew[i];
+    const std::string field = Cat("alltoall_skew[", i, "]");
+    if (s.shape.ranks < 2 || s.shape.nodes < 1 || s.shape.ranks % s.shape.nodes != 0) {
+      return Bad(Cat(field, ".shape"), "ranks must be >= 2 and a multiple of nodes >= 1",
+                 Cat(s.shape.ranks, " ranks / ", s.shape.nodes, " nodes"));
+    }
+    if (!(s.gamma >= 0.0 && s.gamma <= 1.0)) {
+      return Bad(Cat(field, ".gamma"), "must be in [0, 1]", Cat(s.gamma));
+    }
+    for (size_t j = 0; j < i; ++j) {
+      if (p.alltoall_skew[j].shape.ranks == s.shape.ranks &&
+          p.alltoall_skew[j].shape.nodes == s.shape.nodes) {
+        return Bad(Cat(field, ".shape"), "duplicate shape", Cat("same as alltoall_skew[", j, "]"));
+      }
+    }
+  }
   if (!(p.gemm.peak_tflops > 0.0 && p.gemm.peak_tflops <= 1e6)) {
     return Bad("gemm.peak_tflops", "must be > 0 and <= 1e6", Cat(p.gemm.peak_tflops));
   }
@@ -295,6 +312,14 @@ uint64_t CostModel::FitKey(Collective c, GroupShape shape) {
 
 bool CostModel::HasFit(Collective c, GroupShape shape) const {
   return fits_.contains(FitKey(c, shape));
+}
+
+double CostModel::SkewedAllToAllBytes(GroupShape shape, double bytes, double skew) const {
+  double gamma = 1.0;
+  for (const AlltoAllSkew& s : profile_.alltoall_skew) {  // a handful of shapes
+    if (s.shape.ranks == shape.ranks && s.shape.nodes == shape.nodes) gamma = s.gamma;
+  }
+  return bytes * (1.0 + gamma * (skew - 1.0));
 }
 
 double CostModel::CollectiveUs(Collective c, GroupShape shape, double n) const {

@@ -138,6 +138,14 @@ Deps ExpertBackward(Builder& b, const LayerContext& ctx, const Kernels& k, int64
   return ctx.detach_dw ? dx : dw;
 }
 
+// The bytes an EP AlltoAll is charged for: a dropless layer's heaviest rank
+// receives token_skew times its balanced share, which costs as an even
+// AlltoAll of the profile's skewed size on the EP shape (CostModel::
+// SkewedAllToAllBytes); padded layers move `balanced` however they route.
+double SkewedA2a(const LayerContext& ctx, double balanced) {
+  return ctx.cost->SkewedAllToAllBytes(ctx.topo.ep, balanced, ExpertSkew(*ctx.layer));
+}
+
 // A dropless layer's dispatch is irregular: first every EP rank learns how many
 // rows each peer will send it, an AlltoAll of one int64 count per expert (what
 // dropless MoE systems exchange before their AlltoAllv).
@@ -156,7 +164,8 @@ Deps SectionDefault(MoeSection sec, const LayerContext& ctx, Builder& b, Deps x)
   const Kernels k(ctx);
   const DerivedShape d = Derive(l);
   const int64_t s = d.tokens, cap = d.capacity;
-  const double n = static_cast<double>(d.dispatch_bytes) * ExpertSkew(l);
+  const double n = static_cast<double>(d.dispatch_bytes) * ExpertSkew(l);  // expert side
+  const double a2a = SkewedA2a(ctx, static_cast<double>(d.dispatch_bytes));
   const int64_t rows = k.Skewed(int64_t{l.parallel.ep} * cap);  // per local expert
   const int q = t.ep_ranks_per_node;
   switch (sec) {
@@ -165,21 +174,21 @@ Deps SectionDefault(MoeSection sec, const LayerContext& ctx, Builder& b, Deps x)
       return b.Compute("fwd.order", F, Term::kOrder, k.Scatter(s, cap), k.OrderBytes(s, cap), x);
     case MoeSection::kFwdExchange:
       x = DroplessCounts(b, ctx, x);
-      x = b.AllToAll(kFwdDispatch, F, ctx.a2a, t.ep, q, n, x);
+      x = b.AllToAll(kFwdDispatch, F, ctx.a2a, t.ep, q, a2a, x);
       x = b.Compute("fwd.expert", F, Term::kExpert, k.ExpertFwd(rows), k.ExpertBytes(rows), x);
       x = b.Coll("fwd.esp_allreduce", F, Collective::kAllReduce, t.esp, n, x);
-      x = b.AllToAll(kFwdCombine, F, ctx.a2a, t.ep, q, n, x);
+      x = b.AllToAll(kFwdCombine, F, ctx.a2a, t.ep, q, a2a, x);
       return b.Compute("fwd.iorder", F, Term::kOrder, k.Gather(s, cap), k.OrderBytes(s, cap), x);
     case MoeSection::kBwdUnroute:
       return b.Compute("bwd.iorder", B, Term::kOrder, k.Unroute(s, cap), k.UnrouteBytes(s, cap), x);
     case MoeSection::kBwdExchange:
-      x = b.AllToAll(kBwdCombine, B, ctx.a2a, t.ep, q, n, x);
+      x = b.AllToAll(kBwdCombine, B, ctx.a2a, t.ep, q, a2a, x);
       // The output gradient is replicated over the ESP group, so the forward
       // AllReduce's dual is the sum of the shards' partial input gradients,
       // after the expert.
       x = ExpertBackward(b, ctx, k, rows, x);
       x = b.Coll("bwd.esp_allreduce", B, Collective::kAllReduce, t.esp, n, x);
-      return b.AllToAll(kBwdDispatch, B, ctx.a2a, t.ep, q, n, x);
+      return b.AllToAll(kBwdDispatch, B, ctx.a2a, t.ep, q, a2a, x);
     case MoeSection::kBwdRoute:
       x = b.Compute("bwd.order", B, Term::kOrder, k.Gather(s, cap), k.OrderBytes(s, cap), x);
       return b.Compute("bwd.gate", B, Term::kGate, k.GateBwd(s), k.GateBytes(s), x);
@@ -198,6 +207,7 @@ Deps SectionS1(MoeSection sec, const LayerContext& ctx, Builder& b, Deps x) {
   const double d1 = static_cast<double>(l.num_experts) * cap1 * l.model_dim * l.bytes_per_element;
   const double x1 = static_cast<double>(d.activation_bytes) / n;
   const double skew = ExpertSkew(l);
+  const double a2a = SkewedA2a(ctx, d1);
   const int64_t rows = k.Skewed(int64_t{n} * l.parallel.ep * cap1);
   const double gate_grad = static_cast<double>(l.model_dim) * l.num_experts * l.bytes_per_element;
   const int q = t.ep_ranks_per_node;
@@ -209,11 +219,11 @@ Deps SectionS1(MoeSection sec, const LayerContext& ctx, Builder& b, Deps x) {
                        x);
     case MoeSection::kFwdExchange:
       x = DroplessCounts(b, ctx, x);
-      x = b.AllToAll(kFwdDispatch, F, ctx.a2a, t.ep, q, d1 * skew, x);
+      x = b.AllToAll(kFwdDispatch, F, ctx.a2a, t.ep, q, a2a, x);
       x = b.Coll("fwd.esp_allgather", F, Collective::kAllGather, t.esp, d1 * skew, x);
       x = b.Compute("fwd.expert", F, Term::kExpert, k.ExpertFwd(rows), k.ExpertBytes(rows), x);
       x = b.Coll("fwd.esp_reducescatter", F, Collective::kReduceScatter, t.esp, d1 * skew, x);
-      x = b.AllToAll(kFwdCombine, F, ctx.a2a, t.ep, q, d1 * skew, x);
+      x = b.AllToAll(kFwdCombine, F, ctx.a2a, t.ep, q, a2a, x);
       x = b.Compute("fwd.iorder", F, Term::kOrder, k.Gather(s1, cap1), k.OrderBytes(s1, cap1), x);
       return b.Coll("fwd.mp_allgather", F, Collective::kAllGather, t.mp, x1, x);
     // Backward: the dual of each op in reverse (MP-AllGather -> local split,
@@ -223,11 +233,11 @@ Deps SectionS1(MoeSection sec, const LayerContext& ctx, Builder& b, Deps x) {
       return b.Compute("bwd.iorder", B, Term::kOrder, k.Unroute(s1, cap1), k.UnrouteBytes(s1, cap1),
                        x);
     case MoeSection::kBwdExchange:
-      x = b.AllToAll(kBwdCombine, B, ctx.a2a, t.ep, q, d1 * skew, x);
+      x = b.AllToAll(kBwdCombine, B, ctx.a2a, t.ep, q, a2a, x);
       x = b.Coll("bwd.esp_allgather", B, Collective::kAllGather, t.esp, d1 * skew, x);
       x = ExpertBackward(b, ctx, k, rows, x);
       x = b.Coll("bwd.esp_reducescatter", B, Collective::kReduceScatter, t.esp, d1 * skew, x);
-      return b.AllToAll(kBwdDispatch, B, ctx.a2a, t.ep, q, d1 * skew, x);
+      return b.AllToAll(kBwdDispatch, B, ctx.a2a, t.ep, q, a2a, x);
     case MoeSection::kBwdRoute:
       x = b.Compute("bwd.order", B, Term::kOrder, k.Gather(s1, cap1), k.OrderBytes(s1, cap1), x);
       x = b.Compute("bwd.gate", B, Term::kGate, k.GateBwd(s1), k.GateBytes(s1), x);
@@ -252,6 +262,7 @@ Deps SectionS2(MoeSection sec, const LayerContext& ctx, Builder& b, Deps x) {
   const double dn = static_cast<double>(l.num_experts) * cap2 * l.model_dim * l.bytes_per_element /
                     n;  // per rank after the split
   const double skew = ExpertSkew(l);
+  const double a2a = SkewedA2a(ctx, dn);  // the SAA exchanges' bytes
   const int64_t rows = k.Skewed(int64_t{l.parallel.ep} * cap2);
   const int q = t.ep_ranks_per_node;
   const int w = l.parallel.ep;
@@ -264,12 +275,12 @@ Deps SectionS2(MoeSection sec, const LayerContext& ctx, Builder& b, Deps x) {
       x = DroplessCounts(b, ctx, x);
       // SAA dispatch: EP-AlltoAll(D/N) fused with ESP-AllGather (expert side: skewed).
       x = b.SaaGather("fwd.saa_dispatch.alltoall", "fwd.saa_dispatch.allgather", F, t.ep, q, t.esp,
-                      dn * skew, dn * skew / w, x);
+                      a2a, dn * skew / w, x);
       x = b.Compute("fwd.expert", F, Term::kExpert, k.ExpertFwd(rows), k.ExpertBytes(rows), x);
       x = b.Coll("fwd.esp_reducescatter", F, Collective::kReduceScatter, t.esp, dn * skew, x);
       // SAA combine: EP-AlltoAll(D/N) fused with MP-AllGather (token side).
       x = b.SaaGather("fwd.saa_combine.alltoall", "fwd.saa_combine.allgather", F, t.ep, q, t.mp,
-                      dn * skew, dn / w, x);
+                      a2a, dn / w, x);
       return b.Compute("fwd.iorder", F, Term::kOrder, k.Gather(s, cap2), k.OrderBytes(s, cap2), x);
     // Backward. The combine's MP-AllGather has a local split as dual; the
     // AlltoAll that follows it feeds the dual of the forward ESP-ReduceScatter
@@ -281,10 +292,10 @@ Deps SectionS2(MoeSection sec, const LayerContext& ctx, Builder& b, Deps x) {
       return b.Compute("bwd.mp_split", B, Term::kSplit, k.Split(dn), 2.0 * dn, x);
     case MoeSection::kBwdExchange:
       x = b.SaaGather("bwd.saa_combine.alltoall", "bwd.saa_combine.allgather", B, t.ep, q, t.esp,
-                      dn * skew, dn * skew / w, x);
+                      a2a, dn * skew / w, x);
       x = ExpertBackward(b, ctx, k, rows, x);
       return b.SaaScatter("bwd.saa_dispatch.reducescatter", "bwd.saa_dispatch.alltoall", B, t.ep, q,
-                          t.esp, dn * skew, dn * skew / w, x);
+                          t.esp, a2a, dn * skew / w, x);
     case MoeSection::kBwdRoute:
       x = b.Coll("bwd.mp_allgather", B, Collective::kAllGather, t.mp, dn, x);
       x = b.Compute("bwd.order", B, Term::kOrder, k.Gather(s, cap2), k.OrderBytes(s, cap2), x);

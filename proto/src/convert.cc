@@ -227,6 +227,9 @@ absl::StatusOr<p::ClusterProfile> ProfileFromProto(const v1::ClusterProfile& m) 
     to->bandwidth_gbytes_per_s = from->bandwidth_gbytes_per_s();
     to->launch_overhead_us = from->launch_overhead_us();
   }
+  for (const v1::AlltoAllSkew& s : m.alltoall_skew()) {
+    pr.alltoall_skew.push_back({{s.shape().ranks(), s.shape().nodes()}, s.gamma()});
+  }
   MOEPLAN_RETURN_IF_ERROR(p::ValidateProfile(pr));
   return pr;
 }

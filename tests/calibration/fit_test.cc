@@ -687,20 +687,20 @@ TEST(CalibrateTest, SaaCrossCheck) {
   EXPECT_EQ(saa_rows, 2);
 }
 
-// Uneven AlltoAll samples stay out of the AlltoAll fits and are compared with
-// the planner's rule for a skewed dropless exchange: an even AlltoAll of
-// load_ratio times the bytes.
-TEST(CalibrateTest, UnevenAlltoAllsAreComparedWithThePlannersRule) {
+// Uneven AlltoAll samples stay out of the AlltoAll fits; per group shape they
+// fit gamma, the share of the heaviest rank's extra load that costs as extra
+// bytes (an even AlltoAll of bytes (1 + gamma (load - 1))), which the
+// profile keeps and the planner applies to dropless layers' skewed exchanges.
+TEST(CalibrateTest, UnevenAlltoAllsFitTheSkewGammaPerShape) {
   const planner::ClusterProfile ref = Reference();
   const planner::CostModel cost = Model(ref);
   const std::vector<v1::ProfileSample> even = Samples(ref);
   std::vector<v1::ProfileSample> s = even;
   const v1::ProfileRun run = MakeRun(2);
-  const planner::GroupShape shape{4, 2};
-  auto add = [&](double load, double factor) {
+  auto add = [&](planner::GroupShape shape, double load, double gamma) {
     for (double b = 64 * kKiB; b <= 16 * kMiB; b *= 4) {
-      v1::ProfileSample x =
-          Sample(run, factor * cost.CollectiveUs(planner::Collective::kAllToAll, shape, load * b));
+      v1::ProfileSample x = Sample(run, cost.CollectiveUs(planner::Collective::kAllToAll, shape,
+                                                          b * (1.0 + gamma * (load - 1.0))));
       v1::CollectiveSample* c = x.mutable_collective();
       c->set_collective(v1::COLLECTIVE_ALL_TO_ALL);
       c->mutable_shape()->set_ranks(shape.ranks);
@@ -711,8 +711,9 @@ TEST(CalibrateTest, UnevenAlltoAllsAreComparedWithThePlannersRule) {
       s.push_back(std::move(x));
     }
   };
-  add(2.0, 1.0);  // the rule holds
-  add(4.0, 0.5);  // measured twice as fast as the rule says
+  add({4, 2}, 2.0, 0.3);  // five sizes per load
+  add({4, 2}, 4.0, 0.3);
+  add({2, 2}, 2.0, 1.0);  // bound by the heaviest receiver: the planner's default
   absl::StatusOr<Calibration> with = Calibrate(s, Options());
   ASSERT_TRUE(with.ok()) << with.status();
   absl::StatusOr<Calibration> without = Calibrate(even, Options());
@@ -723,17 +724,35 @@ TEST(CalibrateTest, UnevenAlltoAllsAreComparedWithThePlannersRule) {
               without->profile.collectives(i).SerializeAsString())
         << "uneven samples must not move the AlltoAll fits";
   }
+  EXPECT_EQ(without->profile.alltoall_skew_size(), 0);
 
-  const FitQuality* holds = FindFit(*with, "alltoall 4 ranks / 2 nodes heaviest 2x");
-  ASSERT_NE(holds, nullptr);
-  EXPECT_LT(holds->fit.max_rel_err, 1e-6);
-  EXPECT_EQ(holds->fit.points, 5);
-  EXPECT_THAT(holds->warnings, IsEmpty());
-  const FitQuality* off = FindFit(*with, "alltoall 4 ranks / 2 nodes heaviest 4x");
-  ASSERT_NE(off, nullptr);
-  EXPECT_NEAR(off->fit.max_rel_err, 1.0, 1e-6);
-  ASSERT_EQ(off->warnings.size(), 1u);
-  EXPECT_THAT(off->warnings[0], HasSubstr("the planner's rule for skewed dropless exchanges"));
+  ASSERT_EQ(with->profile.alltoall_skew_size(), 2);
+  const v1::AlltoAllSkew& two = with->profile.alltoall_skew(0);  // (2, 2) first
+  EXPECT_EQ(two.shape().ranks(), 2);
+  EXPECT_DOUBLE_EQ(two.gamma(), 1.0);
+  const v1::AlltoAllSkew& four = with->profile.alltoall_skew(1);
+  EXPECT_EQ(four.shape().ranks(), 4);
+  EXPECT_EQ(four.shape().nodes(), 2);
+  EXPECT_NEAR(four.gamma(), 0.3, 1e-9);
+  EXPECT_EQ(four.samples(), 10);
+  EXPECT_LT(four.max_error_pct(), 1e-6);
+  for (const char* row : {"alltoall 4 ranks / 2 nodes heaviest 2x (gamma 0.30)",
+                          "alltoall 4 ranks / 2 nodes heaviest 4x (gamma 0.30)",
+                          "alltoall 2 ranks / 2 nodes heaviest 2x (gamma 1.00)"}) {
+    const FitQuality* q = FindFit(*with, row);
+    ASSERT_NE(q, nullptr) << row;
+    EXPECT_LT(q->fit.max_rel_err, 1e-6) << row;
+    EXPECT_EQ(q->fit.points, 5) << row;
+    EXPECT_THAT(q->warnings, IsEmpty()) << row;
+  }
+  // The planner charges what was fitted.
+  absl::StatusOr<planner::ClusterProfile> converted = proto::ProfileFromProto(with->profile);
+  ASSERT_TRUE(converted.ok()) << converted.status();
+  absl::StatusOr<planner::CostModel> fitted = planner::CostModel::Create(*converted);
+  ASSERT_TRUE(fitted.ok()) << fitted.status();
+  EXPECT_NEAR(fitted->SkewedAllToAllBytes({4, 2}, 1000.0, 3.0), 1600.0, 1e-6);
+  EXPECT_DOUBLE_EQ(fitted->SkewedAllToAllBytes({2, 2}, 1000.0, 3.0), 3000.0);
+  EXPECT_DOUBLE_EQ(fitted->SkewedAllToAllBytes({2, 1}, 1000.0, 3.0), 3000.0) << "no entry: 1";
   // Not a reference point of profile-check, which times even AlltoAlls.
   for (const v1::ReferencePoint& r : with->profile.provenance().reference()) {
     EXPECT_THAT(r.point(), ::testing::Not(HasSubstr("heaviest"))) << r.point();

@@ -431,6 +431,21 @@ std::vector<BadProfileCase> BadProfileCases() {
          p.gemm.grid.efficiency[3] = 1.5;
        },
        "gemm.efficiency[3]: must be in (0, 1]"},
+      {"skew gamma above one",
+       [](ClusterProfile& p) {
+         p.alltoall_skew = {{{4, 2}, 1.5}};
+       },
+       "alltoall_skew[0].gamma: must be in [0, 1]"},
+      {"skew gamma on one rank",
+       [](ClusterProfile& p) {
+         p.alltoall_skew = {{{1, 1}, 0.5}};
+       },
+       "alltoall_skew[0].shape: ranks must be >= 2"},
+      {"skew gamma twice for a shape",
+       [](ClusterProfile& p) {
+         p.alltoall_skew = {{{4, 2}, 0.5}, {{4, 2}, 0.2}};
+       },
+       "alltoall_skew[1].shape: duplicate shape"},
       {"zero efficiency",
        [](ClusterProfile& p) {
          p.gemm.grid = GridProfile().gemm.grid;

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <numeric>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -799,6 +800,41 @@ TEST(SchedulesTest, DroplessTokenSkewScalesDefaultsAllToAll) {
   EXPECT_GT(r2.makespan_us, r1.makespan_us);
   // The counts' 128 bytes, 6/8 of them off-node, do not scale with the skew.
   EXPECT_EQ(r2.inter_node_bytes - 96, 2 * (r1.inter_node_bytes - 96));
+}
+
+// The profile's AlltoAllSkew gamma on the EP shape decides how much of the
+// heaviest rank's extra load costs as extra AlltoAll bytes: 1 (no entry) the
+// whole token_skew, 0 none (the exchange moves the same bytes in all); the
+// ESP collectives and the expert rows scale with the skew either way.
+TEST(SchedulesTest, DroplessAllToAllFollowsTheProfilesSkewGamma) {
+  LayerConfig l = MakeLayer(4, 8, 4, 8);
+  l.dropless = true;
+  l.token_skew = 2.0;
+  auto simulate = [&](std::optional<double> gamma) {
+    ClusterProfile p = Model().profile();
+    if (gamma) p.alltoall_skew.push_back({{8, 4}, *gamma});
+    absl::StatusOr<CostModel> cost = CostModel::Create(p);
+    EXPECT_TRUE(cost.ok()) << cost.status();
+    LayerContext ctx = Context(l);
+    ctx.cost = &*cost;
+    OpGraph g;
+    EXPECT_TRUE(BuildSchedule(Schedule::kDefault, ctx, &g).ok());
+    return Simulate(g);
+  };
+  const SimResult one = simulate(std::nullopt), full = simulate(1.0), half = simulate(0.5),
+                  none = simulate(0.0);
+  // Four AlltoAlls {8,4} of 1 MiB x (1 + gamma): 4 * 7 * (10 + 1048576 * (1 + gamma) / 8 * 0.01),
+  // plus the count exchange (71.12).
+  EXPECT_REL(one.critical_term_us[int(Term::kAllToAll)], 73680.32 + 71.12);
+  EXPECT_REL(full.critical_term_us[int(Term::kAllToAll)], 73680.32 + 71.12);
+  EXPECT_REL(half.critical_term_us[int(Term::kAllToAll)], 55330.24 + 71.12);
+  EXPECT_REL(none.critical_term_us[int(Term::kAllToAll)], 36980.16 + 71.12);
+  EXPECT_REL(none.critical_term_us[int(Term::kExpert)], one.critical_term_us[int(Term::kExpert)]);
+  EXPECT_REL(none.critical_term_us[int(Term::kAllReduce)],
+             one.critical_term_us[int(Term::kAllReduce)]);
+  // Padded layers move their buffers whatever gamma is.
+  l.dropless = false;
+  EXPECT_REL(simulate(0.0).makespan_us, simulate(1.0).makespan_us);
 }
 
 // A dropless dispatch is irregular: the EP ranks first exchange one int64

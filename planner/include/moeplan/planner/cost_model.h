@@ -32,6 +32,11 @@ class CostModel {
   // (SendRecv: the shape is the pair's, ranks == 2).
   double CollectiveUs(Collective c, GroupShape shape, double bytes) const;
   bool HasFit(Collective c, GroupShape shape) const;
+  // The bytes an even AlltoAll on `shape` would move to cost what an uneven
+  // one of per-rank size `bytes` costs when its heaviest rank receives `skew`
+  // times the mean: bytes (1 + gamma (skew - 1)), gamma the profile's for the
+  // shape (profile.alltoall_skew), else 1 (bound by the heaviest receiver).
+  double SkewedAllToAllBytes(GroupShape shape, double bytes, double skew) const;
   // The link-level costs of the slowest link a group of this shape crosses.
   const AlphaBeta& LinkFor(GroupShape shape) const {
     return shape.SpansNodes() ? profile_.inter : profile_.intra;

@@ -100,6 +100,14 @@ struct ContextModel {
   std::vector<OpContext> ops;
 };
 
+// An uneven AlltoAll on one group shape (profile.proto AlltoAllSkew): the
+// heaviest rank receiving s times the mean costs as an even AlltoAll of
+// n (1 + gamma (s - 1)) bytes.
+struct AlltoAllSkew {
+  GroupShape shape;
+  double gamma = 1.0;  // [0, 1]
+};
+
 struct ClusterProfile {
   std::string name;
   uint32_t version = 0;
@@ -113,7 +121,8 @@ struct ClusterProfile {
   ActivationModel activation;
   KernelModels kernels;
   ContextModel context;
-  double gpu_memory_gib = 0.0;  // per GPU; 0: unknown (memory is not checked)
+  std::vector<AlltoAllSkew> alltoall_skew;  // shapes without an entry: gamma 1
+  double gpu_memory_gib = 0.0;              // per GPU; 0: unknown (memory is not checked)
 };
 
 // Field rules of a profile; errors name the JSON path, e.g. "links.inter.beta_us_per_byte".
