@@ -108,7 +108,7 @@ void SetReference(const std::vector<v1::ProfileSample>& samples, v1::Provenance*
         // profile-check times collectives alone: in-context samples are not
         // its reference.
         const v1::CollectiveSample& c = s.collective();
-        keep = c.context_us() <= 0.0 && !internal::Uneven(c) &&
+        keep = c.context_us() <= 0.0 && !internal::Irregular(c) &&
                (c.collective() == v1::COLLECTIVE_ALL_TO_ALL ||
                 (c.collective() == v1::COLLECTIVE_SEND_RECV && c.shape().ranks() == 2));
         break;

@@ -114,7 +114,7 @@ absl::Status FitCollectives(const std::vector<v1::ProfileSample>& samples,
   for (const v1::ProfileSample& s : samples) {
     if (s.op_case() != v1::ProfileSample::kCollective) continue;
     const v1::CollectiveSample& c = s.collective();
-    if (Uneven(c)) continue;  // CompareUneven
+    if (Irregular(c)) continue;  // FitUneven
     const bool in_context = c.context_us() > 0.0;
     if (in_context && phase_us > 0.0 && c.context_us() != phase_us) {
       return Bad("samples", Cat("in-context samples after compute phases of ", phase_us, " and ",
@@ -199,23 +199,37 @@ absl::Status FitUneven(const std::vector<v1::ProfileSample>& samples,
                        const planner::CostModel& cost, double tolerance, Calibration* out) {
   struct Point {
     double bytes, load, measured_us;
+    double base_us = 0.0;  // the even irregular sample of this size; 0: none
   };
   std::map<std::pair<int, int>, std::vector<Point>> shapes;  // (ranks, nodes)
+  std::map<std::tuple<int, int, int64_t>, double> base;      // (ranks, nodes, bytes) -> us
   for (const v1::ProfileSample& s : samples) {
-    if (s.op_case() != v1::ProfileSample::kCollective || !Uneven(s.collective())) continue;
+    if (s.op_case() != v1::ProfileSample::kCollective || !Irregular(s.collective())) continue;
     const v1::CollectiveSample& c = s.collective();
+    if (c.load_ratio() == 1.0) {
+      base[{c.shape().ranks(), c.shape().nodes(), c.bytes()}] = s.median_us();
+      continue;
+    }
     shapes[{c.shape().ranks(), c.shape().nodes()}].push_back(
         {static_cast<double>(c.bytes()), c.load_ratio(), s.median_us()});
   }
+  for (auto& [key, pts] : shapes) {
+    for (Point& p : pts) {
+      const auto it = base.find({key.first, key.second, static_cast<int64_t>(p.bytes)});
+      if (it != base.end()) p.base_us = it->second;
+    }
+  }
   for (const auto& [key, pts] : shapes) {
     const planner::GroupShape shape{key.first, key.second};
-    // The model: an even AlltoAll of bytes (1 + gamma (load - 1)); gamma in
-    // [0, 1] by least squares on log(model / measured), every size weighing
-    // alike (a grid of 1/200 steps: the error is not smooth where the even
-    // fit is piecewise).
+    // gamma in [0, 1] by least squares on log(model / measured), every size
+    // weighing alike (a grid of 1/200 steps: the error is not smooth where the
+    // even fit is piecewise).
+    auto even = [&](double bytes) {
+      return cost.CollectiveUs(planner::Collective::kAllToAll, shape, bytes);
+    };
     auto model = [&](const Point& p, double gamma) {
-      return cost.CollectiveUs(planner::Collective::kAllToAll, shape,
-                               p.bytes * (1.0 + gamma * (p.load - 1.0)));
+      const double skewed = even(p.bytes * (1.0 + gamma * (p.load - 1.0)));
+      return p.base_us > 0.0 ? p.base_us * skewed / even(p.bytes) : skewed;
     };
     double best_gamma = 1.0, best = std::numeric_limits<double>::infinity();
     for (int i = 0; i <= 200; ++i) {

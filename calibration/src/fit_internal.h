@@ -32,9 +32,10 @@ namespace moeplan::calibration::internal {
 inline constexpr double kTinyBeta = 1e-12;
 
 // One measured point and what a model predicts for it.
-// An uneven AlltoAll sample (CollectiveSample.load_ratio > 1): not part of
-// the AlltoAll fits, they fit the profile's AlltoAllSkew instead (FitUneven).
-inline bool Uneven(const v1::CollectiveSample& c) { return c.load_ratio() > 1.0; }
+// An AlltoAll through the irregular path (CollectiveSample.load_ratio >= 1,
+// even at 1): not part of the AlltoAll fits, they fit the profile's
+// AlltoAllSkew instead (FitUneven).
+inline bool Irregular(const v1::CollectiveSample& c) { return c.load_ratio() >= 1.0; }
 
 struct Obs {
   double n = 0.0;  // bytes (flops for the GEMM row)
@@ -96,11 +97,14 @@ absl::Status FitCollectives(const std::vector<v1::ProfileSample>& samples,
                             const CalibrateOptions& options, Calibration* out);
 // The planner's SAA composition on `cost` against every fused forward SAA
 // sample: one quality row per SAA shape.
-// Uneven AlltoAll samples: per group shape, the gamma of profile.proto's
-// AlltoAllSkew (an even AlltoAll of bytes (1 + gamma (load - 1)) on `cost`,
-// the profile fitted so far) by least squares on the log error, added to the
-// profile; one quality row per (shape, load), "alltoall 4 ranks / 2 nodes
-// heaviest 2x (gamma 0.35)".
+// Irregular AlltoAll samples: per group shape, the gamma of profile.proto's
+// AlltoAllSkew, by least squares on the log error: an uneven sample (load L)
+// is modelled as the even irregular one of its size (load 1) times
+// E(n (1 + gamma (L - 1))) / E(n), E the even AlltoAll on `cost` (the profile
+// fitted so far), so the irregular path's own speed cancels out; without an
+// even sample of that size, as E(n (1 + gamma (L - 1))) itself. Adds the
+// entries to the profile and one quality row per (shape, load), "alltoall 4
+// ranks / 2 nodes heaviest 2x (gamma 0.35)".
 absl::Status FitUneven(const std::vector<v1::ProfileSample>& samples,
                        const planner::CostModel& cost, double tolerance, Calibration* out);
 absl::Status CompareSaa(const std::vector<v1::ProfileSample>& samples,

@@ -27,9 +27,9 @@ std::string PointLabel(const v1::ProfileSample& s) {
   switch (s.op_case()) {
     case v1::ProfileSample::kCollective: {
       const v1::CollectiveSample& c = s.collective();
-      what = Cat(proto::CollectiveLabel(c.collective()), " ",
+      what = Cat(proto::CollectiveLabel(c.collective()), internal::Irregular(c) ? "v" : "", " ",
                  ShapeName(c.shape().ranks(), c.shape().nodes()), ", ", c.bytes(), " bytes",
-                 internal::Uneven(c) ? Cat(", heaviest ", c.load_ratio(), "x") : "",
+                 internal::Irregular(c) ? Cat(", heaviest ", c.load_ratio(), "x") : "",
                  c.context_us() > 0.0 ? " in context" : "");
       break;
     }

@@ -46,10 +46,11 @@ namespace p = ::moeplan::planner;
 namespace {
 
 std::string ConfigName(size_t i, const v1::LayerConfig& l) {
-  return fmt::format("grid[{}] B={} L={} M={} H={} E={} k={} f={:g} mp={} ep={} esp={}", i,
-                     l.batch_size(), l.seq_len(), l.model_dim(), l.hidden_dim(), l.num_experts(),
-                     l.top_k(), l.capacity_factor(), l.parallel().mp(), l.parallel().ep(),
-                     l.parallel().esp());
+  return fmt::format(
+      "grid[{}] B={} L={} M={} H={} E={} k={} {} mp={} ep={} esp={}", i, l.batch_size(),
+      l.seq_len(), l.model_dim(), l.hidden_dim(), l.num_experts(), l.top_k(),
+      l.dropless() ? std::string("dropless") : fmt::format("f={:g}", l.capacity_factor()),
+      l.parallel().mp(), l.parallel().ep(), l.parallel().esp());
 }
 
 // The last non-empty line of a log: what moeplan-exec said before it stopped.

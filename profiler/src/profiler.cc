@@ -356,7 +356,7 @@ absl::StatusOr<v1::ProfileSample> Profiler::Collective(const Point& p) {
     }
     case Collective::kAllToAll: {
       const int64_t per_peer = count / s;
-      if (p.load > 1.0) {
+      if (p.irregular) {
         // Uneven (AlltoAllv): every rank sends its per_peer * s elements, to
         // group rank 0 load * per_peer of them, the rest evenly to the others;
         // rank 0 then receives load times the mean.
@@ -430,7 +430,7 @@ absl::StatusOr<v1::ProfileSample> Profiler::Collective(const Point& p) {
   SetShape(p.shape, cs->mutable_shape());
   cs->set_groups(GroupsOf(layout_, p.shape));
   cs->set_bytes(p.bytes);
-  if (p.load > 1.0) cs->set_load_ratio(p.load);
+  if (p.irregular) cs->set_load_ratio(p.load);
   const Bandwidth bw = BandwidthOf(p.collective, s, p.bytes, sample.median_us());
   cs->set_algbw_gbytes_per_s(bw.algbw);
   cs->set_busbw_gbytes_per_s(bw.busbw);

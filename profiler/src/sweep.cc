@@ -107,9 +107,10 @@ Bandwidth BandwidthOf(Collective c, int ranks, int64_t bytes, double us) {
 std::string Point::Label() const {
   switch (kind) {
     case Kind::kCollective:
-      return fmt::format("{} {} {}{}{}", std::string(planner::CollectiveName(collective)),
-                         ShapeLabel(shape), FormatBytes(static_cast<double>(bytes)),
-                         load > 1.0 ? fmt::format(" heaviest {:g}x", load) : "",
+      return fmt::format("{}{} {} {}{}{}", std::string(planner::CollectiveName(collective)),
+                         irregular ? "v" : "", ShapeLabel(shape),
+                         FormatBytes(static_cast<double>(bytes)),
+                         irregular ? fmt::format(" heaviest {:g}x", load) : "",
                          context_us > 0.0 ? " in context" : "");
     case Kind::kSaa:
       return fmt::format("saa{} a2a {} gather {} {}{}", dual ? "-dual" : "", ShapeLabel(saa.a2a),
@@ -201,9 +202,14 @@ absl::StatusOr<Sweep> PlanSweep(const NodeLayout& layout, const SweepOptions& o)
         add_comm(std::move(p));
       }
     }
-    // Uneven AlltoAll: every rank sends n, rank 0 of the group receives L n.
+    // Irregular AlltoAll: every rank sends n, rank 0 of the group receives
+    // L n; L = 1 (even) first, the base the uneven ones are compared with.
+    std::vector<double> loads;
+    if (!o.alltoallv_loads.empty()) loads.push_back(1.0);
     for (double load : o.alltoallv_loads) {
-      if (load > shape.ranks) continue;
+      if (load <= shape.ranks) loads.push_back(load);
+    }
+    for (double load : loads) {
       for (int64_t b : sizes) {
         const int64_t r = shape.ranks;
         if (b < r * kF32) continue;
@@ -211,6 +217,7 @@ absl::StatusOr<Sweep> PlanSweep(const NodeLayout& layout, const SweepOptions& o)
         p.kind = Point::Kind::kCollective;
         p.collective = Collective::kAllToAll;
         p.shape = shape;
+        p.irregular = true;
         p.load = load;
         p.bytes = b / (r * kF32) * r * kF32;
         p.buffer_bytes =

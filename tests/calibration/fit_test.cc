@@ -697,10 +697,12 @@ TEST(CalibrateTest, UnevenAlltoAllsFitTheSkewGammaPerShape) {
   const std::vector<v1::ProfileSample> even = Samples(ref);
   std::vector<v1::ProfileSample> s = even;
   const v1::ProfileRun run = MakeRun(2);
-  auto add = [&](planner::GroupShape shape, double load, double gamma) {
+  // `speed`: the irregular path's time over the regular AlltoAll's.
+  auto add = [&](planner::GroupShape shape, double load, double gamma, double speed = 1.0) {
     for (double b = 64 * kKiB; b <= 16 * kMiB; b *= 4) {
-      v1::ProfileSample x = Sample(run, cost.CollectiveUs(planner::Collective::kAllToAll, shape,
-                                                          b * (1.0 + gamma * (load - 1.0))));
+      v1::ProfileSample x =
+          Sample(run, speed * cost.CollectiveUs(planner::Collective::kAllToAll, shape,
+                                                b * (1.0 + gamma * (load - 1.0))));
       v1::CollectiveSample* c = x.mutable_collective();
       c->set_collective(v1::COLLECTIVE_ALL_TO_ALL);
       c->mutable_shape()->set_ranks(shape.ranks);
@@ -711,8 +713,12 @@ TEST(CalibrateTest, UnevenAlltoAllsFitTheSkewGammaPerShape) {
       s.push_back(std::move(x));
     }
   };
-  add({4, 2}, 2.0, 0.3);  // five sizes per load
-  add({4, 2}, 4.0, 0.3);
+  // {4, 2}: the irregular path runs at half the regular AlltoAll's time, and
+  // its even samples (load 1) are the base the uneven ones are held against.
+  add({4, 2}, 1.0, 0.3, 0.5);  // five sizes per load
+  add({4, 2}, 2.0, 0.3, 0.5);
+  add({4, 2}, 4.0, 0.3, 0.5);
+  // {2, 2}: no even irregular samples, held against the regular fit.
   add({2, 2}, 2.0, 1.0);  // bound by the heaviest receiver: the planner's default
   absl::StatusOr<Calibration> with = Calibrate(s, Options());
   ASSERT_TRUE(with.ok()) << with.status();
@@ -722,7 +728,7 @@ TEST(CalibrateTest, UnevenAlltoAllsFitTheSkewGammaPerShape) {
   for (int i = 0; i < with->profile.collectives_size(); ++i) {
     EXPECT_EQ(with->profile.collectives(i).SerializeAsString(),
               without->profile.collectives(i).SerializeAsString())
-        << "uneven samples must not move the AlltoAll fits";
+        << "irregular samples must not move the AlltoAll fits";
   }
   EXPECT_EQ(without->profile.alltoall_skew_size(), 0);
 

@@ -106,18 +106,18 @@ TEST(PlanSweep, CountsPointsAndLeavesOutWithReasons) {
   std::map<Point::Kind, int> kinds;
   for (const Point& p : s->points) ++kinds[p.kind];
   // Shapes {2,1}, {2,2}, {4,2}: 4 collectives x 3 sizes each, SendRecv on the
-  // two pairs only; uneven AlltoAlls: load 2 on every shape, load 4 on the
-  // 4-rank one, 3 sizes each.
-  EXPECT_EQ(kinds[Point::Kind::kCollective], 3 * 4 * 3 + 2 * 3 + (3 + 1) * 3);
-  int uneven = 0;
+  // two pairs only; irregular AlltoAlls: loads 1 (even) and 2 on every
+  // shape, load 4 on the 4-rank one, 3 sizes each.
+  EXPECT_EQ(kinds[Point::Kind::kCollective], 3 * 4 * 3 + 2 * 3 + (3 + 3 + 1) * 3);
+  int irregular = 0;
   for (const Point& p : s->points) {
-    if (p.load == 1.0) continue;
-    ++uneven;
+    if (!p.irregular) continue;
+    ++irregular;
     EXPECT_EQ(p.collective, Collective::kAllToAll);
     EXPECT_LE(p.load, p.shape.ranks);
-    EXPECT_EQ(p.context_us, 0.0) << "uneven AlltoAlls are measured isolated";
+    EXPECT_EQ(p.context_us, 0.0) << "irregular AlltoAlls are measured isolated";
   }
-  EXPECT_EQ(uneven, (3 + 1) * 3);
+  EXPECT_EQ(irregular, (3 + 3 + 1) * 3);
   EXPECT_EQ(kinds[Point::Kind::kSaa], 1 * 2 * 3);  // N = 2, forward and dual
   // The probe and 7 of the 8 grid points (the cap is inclusive), each as NN,
   // NT and TN.
@@ -136,8 +136,8 @@ TEST(PlanSweep, CountsPointsAndLeavesOutWithReasons) {
   EXPECT_TRUE(guard);
 }
 
-// Uneven AlltoAlls are a part of their own: without any other collective they
-// are still swept, and labelled with their load.
+// Irregular AlltoAlls are a part of their own: without any other collective
+// they are still swept, the even one first, and labelled with their load.
 TEST(PlanSweep, UnevenAlltoAllsStandAlone) {
   SweepOptions o;
   o.min_bytes = o.max_bytes = 1 << 20;
@@ -152,10 +152,13 @@ TEST(PlanSweep, UnevenAlltoAllsStandAlone) {
   for (const Point& p : s->points) {
     if (p.kind == Point::Kind::kCollective) labels.push_back(p.Label());
   }
-  EXPECT_THAT(labels, ::testing::ElementsAre("alltoall 2 ranks/1 node 1 MiB heaviest 2x",
-                                             "alltoall 2 ranks/2 nodes 1 MiB heaviest 2x",
-                                             "alltoall 4 ranks/2 nodes 1 MiB heaviest 2x",
-                                             "alltoall 4 ranks/2 nodes 1 MiB heaviest 4x"));
+  EXPECT_THAT(labels, ::testing::ElementsAre("alltoallv 2 ranks/1 node 1 MiB heaviest 1x",
+                                             "alltoallv 2 ranks/1 node 1 MiB heaviest 2x",
+                                             "alltoallv 2 ranks/2 nodes 1 MiB heaviest 1x",
+                                             "alltoallv 2 ranks/2 nodes 1 MiB heaviest 2x",
+                                             "alltoallv 4 ranks/2 nodes 1 MiB heaviest 1x",
+                                             "alltoallv 4 ranks/2 nodes 1 MiB heaviest 2x",
+                                             "alltoallv 4 ranks/2 nodes 1 MiB heaviest 4x"));
   o.alltoallv_loads = {1.0};
   EXPECT_THAT(std::string(PlanSweep({2, 2}, o).status().message()),
               HasSubstr("--alltoallv-loads: must be > 1"));

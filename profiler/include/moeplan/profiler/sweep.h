@@ -85,9 +85,9 @@ struct SweepOptions {
   std::vector<Collective> collectives = {Collective::kAllReduce, Collective::kAllGather,
                                          Collective::kReduceScatter, Collective::kAllToAll,
                                          Collective::kSendRecv};
-  // Uneven AlltoAll (AlltoAllv), whatever `collectives` holds: on every group
-  // shape of r ranks, each load L <= r (one rank receives L times the mean,
-  // each L > 1), isolated; empty: none.
+  // Irregular AlltoAll (AlltoAllv), whatever `collectives` holds: on every
+  // group shape of r ranks, even (load 1: the base) and each load L <= r (one
+  // rank receives L times the mean, each L > 1), isolated; empty: none.
   std::vector<double> alltoallv_loads = {2.0, 4.0};
   bool saa = true;
   // > 0: every collective and SAA point is measured twice, isolated and then
@@ -119,8 +119,9 @@ struct Point {
   // Collectives, SAA: the compute phase (µs) before each timed repetition;
   // 0: isolated (docs/cost-model.md "In context").
   double context_us = 0.0;
-  // AlltoAll: > 1 makes it uneven, group rank 0 receiving this many times the
-  // mean (CollectiveSample.load_ratio); 1: even.
+  // AlltoAll: through the irregular path (AlltoAllv) with group rank 0
+  // receiving `load` times the mean (CollectiveSample.load_ratio; 1: even).
+  bool irregular = false;
   double load = 1.0;
   std::string kernel;  // memory: one of kMemoryKernels
   int64_t tokens = 0;  // memory
@@ -134,7 +135,8 @@ struct Sweep {
   std::vector<std::string> skipped;  // what was left out and why
 };
 // The whole sweep, in the order it runs: collectives by shape then size (each
-// shape's uneven AlltoAlls after its even ones), SAA, GEMMs, memory-bound kernels. InvalidArgument
+// shape's irregular AlltoAlls after its collectives), SAA, GEMMs, memory-bound
+// kernels. InvalidArgument
 // for inconsistent options (named).
 absl::StatusOr<Sweep> PlanSweep(const NodeLayout& layout, const SweepOptions& options);
 
