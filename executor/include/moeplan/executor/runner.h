@@ -32,8 +32,8 @@ RankPlace PlaceOf(const planner::ParallelLayout& p, int rank);
 absl::Status ValidateWorld(const planner::LayerConfig& layer, int world_size);
 
 // What the executor runs on top of the planner's rules (ValidateLayer and
-// ValidateForSchedule): one pipeline stage on exactly mp*dp ranks. Same
-// answer on every rank.
+// ValidateForSchedule): one pipeline stage on exactly mp*dp ranks, and
+// dropless layers under the default schedule only. Same answer on every rank.
 absl::Status ValidateForExecutor(const planner::LayerConfig& layer, planner::Schedule schedule,
                                  int world_size);
 
