@@ -244,7 +244,7 @@ absl::StatusOr<Sweep> PlanSweep(const NodeLayout& layout, const SweepOptions& o)
       }
     }
   }
-  {
+  if (!o.gemm_sizes.empty()) {  // the launch probe goes with the GEMM grid
     Point probe;
     probe.kind = Point::Kind::kGemm;
     probe.m = probe.n = probe.k = 1;
