@@ -281,6 +281,15 @@ class MoeLayerRunner::Impl final : public OpRecorder {
   }
   // The expert FFN shard on uneven blocks: block (w, l) is peer_count_[w*El+l]
   // rows from block_off_, local expert l's weights; one GEMM per block.
+  // ForBlocksOf visits local expert l's non-empty blocks, peer by peer.
+  template <class Fn>
+  absl::Status ForBlocksOf(int64_t l, Fn&& fn) {  // fn(rows, first row), non-empty blocks
+    for (int64_t w = 0; w < W_; ++w) {
+      const size_t b = static_cast<size_t>(w * El_ + l);
+      if (peer_count_[b] > 0) MOEPLAN_RETURN_IF_ERROR(fn(peer_count_[b], block_off_[b]));
+    }
+    return absl::OkStatus();
+  }
   absl::Status RaggedExpertForward();
   absl::Status RaggedExpertBackwardData();
   absl::Status RaggedExpertBackwardWeights();
@@ -747,38 +756,30 @@ absl::Status MoeLayerRunner::Impl::SizeExchange() {
 }
 
 absl::Status MoeLayerRunner::Impl::RaggedExpertForward() {
-  for (int64_t w = 0; w < W_; ++w) {
-    for (int64_t l = 0; l < El_; ++l) {
-      const size_t b = static_cast<size_t>(w * El_ + l);
-      const int64_t r = peer_count_[b], o = block_off_[b];
-      if (r == 0) continue;
+  for (int64_t l = 0; l < El_; ++l) {
+    MOEPLAN_RETURN_IF_ERROR(ForBlocksOf(l, [&](int64_t r, int64_t o) -> absl::Status {
       void* z = At(z_, o * Hs_);
       void* a = At(a_, o * Hs_);
       MOEPLAN_RETURN_IF_ERROR(k_->Gemm(false, false, r, Hs_, M_, 1.0f, At(ein_, o * M_), M_,
                                        At(w1_, l * M_ * Hs_), Hs_, 0.0f, z, Hs_, dt_));
       MOEPLAN_RETURN_IF_ERROR(k_->Activation(z, a, r * Hs_, dt_));
-      MOEPLAN_RETURN_IF_ERROR(k_->Gemm(false, false, r, M_, Hs_, 1.0f, a, Hs_,
-                                       At(w2_, l * Hs_ * M_), M_, 0.0f, At(eout_, o * M_), M_,
-                                       dt_));
-    }
+      return k_->Gemm(false, false, r, M_, Hs_, 1.0f, a, Hs_, At(w2_, l * Hs_ * M_), M_, 0.0f,
+                      At(eout_, o * M_), M_, dt_);
+    }));
   }
   return absl::OkStatus();
 }
 
 absl::Status MoeLayerRunner::Impl::RaggedExpertBackwardData() {
-  for (int64_t w = 0; w < W_; ++w) {
-    for (int64_t l = 0; l < El_; ++l) {
-      const size_t b = static_cast<size_t>(w * El_ + l);
-      const int64_t r = peer_count_[b], o = block_off_[b];
-      if (r == 0) continue;
+  for (int64_t l = 0; l < El_; ++l) {
+    MOEPLAN_RETURN_IF_ERROR(ForBlocksOf(l, [&](int64_t r, int64_t o) -> absl::Status {
       void* dz = At(dz_, o * Hs_);
       MOEPLAN_RETURN_IF_ERROR(k_->Gemm(false, true, r, Hs_, M_, 1.0f, At(deout_, o * M_), M_,
                                        At(w2_, l * Hs_ * M_), M_, 0.0f, dz, Hs_, dt_));
       MOEPLAN_RETURN_IF_ERROR(k_->ActivationBackward(At(z_, o * Hs_), dz, r * Hs_, dt_));
-      MOEPLAN_RETURN_IF_ERROR(k_->Gemm(false, true, r, M_, Hs_, 1.0f, dz, Hs_,
-                                       At(w1_, l * M_ * Hs_), Hs_, 0.0f, At(dein_, o * M_), M_,
-                                       dt_));
-    }
+      return k_->Gemm(false, true, r, M_, Hs_, 1.0f, dz, Hs_, At(w1_, l * M_ * Hs_), Hs_, 0.0f,
+                      At(dein_, o * M_), M_, dt_);
+    }));
   }
   return absl::OkStatus();
 }
@@ -790,16 +791,14 @@ absl::Status MoeLayerRunner::Impl::RaggedExpertBackwardWeights() {
     void* dw1 = At(dw1_, l * M_ * Hs_);
     void* dw2 = At(dw2_, l * Hs_ * M_);
     float beta = 0.0f;
-    for (int64_t w = 0; w < W_; ++w) {
-      const size_t b = static_cast<size_t>(w * El_ + l);
-      const int64_t r = peer_count_[b], o = block_off_[b];
-      if (r == 0) continue;
+    MOEPLAN_RETURN_IF_ERROR(ForBlocksOf(l, [&](int64_t r, int64_t o) -> absl::Status {
       MOEPLAN_RETURN_IF_ERROR(k_->Gemm(true, false, Hs_, M_, r, dw_scale_, At(a_, o * Hs_), Hs_,
                                        At(deout_, o * M_), M_, beta, dw2, M_, dt_));
       MOEPLAN_RETURN_IF_ERROR(k_->Gemm(true, false, M_, Hs_, r, dw_scale_, At(ein_, o * M_), M_,
                                        At(dz_, o * Hs_), Hs_, beta, dw1, Hs_, dt_));
       beta = 1.0f;
-    }
+      return absl::OkStatus();
+    }));
     if (beta == 0.0f) {
       const size_t bytes = static_cast<size_t>(M_ * Hs_) * es_;
       MOEPLAN_RETURN_IF_ERROR(dev_->Zero(dw1, bytes, kComputeLane));
