@@ -99,6 +99,10 @@ struct Setup {
   ex::DType dtype = ex::DType::kF32;
   std::vector<p::Schedule> schedules;
   bool auto_schedule = false;
+  // What the runners' plans are built with: the prediction's cost model and
+  // the nodes the ranks run on, so the plan run is the plan predicted.
+  int hosts = 1;
+  const p::CostModel* cost = nullptr;
 };
 
 // Ranks of this job on this host.
@@ -216,6 +220,8 @@ std::unique_ptr<ex::MoeLayerRunner> CreateRunner(const Args& a, const Setup& s,
                                                  p::Schedule schedule, ex::Backend& b) {
   ex::RunOptions opt;
   opt.schedule = schedule;
+  opt.hosts = s.hosts;
+  opt.cost = s.cost;
   opt.dtype = s.dtype;
   opt.seed = a.seed;
   opt.skew_exponent = a.skew;
@@ -498,6 +504,8 @@ int Run(const Args& a) {
 
   absl::StatusOr<ex::Backend> backend = ex::MakeBackend(a.backend);
   if (!Agree(backend.status()).ok()) return 1;
+  s.hosts = hosts;
+  s.cost = &*cost;
 
   const std::vector<Measured> runs = MeasureAll(a, s, *backend);
   // Dropless (default schedule only): the reference of --check is the padded
@@ -580,7 +588,9 @@ int Run(const Args& a) {
 }  // namespace moeplan::exec
 
 int main(int argc, char** argv) {
-  MPI_Init(&argc, &argv);
+  // Threaded lanes (the plan interpreter) drive each communicator from its own thread.
+  int provided = 0;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
   moeplan::exec::Args a;
   CLI::App app{
       "Runs one MoE layer forward and backward under the default, S1 and S2 schedules "

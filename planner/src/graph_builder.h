@@ -79,7 +79,7 @@ class Builder {
   const CostModel& cost() const { return cost_; }
 
   Deps Compute(std::string_view name, Phase phase, Term term, double cost_us, double bytes,
-               Deps dep, uint8_t flags = 0) {
+               Deps dep, uint8_t flags = 0, const OpExec& exec = {}) {
     Op op;
     op.base = name;
     op.flags = flags;
@@ -89,13 +89,18 @@ class Builder {
     op.resources = kCompute;
     op.cost_us = cost_.InContextUs(name, kCompute, cost_us);
     op.bytes = Bytes(bytes);
-    return {Add(op, {dep.a, dep.b})};
+    return {Add(op, {dep.a, dep.b}, exec)};
   }
 
-  // A collective on `shape` with per-rank size n; no op for a group of one rank.
-  Deps Coll(std::string_view name, Phase phase, Collective c, GroupShape shape, double n,
-            Deps dep) {
-    if (shape.ranks <= 1) return dep;
+  // A collective on `shape` with per-rank size n; no op for a group of one rank,
+  // where an AlltoAll, AllGather or ReduceScatter is the identity: its output
+  // buffer is then its input's memory (an alias the executor follows).
+  Deps Coll(std::string_view name, Phase phase, Collective c, GroupShape shape, double n, Deps dep,
+            const OpExec& exec = {}) {
+    if (shape.ranks <= 1) {
+      if (exec.in != exec.out && exec.out != Buf::kNone) Alias(exec.out, exec.in);
+      return dep;
+    }
     Op op;
     op.base = name;
     op.kind = OpKind::kComm;
@@ -105,7 +110,7 @@ class Builder {
     op.cost_us = cost_.InContextUs(name, op.resources, cost_.CollectiveUs(c, shape, n));
     op.bytes = Bytes(n);
     op.inter_node_bytes = Bytes(InterNodeBytes(c, shape, n));
-    return {Add(op, {dep.a, dep.b})};
+    return {Add(op, {dep.a, dep.b}, exec)};
   }
 
   // An AlltoAll of per-rank size n over `shape` by `algo`. Linear: one
@@ -117,17 +122,18 @@ class Builder {
   struct A2aNames {
     std::string_view linear, intra, reorder, inter;
   };
+  // The hierarchical form's ops carry no executable semantics yet (kNone).
   Deps AllToAll(const A2aNames& names, Phase phase, AllToAllAlgo algo, GroupShape shape,
-                int ranks_per_node, double n, Deps dep) {
+                int ranks_per_node, double n, Deps dep, const OpExec& exec = {}) {
     if (algo == AllToAllAlgo::kLinear || !shape.SpansNodes() || ranks_per_node <= 1) {
-      return Coll(names.linear, phase, Collective::kAllToAll, shape, n, dep);
+      return Coll(names.linear, phase, Collective::kAllToAll, shape, n, dep, exec);
     }
     const GroupShape local{ranks_per_node, 1};
     const int across = shape.ranks / ranks_per_node;
     const GroupShape remote{across, across};
     dep = Coll(names.intra, phase, Collective::kAllToAll, local, n, dep);
-    dep = Compute(names.reorder, phase, Term::kAllToAll, cost_.MemoryBoundUs(2.0 * n), 2.0 * n,
-                  dep);
+    dep =
+        Compute(names.reorder, phase, Term::kAllToAll, cost_.MemoryBoundUs(2.0 * n), 2.0 * n, dep);
     return Coll(names.inter, phase, Collective::kAllToAll, remote, n, dep);
   }
 
@@ -137,7 +143,7 @@ class Builder {
   // contiguous node blocks every shift 0 < i < W crosses a boundary for some
   // pair); the representative rank's own bytes cross iff peer i is off-node.
   OpId A2aStep(std::string_view name, int i, Phase phase, GroupShape a2a, int ranks_per_node,
-               double chunk, std::initializer_list<OpId> deps) {
+               double chunk, std::initializer_list<OpId> deps, const OpExec& exec = {}) {
     const GroupShape pair{2, a2a.SpansNodes() ? 2 : 1};
     Op op;
     op.base = name;
@@ -146,15 +152,15 @@ class Builder {
     op.phase = phase;
     op.term = Term::kAllToAll;
     op.resources = a2a.SpansNodes() ? kInter : kIntra;
-    op.cost_us =
-        cost_.InContextUs(name, op.resources, cost_.CollectiveUs(Collective::kSendRecv, pair, chunk));
+    op.cost_us = cost_.InContextUs(name, op.resources,
+                                   cost_.CollectiveUs(Collective::kSendRecv, pair, chunk));
     op.bytes = Bytes(chunk);
     op.inter_node_bytes = i >= ranks_per_node ? Bytes(chunk) : 0;
-    return Add(op, deps);
+    return Add(op, deps, exec);
   }
 
   OpId ChunkColl(std::string_view name, int i, Phase phase, Collective c, GroupShape shape,
-                 double chunk, std::initializer_list<OpId> deps) {
+                 double chunk, std::initializer_list<OpId> deps, const OpExec& exec = {}) {
     Op op;
     op.base = name;
     op.step = i;
@@ -165,61 +171,109 @@ class Builder {
     op.cost_us = cost_.InContextUs(name, op.resources, cost_.CollectiveUs(c, shape, chunk));
     op.bytes = Bytes(chunk);
     op.inter_node_bytes = Bytes(InterNodeBytes(c, shape, chunk));
-    return Add(op, deps);
+    return Add(op, deps, exec);
   }
+
+  // What an SAA moves (op_exec.h kSaaExchange / kSaaGather / kSaaReduce): the
+  // AlltoAll's group and the gather's / scatter's, the input, the AlltoAll's
+  // receive (gather form) or the reduced chunks (scatter form), the output,
+  // elements per chunk and between group members' blocks. Null: no semantics.
+  struct SaaExec {
+    ExecGroup a2a = ExecGroup::kNone, group = ExecGroup::kNone;
+    Buf in = Buf::kNone, mid = Buf::kNone, out = Buf::kNone;
+    int64_t chunk = 0, stride = 0;
+
+    // An exchange step from `send` into `recv`.
+    OpExec Exchange(Buf send, Buf recv) const {
+      return {
+          .kind = ExecKind::kSaaExchange, .group = a2a, .in = send, .out = recv, .count = chunk};
+    }
+    // A gather or reduce step on `group` of the chunks the AlltoAll moves.
+    OpExec Chunks(ExecKind k) const {
+      return {.kind = k,
+              .group = group,
+              .pairs = a2a,
+              .in = in,
+              .mid = mid,
+              .out = out,
+              .count = chunk,
+              .stride = stride};
+    }
+  };
 
   // SAA forward form: AlltoAll steps on one stream, AllGather of each arrived
   // chunk (the local chunk 0 first) on a second. Issue order a2a.1, allgather.0,
   // a2a.2, allgather.1, ... so each gather is issued behind the next exchange.
+  // A gather group of one rank has no gather ops: the steps receive into the
+  // output and the first also places the local chunk there.
   Deps SaaGather(std::string_view a2a_name, std::string_view ag_name, Phase phase, GroupShape a2a,
                  int ranks_per_node, GroupShape gather, double a2a_bytes, double gather_chunk_bytes,
-                 Deps dep) {
+                 Deps dep, const SaaExec* x = nullptr) {
     const int w = a2a.ranks;
     const double chunk = a2a_bytes / w;
     const bool gathers = gather.ranks > 1;
+    OpExec step_x, gather_x;
+    if (x != nullptr) {
+      step_x = x->Exchange(x->in, gathers ? x->mid : x->out);
+      gather_x = x->Chunks(ExecKind::kSaaGather);
+      if (w <= 1 && !gathers) Alias(x->out, x->in);
+    }
     OpId a2a_prev = kNoOp;  // kNoOp: the chain input `dep`
     OpId ag_prev = kNoOp;
     for (int i = 1; i < w; ++i) {
+      OpExec sx = step_x;
+      sx.copy_local = x != nullptr && !gathers && i == 1;
       const OpId step =
           a2a_prev == kNoOp
-              ? A2aStep(a2a_name, i, phase, a2a, ranks_per_node, chunk, {dep.a, dep.b})
-              : A2aStep(a2a_name, i, phase, a2a, ranks_per_node, chunk, {a2a_prev});
+              ? A2aStep(a2a_name, i, phase, a2a, ranks_per_node, chunk, {dep.a, dep.b}, sx)
+              : A2aStep(a2a_name, i, phase, a2a, ranks_per_node, chunk, {a2a_prev}, sx);
       if (gathers) {
         // Gather chunk i-1: it arrived with step i-1 (chunk 0 is local).
-        ag_prev =
-            GatherChunk(ag_name, i - 1, phase, gather, gather_chunk_bytes, ag_prev, a2a_prev, dep);
+        ag_prev = GatherChunk(ag_name, i - 1, phase, gather, gather_chunk_bytes, ag_prev, a2a_prev,
+                              dep, gather_x);
       }
       a2a_prev = step;
     }
     if (!gathers) return a2a_prev == kNoOp ? dep : Deps{a2a_prev};
-    return {GatherChunk(ag_name, w - 1, phase, gather, gather_chunk_bytes, ag_prev, a2a_prev, dep)};
+    return {GatherChunk(ag_name, w - 1, phase, gather, gather_chunk_bytes, ag_prev, a2a_prev, dep,
+                        gather_x)};
   }
 
   // SAA backward (dual) form: ReduceScatter of the chunk for peer i, then its
-  // exchange, pipelined on two streams; the local chunk 0 is reduced last.
+  // exchange, pipelined on two streams; the local chunk 0 is reduced last. A
+  // scatter group of one rank has no reduce ops: the steps send from the
+  // input and the first also places the local chunk in the output.
   Deps SaaScatter(std::string_view rs_name, std::string_view a2a_name, Phase phase, GroupShape a2a,
                   int ranks_per_node, GroupShape scatter, double a2a_bytes,
-                  double scatter_chunk_bytes, Deps dep) {
+                  double scatter_chunk_bytes, Deps dep, const SaaExec* x = nullptr) {
     const int w = a2a.ranks;
     const double chunk = a2a_bytes / w;
     const bool scatters = scatter.ranks > 1;
+    OpExec step_x, reduce_x;
+    if (x != nullptr) {
+      step_x = x->Exchange(scatters ? x->mid : x->in, x->out);
+      reduce_x = x->Chunks(ExecKind::kSaaReduce);
+      if (w <= 1 && !scatters) Alias(x->out, x->in);
+    }
     OpId rs_prev = kNoOp, a2a_prev = kNoOp;
     auto after = [&](OpId prev) { return prev == kNoOp ? dep : Deps{prev}; };
     for (int i = 1; i < w; ++i) {
       if (scatters) {
         const Deps d = after(rs_prev);
         rs_prev = ChunkColl(rs_name, i, phase, Collective::kReduceScatter, scatter,
-                            scatter_chunk_bytes, {d.a, d.b});
+                            scatter_chunk_bytes, {d.a, d.b}, reduce_x);
       }
       const Deps in = after(rs_prev);
       const Deps prev = after(a2a_prev);
+      OpExec sx = step_x;
+      sx.copy_local = x != nullptr && !scatters && i == 1;
       a2a_prev =
-          A2aStep(a2a_name, i, phase, a2a, ranks_per_node, chunk, {in.a, in.b, prev.a, prev.b});
+          A2aStep(a2a_name, i, phase, a2a, ranks_per_node, chunk, {in.a, in.b, prev.a, prev.b}, sx);
     }
     if (scatters) {
       const Deps d = after(rs_prev);
       rs_prev = ChunkColl(rs_name, 0, phase, Collective::kReduceScatter, scatter,
-                          scatter_chunk_bytes, {d.a, d.b});
+                          scatter_chunk_bytes, {d.a, d.b}, reduce_x);
     }
     if (rs_prev == kNoOp) return after(a2a_prev);
     if (a2a_prev == kNoOp) return {rs_prev};
@@ -228,23 +282,25 @@ class Builder {
 
  private:
   OpId GatherChunk(std::string_view name, int i, Phase phase, GroupShape gather, double chunk,
-                   OpId ag_prev, OpId arrived, Deps dep) {
+                   OpId ag_prev, OpId arrived, Deps dep, const OpExec& exec) {
     // Waits for the previous gather (its stream) and for the chunk's arrival.
     if (ag_prev == kNoOp && arrived == kNoOp) {
-      return ChunkColl(name, i, phase, Collective::kAllGather, gather, chunk, {dep.a, dep.b});
+      return ChunkColl(name, i, phase, Collective::kAllGather, gather, chunk, {dep.a, dep.b}, exec);
     }
     if (arrived == kNoOp) {
       return ChunkColl(name, i, phase, Collective::kAllGather, gather, chunk,
-                       {ag_prev, dep.a, dep.b});
+                       {ag_prev, dep.a, dep.b}, exec);
     }
-    return ChunkColl(name, i, phase, Collective::kAllGather, gather, chunk, {ag_prev, arrived});
+    return ChunkColl(name, i, phase, Collective::kAllGather, gather, chunk, {ag_prev, arrived},
+                     exec);
   }
 
-  OpId Add(Op op, std::initializer_list<OpId> deps) {
+  OpId Add(Op op, std::initializer_list<OpId> deps, const OpExec& exec) {
     op.block = block_;
     op.flags |= flags_;
-    return g_->Add(op, deps);
+    return g_->Add(op, deps, exec);
   }
+  void Alias(Buf buf, Buf same_as) { g_->Alias({block_, buf, same_as}); }
 
   const CostModel& cost_;
   OpGraph* g_;

@@ -1,5 +1,7 @@
 #include "moeplan/planner/op_graph.h"
 
+#include <iterator>
+
 #include "moeplan/base/strings.h"
 
 namespace moeplan::planner {
@@ -68,6 +70,46 @@ std::string_view TermName(Term t) {
   return "unknown";
 }
 
+std::string_view ExecKindName(ExecKind k) {
+  static constexpr std::string_view kNames[] = {"none",
+                                                "gate",
+                                                "gate_backward",
+                                                "order",
+                                                "iorder",
+                                                "iorder_backward",
+                                                "order_backward",
+                                                "expert_forward",
+                                                "expert_backward_data",
+                                                "expert_backward_weights",
+                                                "slice",
+                                                "counts",
+                                                "alltoall",
+                                                "allgather",
+                                                "reducescatter",
+                                                "allreduce",
+                                                "saa_exchange",
+                                                "saa_gather",
+                                                "saa_reduce"};
+  const size_t i = static_cast<size_t>(k);
+  return i < std::size(kNames) ? kNames[i] : "unknown";
+}
+
+std::string_view ExecGroupName(ExecGroup g) {
+  static constexpr std::string_view kNames[] = {"none", "mp", "ep", "esp"};
+  const size_t i = static_cast<size_t>(g);
+  return i < std::size(kNames) ? kNames[i] : "unknown";
+}
+
+std::string_view BufName(Buf b) {
+  static constexpr std::string_view kNames[] = {
+      "none",  "x",     "y",    "dy",    "dx",   "xs",    "ys",       "dys",   "dxs",
+      "disp",  "ddisp", "comb", "dcomb", "part", "dpart", "recv",     "drecv", "back",
+      "dback", "stage", "ein",  "eout",  "dein", "deout", "gate_grad"};
+  static_assert(std::size(kNames) == kNumBufs);
+  const size_t i = static_cast<size_t>(b);
+  return i < std::size(kNames) ? kNames[i] : "unknown";
+}
+
 std::string Op::Name() const {
   if (step < 0 && block < 0 && part < 0 && !(flags & kMoeScope)) return std::string(base);
   std::string out;
@@ -79,9 +121,10 @@ std::string Op::Name() const {
   return out;
 }
 
-OpId OpGraph::Add(const Op& op, std::initializer_list<OpId> deps) {
+OpId OpGraph::Add(const Op& op, std::initializer_list<OpId> deps, const OpExec& exec) {
   const OpId id = size();
   ops_.push_back(op);
+  exec_.push_back(exec);
   for (OpId d : deps) {
     if (d != kNoOp) dep_ids_.push_back(d);
   }
@@ -89,9 +132,10 @@ OpId OpGraph::Add(const Op& op, std::initializer_list<OpId> deps) {
   return id;
 }
 
-OpId OpGraph::Add(const Op& op, std::span<const OpId> deps) {
+OpId OpGraph::Add(const Op& op, std::span<const OpId> deps, const OpExec& exec) {
   const OpId id = size();
   ops_.push_back(op);
+  exec_.push_back(exec);
   for (OpId d : deps) {
     if (d != kNoOp) dep_ids_.push_back(d);
   }
@@ -101,6 +145,7 @@ OpId OpGraph::Add(const Op& op, std::span<const OpId> deps) {
 
 void OpGraph::Reserve(int ops, int deps) {
   ops_.reserve(static_cast<size_t>(ops));
+  exec_.reserve(static_cast<size_t>(ops));
   dep_begin_.reserve(static_cast<size_t>(ops) + 1);
   dep_ids_.reserve(static_cast<size_t>(deps));
 }
@@ -114,6 +159,8 @@ bool OpGraph::HasDep(OpId from, OpId to) const {
 
 void OpGraph::Clear() {
   ops_.clear();
+  exec_.clear();
+  aliases_.clear();
   dep_ids_.clear();
   dep_begin_.resize(1);
 }

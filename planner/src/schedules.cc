@@ -108,6 +108,51 @@ class Kernels {
 constexpr Phase F = Phase::kForward;
 constexpr Phase B = Phase::kBackward;
 
+// What the ops compute (op_exec.h), in elements of the layer's buffers.
+using EK = ExecKind;
+using EG = ExecGroup;
+// The gate on `tokens` rows of `x`, `cap` slots per expert; its backward adds
+// the input gradient to `dx`.
+OpExec GateX(Buf x, int64_t tokens, int64_t cap) {
+  return {.kind = EK::kGate, .in = x, .tokens = tokens, .capacity = cap};
+}
+OpExec GateBwdX(Buf x, Buf dx, int64_t tokens, int64_t cap) {
+  return {.kind = EK::kGateBackward, .in = x, .out = dx, .tokens = tokens, .capacity = cap};
+}
+// Order / i-order and their backward on a buffer of `cap` slots per expert in
+// `parts` parts; ragged: the dropless compact buffer.
+OpExec RouteX(EK k, Buf in, Buf mid, Buf out, int64_t tokens, int64_t cap, int parts, bool ragged) {
+  return {.kind = k,
+          .in = in,
+          .mid = mid,
+          .out = out,
+          .ragged = ragged,
+          .parts = parts,
+          .tokens = tokens,
+          .capacity = cap};
+}
+OpExec ExpertX(EK k, Buf in, Buf mid, Buf out, int64_t groups, int64_t rows, bool ragged,
+               float scale = 1.0f) {
+  return {.kind = k,
+          .in = in,
+          .mid = mid,
+          .out = out,
+          .ragged = ragged,
+          .groups = static_cast<int32_t>(groups),
+          .scale = scale,
+          .rows = rows};
+}
+OpExec CollX(EK k, EG g, Buf in, Buf out, int64_t count, bool ragged = false,
+             bool to_experts = false) {
+  return {.kind = k,
+          .group = g,
+          .in = in,
+          .out = out,
+          .ragged = ragged,
+          .to_experts = to_experts,
+          .count = count};
+}
+
 using internal::Builder;
 using internal::Deps;
 using A2aNames = Builder::A2aNames;
@@ -130,11 +175,21 @@ constexpr A2aNames kBwdDispatch{"bwd.ep_alltoall_dispatch", "bwd.ep_alltoall_dis
 // a single layer chains them, a whole model interleaves other ops between them.
 // The expert backward is dX then dW; with detach_dw the dW op hangs off the
 // chain (its inputs are dX's) instead of preceding the next op.
-Deps ExpertBackward(Builder& b, const LayerContext& ctx, const Kernels& k, int64_t rows, Deps x) {
-  const Deps dx =
-      b.Compute("bwd.expert_dx", B, Term::kExpert, k.ExpertDx(rows), k.ExpertBytes(rows), x);
+// `groups` x `exec_rows` are the executed expert input's rows per local expert.
+Deps ExpertBackward(Builder& b, const LayerContext& ctx, const Kernels& k, int64_t rows, Deps x,
+                    int64_t groups, int64_t exec_rows, float dw_scale = 1.0f) {
+  const bool rag = ctx.layer->dropless;
+  OpExec dx_x, dw_x;  // groups 0: not executable (no buffers named)
+  if (groups > 0) {
+    dx_x = ExpertX(EK::kExpertBackwardData, Buf::kDeout, Buf::kNone, Buf::kDein, groups, exec_rows,
+                   rag);
+    dw_x = ExpertX(EK::kExpertBackwardWeights, Buf::kEin, Buf::kDeout, Buf::kNone, groups,
+                   exec_rows, rag, dw_scale);
+  }
+  const Deps dx = b.Compute("bwd.expert_dx", B, Term::kExpert, k.ExpertDx(rows),
+                            k.ExpertBytes(rows), x, 0, dx_x);
   const Deps dw = b.Compute("bwd.expert_dw", B, Term::kExpert, k.ExpertDw(rows),
-                            k.ExpertBytes(rows), ctx.detach_dw ? x : dx, kWeightGrad);
+                            k.ExpertBytes(rows), ctx.detach_dw ? x : dx, kWeightGrad, dw_x);
   return ctx.detach_dw ? dx : dw;
 }
 
@@ -155,7 +210,8 @@ Deps DroplessCounts(Builder& b, const LayerContext& ctx, Deps x) {
   const LayerConfig& l = *ctx.layer;
   if (!l.dropless) return x;
   return b.Coll(kCountsOp, F, Collective::kAllToAll, ctx.topo.ep,
-                static_cast<double>(kCountBytes) * l.num_experts, x);
+                static_cast<double>(kCountBytes) * l.num_experts, x,
+                {.kind = EK::kCounts, .group = EG::kEp});
 }
 
 Deps SectionDefault(MoeSection sec, const LayerContext& ctx, Builder& b, Deps x) {
@@ -168,30 +224,51 @@ Deps SectionDefault(MoeSection sec, const LayerContext& ctx, Builder& b, Deps x)
   const double a2a = SkewedA2a(ctx, static_cast<double>(d.dispatch_bytes));
   const int64_t rows = k.Skewed(int64_t{l.parallel.ep} * cap);  // per local expert
   const int q = t.ep_ranks_per_node;
+  // Executed: a dropless layer keeps every choice (capacity S) in a compact
+  // buffer; the expert side is W groups of `cap` rows per local expert.
+  const bool rag = l.dropless;
+  const int64_t xcap = rag ? s : cap, w = l.parallel.ep;
+  const int64_t peer = k.LocalExperts() * cap * l.model_dim;
+  const float dw_scale = static_cast<float>(l.parallel.esp) / static_cast<float>(l.parallel.mp);
   switch (sec) {
     case MoeSection::kFwdRoute:
-      x = b.Compute("fwd.gate", F, Term::kGate, k.GateFwd(s), k.GateBytes(s), x);
-      return b.Compute("fwd.order", F, Term::kOrder, k.Scatter(s, cap), k.OrderBytes(s, cap), x);
+      x = b.Compute("fwd.gate", F, Term::kGate, k.GateFwd(s), k.GateBytes(s), x, 0,
+                    GateX(Buf::kX, s, xcap));
+      return b.Compute("fwd.order", F, Term::kOrder, k.Scatter(s, cap), k.OrderBytes(s, cap), x, 0,
+                       RouteX(EK::kOrder, Buf::kX, Buf::kNone, Buf::kDisp, s, xcap, 1, rag));
     case MoeSection::kFwdExchange:
       x = DroplessCounts(b, ctx, x);
-      x = b.AllToAll(kFwdDispatch, F, ctx.a2a, t.ep, q, a2a, x);
-      x = b.Compute("fwd.expert", F, Term::kExpert, k.ExpertFwd(rows), k.ExpertBytes(rows), x);
-      x = b.Coll("fwd.esp_allreduce", F, Collective::kAllReduce, t.esp, n, x);
-      x = b.AllToAll(kFwdCombine, F, ctx.a2a, t.ep, q, a2a, x);
-      return b.Compute("fwd.iorder", F, Term::kOrder, k.Gather(s, cap), k.OrderBytes(s, cap), x);
+      x = b.AllToAll(kFwdDispatch, F, ctx.a2a, t.ep, q, a2a, x,
+                     CollX(EK::kAllToAll, EG::kEp, Buf::kDisp, Buf::kEin, peer, rag, true));
+      x = b.Compute("fwd.expert", F, Term::kExpert, k.ExpertFwd(rows), k.ExpertBytes(rows), x, 0,
+                    ExpertX(EK::kExpertForward, Buf::kEin, Buf::kNone, Buf::kEout, w, cap, rag));
+      x = b.Coll("fwd.esp_allreduce", F, Collective::kAllReduce, t.esp, n, x,
+                 CollX(EK::kAllReduce, EG::kEsp, Buf::kEout, Buf::kEout, w * peer, rag));
+      x = b.AllToAll(kFwdCombine, F, ctx.a2a, t.ep, q, a2a, x,
+                     CollX(EK::kAllToAll, EG::kEp, Buf::kEout, Buf::kComb, peer, rag, false));
+      return b.Compute("fwd.iorder", F, Term::kOrder, k.Gather(s, cap), k.OrderBytes(s, cap), x, 0,
+                       RouteX(EK::kIOrder, Buf::kComb, Buf::kNone, Buf::kY, s, xcap, 1, rag));
     case MoeSection::kBwdUnroute:
-      return b.Compute("bwd.iorder", B, Term::kOrder, k.Unroute(s, cap), k.UnrouteBytes(s, cap), x);
+      return b.Compute(
+          "bwd.iorder", B, Term::kOrder, k.Unroute(s, cap), k.UnrouteBytes(s, cap), x, 0,
+          RouteX(EK::kIOrderBackward, Buf::kDy, Buf::kComb, Buf::kDcomb, s, xcap, 1, rag));
     case MoeSection::kBwdExchange:
-      x = b.AllToAll(kBwdCombine, B, ctx.a2a, t.ep, q, a2a, x);
+      x = b.AllToAll(kBwdCombine, B, ctx.a2a, t.ep, q, a2a, x,
+                     CollX(EK::kAllToAll, EG::kEp, Buf::kDcomb, Buf::kDeout, peer, rag, true));
       // The output gradient is replicated over the ESP group, so the forward
       // AllReduce's dual is the sum of the shards' partial input gradients,
-      // after the expert.
-      x = ExpertBackward(b, ctx, k, rows, x);
-      x = b.Coll("bwd.esp_allreduce", B, Collective::kAllReduce, t.esp, n, x);
-      return b.AllToAll(kBwdDispatch, B, ctx.a2a, t.ep, q, a2a, x);
+      // after the expert. With mp > esp, mp / esp ranks send the same tokens
+      // to each shard: their weight gradients are scaled by esp / mp.
+      x = ExpertBackward(b, ctx, k, rows, x, w, cap, dw_scale);
+      x = b.Coll("bwd.esp_allreduce", B, Collective::kAllReduce, t.esp, n, x,
+                 CollX(EK::kAllReduce, EG::kEsp, Buf::kDein, Buf::kDein, w * peer, rag));
+      return b.AllToAll(kBwdDispatch, B, ctx.a2a, t.ep, q, a2a, x,
+                        CollX(EK::kAllToAll, EG::kEp, Buf::kDein, Buf::kDdisp, peer, rag, false));
     case MoeSection::kBwdRoute:
-      x = b.Compute("bwd.order", B, Term::kOrder, k.Gather(s, cap), k.OrderBytes(s, cap), x);
-      return b.Compute("bwd.gate", B, Term::kGate, k.GateBwd(s), k.GateBytes(s), x);
+      x = b.Compute("bwd.order", B, Term::kOrder, k.Gather(s, cap), k.OrderBytes(s, cap), x, 0,
+                    RouteX(EK::kOrderBackward, Buf::kDdisp, Buf::kNone, Buf::kDx, s, xcap, 1, rag));
+      return b.Compute("bwd.gate", B, Term::kGate, k.GateBwd(s), k.GateBytes(s), x, 0,
+                       GateBwdX(Buf::kX, Buf::kDx, s, xcap));
   }
   return x;
 }
@@ -211,40 +288,70 @@ Deps SectionS1(MoeSection sec, const LayerContext& ctx, Builder& b, Deps x) {
   const int64_t rows = k.Skewed(int64_t{n} * l.parallel.ep * cap1);
   const double gate_grad = static_cast<double>(l.model_dim) * l.num_experts * l.bytes_per_element;
   const int q = t.ep_ranks_per_node;
+  // Executed (elements): the rank's slice, an AlltoAll block per peer, the
+  // rank's whole dispatch buffer; the expert side is N*W groups of cap1 rows.
+  const bool rag = l.dropless;
+  const int64_t m = l.model_dim, groups = int64_t{n} * l.parallel.ep;
+  const int64_t slice = s1 * m, peer = k.LocalExperts() * cap1 * m, part = l.num_experts * cap1 * m;
   switch (sec) {
     case MoeSection::kFwdRoute:
-      x = b.Compute("fwd.mp_split", F, Term::kSplit, k.Split(x1), 2.0 * x1, x);
-      x = b.Compute("fwd.gate", F, Term::kGate, k.GateFwd(s1), k.GateBytes(s1), x);
-      return b.Compute("fwd.order", F, Term::kOrder, k.Scatter(s1, cap1), k.OrderBytes(s1, cap1),
-                       x);
+      x = b.Compute("fwd.mp_split", F, Term::kSplit, k.Split(x1), 2.0 * x1, x, 0,
+                    CollX(EK::kSlice, EG::kMp, Buf::kX, Buf::kXs, slice));
+      x = b.Compute("fwd.gate", F, Term::kGate, k.GateFwd(s1), k.GateBytes(s1), x, 0,
+                    GateX(Buf::kXs, s1, cap1));
+      return b.Compute("fwd.order", F, Term::kOrder, k.Scatter(s1, cap1), k.OrderBytes(s1, cap1), x,
+                       0, RouteX(EK::kOrder, Buf::kXs, Buf::kNone, Buf::kDisp, s1, cap1, 1, rag));
     case MoeSection::kFwdExchange:
       x = DroplessCounts(b, ctx, x);
-      x = b.AllToAll(kFwdDispatch, F, ctx.a2a, t.ep, q, a2a, x);
-      x = b.Coll("fwd.esp_allgather", F, Collective::kAllGather, t.esp, d1 * skew, x);
-      x = b.Compute("fwd.expert", F, Term::kExpert, k.ExpertFwd(rows), k.ExpertBytes(rows), x);
-      x = b.Coll("fwd.esp_reducescatter", F, Collective::kReduceScatter, t.esp, d1 * skew, x);
-      x = b.AllToAll(kFwdCombine, F, ctx.a2a, t.ep, q, a2a, x);
-      x = b.Compute("fwd.iorder", F, Term::kOrder, k.Gather(s1, cap1), k.OrderBytes(s1, cap1), x);
-      return b.Coll("fwd.mp_allgather", F, Collective::kAllGather, t.mp, x1, x);
+      x = b.AllToAll(kFwdDispatch, F, ctx.a2a, t.ep, q, a2a, x,
+                     CollX(EK::kAllToAll, EG::kEp, Buf::kDisp, Buf::kRecv, peer, rag, true));
+      x = b.Coll("fwd.esp_allgather", F, Collective::kAllGather, t.esp, d1 * skew, x,
+                 CollX(EK::kAllGather, EG::kEsp, Buf::kRecv, Buf::kEin, part, rag));
+      x = b.Compute(
+          "fwd.expert", F, Term::kExpert, k.ExpertFwd(rows), k.ExpertBytes(rows), x, 0,
+          ExpertX(EK::kExpertForward, Buf::kEin, Buf::kNone, Buf::kEout, groups, cap1, rag));
+      x = b.Coll("fwd.esp_reducescatter", F, Collective::kReduceScatter, t.esp, d1 * skew, x,
+                 CollX(EK::kReduceScatter, EG::kEsp, Buf::kEout, Buf::kBack, part, rag));
+      x = b.AllToAll(kFwdCombine, F, ctx.a2a, t.ep, q, a2a, x,
+                     CollX(EK::kAllToAll, EG::kEp, Buf::kBack, Buf::kComb, peer, rag, false));
+      x = b.Compute("fwd.iorder", F, Term::kOrder, k.Gather(s1, cap1), k.OrderBytes(s1, cap1), x, 0,
+                    RouteX(EK::kIOrder, Buf::kComb, Buf::kNone, Buf::kYs, s1, cap1, 1, rag));
+      return b.Coll("fwd.mp_allgather", F, Collective::kAllGather, t.mp, x1, x,
+                    CollX(EK::kAllGather, EG::kMp, Buf::kYs, Buf::kY, slice));
     // Backward: the dual of each op in reverse (MP-AllGather -> local split,
     // AllGather <-> ReduceScatter, AlltoAll -> AlltoAll, split -> AllGather).
     case MoeSection::kBwdUnroute:
-      x = b.Compute("bwd.mp_split", B, Term::kSplit, k.Split(x1), 2.0 * x1, x);
-      return b.Compute("bwd.iorder", B, Term::kOrder, k.Unroute(s1, cap1), k.UnrouteBytes(s1, cap1),
-                       x);
+      x = b.Compute("bwd.mp_split", B, Term::kSplit, k.Split(x1), 2.0 * x1, x, 0,
+                    CollX(EK::kSlice, EG::kMp, Buf::kDy, Buf::kDys, slice));
+      return b.Compute(
+          "bwd.iorder", B, Term::kOrder, k.Unroute(s1, cap1), k.UnrouteBytes(s1, cap1), x, 0,
+          RouteX(EK::kIOrderBackward, Buf::kDys, Buf::kComb, Buf::kDcomb, s1, cap1, 1, rag));
     case MoeSection::kBwdExchange:
-      x = b.AllToAll(kBwdCombine, B, ctx.a2a, t.ep, q, a2a, x);
-      x = b.Coll("bwd.esp_allgather", B, Collective::kAllGather, t.esp, d1 * skew, x);
-      x = ExpertBackward(b, ctx, k, rows, x);
-      x = b.Coll("bwd.esp_reducescatter", B, Collective::kReduceScatter, t.esp, d1 * skew, x);
-      return b.AllToAll(kBwdDispatch, B, ctx.a2a, t.ep, q, a2a, x);
+      x = b.AllToAll(kBwdCombine, B, ctx.a2a, t.ep, q, a2a, x,
+                     CollX(EK::kAllToAll, EG::kEp, Buf::kDcomb, Buf::kDrecv, peer, rag, true));
+      x = b.Coll("bwd.esp_allgather", B, Collective::kAllGather, t.esp, d1 * skew, x,
+                 CollX(EK::kAllGather, EG::kEsp, Buf::kDrecv, Buf::kDeout, part, rag));
+      x = ExpertBackward(b, ctx, k, rows, x, groups, cap1);
+      x = b.Coll("bwd.esp_reducescatter", B, Collective::kReduceScatter, t.esp, d1 * skew, x,
+                 CollX(EK::kReduceScatter, EG::kEsp, Buf::kDein, Buf::kDback, part, rag));
+      return b.AllToAll(kBwdDispatch, B, ctx.a2a, t.ep, q, a2a, x,
+                        CollX(EK::kAllToAll, EG::kEp, Buf::kDback, Buf::kDdisp, peer, rag, false));
     case MoeSection::kBwdRoute:
-      x = b.Compute("bwd.order", B, Term::kOrder, k.Gather(s1, cap1), k.OrderBytes(s1, cap1), x);
-      x = b.Compute("bwd.gate", B, Term::kGate, k.GateBwd(s1), k.GateBytes(s1), x);
+      x = b.Compute(
+          "bwd.order", B, Term::kOrder, k.Gather(s1, cap1), k.OrderBytes(s1, cap1), x, 0,
+          RouteX(EK::kOrderBackward, Buf::kDdisp, Buf::kNone, Buf::kDxs, s1, cap1, 1, rag));
+      x = b.Compute("bwd.gate", B, Term::kGate, k.GateBwd(s1), k.GateBytes(s1), x, 0,
+                    GateBwdX(Buf::kXs, Buf::kDxs, s1, cap1));
       // The gate weights saw only S/N tokens per rank: their gradient is summed
       // over MP (a side branch: only the optimizer waits for it).
-      b.Coll("bwd.mp_allreduce_gate", B, Collective::kAllReduce, t.mp, gate_grad, x);
-      return b.Coll("bwd.mp_allgather", B, Collective::kAllGather, t.mp, x1, x);
+      {
+        OpExec sum = CollX(EK::kAllReduce, EG::kMp, Buf::kGateGrad, Buf::kGateGrad,
+                           l.model_dim * l.num_experts);
+        sum.f32 = true;
+        b.Coll("bwd.mp_allreduce_gate", B, Collective::kAllReduce, t.mp, gate_grad, x, sum);
+      }
+      return b.Coll("bwd.mp_allgather", B, Collective::kAllGather, t.mp, x1, x,
+                    CollX(EK::kAllGather, EG::kMp, Buf::kDxs, Buf::kDx, slice));
   }
   return x;
 }
@@ -266,40 +373,64 @@ Deps SectionS2(MoeSection sec, const LayerContext& ctx, Builder& b, Deps x) {
   const int64_t rows = k.Skewed(int64_t{l.parallel.ep} * cap2);
   const int q = t.ep_ranks_per_node;
   const int w = l.parallel.ep;
+  // Executed (elements): the MP rank's part [E][cap2/N][M], SAA chunks of one
+  // peer's experts; the expert side is N*W groups of cap2/N rows.
+  const bool rag = l.dropless;
+  const int64_t m = l.model_dim, part_rows = cap2 / n, groups = int64_t{n} * w;
+  const int64_t chunk = k.LocalExperts() * part_rows * m, part = l.num_experts * part_rows * m;
+  using SaaExec = Builder::SaaExec;
+  const SaaExec dispatch{EG::kEp, EG::kEsp, Buf::kPart, Buf::kRecv, Buf::kEin, chunk, part};
+  const SaaExec combine{EG::kEp, EG::kMp, Buf::kBack, Buf::kDback, Buf::kComb, chunk, part};
+  const SaaExec bwd_combine{EG::kEp, EG::kEsp, Buf::kDpart, Buf::kDrecv, Buf::kDeout, chunk, part};
+  // The dual's output reuses the forward's receive buffer (dead by then).
+  const SaaExec bwd_dispatch{EG::kEp, EG::kEsp, Buf::kDein, Buf::kStage, Buf::kRecv, chunk, part};
   switch (sec) {
     case MoeSection::kFwdRoute:
-      x = b.Compute("fwd.gate", F, Term::kGate, k.GateFwd(s), k.GateBytes(s), x);
-      x = b.Compute("fwd.order", F, Term::kOrder, k.Scatter(s, cap2), k.OrderBytes(s, cap2), x);
-      return b.Compute("fwd.mp_split", F, Term::kSplit, k.Split(dn), 2.0 * dn, x);
+      x = b.Compute("fwd.gate", F, Term::kGate, k.GateFwd(s), k.GateBytes(s), x, 0,
+                    GateX(Buf::kX, s, d.capacity));
+      x = b.Compute("fwd.order", F, Term::kOrder, k.Scatter(s, cap2), k.OrderBytes(s, cap2), x, 0,
+                    RouteX(EK::kOrder, Buf::kX, Buf::kNone, Buf::kDisp, s, cap2, n, rag));
+      return b.Compute("fwd.mp_split", F, Term::kSplit, k.Split(dn), 2.0 * dn, x, 0,
+                       CollX(EK::kSlice, EG::kMp, Buf::kDisp, Buf::kPart, part));
     case MoeSection::kFwdExchange:
       x = DroplessCounts(b, ctx, x);
       // SAA dispatch: EP-AlltoAll(D/N) fused with ESP-AllGather (expert side: skewed).
       x = b.SaaGather("fwd.saa_dispatch.alltoall", "fwd.saa_dispatch.allgather", F, t.ep, q, t.esp,
-                      a2a, dn * skew / w, x);
-      x = b.Compute("fwd.expert", F, Term::kExpert, k.ExpertFwd(rows), k.ExpertBytes(rows), x);
-      x = b.Coll("fwd.esp_reducescatter", F, Collective::kReduceScatter, t.esp, dn * skew, x);
+                      a2a, dn * skew / w, x, rag ? nullptr : &dispatch);
+      x = b.Compute(
+          "fwd.expert", F, Term::kExpert, k.ExpertFwd(rows), k.ExpertBytes(rows), x, 0,
+          ExpertX(EK::kExpertForward, Buf::kEin, Buf::kNone, Buf::kEout, groups, part_rows, rag));
+      x = b.Coll("fwd.esp_reducescatter", F, Collective::kReduceScatter, t.esp, dn * skew, x,
+                 CollX(EK::kReduceScatter, EG::kEsp, Buf::kEout, Buf::kBack, part, rag));
       // SAA combine: EP-AlltoAll(D/N) fused with MP-AllGather (token side).
       x = b.SaaGather("fwd.saa_combine.alltoall", "fwd.saa_combine.allgather", F, t.ep, q, t.mp,
-                      a2a, dn / w, x);
-      return b.Compute("fwd.iorder", F, Term::kOrder, k.Gather(s, cap2), k.OrderBytes(s, cap2), x);
+                      a2a, dn / w, x, rag ? nullptr : &combine);
+      return b.Compute("fwd.iorder", F, Term::kOrder, k.Gather(s, cap2), k.OrderBytes(s, cap2), x,
+                       0, RouteX(EK::kIOrder, Buf::kComb, Buf::kNone, Buf::kY, s, cap2, n, rag));
     // Backward. The combine's MP-AllGather has a local split as dual; the
     // AlltoAll that follows it feeds the dual of the forward ESP-ReduceScatter
     // (an ESP-AllGather), so the pair is again an SAA. The dispatch's dual is
     // the ReduceScatter pipelined with the AlltoAll, then the dual of the
     // forward MP-split (an MP-AllGather of D/N).
     case MoeSection::kBwdUnroute:
-      x = b.Compute("bwd.iorder", B, Term::kOrder, k.Unroute(s, cap2), k.UnrouteBytes(s, cap2), x);
-      return b.Compute("bwd.mp_split", B, Term::kSplit, k.Split(dn), 2.0 * dn, x);
+      x = b.Compute(
+          "bwd.iorder", B, Term::kOrder, k.Unroute(s, cap2), k.UnrouteBytes(s, cap2), x, 0,
+          RouteX(EK::kIOrderBackward, Buf::kDy, Buf::kComb, Buf::kDcomb, s, cap2, n, rag));
+      return b.Compute("bwd.mp_split", B, Term::kSplit, k.Split(dn), 2.0 * dn, x, 0,
+                       CollX(EK::kSlice, EG::kMp, Buf::kDcomb, Buf::kDpart, part));
     case MoeSection::kBwdExchange:
       x = b.SaaGather("bwd.saa_combine.alltoall", "bwd.saa_combine.allgather", B, t.ep, q, t.esp,
-                      a2a, dn * skew / w, x);
-      x = ExpertBackward(b, ctx, k, rows, x);
+                      a2a, dn * skew / w, x, rag ? nullptr : &bwd_combine);
+      x = ExpertBackward(b, ctx, k, rows, x, groups, part_rows);
       return b.SaaScatter("bwd.saa_dispatch.reducescatter", "bwd.saa_dispatch.alltoall", B, t.ep, q,
-                          t.esp, a2a, dn * skew / w, x);
+                          t.esp, a2a, dn * skew / w, x, rag ? nullptr : &bwd_dispatch);
     case MoeSection::kBwdRoute:
-      x = b.Coll("bwd.mp_allgather", B, Collective::kAllGather, t.mp, dn, x);
-      x = b.Compute("bwd.order", B, Term::kOrder, k.Gather(s, cap2), k.OrderBytes(s, cap2), x);
-      return b.Compute("bwd.gate", B, Term::kGate, k.GateBwd(s), k.GateBytes(s), x);
+      x = b.Coll("bwd.mp_allgather", B, Collective::kAllGather, t.mp, dn, x,
+                 CollX(EK::kAllGather, EG::kMp, Buf::kRecv, Buf::kDdisp, part));
+      x = b.Compute("bwd.order", B, Term::kOrder, k.Gather(s, cap2), k.OrderBytes(s, cap2), x, 0,
+                    RouteX(EK::kOrderBackward, Buf::kDdisp, Buf::kNone, Buf::kDx, s, cap2, n, rag));
+      return b.Compute("bwd.gate", B, Term::kGate, k.GateBwd(s), k.GateBytes(s), x, 0,
+                       GateBwdX(Buf::kX, Buf::kDx, s, d.capacity));
   }
   return x;
 }
@@ -335,8 +466,8 @@ Deps SectionLocal(MoeSection sec, const LayerContext& ctx, Builder& b, Deps x) {
     case MoeSection::kBwdUnroute:
       return b.Compute("bwd.iorder", B, Term::kOrder, ctx.cost->OrderUs(unroute, false), unroute,
                        x);
-    case MoeSection::kBwdExchange:
-      return ExpertBackward(b, ctx, k, rows, x);
+    case MoeSection::kBwdExchange:  // not executable yet: no buffers named
+      return ExpertBackward(b, ctx, k, rows, x, 0, 0);
     case MoeSection::kBwdRoute:
       x = b.Compute("bwd.index_select", B, Term::kOrder, ctx.cost->OrderUs(select, true), select,
                     x);

@@ -18,6 +18,8 @@
 #include "moeplan/executor/runner.h"
 #include "moeplan/executor/saa.h"
 #include "moeplan/planner/planner.h"
+#include "moeplan/planner/schedules.h"
+#include "moeplan/planner/simulator.h"
 
 namespace moeplan::executor {
 namespace {
@@ -423,6 +425,19 @@ TEST(MpiExecutor, OpsAreTimedUnderThePlannersNames) {
       EXPECT_EQ(measured, planned);
       EXPECT_GT(r->forward_us(), 0.0);
       EXPECT_GT(r->total_us(), r->forward_us());
+      // The interpreter honours every edge of the plan it ran: no op starts
+      // before the ops it depends on have ended (here, on this rank).
+      absl::StatusOr<planner::OpGraph> plan = PlanLayerRun(l, s, WorldSize(), 1, nullptr);
+      ASSERT_TRUE(plan.ok()) << plan.status();
+      ASSERT_EQ(plan->size(), static_cast<int>(r->timings().size()));
+      for (planner::OpId v = 0; v < plan->size(); ++v) {
+        for (planner::OpId d : plan->deps(v)) {
+          EXPECT_GE(r->timings()[static_cast<size_t>(v)].start_us,
+                    r->timings()[static_cast<size_t>(d)].end_us)
+              << plan->op(v).Name() << " started before " << plan->op(d).Name() << " ended";
+        }
+      }
+      EXPECT_TRUE(r->threaded()) << "MPI_THREAD_MULTIPLE: every communicator has its own lane";
     }
   }
 }
@@ -526,6 +541,84 @@ TEST(MpiExecutor, SaaEqualsAlltoAllThenAllGatherElementForElement) {
   }
 }
 
+// A plan whose simulation hides communication behind compute: the layer with
+// its expert dW detached (Lancet's placement, docs/model.md), so bwd.expert_dw
+// runs on compute while bwd.esp_allreduce and the dispatch's AlltoAll run on
+// the links. The threaded lanes run them at the same time; one host thread
+// issuing in plan order cannot (the control: this test can fail).
+TEST(MpiExecutor, OverlapInThePlanIsOverlapInTheRun) {
+  LayerConfig l = Tiny(2, WorldSize() / 2, 2, 1.0);
+  l.batch_size = 4;
+  l.seq_len = 64;  // S = 256
+  l.model_dim = 128;
+  l.hidden_dim = 1024;  // a long dW: 2 x [El x M x H/esp] GEMMs over every routed row
+  planner::LayerContext ctx;
+  ctx.layer = &l;
+  ctx.cost = &planner::testing::RoundNumberModel();
+  ctx.topo = planner::MakeTopology(l.parallel, planner::ClusterShape{1, WorldSize()});
+  ctx.detach_dw = true;
+  planner::OpGraph plan;
+  ASSERT_TRUE(planner::BuildSchedule(Schedule::kDefault, ctx, &plan).ok());
+  planner::Simulator sim;
+  planner::SimResult predicted;
+  ASSERT_TRUE(sim.Run(plan, &predicted).ok());
+  ASSERT_GT(predicted.hidden_comm_us, 0.0) << "the plan hides no communication";
+
+  // Per iteration: did bwd.expert_dw overlap a backward collective it does not wait for?
+  auto overlaps = [&](LaneMode lanes) {
+    RunOptions opt;
+    opt.lanes = lanes;
+    absl::StatusOr<std::unique_ptr<MoeLayerRunner>> r = MoeLayerRunner::Create(
+        l, plan, opt, g_backend->device.get(), g_backend->kernels.get(), g_backend->world.get());
+    if (!r.ok()) std::abort();  // the other ranks are stuck in Create's collectives anyway
+    int n = 0;
+    for (int it = 0; it < 3; ++it) {
+      EXPECT_TRUE((*r)->RunIteration().ok());
+      const OpTime* dw = nullptr;
+      std::vector<const OpTime*> comms;
+      for (const OpTime& t : (*r)->timings()) {
+        if (t.name == "bwd.expert_dw") dw = &t;
+        if (t.name == "bwd.esp_allreduce" || t.name == "bwd.ep_alltoall_dispatch")
+          comms.push_back(&t);
+      }
+      EXPECT_NE(dw, nullptr);
+      EXPECT_EQ(comms.size(), 2u);
+      bool any = false;
+      for (const OpTime* c : comms) {
+        any = any || (dw != nullptr && c->start_us < dw->end_us && dw->start_us < c->end_us);
+      }
+      n += any;
+    }
+    return n;
+  };
+  const int threaded = overlaps(LaneMode::kThreads);
+  const int sequential = overlaps(LaneMode::kSequential);
+  EXPECT_TRUE(TrueOnAllRanks(threaded >= 2)) << threaded << " of 3 iterations overlapped";
+  EXPECT_EQ(sequential, 0) << "one host thread cannot overlap: the check means something";
+}
+
+// A plan op the planner costs but cannot say the semantics of (here the
+// hierarchical AlltoAll's steps) is refused on every rank before any collective.
+TEST(MpiExecutor, PlansWithOpsThatCannotRunAreRefusedNamingTheOp) {
+  const LayerConfig l = Tiny(1, WorldSize(), 1);
+  planner::LayerContext ctx;
+  ctx.layer = &l;
+  ctx.cost = &planner::testing::RoundNumberModel();
+  ctx.topo = planner::MakeTopology(l.parallel, planner::ClusterShape{2, WorldSize() / 2});
+  ctx.a2a = planner::AllToAllAlgo::kHierarchical;
+  planner::OpGraph plan;
+  ASSERT_TRUE(planner::BuildSchedule(Schedule::kDefault, ctx, &plan).ok());
+  absl::StatusOr<std::unique_ptr<MoeLayerRunner>> r =
+      MoeLayerRunner::Create(l, plan, RunOptions{}, g_backend->device.get(),
+                             g_backend->kernels.get(), g_backend->world.get());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(std::string(r.status().message())
+                .find("op fwd.ep_alltoall_dispatch.2dh_intra carries no executable semantics"),
+            std::string::npos)
+      << r.status();
+  EXPECT_TRUE(TrueOnAllRanks(true));  // every rank got here
+}
+
 TEST(MpiExecutor, InvalidLayoutsAreRejectedOnEveryRankBeforeAnyCollective) {
   // Each Create below fails validation on every rank before its first
   // collective (the group splits); if one rank went on, the next test's
@@ -564,7 +657,8 @@ TEST(MpiExecutor, InvalidLayoutsAreRejectedOnEveryRankBeforeAnyCollective) {
 }  // namespace moeplan::executor
 
 int main(int argc, char** argv) {
-  MPI_Init(&argc, &argv);
+  int provided = 0;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
   testing::InitGoogleTest(&argc, argv);
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);

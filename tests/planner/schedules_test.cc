@@ -930,5 +930,140 @@ TEST(SchedulesTest, DroplessIgnoresTheCapacityFactor) {
   EXPECT_GT(Simulate(Build(Schedule::kS1, l)).makespan_us, f1.makespan_us);
 }
 
+// ---------------------------------------------------------------------------
+// What the ops compute (op_exec.h): the executor runs these, so every field
+// is checked against the layer's arithmetic. SequenceLayer: S = 1024, M = 256,
+// E = 16, k = 2, f = 1 -> T = 128; mp = ep = esp = 4 -> El = 4.
+
+const OpExec& ExecOf(const OpGraph& g, const std::string& name) {
+  const OpId v = Find(g, name);
+  EXPECT_NE(v, kNoOp) << name;
+  static const OpExec kNone;
+  return v == kNoOp ? kNone : g.exec(v);
+}
+
+TEST(OpExecTest, EveryScheduleOpSaysWhatItComputes) {
+  for (Schedule s : kAllSchedules) {
+    const OpGraph g = Build(s, SequenceLayer());
+    for (OpId v = 0; v < g.size(); ++v) {
+      EXPECT_NE(g.exec(v).kind, ExecKind::kNone) << ScheduleName(s) << " " << g.op(v).Name();
+      // Collectives name their group; compute ops run on the compute resource.
+      EXPECT_EQ(g.op(v).kind == OpKind::kComm,
+                g.exec(v).kind >= ExecKind::kCounts && g.exec(v).kind != ExecKind::kSlice)
+          << g.op(v).Name();
+    }
+    EXPECT_TRUE(g.aliases().empty()) << "no group of one rank in this layout";
+  }
+}
+
+TEST(OpExecTest, DefaultMovesCapacityBlocks) {
+  const OpGraph g = Build(Schedule::kDefault, SequenceLayer());
+  const OpExec& gate = ExecOf(g, "fwd.gate");
+  EXPECT_EQ(gate.kind, ExecKind::kGate);
+  EXPECT_EQ(gate.in, Buf::kX);
+  EXPECT_EQ(gate.tokens, 1024);
+  EXPECT_EQ(gate.capacity, 128);
+  const OpExec& order = ExecOf(g, "fwd.order");
+  EXPECT_EQ(order.out, Buf::kDisp);
+  EXPECT_EQ(order.parts, 1);
+  const OpExec& a2a = ExecOf(g, "fwd.ep_alltoall_dispatch");
+  EXPECT_EQ(a2a.kind, ExecKind::kAllToAll);
+  EXPECT_EQ(a2a.group, ExecGroup::kEp);
+  EXPECT_EQ(a2a.in, Buf::kDisp);
+  EXPECT_EQ(a2a.out, Buf::kEin);
+  EXPECT_EQ(a2a.count, 4 * 128 * 256);  // El * T * M per peer
+  const OpExec& expert = ExecOf(g, "fwd.expert");
+  EXPECT_EQ(expert.groups, 4);
+  EXPECT_EQ(expert.rows, 128);
+  const OpExec& ar = ExecOf(g, "fwd.esp_allreduce");
+  EXPECT_EQ(ar.group, ExecGroup::kEsp);
+  EXPECT_EQ(ar.in, Buf::kEout);
+  EXPECT_EQ(ar.out, Buf::kEout);
+  EXPECT_EQ(ar.count, 4 * 4 * 128 * 256);
+  const OpExec& dw = ExecOf(g, "bwd.expert_dw");
+  EXPECT_EQ(dw.in, Buf::kEin);
+  EXPECT_EQ(dw.mid, Buf::kDeout);
+  EXPECT_EQ(dw.scale, 1.0f);
+  EXPECT_EQ(ExecOf(g, "bwd.gate").out, Buf::kDx);
+  // mp = 4 over esp = 2: each shard sees every token twice; dW is halved.
+  EXPECT_EQ(ExecOf(Build(Schedule::kDefault, MakeLayer(4, 8, 2, 8)), "bwd.expert_dw").scale, 0.5f);
+}
+
+TEST(OpExecTest, S1SplitsGathersAndSumsTheGateOverMp) {
+  const OpGraph g = Build(Schedule::kS1, SequenceLayer());
+  const OpExec& split = ExecOf(g, "fwd.mp_split");
+  EXPECT_EQ(split.kind, ExecKind::kSlice);
+  EXPECT_EQ(split.group, ExecGroup::kMp);
+  EXPECT_EQ(split.count, 256 * 256);  // S/N tokens of M
+  EXPECT_EQ(ExecOf(g, "fwd.gate").in, Buf::kXs);
+  EXPECT_EQ(ExecOf(g, "fwd.gate").capacity, 32);  // ceil(2 * 256 / 16)
+  const OpExec& ag = ExecOf(g, "fwd.esp_allgather");
+  EXPECT_EQ(ag.kind, ExecKind::kAllGather);
+  EXPECT_EQ(ag.in, Buf::kRecv);
+  EXPECT_EQ(ag.out, Buf::kEin);
+  EXPECT_EQ(ag.count, 16 * 32 * 256);  // the rank's whole dispatch buffer
+  EXPECT_EQ(ExecOf(g, "fwd.expert").groups, 16);
+  EXPECT_EQ(ExecOf(g, "fwd.expert").rows, 32);
+  const OpExec& gate = ExecOf(g, "bwd.mp_allreduce_gate");
+  EXPECT_EQ(gate.in, Buf::kGateGrad);
+  EXPECT_TRUE(gate.f32);
+  EXPECT_EQ(gate.count, 256 * 16);
+}
+
+TEST(OpExecTest, S2SaaStepsNameTheirChunks) {
+  const OpGraph g = Build(Schedule::kS2, SequenceLayer());
+  EXPECT_EQ(ExecOf(g, "fwd.order").parts, 4);
+  EXPECT_EQ(ExecOf(g, "fwd.order").capacity, 128);
+  const OpExec& step = ExecOf(g, "fwd.saa_dispatch.alltoall.1");
+  EXPECT_EQ(step.kind, ExecKind::kSaaExchange);
+  EXPECT_EQ(step.group, ExecGroup::kEp);
+  EXPECT_EQ(step.in, Buf::kPart);
+  EXPECT_EQ(step.out, Buf::kRecv);
+  EXPECT_EQ(step.count, 4 * 32 * 256);  // El * T2/N * M
+  EXPECT_FALSE(step.copy_local);
+  const OpExec& gather = ExecOf(g, "fwd.saa_dispatch.allgather.0");
+  EXPECT_EQ(gather.kind, ExecKind::kSaaGather);
+  EXPECT_EQ(gather.group, ExecGroup::kEsp);
+  EXPECT_EQ(gather.pairs, ExecGroup::kEp);
+  EXPECT_EQ(gather.mid, Buf::kRecv);
+  EXPECT_EQ(gather.out, Buf::kEin);
+  EXPECT_EQ(gather.stride, 16 * 32 * 256);  // one member's [E][T2/N][M] block
+  EXPECT_EQ(ExecOf(g, "fwd.saa_combine.allgather.3").group, ExecGroup::kMp);
+  const OpExec& reduce = ExecOf(g, "bwd.saa_dispatch.reducescatter.0");
+  EXPECT_EQ(reduce.kind, ExecKind::kSaaReduce);
+  EXPECT_EQ(reduce.in, Buf::kDein);
+  EXPECT_EQ(reduce.mid, Buf::kStage);
+  EXPECT_EQ(ExecOf(g, "bwd.saa_dispatch.alltoall.2").in, Buf::kStage);
+}
+
+// A group of one rank has no op; what its identity collective leaves is an
+// alias, and an SAA gather of one rank becomes exchanges into the output.
+TEST(OpExecTest, OneRankGroupsLeaveAliasesNotOps) {
+  const OpGraph def = Build(Schedule::kDefault, MakeLayer(1, 1, 1, 1));
+  std::vector<std::pair<Buf, Buf>> got;
+  for (const BufAlias& a : def.aliases()) got.emplace_back(a.buf, a.same_as);
+  EXPECT_THAT(got, ElementsAreArray(std::vector<std::pair<Buf, Buf>>{{Buf::kEin, Buf::kDisp},
+                                                                     {Buf::kComb, Buf::kEout},
+                                                                     {Buf::kDeout, Buf::kDcomb},
+                                                                     {Buf::kDdisp, Buf::kDein}}));
+  const OpGraph s2 = Build(Schedule::kS2, MakeLayer(1, 4, 1, 4));
+  const OpExec& first = ExecOf(s2, "fwd.saa_dispatch.alltoall.1");
+  EXPECT_EQ(first.out, Buf::kEin);
+  EXPECT_TRUE(first.copy_local);
+  EXPECT_FALSE(ExecOf(s2, "fwd.saa_dispatch.alltoall.2").copy_local);
+  EXPECT_EQ(ExecOf(s2, "bwd.saa_dispatch.alltoall.1").in, Buf::kDein);
+  EXPECT_TRUE(ExecOf(s2, "bwd.saa_dispatch.alltoall.1").copy_local);
+}
+
+TEST(OpExecTest, HierarchicalAllToAllIsPlannedButNotExecutable) {
+  const LayerConfig l = MakeLayer(1, 16, 1, 16);  // 8 GPUs per node: 2 nodes, 8 EP ranks each
+  LayerContext ctx = Context(l);
+  ctx.a2a = AllToAllAlgo::kHierarchical;
+  OpGraph g;
+  ASSERT_TRUE(BuildSchedule(Schedule::kDefault, ctx, &g).ok());
+  EXPECT_EQ(ExecOf(g, "fwd.ep_alltoall_dispatch.2dh_intra").kind, ExecKind::kNone);
+  EXPECT_EQ(ExecOf(g, "fwd.expert").kind, ExecKind::kExpertForward);
+}
+
 }  // namespace
 }  // namespace moeplan::planner

@@ -293,11 +293,13 @@ class NcclCommunicator final : public Communicator {
     return End(*req, kWho);
   }
 
+  void SetLaneJoins(bool on) override { joins_ = on; }
+
   absl::Status Wait(Request* r) override {
     if (r == nullptr) return Invalid("NcclCommunicator::Wait", "request is null");
     if (r->slot < 0) return absl::OkStatus();  // already waited
     // Device-side only: later compute-lane work starts after the op's end.
-    MOEPLAN_RETURN_IF_ERROR(device_->WaitStamp(kComputeLane, r->end));
+    if (joins_) MOEPLAN_RETURN_IF_ERROR(device_->WaitStamp(kComputeLane, r->end));
     r->slot = -1;
     return absl::OkStatus();
   }
@@ -366,7 +368,7 @@ class NcclCommunicator final : public Communicator {
   // Every op: after the compute lane's work so far (its inputs), stamped.
   absl::StatusOr<Request> Begin(std::string_view who) {
     MOEPLAN_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal_), who);
-    MOEPLAN_RETURN_IF_ERROR(device_->Join(lane_, kComputeLane));
+    if (joins_) MOEPLAN_RETURN_IF_ERROR(device_->Join(lane_, kComputeLane));
     absl::StatusOr<Stamp> begin = device_->Record(lane_);
     if (!begin.ok()) return begin.status();
     Request r;
@@ -424,6 +426,7 @@ class NcclCommunicator final : public Communicator {
   ncclComm_t nccl_ = nullptr;
   int rank_ = 0;
   int size_ = 0;
+  bool joins_ = true;  // SetLaneJoins
   LaneId lane_ = kComputeLane;
   cudaStream_t stream_ = nullptr;
   void* staging_ = nullptr;

@@ -43,6 +43,10 @@ class MpiCommunicator final : public Communicator {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   LaneId lane() const override { return kComputeLane; }
+  bool ThreadSafe() const override {
+    int provided = MPI_THREAD_SINGLE;
+    return MPI_Query_thread(&provided) == MPI_SUCCESS && provided == MPI_THREAD_MULTIPLE;
+  }
 
   absl::StatusOr<Request> StartAllGather(const void* send, void* recv, size_t count, DType t,
                                          size_t recv_stride) override {

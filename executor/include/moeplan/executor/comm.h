@@ -33,6 +33,15 @@ class Communicator {
   virtual int size() const = 0;
   // The lane this communicator's ops run on (the compute lane for MPI).
   virtual LaneId lane() const = 0;
+  // Whether each communicator may be driven from its own host thread at once
+  // (MPI initialised with MPI_THREAD_MULTIPLE); what the plan interpreter's
+  // threaded lanes need.
+  virtual bool ThreadSafe() const { return false; }
+  // With joins on (the default), an op starts after the work issued on the
+  // compute lane so far and Wait makes later compute-lane work wait for it.
+  // The plan interpreter turns them off and orders the lanes by the plan's
+  // edges itself (CUDA: events); no effect where ops run on the compute lane.
+  virtual void SetLaneJoins(bool on) { (void)on; }
 
   // Non-blocking ops. Each starts after the work already issued on the compute
   // lane (its inputs) and may be in flight together with other ops of this and

@@ -1,6 +1,7 @@
 // The MoE-layer runner (docs/schedules.md, docs/executor.md): one MoE layer forward and backward
-// under the default, S1 or S2 schedule with real data, every op timed under the
-// name the planner gives it.
+// with real data, run by interpreting the planner's op graph for it (the
+// default, S1 or S2 schedule: the plan is the program), every op timed under
+// the name the planner gives it.
 #pragma once
 
 #include <cstdint>
@@ -12,21 +13,13 @@
 #include "absl/status/statusor.h"
 #include "moeplan/executor/comm.h"
 #include "moeplan/executor/device.h"
+#include "moeplan/executor/interpreter.h"
 #include "moeplan/executor/kernels.h"
+#include "moeplan/planner/cost_model.h"
 #include "moeplan/planner/op_graph.h"
 #include "moeplan/planner/types.h"
 
 namespace moeplan::executor {
-
-// A rank's place in the layout of docs/notation.md: MP and ESP groups are consecutive
-// ranks, EP groups strided by esp.
-struct RankPlace {
-  int rank = 0;
-  int mp_group = 0, mp_rank = 0;
-  int esp_group = 0, esp_rank = 0;
-  int ep_group = 0, ep_rank = 0;
-};
-RankPlace PlaceOf(const planner::ParallelLayout& p, int rank);
 
 // The layout fits the job: one pipeline stage (pp = 1) on exactly mp*dp ranks.
 absl::Status ValidateWorld(const planner::LayerConfig& layer, int world_size);
@@ -38,7 +31,6 @@ absl::Status ValidateForExecutor(const planner::LayerConfig& layer, planner::Sch
                                  int world_size);
 
 struct RunOptions {
-  planner::Schedule schedule = planner::Schedule::kDefault;
   DType dtype = DType::kF32;
   uint64_t seed = 1;
   // Skewed routing: >= 0, 0 = none. Expert e is given the popularity
@@ -51,16 +43,24 @@ struct RunOptions {
   // naming the total and the largest tensor, having allocated nothing.
   size_t memory_limit_bytes = 0;
   std::string memory_limit_source = "--max-memory-gib";  // says where the limit came from
+  std::string plan_name = "the plan";  // what errors call the plan ("the s2 schedule")
+  LaneMode lanes = LaneMode::kAuto;
+
+  // Only for the Create overload that asks the planner for the plan: the
+  // schedule, the nodes the ranks run on (intra / inter resources follow),
+  // and the cost model (null: costs of no interest, a neutral model).
+  planner::Schedule schedule = planner::Schedule::kDefault;
+  int hosts = 1;
+  const planner::CostModel* cost = nullptr;
 };
 
-// One timed op of an iteration, microseconds from the iteration's start.
-struct OpTime {
-  std::string name;  // the planner's op name, e.g. "fwd.saa_dispatch.alltoall.3"
-  planner::Phase phase = planner::Phase::kForward;
-  planner::OpKind kind = planner::OpKind::kCompute;
-  double start_us = 0.0;
-  double end_us = 0.0;
-};
+// The plan the executor runs for `layer` under `schedule` on `world_size`
+// ranks over `hosts` nodes: the planner's op graph (BuildSchedule, linear
+// AlltoAlls) after ValidateLayer, ValidateForSchedule and ValidateForExecutor.
+// `cost` null: a neutral cost model (the ops' costs are not read).
+absl::StatusOr<planner::OpGraph> PlanLayerRun(const planner::LayerConfig& layer,
+                                              planner::Schedule schedule, int world_size, int hosts,
+                                              const planner::CostModel* cost);
 
 // How the last iteration routed the tokens this rank gated.
 struct RouteCounts {
@@ -86,23 +86,31 @@ struct LayerResults {
 
 class MoeLayerRunner {
  public:
-  // Validates (ValidateLayer on the world's shape, ValidateForSchedule,
-  // ValidateForExecutor), then — collective over `world` — splits the MP, EP
-  // and ESP groups, allocates every buffer and fills inputs, weights and the
-  // output gradient from `seed` (the same global tensors for every schedule and
-  // layout). Device, kernels and world must outlive the runner.
+  // Validates the layer on the world (ValidateWorld, ValidateLayer), then —
+  // collective over `world` — splits the MP, EP and ESP groups, sizes every
+  // buffer from the plan's ops, allocates, and fills inputs, weights and the
+  // output gradient from `seed` (the same global tensors for every schedule
+  // and layout). A plan op without executable semantics is an error naming
+  // it. Device, kernels and world must outlive the runner.
+  static absl::StatusOr<std::unique_ptr<MoeLayerRunner>> Create(const planner::LayerConfig& layer,
+                                                                const planner::OpGraph& plan,
+                                                                const RunOptions& options,
+                                                                Device* device, Kernels* kernels,
+                                                                Communicator* world);
+  // The same with the plan of options.schedule (PlanLayerRun).
   static absl::StatusOr<std::unique_ptr<MoeLayerRunner>> Create(const planner::LayerConfig& layer,
                                                                 const RunOptions& options,
                                                                 Device* device, Kernels* kernels,
                                                                 Communicator* world);
   ~MoeLayerRunner();
 
-  // Barrier, forward, backward, synchronize; then timings() holds the ops of
-  // this iteration in issue order.
+  // Barrier, the plan's forward and backward ops, synchronize; then
+  // timings() holds the ops of this iteration in issue order.
   absl::Status RunIteration();
   const std::vector<OpTime>& timings() const;
   double forward_us() const;  // end of the last forward op
   double total_us() const;    // end of the last op
+  bool threaded() const;      // lanes are host threads (real overlap on the CPU)
 
   // Downloads the results of the last iteration.
   absl::StatusOr<LayerResults> Results();

@@ -11,6 +11,8 @@
 #include <string_view>
 #include <vector>
 
+#include "moeplan/planner/op_exec.h"
+
 namespace moeplan::planner {
 
 // Resources an op occupies (a bit mask; a fused op may hold several).
@@ -20,7 +22,7 @@ using ResourceMask = uint8_t;
 std::string ResourceMaskName(ResourceMask mask);  // e.g. "intra+inter"
 // The inverse of ResourceMaskName; false for an empty or unknown name.
 bool ParseResourceMask(std::string_view name, ResourceMask* mask);
-std::string_view ResourceName(int index);         // 0 compute, 1 intra, 2 inter
+std::string_view ResourceName(int index);  // 0 compute, 1 intra, 2 inter
 
 enum class OpKind : uint8_t { kCompute, kComm };
 enum class Phase : uint8_t { kForward, kBackward };
@@ -86,8 +88,10 @@ class OpGraph {
   // Appends `op` after every op added so far (issue order) depending on `deps`.
   // kNoOp entries are ignored; others must be ids returned earlier (the
   // simulator checks).
-  OpId Add(const Op& op, std::initializer_list<OpId> deps);
-  OpId Add(const Op& op, std::span<const OpId> deps);
+  OpId Add(const Op& op, std::initializer_list<OpId> deps, const OpExec& exec = {});
+  OpId Add(const Op& op, std::span<const OpId> deps, const OpExec& exec = {});
+  // Records that `alias.buf` of a layer is the same memory as `alias.same_as`.
+  void Alias(const BufAlias& alias) { aliases_.push_back(alias); }
 
   int size() const { return static_cast<int>(ops_.size()); }
   const Op& op(OpId id) const { return ops_[static_cast<size_t>(id)]; }
@@ -96,6 +100,9 @@ class OpGraph {
     return {dep_ids_.data() + dep_begin_[static_cast<size_t>(id)],
             dep_ids_.data() + dep_begin_[static_cast<size_t>(id) + 1]};
   }
+  // What the op computes (op_exec.h); kind kNone where the builder said nothing.
+  const OpExec& exec(OpId id) const { return exec_[static_cast<size_t>(id)]; }
+  std::span<const BufAlias> aliases() const { return aliases_; }
   bool HasDep(OpId from, OpId to) const;
   void Clear();
   // Capacity hints for builders that know their size.
@@ -103,6 +110,9 @@ class OpGraph {
 
  private:
   std::vector<Op> ops_;
+  // Kept beside the ops, not in them: the simulator's pass reads only ops_.
+  std::vector<OpExec> exec_;
+  std::vector<BufAlias> aliases_;
   std::vector<OpId> dep_ids_;
   std::vector<uint32_t> dep_begin_ = {0};  // deps of op i: [dep_begin_[i], dep_begin_[i + 1])
 };

@@ -1,0 +1,113 @@
+// The plan interpreter (docs/executor.md "The plan is the program"): runs a
+// planner op graph on this rank, op for op, under the planner's names. Every op
+// waits for its dependencies and for the op issued before it on each resource
+// it holds (what the simulator assumes); ops run on lanes — the compute lane,
+// and one per communicator — so overlap in the plan is overlap in the run:
+//   threads:    CPU + MPI (MPI_THREAD_MULTIPLE): a host thread per lane, each
+//               running its ops in issue order, blocking in its collectives;
+//   sequential: one host thread issues every op in issue order (CUDA: onto
+//               its lane's stream, edges across streams as events; the
+//               streams run concurrently). On the CPU, the fallback where MPI
+//               is not thread-safe: correct, but nothing overlaps.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "moeplan/executor/comm.h"
+#include "moeplan/executor/device.h"
+#include "moeplan/planner/op_graph.h"
+#include "moeplan/planner/types.h"
+
+namespace moeplan::executor {
+
+// A rank's place in the layout of docs/notation.md: MP and ESP groups are consecutive
+// ranks, EP groups strided by esp.
+struct RankPlace {
+  int rank = 0;
+  int mp_group = 0, mp_rank = 0;
+  int esp_group = 0, esp_rank = 0;
+  int ep_group = 0, ep_rank = 0;
+};
+RankPlace PlaceOf(const planner::ParallelLayout& p, int rank);
+
+// The communicators of a layout on this rank (planner::ExecGroup).
+class RankGroups {
+ public:
+  // Collective over `world`: splits the MP, EP and ESP groups.
+  static absl::StatusOr<std::unique_ptr<RankGroups>> Create(Communicator* world,
+                                                            const planner::ParallelLayout& p);
+  Communicator* Of(planner::ExecGroup g) const;  // nullptr for kNone
+  Communicator* world() const { return world_; }
+  const RankPlace& place() const { return place_; }
+
+ private:
+  Communicator* world_ = nullptr;
+  RankPlace place_;
+  std::unique_ptr<Communicator> mp_, ep_, esp_;
+};
+
+// One timed op of an iteration, microseconds from the iteration's start.
+struct OpTime {
+  std::string name;  // the planner's op name, e.g. "fwd.saa_dispatch.alltoall.3"
+  planner::Phase phase = planner::Phase::kForward;
+  planner::OpKind kind = planner::OpKind::kCompute;
+  double start_us = 0.0;
+  double end_us = 0.0;
+};
+
+// What executes the ops of a plan (the MoE layer's buffers and kernels).
+class OpHandler {
+ public:
+  virtual ~OpHandler() = default;
+  // The communicator of a collective op (OpKind::kComm); nullptr: none.
+  virtual Communicator* CommOf(const planner::OpExec& exec) const = 0;
+  // Runs one op. A compute op is issued on the compute lane (the interpreter
+  // stamps it); a collective is started on CommOf(exec) and waited for, and
+  // `comm` receives its stamps (CUDA: Wait does not join the compute lane,
+  // which the interpreter orders by the plan's edges).
+  virtual absl::Status Run(const planner::Op& op, const planner::OpExec& exec, Request* comm) = 0;
+};
+
+// Every op of `plan` has executable semantics (planner::ExecKind other than
+// kNone); InvalidArgument naming the first that has not.
+absl::Status CheckExecutable(const planner::OpGraph& plan);
+
+enum class LaneMode : uint8_t {
+  kAuto,     // threads on the CPU where MPI is thread-safe, else sequential
+  kThreads,  // an error where it cannot be had
+  kSequential,
+};
+
+class PlanInterpreter {
+ public:
+  // Checks that every op has executable semantics (InvalidArgument naming the
+  // first that has not) and a communicator, and builds the lanes. The plan is
+  // copied; handler, device and world must outlive the interpreter.
+  static absl::StatusOr<std::unique_ptr<PlanInterpreter>> Create(const planner::OpGraph& plan,
+                                                                 OpHandler* handler, Device* device,
+                                                                 Communicator* world,
+                                                                 LaneMode mode = LaneMode::kAuto);
+  ~PlanInterpreter();
+
+  // Barrier over the world, every op of the plan, synchronize; then timings()
+  // holds this iteration's ops in issue order. After a failure the
+  // interpreter is unusable (lanes may be stuck in a collective whose peers
+  // failed: the caller aborts the job).
+  absl::Status RunIteration();
+  const std::vector<OpTime>& timings() const;
+  double forward_us() const;  // end of the last forward op
+  double total_us() const;    // end of the last op
+  bool threaded() const;      // lanes are threads (overlap is real on the CPU)
+
+  class Impl;
+
+ private:
+  explicit PlanInterpreter(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace moeplan::executor

@@ -1,0 +1,124 @@
+// What an op computes (docs/executor.md "The plan is the program"): the
+// executor interprets these, op for op; costing and simulation never read them.
+// Sizes are element counts (the executor's dtype fixes the bytes), buffers are
+// the logical buffers of the op's MoE layer (its block), and groups the layer's
+// communicators, so one plan runs on every rank of the layout.
+#pragma once
+
+#include <cstdint>
+#include <string_view>
+
+namespace moeplan::planner {
+
+enum class ExecKind : uint8_t {
+  kNone = 0,  // planned only: the executor refuses a plan holding one, naming it
+  // The MoE layer's kernels (executor Kernels) on the layer's buffers.
+  kGate,                   // in: tokens [tokens x M]; softmax, top-k, capacity
+  kGateBackward,           // in: the gate's input; out: the input gradient (added to)
+  kOrder,                  // in [tokens x M] -> out, the dispatch buffer
+  kIOrder,                 // in, the combined buffer -> out [tokens x M]
+  kIOrderBackward,         // in dy [tokens x M], mid the combined buffer -> out
+  kOrderBackward,          // in, the dispatch gradient -> out [tokens x M]
+  kExpertForward,          // in -> out
+  kExpertBackwardData,     // in (output gradient) -> out (input gradient)
+  kExpertBackwardWeights,  // in (the forward input), mid (the output gradient)
+  // A local MP split: out = block r of `in`, r the rank in `group`, `count`
+  // elements per block.
+  kSlice,
+  // Collectives on `group`. count: AllGather's per-rank input, ReduceScatter's
+  // per-rank output, AllReduce's buffer (in == out), AlltoAll's block per peer.
+  kCounts,  // dropless: every peer's per-expert routed counts (host values)
+  kAllToAll,
+  kAllGather,
+  kReduceScatter,
+  kAllReduce,
+  // The SAA steps of docs/schedules.md, chunk = count elements, q the rank in
+  // `pairs` (the AlltoAll group) and W its size:
+  //   exchange (on `group`, the AlltoAll's): step i sends chunk q+i of `in`,
+  //     receives chunk q-i of `out`;
+  //   gather (on `group`, `pairs` the AlltoAll's): AllGathers the chunk c =
+  //     q-i that arrived with step i (c = q: from `in`, else from `mid`) into
+  //     out + c*chunk + member*stride;
+  //   reduce: ReduceScatters chunk c = q+i (member blocks at
+  //     in + c*chunk + member*stride) into mid's chunk c; step 0 (c = q, the
+  //     local one, reduced last) into out's chunk q.
+  kSaaExchange,
+  kSaaGather,
+  kSaaReduce,
+};
+std::string_view ExecKindName(ExecKind k);  // "gate", "alltoall", "saa_gather", ...
+
+// The layer's communicators on a rank (docs/notation.md).
+enum class ExecGroup : uint8_t { kNone = 0, kMp, kEp, kEsp };
+inline constexpr int kNumExecGroups = 4;
+std::string_view ExecGroupName(ExecGroup g);  // "mp", "ep", "esp"
+
+// Logical buffers of an MoE layer (docs/executor.md "Buffers"). x, y, dy, dx
+// are the layer's [S x M] input, output and their gradients; the rest are what
+// the schedules move between kernels and collectives.
+enum class Buf : uint8_t {
+  kNone = 0,
+  kX,
+  kY,
+  kDy,
+  kDx,
+  kXs,  // S1: the rank's token slice, and its output / gradients
+  kYs,
+  kDys,
+  kDxs,
+  kDisp,  // the dispatch buffer (order's output) and its gradient
+  kDdisp,
+  kComb,  // the combined buffer (i-order's input) and its gradient
+  kDcomb,
+  kPart,  // S2: the MP rank's part of the dispatch buffer, and its gradient
+  kDpart,
+  kRecv,  // AlltoAll results before a gather / after a scatter
+  kDrecv,
+  kBack,
+  kDback,
+  kStage,  // the SAA dual's reduced chunks before their exchange
+  kEin,    // expert input / output and their gradients
+  kEout,
+  kDein,
+  kDeout,
+  kGateGrad,  // the gate weights' gradient (fp32)
+};
+inline constexpr int kNumBufs = 25;
+std::string_view BufName(Buf b);  // "x", "disp", "ein", ...
+
+// 64 bytes, kept beside the ops (the simulator never touches them).
+struct OpExec {
+  ExecKind kind = ExecKind::kNone;
+  ExecGroup group = ExecGroup::kNone;
+  ExecGroup pairs = ExecGroup::kNone;  // SAA gather / reduce: the AlltoAll's group
+  Buf in = Buf::kNone, mid = Buf::kNone, out = Buf::kNone;
+  // Dropless: sizes are the iteration's routed counts, not these (order /
+  // i-order on a compact buffer, AlltoAllv, experts on uneven blocks).
+  bool ragged = false;
+  bool to_experts = false;  // a ragged AlltoAll: towards the experts, or back
+  bool f32 = false;         // fp32 elements whatever the run's dtype (the gate's)
+  // An SAA exchange whose gather / scatter group has one rank: step 1 also
+  // places the local chunk q of `in` at chunk q of `out` (what the gather of
+  // one rank does).
+  bool copy_local = false;
+  // Gate: tokens routed and their capacity per expert. Order family: tokens,
+  // the buffer's capacity and parts ([parts][E][capacity/parts][M]). Experts:
+  // `groups` groups of [E/ep][rows][M].
+  int32_t parts = 1;
+  int32_t groups = 0;
+  float scale = 1.0f;  // expert weight gradients: their scale
+  int64_t tokens = 0, capacity = 0;
+  int64_t rows = 0;
+  int64_t count = 0;   // elements (see ExecKind)
+  int64_t stride = 0;  // SAA: elements between the group members' blocks
+};
+
+// Two logical buffers of one layer that are the same memory: what an identity
+// collective of a one-rank group (for which the planner emits no op) leaves.
+struct BufAlias {
+  int16_t block = -1;
+  Buf buf = Buf::kNone;  // is the same memory as
+  Buf same_as = Buf::kNone;
+};
+
+}  // namespace moeplan::planner
