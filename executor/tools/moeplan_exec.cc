@@ -24,6 +24,7 @@
 #include "moeplan/base/strings.h"
 #include "moeplan/base/watchdog.h"
 #include "moeplan/calibration/profiles.h"
+#include "moeplan/client/planner_client.h"
 #include "moeplan/executor/backends.h"
 #include "moeplan/executor/check.h"
 #include "moeplan/executor/runner.h"
@@ -53,6 +54,8 @@ struct Args {
   bool sequential = false;
   double max_memory_gib = 0.0;  // 0: what the device has free (CPU: shared by this host's ranks)
   double watchdog_s = 300.0;    // a rank with no new op for this long exits (0: off)
+  std::string report_to;        // moeplan-server address: ReportMeasurement per schedule
+  std::string tls_ca, token_file;
 };
 
 int Rank() {
@@ -463,6 +466,46 @@ v1::ExecCheck Check(const Setup& s, const std::vector<Measured>& runs,
   return ck;
 }
 
+// Sends every measured schedule's op timeline (median durations) to the server
+// as ReportMeasurement against the profile the prediction used, for the
+// server's in-job refits (docs/service.md).
+absl::Status ReportTo(const Args& a, const calibration::LoadedProfile& profile,
+                      const v1::ExecReport& report) {
+  client::ClientOptions options;
+  options.address = a.report_to;
+  options.tls_ca_file = a.tls_ca;
+  options.token_file = a.token_file;
+  MOEPLAN_ASSIGN_OR_RETURN(std::unique_ptr<client::PlannerClient> c,
+                           client::PlannerClient::Connect(options));
+  uint64_t stored = 0;
+  for (const v1::CandidatePlan& cand : report.candidates()) {
+    v1::ReportMeasurementRequest req;
+    req.set_profile_name(profile.message.name());
+    req.set_profile_version(profile.message.version());
+    req.mutable_plan()->set_profile_name(profile.message.name());
+    *req.mutable_plan()->mutable_layer() = report.layer();
+    req.mutable_plan()->add_schedules(cand.schedule());
+    req.set_schedule(cand.schedule());
+    for (const v1::OpTiming& op : cand.ops()) {
+      v1::MeasuredOp* m = req.add_ops();
+      m->set_name(op.name());
+      m->set_duration_us(std::max(0.0, op.end_us() - op.start_us()));
+    }
+    req.set_total_us(cand.total_us());
+    absl::StatusOr<v1::ReportMeasurementResponse> r = c->ReportMeasurement(req);
+    if (!r.ok()) {
+      return absl::Status(r.status().code(), Cat(proto::ScheduleLabel(cand.schedule()), ": ",
+                                                 View(r.status().message())));
+    }
+    stored = r->stored();
+  }
+  std::fprintf(stderr,
+               "moeplan-exec: reported %d schedule(s) to %s (profile %s v%u: %llu stored)\n",
+               report.candidates_size(), a.report_to.c_str(), profile.message.name().c_str(),
+               profile.message.version(), static_cast<unsigned long long>(stored));
+  return absl::OkStatus();
+}
+
 int Run(const Args& a) {
   Setup s;
   const int hosts = Hosts();
@@ -576,6 +619,13 @@ int Run(const Args& a) {
   }
   std::fwrite(text.data(), 1, text.size(), stdout);
   std::fflush(stdout);
+  if (!a.report_to.empty()) {
+    if (absl::Status st = ReportTo(a, *profile, report); !st.ok()) {
+      std::fprintf(stderr, "moeplan-exec: --report-to %s: %s\n", a.report_to.c_str(),
+                   std::string(View(st.message())).c_str());
+      return 1;
+    }
+  }
   if (a.check && !report.check().passed()) {
     std::fprintf(stderr,
                  "moeplan-exec: check failed: a schedule's results differ from the default's\n");
@@ -629,6 +679,13 @@ int main(int argc, char** argv) {
                  "op it waits in and exits 3, and mpirun stops the job (0: off)")
       ->check(CLI::Range(0.0, 86400.0))
       ->capture_default_str();
+  app.add_option("--report-to", a.report_to,
+                 "moeplan-server address (host:port or unix:PATH): rank 0 sends every measured "
+                 "schedule's op timeline with ReportMeasurement against --profile, for in-job "
+                 "refits; a failed report exits 1 after the report is printed");
+  app.add_option("--tls-ca", a.tls_ca, "with --report-to: CA of the server's TLS certificate");
+  app.add_option("--token-file", a.token_file,
+                 "with --report-to: file whose first line is the server's bearer token");
   app.add_flag("--check", a.check,
                "also run every schedule the layout allows on the same inputs and compare "
                "outputs, gradients and routing with the default's (exit 1 on mismatch)");

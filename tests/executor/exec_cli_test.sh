@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # moeplan-exec as users run it, under mpirun (label "mpi"):
-#   exec_cli_test.sh MOEPLAN_EXEC MOEPLAN_CLI SOURCE_DIR
+#   exec_cli_test.sh MOEPLAN_EXEC MOEPLAN_CLI SOURCE_DIR MOEPLAN_SERVER
 # - a dropless layer with a skewed gate: --check against the padded default
 #   that drops nothing, token_skew reported as measured;
 # - --check --json on 4 ranks: exit 0, three schedules, check passed, and every
@@ -9,9 +9,11 @@
 #   their median being its total; --sequential likewise, not interleaved;
 # - bad inputs: exit 1 on every rank within the timeout (no rank left waiting),
 #   one error line naming the field;
-# - a rank stopped or killed mid-run: the job ends non-zero within 30 s.
+# - a rank stopped or killed mid-run: the job ends non-zero within 30 s;
+# - --report-to a moeplan-server on loopback: one stored measurement per
+#   schedule, op for op under the plan's names; an unreachable server: exit 1.
 set -uo pipefail
-EXEC=$1 CLI=$2 SRC=$3
+EXEC=$1 CLI=$2 SRC=$3 SERVER=$4
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
   OMPI_MCA_rmaps_base_oversubscribe=1 OMPI_MCA_btl_vader_single_copy_mechanism=none
 PY=/usr/bin/python3
@@ -194,6 +196,47 @@ interrupt() {  # name, signal, pattern in stderr
   grep -q -- "$pattern" "$TMP/int.err" || bad "$name: no '$pattern' in: $(tail -5 "$TMP/int.err")"
   echo "$name: job ended in $took s, exit $rc"
 }
+# Jobs report back: ReportMeasurement per schedule to a server on loopback.
+mkdir -p "$TMP/data"
+"$SERVER" --listen 127.0.0.1:0 --data-dir "$TMP/data" >"$TMP/server.out" 2>"$TMP/server.err" &
+server_pid=$!
+addr=""
+for _ in $(seq 1 200); do  # 20 s
+  line=$(grep -m1 '^moeplan-server listening on ' "$TMP/server.out" || true)
+  [ -n "$line" ] && { addr=${line#moeplan-server listening on }; break; }
+  sleep 0.1
+done
+if [ -z "$addr" ]; then
+  bad "moeplan-server did not start: $(cat "$TMP/server.err")"
+else
+  if ! timeout 120 mpirun -np 4 "$EXEC" --layer "$LAYER" --iters 2 --warmup 0 --json \
+      --report-to "$addr" >"$TMP/rep.json" 2>"$TMP/rep.err"; then
+    bad "moeplan-exec --report-to failed: $(cat "$TMP/rep.err")"
+  fi
+  grep -q "reported 3 schedule(s) to $addr (profile a100-8x8 v[0-9]*: 3 stored)" "$TMP/rep.err" ||
+    bad "no report line in: $(cat "$TMP/rep.err")"
+  $PY - "$TMP/data/measurements/a100-8x8.jsonl" "$TMP/rep.json" <<'PYEOF' || fail=1
+import json, sys
+lines = [json.loads(l) for l in open(sys.argv[1])]
+rep = json.load(open(sys.argv[2]))
+ok = len(lines) == 3
+if not ok: print("FAIL: expected 3 stored measurements, got", len(lines), file=sys.stderr)
+for m, c in zip(lines, rep["candidates"]):
+    names = [o["name"] for o in m["ops"]]
+    if m["schedule"] != c["schedule"] or names != [o["name"] for o in c["ops"]]:
+        print("FAIL: stored measurement differs from the measured timeline", file=sys.stderr); ok = False
+    if abs(m["total_us"] - c["total_us"]) > 1e-6 * c["total_us"]:
+        print("FAIL: total differs", m["total_us"], c["total_us"], file=sys.stderr); ok = False
+sys.exit(0 if ok else 1)
+PYEOF
+fi
+kill "$server_pid" 2>/dev/null; wait "$server_pid" 2>/dev/null
+timeout 60 mpirun -np 4 "$EXEC" --layer "$LAYER" --iters 1 --warmup 0 --report-to 127.0.0.1:1 \
+  >"$TMP/out" 2>"$TMP/err"
+rc=$?
+[ $rc -eq 1 ] || bad "unreachable --report-to: exit $rc (want 1)"
+grep -q -- "--report-to 127.0.0.1:1: " "$TMP/err" || bad "unreachable --report-to: $(cat "$TMP/err")"
+
 interrupt "stalled rank" STOP "moeplan-exec: rank [0-9]: no progress for [0-9.]* s in '"
 interrupt "killed rank" KILL "exited on signal 9"
 
