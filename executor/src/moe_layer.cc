@@ -55,6 +55,26 @@ std::string Describe(Buf b) {
   }
 }
 
+// The kinds that run on uneven (dropless) blocks: the routing kernels on the
+// compact buffer, the experts on ragged blocks, AlltoAllv and the AllReduce of
+// the routed rows.
+bool RunsUneven(ExecKind k) {
+  switch (k) {
+    case ExecKind::kOrder:
+    case ExecKind::kIOrder:
+    case ExecKind::kIOrderBackward:
+    case ExecKind::kOrderBackward:
+    case ExecKind::kExpertForward:
+    case ExecKind::kExpertBackwardData:
+    case ExecKind::kExpertBackwardWeights:
+    case ExecKind::kAllToAll:
+    case ExecKind::kAllReduce:
+      return true;
+    default:
+      return false;
+  }
+}
+
 }  // namespace
 
 std::vector<float> SkewBias(int64_t experts, double exponent, uint64_t seed) {
@@ -107,9 +127,7 @@ absl::Status MoeLayerOps::SizeFromOp(const planner::Op& op, const OpExec& x) {
   };
   const int64_t tok = x.tokens * M_, buf = OrderShape(x).BufferElements();
   const int64_t g = size_of(x.group), n = x.count;
-  const bool uneven_ok = x.kind == ExecKind::kAllToAll || x.kind == ExecKind::kAllReduce ||
-                         (x.kind >= ExecKind::kOrder && x.kind <= ExecKind::kExpertBackwardWeights);
-  if (x.ragged && !uneven_ok) {
+  if (x.ragged && !RunsUneven(x.kind)) {
     return absl::InvalidArgumentError(
         Cat("plan: op ", op.Name(), ": a ", planner::ExecKindName(x.kind),
             " of uneven (dropless) blocks is planned but not executable"));

@@ -948,9 +948,7 @@ TEST(OpExecTest, EveryScheduleOpSaysWhatItComputes) {
     for (OpId v = 0; v < g.size(); ++v) {
       EXPECT_NE(g.exec(v).kind, ExecKind::kNone) << ScheduleName(s) << " " << g.op(v).Name();
       // Collectives name their group; compute ops run on the compute resource.
-      EXPECT_EQ(g.op(v).kind == OpKind::kComm,
-                g.exec(v).kind >= ExecKind::kCounts && g.exec(v).kind != ExecKind::kSlice)
-          << g.op(v).Name();
+      EXPECT_EQ(g.op(v).kind == OpKind::kComm, IsCollective(g.exec(v).kind)) << g.op(v).Name();
     }
     EXPECT_TRUE(g.aliases().empty()) << "no group of one rank in this layout";
   }

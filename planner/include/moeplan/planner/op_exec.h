@@ -47,6 +47,8 @@ enum class ExecKind : uint8_t {
   kSaaReduce,
 };
 std::string_view ExecKindName(ExecKind k);  // "gate", "alltoall", "saa_gather", ...
+// Whether ops of kind `k` communicate (every kind from kCounts on).
+inline bool IsCollective(ExecKind k) { return k >= ExecKind::kCounts; }
 
 // The layer's communicators on a rank (docs/notation.md).
 enum class ExecGroup : uint8_t { kNone = 0, kMp, kEp, kEsp };
