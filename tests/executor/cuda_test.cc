@@ -1,7 +1,8 @@
 // The CUDA + NCCL backend (label "gpu"): every CUDA kernel against the CPU
 // kernels (or, where the CPU kernels have no such path, a plain loop written
 // from kernels.h), the CUDA device's memory and lanes, single-rank NCCL
-// collectives, and printed kernel throughput (no timing assertions).
+// collectives, the plan interpreter on streams against the CPU backend, and
+// printed kernel throughput (no timing assertions).
 //
 // Runs without mpirun, as an Open MPI singleton (own main: MPI_Init before the
 // tests, MPI_Finalize after). Without a usable GPU, or in a build without CUDA,
@@ -30,6 +31,8 @@
 #include "moeplan/base/bf16.h"
 #include "moeplan/base/strings.h"
 #include "moeplan/executor/backends.h"
+#include "moeplan/executor/check.h"
+#include "moeplan/executor/runner.h"
 
 namespace moeplan::executor {
 namespace {
@@ -743,6 +746,109 @@ TEST_F(CudaTest, NcclSingleRankCollectives) {
   EXPECT_EQ(Down<float>(r, 64), x);
   ASSERT_OK((*sub)->Barrier());
   ASSERT_OK(world.Barrier());
+}
+
+// ------------------------------------------------------------ interpreter ----
+
+// One MoE layer on one GPU (every group has one rank: the plan's collectives
+// are aliases), interpreted on CUDA streams, against the same plan on the CPU
+// backend over MPI_COMM_WORLD (a singleton): outputs, input, gate and expert
+// gradients and routing, for every schedule, padded and dropless. The
+// measured timeline honours every edge of the plan.
+TEST_F(CudaTest, InterpreterRunsEveryScheduleLikeTheCpu) {
+  std::unique_ptr<Device> cpu_dev = MakeCpuDevice();
+  absl::StatusOr<std::unique_ptr<Communicator>> cpu_world = MakeMpiWorld(cpu_dev.get());
+  ASSERT_TRUE(cpu_world.ok()) << cpu_world.status();
+  absl::StatusOr<std::unique_ptr<Communicator>> gpu_world = MakeNcclWorld(dev_.get());
+  ASSERT_TRUE(gpu_world.ok()) << gpu_world.status();
+  ASSERT_EQ((*cpu_world)->size(), 1) << "run this test without mpirun (a singleton)";
+
+  planner::LayerConfig l;
+  l.name = "one-gpu";
+  l.batch_size = 4;
+  l.seq_len = 64;  // S = 256
+  l.model_dim = 128;
+  l.hidden_dim = 256;
+  l.num_experts = 8;
+  l.top_k = 2;
+  l.capacity_factor = 1.0;  // some choices dropped
+  l.bytes_per_element = 4;
+  l.parallel.mp = l.parallel.ep = l.parallel.esp = l.parallel.dp = 1;
+
+  struct Case {
+    planner::Schedule schedule;
+    bool dropless;
+    DType dtype;
+  };
+  const std::vector<Case> cases = {
+      {planner::Schedule::kDefault, false, DType::kF32},
+      {planner::Schedule::kS1, false, DType::kF32},
+      {planner::Schedule::kS2, false, DType::kF32},
+      {planner::Schedule::kDefault, true, DType::kF32},
+      {planner::Schedule::kDefault, false, DType::kBF16},
+  };
+  for (const Case& c : cases) {
+    planner::LayerConfig layer = l;
+    layer.dropless = c.dropless;
+    layer.bytes_per_element = c.dtype == DType::kBF16 ? 2 : 4;
+    SCOPED_TRACE(testing::Message()
+                 << planner::ScheduleName(c.schedule) << (c.dropless ? " dropless " : " padded ")
+                 << DTypeName(c.dtype));
+    absl::StatusOr<planner::OpGraph> plan = PlanLayerRun(layer, c.schedule, 1, 1, nullptr);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    RunOptions opt;
+    opt.dtype = c.dtype;
+    opt.seed = 7;
+    auto run = [&](Device* d, Kernels* k, Communicator* w,
+                   std::vector<OpTime>* times) -> absl::StatusOr<LayerResults> {
+      absl::StatusOr<std::unique_ptr<MoeLayerRunner>> r =
+          MoeLayerRunner::Create(layer, *plan, opt, d, k, w);
+      if (!r.ok()) return r.status();
+      for (int it = 0; it < 2; ++it) {
+        absl::Status st = (*r)->RunIteration();
+        if (!st.ok()) return st;
+      }
+      if (times != nullptr) *times = (*r)->timings();
+      return (*r)->Results();
+    };
+    std::vector<OpTime> gpu_times;
+    absl::StatusOr<LayerResults> got = run(dev_.get(), gpu_.get(), gpu_world->get(), &gpu_times);
+    ASSERT_TRUE(got.ok()) << got.status();
+    if (c.dtype == DType::kF32) {
+      absl::StatusOr<LayerResults> want = run(cpu_dev.get(), cpu_.get(), cpu_world->get(), nullptr);
+      ASSERT_TRUE(want.ok()) << want.status();
+      EXPECT_TRUE(SameRouting(*want, *got, layer.top_k, /*slots=*/true));
+      EXPECT_EQ(DroppedChoices(*want), DroppedChoices(*got));
+      for (const TensorDiff& d : CompareResults(*want, *got)) {
+        EXPECT_GT(d.max_abs_ref, 0.0) << d.tensor << " is all zero: the check proves nothing";
+        EXPECT_LE(d.max_abs_diff, 1e-4 * d.max_abs_ref)
+            << d.tensor << ": max |gpu - cpu| " << d.max_abs_diff << " vs max |cpu| "
+            << d.max_abs_ref;
+      }
+    } else {
+      // The CPU backend computes in f32 only, and bf16 inputs may route a
+      // near-tie differently: here every tensor is finite and not all zero.
+      for (const auto* t : {&got->y, &got->dx, &got->dgate, &got->dw1, &got->dw2}) {
+        EXPECT_FALSE(t->empty());
+        EXPECT_TRUE(std::all_of(t->begin(), t->end(), [](float v) { return std::isfinite(v); }));
+        EXPECT_TRUE(std::any_of(t->begin(), t->end(), [](float v) { return v != 0.0f; }));
+      }
+    }
+    if (!c.dropless) {
+      EXPECT_GT(DroppedChoices(*got), 0) << "capacity 1.0 drops on this seed";
+    }
+    // Ops timed under the plan's names, every edge honoured (device events).
+    ASSERT_EQ(gpu_times.size(), static_cast<size_t>(plan->size()));
+    for (planner::OpId v = 0; v < plan->size(); ++v) {
+      const OpTime& t = gpu_times[static_cast<size_t>(v)];
+      EXPECT_EQ(t.name, plan->op(v).Name());
+      EXPECT_LE(t.start_us, t.end_us) << t.name;
+      for (planner::OpId dep : plan->deps(v)) {
+        EXPECT_GE(t.start_us, gpu_times[static_cast<size_t>(dep)].end_us)
+            << t.name << " started before " << plan->op(dep).Name() << " ended";
+      }
+    }
+  }
 }
 
 // ------------------------------------------------------------ throughput ----
