@@ -102,6 +102,24 @@ std::string NameWithoutPart(Op op) {
   return op.Name();
 }
 
+// What the dense ops compute (op_exec.h): shapes only, on scratch memory.
+OpExec DenseMemory(double bytes, double bytes_per_element) {
+  return {.kind = ExecKind::kDenseMemory, .count = internal::Bytes(bytes / bytes_per_element)};
+}
+// `groups` x `reps` GEMMs of m x n x k.
+OpExec DenseGemm(int64_t m, int64_t n, int64_t k, int64_t groups = 1, int reps = 1) {
+  return {.kind = ExecKind::kDenseGemm,
+          .parts = reps,
+          .groups = static_cast<int32_t>(groups),
+          .tokens = m,
+          .rows = n,
+          .count = k};
+}
+OpExec DenseColl(ExecKind kind, ExecGroup group, double bytes, double bytes_per_element) {
+  return {.kind = kind, .group = group, .count = internal::Bytes(bytes / bytes_per_element)};
+}
+constexpr OpExec kJoin = {.kind = ExecKind::kNop};
+
 }  // namespace
 
 struct ModelPlanner::Impl {
@@ -213,14 +231,17 @@ struct ModelPlanner::Impl {
     const double sm = static_cast<double>(s) * M * e;  // one activation, bytes
     const CostModel& c = cost;
     auto mem = [&](std::string_view name, double bytes) {
-      return b.Compute(name, F, Term::kDense, c.MemoryBoundUs(bytes), bytes, x);
+      return b.Compute(name, F, Term::kDense, c.MemoryBoundUs(bytes), bytes, x, 0,
+                       DenseMemory(bytes, e));
     };
     auto gemm = [&](std::string_view name, int64_t mm_, int64_t nn, int64_t kk) {
       return b.Compute(name, F, Term::kDense, c.GemmUs(mm_, nn, kk),
-                       e * static_cast<double>(mm_ * kk + kk * nn + mm_ * nn), x);
+                       e * static_cast<double>(mm_ * kk + kk * nn + mm_ * nn), x, 0,
+                       DenseGemm(mm_, nn, kk));
     };
     auto allreduce = [&](std::string_view name) {
-      return b.Coll(name, F, Collective::kAllReduce, mp_shape, sm, x);
+      return b.Coll(name, F, Collective::kAllReduce, mp_shape, sm, x,
+                    DenseColl(ExecKind::kAllReduce, ExecGroup::kMp, sm, e));
     };
     switch (u.kind) {
       case UnitKind::kEmbed:
@@ -231,12 +252,12 @@ struct ModelPlanner::Impl {
         return gemm("fwd.qkv", s, 3 * M / t, M);
       case UnitKind::kAttnScore:
         return b.Compute("fwd.attn_score", F, Term::kDense, c.BatchedGemmUs(q * hp, L, L, d),
-                         e * q * hp * (2.0 * L * d + L * L), x);
+                         e * q * hp * (2.0 * L * d + L * L), x, 0, DenseGemm(L, L, d, q * hp));
       case UnitKind::kSoftmax:
         return mem("fwd.softmax", 2.0 * e * q * hp * L * L);
       case UnitKind::kAttnCtx:
         return b.Compute("fwd.attn_ctx", F, Term::kDense, c.BatchedGemmUs(q * hp, L, d, L),
-                         e * q * hp * (2.0 * L * d + L * L), x);
+                         e * q * hp * (2.0 * L * d + L * L), x, 0, DenseGemm(L, d, L, q * hp));
       case UnitKind::kProj:
         return gemm("fwd.proj", s, M, M / t);
       case UnitKind::kProjAllReduce:
@@ -317,13 +338,26 @@ struct ModelPlanner::Impl {
       map.assign(static_cast<size_t>(n) * k, kNoOp);
       piece_begin[static_cast<size_t>(j)] = static_cast<int>(piece_out.size());
       piece_k[static_cast<size_t>(j)] = k;
+      const bool moe = IsMoeUnit(u.kind) && u.kind != UnitKind::kSharedFc1 &&
+                       u.kind != UnitKind::kSharedAct && u.kind != UnitKind::kSharedFc2 &&
+                       u.kind != UnitKind::kSharedAllReduce;
+      if (moe) {
+        for (BufAlias a : scratch.aliases()) {
+          a.block = u.block;
+          g->Alias(a);
+        }
+      }
       for (int l = 0; l < n; ++l) {
         Op op = scratch.op(l);
         op.block = u.block;
         if (IsMoeUnit(u.kind)) op.flags |= kMoeScope;
+        OpExec exec = scratch.exec(l);
         const auto local = scratch.deps(l);
         for (int p = 0; p < k; ++p) {
           if (k > 1) op.part = static_cast<int16_t>(p);
+          // The routed experts' ops use the buffers of their block's instance
+          // for this piece (a whole micro-batch: part -1).
+          if (moe) exec.layer = g->AddLayer({u.block, op.part, Tokens(k)});
           dep_buf.clear();
           if (local.empty()) {
             AppendInputs(u, u0, p, standalone);
@@ -332,7 +366,7 @@ struct ModelPlanner::Impl {
           } else {
             for (OpId dl : local) dep_buf.push_back(map[static_cast<size_t>(dl) * k + p]);
           }
-          map[static_cast<size_t>(l) * k + p] = g->Add(op, dep_buf);
+          map[static_cast<size_t>(l) * k + p] = g->Add(op, dep_buf, exec);
         }
       }
       for (int p = 0; p < k; ++p) {
@@ -364,13 +398,16 @@ struct ModelPlanner::Impl {
     Deps out;
     const char* name = phase == F ? "fwd.zero_param_allgather" : "bwd.zero_param_allgather";
     if (dp_shape.ranks > 1) {
-      out.a = b.Coll(name, phase, Collective::kAllGather, dp_shape, dense / dp_shape.ranks, {}).a;
+      out.a = b.Coll(name, phase, Collective::kAllGather, dp_shape, dense / dp_shape.ranks, {},
+                     DenseColl(ExecKind::kAllGather, ExecGroup::kDp, dense / dp_shape.ranks, e))
+                  .a;
     }
     if (moe && edp_shape.ranks > 1) {
-      const char* ename =
-          phase == F ? "fwd.zero_expert_allgather" : "bwd.zero_expert_allgather";
+      const char* ename = phase == F ? "fwd.zero_expert_allgather" : "bwd.zero_expert_allgather";
       out.b = b.Coll(ename, phase, Collective::kAllGather, edp_shape,
-                     params.expert * e / edp_shape.ranks, {})
+                     params.expert * e / edp_shape.ranks, {},
+                     DenseColl(ExecKind::kAllGather, ExecGroup::kEdp,
+                               params.expert * e / edp_shape.ranks, e))
                   .a;
     }
     return out;
@@ -391,15 +428,21 @@ struct ModelPlanner::Impl {
     const CostModel& c = cost;
     Builder b(cost, &g0);
     auto mem = [&](std::string_view name, double bytes, Deps in) {
-      return b.Compute(name, B, Term::kDense, c.MemoryBoundUs(bytes), bytes, in);
+      return b.Compute(name, B, Term::kDense, c.MemoryBoundUs(bytes), bytes, in, 0,
+                       DenseMemory(bytes, e));
     };
     auto gemm = [&](std::string_view name, int64_t mm_, int64_t nn, int64_t kk, Deps in,
                     uint8_t flags = 0) {
       return b.Compute(name, B, Term::kDense, c.GemmUs(mm_, nn, kk),
-                       e * static_cast<double>(mm_ * kk + kk * nn + mm_ * nn), in, flags);
+                       e * static_cast<double>(mm_ * kk + kk * nn + mm_ * nn), in, flags,
+                       DenseGemm(mm_, nn, kk));
     };
     auto allreduce = [&](std::string_view name, Deps in) {
-      return b.Coll(name, B, Collective::kAllReduce, mp_shape, sm, in);
+      return b.Coll(name, B, Collective::kAllReduce, mp_shape, sm, in,
+                    DenseColl(ExecKind::kAllReduce, ExecGroup::kMp, sm, e));
+    };
+    auto join = [&](std::string_view name, Deps in) {
+      return b.Compute(name, B, Term::kDense, 0.0, 0.0, in, 0, kJoin);
     };
     auto param = [&](double elements, Deps producer) {
       params.push_back({elements * e, producer.a});
@@ -433,15 +476,22 @@ struct ModelPlanner::Impl {
         const Deps gather = ZeroGather(&g0, blk, B);
         if (gather.a != kNoOp || gather.b != kNoOp) {
           b.Stamp(blk, 0);
-          x = b.Compute("bwd.zero_wait", B, Term::kDense, 0.0, 0.0, {x.a, gather.a});
-          if (gather.b != kNoOp) x = b.Compute("bwd.zero_wait", B, Term::kDense, 0.0, 0.0, {x.a, gather.b});
+          x = join("bwd.zero_wait", {x.a, gather.a});
+          if (gather.b != kNoOp) x = join("bwd.zero_wait", {x.a, gather.b});
         }
       }
       b.Stamp(blk, 0);
       const Deps out_grad = x;
       if (mm.IsMoeBlock(blk)) {
         const LayerContext ctx = MoeContext(&moe_layer, blk, detach);
+        // The routed experts' backward ops use the block's whole-micro-batch instance.
+        const int16_t instance = g0.AddLayer({static_cast<int16_t>(blk), -1, S});
+        auto stamp = [&](OpId from) {
+          for (OpId id = from; id < g0.size(); ++id) g0.SetExecLayer(id, instance);
+        };
+        const OpId unroute = g0.size();
         Frontier y = AppendSection(sched, MoeSection::kBwdUnroute, ctx, &g0, {x.a, x.b});
+        stamp(unroute);
         Deps shared = {};
         if (fs > 0) {
           b.Stamp(blk, kMoeScope);
@@ -456,6 +506,7 @@ struct ModelPlanner::Impl {
         }
         const OpId before = g0.size();
         y = AppendSection(sched, MoeSection::kBwdExchange, ctx, &g0, y);
+        stamp(before);
         RecordSlots(before, blk);
         int expert_dw = 0;
         for (OpId id = before; id < g0.size(); ++id) {
@@ -468,15 +519,15 @@ struct ModelPlanner::Impl {
         }
         const OpId route = g0.size();
         y = AppendSection(sched, MoeSection::kBwdRoute, ctx, &g0, y);
+        stamp(route);
         OpId gate = kNoOp;
         for (OpId id = route; id < g0.size(); ++id) {
           const std::string_view base = g0.op(id).base;
           if (base == "bwd.gate" || base == "bwd.mp_allreduce_gate") gate = id;
         }
         params.push_back({static_cast<double>(M) * mm.moe.num_experts * e, gate});
-        x = b.Compute("bwd.ln2", B, Term::kDense, c.MemoryBoundUs(3.0 * sm), 3.0 * sm,
-                      Deps{y.a, shared.a});
-        if (y.b != kNoOp) x = b.Compute("bwd.ln2_join", B, Term::kDense, 0.0, 0.0, {x.a, y.b});
+        x = mem("bwd.ln2", 3.0 * sm, Deps{y.a, shared.a});
+        if (y.b != kNoOp) x = join("bwd.ln2_join", {x.a, y.b});
       } else {
         x = linear("bwd.fc2_dx", "bwd.fc2_dw", f, M, static_cast<double>(f) * M + M, x);
         x = mem("bwd.gelu", 3.0 * e * S * f, x);
@@ -485,22 +536,24 @@ struct ModelPlanner::Impl {
         x = mem("bwd.ln2", 3.0 * sm, x);
       }
       param(2.0 * M, x);
-      x = b.Compute("bwd.residual2", B, Term::kDense, c.MemoryBoundUs(3.0 * sm), 3.0 * sm,
-                    Deps{x.a, out_grad.a});
+      x = mem("bwd.residual2", 3.0 * sm, Deps{x.a, out_grad.a});
       const Deps mid = x;
       x = linear("bwd.proj_dx", "bwd.proj_dw", M / t, M, static_cast<double>(M) * M / t + M, x);
+      // Two batched GEMMs of equal work (L x L x d and L x d x L): run as two
+      // of the first shape.
       x = b.Compute("bwd.attn_ctx", B, Term::kDense,
                     c.BatchedGemmUs(Bq * hp, L, L, d) + c.BatchedGemmUs(Bq * hp, L, d, L),
-                    2.0 * e * Bq * hp * (2.0 * L * d + L * L), x);
+                    2.0 * e * Bq * hp * (2.0 * L * d + L * L), x, 0,
+                    DenseGemm(L, L, d, Bq * hp, 2));
       x = mem("bwd.softmax", 3.0 * e * Bq * hp * L * L, x);
       x = b.Compute("bwd.attn_score", B, Term::kDense, 2.0 * c.BatchedGemmUs(Bq * hp, L, d, L),
-                    2.0 * e * Bq * hp * (2.0 * L * d + L * L), x);
+                    2.0 * e * Bq * hp * (2.0 * L * d + L * L), x, 0,
+                    DenseGemm(L, d, L, Bq * hp, 2));
       x = linear("bwd.qkv_dx", "bwd.qkv_dw", M, 3 * M / t, 3.0 * M * M / t + 3.0 * M / t, x);
       if (t > 1) x = allreduce("bwd.qkv_allreduce", x);
       x = mem("bwd.ln1", 3.0 * sm, x);
       param(2.0 * M, x);
-      x = b.Compute("bwd.residual1", B, Term::kDense, c.MemoryBoundUs(3.0 * sm), 3.0 * sm,
-                    Deps{x.a, mid.a});
+      x = mem("bwd.residual1", 3.0 * sm, Deps{x.a, mid.a});
     }
     if (mm.vocab_size > 0 && st.embed) {
       b.Stamp(-1, 0);
@@ -567,7 +620,7 @@ struct ModelPlanner::Impl {
       Op join;
       join.base = "fwd.join";
       join.term = Term::kDense;
-      x = {g0.Add(join, dep_buf)};
+      x = {g0.Add(join, dep_buf, kJoin)};
     }
     const OpId bwd_begin = g0.size();
     EmitBackward(x, schedule_dw);
@@ -691,6 +744,7 @@ struct ModelPlanner::Impl {
   absl::Status Finalize(const std::vector<OpId>& order) {
     final_graph.Clear();
     final_graph.Reserve(g0.size() + 64, g0.size() * 2);
+    final_graph.CopyTables(g0);
     // Buckets per group, in the order gradients are produced (reverse layer order).
     struct Bucket {
       double bytes = 0.0;
@@ -737,6 +791,14 @@ struct ModelPlanner::Impl {
       op.inter_node_bytes = internal::Bytes(internal::InterNodeBytes(c, shape, n));
       return op;
     };
+    auto sync_exec = [&](const Bucket& bk, Collective c) {
+      const GroupShape shape = bk.expert ? edp_shape : dp_shape;
+      const double n = c == Collective::kAllReduce ? bk.bytes : bk.bytes / shape.ranks;
+      const ExecKind kind = c == Collective::kAllReduce       ? ExecKind::kAllReduce
+                            : c == Collective::kReduceScatter ? ExecKind::kReduceScatter
+                                                              : ExecKind::kAllGather;
+      return DenseColl(kind, bk.expert ? ExecGroup::kEdp : ExecGroup::kDp, n, m->bytes_per_element);
+    };
     std::vector<OpId> new_id(static_cast<size_t>(g0.size()), kNoOp);
     for (OpId v : order) {
       dep_buf.clear();
@@ -747,7 +809,7 @@ struct ModelPlanner::Impl {
         }
         dep_buf.push_back(new_id[static_cast<size_t>(d)]);
       }
-      const OpId id = final_graph.Add(g0.op(v), dep_buf);
+      const OpId id = final_graph.Add(g0.op(v), dep_buf, g0.exec(v));
       new_id[static_cast<size_t>(v)] = id;
       auto it = params_of.find(v);
       if (it == params_of.end()) continue;
@@ -756,13 +818,17 @@ struct ModelPlanner::Impl {
         bk.deps.push_back(id);
         if (--bk.left > 0) continue;
         if ((bk.expert ? edp_shape : dp_shape).ranks <= 1) continue;
-        Op op = sharded ? sync_op(bk, bk.expert ? "bwd.expert_grad_reducescatter"
-                                                : "bwd.grad_reducescatter",
-                                  Collective::kReduceScatter)
-                        : sync_op(bk, bk.expert ? "bwd.expert_grad_allreduce" : "bwd.grad_allreduce",
-                                  Collective::kAllReduce);
+        Op op =
+            sharded
+                ? sync_op(bk,
+                          bk.expert ? "bwd.expert_grad_reducescatter" : "bwd.grad_reducescatter",
+                          Collective::kReduceScatter)
+                : sync_op(bk, bk.expert ? "bwd.expert_grad_allreduce" : "bwd.grad_allreduce",
+                          Collective::kAllReduce);
         op.step = bk.index;
-        final_graph.Add(op, bk.deps);
+        final_graph.Add(
+            op, bk.deps,
+            sync_exec(bk, sharded ? Collective::kReduceScatter : Collective::kAllReduce));
       }
     }
     // The optimizer waits for every sink (gradients, buckets, side branches).
@@ -779,16 +845,17 @@ struct ModelPlanner::Impl {
     step.phase = B;
     step.term = Term::kOptimizer;
     step.cost_us = OptimizerStepUs(sharded, &step.bytes);
-    const OpId step_id = final_graph.Add(step, dep_buf);
+    const OpId step_id = final_graph.Add(
+        step, dep_buf, DenseMemory(static_cast<double>(step.bytes), m->bytes_per_element));
     if (st.zero_stage == 1 || st.zero_stage == 2) {
       for (size_t i = 0; i < buckets.size(); ++i) {
         if ((buckets[i].expert ? edp_shape : dp_shape).ranks <= 1) continue;
-        Op op = sync_op(buckets[i],
-                        buckets[i].expert ? "optimizer.expert_param_allgather"
-                                          : "optimizer.param_allgather",
-                        Collective::kAllGather);
+        Op op = sync_op(
+            buckets[i],
+            buckets[i].expert ? "optimizer.expert_param_allgather" : "optimizer.param_allgather",
+            Collective::kAllGather);
         op.step = buckets[i].index;
-        final_graph.Add(op, {step_id});
+        final_graph.Add(op, {step_id}, sync_exec(buckets[i], Collective::kAllGather));
       }
     }
     return absl::OkStatus();
@@ -797,10 +864,9 @@ struct ModelPlanner::Impl {
   // The optimizer step: each rank updates its shard (`sharded`: ZeRO >= 1
   // divides the states by the group), reading and writing fp32 states and the weights.
   double OptimizerStepUs(bool sharded, int64_t* bytes_out = nullptr) const {
-    const double shard = sharded
-                             ? static_cast<double>(DenseParamsPerRank()) / dp_shape.ranks +
-                                   static_cast<double>(ExpertParamsPerRank()) / edp_shape.ranks
-                             : static_cast<double>(ParamsPerRank());
+    const double shard = sharded ? static_cast<double>(DenseParamsPerRank()) / dp_shape.ranks +
+                                       static_cast<double>(ExpertParamsPerRank()) / edp_shape.ranks
+                                 : static_cast<double>(ParamsPerRank());
     const double bytes = shard * (24.0 + 2.0 * m->bytes_per_element);
     if (bytes_out != nullptr) *bytes_out = internal::Bytes(bytes);
     return cost.MemoryBoundUs(bytes);
@@ -841,8 +907,8 @@ struct ModelPlanner::Impl {
     while (j < n) {
       if (IsMoeUnit(units[j].kind)) {
         size_t e = j + 1;
-        const bool shared = units[j].kind >= UnitKind::kSharedFc1 &&
-                            units[j].kind <= UnitKind::kSharedAllReduce;
+        const bool shared =
+            units[j].kind >= UnitKind::kSharedFc1 && units[j].kind <= UnitKind::kSharedAllReduce;
         while (shared && e < n && units[e].kind >= UnitKind::kSharedFc1 &&
                units[e].kind <= UnitKind::kSharedAllReduce) {
           ++e;
@@ -858,7 +924,8 @@ struct ModelPlanner::Impl {
       int next = 1;
       for (size_t i = j; i < e; ++i) {
         acc += us[i];
-        if (i + 1 < e && next < opt.partition_groups && acc >= total * next / opt.partition_groups) {
+        if (i + 1 < e && next < opt.partition_groups &&
+            acc >= total * next / opt.partition_groups) {
           bounds.push_back(static_cast<int>(i + 1));
           while (next < opt.partition_groups && acc >= total * next / opt.partition_groups) ++next;
         }
@@ -879,8 +946,8 @@ struct ModelPlanner::Impl {
           break;
         }
       }
-      max_span = second > first && first >= 0 ? second - first
-                                               : static_cast<int>(bounds.size()) - 1;
+      max_span =
+          second > first && first >= 0 ? second - first : static_cast<int>(bounds.size()) - 1;
     }
   }
 
@@ -919,12 +986,13 @@ struct ModelPlanner::Impl {
   std::vector<Range> PartitionRanges() {
     ResetPieces();
     const int nseg = static_cast<int>(bounds.size()) - 1;
-    const std::vector<PartitionChoice> dp = PartitionDp(
-        nseg, max_span, opt.max_partitions, [&](int i, int j, int k) { return RangeCost(i, j, k); });
+    const std::vector<PartitionChoice> dp =
+        PartitionDp(nseg, max_span, opt.max_partitions,
+                    [&](int i, int j, int k) { return RangeCost(i, j, k); });
     std::vector<Range> out;
     for (const PartitionChoice& c : dp) {
-      out.push_back({bounds[static_cast<size_t>(c.begin)], bounds[static_cast<size_t>(c.end)], c.k,
-                     c.us});
+      out.push_back(
+          {bounds[static_cast<size_t>(c.begin)], bounds[static_cast<size_t>(c.end)], c.k, c.us});
     }
     return out;
   }
@@ -1029,14 +1097,13 @@ absl::Status ModelPlanner::Run(const ModelConfig& model, const ModelPlanOptions&
   s.topo = MakeTopology(model.parallel, cluster);
   s.mp_shape = s.topo.mp;
   const int g = cluster.gpus_per_node;
-  s.dp_shape = ShapeOfGroup(model.parallel.dp,
-                            stage.dense_group_stride > 0 ? static_cast<int>(stage.dense_group_stride)
-                                                         : model.parallel.mp,
-                            g);
-  s.edp_shape = ShapeOfGroup(std::max(1, stage.expert_replicas),
-                             stage.local_dispatch ? model.parallel.mp
-                                                  : model.parallel.ep * model.parallel.esp,
-                             g);
+  s.dp_shape = ShapeOfGroup(
+      model.parallel.dp,
+      stage.dense_group_stride > 0 ? static_cast<int>(stage.dense_group_stride) : model.parallel.mp,
+      g);
+  s.edp_shape = ShapeOfGroup(
+      std::max(1, stage.expert_replicas),
+      stage.local_dispatch ? model.parallel.mp : model.parallel.ep * model.parallel.esp, g);
   // Range costs depend on everything a range's ops read: key them by it, so
   // that stages planned one after another (the layout search) share them.
   s.context_salt = absl::HashOf(
@@ -1062,9 +1129,8 @@ absl::Status ModelPlanner::Run(const ModelConfig& model, const ModelPlanOptions&
   for (Schedule sc : schedules) {
     if (stage.local_dispatch) break;
     if (absl::Status st = ValidateForSchedule(s.moe_layer, sc); !st.ok()) {
-      return absl::InvalidArgumentError(
-          Cat("schedules: ", ScheduleName(sc), " does not apply to this model: ",
-              View(st.message())));
+      return absl::InvalidArgumentError(Cat("schedules: ", ScheduleName(sc),
+                                            " does not apply to this model: ", View(st.message())));
     }
   }
   const bool hier_applies =
@@ -1099,8 +1165,10 @@ absl::Status ModelPlanner::Run(const ModelConfig& model, const ModelPlanOptions&
         s.sched = sc;
         s.algo = a;
         s.PhaseBound(busy);
-        bound->fwd_us = std::min(bound->fwd_us, *std::max_element(busy[0], busy[0] + kNumResources));
-        bound->bwd_us = std::min(bound->bwd_us, *std::max_element(busy[1], busy[1] + kNumResources));
+        bound->fwd_us =
+            std::min(bound->fwd_us, *std::max_element(busy[0], busy[0] + kNumResources));
+        bound->bwd_us =
+            std::min(bound->bwd_us, *std::max_element(busy[1], busy[1] + kNumResources));
         for (size_t r = 0; r < kNumResources; ++r) {
           bound->fwd_res[r] = std::min(bound->fwd_res[r], busy[0][r]);
           bound->bwd_res[r] = std::min(bound->bwd_res[r], busy[1][r]);
@@ -1189,7 +1257,8 @@ absl::Status ModelPlanner::Run(const ModelConfig& model, const ModelPlanOptions&
   }
   out->best = 0;
   for (size_t i = 1; i < out->variants.size(); ++i) {
-    if (out->variants[i].iteration_us() < out->variants[static_cast<size_t>(out->best)].iteration_us())
+    if (out->variants[i].iteration_us() <
+        out->variants[static_cast<size_t>(out->best)].iteration_us())
       out->best = static_cast<int>(i);
   }
   return absl::OkStatus();

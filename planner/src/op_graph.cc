@@ -82,6 +82,9 @@ std::string_view ExecKindName(ExecKind k) {
                                                 "expert_backward_data",
                                                 "expert_backward_weights",
                                                 "slice",
+                                                "nop",
+                                                "dense_gemm",
+                                                "dense_memory",
                                                 "counts",
                                                 "alltoall",
                                                 "allgather",
@@ -95,7 +98,7 @@ std::string_view ExecKindName(ExecKind k) {
 }
 
 std::string_view ExecGroupName(ExecGroup g) {
-  static constexpr std::string_view kNames[] = {"none", "mp", "ep", "esp"};
+  static constexpr std::string_view kNames[] = {"none", "mp", "ep", "esp", "dp", "edp"};
   const size_t i = static_cast<size_t>(g);
   return i < std::size(kNames) ? kNames[i] : "unknown";
 }
@@ -157,10 +160,31 @@ bool OpGraph::HasDep(OpId from, OpId to) const {
   return false;
 }
 
+void OpGraph::Alias(const BufAlias& alias) {
+  for (const BufAlias& a : aliases_) {
+    if (a.block == alias.block && a.buf == alias.buf && a.same_as == alias.same_as) return;
+  }
+  aliases_.push_back(alias);
+}
+
+int16_t OpGraph::AddLayer(const ExecLayer& layer) {
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    if (layers_[i] == layer) return static_cast<int16_t>(i + 1);
+  }
+  layers_.push_back(layer);
+  return static_cast<int16_t>(layers_.size());
+}
+
+void OpGraph::CopyTables(const OpGraph& from) {
+  aliases_ = from.aliases_;
+  layers_ = from.layers_;
+}
+
 void OpGraph::Clear() {
   ops_.clear();
   exec_.clear();
   aliases_.clear();
+  layers_.clear();
   dep_ids_.clear();
   dep_begin_.resize(1);
 }

@@ -1,5 +1,7 @@
 // Whole-model planning (docs/model.md): the graph algorithms against brute
 // force, the model graph's structure, and the variants' invariants.
+#include "moeplan/planner/model.h"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -8,9 +10,9 @@
 #include <random>
 #include <set>
 #include <string>
+#include <tuple>
 #include <vector>
 
-#include "moeplan/planner/model.h"
 #include "moeplan/planner/schedules.h"
 #include "test_profile.h"
 
@@ -179,8 +181,8 @@ TEST(ModelGraph, MegatronTensorParallelAllReducesPerBlock) {
   const VariantPlan& v = plan.variants[0];
   // Dense block 1: two forward AllReduces (after proj and fc2), two backward
   // (after the fc1 and qkv input gradients). MoE block 0: the attention's two.
-  for (const char* name : {"b1.fwd.proj_allreduce", "b1.fwd.fc2_allreduce",
-                           "b1.bwd.fc1_allreduce", "b1.bwd.qkv_allreduce"}) {
+  for (const char* name : {"b1.fwd.proj_allreduce", "b1.fwd.fc2_allreduce", "b1.bwd.fc1_allreduce",
+                           "b1.bwd.qkv_allreduce"}) {
     EXPECT_EQ(CountOps(v, name), 1) << name;
   }
   int tp = 0;
@@ -217,6 +219,92 @@ TEST(ModelGraph, OpsAreNamedByBlockAndEveryWeightGemmHasItsDw) {
   EXPECT_EQ(v.graph.op(v.graph.size() - 1).Name(), "optimizer.step");
   // Gradient buckets exist (dp = 32) and each waits for gradients.
   EXPECT_GE(CountOps(v, "bwd.grad_allreduce"), 1);
+}
+
+// What each op of a whole model computes (op_exec.h), in closed form: the
+// dense ops' shapes, the data-parallel collectives' groups and counts, and
+// the MoE layer instance (block, piece, tokens) every routed-expert op uses.
+TEST(ModelGraph, EveryOpSaysWhatItComputes) {
+  for (int mp : {1, 2}) {
+    const ModelConfig m = SmallModel(mp);
+    const int64_t S = m.micro_batch_size * m.seq_length, M = m.hidden_size, L = m.seq_length;
+    const int64_t hp = m.num_attention_heads / mp, d = M / m.num_attention_heads;
+    ModelPlanOptions o;
+    o.algos = {AllToAllAlgo::kLinear};
+    const ModelPlan plan = PlanOrDie(m, RoundNumberModel(), o);
+    ASSERT_EQ(plan.variants.size(), 5u);
+    for (const VariantPlan& v : plan.variants) {
+      SCOPED_TRACE(::testing::Message() << VariantName(v.variant) << " mp " << mp);
+      const OpGraph& g = v.graph;
+      ASSERT_FALSE(g.layers().empty());
+      std::set<int> blocks_with_layers;
+      for (OpId id = 0; id < g.size(); ++id) {
+        const Op& op = g.op(id);
+        const OpExec& x = g.exec(id);
+        SCOPED_TRACE(op.Name());
+        EXPECT_NE(x.kind, ExecKind::kNone);
+        const bool dense = x.kind == ExecKind::kNop || x.kind == ExecKind::kDenseGemm ||
+                           x.kind == ExecKind::kDenseMemory || x.in == Buf::kNone;
+        if (dense) {
+          EXPECT_EQ(x.layer, 0);
+          continue;
+        }
+        // A routed-expert op: its block's instance, for its piece.
+        ASSERT_GE(x.layer, 1);
+        ASSERT_LE(x.layer, static_cast<int>(g.layers().size()));
+        const ExecLayer& l = g.layers()[static_cast<size_t>(x.layer - 1)];
+        EXPECT_EQ(l.block, op.block);
+        EXPECT_TRUE(m.IsMoeBlock(op.block));
+        EXPECT_NE(op.flags & kMoeScope, 0);
+        blocks_with_layers.insert(l.block);
+        if (op.phase == Phase::kBackward || op.part < 0) {
+          EXPECT_EQ(l.part, -1);
+          EXPECT_EQ(l.tokens, S);
+        } else {
+          EXPECT_EQ(l.part, op.part);
+          EXPECT_LT(l.tokens, S);
+          EXPECT_GE(l.tokens * (op.part + 1), S * op.part / (op.part + 1));
+        }
+      }
+      EXPECT_EQ(blocks_with_layers, (std::set<int>{0, 2}));
+      // Dense shapes (whole micro-batches in the backward).
+      auto exec_of = [&](std::string_view name) -> OpExec {
+        for (OpId id = 0; id < g.size(); ++id) {
+          if (g.op(id).Name() == name) return g.exec(id);
+        }
+        ADD_FAILURE() << "no op " << name;
+        return {};
+      };
+      OpExec x = exec_of("b1.bwd.qkv_dx");
+      EXPECT_EQ(x.kind, ExecKind::kDenseGemm);
+      EXPECT_EQ(std::make_tuple(x.tokens, x.rows, x.count, x.groups, x.parts),
+                std::make_tuple(S, M, 3 * M / mp, 1, 1));
+      x = exec_of("b1.bwd.attn_score");
+      EXPECT_EQ(std::make_tuple(x.tokens, x.rows, x.count, x.groups, x.parts),
+                std::make_tuple(L, d, L, static_cast<int32_t>(m.micro_batch_size * hp), 2));
+      x = exec_of("b1.bwd.ln2");
+      EXPECT_EQ(x.kind, ExecKind::kDenseMemory);
+      EXPECT_EQ(x.count, 3 * S * M);
+      x = exec_of("optimizer.step");
+      EXPECT_EQ(x.kind, ExecKind::kDenseMemory);
+      EXPECT_EQ(x.count * m.bytes_per_element, g.op(g.size() - 1).bytes);
+      if (mp > 1) {
+        x = exec_of("b1.bwd.fc1_allreduce");
+        EXPECT_EQ(std::make_tuple(x.kind, x.group, x.count),
+                  std::make_tuple(ExecKind::kAllReduce, ExecGroup::kMp, S * M));
+      }
+      // Gradient buckets: AllReduce over the dense replicas, count = bytes / e.
+      int buckets = 0;
+      for (OpId id = 0; id < g.size(); ++id) {
+        if (g.op(id).base != "bwd.grad_allreduce") continue;
+        ++buckets;
+        EXPECT_EQ(g.exec(id).kind, ExecKind::kAllReduce);
+        EXPECT_EQ(g.exec(id).group, ExecGroup::kDp);
+        EXPECT_EQ(g.exec(id).count * m.bytes_per_element, g.op(id).bytes);
+      }
+      EXPECT_GE(buckets, 1);
+    }
+  }
 }
 
 TEST(ModelGraph, WithoutCommunicationEveryVariantTakesTheSameTime) {

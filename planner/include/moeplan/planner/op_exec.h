@@ -25,8 +25,15 @@ enum class ExecKind : uint8_t {
   // A local MP split: out = block r of `in`, r the rank in `group`, `count`
   // elements per block.
   kSlice,
+  // Whole models' dense ops, run for their shape on scratch memory (no
+  // values flow between them):
+  kNop,          // a join: waits for its dependencies, computes nothing
+  kDenseGemm,    // `groups` x `parts` GEMMs of tokens x rows x count (m x n x k)
+  kDenseMemory,  // a memory-bound kernel touching `count` elements (read + written)
   // Collectives on `group`. count: AllGather's per-rank input, ReduceScatter's
   // per-rank output, AllReduce's buffer (in == out), AlltoAll's block per peer.
+  // Whole models' dense collectives (tensor-parallel AllReduce, gradient
+  // buckets, ZeRO's parameter gathers) name no buffer: scratch memory.
   kCounts,  // dropless: every peer's per-expert routed counts (host values)
   kAllToAll,
   kAllGather,
@@ -50,10 +57,13 @@ std::string_view ExecKindName(ExecKind k);  // "gate", "alltoall", "saa_gather",
 // Whether ops of kind `k` communicate (every kind from kCounts on).
 inline bool IsCollective(ExecKind k) { return k >= ExecKind::kCounts; }
 
-// The layer's communicators on a rank (docs/notation.md).
-enum class ExecGroup : uint8_t { kNone = 0, kMp, kEp, kEsp };
-inline constexpr int kNumExecGroups = 4;
-std::string_view ExecGroupName(ExecGroup g);  // "mp", "ep", "esp"
+// The layer's communicators on a rank (docs/notation.md), and a whole model's
+// data-parallel groups: dp, the replicas of the dense parameters (ranks of one
+// MP rank, strided by mp); edp, the replicas of an expert shard (strided by
+// ep * esp).
+enum class ExecGroup : uint8_t { kNone = 0, kMp, kEp, kEsp, kDp, kEdp };
+inline constexpr int kNumExecGroups = 6;
+std::string_view ExecGroupName(ExecGroup g);  // "mp", "ep", "esp", "dp", "edp"
 
 // Logical buffers of an MoE layer (docs/executor.md "Buffers"). x, y, dy, dx
 // are the layer's [S x M] input, output and their gradients; the rest are what
@@ -103,6 +113,10 @@ struct OpExec {
   // places the local chunk q of `in` at chunk q of `out` (what the gather of
   // one rank does).
   bool copy_local = false;
+  // The MoE layer instance whose buffers the op uses: 0 in a single-layer plan
+  // (its one layer) and for a whole model's dense ops; i >= 1 a whole model's
+  // OpGraph::layers()[i - 1].
+  int16_t layer = 0;
   // Gate: tokens routed and their capacity per expert. Order family: tokens,
   // the buffer's capacity and parts ([parts][E][capacity/parts][M]). Experts:
   // `groups` groups of [E/ep][rows][M].
@@ -113,6 +127,18 @@ struct OpExec {
   int64_t rows = 0;
   int64_t count = 0;   // elements (see ExecKind)
   int64_t stride = 0;  // SAA: elements between the group members' blocks
+};
+
+static_assert(sizeof(OpExec) == 64);
+
+// A whole model's MoE layer instance: a block's layer over `tokens` tokens,
+// for one micro-batch piece (part >= 0) of a partitioned forward or the whole
+// micro-batch (part -1). Each has its own buffers, weights and routing.
+struct ExecLayer {
+  int16_t block = -1;
+  int16_t part = -1;
+  int64_t tokens = 0;
+  bool operator==(const ExecLayer&) const = default;
 };
 
 // Two logical buffers of one layer that are the same memory: what an identity

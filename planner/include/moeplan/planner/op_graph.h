@@ -90,8 +90,15 @@ class OpGraph {
   // simulator checks).
   OpId Add(const Op& op, std::initializer_list<OpId> deps, const OpExec& exec = {});
   OpId Add(const Op& op, std::span<const OpId> deps, const OpExec& exec = {});
-  // Records that `alias.buf` of a layer is the same memory as `alias.same_as`.
-  void Alias(const BufAlias& alias) { aliases_.push_back(alias); }
+  // Records that `alias.buf` of a layer is the same memory as `alias.same_as`
+  // (once: a repeated alias is not stored again).
+  void Alias(const BufAlias& alias);
+  // A whole model's MoE layer instance (OpExec::layer): its index, >= 1, the
+  // same for the same instance.
+  int16_t AddLayer(const ExecLayer& layer);
+  void SetExecLayer(OpId id, int16_t layer) { exec_[static_cast<size_t>(id)].layer = layer; }
+  // Takes `from`'s aliases and layer instances (a graph rebuilt from its ops).
+  void CopyTables(const OpGraph& from);
 
   int size() const { return static_cast<int>(ops_.size()); }
   const Op& op(OpId id) const { return ops_[static_cast<size_t>(id)]; }
@@ -103,6 +110,7 @@ class OpGraph {
   // What the op computes (op_exec.h); kind kNone where the builder said nothing.
   const OpExec& exec(OpId id) const { return exec_[static_cast<size_t>(id)]; }
   std::span<const BufAlias> aliases() const { return aliases_; }
+  std::span<const ExecLayer> layers() const { return layers_; }
   bool HasDep(OpId from, OpId to) const;
   void Clear();
   // Capacity hints for builders that know their size.
@@ -113,6 +121,7 @@ class OpGraph {
   // Kept beside the ops, not in them: the simulator's pass reads only ops_.
   std::vector<OpExec> exec_;
   std::vector<BufAlias> aliases_;
+  std::vector<ExecLayer> layers_;
   std::vector<OpId> dep_ids_;
   std::vector<uint32_t> dep_begin_ = {0};  // deps of op i: [dep_begin_[i], dep_begin_[i + 1])
 };
