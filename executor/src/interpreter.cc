@@ -40,8 +40,19 @@ absl::StatusOr<std::unique_ptr<RankGroups>> RankGroups::Create(Communicator* wor
   return g;
 }
 
+absl::Status RankGroups::AddDataParallel(int dense_stride, int expert_stride) {
+  const int r = world_->rank();
+  MOEPLAN_ASSIGN_OR_RETURN(dp_, world_->Split(r % dense_stride, r / dense_stride));
+  MOEPLAN_ASSIGN_OR_RETURN(edp_, world_->Split(r % expert_stride, r / expert_stride));
+  return absl::OkStatus();
+}
+
 Communicator* RankGroups::Of(ExecGroup g) const {
   switch (g) {
+    case ExecGroup::kDp:
+      return dp_.get();
+    case ExecGroup::kEdp:
+      return edp_.get();
     case ExecGroup::kMp:
       return mp_.get();
     case ExecGroup::kEp:

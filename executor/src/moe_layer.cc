@@ -97,10 +97,10 @@ std::vector<float> SkewBias(int64_t experts, double exponent, uint64_t seed) {
 namespace internal {
 
 absl::StatusOr<std::unique_ptr<MoeLayerOps>> MoeLayerOps::Create(
-    const planner::LayerConfig& layer, const planner::OpGraph& plan, int block,
+    const planner::LayerConfig& layer, const planner::OpGraph& plan, int instance, int block,
     const RunOptions& options, const RankGroups* groups, Device* device, Kernels* kernels) {
   std::unique_ptr<MoeLayerOps> ops(new MoeLayerOps(layer, options, groups, device, kernels));
-  MOEPLAN_RETURN_IF_ERROR(ops->Init(plan, block));
+  MOEPLAN_RETURN_IF_ERROR(ops->Init(plan, instance, block));
   return ops;
 }
 
@@ -136,6 +136,12 @@ absl::Status MoeLayerOps::SizeFromOp(const planner::Op& op, const OpExec& x) {
     case ExecKind::kNone:
     case ExecKind::kCounts:
       break;
+    case ExecKind::kNop:
+    case ExecKind::kDenseGemm:
+    case ExecKind::kDenseMemory:
+      return absl::InvalidArgumentError(Cat("plan: op ", op.Name(), ": a dense ",
+                                            planner::ExecKindName(x.kind),
+                                            " is not an op of an MoE layer"));
     case ExecKind::kGate:
       need(tok, 0, 0);
       break;
@@ -208,7 +214,7 @@ absl::Status MoeLayerOps::SizeFromOp(const planner::Op& op, const OpExec& x) {
   return absl::OkStatus();
 }
 
-absl::Status MoeLayerOps::Init(const planner::OpGraph& plan, int block) {
+absl::Status MoeLayerOps::Init(const planner::OpGraph& plan, int instance, int block) {
   if (!k_->Supports(opt_.dtype)) {
     return absl::InvalidArgumentError(
         Cat("dtype: the ", k_->name(), " kernels do not support ", DTypeName(opt_.dtype)));
@@ -240,26 +246,47 @@ absl::Status MoeLayerOps::Init(const planner::OpGraph& plan, int block) {
 
   for (Buf b : {Buf::kX, Buf::kY, Buf::kDy, Buf::kDx}) Need(b, S_ * M_);
   Need(Buf::kGateGrad, M_ * E_, /*f32=*/true);
-  bool gate = false;
+  // How tokens are routed: the forward gate says; an instance without one (a
+  // whole model's backward of a partitioned forward, or a piece of Tutel's
+  // pipelined exchange) takes it from its gate's backward or its order ops.
+  auto rank_of = [](ExecKind k) {
+    switch (k) {
+      case ExecKind::kGate:
+        return 3;
+      case ExecKind::kGateBackward:
+        return 2;
+      case ExecKind::kOrder:
+      case ExecKind::kIOrder:
+      case ExecKind::kIOrderBackward:
+      case ExecKind::kOrderBackward:
+        return 1;
+      default:
+        return 0;
+    }
+  };
+  int routed_by = 0;
   const OpExec* slice_to_gate = nullptr;
   for (planner::OpId id = 0; id < plan.size(); ++id) {
     const planner::Op& op = plan.op(id);
-    if (op.block != block) continue;
     const OpExec& x = plan.exec(id);
+    if (x.layer != instance) continue;
     dropless_ = dropless_ || x.ragged;
-    if (x.kind == ExecKind::kGate) {
-      gate = true;
-      gate_in_ = x.in;
+    if (rank_of(x.kind) > routed_by) {
+      routed_by = rank_of(x.kind);
+      gate_in_ = routed_by == 1 ? Buf::kX : x.in;
       gated_ = x.tokens;
       route_cap_ = x.capacity;
     }
     MOEPLAN_RETURN_IF_ERROR(SizeFromOp(op, x));
   }
-  if (!gate) return absl::InvalidArgumentError("plan: the MoE layer has no gate op");
+  if (routed_by == 0) {
+    return absl::InvalidArgumentError("plan: the MoE layer has no gate, gate backward or order op");
+  }
+  route_once_ = routed_by < 3;
   // A gate on an MP slice of x (S1) routes the slice's tokens.
   for (planner::OpId id = 0; id < plan.size(); ++id) {
     const OpExec& x = plan.exec(id);
-    if (plan.op(id).block == block && x.kind == ExecKind::kSlice && Root(x.out) == Root(gate_in_) &&
+    if (x.layer == instance && x.kind == ExecKind::kSlice && Root(x.out) == Root(gate_in_) &&
         Root(x.in) == Root(Buf::kX)) {
       slice_to_gate = &x;
     }
@@ -282,7 +309,17 @@ absl::Status MoeLayerOps::Init(const planner::OpGraph& plan, int block) {
 
   if (!dropless_) {
     MOEPLAN_RETURN_IF_ERROR(AllocateChecked(true, true, 0).status());
-    return FillInputs();
+    MOEPLAN_RETURN_IF_ERROR(FillInputs());
+    if (!route_once_) return absl::OkStatus();
+    // The gate input of the backward's own instance (S1: the slice is its
+    // first op) is routed from x.
+    MOEPLAN_RETURN_IF_ERROR(GateForward(Ptr(slice_to_gate != nullptr ? Buf::kX : gate_in_)));
+    return dev_->Synchronize();
+  }
+  if (route_once_) {
+    return absl::InvalidArgumentError(
+        "plan: a dropless MoE layer without its forward gate (a partitioned forward) is not "
+        "executable");
   }
   // Routing is a pure function of the seeded inputs, the same every
   // iteration: one untimed gate pass and count exchange size the expert side.
@@ -594,6 +631,18 @@ absl::StatusOr<Request> MoeLayerOps::Start(const planner::Op& op, const OpExec& 
       return absl::InternalError(
           Cat("plan: ", planner::ExecKindName(x.kind), " is not a collective"));
   }
+}
+
+size_t MoeLayerOps::AllocatedBytes() const {
+  size_t n = 0;
+  for (const DeviceBuffer& b : buf_) n += b.bytes();
+  for (const DeviceBuffer* b :
+       {&x32_,     &dxg32_,   &logits_, &probs_,     &expert_, &slot_,        &weight_,
+        &dweight_, &dlogits_, &ones_,   &skew_bias_, &wg_,     &w1_,          &w2_,
+        &dw1_,     &dw2_,     &z_,      &a_,         &dz_,     &flat_expert_, &flat_slot_}) {
+    n += b->bytes();
+  }
+  return n;
 }
 
 absl::Status MoeLayerOps::Run(const planner::Op& op, const OpExec& x, Request* comm) {

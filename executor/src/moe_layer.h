@@ -19,23 +19,29 @@
 #include "moeplan/executor/interpreter.h"
 #include "moeplan/executor/kernels.h"
 #include "moeplan/executor/runner.h"
+#include "moeplan/planner/cost_model.h"
 #include "moeplan/planner/op_graph.h"
 #include "moeplan/planner/types.h"
 
 namespace moeplan::executor::internal {
 
+// The cost model of a plan built only to be run: round link and kernel
+// numbers (the interpreter never reads an op's cost).
+const planner::CostModel& NeutralCostModel();
+
 class MoeLayerOps final : public OpHandler {
  public:
-  // Sizes every buffer of `block`'s layer from the plan's ops, refuses them
-  // over the memory limit (nothing allocated), allocates and fills the seeded
-  // inputs. Dropless (ragged ops): one untimed gate pass and count exchange
-  // size the expert side first — collective over the EP group, every rank
-  // taking part even after a local failure.
-  static absl::StatusOr<std::unique_ptr<MoeLayerOps>> Create(const planner::LayerConfig& layer,
-                                                             const planner::OpGraph& plan,
-                                                             int block, const RunOptions& options,
-                                                             const RankGroups* groups,
-                                                             Device* device, Kernels* kernels);
+  // Sizes every buffer of the layer instance `instance` (OpExec::layer: 0 in a
+  // single-layer plan; a whole model's instances are >= 1, of `block`) from
+  // the plan's ops, refuses them over the memory limit (nothing allocated),
+  // allocates and fills the seeded inputs. An instance without a forward gate
+  // (the backward of a partitioned forward) is routed once, untimed, so its
+  // routing is valid. Dropless (ragged ops): one untimed gate pass and count
+  // exchange size the expert side first — collective over the EP group, every
+  // rank taking part even after a local failure.
+  static absl::StatusOr<std::unique_ptr<MoeLayerOps>> Create(
+      const planner::LayerConfig& layer, const planner::OpGraph& plan, int instance, int block,
+      const RunOptions& options, const RankGroups* groups, Device* device, Kernels* kernels);
 
   Communicator* CommOf(const planner::OpExec& exec) const override {
     return groups_->Of(exec.group);
@@ -43,6 +49,7 @@ class MoeLayerOps final : public OpHandler {
   absl::Status Run(const planner::Op& op, const planner::OpExec& exec, Request* comm) override;
 
   absl::StatusOr<LayerResults> Results();
+  size_t AllocatedBytes() const;  // every buffer this layer holds
   absl::StatusOr<RouteCounts> Routing();
 
  private:
@@ -50,7 +57,7 @@ class MoeLayerOps final : public OpHandler {
               Device* dev, Kernels* k)
       : layer_(layer), opt_(opt), groups_(groups), dev_(dev), k_(k) {}
 
-  absl::Status Init(const planner::OpGraph& plan, int block);
+  absl::Status Init(const planner::OpGraph& plan, int instance, int block);
 
   // ---- buffers ----
   using Buf = planner::Buf;
@@ -116,6 +123,7 @@ class MoeLayerOps final : public OpHandler {
   Buf gate_in_ = Buf::kX;
   int64_t gated_ = 0, route_cap_ = 0;
   int64_t route_offset_ = 0;  // the first token this rank gates (an MP slice)
+  bool route_once_ = false;   // no forward gate op: routed once at Init
 
   // Gate and weights.
   DeviceBuffer x32_, dxg32_, logits_, probs_, expert_, slot_, weight_, dweight_, dlogits_;

@@ -42,10 +42,8 @@ absl::Status ValidateForExecutor(const planner::LayerConfig& layer, Schedule sch
   return ValidateWorld(layer, world_size);
 }
 
-namespace {
+namespace internal {
 
-// The cost model of a plan built only to be run: round link and kernel
-// numbers (the interpreter never reads an op's cost).
 const planner::CostModel& NeutralCostModel() {
   static const planner::CostModel* const model = [] {
     planner::ClusterProfile p;
@@ -65,7 +63,7 @@ const planner::CostModel& NeutralCostModel() {
   return *model;
 }
 
-}  // namespace
+}  // namespace internal
 
 absl::StatusOr<planner::OpGraph> PlanLayerRun(const planner::LayerConfig& layer, Schedule schedule,
                                               int world_size, int hosts,
@@ -79,7 +77,7 @@ absl::StatusOr<planner::OpGraph> PlanLayerRun(const planner::LayerConfig& layer,
   MOEPLAN_RETURN_IF_ERROR(ValidateForExecutor(layer, schedule, world_size));
   planner::LayerContext ctx;
   ctx.layer = &layer;
-  ctx.cost = cost != nullptr ? cost : &NeutralCostModel();
+  ctx.cost = cost != nullptr ? cost : &internal::NeutralCostModel();
   ctx.topo = planner::MakeTopology(layer.parallel, cluster);
   planner::OpGraph graph;
   MOEPLAN_RETURN_IF_ERROR(planner::BuildSchedule(schedule, ctx, &graph));
@@ -106,9 +104,9 @@ absl::StatusOr<std::unique_ptr<MoeLayerRunner>> MoeLayerRunner::Create(
   // Every rank has passed validation: the first collective.
   auto impl = std::make_unique<Impl>();
   MOEPLAN_ASSIGN_OR_RETURN(impl->groups, RankGroups::Create(world, layer.parallel));
-  MOEPLAN_ASSIGN_OR_RETURN(impl->ops,
-                           internal::MoeLayerOps::Create(layer, plan, /*block=*/-1, options,
-                                                         impl->groups.get(), device, kernels));
+  MOEPLAN_ASSIGN_OR_RETURN(
+      impl->ops, internal::MoeLayerOps::Create(layer, plan, /*instance=*/0, /*block=*/-1, options,
+                                               impl->groups.get(), device, kernels));
   MOEPLAN_ASSIGN_OR_RETURN(impl->interpreter, PlanInterpreter::Create(plan, impl->ops.get(), device,
                                                                       world, options.lanes));
   return std::unique_ptr<MoeLayerRunner>(new MoeLayerRunner(std::move(impl)));

@@ -40,14 +40,18 @@ class RankGroups {
   // Collective over `world`: splits the MP, EP and ESP groups.
   static absl::StatusOr<std::unique_ptr<RankGroups>> Create(Communicator* world,
                                                             const planner::ParallelLayout& p);
-  Communicator* Of(planner::ExecGroup g) const;  // nullptr for kNone
+  // Collective over `world`: a whole model's data-parallel groups, the
+  // ranks of one MP rank strided by `dense_stride` (dp) and the replicas of
+  // an expert shard strided by `expert_stride` (edp).
+  absl::Status AddDataParallel(int dense_stride, int expert_stride);
+  Communicator* Of(planner::ExecGroup g) const;  // nullptr for kNone or a group not split
   Communicator* world() const { return world_; }
   const RankPlace& place() const { return place_; }
 
  private:
   Communicator* world_ = nullptr;
   RankPlace place_;
-  std::unique_ptr<Communicator> mp_, ep_, esp_;
+  std::unique_ptr<Communicator> mp_, ep_, esp_, dp_, edp_;
 };
 
 // One timed op of an iteration, microseconds from the iteration's start.

@@ -1,0 +1,69 @@
+// The whole-model runner (docs/executor.md "Whole models"): one variant's op
+// graph of a model (ModelPlanner: Lancet's dW placement and operator
+// partition, Tutel's pipelining, or none) interpreted op for op, forward,
+// backward, gradient buckets and the optimizer step. Routed-expert ops compute
+// on their MoE layer instance's buffers (one per block and micro-batch piece,
+// seeded like single layers); dense ops run a kernel of their shape on scratch
+// memory, and dense collectives move their counts on the tensor- and
+// data-parallel groups. Values do not flow from block to block: what is
+// measured is each op's time in the plan's order and overlap.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "moeplan/executor/comm.h"
+#include "moeplan/executor/device.h"
+#include "moeplan/executor/interpreter.h"
+#include "moeplan/executor/kernels.h"
+#include "moeplan/executor/runner.h"
+#include "moeplan/planner/cost_model.h"
+#include "moeplan/planner/model.h"
+
+namespace moeplan::executor {
+
+// What the executor runs of a model: one pipeline stage (parallel.pp = 1) on
+// exactly mp*dp ranks. Same answer on every rank.
+absl::Status ValidateModelForExecutor(const planner::ModelConfig& model, int world_size);
+
+// The variant the executor runs: the model planned for `world_size` ranks on
+// `hosts` nodes with `cost` (null: a neutral cost model), restricted to the
+// linear AlltoAll (the hierarchical one's steps are not executable yet).
+// `options` sets the rest (its variants and algos are replaced).
+absl::StatusOr<planner::VariantPlan> PlanModelRun(const planner::ModelConfig& model,
+                                                  planner::Variant variant, int world_size,
+                                                  int hosts, const planner::CostModel* cost,
+                                                  planner::ModelPlanOptions options = {});
+
+class ModelRunner {
+ public:
+  // Collective over `world`: validates, splits the MP, EP, ESP, DP and EDP
+  // groups, builds every MoE layer instance the plan names (its buffers
+  // sized from its ops; the memory limit applies to all of them together,
+  // instance by instance) and the scratch memory of the dense ops, then the
+  // interpreter. Options: dtype, seed, memory limit, lanes.
+  static absl::StatusOr<std::unique_ptr<ModelRunner>> Create(const planner::ModelConfig& model,
+                                                             const planner::OpGraph& plan,
+                                                             const RunOptions& options,
+                                                             Device* device, Kernels* kernels,
+                                                             Communicator* world);
+  ~ModelRunner();
+
+  absl::Status RunIteration();
+  const std::vector<OpTime>& timings() const;
+  double forward_us() const;
+  double total_us() const;
+  bool threaded() const;
+  int layer_instances() const;  // MoE layer instances built
+
+  class Impl;
+
+ private:
+  explicit ModelRunner(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace moeplan::executor

@@ -1,0 +1,244 @@
+// The whole-model runner: a model variant's op graph interpreted op for op
+// (interpreter.h). Routed-expert ops go to their MoE layer instance
+// (moe_layer.h, one per OpGraph::layers() entry); dense ops run here on
+// scratch memory. Like the layer runner, it holds no schedule of its own.
+#include "moeplan/executor/model_runner.h"
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <span>
+#include <vector>
+
+#include "moe_layer.h"
+#include "moeplan/base/status.h"
+#include "moeplan/base/strings.h"
+
+namespace moeplan::executor {
+
+using planner::ExecGroup;
+using planner::ExecKind;
+using planner::OpExec;
+
+absl::Status ValidateModelForExecutor(const planner::ModelConfig& model, int world_size) {
+  const planner::ParallelLayout& p = model.parallel;
+  if (p.pp != 1) {
+    return absl::InvalidArgumentError(
+        Cat("parallel.pp: the executor runs one pipeline stage; pipelined layouts are planned "
+            "but not executable yet (got pp=",
+            p.pp, ")"));
+  }
+  if (int64_t{p.mp} * p.dp != world_size) {
+    return absl::InvalidArgumentError(
+        Cat("parallel: mp*dp must equal the number of ranks the executor runs on (got mp*dp=",
+            int64_t{p.mp} * p.dp, ", ranks=", world_size, ")"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<planner::VariantPlan> PlanModelRun(const planner::ModelConfig& model,
+                                                  planner::Variant variant, int world_size,
+                                                  int hosts, const planner::CostModel* cost,
+                                                  planner::ModelPlanOptions o) {
+  MOEPLAN_RETURN_IF_ERROR(ValidateModelForExecutor(model, world_size));
+  const planner::ClusterShape cluster = hosts > 0 && world_size % hosts == 0
+                                            ? planner::ClusterShape{hosts, world_size / hosts}
+                                            : planner::ClusterShape{1, world_size};
+  MOEPLAN_RETURN_IF_ERROR(planner::ValidateModel(model, cluster));
+  planner::ModelPlanner planner(cost != nullptr ? *cost : internal::NeutralCostModel());
+  o.variants = {variant};
+  o.algos = {planner::AllToAllAlgo::kLinear};
+  planner::ModelPlan plan;
+  MOEPLAN_RETURN_IF_ERROR(planner.Plan(model, o, &plan));
+  return std::move(plan.variants.at(0));
+}
+
+namespace {
+
+// The dense side of a model: scratch memory for the compute lane's kernels
+// and, per group, for its collectives; MoE ops go to their instance.
+class ModelOps final : public OpHandler {
+ public:
+  ModelOps(const RankGroups* groups, Device* dev, Kernels* k, DType t)
+      : groups_(groups), dev_(dev), k_(k), dt_(t), es_(SizeOf(t)) {}
+
+  Communicator* CommOf(const OpExec& x) const override { return groups_->Of(x.group); }
+
+  absl::Status Run(const planner::Op& op, const OpExec& x, Request* comm) override {
+    if (x.layer > 0) return layers_[static_cast<size_t>(x.layer - 1)]->Run(op, x, comm);
+    if (x.kind == ExecKind::kNop) return absl::OkStatus();
+    if (x.kind == ExecKind::kDenseGemm) {
+      const int64_t reps = int64_t{std::max(1, x.groups)} * std::max(1, x.parts);
+      for (int64_t i = 0; i < reps; ++i) {
+        MOEPLAN_RETURN_IF_ERROR(k_->Gemm(false, false, x.tokens, x.rows, x.count, 1.0f, a_.data(),
+                                         x.count, b_.data(), x.rows, 0.0f, c_.data(), x.rows, dt_));
+      }
+      return absl::OkStatus();
+    }
+    if (x.kind == ExecKind::kDenseMemory) {
+      return dev_->Copy(c_.data(), a_.data(), static_cast<size_t>(x.count / 2) * es_, kComputeLane);
+    }
+    if (comm == nullptr) {
+      return absl::InternalError(Cat("plan: op ", op.Name(), " (", planner::ExecKindName(x.kind),
+                                     ") has no dense semantics"));
+    }
+    Communicator* c = groups_->Of(x.group);
+    const Scratch& s = comm_[static_cast<size_t>(x.group)];
+    const size_t n = static_cast<size_t>(x.count);
+    absl::StatusOr<Request> started;
+    if (x.kind == ExecKind::kAllReduce) {
+      started = c->StartAllReduce(s.send.data(), s.recv.data(), n, dt_);
+    } else if (x.kind == ExecKind::kAllGather) {
+      started = c->StartAllGather(s.send.data(), s.recv.data(), n, dt_);
+    } else if (x.kind == ExecKind::kReduceScatter) {
+      started = c->StartReduceScatter(s.send.data(), s.recv.data(), n, dt_);
+    } else {
+      return absl::InvalidArgumentError(Cat("plan: op ", op.Name(), ": a dense ",
+                                            planner::ExecKindName(x.kind), " is not executable"));
+    }
+    MOEPLAN_ASSIGN_OR_RETURN(*comm, std::move(started));
+    return c->Wait(comm);
+  }
+
+  // Sizes and fills the scratch memory from the plan's dense ops.
+  absl::Status Init(const planner::OpGraph& plan, uint64_t seed) {
+    int64_t a = 1, b = 1, c = 1;
+    std::vector<std::pair<int64_t, int64_t>> comm(planner::kNumExecGroups, {1, 1});
+    for (planner::OpId id = 0; id < plan.size(); ++id) {
+      const OpExec& x = plan.exec(id);
+      if (x.layer > 0) continue;
+      if (x.kind == ExecKind::kDenseGemm) {
+        a = std::max(a, x.tokens * x.count);
+        b = std::max(b, x.count * x.rows);
+        c = std::max(c, x.tokens * x.rows);
+      } else if (x.kind == ExecKind::kDenseMemory) {
+        a = std::max(a, x.count / 2);
+        c = std::max(c, x.count / 2);
+      } else if (planner::IsCollective(x.kind)) {
+        const Communicator* g = groups_->Of(x.group);
+        const int64_t r = g == nullptr ? 1 : g->size();
+        auto& [send, recv] = comm[static_cast<size_t>(x.group)];
+        const bool gathers = x.kind == ExecKind::kAllGather;
+        const bool scatters = x.kind == ExecKind::kReduceScatter;
+        send = std::max(send, scatters ? x.count * r : x.count);
+        recv = std::max(recv, gathers ? x.count * r : x.count);
+      }
+    }
+    // Seeded values: GEMMs on finite, non-denormal inputs (what training sees).
+    auto make = [&](DeviceBuffer* buf, int64_t elems, uint32_t tensor) -> absl::Status {
+      MOEPLAN_ASSIGN_OR_RETURN(*buf, DeviceBuffer::Make(dev_, static_cast<size_t>(elems) * es_));
+      std::vector<float> host(static_cast<size_t>(elems));
+      for (size_t i = 0; i < host.size(); ++i) host[i] = SeededValue(seed, tensor, i, 0.1f);
+      std::vector<uint16_t> half;
+      return UploadAs(*dev_, buf->data(), host, dt_, &half);
+    };
+    constexpr uint32_t kScratch = 0x5c000;
+    MOEPLAN_RETURN_IF_ERROR(make(&a_, a, kScratch + 1));
+    MOEPLAN_RETURN_IF_ERROR(make(&b_, b, kScratch + 2));
+    MOEPLAN_RETURN_IF_ERROR(make(&c_, c, kScratch + 3));
+    for (size_t g = 0; g < comm.size(); ++g) {
+      if (groups_->Of(static_cast<ExecGroup>(g)) == nullptr) continue;
+      MOEPLAN_RETURN_IF_ERROR(make(&comm_[g].send, comm[g].first, kScratch + 10 + g));
+      MOEPLAN_RETURN_IF_ERROR(make(&comm_[g].recv, comm[g].second, kScratch + 20 + g));
+    }
+    return dev_->Synchronize();
+  }
+
+  size_t ScratchBytes() const {
+    size_t n = a_.bytes() + b_.bytes() + c_.bytes();
+    for (const Scratch& s : comm_) n += s.send.bytes() + s.recv.bytes();
+    return n;
+  }
+
+  std::vector<std::unique_ptr<internal::MoeLayerOps>> layers_;
+
+ private:
+  struct Scratch {
+    DeviceBuffer send, recv;
+  };
+  const RankGroups* groups_;
+  Device* dev_;
+  Kernels* k_;
+  DType dt_;
+  size_t es_;
+  DeviceBuffer a_, b_, c_;
+  std::array<Scratch, planner::kNumExecGroups> comm_;
+};
+
+}  // namespace
+
+class ModelRunner::Impl {
+ public:
+  std::unique_ptr<RankGroups> groups;
+  std::unique_ptr<ModelOps> ops;
+  std::unique_ptr<PlanInterpreter> interpreter;
+};
+
+ModelRunner::ModelRunner(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+ModelRunner::~ModelRunner() = default;
+
+absl::StatusOr<std::unique_ptr<ModelRunner>> ModelRunner::Create(const planner::ModelConfig& model,
+                                                                 const planner::OpGraph& plan,
+                                                                 const RunOptions& options,
+                                                                 Device* device, Kernels* kernels,
+                                                                 Communicator* world) {
+  MOEPLAN_RETURN_IF_ERROR(ValidateModelForExecutor(model, world->size()));
+  MOEPLAN_RETURN_IF_ERROR(CheckExecutable(plan));
+  for (planner::OpId id = 0; id < plan.size(); ++id) {
+    if (plan.op(id).device != 0) {
+      return absl::InvalidArgumentError(Cat("plan: op ", plan.op(id).Name(),
+                                            " runs on pipeline stage ", plan.op(id).device,
+                                            ": pipelined plans are not executable yet"));
+    }
+  }
+  if (!kernels->Supports(options.dtype)) {
+    return absl::InvalidArgumentError(
+        Cat("dtype: the ", kernels->name(), " kernels do not support ", DTypeName(options.dtype)));
+  }
+  // Every rank has passed validation: the first collective.
+  auto impl = std::make_unique<Impl>();
+  const planner::LayerConfig moe = model.MoeLayer();
+  MOEPLAN_ASSIGN_OR_RETURN(impl->groups, RankGroups::Create(world, moe.parallel));
+  MOEPLAN_RETURN_IF_ERROR(impl->groups->AddDataParallel(
+      model.parallel.mp, std::max(1, model.parallel.ep * model.parallel.esp)));
+  impl->ops = std::make_unique<ModelOps>(impl->groups.get(), device, kernels, options.dtype);
+  MOEPLAN_RETURN_IF_ERROR(impl->ops->Init(plan, options.seed));
+  size_t used = impl->ops->ScratchBytes();
+  const std::span<const planner::ExecLayer> layers = plan.layers();
+  for (size_t i = 0; i < layers.size(); ++i) {
+    const planner::ExecLayer& l = layers[i];
+    planner::LayerConfig layer = moe;
+    layer.batch_size = 1;
+    layer.seq_len = l.tokens;
+    layer.bytes_per_element = static_cast<int>(SizeOf(options.dtype));
+    RunOptions o = options;
+    o.plan_name = Cat(model.name, "'s MoE layers up to block ", l.block,
+                      l.part >= 0 ? Cat(" piece ", l.part) : std::string());
+    if (options.memory_limit_bytes > 0) {
+      if (used >= options.memory_limit_bytes) {
+        return absl::ResourceExhaustedError(
+            Cat("memory: ", o.plan_name, " need more than the ", options.memory_limit_bytes >> 20,
+                " MiB per rank it may use (", options.memory_limit_source, ")"));
+      }
+      o.memory_limit_bytes = options.memory_limit_bytes - used;
+    }
+    MOEPLAN_ASSIGN_OR_RETURN(
+        std::unique_ptr<internal::MoeLayerOps> ops,
+        internal::MoeLayerOps::Create(layer, plan, static_cast<int>(i + 1), l.block, o,
+                                      impl->groups.get(), device, kernels));
+    used += ops->AllocatedBytes();
+    impl->ops->layers_.push_back(std::move(ops));
+  }
+  MOEPLAN_ASSIGN_OR_RETURN(impl->interpreter, PlanInterpreter::Create(plan, impl->ops.get(), device,
+                                                                      world, options.lanes));
+  return std::unique_ptr<ModelRunner>(new ModelRunner(std::move(impl)));
+}
+
+absl::Status ModelRunner::RunIteration() { return impl_->interpreter->RunIteration(); }
+const std::vector<OpTime>& ModelRunner::timings() const { return impl_->interpreter->timings(); }
+double ModelRunner::forward_us() const { return impl_->interpreter->forward_us(); }
+double ModelRunner::total_us() const { return impl_->interpreter->total_us(); }
+bool ModelRunner::threaded() const { return impl_->interpreter->threaded(); }
+int ModelRunner::layer_instances() const { return static_cast<int>(impl_->ops->layers_.size()); }
+
+}  // namespace moeplan::executor
