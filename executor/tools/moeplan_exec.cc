@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "exec_common.h"
 #include "exec_report.h"
 #include "moeplan/base/status.h"
 #include "moeplan/base/strings.h"
@@ -39,61 +40,6 @@ namespace {
 namespace ex = executor;
 namespace p = planner;
 
-struct Args {
-  std::string layer;
-  std::string schedule = "all";
-  std::string backend = "mpi";
-  std::string dtype = "auto";
-  std::string profile = std::string(calibration::kDefaultProfileName);
-  int iters = 10;
-  int warmup = 2;
-  uint64_t seed = 1;
-  double skew = 0.0;  // Zipf exponent of the gate bias; 0: none
-  bool check = false;
-  bool json = false;
-  bool sequential = false;
-  double max_memory_gib = 0.0;  // 0: what the device has free (CPU: shared by this host's ranks)
-  double watchdog_s = 300.0;    // a rank with no new op for this long exits (0: off)
-  std::string report_to;        // moeplan-server address: ReportMeasurement per schedule
-  std::string tls_ca, token_file;
-};
-
-int Rank() {
-  int r = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &r);
-  return r;
-}
-int Size() {
-  int s = 1;
-  MPI_Comm_size(MPI_COMM_WORLD, &s);
-  return s;
-}
-
-// Every rank learns whether any rank failed; the lowest failing rank prints.
-absl::Status Agree(const absl::Status& local) {
-  Watchdog::Step("agreeing with the other ranks (MPI_Allreduce)");
-  const int rank = Rank();
-  int bad = local.ok() ? INT_MAX : rank, first = INT_MAX;
-  MPI_Allreduce(&bad, &first, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-  if (first == INT_MAX) return absl::OkStatus();
-  if (rank == first) {
-    std::fprintf(stderr, "moeplan-exec: %s%s\n",
-                 first == 0 ? "" : Cat("rank ", first, ": ").c_str(),
-                 std::string(View(local.message())).c_str());
-  }
-  return local.ok() ? absl::AbortedError("another rank failed") : local;
-}
-
-// A failure after the ranks agreed to run (inside the schedules' collectives):
-// other ranks may be waiting in a collective, so the job is aborted.
-[[noreturn]] void Abort(const absl::Status& s) {
-  std::fprintf(stderr, "moeplan-exec: rank %d: %s\n", Rank(),
-               std::string(View(s.message())).c_str());
-  std::fflush(stderr);
-  MPI_Abort(MPI_COMM_WORLD, 1);
-  std::abort();
-}
-
 v1::Schedule ToProto(p::Schedule s) { return proto::ScheduleToProto(s); }
 
 struct Setup {
@@ -107,27 +53,6 @@ struct Setup {
   int hosts = 1;
   const p::CostModel* cost = nullptr;
 };
-
-// Ranks of this job on this host.
-int LocalRanks() {
-  MPI_Comm local;
-  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &local);
-  int n = 1;
-  MPI_Comm_size(local, &n);
-  MPI_Comm_free(&local);
-  return n;
-}
-
-int Hosts() {
-  MPI_Comm local;
-  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &local);
-  int local_rank = 0, leaders = 0;
-  MPI_Comm_rank(local, &local_rank);
-  MPI_Comm_free(&local);
-  const int leader = local_rank == 0 ? 1 : 0;
-  MPI_Allreduce(&leader, &leaders, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
-  return leaders;
-}
 
 // Everything that can be checked without talking to other ranks.
 absl::Status Prepare(const Args& a, int hosts, Setup* s) {
@@ -215,8 +140,8 @@ struct Measured {
   std::vector<ex::OpTime> ops;
   std::vector<IterationTimes> iterations;  // rank 0 only
   ex::LayerResults results;
-  v1::ExecRouting routing;            // the last iteration's, over every rank
-  std::vector<double> local, global;  // TimeIteration's reduce buffers, reused
+  v1::ExecRouting routing;      // the last iteration's, over every rank
+  std::vector<double> scratch;  // TimeIteration's reduce buffers, reused
 };
 
 std::unique_ptr<ex::MoeLayerRunner> CreateRunner(const Args& a, const Setup& s,
@@ -229,20 +154,7 @@ std::unique_ptr<ex::MoeLayerRunner> CreateRunner(const Args& a, const Setup& s,
   opt.seed = a.seed;
   opt.skew_exponent = a.skew;
   // What this rank's buffers may take, read now (runners already alive hold theirs).
-  if (a.max_memory_gib > 0) {
-    opt.memory_limit_bytes = static_cast<size_t>(a.max_memory_gib * 1024.0 * 1024.0 * 1024.0);
-    opt.memory_limit_source = "--max-memory-gib";
-  } else if (absl::StatusOr<size_t> free = b.device->FreeBytes(); free.ok()) {
-    if (b.device->is_gpu()) {
-      opt.memory_limit_bytes = *free;
-      opt.memory_limit_source = Cat("free memory of ", b.device->name());
-    } else {
-      const int local = LocalRanks();
-      opt.memory_limit_bytes = *free / static_cast<size_t>(local);
-      opt.memory_limit_source = Cat("this host's available memory shared by its ", local,
-                                    " rank(s); --max-memory-gib sets it");
-    }
-  }
+  SetMemoryLimit(a, *b.device, &opt);
   absl::StatusOr<std::unique_ptr<ex::MoeLayerRunner>> runner =
       ex::MoeLayerRunner::Create(s.layer, opt, b.device.get(), b.kernels.get(), b.world.get());
   if (absl::Status st = Agree(runner.status()); !st.ok()) {
@@ -256,31 +168,9 @@ std::unique_ptr<ex::MoeLayerRunner> CreateRunner(const Args& a, const Setup& s,
 // ranks, recorded on rank 0; the op names of the last one are kept.
 void TimeIteration(const Args& a, int it, ex::MoeLayerRunner& runner, Measured* m) {
   if (absl::Status st = runner.RunIteration(); !st.ok()) Abort(st);
-  const std::vector<ex::OpTime>& ops = runner.timings();
-  const size_t n = ops.size();
-  std::vector<double>& local = m->local;
-  std::vector<double>& global = m->global;
-  local.assign(2 * n + 2, 0.0);
-  global.assign(2 * n + 2, 0.0);
-  for (size_t i = 0; i < n; ++i) {
-    local[i] = ops[i].start_us;
-    local[n + i] = ops[i].end_us;
-  }
-  local[2 * n] = runner.forward_us();
-  local[2 * n + 1] = runner.total_us();
-  Watchdog::Step(Cat("gathering iteration ", it, "'s op times (MPI_Reduce)"));
-  MPI_Reduce(local.data(), global.data(), static_cast<int>(local.size()), MPI_DOUBLE, MPI_MAX, 0,
-             MPI_COMM_WORLD);
-  if (Rank() == 0) {
-    IterationTimes t;
-    t.start_us.assign(global.begin(), global.begin() + static_cast<std::ptrdiff_t>(n));
-    t.end_us.assign(global.begin() + static_cast<std::ptrdiff_t>(n),
-                    global.begin() + static_cast<std::ptrdiff_t>(2 * n));
-    t.forward_us = global[2 * n];
-    t.total_us = global[2 * n + 1];
-    m->iterations.push_back(std::move(t));
-  }
-  if (it + 1 == a.iters) m->ops = ops;
+  GatherIteration(it, runner.timings(), runner.forward_us(), runner.total_us(), &m->scratch,
+                  &m->iterations);
+  if (it + 1 == a.iters) m->ops = runner.timings();
 }
 
 // An untimed iteration.
@@ -506,7 +396,9 @@ absl::Status ReportTo(const Args& a, const calibration::LoadedProfile& profile,
   return absl::OkStatus();
 }
 
-int Run(const Args& a) {
+}  // namespace
+
+int RunLayer(const Args& a) {
   Setup s;
   const int hosts = Hosts();
   if (!Agree(Prepare(a, hosts, &s)).ok()) return 1;
@@ -605,20 +497,7 @@ int Run(const Args& a) {
     for (const IterationTimes& t : m.iterations) its->add_total_us(t.total_us);
     *report.add_routing() = m.routing;
   }
-  std::string text;
-  if (a.json) {
-    absl::StatusOr<std::string> json = proto::ToJson(report);
-    if (!json.ok()) {
-      std::fprintf(stderr, "moeplan-exec: %s\n",
-                   std::string(View(json.status().message())).c_str());
-      return 1;
-    }
-    text = *json + "\n";
-  } else {
-    text = RenderTable(report);
-  }
-  std::fwrite(text.data(), 1, text.size(), stdout);
-  std::fflush(stdout);
+  if (!PrintReport(report, a.json, a.json ? std::string() : RenderTable(report))) return 1;
   if (!a.report_to.empty()) {
     if (absl::Status st = ReportTo(a, *profile, report); !st.ok()) {
       std::fprintf(stderr, "moeplan-exec: --report-to %s: %s\n", a.report_to.c_str(),
@@ -634,7 +513,6 @@ int Run(const Args& a) {
   return 0;
 }
 
-}  // namespace
 }  // namespace moeplan::exec
 
 int main(int argc, char** argv) {
@@ -643,12 +521,27 @@ int main(int argc, char** argv) {
   MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
   moeplan::exec::Args a;
   CLI::App app{
-      "Runs one MoE layer forward and backward under the default, S1 and S2 schedules "
-      "(launch with mpirun -np P, P = mp*dp ranks) and prints per-op times: median over "
-      "iterations of the max over ranks, next to the planner's op names."};
-  app.add_option("--layer", a.layer, "layer config (JSON, moeplan.v1.LayerConfig)")->required();
-  app.add_option("--schedule", a.schedule, "default, s1, s2, auto (the planner's choice) or all")
-      ->capture_default_str();
+      "Runs one MoE layer forward and backward under the default, S1 and S2 schedules, or a "
+      "whole model's overlap variants (--model), as the planner plans them (launch with mpirun "
+      "-np P, P = mp*dp ranks) and prints per-op times: median over iterations of the max over "
+      "ranks, next to the planner's op names and prediction."};
+  CLI::Option* layer =
+      app.add_option("--layer", a.layer, "layer config (JSON, moeplan.v1.LayerConfig)");
+  CLI::Option* model = app.add_option(
+      "--model", a.model,
+      "a whole model instead of a layer (JSON, moeplan.v1.ModelConfig; parallel.pp 1, mp*dp "
+      "ranks): runs each --variant's forward, backward, gradient buckets and optimizer step as "
+      "the planner plans it (linear AlltoAll) and reports predicted and measured timelines in "
+      "plan-model's shape (moeplan.v1.ExecModelReport)");
+  model->excludes(layer);
+  CLI::Option* variant =
+      app.add_option("--variant", a.variant,
+                     "with --model: none, tutel, dw, partition, lancet, auto (the planner's "
+                     "choice) or all")
+          ->capture_default_str();
+  CLI::Option* schedule = app.add_option("--schedule", a.schedule,
+                                         "default, s1, s2, auto (the planner's choice) or all")
+                              ->capture_default_str();
   app.add_option("--backend", a.backend, "mpi (CPU, host buffers) or nccl (GPU)")
       ->capture_default_str();
   app.add_option("--dtype", a.dtype,
@@ -659,13 +552,15 @@ int main(int argc, char** argv) {
   app.add_option("--warmup", a.warmup, "untimed iterations first")->capture_default_str();
   app.add_option("--seed", a.seed, "seed of inputs, weights and output gradient")
       ->capture_default_str();
-  app.add_option("--skew", a.skew,
-                 "skewed routing: the gate favours experts by a Zipf law of this exponent (expert "
-                 "of popularity rank r gets weight 1/(1+r)^skew, the ranking drawn from --seed); "
-                 "the report gives the measured heaviest-rank load over the mean, the planner's "
-                 "token_skew (0: unbiased gate)")
-      ->check(CLI::Range(0.0, 16.0))
-      ->capture_default_str();
+  CLI::Option* skew =
+      app.add_option(
+             "--skew", a.skew,
+             "skewed routing: the gate favours experts by a Zipf law of this exponent (expert "
+             "of popularity rank r gets weight 1/(1+r)^skew, the ranking drawn from --seed); "
+             "the report gives the measured heaviest-rank load over the mean, the planner's "
+             "token_skew (0: unbiased gate)")
+          ->check(CLI::Range(0.0, 16.0))
+          ->capture_default_str();
   app.add_option("--max-memory-gib", a.max_memory_gib,
                  "Memory one rank's buffers may take; over it the run is refused before anything "
                  "is allocated (0: the GPU's free memory, or the host's available memory divided "
@@ -679,29 +574,35 @@ int main(int argc, char** argv) {
                  "op it waits in and exits 3, and mpirun stops the job (0: off)")
       ->check(CLI::Range(0.0, 86400.0))
       ->capture_default_str();
-  app.add_option("--report-to", a.report_to,
-                 "moeplan-server address (host:port or unix:PATH): rank 0 sends every measured "
-                 "schedule's op timeline with ReportMeasurement against --profile, for in-job "
-                 "refits; a failed report exits 1 after the report is printed");
+  CLI::Option* report_to =
+      app.add_option("--report-to", a.report_to,
+                     "moeplan-server address (host:port or unix:PATH): rank 0 sends every measured "
+                     "schedule's op timeline with ReportMeasurement against --profile, for in-job "
+                     "refits; a failed report exits 1 after the report is printed");
   app.add_option("--tls-ca", a.tls_ca, "with --report-to: CA of the server's TLS certificate");
   app.add_option("--token-file", a.token_file,
                  "with --report-to: file whose first line is the server's bearer token");
-  app.add_flag("--check", a.check,
-               "also run every schedule the layout allows on the same inputs and compare "
-               "outputs, gradients and routing with the default's (exit 1 on mismatch)");
+  CLI::Option* check =
+      app.add_flag("--check", a.check,
+                   "also run every schedule the layout allows on the same inputs and compare "
+                   "outputs, gradients and routing with the default's (exit 1 on mismatch)");
   app.add_flag("--json", a.json, "print the report as JSON (moeplan.v1.ExecReport)");
-  app.add_flag("--sequential", a.sequential,
-               "time one schedule after another, one runner alive at a time (less memory); by "
-               "default several schedules are built together and their iterations interleaved, so "
-               "machine drift hits all alike and the report's per-iteration totals are paired");
+  CLI::Option* sequential = app.add_flag(
+      "--sequential", a.sequential,
+      "time one schedule after another, one runner alive at a time (less memory); by "
+      "default several schedules are built together and their iterations interleaved, so "
+      "machine drift hits all alike and the report's per-iteration totals are paired");
+  for (CLI::Option* o : {schedule, skew, check, sequential, report_to}) model->excludes(o);
+  variant->needs(model);
   int rc = 0;
   try {
     app.parse(argc, argv);
+    if (a.layer.empty() && a.model.empty()) throw CLI::RequiredError("--layer or --model");
     int rank = 0;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     moeplan::Watchdog::Start("moeplan-exec", rank,
                              std::chrono::milliseconds(static_cast<int64_t>(a.watchdog_s * 1000)));
-    rc = moeplan::exec::Run(a);
+    rc = a.model.empty() ? moeplan::exec::RunLayer(a) : moeplan::exec::RunModel(a);
     moeplan::Watchdog::Stop();
   } catch (const CLI::ParseError& e) {
     // Every rank parsed the same arguments: all stop here, rank 0 explains.

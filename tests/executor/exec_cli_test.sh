@@ -11,7 +11,9 @@
 #   one error line naming the field;
 # - a rank stopped or killed mid-run: the job ends non-zero within 30 s;
 # - --report-to a moeplan-server on loopback: one stored measurement per
-#   schedule, op for op under the plan's names; an unreachable server: exit 1.
+#   schedule, op for op under the plan's names; an unreachable server: exit 1;
+# - --model on 4 ranks: every variant predicted and measured in plan-model's
+#   shape, op for op under the same names; its bad inputs named.
 set -uo pipefail
 EXEC=$1 CLI=$2 SRC=$3 SERVER=$4
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
@@ -129,6 +131,43 @@ check("fwd.ep_alltoall_counts" in names, f"no count exchange in {names}")
 sys.exit(0 if ok else 1)
 PYEOF
 
+# 1c. A whole model: every variant planned, run and reported in plan-model's
+# shape, the measured ops under the predicted names, in order.
+MODEL=$SRC/tests/executor/models/tiny-model-4.json
+if ! timeout 120 mpirun -np 4 "$EXEC" --model "$MODEL" --json --iters 3 --warmup 1 \
+    >"$TMP/model.json" 2>"$TMP/model.err"; then
+  bad "moeplan-exec --model failed: $(cat "$TMP/model.err")"
+fi
+$PY - "$TMP/model.json" <<'PYEOF' || fail=1
+import json, statistics, sys
+r = json.load(open(sys.argv[1]))
+ok = True
+def check(cond, msg):
+    global ok
+    if not cond:
+        print("FAIL:", msg, file=sys.stderr); ok = False
+pred, meas = r["predicted"]["variants"], r["measured"]["variants"]
+names = ["none", "tutel", "dw", "partition", "lancet"]
+check([v["name"] for v in pred] == names, f"predicted variants {[v['name'] for v in pred]}")
+check([v["name"] for v in meas] == names, f"measured variants {[v['name'] for v in meas]}")
+for p, m, its in zip(pred, meas, r["iterations"]):
+    check([o["name"] for o in m["ops"]] == [o["name"] for o in p["ops"]],
+          f'{m["name"]}: measured op names differ from the prediction\'s')
+    check(m["num_ops"] == p["num_ops"] == len(p["ops"]), f'{m["name"]}: op counts')
+    check(m["ops"][-1]["name"] == "optimizer.step", f'{m["name"]}: last op')
+    check(m["iteration_us"] > m["forward_us"] > 0, f'{m["name"]}: totals')
+    check(len(its["total_us"]) == 3 and its["variant"] == m["name"], f'{m["name"]}: iterations')
+    check(abs(statistics.median(its["total_us"]) - m["iteration_us"]) <= 1e-6 * m["iteration_us"],
+          f'{m["name"]}: iteration_us is not the median')
+    for o in m["ops"]:
+        check(o["end_us"] >= o["start_us"] >= 0, f'{o["name"]}: times')
+best = min(meas, key=lambda v: v["iteration_us"])["name"]
+check(r["measured"]["best_variant"] == best, "measured best_variant")
+check(r["predicted"]["best_variant"] in names, "predicted best_variant")
+check(r["model"]["bytes_per_element"] == 4 and r["dtype"] == "f32", "dtype")
+sys.exit(0 if ok else 1)
+PYEOF
+
 # 2. Bad inputs: every rank exits 1, promptly, one message naming the field.
 expect_error() {  # name, np, pattern, args...
   local name=$1 np=$2 pattern=$3
@@ -159,6 +198,22 @@ expect_error "bf16 on mpi" 4 "--dtype: the mpi backend computes in f32" --layer 
 expect_error "nccl without GPU" 4 "nccl" --layer "$LAYER" --backend nccl
 expect_error "unknown profile" 4 "^moeplan-exec: --profile: .*nosuch" --layer "$LAYER" --profile nosuch
 expect_error "endless input" 4 "larger than 67108864 bytes" --layer /dev/zero
+sed 's/"dp": 2}/"dp": 2, "pp": 2}/' "$MODEL" >"$TMP/pp.json"
+expect_error "pipelined model" 4 "parallel.pp: the executor runs one pipeline stage" --model "$TMP/pp.json"
+expect_error "bad variant" 4 "--variant: must be none, tutel, dw, partition, lancet, auto or all" --model "$MODEL" --variant fast
+# Command-line errors (CLI11): every rank stops, rank 0 explains.
+expect_cli_error() {  # name, pattern, args...
+  local name=$1 pattern=$2
+  shift 2
+  timeout 60 mpirun -np 4 "$EXEC" "$@" >"$TMP/out" 2>"$TMP/err"
+  local rc=$?
+  if [ $rc -eq 124 ]; then bad "$name: hung (timeout)"; return; fi
+  if [ $rc -eq 0 ]; then bad "$name: exit 0"; return; fi
+  grep -q -- "$pattern" "$TMP/err" || bad "$name: no '$pattern' in: $(cat "$TMP/err")"
+}
+expect_cli_error "model and layer" "excludes --model" --model "$MODEL" --layer "$LAYER"
+expect_cli_error "--check with a model" "--model excludes --check" --model "$MODEL" --check
+expect_cli_error "neither layer nor model" "--layer or --model is required" --iters 2
 # Memory is added up before anything is allocated: refused naming the largest tensor.
 expect_error "memory over the limit" 4 \
   "memory: the default schedule needs .* GiB per rank, over the 0.00 GiB it may use (--max-memory-gib); the largest tensor is" \

@@ -1,0 +1,127 @@
+#include "exec_common.h"
+
+#include <mpi.h>
+
+#include <climits>
+#include <cstdio>
+
+#include "moeplan/base/strings.h"
+#include "moeplan/base/watchdog.h"
+#include "moeplan/proto/json.h"
+
+namespace moeplan::exec {
+
+int Rank() {
+  int r = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &r);
+  return r;
+}
+
+int Size() {
+  int s = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &s);
+  return s;
+}
+
+int LocalRanks() {
+  MPI_Comm local;
+  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &local);
+  int n = 1;
+  MPI_Comm_size(local, &n);
+  MPI_Comm_free(&local);
+  return n;
+}
+
+int Hosts() {
+  MPI_Comm local;
+  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &local);
+  int local_rank = 0, leaders = 0;
+  MPI_Comm_rank(local, &local_rank);
+  MPI_Comm_free(&local);
+  const int leader = local_rank == 0 ? 1 : 0;
+  MPI_Allreduce(&leader, &leaders, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+  return leaders;
+}
+
+absl::Status Agree(const absl::Status& local) {
+  Watchdog::Step("agreeing with the other ranks (MPI_Allreduce)");
+  const int rank = Rank();
+  int bad = local.ok() ? INT_MAX : rank, first = INT_MAX;
+  MPI_Allreduce(&bad, &first, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  if (first == INT_MAX) return absl::OkStatus();
+  if (rank == first) {
+    std::fprintf(stderr, "moeplan-exec: %s%s\n",
+                 first == 0 ? "" : Cat("rank ", first, ": ").c_str(),
+                 std::string(View(local.message())).c_str());
+  }
+  return local.ok() ? absl::AbortedError("another rank failed") : local;
+}
+
+void Abort(const absl::Status& s) {
+  std::fprintf(stderr, "moeplan-exec: rank %d: %s\n", Rank(),
+               std::string(View(s.message())).c_str());
+  std::fflush(stderr);
+  MPI_Abort(MPI_COMM_WORLD, 1);
+  std::abort();
+}
+
+void SetMemoryLimit(const Args& a, executor::Device& device, executor::RunOptions* opt) {
+  if (a.max_memory_gib > 0) {
+    opt->memory_limit_bytes = static_cast<size_t>(a.max_memory_gib * 1024.0 * 1024.0 * 1024.0);
+    opt->memory_limit_source = "--max-memory-gib";
+  } else if (absl::StatusOr<size_t> free = device.FreeBytes(); free.ok()) {
+    if (device.is_gpu()) {
+      opt->memory_limit_bytes = *free;
+      opt->memory_limit_source = Cat("free memory of ", device.name());
+    } else {
+      const int local = LocalRanks();
+      opt->memory_limit_bytes = *free / static_cast<size_t>(local);
+      opt->memory_limit_source = Cat("this host's available memory shared by its ", local,
+                                     " rank(s); --max-memory-gib sets it");
+    }
+  }
+}
+
+void GatherIteration(int it, const std::vector<executor::OpTime>& ops, double forward_us,
+                     double total_us, std::vector<double>* scratch,
+                     std::vector<IterationTimes>* iterations) {
+  const size_t n = ops.size();
+  std::vector<double>& buf = *scratch;
+  buf.assign(4 * n + 4, 0.0);
+  double* local = buf.data();
+  double* global = buf.data() + 2 * n + 2;
+  for (size_t i = 0; i < n; ++i) {
+    local[i] = ops[i].start_us;
+    local[n + i] = ops[i].end_us;
+  }
+  local[2 * n] = forward_us;
+  local[2 * n + 1] = total_us;
+  Watchdog::Step(Cat("gathering iteration ", it, "'s op times (MPI_Reduce)"));
+  MPI_Reduce(local, global, static_cast<int>(2 * n + 2), MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
+  if (Rank() != 0) return;
+  IterationTimes t;
+  t.start_us.assign(global, global + n);
+  t.end_us.assign(global + n, global + 2 * n);
+  t.forward_us = global[2 * n];
+  t.total_us = global[2 * n + 1];
+  iterations->push_back(std::move(t));
+}
+
+bool PrintReport(const google::protobuf::Message& report, bool json, const std::string& table) {
+  std::string text;
+  if (json) {
+    absl::StatusOr<std::string> j = proto::ToJson(report);
+    if (!j.ok()) {
+      std::fprintf(stderr, "moeplan-exec: %s\n", std::string(View(j.status().message())).c_str());
+      return false;
+    }
+    text = *j + "\n";
+  } else {
+    text = table;
+  }
+  std::fwrite(text.data(), 1, text.size(), stdout);
+  std::fflush(stdout);
+  return true;
+}
+
+}  // namespace moeplan::exec

@@ -1,0 +1,70 @@
+// moeplan-exec's command line and what its layer and model runs share: the
+// ranks agreeing on errors, the memory limit, and gathering an iteration's
+// op times (max over ranks) on rank 0.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "exec_report.h"
+#include "moeplan/calibration/profiles.h"
+#include "moeplan/executor/backends.h"
+#include "moeplan/executor/interpreter.h"
+#include "moeplan/executor/runner.h"
+
+namespace moeplan::exec {
+
+struct Args {
+  std::string layer;
+  std::string model;            // a whole model instead of a layer
+  std::string variant = "all";  // with --model
+  std::string schedule = "all";
+  std::string backend = "mpi";
+  std::string dtype = "auto";
+  std::string profile = std::string(calibration::kDefaultProfileName);
+  int iters = 10;
+  int warmup = 2;
+  uint64_t seed = 1;
+  double skew = 0.0;  // Zipf exponent of the gate bias; 0: none
+  bool check = false;
+  bool json = false;
+  bool sequential = false;
+  double max_memory_gib = 0.0;  // 0: what the device has free (CPU: shared by this host's ranks)
+  double watchdog_s = 300.0;    // a rank with no new op for this long exits (0: off)
+  std::string report_to;        // moeplan-server address: ReportMeasurement per schedule
+  std::string tls_ca, token_file;
+};
+
+int Rank();
+int Size();
+// Ranks of this job on this host, and the hosts of the job (collective).
+int LocalRanks();
+int Hosts();
+
+// Every rank learns whether any rank failed; the lowest failing rank prints.
+absl::Status Agree(const absl::Status& local);
+
+// A failure after the ranks agreed to run (inside the plan's collectives):
+// other ranks may be waiting in a collective, so the job is aborted.
+[[noreturn]] void Abort(const absl::Status& s);
+
+// What one rank's buffers may take: --max-memory-gib, else the GPU's free
+// memory, else the host's available memory shared by its ranks (0: no limit).
+void SetMemoryLimit(const Args& a, executor::Device& device, executor::RunOptions* opt);
+
+// One timed iteration's op times, max over ranks (collective; MPI_Reduce to
+// rank 0, which appends them to `iterations`). `scratch` is reused.
+void GatherIteration(int it, const std::vector<executor::OpTime>& ops, double forward_us,
+                     double total_us, std::vector<double>* scratch,
+                     std::vector<IterationTimes>* iterations);
+
+// The `--json` output or the table, written to stdout; false when the JSON
+// could not be made (the error is printed).
+bool PrintReport(const google::protobuf::Message& report, bool json, const std::string& table);
+
+int RunLayer(const Args& a);
+int RunModel(const Args& a);
+
+}  // namespace moeplan::exec

@@ -1,0 +1,286 @@
+// moeplan-exec --model: a whole model's overlap variants, each planned with
+// the prediction's cost model on the job's own shape (ranks, hosts), run by
+// the plan interpreter (ModelRunner) and reported next to the prediction in
+// plan-model's shape (moeplan.v1.ExecModelReport).
+#include <fmt/format.h>
+#include <mpi.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "exec_common.h"
+#include "exec_report.h"
+#include "moeplan/base/stats.h"
+#include "moeplan/base/status.h"
+#include "moeplan/base/strings.h"
+#include "moeplan/executor/backends.h"
+#include "moeplan/executor/model_runner.h"
+#include "moeplan/planner/model.h"
+#include "moeplan/proto/convert.h"
+#include "moeplan/proto/json.h"
+
+namespace moeplan::exec {
+namespace {
+
+namespace ex = executor;
+namespace p = planner;
+
+struct ModelSetup {
+  p::ModelConfig model;
+  v1::ModelConfig model_msg;
+  ex::DType dtype = ex::DType::kF32;
+  std::vector<p::Variant> variants;
+  bool auto_variant = false;
+};
+
+// Everything that can be checked without talking to other ranks.
+absl::Status Prepare(const Args& a, int hosts, ModelSetup* s) {
+  if (a.iters < 1) {
+    return absl::InvalidArgumentError(Cat("--iters: must be >= 1 (got ", a.iters, ")"));
+  }
+  if (a.warmup < 0) {
+    return absl::InvalidArgumentError(Cat("--warmup: must be >= 0 (got ", a.warmup, ")"));
+  }
+  if (a.backend != "mpi" && a.backend != "nccl") {
+    return absl::InvalidArgumentError(Cat("--backend: must be mpi or nccl (got ", a.backend, ")"));
+  }
+  MOEPLAN_RETURN_IF_ERROR(proto::ReadJsonFile(a.model, &s->model_msg));
+  auto in_file = [&](const absl::Status& st) {
+    return absl::Status(st.code(), Cat(a.model, ": ", View(st.message())));
+  };
+  absl::StatusOr<p::ModelConfig> model = proto::ModelFromProto(s->model_msg);
+  if (!model.ok()) return in_file(model.status());
+  s->model = *model;
+  if (a.dtype == "auto") {
+    if (a.backend == "mpi" || s->model.bytes_per_element == 4) {
+      s->dtype = ex::DType::kF32;
+    } else if (s->model.bytes_per_element == 2) {
+      s->dtype = ex::DType::kBF16;
+    } else {
+      return in_file(absl::InvalidArgumentError(
+          Cat("bytes_per_element: the executor runs 4 (f32) or 2 (bf16) (got ",
+              s->model.bytes_per_element, ")")));
+    }
+  } else if (!ex::ParseDType(a.dtype, &s->dtype)) {
+    return absl::InvalidArgumentError(
+        Cat("--dtype: must be auto, f32 or bf16 (got ", a.dtype, ")"));
+  }
+  if (a.backend == "mpi" && s->dtype != ex::DType::kF32) {
+    return absl::InvalidArgumentError("--dtype: the mpi backend computes in f32 only");
+  }
+  // What runs is what is predicted: the element size follows the dtype.
+  s->model.bytes_per_element = static_cast<int>(ex::SizeOf(s->dtype));
+  s->model_msg = proto::ModelToProto(s->model);
+  const int world = Size();
+  const p::ClusterShape cluster =
+      world % hosts == 0 ? p::ClusterShape{hosts, world / hosts} : p::ClusterShape{1, world};
+  if (absl::Status st = ex::ValidateModelForExecutor(s->model, world); !st.ok()) {
+    return in_file(st);
+  }
+  if (absl::Status st = p::ValidateModel(s->model, cluster); !st.ok()) return in_file(st);
+  if (a.variant == "all" || a.variant == "auto") {
+    s->variants.assign(std::begin(p::kAllVariants), std::end(p::kAllVariants));
+    s->auto_variant = a.variant == "auto";
+  } else {
+    p::Variant v;
+    if (!p::ParseVariant(a.variant, &v)) {
+      return absl::InvalidArgumentError(
+          Cat("--variant: must be none, tutel, dw, partition, lancet, auto or all (got ", a.variant,
+              ")"));
+    }
+    s->variants = {v};
+  }
+  return absl::OkStatus();
+}
+
+struct Run {
+  p::Variant variant = p::Variant::kNone;
+  std::vector<ex::OpTime> ops;
+  std::vector<IterationTimes> iterations;  // rank 0 only
+  std::vector<double> scratch;
+};
+
+void Measure(const Args& a, const ModelSetup& s, const p::VariantPlan& plan, ex::Backend& b,
+             Run* run) {
+  ex::RunOptions opt;
+  opt.dtype = s.dtype;
+  opt.seed = a.seed;
+  opt.plan_name = Cat(s.model.name, "'s ", p::VariantName(plan.variant), " plan");
+  SetMemoryLimit(a, *b.device, &opt);
+  absl::StatusOr<std::unique_ptr<ex::ModelRunner>> runner = ex::ModelRunner::Create(
+      s.model, plan.graph, opt, b.device.get(), b.kernels.get(), b.world.get());
+  if (absl::Status st = Agree(runner.status()); !st.ok()) {
+    MPI_Finalize();  // every rank agreed to stop here
+    std::exit(1);
+  }
+  ex::ModelRunner& r = **runner;
+  for (int i = 0; i < a.warmup; ++i) {
+    if (absl::Status st = r.RunIteration(); !st.ok()) Abort(st);
+  }
+  for (int it = 0; it < a.iters; ++it) {
+    if (absl::Status st = r.RunIteration(); !st.ok()) Abort(st);
+    GatherIteration(it, r.timings(), r.forward_us(), r.total_us(), &run->scratch, &run->iterations);
+  }
+  run->ops = r.timings();
+}
+
+v1::CandidatePlan OpsOf(const v1::VariantPlan& v) {
+  v1::CandidatePlan c;
+  *c.mutable_ops() = v.ops();
+  return c;
+}
+
+// The measured run in plan-model's VariantPlan shape.
+v1::VariantPlan MeasuredVariant(const v1::VariantPlan& predicted, const Run& run) {
+  const v1::CandidatePlan pred = OpsOf(predicted);
+  const v1::CandidatePlan c =
+      MeasuredCandidate(predicted.schedule(), run.ops, run.iterations, &pred);
+  v1::VariantPlan m;
+  m.set_name(predicted.name());
+  m.set_iteration_us(c.total_us());
+  m.set_forward_us(c.forward_us());
+  m.set_backward_us(c.backward_us());
+  m.set_compute_us(c.compute_us());
+  m.set_comm_us(c.comm_us());
+  m.set_hidden_comm_us(c.hidden_comm_us());
+  m.set_exposed_comm_us(c.exposed_comm_us());
+  m.set_tutel_degree(predicted.tutel_degree());
+  m.set_schedule(predicted.schedule());
+  m.set_alltoall(predicted.alltoall());
+  *m.mutable_layers() = predicted.layers();
+  *m.mutable_partition_ranges() = predicted.partition_ranges();
+  *m.mutable_dw_placements() = predicted.dw_placements();
+  m.set_num_ops(c.ops_size());
+  *m.mutable_ops() = c.ops();
+  return m;
+}
+
+std::string RenderModelTable(const v1::ExecModelReport& r) {
+  const v1::ModelConfig& m = r.model();
+  std::string out = fmt::format(
+      "model {}: {} blocks, hidden {}, {} heads, seq {}, micro-batch {}, {} experts top-{} | "
+      "mp={} ep={} esp={} dp={}\n",
+      m.name(), m.num_layers(), m.hidden_size(), m.num_attention_heads(), m.seq_length(),
+      m.micro_batch_size(), m.moe().num_experts(), m.moe().top_k(), m.parallel().mp(),
+      m.parallel().ep(), m.parallel().esp(), m.parallel().dp());
+  out += fmt::format(
+      "backend {} ({}), dtype {}, {} ranks on {} host(s), {} iterations after {} warm-up; "
+      "profile {} v{}\n",
+      r.backend(), r.versions(), r.dtype(), r.ranks(), r.hosts(), r.iters(), r.warmup(),
+      r.predicted().profile_name(), r.predicted().profile_version());
+  out += "times: median over iterations of the max over ranks, microseconds\n\n";
+  out += fmt::format("  {:<10} {:>12} {:>12} {:>8} {:>12} {:>12} {:>12} {:>12} {:>6}\n", "variant",
+                     "predicted", "measured", "error", "fwd pred", "fwd meas", "comm meas",
+                     "hidden meas", "ops");
+  for (int i = 0; i < r.measured().variants_size(); ++i) {
+    const v1::VariantPlan& pv = r.predicted().variants(i);
+    const v1::VariantPlan& mv = r.measured().variants(i);
+    const double err = mv.iteration_us() > 0
+                           ? 100.0 * (pv.iteration_us() - mv.iteration_us()) / mv.iteration_us()
+                           : 0.0;
+    out += fmt::format(
+        "  {:<10} {:>12.1f} {:>12.1f} {:>7.1f}% {:>12.1f} {:>12.1f} {:>12.1f} {:>12.1f} {:>6}\n",
+        mv.name(), pv.iteration_us(), mv.iteration_us(), err, pv.forward_us(), mv.forward_us(),
+        mv.comm_us(), mv.hidden_comm_us(), mv.num_ops());
+  }
+  if (r.measured().variants_size() > 1) {
+    out += fmt::format("\nfastest: predicted {}, measured {}\n", r.predicted().best_variant(),
+                       r.measured().best_variant());
+  }
+  return out;
+}
+
+}  // namespace
+
+int RunModel(const Args& a) {
+  ModelSetup s;
+  const int hosts = Hosts();
+  if (!Agree(Prepare(a, hosts, &s)).ok()) return 1;
+
+  // The prediction: the same plans that run (every rank plans; no I/O beyond
+  // the profile). A profile that does not load is a command-line error.
+  absl::StatusOr<calibration::LoadedProfile> profile = calibration::LoadProfile(a.profile);
+  absl::StatusOr<p::CostModel> cost = profile.ok() ? p::CostModel::Create(profile->profile)
+                                                   : absl::StatusOr<p::CostModel>(profile.status());
+  if (!Agree(cost.ok() ? absl::OkStatus()
+                       : absl::Status(cost.status().code(),
+                                      Cat("--profile: ", View(cost.status().message()))))
+           .ok()) {
+    return 1;
+  }
+  p::ModelPlan plan;
+  plan.moe_layers = s.model.NumMoeLayers();
+  absl::Status planned;
+  for (p::Variant v : s.variants) {
+    absl::StatusOr<p::VariantPlan> vp = ex::PlanModelRun(s.model, v, Size(), hosts, &*cost);
+    if (!vp.ok()) {
+      planned = absl::Status(vp.status().code(), Cat(a.model, ": ", View(vp.status().message())));
+      break;
+    }
+    plan.variants.push_back(*std::move(vp));
+  }
+  if (!Agree(planned).ok()) return 1;
+  for (size_t i = 1; i < plan.variants.size(); ++i) {
+    if (plan.variants[i].iteration_us() <
+        plan.variants[static_cast<size_t>(plan.best)].iteration_us())
+      plan.best = static_cast<int>(i);
+  }
+  if (s.auto_variant) {
+    p::VariantPlan best = std::move(plan.variants[static_cast<size_t>(plan.best)]);
+    plan.variants.clear();
+    plan.variants.push_back(std::move(best));
+    plan.best = 0;
+  }
+
+  absl::StatusOr<ex::Backend> backend = ex::MakeBackend(a.backend);
+  if (!Agree(backend.status()).ok()) return 1;
+  // One runner alive at a time: a model's buffers are the larger part of memory.
+  std::vector<Run> runs(plan.variants.size());
+  for (size_t i = 0; i < plan.variants.size(); ++i) {
+    runs[i].variant = plan.variants[i].variant;
+    Measure(a, s, plan.variants[i], *backend, &runs[i]);
+  }
+  if (Rank() != 0) return 0;
+
+  v1::ExecModelReport report;
+  *report.mutable_model() = s.model_msg;
+  report.set_backend(a.backend);
+  report.set_dtype(std::string(ex::DTypeName(s.dtype)));
+  report.set_ranks(Size());
+  report.set_hosts(hosts);
+  report.set_iters(a.iters);
+  report.set_warmup(a.warmup);
+  report.set_versions(a.backend == "mpi" ? ex::MpiVersion()
+                                         : Cat(ex::MpiVersion(), "; ", ex::CudaVersions()));
+  proto::ModelPlanToProto(plan, s.model, profile->profile, /*include_timeline=*/true,
+                          report.mutable_predicted());
+  v1::PlanModelResponse* measured = report.mutable_measured();
+  measured->set_profile_name(report.predicted().profile_name());
+  measured->set_profile_version(report.predicted().profile_version());
+  measured->set_ranks(report.predicted().ranks());
+  measured->set_gpus(report.predicted().gpus());
+  measured->set_moe_layers(report.predicted().moe_layers());
+  for (size_t i = 0; i < runs.size(); ++i) {
+    const v1::VariantPlan& pv = report.predicted().variants(static_cast<int>(i));
+    v1::VariantPlan mv = MeasuredVariant(pv, runs[i]);
+    // Same op names as the planner, or the comparison is meaningless: say so.
+    for (const std::string& op : MissingOps(OpsOf(pv), OpsOf(mv))) {
+      std::fprintf(stderr, "moeplan-exec: warning: predicted op %s was not measured\n", op.c_str());
+    }
+    *measured->add_variants() = std::move(mv);
+    v1::VariantIterations* its = report.add_iterations();
+    its->set_variant(pv.name());
+    for (const IterationTimes& t : runs[i].iterations) its->add_total_us(t.total_us);
+  }
+  int best = 0;
+  for (int i = 1; i < measured->variants_size(); ++i) {
+    if (measured->variants(i).iteration_us() < measured->variants(best).iteration_us()) best = i;
+  }
+  measured->set_best_variant(measured->variants(best).name());
+  return PrintReport(report, a.json, a.json ? std::string() : RenderModelTable(report)) ? 0 : 1;
+}
+
+}  // namespace moeplan::exec
