@@ -103,12 +103,13 @@ struct Run {
   std::vector<double> scratch;
 };
 
-void Measure(const Args& a, const ModelSetup& s, const p::VariantPlan& plan, ex::Backend& b,
-             Run* run) {
+std::unique_ptr<ex::ModelRunner> CreateRunner(const Args& a, const ModelSetup& s,
+                                              const p::VariantPlan& plan, ex::Backend& b) {
   ex::RunOptions opt;
   opt.dtype = s.dtype;
   opt.seed = a.seed;
   opt.plan_name = Cat(s.model.name, "'s ", p::VariantName(plan.variant), " plan");
+  // What this rank's buffers may take, read now (runners already alive hold theirs).
   SetMemoryLimit(a, *b.device, &opt);
   absl::StatusOr<std::unique_ptr<ex::ModelRunner>> runner = ex::ModelRunner::Create(
       s.model, plan.graph, opt, b.device.get(), b.kernels.get(), b.world.get());
@@ -116,15 +117,50 @@ void Measure(const Args& a, const ModelSetup& s, const p::VariantPlan& plan, ex:
     MPI_Finalize();  // every rank agreed to stop here
     std::exit(1);
   }
-  ex::ModelRunner& r = **runner;
+  return *std::move(runner);
+}
+
+void Warm(ex::ModelRunner& r) {
+  if (absl::Status st = r.RunIteration(); !st.ok()) Abort(st);
+}
+
+void TimeIteration(const Args& a, int it, ex::ModelRunner& r, Run* run) {
+  if (absl::Status st = r.RunIteration(); !st.ok()) Abort(st);
+  GatherIteration(it, r.timings(), r.forward_us(), r.total_us(), &run->scratch, &run->iterations);
+  if (it + 1 == a.iters) run->ops = r.timings();
+}
+
+// Every variant, in order. Interleaved (the default with more than one):
+// every runner is built first, then round i runs iteration i of each variant
+// back to back, starting one variant later each round, so machine drift lands
+// on every variant alike and entry i of two variants are paired samples.
+// Sequential: one runner alive at a time (less memory).
+std::vector<Run> MeasureAll(const Args& a, const ModelSetup& s,
+                            const std::vector<p::VariantPlan>& plans, ex::Backend& b) {
+  const size_t n = plans.size();
+  std::vector<Run> runs(n);
+  for (size_t j = 0; j < n; ++j) runs[j].variant = plans[j].variant;
+  if (a.sequential || n == 1) {
+    for (size_t j = 0; j < n; ++j) {
+      std::unique_ptr<ex::ModelRunner> r = CreateRunner(a, s, plans[j], b);
+      for (int i = 0; i < a.warmup; ++i) Warm(*r);
+      for (int it = 0; it < a.iters; ++it) TimeIteration(a, it, *r, &runs[j]);
+    }
+    return runs;
+  }
+  std::vector<std::unique_ptr<ex::ModelRunner>> runners;
+  runners.reserve(n);
+  for (const p::VariantPlan& plan : plans) runners.push_back(CreateRunner(a, s, plan, b));
   for (int i = 0; i < a.warmup; ++i) {
-    if (absl::Status st = r.RunIteration(); !st.ok()) Abort(st);
+    for (auto& r : runners) Warm(*r);
   }
   for (int it = 0; it < a.iters; ++it) {
-    if (absl::Status st = r.RunIteration(); !st.ok()) Abort(st);
-    GatherIteration(it, r.timings(), r.forward_us(), r.total_us(), &run->scratch, &run->iterations);
+    for (size_t k = 0; k < n; ++k) {
+      const size_t j = (static_cast<size_t>(it) + k) % n;
+      TimeIteration(a, it, *runners[j], &runs[j]);
+    }
   }
-  run->ops = r.timings();
+  return runs;
 }
 
 v1::CandidatePlan OpsOf(const v1::VariantPlan& v) {
@@ -237,12 +273,7 @@ int RunModel(const Args& a) {
 
   absl::StatusOr<ex::Backend> backend = ex::MakeBackend(a.backend);
   if (!Agree(backend.status()).ok()) return 1;
-  // One runner alive at a time: a model's buffers are the larger part of memory.
-  std::vector<Run> runs(plan.variants.size());
-  for (size_t i = 0; i < plan.variants.size(); ++i) {
-    runs[i].variant = plan.variants[i].variant;
-    Measure(a, s, plan.variants[i], *backend, &runs[i]);
-  }
+  const std::vector<Run> runs = MeasureAll(a, s, plan.variants, *backend);
   if (Rank() != 0) return 0;
 
   v1::ExecModelReport report;
@@ -253,6 +284,7 @@ int RunModel(const Args& a) {
   report.set_hosts(hosts);
   report.set_iters(a.iters);
   report.set_warmup(a.warmup);
+  report.set_interleaved(!a.sequential && runs.size() > 1);
   report.set_versions(a.backend == "mpi" ? ex::MpiVersion()
                                          : Cat(ex::MpiVersion(), "; ", ex::CudaVersions()));
   proto::ModelPlanToProto(plan, s.model, profile->profile, /*include_timeline=*/true,

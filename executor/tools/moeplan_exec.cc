@@ -532,7 +532,8 @@ int main(int argc, char** argv) {
       "a whole model instead of a layer (JSON, moeplan.v1.ModelConfig; parallel.pp 1, mp*dp "
       "ranks): runs each --variant's forward, backward, gradient buckets and optimizer step as "
       "the planner plans it (linear AlltoAll) and reports predicted and measured timelines in "
-      "plan-model's shape (moeplan.v1.ExecModelReport)");
+      "plan-model's shape (moeplan.v1.ExecModelReport); --schedule, --skew, --check and "
+      "--report-to are for layers");
   model->excludes(layer);
   CLI::Option* variant =
       app.add_option("--variant", a.variant,
@@ -586,13 +587,15 @@ int main(int argc, char** argv) {
       app.add_flag("--check", a.check,
                    "also run every schedule the layout allows on the same inputs and compare "
                    "outputs, gradients and routing with the default's (exit 1 on mismatch)");
-  app.add_flag("--json", a.json, "print the report as JSON (moeplan.v1.ExecReport)");
-  CLI::Option* sequential = app.add_flag(
-      "--sequential", a.sequential,
-      "time one schedule after another, one runner alive at a time (less memory); by "
-      "default several schedules are built together and their iterations interleaved, so "
-      "machine drift hits all alike and the report's per-iteration totals are paired");
-  for (CLI::Option* o : {schedule, skew, check, sequential, report_to}) model->excludes(o);
+  app.add_flag("--json", a.json,
+               "print the report as JSON (moeplan.v1.ExecReport; with --model "
+               "moeplan.v1.ExecModelReport)");
+  app.add_flag("--sequential", a.sequential,
+               "time one schedule (or --model variant) after another, one runner alive at a "
+               "time (less memory); by default several are built together and their iterations "
+               "interleaved, so machine drift hits all alike and the report's per-iteration "
+               "totals are paired");
+  for (CLI::Option* o : {schedule, skew, check, report_to}) model->excludes(o);
   variant->needs(model);
   int rc = 0;
   try {

@@ -161,6 +161,7 @@ for p, m, its in zip(pred, meas, r["iterations"]):
           f'{m["name"]}: iteration_us is not the median')
     for o in m["ops"]:
         check(o["end_us"] >= o["start_us"] >= 0, f'{o["name"]}: times')
+check(r.get("interleaved", False), "the variants' iterations were not interleaved")
 best = min(meas, key=lambda v: v["iteration_us"])["name"]
 check(r["measured"]["best_variant"] == best, "measured best_variant")
 check(r["predicted"]["best_variant"] in names, "predicted best_variant")
