@@ -149,6 +149,7 @@ struct ModelPlanner::Impl {
   SimResult range_sim, sim0, final_sim;
   std::vector<OpId> map, dep_buf;
   std::vector<int> piece_begin, piece_k;
+  std::vector<int16_t> layer_of;  // EmitRange: each piece's MoE layer instance
   std::vector<std::array<OpId, 2>> piece_out;
   std::vector<Param> params;
   std::vector<Slot> slots;
@@ -347,6 +348,13 @@ struct ModelPlanner::Impl {
           g->Alias(a);
         }
       }
+      // The routed experts' ops use the buffers of their block's instance for
+      // their piece (a whole micro-batch: part -1).
+      layer_of.assign(static_cast<size_t>(k), 0);
+      for (int p = 0; moe && p < k; ++p) {
+        layer_of[static_cast<size_t>(p)] =
+            g->AddLayer({u.block, static_cast<int16_t>(k > 1 ? p : -1), Tokens(k)});
+      }
       for (int l = 0; l < n; ++l) {
         Op op = scratch.op(l);
         op.block = u.block;
@@ -355,9 +363,7 @@ struct ModelPlanner::Impl {
         const auto local = scratch.deps(l);
         for (int p = 0; p < k; ++p) {
           if (k > 1) op.part = static_cast<int16_t>(p);
-          // The routed experts' ops use the buffers of their block's instance
-          // for this piece (a whole micro-batch: part -1).
-          if (moe) exec.layer = g->AddLayer({u.block, op.part, Tokens(k)});
+          exec.layer = layer_of[static_cast<size_t>(p)];
           dep_buf.clear();
           if (local.empty()) {
             AppendInputs(u, u0, p, standalone);
