@@ -43,6 +43,53 @@ int Hosts() {
   return leaders;
 }
 
+absl::Status CheckRunFlags(const Args& a) {
+  if (a.iters < 1) {
+    return absl::InvalidArgumentError(Cat("--iters: must be >= 1 (got ", a.iters, ")"));
+  }
+  if (a.warmup < 0) {
+    return absl::InvalidArgumentError(Cat("--warmup: must be >= 0 (got ", a.warmup, ")"));
+  }
+  if (a.backend != "mpi" && a.backend != "nccl") {
+    return absl::InvalidArgumentError(Cat("--backend: must be mpi or nccl (got ", a.backend, ")"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ResolveDType(const Args& a, int bytes_per_element, const std::string& file,
+                          executor::DType* out) {
+  if (a.dtype == "auto") {
+    // The CPU kernels compute in fp32; on GPUs the config's element size decides.
+    if (a.backend == "mpi" || bytes_per_element == 4) {
+      *out = executor::DType::kF32;
+    } else if (bytes_per_element == 2) {
+      *out = executor::DType::kBF16;
+    } else {
+      return absl::InvalidArgumentError(
+          Cat(file, ": bytes_per_element: the executor runs 4 (f32) or 2 (bf16) (got ",
+              bytes_per_element, ")"));
+    }
+  } else if (!executor::ParseDType(a.dtype, out)) {
+    return absl::InvalidArgumentError(
+        Cat("--dtype: must be auto, f32 or bf16 (got ", a.dtype, ")"));
+  }
+  if (a.backend == "mpi" && *out != executor::DType::kF32) {
+    return absl::InvalidArgumentError("--dtype: the mpi backend computes in f32 only");
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<PredictionModel> LoadPredictionModel(const Args& a) {
+  absl::StatusOr<calibration::LoadedProfile> profile = calibration::LoadProfile(a.profile);
+  absl::StatusOr<planner::CostModel> cost =
+      profile.ok() ? planner::CostModel::Create(profile->profile)
+                   : absl::StatusOr<planner::CostModel>(profile.status());
+  if (!cost.ok()) {
+    return absl::Status(cost.status().code(), Cat("--profile: ", View(cost.status().message())));
+  }
+  return PredictionModel{*std::move(profile), *std::move(cost)};
+}
+
 absl::Status Agree(const absl::Status& local) {
   Watchdog::Step("agreeing with the other ranks (MPI_Allreduce)");
   const int rank = Rank();

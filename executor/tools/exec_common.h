@@ -13,6 +13,7 @@
 #include "moeplan/executor/backends.h"
 #include "moeplan/executor/interpreter.h"
 #include "moeplan/executor/runner.h"
+#include "moeplan/planner/cost_model.h"
 
 namespace moeplan::exec {
 
@@ -42,6 +43,22 @@ int Size();
 // Ranks of this job on this host, and the hosts of the job (collective).
 int LocalRanks();
 int Hosts();
+
+// --iters, --warmup and --backend.
+absl::Status CheckRunFlags(const Args& a);
+
+// The element type of a run of a config with `bytes_per_element` read from
+// `file`: --dtype, or auto (mpi: f32; nccl: the config's size). The mpi
+// backend computes in f32 only.
+absl::Status ResolveDType(const Args& a, int bytes_per_element, const std::string& file,
+                          executor::DType* out);
+
+// --profile and its cost model, for the prediction; an error names --profile.
+struct PredictionModel {
+  calibration::LoadedProfile profile;
+  planner::CostModel cost;
+};
+absl::StatusOr<PredictionModel> LoadPredictionModel(const Args& a);
 
 // Every rank learns whether any rank failed; the lowest failing rank prints.
 absl::Status Agree(const absl::Status& local);

@@ -38,15 +38,7 @@ struct ModelSetup {
 
 // Everything that can be checked without talking to other ranks.
 absl::Status Prepare(const Args& a, int hosts, ModelSetup* s) {
-  if (a.iters < 1) {
-    return absl::InvalidArgumentError(Cat("--iters: must be >= 1 (got ", a.iters, ")"));
-  }
-  if (a.warmup < 0) {
-    return absl::InvalidArgumentError(Cat("--warmup: must be >= 0 (got ", a.warmup, ")"));
-  }
-  if (a.backend != "mpi" && a.backend != "nccl") {
-    return absl::InvalidArgumentError(Cat("--backend: must be mpi or nccl (got ", a.backend, ")"));
-  }
+  MOEPLAN_RETURN_IF_ERROR(CheckRunFlags(a));
   MOEPLAN_RETURN_IF_ERROR(proto::ReadJsonFile(a.model, &s->model_msg));
   auto in_file = [&](const absl::Status& st) {
     return absl::Status(st.code(), Cat(a.model, ": ", View(st.message())));
@@ -54,23 +46,7 @@ absl::Status Prepare(const Args& a, int hosts, ModelSetup* s) {
   absl::StatusOr<p::ModelConfig> model = proto::ModelFromProto(s->model_msg);
   if (!model.ok()) return in_file(model.status());
   s->model = *model;
-  if (a.dtype == "auto") {
-    if (a.backend == "mpi" || s->model.bytes_per_element == 4) {
-      s->dtype = ex::DType::kF32;
-    } else if (s->model.bytes_per_element == 2) {
-      s->dtype = ex::DType::kBF16;
-    } else {
-      return in_file(absl::InvalidArgumentError(
-          Cat("bytes_per_element: the executor runs 4 (f32) or 2 (bf16) (got ",
-              s->model.bytes_per_element, ")")));
-    }
-  } else if (!ex::ParseDType(a.dtype, &s->dtype)) {
-    return absl::InvalidArgumentError(
-        Cat("--dtype: must be auto, f32 or bf16 (got ", a.dtype, ")"));
-  }
-  if (a.backend == "mpi" && s->dtype != ex::DType::kF32) {
-    return absl::InvalidArgumentError("--dtype: the mpi backend computes in f32 only");
-  }
+  MOEPLAN_RETURN_IF_ERROR(ResolveDType(a, s->model.bytes_per_element, a.model, &s->dtype));
   // What runs is what is predicted: the element size follows the dtype.
   s->model.bytes_per_element = static_cast<int>(ex::SizeOf(s->dtype));
   s->model_msg = proto::ModelToProto(s->model);
@@ -238,20 +214,14 @@ int RunModel(const Args& a) {
 
   // The prediction: the same plans that run (every rank plans; no I/O beyond
   // the profile). A profile that does not load is a command-line error.
-  absl::StatusOr<calibration::LoadedProfile> profile = calibration::LoadProfile(a.profile);
-  absl::StatusOr<p::CostModel> cost = profile.ok() ? p::CostModel::Create(profile->profile)
-                                                   : absl::StatusOr<p::CostModel>(profile.status());
-  if (!Agree(cost.ok() ? absl::OkStatus()
-                       : absl::Status(cost.status().code(),
-                                      Cat("--profile: ", View(cost.status().message()))))
-           .ok()) {
-    return 1;
-  }
+  absl::StatusOr<PredictionModel> prediction = LoadPredictionModel(a);
+  if (!Agree(prediction.status()).ok()) return 1;
   p::ModelPlan plan;
   plan.moe_layers = s.model.NumMoeLayers();
   absl::Status planned;
   for (p::Variant v : s.variants) {
-    absl::StatusOr<p::VariantPlan> vp = ex::PlanModelRun(s.model, v, Size(), hosts, &*cost);
+    absl::StatusOr<p::VariantPlan> vp =
+        ex::PlanModelRun(s.model, v, Size(), hosts, &prediction->cost);
     if (!vp.ok()) {
       planned = absl::Status(vp.status().code(), Cat(a.model, ": ", View(vp.status().message())));
       break;
@@ -287,7 +257,7 @@ int RunModel(const Args& a) {
   report.set_interleaved(!a.sequential && runs.size() > 1);
   report.set_versions(a.backend == "mpi" ? ex::MpiVersion()
                                          : Cat(ex::MpiVersion(), "; ", ex::CudaVersions()));
-  proto::ModelPlanToProto(plan, s.model, profile->profile, /*include_timeline=*/true,
+  proto::ModelPlanToProto(plan, s.model, prediction->profile.profile, /*include_timeline=*/true,
                           report.mutable_predicted());
   v1::PlanModelResponse* measured = report.mutable_measured();
   measured->set_profile_name(report.predicted().profile_name());

@@ -56,38 +56,14 @@ struct Setup {
 
 // Everything that can be checked without talking to other ranks.
 absl::Status Prepare(const Args& a, int hosts, Setup* s) {
-  if (a.iters < 1)
-    return absl::InvalidArgumentError(Cat("--iters: must be >= 1 (got ", a.iters, ")"));
-  if (a.warmup < 0) {
-    return absl::InvalidArgumentError(Cat("--warmup: must be >= 0 (got ", a.warmup, ")"));
-  }
-  if (a.backend != "mpi" && a.backend != "nccl") {
-    return absl::InvalidArgumentError(Cat("--backend: must be mpi or nccl (got ", a.backend, ")"));
-  }
+  MOEPLAN_RETURN_IF_ERROR(CheckRunFlags(a));
   MOEPLAN_RETURN_IF_ERROR(proto::ReadJsonFile(a.layer, &s->layer_msg));
   absl::StatusOr<p::LayerConfig> layer = proto::LayerFromProto(s->layer_msg);
   if (!layer.ok())
     return absl::Status(layer.status().code(), Cat(a.layer, ": ", View(layer.status().message())));
   s->layer = *layer;
   s->layer_msg = proto::LayerToProto(s->layer);  // derived fields (dp, pp, skew) spelled out
-  if (a.dtype == "auto") {
-    // The CPU kernels compute in fp32; on GPUs the layer's element size decides.
-    if (a.backend == "mpi" || s->layer.bytes_per_element == 4) {
-      s->dtype = ex::DType::kF32;
-    } else if (s->layer.bytes_per_element == 2) {
-      s->dtype = ex::DType::kBF16;
-    } else {
-      return absl::InvalidArgumentError(
-          Cat(a.layer, ": bytes_per_element: the executor runs 4 (f32) or 2 (bf16) (got ",
-              s->layer.bytes_per_element, ")"));
-    }
-  } else if (!ex::ParseDType(a.dtype, &s->dtype)) {
-    return absl::InvalidArgumentError(
-        Cat("--dtype: must be auto, f32 or bf16 (got ", a.dtype, ")"));
-  }
-  if (a.backend == "mpi" && s->dtype != ex::DType::kF32) {
-    return absl::InvalidArgumentError("--dtype: the mpi backend computes in f32 only");
-  }
+  MOEPLAN_RETURN_IF_ERROR(ResolveDType(a, s->layer.bytes_per_element, a.layer, &s->dtype));
   // What runs is what is predicted: the element size follows the dtype.
   s->layer.bytes_per_element = static_cast<int>(ex::SizeOf(s->dtype));
   s->layer_msg.set_bytes_per_element(s->layer.bytes_per_element);
@@ -407,15 +383,10 @@ int RunLayer(const Args& a) {
   // beyond the profile) — also what --schedule auto follows.
   // A profile that does not load is an error of the command line (exit 1),
   // not a missing prediction.
-  absl::StatusOr<calibration::LoadedProfile> profile = calibration::LoadProfile(a.profile);
-  absl::StatusOr<p::CostModel> cost = profile.ok() ? p::CostModel::Create(profile->profile)
-                                                   : absl::StatusOr<p::CostModel>(profile.status());
-  if (!Agree(cost.ok() ? absl::OkStatus()
-                       : absl::Status(cost.status().code(),
-                                      Cat("--profile: ", View(cost.status().message()))))
-           .ok()) {
-    return 1;
-  }
+  absl::StatusOr<PredictionModel> prediction = LoadPredictionModel(a);
+  if (!Agree(prediction.status()).ok()) return 1;
+  const calibration::LoadedProfile* profile = &prediction->profile;
+  const p::CostModel* cost = &prediction->cost;
   v1::PlanLayerResponse predicted;
   auto predict = [&]() -> absl::Status {
     p::LayerPlanner planner(*cost);
@@ -440,7 +411,7 @@ int RunLayer(const Args& a) {
   absl::StatusOr<ex::Backend> backend = ex::MakeBackend(a.backend);
   if (!Agree(backend.status()).ok()) return 1;
   s.hosts = hosts;
-  s.cost = &*cost;
+  s.cost = cost;
 
   const std::vector<Measured> runs = MeasureAll(a, s, *backend);
   // Dropless (default schedule only): the reference of --check is the padded

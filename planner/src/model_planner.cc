@@ -54,6 +54,12 @@ enum class UnitKind : uint8_t {
 };
 
 bool IsMoeUnit(UnitKind k) { return k >= UnitKind::kMoeRoute && k <= UnitKind::kMoeExchange; }
+// The shared expert's dense units, inside an MoE block's scope.
+bool IsSharedExpertUnit(UnitKind k) {
+  return k >= UnitKind::kSharedFc1 && k <= UnitKind::kSharedAllReduce;
+}
+// The routed experts' units: the MoE schedule's sections.
+bool IsRoutedUnit(UnitKind k) { return IsMoeUnit(k) && !IsSharedExpertUnit(k); }
 bool IsAttention(UnitKind k) {
   return k == UnitKind::kAttnScore || k == UnitKind::kSoftmax || k == UnitKind::kAttnCtx;
 }
@@ -339,9 +345,7 @@ struct ModelPlanner::Impl {
       map.assign(static_cast<size_t>(n) * k, kNoOp);
       piece_begin[static_cast<size_t>(j)] = static_cast<int>(piece_out.size());
       piece_k[static_cast<size_t>(j)] = k;
-      const bool moe = IsMoeUnit(u.kind) && u.kind != UnitKind::kSharedFc1 &&
-                       u.kind != UnitKind::kSharedAct && u.kind != UnitKind::kSharedFc2 &&
-                       u.kind != UnitKind::kSharedAllReduce;
+      const bool moe = IsRoutedUnit(u.kind);
       if (moe) {
         for (BufAlias a : scratch.aliases()) {
           a.block = u.block;
@@ -913,12 +917,8 @@ struct ModelPlanner::Impl {
     while (j < n) {
       if (IsMoeUnit(units[j].kind)) {
         size_t e = j + 1;
-        const bool shared =
-            units[j].kind >= UnitKind::kSharedFc1 && units[j].kind <= UnitKind::kSharedAllReduce;
-        while (shared && e < n && units[e].kind >= UnitKind::kSharedFc1 &&
-               units[e].kind <= UnitKind::kSharedAllReduce) {
-          ++e;
-        }
+        const bool shared = IsSharedExpertUnit(units[j].kind);
+        while (shared && e < n && IsSharedExpertUnit(units[e].kind)) ++e;
         bounds.push_back(static_cast<int>(e));
         j = e;
         continue;

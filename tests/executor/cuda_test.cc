@@ -34,6 +34,7 @@
 #include "moeplan/executor/check.h"
 #include "moeplan/executor/model_runner.h"
 #include "moeplan/executor/runner.h"
+#include "plan_timeline.h"
 
 namespace moeplan::executor {
 namespace {
@@ -839,16 +840,7 @@ TEST_F(CudaTest, InterpreterRunsEveryScheduleLikeTheCpu) {
       EXPECT_GT(DroppedChoices(*got), 0) << "capacity 1.0 drops on this seed";
     }
     // Ops timed under the plan's names, every edge honoured (device events).
-    ASSERT_EQ(gpu_times.size(), static_cast<size_t>(plan->size()));
-    for (planner::OpId v = 0; v < plan->size(); ++v) {
-      const OpTime& t = gpu_times[static_cast<size_t>(v)];
-      EXPECT_EQ(t.name, plan->op(v).Name());
-      EXPECT_LE(t.start_us, t.end_us) << t.name;
-      for (planner::OpId dep : plan->deps(v)) {
-        EXPECT_GE(t.start_us, gpu_times[static_cast<size_t>(dep)].end_us)
-            << t.name << " started before " << plan->op(dep).Name() << " ended";
-      }
-    }
+    ExpectRunFollowsPlan(*plan, gpu_times);
   }
 }
 
@@ -892,17 +884,7 @@ TEST_F(CudaTest, WholeModelsRunEveryVariantOnStreams) {
       totals.push_back((*r)->total_us());
     }
     const planner::OpGraph& g = plan->graph;
-    const std::vector<OpTime>& t = (*r)->timings();
-    ASSERT_EQ(t.size(), static_cast<size_t>(g.size()));
-    for (planner::OpId id = 0; id < g.size(); ++id) {
-      const OpTime& ti = t[static_cast<size_t>(id)];
-      EXPECT_EQ(ti.name, g.op(id).Name());
-      EXPECT_LE(ti.start_us, ti.end_us) << ti.name;
-      for (planner::OpId d : g.deps(id)) {
-        EXPECT_GE(ti.start_us, t[static_cast<size_t>(d)].end_us)
-            << ti.name << " started before " << g.op(d).Name() << " ended";
-      }
-    }
+    ExpectRunFollowsPlan(g, (*r)->timings());
     EXPECT_GT((*r)->forward_us(), 0.0);
     EXPECT_GT((*r)->total_us(), (*r)->forward_us());
     std::sort(totals.begin() + 1, totals.end());

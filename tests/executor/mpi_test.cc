@@ -21,6 +21,7 @@
 #include "moeplan/planner/planner.h"
 #include "moeplan/planner/schedules.h"
 #include "moeplan/planner/simulator.h"
+#include "plan_timeline.h"
 
 namespace moeplan::executor {
 namespace {
@@ -430,14 +431,7 @@ TEST(MpiExecutor, OpsAreTimedUnderThePlannersNames) {
       // before the ops it depends on have ended (here, on this rank).
       absl::StatusOr<planner::OpGraph> plan = PlanLayerRun(l, s, WorldSize(), 1, nullptr);
       ASSERT_TRUE(plan.ok()) << plan.status();
-      ASSERT_EQ(plan->size(), static_cast<int>(r->timings().size()));
-      for (planner::OpId v = 0; v < plan->size(); ++v) {
-        for (planner::OpId d : plan->deps(v)) {
-          EXPECT_GE(r->timings()[static_cast<size_t>(v)].start_us,
-                    r->timings()[static_cast<size_t>(d)].end_us)
-              << plan->op(v).Name() << " started before " << plan->op(d).Name() << " ended";
-        }
-      }
+      ExpectRunFollowsPlan(*plan, r->timings());
       EXPECT_TRUE(r->threaded()) << "MPI_THREAD_MULTIPLE: every communicator has its own lane";
     }
   }
@@ -656,19 +650,8 @@ TEST(MpiExecutor, WholeModelsRunEveryVariantAsPlanned) {
           std::abort();
         }
       }
-      const planner::OpGraph& g = plan->graph;
-      const std::vector<OpTime>& t = (*r)->timings();
-      ASSERT_EQ(t.size(), static_cast<size_t>(g.size()));
-      for (planner::OpId id = 0; id < g.size(); ++id) {
-        const OpTime& ti = t[static_cast<size_t>(id)];
-        EXPECT_EQ(ti.name, g.op(id).Name());
-        EXPECT_LE(ti.start_us, ti.end_us) << ti.name;
-        for (planner::OpId d : g.deps(id)) {
-          EXPECT_GE(ti.start_us, t[static_cast<size_t>(d)].end_us)
-              << ti.name << " started before " << g.op(d).Name() << " ended";
-        }
-      }
-      EXPECT_EQ(t.back().name, "optimizer.step");
+      ExpectRunFollowsPlan(plan->graph, (*r)->timings());
+      EXPECT_EQ((*r)->timings().back().name, "optimizer.step");
       EXPECT_GT((*r)->total_us(), (*r)->forward_us());
       EXPECT_GT((*r)->forward_us(), 0.0);
       EXPECT_TRUE((*r)->threaded());
