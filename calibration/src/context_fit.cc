@@ -10,7 +10,9 @@
 #include <utility>
 
 #include "fit_internal.h"
+#include "moeplan/base/status.h"
 #include "moeplan/base/strings.h"
+#include "validation_internal.h"
 
 namespace moeplan::calibration {
 namespace {
@@ -55,16 +57,29 @@ bool UseLine(const std::vector<Obs>& pts, const OpContextOptions& o) {
 }  // namespace
 
 std::string_view OpBaseName(std::string_view name) {
-  const size_t dot = name.rfind('.');
-  if (dot == std::string_view::npos) return name;
-  std::string_view tail = name.substr(dot + 1);
-  if (!tail.empty() && tail[0] == 'p') tail.remove_prefix(1);
-  return AllDigits(tail) ? OpBaseName(name.substr(0, dot)) : name;
+  // A model's "b<block>." and "moe." in front (op_graph.cc's Op::Name).
+  if (name.size() > 1 && name[0] == 'b') {
+    const size_t dot = name.find('.');
+    if (dot != std::string_view::npos && AllDigits(name.substr(1, dot - 1))) {
+      name.remove_prefix(dot + 1);
+    }
+  }
+  if (name.substr(0, 4) == "moe.") name.remove_prefix(4);
+  // Steps and parts at the end, innermost last.
+  for (;;) {
+    const size_t dot = name.rfind('.');
+    if (dot == std::string_view::npos) return name;
+    std::string_view tail = name.substr(dot + 1);
+    if (!tail.empty() && tail[0] == 'p') tail.remove_prefix(1);
+    if (!AllDigits(tail)) return name;
+    name = name.substr(0, dot);
+  }
 }
 
 absl::StatusOr<std::vector<v1::OpContext>> FitOpContexts(const std::vector<ValidationInput>& inputs,
                                                          const OpContextOptions& o) {
-  if (inputs.empty()) return absl::InvalidArgumentError("op contexts: no measured layers to fit on");
+  if (inputs.empty())
+    return absl::InvalidArgumentError("op contexts: no measured configs to fit on");
   if (o.min_samples < 2 || o.line_min_distinct < 2 || !(o.min_span >= 1.0) || o.bootstrap < 0) {
     return absl::InvalidArgumentError(
         "op contexts: min_samples and line_min_distinct must be >= 2, min_span >= 1, "
@@ -73,15 +88,16 @@ absl::StatusOr<std::vector<v1::OpContext>> FitOpContexts(const std::vector<Valid
   // (op, resource) -> (predicted, measured) per instance.
   std::map<std::pair<std::string, std::string>, std::vector<Obs>> groups;
   for (const ValidationInput& in : inputs) {
-    for (const v1::CandidatePlan& m : in.measured) {
-      const auto pred = std::find_if(in.predicted.begin(), in.predicted.end(),
-                                     [&](const v1::CandidatePlan& c) {
-                                       return c.schedule() == m.schedule();
-                                     });
-      if (pred == in.predicted.end()) continue;
+    MOEPLAN_ASSIGN_OR_RETURN(const std::vector<internal::Timeline> measured,
+                             internal::TimelinesOf(in, true));
+    MOEPLAN_ASSIGN_OR_RETURN(const std::vector<internal::Timeline> predicted,
+                             internal::TimelinesOf(in, false));
+    for (const internal::Timeline& m : measured) {
+      const internal::Timeline* pred = internal::Find(predicted, m.candidate);
+      if (pred == nullptr) continue;
       std::map<std::string_view, const v1::OpTiming*> by_name;
-      for (const v1::OpTiming& op : pred->ops()) by_name.emplace(op.name(), &op);
-      for (const v1::OpTiming& op : m.ops()) {
+      for (const v1::OpTiming& op : *pred->ops) by_name.emplace(op.name(), &op);
+      for (const v1::OpTiming& op : *m.ops) {
         const auto it = by_name.find(op.name());
         if (it == by_name.end()) continue;
         const double x = it->second->end_us() - it->second->start_us();

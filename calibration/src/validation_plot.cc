@@ -15,9 +15,9 @@
 namespace moeplan::calibration {
 namespace {
 
+using internal::CandidateNoun;
+using internal::CandidatesOf;
 using internal::PointOf;
-using internal::ScheduleLabel;
-using internal::SchedulesOf;
 
 // A gnuplot string expression equal to `text`. Single-quoted strings take
 // everything literally (no backslash escapes, no backquote command
@@ -81,26 +81,30 @@ std::string LogTics(double lo, double hi) {
   return out;
 }
 
+// What the totals are: a layer's forward + backward, a model's iteration.
+std::string_view TimeLabel(const v1::ValidationSummary& s) {
+  return s.models() ? "training iteration time" : "forward + backward time";
+}
+
 }  // namespace
 
 std::string PlotData(const v1::ValidationSummary& s) {
-  const std::vector<v1::Schedule> schedules = SchedulesOf(s);
+  const std::vector<std::string> candidates = CandidatesOf(s);
+  const std::string_view noun = CandidateNoun(s.models());
   std::string data;
   auto out = std::back_inserter(data);
-  fmt::format_to(out,
-                 "# moeplan validation, profile {}: predicted vs measured forward + backward "
-                 "time\n",
-                 DataText(s.profile()));
-  data += "# one block per schedule (gnuplot index 0, 1, ...):";
-  for (v1::Schedule sched : schedules) fmt::format_to(out, " {}", ScheduleLabel(sched));
-  data += "\n# schedule measured_ms predicted_ms config_name\n";
-  for (std::size_t i = 0; i < schedules.size(); ++i) {
+  fmt::format_to(out, "# moeplan validation, profile {}: predicted vs measured {}\n",
+                 DataText(s.profile()), TimeLabel(s));
+  fmt::format_to(out, "# one block per {} (gnuplot index 0, 1, ...):", noun);
+  for (const std::string& cand : candidates) fmt::format_to(out, " {}", DataText(cand));
+  fmt::format_to(out, "\n# {} measured_ms predicted_ms config_name\n", noun);
+  for (std::size_t i = 0; i < candidates.size(); ++i) {
     // Two blank lines end a block: that is what gnuplot's `index` counts.
     if (i > 0) data += "\n\n";
     for (const v1::ValidationConfig& c : s.results()) {
-      const v1::ValidationPoint* p = PointOf(c, schedules[i]);
+      const v1::ValidationPoint* p = PointOf(c, candidates[i]);
       if (p == nullptr) continue;
-      fmt::format_to(out, "{} {:.6g} {:.6g} \"{}\"\n", ScheduleLabel(p->schedule()),
+      fmt::format_to(out, "{} {:.6g} {:.6g} \"{}\"\n", DataText(p->candidate()),
                      p->measured_us() / 1000.0, p->predicted_us() / 1000.0, DataText(c.name()));
     }
   }
@@ -109,7 +113,7 @@ std::string PlotData(const v1::ValidationSummary& s) {
 
 std::string GnuplotScript(const v1::ValidationSummary& s, const std::string& data_file,
                           const std::string& png_file) {
-  const std::vector<v1::Schedule> schedules = SchedulesOf(s);
+  const std::vector<std::string> candidates = CandidatesOf(s);
   // Equal x and y ranges around every point, so y = x is the diagonal.
   double lo = 0.0;
   double hi = 0.0;
@@ -148,10 +152,9 @@ std::string GnuplotScript(const v1::ValidationSummary& s, const std::string& dat
   fmt::format_to(out, "set title {}\n",
                  GnuplotString(Cat("moeplan validation (profile ", s.profile(), ", ", s.ranks(),
                                    " ranks): predicted vs measured iteration time")));
-  gp +=
-      "set xlabel 'measured forward + backward time (ms)'\n"
-      "set ylabel 'predicted forward + backward time (ms)'\n"
-      "set logscale xy\n";
+  fmt::format_to(out, "set xlabel {}\nset ylabel {}\nset logscale xy\n",
+                 GnuplotString(Cat("measured ", TimeLabel(s), " (ms)")),
+                 GnuplotString(Cat("predicted ", TimeLabel(s), " (ms)")));
   fmt::format_to(out, "set xrange [{0:.6g}:{1:.6g}]\nset yrange [{0:.6g}:{1:.6g}]\n", lo, hi);
   const std::string tics = LogTics(lo, hi);
   if (!tics.empty()) fmt::format_to(out, "set xtics ({0})\nset ytics ({0})\n", tics);
@@ -167,12 +170,12 @@ std::string GnuplotScript(const v1::ValidationSummary& s, const std::string& dat
   constexpr int kPointTypes[] = {7, 5, 9, 13, 11, 15};
   constexpr std::string_view kColours[] = {"#1f77b4", "#d62728", "#2ca02c",
                                            "#9467bd", "#ff7f0e", "#8c564b"};
-  for (std::size_t i = 0; i < schedules.size(); ++i) {
+  for (std::size_t i = 0; i < candidates.size(); ++i) {
     fmt::format_to(out,
                    ", \\\n     data_file index {} using 2:3 with points pt {} ps 1.3 lc rgb '{}' "
                    "title {}",
                    i, kPointTypes[i % std::size(kPointTypes)], kColours[i % std::size(kColours)],
-                   GnuplotString(ScheduleLabel(schedules[i])));
+                   GnuplotString(candidates[i]));
   }
   // Closing the output flushes the PNG before gnuplot exits.
   gp += "\nset output\n";

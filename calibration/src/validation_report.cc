@@ -13,11 +13,11 @@
 namespace moeplan::calibration {
 namespace {
 
+using internal::CandidateNoun;
 using internal::ErrorStats;
 using internal::HasChoice;
 using internal::IsTied;
 using internal::PointOf;
-using internal::ScheduleLabel;
 using internal::StatsOf;
 
 std::string Pct(double v) { return fmt::format("{:.1f}", v); }
@@ -57,21 +57,26 @@ std::string Fence(std::string_view text) {
 
 // "s1 s2", or "–" when the config's iterations were not paired.
 std::string TiedLabel(const v1::ValidationConfig& c) {
-  if (c.measured_tied().empty()) return "–";
+  if (c.measured_tied_candidates().empty()) return "–";
   std::string out;
-  for (int s : c.measured_tied()) {
+  for (const std::string& s : c.measured_tied_candidates()) {
     if (!out.empty()) out += ' ';
-    out += ScheduleLabel(static_cast<v1::Schedule>(s));
+    out += s;
   }
   return out;
 }
 
+// True when the predicted best is the measured best.
+bool Hit(const v1::ValidationConfig& c) {
+  return c.measured_best_candidate() == c.predicted_best_candidate();
+}
+
 // The selection counts the report states, recounted from the configs.
 struct Selection {
-  int choice_configs = 0;  // configs with two or more schedules
+  int choice_configs = 0;  // configs with two or more candidates
   int hits = 0;            // predicted best = measured best
   int tied_hits = 0;       // predicted best tied for best
-  int single = 0;          // configs with one schedule: no choice
+  int single = 0;          // configs with one candidate: no choice
 };
 
 Selection SelectionOf(const v1::ValidationSummary& s) {
@@ -79,8 +84,8 @@ Selection SelectionOf(const v1::ValidationSummary& s) {
   for (const v1::ValidationConfig& c : s.results()) {
     if (!HasChoice(c)) continue;
     ++sel.choice_configs;
-    if (c.measured_best() == c.predicted_best()) ++sel.hits;
-    if (IsTied(c, c.predicted_best())) ++sel.tied_hits;
+    if (Hit(c)) ++sel.hits;
+    if (IsTied(c, c.predicted_best_candidate())) ++sel.tied_hits;
   }
   sel.single = static_cast<int>(s.results_size()) - sel.choice_configs;
   return sel;
@@ -91,12 +96,22 @@ void Header(const v1::ValidationSummary& s, const ReportContext& ctx, std::strin
   std::string& md = *md_out;
   auto out = std::back_inserter(md);
   fmt::format_to(out, "# moeplan validation: {}\n\n", s.profile());
-  fmt::format_to(out,
-                 "Predicted (the planner with profile `{}`) against measured (moeplan-exec, "
-                 "{} on {}) forward + backward iteration time of one MoE layer, for {} and "
-                 "every schedule both measured and predicted.\n\n",
-                 s.profile(), Count(s.ranks(), "rank"), Count(s.hosts(), "host"),
-                 Count(s.configs(), "layer config"));
+  if (s.models()) {
+    fmt::format_to(out,
+                   "Predicted (the planner with profile `{}`) against measured (moeplan-exec "
+                   "--model, {} on {}) training iteration time (forward, backward, gradient "
+                   "synchronisation and optimizer) of whole models, for {} and every overlap "
+                   "variant both measured and predicted.\n\n",
+                   s.profile(), Count(s.ranks(), "rank"), Count(s.hosts(), "host"),
+                   Count(s.configs(), "model"));
+  } else {
+    fmt::format_to(out,
+                   "Predicted (the planner with profile `{}`) against measured (moeplan-exec, "
+                   "{} on {}) forward + backward iteration time of one MoE layer, for {} and "
+                   "every schedule both measured and predicted.\n\n",
+                   s.profile(), Count(s.ranks(), "rank"), Count(s.hosts(), "host"),
+                   Count(s.configs(), "layer config"));
+  }
   if (!ctx.profile_comment.empty()) {
     fmt::format_to(out, "Profile: {}\n\n", ctx.profile_comment);
   }
@@ -120,11 +135,11 @@ void SummaryTable(const v1::ValidationSummary& s, const Selection& sel, std::str
   auto out = std::back_inserter(md);
   md += "## Summary\n\n| metric | value |\n|---|---|\n";
   fmt::format_to(out, "| configs | {} |\n", s.configs());
-  fmt::format_to(out, "| points (config × schedule) | {} |\n", s.points());
+  fmt::format_to(out, "| points (config × {}) | {} |\n", CandidateNoun(s.models()), s.points());
   fmt::format_to(out, "| MAPE | {} % |\n", Pct(s.mape_pct()));
   fmt::format_to(out, "| p90 absolute error | {} % |\n", Pct(s.p90_pct()));
   fmt::format_to(out, "| max absolute error | {} % ({}, {}) |\n", Pct(s.max_pct()),
-                 Cell(s.worst_config()), ScheduleLabel(s.worst_schedule()));
+                 Cell(s.worst_config()), s.worst_candidate());
   fmt::format_to(out, "| mean signed error | {} % |\n", SignedPct(s.mean_signed_pct()));
   if (sel.choice_configs > 0) {
     fmt::format_to(out, "| selection accuracy | {} % ({} of {} configs) |\n",
@@ -165,34 +180,38 @@ void SummaryTable(const v1::ValidationSummary& s, const Selection& sel, std::str
 
 // How the numbers are defined, configs left out of selection, the plot.
 void Notes(const v1::ValidationSummary& s, const ReportContext& ctx, const Selection& sel,
-           const std::vector<v1::Schedule>& schedules, std::string* md_out) {
+           std::string* md_out) {
   std::string& md = *md_out;
   auto out = std::back_inserter(md);
-  md +=
-      "\nError = 100 × (predicted − measured) / measured; > 0 means the model over-predicts. "
-      "MAPE is the mean absolute error; p90 interpolates linearly between order statistics "
-      "(numpy's default). Regret = how much slower the predicted-best schedule measured than "
-      "the measured-best one, in % of the latter.\n\n";
+  const std::string_view noun = CandidateNoun(s.models());
+  fmt::format_to(out,
+                 "\nError = 100 × (predicted − measured) / measured; > 0 means the model "
+                 "over-predicts. MAPE is the mean absolute error; p90 interpolates linearly "
+                 "between order statistics (numpy's default). Regret = how much slower the "
+                 "predicted-best {0} measured than the measured-best one, in % of the "
+                 "latter.\n\n",
+                 noun);
   if (sel.choice_configs > 0) {
     fmt::format_to(out,
-                   "Ties for best: with the schedules' iterations interleaved (moeplan-exec "
-                   "`--schedule all`), iteration i of every schedule ran in the same round, so "
-                   "they pair up. A schedule is tied with the measured best (the lowest median) "
+                   "Ties for best: with the {0}s' iterations interleaved (moeplan-exec "
+                   "`--{0} all`), iteration i of every {0} ran in the same round, so "
+                   "they pair up. A {0} is tied with the measured best (the lowest median) "
                    "unless a one-sided exact sign test over the pairs says it is slower at level "
-                   "{:g}; it needs {} or more pairs to say so. Picking a tied schedule counts as "
+                   "{1:g}; it needs {2} or more pairs to say so. Picking a tied {0} counts as "
                    "a hit in the ties-counted accuracy; the strict accuracy counts only the "
                    "measured best.\n\n",
-                   s.tie_alpha(), s.min_paired_iterations());
+                   noun, s.tie_alpha(), s.min_paired_iterations());
   }
   if (sel.choice_configs == 0) {
-    md +=
-        "Selection was not measured: no config has two or more schedules both measured and "
-        "predicted.\n\n";
+    fmt::format_to(out,
+                   "Selection was not measured: no config has two or more {}s both measured and "
+                   "predicted.\n\n",
+                   noun);
   } else if (sel.single > 0) {
     fmt::format_to(out,
-                   "{} config{} with a single schedule both measured and predicted {} left out "
+                   "{} config{} with a single {} both measured and predicted {} left out "
                    "of the selection statistics (no choice to make).\n\n",
-                   sel.single, sel.single == 1 ? "" : "s", sel.single == 1 ? "is" : "are");
+                   sel.single, sel.single == 1 ? "" : "s", noun, sel.single == 1 ? "is" : "are");
   }
 
   if (!ctx.plot_file.empty()) {
@@ -204,22 +223,23 @@ void Notes(const v1::ValidationSummary& s, const ReportContext& ctx, const Selec
   }
 }
 
-void ErrorBySchedule(const v1::ValidationSummary& s, const std::vector<v1::Schedule>& schedules,
-                     std::string* md_out) {
+void ErrorByCandidate(const v1::ValidationSummary& s, const std::vector<std::string>& candidates,
+                      std::string* md_out) {
   std::string& md = *md_out;
   auto out = std::back_inserter(md);
-  md += "## Error by schedule\n\n";
-  md +=
-      "| schedule | points | MAPE % | p90 % | max % | mean signed % "
-      "|\n|---|---:|---:|---:|---:|---:|\n";
-  for (v1::Schedule sched : schedules) {
+  const std::string_view noun = CandidateNoun(s.models());
+  fmt::format_to(out,
+                 "## Error by {0}\n\n| {0} | points | MAPE % | p90 % | max % | mean signed % "
+                 "|\n|---|---:|---:|---:|---:|---:|\n",
+                 noun);
+  for (const std::string& cand : candidates) {
     std::vector<double> errors;
     for (const v1::ValidationConfig& c : s.results()) {
-      if (const v1::ValidationPoint* p = PointOf(c, sched)) errors.push_back(p->error_pct());
+      if (const v1::ValidationPoint* p = PointOf(c, cand)) errors.push_back(p->error_pct());
     }
     const ErrorStats st = StatsOf(errors);
-    fmt::format_to(out, "| {} | {} | {} | {} | {} | {} |\n", ScheduleLabel(sched), st.count,
-                   Pct(st.mape), Pct(st.p90), Pct(st.max), SignedPct(st.mean_signed));
+    fmt::format_to(out, "| {} | {} | {} | {} | {} | {} |\n", Cell(cand), st.count, Pct(st.mape),
+                   Pct(st.p90), Pct(st.max), SignedPct(st.mean_signed));
   }
   md += "\n";
 }
@@ -234,8 +254,9 @@ void ErrorByOp(const v1::ValidationSummary& s, std::string* md_out) {
   } else {
     md +=
         "Op durations (end − start), measured against predicted, over every config and "
-        "schedule; pipeline steps (`name.N`) are pooled under their op. Share = the op's part "
-        "of all measured op time. Largest share first";
+        "candidate; pooled under the planner's base name (pipeline steps `name.N`, partition "
+        "parts `name.pN` and a model's blocks `bN.` and MoE scope `moe.` removed). Share = the "
+        "op's part of all measured op time. Largest share first";
     if (s.ops_size() > kTopOps) {
       fmt::format_to(out, "; the top {} of {}", kTopOps, s.ops_size());
     }
@@ -270,63 +291,65 @@ void WorstPoints(const v1::ValidationSummary& s, std::string* md_out) {
     return std::abs(a.second->error_pct()) > std::abs(b.second->error_pct());
   });
   fmt::format_to(out, "## Worst points\n\n");
-  md += "| config | schedule | measured ms | predicted ms | error % |\n|---|---|---:|---:|---:|\n";
+  fmt::format_to(
+      out, "| config | {} | measured ms | predicted ms | error % |\n|---|---|---:|---:|---:|\n",
+      CandidateNoun(s.models()));
   for (std::size_t i = 0; i < std::min(kWorst, points.size()); ++i) {
     const auto& [c, p] = points[i];
-    fmt::format_to(out, "| {} | {} | {} | {} | {} |\n", Cell(c->name()),
-                   ScheduleLabel(p->schedule()), Ms(p->measured_us()), Ms(p->predicted_us()),
-                   SignedPct(p->error_pct()));
+    fmt::format_to(out, "| {} | {} | {} | {} | {} |\n", Cell(c->name()), Cell(p->candidate()),
+                   Ms(p->measured_us()), Ms(p->predicted_us()), SignedPct(p->error_pct()));
   }
   md += "\n";
 }
 
-void Misses(const v1::ValidationSummary& s, const Selection& sel,
-            const std::vector<v1::Schedule>& schedules, std::string* md_out) {
+void Misses(const v1::ValidationSummary& s, const Selection& sel, std::string* md_out) {
   std::string& md = *md_out;
   auto out = std::back_inserter(md);
+  const std::string_view noun = CandidateNoun(s.models());
   md += "## Selection misses\n\n";
   if (sel.choice_configs == 0) {
-    md += "Not measured (no config with two or more schedules).\n\n";
+    fmt::format_to(out, "Not measured (no config with two or more {}s).\n\n", noun);
   } else if (sel.hits == sel.choice_configs) {
-    md += "None: the predicted best schedule measured fastest in every config.\n\n";
+    fmt::format_to(out, "None: the predicted best {} measured fastest in every config.\n\n", noun);
   } else {
     md +=
         "| config | predicted best | measured best | regret % | tied for best |\n"
         "|---|---|---|---:|---|\n";
     for (const v1::ValidationConfig& c : s.results()) {
-      if (!HasChoice(c) || c.measured_best() == c.predicted_best()) continue;
+      if (!HasChoice(c) || Hit(c)) continue;
       fmt::format_to(out, "| {} | {} | {} | {} | {} |\n", Cell(c.name()),
-                     ScheduleLabel(c.predicted_best()), ScheduleLabel(c.measured_best()),
+                     Cell(c.predicted_best_candidate()), Cell(c.measured_best_candidate()),
                      Pct(c.regret_pct()), TiedLabel(c));
     }
     md += "\n";
   }
 }
 
-void AllConfigs(const v1::ValidationSummary& s, const std::vector<v1::Schedule>& schedules,
+void AllConfigs(const v1::ValidationSummary& s, const std::vector<std::string>& candidates,
                 std::string* md_out) {
   std::string& md = *md_out;
   auto out = std::back_inserter(md);
-  md += "## All configs\n\nPer schedule: measured ms / predicted ms / error %.\n\n| config |";
-  for (v1::Schedule sched : schedules) {
-    const std::string_view name = ScheduleLabel(sched);
-    fmt::format_to(out, " {0} meas ms | {0} pred ms | {0} err % |", name);
+  fmt::format_to(out,
+                 "## All configs\n\nPer {}: measured ms / predicted ms / error %.\n\n| config |",
+                 CandidateNoun(s.models()));
+  for (const std::string& cand : candidates) {
+    fmt::format_to(out, " {0} meas ms | {0} pred ms | {0} err % |", Cell(cand));
   }
   md += " measured best | predicted best | regret % | tied for best |\n|---|";
-  for (std::size_t i = 0; i < schedules.size(); ++i) md += "---:|---:|---:|";
+  for (std::size_t i = 0; i < candidates.size(); ++i) md += "---:|---:|---:|";
   md += "---|---|---:|---|\n";
   for (const v1::ValidationConfig& c : s.results()) {
     fmt::format_to(out, "| {} |", Cell(c.name()));
-    for (v1::Schedule sched : schedules) {
-      if (const v1::ValidationPoint* p = PointOf(c, sched)) {
+    for (const std::string& cand : candidates) {
+      if (const v1::ValidationPoint* p = PointOf(c, cand)) {
         fmt::format_to(out, " {} | {} | {} |", Ms(p->measured_us()), Ms(p->predicted_us()),
                        SignedPct(p->error_pct()));
       } else {
         md += " – | – | – |";
       }
     }
-    fmt::format_to(out, " {} | {} | {} | {} |\n", ScheduleLabel(c.measured_best()),
-                   ScheduleLabel(c.predicted_best()), HasChoice(c) ? Pct(c.regret_pct()) : "–",
+    fmt::format_to(out, " {} | {} | {} | {} |\n", Cell(c.measured_best_candidate()),
+                   Cell(c.predicted_best_candidate()), HasChoice(c) ? Pct(c.regret_pct()) : "–",
                    TiedLabel(c));
   }
 }
@@ -334,17 +357,17 @@ void AllConfigs(const v1::ValidationSummary& s, const std::vector<v1::Schedule>&
 }  // namespace
 
 std::string RenderMarkdown(const v1::ValidationSummary& s, const ReportContext& ctx) {
-  const std::vector<v1::Schedule> schedules = internal::SchedulesOf(s);
+  const std::vector<std::string> candidates = internal::CandidatesOf(s);
   const Selection sel = SelectionOf(s);
   std::string md;
   Header(s, ctx, &md);
   SummaryTable(s, sel, &md);
-  Notes(s, ctx, sel, schedules, &md);
-  ErrorBySchedule(s, schedules, &md);
+  Notes(s, ctx, sel, &md);
+  ErrorByCandidate(s, candidates, &md);
   ErrorByOp(s, &md);
   WorstPoints(s, &md);
-  Misses(s, sel, schedules, &md);
-  AllConfigs(s, schedules, &md);
+  Misses(s, sel, &md);
+  AllConfigs(s, candidates, &md);
   return md;
 }
 

@@ -13,6 +13,7 @@
 #include "moeplan/base/stats.h"
 #include "moeplan/base/status.h"
 #include "moeplan/base/strings.h"
+#include "moeplan/calibration/context_fit.h"
 #include "moeplan/calibration/validation.h"
 #include "validation_internal.h"
 
@@ -39,38 +40,87 @@ ErrorStats StatsOf(const std::vector<double>& signed_pct) {
   return st;
 }
 
-std::vector<v1::Schedule> SchedulesOf(const v1::ValidationSummary& s) {
-  std::vector<v1::Schedule> out;
-  for (const v1::ValidationConfig& c : s.results()) {
-    for (const v1::ValidationPoint& p : c.points()) {
-      if (std::find(out.begin(), out.end(), p.schedule()) == out.end()) {
-        out.push_back(p.schedule());
-      }
+absl::StatusOr<std::vector<Timeline>> TimelinesOf(const ValidationInput& in, bool measured) {
+  std::vector<Timeline> out;
+  const std::string_view side = measured ? "measured" : "predicted";
+  auto add = [&](Timeline t) -> absl::Status {
+    if (Find(out, t.candidate) != nullptr) {
+      return absl::InvalidArgumentError(Cat("config '", in.name, "': ", CandidateNoun(in.IsModel()),
+                                            " ", t.candidate, " ", side, " twice"));
     }
+    out.push_back(std::move(t));
+    return absl::OkStatus();
+  };
+  if (in.IsModel()) {
+    if (!in.measured.empty() || !in.predicted.empty() || !in.iterations.empty()) {
+      return absl::InvalidArgumentError(
+          Cat("config '", in.name, "': has both schedules (a layer) and variants (a model)"));
+    }
+    for (const v1::VariantPlan& v : measured ? in.measured_variants : in.predicted_variants) {
+      MOEPLAN_RETURN_IF_ERROR(
+          add({v.name(), v1::SCHEDULE_UNSPECIFIED, v.iteration_us(), &v.ops()}));
+    }
+    return out;
   }
-  std::sort(out.begin(), out.end());
+  for (const v1::CandidatePlan& p : measured ? in.measured : in.predicted) {
+    MOEPLAN_RETURN_IF_ERROR(
+        add({std::string(ScheduleLabel(p.schedule())), p.schedule(), p.total_us(), &p.ops()}));
+  }
+  std::stable_sort(out.begin(), out.end(),
+                   [](const Timeline& a, const Timeline& b) { return a.schedule < b.schedule; });
   return out;
 }
 
-const v1::ValidationPoint* PointOf(const v1::ValidationConfig& c, v1::Schedule s) {
-  for (const v1::ValidationPoint& p : c.points()) {
-    if (p.schedule() == s) return &p;
+const Timeline* Find(const std::vector<Timeline>& t, std::string_view candidate) {
+  for (const Timeline& x : t) {
+    if (x.candidate == candidate) return &x;
   }
   return nullptr;
 }
 
-bool IsTied(const v1::ValidationConfig& c, v1::Schedule s) {
-  return std::find(c.measured_tied().begin(), c.measured_tied().end(), s) !=
-         c.measured_tied().end();
+std::vector<std::string> CandidatesOf(const v1::ValidationSummary& s) {
+  std::vector<std::pair<v1::Schedule, std::string>> seen;
+  for (const v1::ValidationConfig& c : s.results()) {
+    for (const v1::ValidationPoint& p : c.points()) {
+      if (std::none_of(seen.begin(), seen.end(),
+                       [&](const auto& x) { return x.second == p.candidate(); })) {
+        seen.emplace_back(p.schedule(), p.candidate());
+      }
+    }
+  }
+  // Variants (schedule unspecified) keep their first-seen order.
+  std::stable_sort(seen.begin(), seen.end(),
+                   [](const auto& a, const auto& b) { return a.first < b.first; });
+  std::vector<std::string> out;
+  out.reserve(seen.size());
+  for (auto& [schedule, name] : seen) out.push_back(std::move(name));
+  return out;
+}
+
+const v1::ValidationPoint* PointOf(const v1::ValidationConfig& c, std::string_view candidate) {
+  for (const v1::ValidationPoint& p : c.points()) {
+    if (p.candidate() == candidate) return &p;
+  }
+  return nullptr;
+}
+
+bool IsTied(const v1::ValidationConfig& c, std::string_view candidate) {
+  return std::find(c.measured_tied_candidates().begin(), c.measured_tied_candidates().end(),
+                   candidate) != c.measured_tied_candidates().end();
 }
 
 }  // namespace internal
 
+using internal::CandidateNoun;
 using internal::ErrorStats;
+using internal::Find;
 using internal::HasChoice;
 using internal::IsTied;
+using internal::PointOf;
 using internal::ScheduleLabel;
 using internal::StatsOf;
+using internal::Timeline;
+using internal::TimelinesOf;
 
 namespace {
 
@@ -88,63 +138,61 @@ double ErrorPct(double predicted, double measured) {
   return 100.0 * (predicted - measured) / measured;
 }
 
-// "fwd.saa_dispatch.alltoall.3" -> "fwd.saa_dispatch.alltoall": the planner
-// names pipeline steps base + "." + step (op_graph.cc), and a step on its own
-// is too short and too numerous to be worth a row, so steps aggregate.
-std::string_view StripStep(std::string_view name) {
-  const std::size_t dot = name.rfind('.');
-  if (dot == std::string_view::npos || dot + 1 == name.size()) return name;
-  for (std::size_t i = dot + 1; i < name.size(); ++i) {
-    if (name[i] < '0' || name[i] > '9') return name;
-  }
-  return name.substr(0, dot);
+// One candidate's per-iteration totals.
+struct Samples {
+  std::string candidate;
+  absl::Span<const double> totals;
+};
+
+template <typename Iterations>
+absl::Span<const double> Values(const Iterations& it) {
+  return {it.total_us().data(), static_cast<std::size_t>(it.total_us_size())};
 }
 
-// Candidates keyed by schedule (ordered, so points come out in schedule
-// order); a schedule twice on one side is ambiguous, so it is rejected.
-absl::StatusOr<std::map<int, const v1::CandidatePlan*>> BySchedule(
-    const std::vector<v1::CandidatePlan>& plans, std::string_view config, std::string_view side) {
-  std::map<int, const v1::CandidatePlan*> out;
-  for (const v1::CandidatePlan& p : plans) {
-    if (!out.emplace(static_cast<int>(p.schedule()), &p).second) {
-      return absl::InvalidArgumentError(Cat("config '", config, "': schedule ",
-                                            ScheduleLabel(p.schedule()), " ", side, " twice"));
-    }
-  }
-  return out;
-}
-
-// The config's paired per-iteration totals by schedule, checked; empty when
+// The config's paired per-iteration totals by candidate, checked; empty when
 // they are not paired or too few to test.
-absl::StatusOr<std::map<int, const v1::ScheduleIterations*>> PairedIterations(
-    const ValidationInput& in) {
-  std::map<int, const v1::ScheduleIterations*> out;
-  if (!in.paired) return out;
-  int n = -1;
+absl::StatusOr<std::vector<Samples>> PairedIterations(const ValidationInput& in) {
+  std::vector<Samples> all;
   for (const v1::ScheduleIterations& it : in.iterations) {
-    const std::string where =
-        Cat("config '", in.name, "', schedule ", ScheduleLabel(it.schedule()));
-    if (!out.emplace(static_cast<int>(it.schedule()), &it).second) {
-      return absl::InvalidArgumentError(Cat(where, ": iterations listed twice"));
+    all.push_back({std::string(ScheduleLabel(it.schedule())), Values(it)});
+  }
+  for (const v1::VariantIterations& it : in.variant_iterations) {
+    all.push_back({it.variant(), Values(it)});
+  }
+  std::vector<Samples> out;
+  if (!in.paired) return out;
+  const std::string_view noun = CandidateNoun(in.IsModel());
+  int n = -1;
+  for (const Samples& it : all) {
+    const std::string where = Cat("config '", in.name, "', ", noun, " ", it.candidate);
+    for (const Samples& o : out) {
+      if (o.candidate == it.candidate) {
+        return absl::InvalidArgumentError(Cat(where, ": iterations listed twice"));
+      }
     }
-    if (n >= 0 && it.total_us_size() != n) {
-      return absl::InvalidArgumentError(Cat(where, ": ", it.total_us_size(),
-                                            " paired iterations where another schedule has ", n));
+    const int size = static_cast<int>(it.totals.size());
+    if (n >= 0 && size != n) {
+      return absl::InvalidArgumentError(
+          Cat(where, ": ", size, " paired iterations where another ", noun, " has ", n));
     }
-    n = it.total_us_size();
-    for (double t : it.total_us()) {
+    n = size;
+    for (double t : it.totals) {
       if (!(t > 0.0) || !std::isfinite(t)) {
         return absl::InvalidArgumentError(
             Cat(where, ": iteration totals must be finite and > 0 (got ", t, ")"));
       }
     }
+    out.push_back(it);
   }
   if (n < kMinPairedIterations) out.clear();
   return out;
 }
 
-absl::Span<const double> Values(const v1::ScheduleIterations& it) {
-  return {it.total_us().data(), static_cast<std::size_t>(it.total_us_size())};
+const Samples* FindSamples(const std::vector<Samples>& s, std::string_view candidate) {
+  for (const Samples& x : s) {
+    if (x.candidate == candidate) return &x;
+  }
+  return nullptr;
 }
 
 struct OpAccumulator {
@@ -152,12 +200,12 @@ struct OpAccumulator {
   double measured_us = 0.0;
 };
 
-// Matches ops by name between the two timelines of one config and schedule.
-void AccumulateOps(const v1::CandidatePlan& measured, const v1::CandidatePlan& predicted,
+// Matches ops by name between the two timelines of one config and candidate.
+void AccumulateOps(const Timeline& measured, const Timeline& predicted,
                    std::map<std::string, OpAccumulator, std::less<>>* groups, int* unmatched) {
   std::unordered_map<std::string_view, const v1::OpTiming*> by_name;
-  for (const v1::OpTiming& op : predicted.ops()) by_name.emplace(op.name(), &op);
-  for (const v1::OpTiming& m : measured.ops()) {
+  for (const v1::OpTiming& op : *predicted.ops) by_name.emplace(op.name(), &op);
+  for (const v1::OpTiming& m : *measured.ops) {
     const double meas = m.end_us() - m.start_us();
     // Ops the executor did not time (or timed as empty) carry no error to speak of.
     if (!(meas > 0.0)) continue;
@@ -167,7 +215,7 @@ void AccumulateOps(const v1::CandidatePlan& measured, const v1::CandidatePlan& p
       continue;
     }
     const double pred = it->second->end_us() - it->second->start_us();
-    const std::string_view group = StripStep(m.name());
+    const std::string_view group = OpBaseName(m.name());
     auto g = groups->find(group);
     if (g == groups->end()) g = groups->emplace(std::string(group), OpAccumulator{}).first;
     g->second.errors.push_back(ErrorPct(pred, meas));
@@ -207,102 +255,114 @@ struct Tally {
   int paired_configs = 0, tied_configs = 0, tied_hits = 0;
 };
 
-using PlansBySchedule = std::map<int, const v1::CandidatePlan*>;
+// The candidate's schedule, for the layer-only Schedule fields.
+v1::Schedule ScheduleOf(const std::vector<Timeline>& t, std::string_view candidate) {
+  const Timeline* x = Find(t, candidate);
+  return x != nullptr ? x->schedule : v1::SCHEDULE_UNSPECIFIED;
+}
 
-// One point per schedule both measured and predicted, with the measured and
+// One point per candidate both measured and predicted, with the measured and
 // predicted best of the config.
-absl::Status AddPoints(const ValidationInput& in, const PlansBySchedule& measured,
-                       const PlansBySchedule& predicted, v1::ValidationConfig* c, Tally* t,
+absl::Status AddPoints(const ValidationInput& in, const std::vector<Timeline>& measured,
+                       const std::vector<Timeline>& predicted, v1::ValidationConfig* c, Tally* t,
                        v1::ValidationSummary* s) {
-  const v1::CandidatePlan* meas_best = nullptr;
-  const v1::CandidatePlan* pred_best = nullptr;
-  for (const auto& [schedule, m] : measured) {
-    auto it = predicted.find(schedule);
-    if (it == predicted.end()) continue;
-    const v1::CandidatePlan* p = it->second;
-    const std::string where =
-        Cat("config '", in.name, "', schedule ", ScheduleLabel(m->schedule()));
-    if (!(m->total_us() > 0.0) || !std::isfinite(m->total_us())) {
+  const Timeline* meas_best = nullptr;
+  const Timeline* pred_best = nullptr;
+  const std::string_view noun = CandidateNoun(in.IsModel());
+  const std::string_view field = in.IsModel() ? "iteration_us" : "total_us";
+  for (const Timeline& m : measured) {
+    const Timeline* p = Find(predicted, m.candidate);
+    if (p == nullptr) continue;
+    const std::string where = Cat("config '", in.name, "', ", noun, " ", m.candidate);
+    if (!(m.total_us > 0.0) || !std::isfinite(m.total_us)) {
       return absl::InvalidArgumentError(
-          Cat(where, ": measured total_us must be finite and > 0 (got ", m->total_us(), ")"));
+          Cat(where, ": measured ", field, " must be finite and > 0 (got ", m.total_us, ")"));
     }
-    if (!std::isfinite(p->total_us())) {
+    if (!std::isfinite(p->total_us)) {
       return absl::InvalidArgumentError(
-          Cat(where, ": predicted total_us must be finite (got ", p->total_us(), ")"));
+          Cat(where, ": predicted ", field, " must be finite (got ", p->total_us, ")"));
     }
     v1::ValidationPoint* pt = c->add_points();
-    pt->set_schedule(m->schedule());
-    pt->set_measured_us(m->total_us());
-    pt->set_predicted_us(p->total_us());
-    pt->set_error_pct(ErrorPct(p->total_us(), m->total_us()));
+    pt->set_candidate(m.candidate);
+    pt->set_schedule(m.schedule);
+    pt->set_measured_us(m.total_us);
+    pt->set_predicted_us(p->total_us);
+    pt->set_error_pct(ErrorPct(p->total_us, m.total_us));
     t->errors.push_back(pt->error_pct());
     if (std::abs(pt->error_pct()) > t->worst) {
       t->worst = std::abs(pt->error_pct());
       s->set_worst_config(in.name);
       s->set_worst_schedule(pt->schedule());
+      s->set_worst_candidate(pt->candidate());
     }
-    // Strict '<': ties go to the earlier schedule on both sides alike.
-    if (meas_best == nullptr || m->total_us() < meas_best->total_us()) meas_best = m;
-    if (pred_best == nullptr || p->total_us() < pred_best->total_us()) pred_best = p;
-    AccumulateOps(*m, *p, &t->op_groups, &t->unmatched);
+    // Strict '<': ties go to the earlier candidate on both sides alike.
+    if (meas_best == nullptr || m.total_us < meas_best->total_us) meas_best = &m;
+    if (pred_best == nullptr || p->total_us < pred_best->total_us) pred_best = p;
+    AccumulateOps(m, *p, &t->op_groups, &t->unmatched);
   }
   if (c->points().empty()) {
     return absl::InvalidArgumentError(
-        Cat("config '", in.name, "': no schedule is both measured and predicted"));
+        Cat("config '", in.name, "': no ", noun, " is both measured and predicted"));
   }
-  c->set_measured_best(meas_best->schedule());
-  c->set_predicted_best(pred_best->schedule());
+  c->set_measured_best_candidate(meas_best->candidate);
+  c->set_predicted_best_candidate(pred_best->candidate);
+  c->set_measured_best(meas_best->schedule);
+  c->set_predicted_best(pred_best->schedule);
   return absl::OkStatus();
 }
 
 // Regret, and whether the pick was right (strictly, and where the measured
 // best leads by the decisive margin).
-void ScoreSelection(const PlansBySchedule& measured, v1::ValidationConfig* c, Tally* t) {
-  const double best_us = measured.at(static_cast<int>(c->measured_best()))->total_us();
+void ScoreSelection(v1::ValidationConfig* c, Tally* t) {
+  const double best_us = PointOf(*c, c->measured_best_candidate())->measured_us();
   // The price of trusting the planner: what its pick measured, against the best.
   const double regret =
-      ErrorPct(measured.at(static_cast<int>(c->predicted_best()))->total_us(), best_us);
+      ErrorPct(PointOf(*c, c->predicted_best_candidate())->measured_us(), best_us);
   c->set_regret_pct(regret);
   if (!HasChoice(*c)) return;
+  const bool hit = c->measured_best_candidate() == c->predicted_best_candidate();
   ++t->choice_configs;
   t->regret_sum += regret;
   t->max_regret = std::max(t->max_regret, regret);
-  if (c->measured_best() == c->predicted_best()) {
+  if (hit) {
     ++t->hits;
   } else {
     t->miss_regret_sum += regret;
   }
   double runner_up = std::numeric_limits<double>::infinity();
   for (const v1::ValidationPoint& pt : c->points()) {
-    if (pt.schedule() != c->measured_best()) runner_up = std::min(runner_up, pt.measured_us());
+    if (pt.candidate() != c->measured_best_candidate()) {
+      runner_up = std::min(runner_up, pt.measured_us());
+    }
   }
   if (ErrorPct(runner_up, best_us) >= kDecisiveMarginPct) {
     ++t->decisive;
-    t->decisive_hits += c->measured_best() == c->predicted_best();
+    t->decisive_hits += hit;
   }
 }
 
-// The schedules tied with the measured best, when every point's iterations
+// The candidates tied with the measured best, when every point's iterations
 // are paired.
-absl::Status MarkTies(const ValidationInput& in, v1::ValidationConfig* c, Tally* t) {
-  MOEPLAN_ASSIGN_OR_RETURN(const auto iters, PairedIterations(in));
-  auto best_iters = iters.find(static_cast<int>(c->measured_best()));
-  bool all_paired = best_iters != iters.end();
+absl::Status MarkTies(const ValidationInput& in, const std::vector<Timeline>& measured,
+                      v1::ValidationConfig* c, Tally* t) {
+  MOEPLAN_ASSIGN_OR_RETURN(const std::vector<Samples> iters, PairedIterations(in));
+  const Samples* best = FindSamples(iters, c->measured_best_candidate());
+  bool all_paired = best != nullptr;
   for (const v1::ValidationPoint& pt : c->points()) {
-    all_paired = all_paired && iters.count(static_cast<int>(pt.schedule())) > 0;
+    all_paired = all_paired && FindSamples(iters, pt.candidate()) != nullptr;
   }
   if (!all_paired) return absl::OkStatus();
-  const absl::Span<const double> best = Values(*best_iters->second);
   for (const v1::ValidationPoint& pt : c->points()) {
-    if (pt.schedule() == c->measured_best() ||
-        SignTestP(Values(*iters.at(static_cast<int>(pt.schedule()))), best) >= kTieAlpha) {
-      c->add_measured_tied(pt.schedule());
+    if (pt.candidate() == c->measured_best_candidate() ||
+        SignTestP(FindSamples(iters, pt.candidate())->totals, best->totals) >= kTieAlpha) {
+      c->add_measured_tied_candidates(pt.candidate());
+      if (!in.IsModel()) c->add_measured_tied(ScheduleOf(measured, pt.candidate()));
     }
   }
   if (HasChoice(*c)) {
     ++t->paired_configs;
-    t->tied_configs += c->measured_tied_size() >= 2;
-    t->tied_hits += IsTied(*c, c->predicted_best());
+    t->tied_configs += c->measured_tied_candidates_size() >= 2;
+    t->tied_hits += IsTied(*c, c->predicted_best_candidate());
   }
   return absl::OkStatus();
 }
@@ -361,24 +421,34 @@ void Finish(const Tally& t, v1::ValidationSummary* s) {
 
 absl::StatusOr<v1::ValidationSummary> Summarize(const std::vector<ValidationInput>& inputs,
                                                 const std::string& profile, int ranks, int hosts) {
-  if (inputs.empty()) return absl::InvalidArgumentError("validation: no layer configs");
+  if (inputs.empty()) return absl::InvalidArgumentError("validation: no configs");
+  const bool models = inputs.front().IsModel();
   v1::ValidationSummary s;
   s.set_profile(profile);
   s.set_ranks(ranks);
   s.set_hosts(hosts);
   s.set_configs(static_cast<int>(inputs.size()));
+  s.set_models(models);
   Tally t;
   for (const ValidationInput& in : inputs) {
-    MOEPLAN_ASSIGN_OR_RETURN(const PlansBySchedule measured,
-                             BySchedule(in.measured, in.name, "measured"));
-    MOEPLAN_ASSIGN_OR_RETURN(const PlansBySchedule predicted,
-                             BySchedule(in.predicted, in.name, "predicted"));
+    if (in.IsModel() != models) {
+      return absl::InvalidArgumentError(
+          Cat("config '", in.name,
+              "': layer configs and whole models cannot be mixed in one "
+              "validation"));
+    }
+    MOEPLAN_ASSIGN_OR_RETURN(const std::vector<Timeline> measured, TimelinesOf(in, true));
+    MOEPLAN_ASSIGN_OR_RETURN(const std::vector<Timeline> predicted, TimelinesOf(in, false));
     v1::ValidationConfig* c = s.add_results();
     c->set_name(in.name);
-    *c->mutable_layer() = in.layer;
+    if (models) {
+      *c->mutable_model() = in.model;
+    } else {
+      *c->mutable_layer() = in.layer;
+    }
     MOEPLAN_RETURN_IF_ERROR(AddPoints(in, measured, predicted, c, &t, &s));
-    ScoreSelection(measured, c, &t);
-    MOEPLAN_RETURN_IF_ERROR(MarkTies(in, c, &t));
+    ScoreSelection(c, &t);
+    MOEPLAN_RETURN_IF_ERROR(MarkTies(in, measured, c, &t));
   }
   Finish(t, &s);
   return s;

@@ -112,7 +112,8 @@ absl::Status ProfileCheckCmd(const ProfileCheckArgs& a);
 
 struct ValidateArgs {
   std::string profile;  // built-in name or file
-  std::string layers;   // moeplan.v1.LayerGrid
+  std::string layers;   // moeplan.v1.LayerGrid, or
+  std::string models;   // moeplan.v1.ModelGrid
   int ranks = 0;        // 0: the profile's nodes x gpus_per_node
   // Shell text run before moeplan-exec; {ranks} is replaced.
   std::string launcher = "mpirun -np {ranks}";
@@ -127,7 +128,8 @@ struct ValidateArgs {
   uint64_t seed = 1;
   std::string from_runs;  // an earlier --out-dir whose exec/ reports are re-predicted
 };
-// Runs every config (every schedule the layout allows), predicts them, and
+// Runs every config (every schedule the layout allows; every overlap variant
+// of a model), predicts them, and
 // writes OUT_DIR/report.md, plot.png (gnuplot), plot.dat, plot.gp, and the
 // configs, moeplan-exec reports and logs it ran; prints a summary (or the
 // moeplan.v1.ValidationSummary as JSON).

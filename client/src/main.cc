@@ -231,10 +231,17 @@ CLI::App* AddCalibrate(CLI::App* app, CalibrateArgs* a) {
 CLI::App* AddValidate(CLI::App* app, ValidateArgs* a) {
   CLI::App* validate = app->add_subcommand(
       "validate",
-      "Run moeplan-exec (under mpirun) on every config of a grid and schedule, predict the same "
-      "with the planner, and report the error (Markdown + PNG scatter plot)");
+      "Run moeplan-exec (under mpirun) on every config of a grid and schedule (or every model "
+      "and overlap variant), predict the same with the planner, and report the error (Markdown "
+      "+ PNG scatter plot)");
   validate->add_option("--profile", a->profile, "Profile to validate (name or file)")->required();
-  validate->add_option("--layers", a->layers, "Layer grid (moeplan.v1.LayerGrid JSON)")->required();
+  CLI::Option* layers =
+      validate->add_option("--layers", a->layers, "Layer grid (moeplan.v1.LayerGrid JSON)");
+  validate
+      ->add_option("--models", a->models,
+                   "Whole models instead (moeplan.v1.ModelGrid JSON): each run with "
+                   "moeplan-exec --model --variant all")
+      ->excludes(layers);
   validate->add_option("--ranks", a->ranks,
                        "Ranks to launch (default: the profile's nodes x GPUs)");
   validate
@@ -248,7 +255,8 @@ CLI::App* AddValidate(CLI::App* app, ValidateArgs* a) {
                    "should be measured with it too)")
       ->check(CLI::IsMember({"mpi", "nccl"}))
       ->capture_default_str();
-  validate->add_option("--iters", a->iters, "Timed iterations per schedule")->capture_default_str();
+  validate->add_option("--iters", a->iters, "Timed iterations per schedule or variant")
+      ->capture_default_str();
   validate
       ->add_option("--skew", a->skew,
                    "moeplan-exec --skew: bias every config's gate by a Zipf law of this exponent "

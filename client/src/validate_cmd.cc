@@ -1,6 +1,7 @@
 // `moeplan validate`: moeplan-exec run (under a launcher, mpirun by default) on
-// every config of a grid, the planner's prediction of the same runs, and the
-// error between them (calibration/validation.h, docs/calibration.md).
+// every config of a grid (layer configs or whole models: validate_subject.h),
+// the planner's prediction of the same runs, and the error between them
+// (calibration/validation.h, docs/calibration.md).
 #include <fmt/format.h>
 #include <sys/wait.h>
 
@@ -11,6 +12,7 @@
 #include <filesystem>
 #include <iterator>
 #include <map>
+#include <memory>
 #include <optional>
 #include <random>
 #include <string>
@@ -37,6 +39,7 @@
 #include "moeplan/v1/plan.pb.h"
 #include "moeplan/v1/profile.pb.h"
 #include "moeplan/v1/validation.pb.h"
+#include "validate_subject.h"
 
 namespace moeplan::client {
 
@@ -44,14 +47,6 @@ namespace fs = std::filesystem;
 namespace p = ::moeplan::planner;
 
 namespace {
-
-std::string ConfigName(size_t i, const v1::LayerConfig& l) {
-  return fmt::format(
-      "grid[{}] B={} L={} M={} H={} E={} k={} {} mp={} ep={} esp={}", i, l.batch_size(),
-      l.seq_len(), l.model_dim(), l.hidden_dim(), l.num_experts(), l.top_k(),
-      l.dropless() ? std::string("dropless") : fmt::format("f={:g}", l.capacity_factor()),
-      l.parallel().mp(), l.parallel().ep(), l.parallel().esp());
-}
 
 // The last non-empty line of a log: what moeplan-exec said before it stopped.
 std::string LastLine(const std::string& path) {
@@ -99,66 +94,21 @@ absl::StatusOr<Setup> Prepare(const ValidateArgs& a, const v1::ClusterProfile& p
   return setup;
 }
 
-// One config's outcome: what was measured and predicted, or why it did not run.
-struct ConfigRun {
-  std::optional<calibration::ValidationInput> input;
-  std::string skipped;  // without input: the report's line for the config
-};
-
-// "moeplan validate:   s1 1.2/1.3 ms ... (measured/predicted)" on stderr.
-void PrintTimes(const calibration::ValidationInput& in) {
-  std::string line = "moeplan validate:  ";
-  for (const v1::CandidatePlan& m : in.measured) {
-    for (const v1::CandidatePlan& pr : in.predicted) {
-      if (pr.schedule() != m.schedule()) continue;
-      fmt::format_to(std::back_inserter(line), " {} {:.1f}/{:.1f} ms",
-                     proto::ScheduleLabel(m.schedule()), m.total_us() / 1e3, pr.total_us() / 1e3);
-    }
-  }
-  fmt::print(stderr, "{} (measured/predicted)\n", line);
-}
-
-// The planner on what ran: the executor's element size, its schedules. A layout
-// the planner rejects skips the config.
-absl::StatusOr<ConfigRun> Predict(const std::string& name, const v1::ExecReport& report,
-                                  const calibration::LoadedProfile& profile,
-                                  p::LayerPlanner& planner) {
-  MOEPLAN_ASSIGN_OR_RETURN(p::LayerConfig ran_layer, proto::LayerFromProto(report.layer()));
-  v1::PlanLayerRequest request;
-  request.set_profile_name(profile.message.name());
-  request.set_include_timeline(true);
-  for (const v1::CandidatePlan& c : report.candidates()) request.add_schedules(c.schedule());
-  v1::PlanLayerResponse predicted;
-  absl::Status s = proto::AnswerPlanLayer(ran_layer, request, planner, profile.profile, &predicted);
-  if (!s.ok()) {
-    return ConfigRun{std::nullopt,
-                     fmt::format("{}: the planner rejects it: {}", name, View(s.message()))};
-  }
-  calibration::ValidationInput in;
-  in.name = name;
-  in.layer = report.layer();
-  in.measured.assign(report.candidates().begin(), report.candidates().end());
-  in.predicted.assign(predicted.candidates().begin(), predicted.candidates().end());
-  in.iterations.assign(report.iterations().begin(), report.iterations().end());
-  in.paired = report.interleaved();
-  PrintTimes(in);
-  return ConfigRun{std::move(in), ""};
-}
-
-// Writes config `i`, runs moeplan-exec on it under the launcher, keeps its
-// report and predicts it. A run that fails (e.g. a layout the executor rejects)
-// skips the config; one on another host count than the profile's is an error.
+// Writes config `i`, runs moeplan-exec on it under the launcher (or, with
+// --from-runs, reads the earlier run's report), keeps its report and predicts
+// it. A run that fails (e.g. a layout the executor rejects) skips the config;
+// one on another host count than the profile's is an error.
 absl::StatusOr<ConfigRun> RunConfig(const ValidateArgs& a, const Setup& setup,
                                     const calibration::LoadedProfile& profile,
-                                    p::LayerPlanner& planner,
-                                    const std::vector<v1::LayerConfig>& configs, size_t i) {
-  const v1::LayerConfig& layer = configs[i];
+                                    const p::CostModel& cost, const ValidationSubject& subject,
+                                    size_t i) {
   const std::string stem = fmt::format("{:03d}", i);
   const std::string config_file = (setup.dir / "configs" / (stem + ".json")).string();
   const std::string log_file = (setup.dir / "logs" / (stem + ".log")).string();
-  MOEPLAN_ASSIGN_OR_RETURN(std::string layer_json, proto::ToJson(layer));
-  MOEPLAN_RETURN_IF_ERROR(proto::WriteFileAtomic(config_file, layer_json + "\n"));
-  const std::string name = ConfigName(i, layer);
+  MOEPLAN_ASSIGN_OR_RETURN(std::string config_json, subject.ConfigJson(i));
+  MOEPLAN_RETURN_IF_ERROR(proto::WriteFileAtomic(config_file, config_json + "\n"));
+  const std::string name = subject.Name(i);
+  std::string json;
   if (!a.from_runs.empty()) {
     // An earlier run's report of the same config: re-predicted, not re-run.
     const std::string earlier = (fs::path(a.from_runs) / "exec" / (stem + ".json")).string();
@@ -167,43 +117,43 @@ absl::StatusOr<ConfigRun> RunConfig(const ValidateArgs& a, const Setup& setup,
       return ConfigRun{std::nullopt,
                        fmt::format("{}: not in --from-runs ({} missing)", name, earlier)};
     }
-    MOEPLAN_ASSIGN_OR_RETURN(std::string text, proto::ReadFile(earlier));
-    v1::ExecReport report;
-    MOEPLAN_RETURN_IF_ERROR(proto::ParseJson(text, &report));
-    if (ConfigName(i, report.layer()) != name) {
-      return absl::FailedPreconditionError(
-          fmt::format("--from-runs: {} ran another config than {} of {}", earlier, name, a.layers));
-    }
-    fmt::print(stderr, "moeplan validate: [{}/{}] {} (from {})\n", i + 1, configs.size(), name,
+    MOEPLAN_ASSIGN_OR_RETURN(json, proto::ReadFile(earlier));
+    fmt::print(stderr, "moeplan validate: [{}/{}] {} (from {})\n", i + 1, subject.size(), name,
                earlier);
-    return Predict(name, report, profile, planner);
+    absl::StatusOr<Measured> m = subject.Parse(i, json);
+    if (!m.ok()) {
+      return absl::Status(m.status().code(),
+                          Cat("--from-runs: ", earlier, ": ", View(m.status().message())));
+    }
+    return subject.Predict(std::move(m->input), profile, cost);
   }
-  const std::string command = fmt::format(
-      "{} {} --layer {} --backend {} --schedule all --json --iters {} --warmup {}{} "
-      "--profile {} 2>{}",
-      setup.launcher, ShellQuote(setup.exec), ShellQuote(config_file), a.backend, a.iters, a.warmup,
-      SkewFlag(a), ShellQuote(a.profile), ShellQuote(log_file));
-  fmt::print(stderr, "moeplan validate: [{}/{}] {}\n", i + 1, configs.size(), name);
+  const std::string command =
+      fmt::format("{} {} {} --backend {} --json --iters {} --warmup {}{} --profile {} 2>{}",
+                  setup.launcher, ShellQuote(setup.exec), subject.ExecArgs(config_file), a.backend,
+                  a.iters, a.warmup, SkewFlag(a), ShellQuote(a.profile), ShellQuote(log_file));
+  fmt::print(stderr, "moeplan validate: [{}/{}] {}\n", i + 1, subject.size(), name);
   MOEPLAN_ASSIGN_OR_RETURN(Ran ran, RunCommand(command));
-  v1::ExecReport report;
-  absl::Status parsed =
-      ran.exit_code == 0 ? proto::ParseJson(ran.out, &report) : absl::UnknownError("");
-  if (!parsed.ok()) {
+  absl::StatusOr<Measured> m =
+      ran.exit_code == 0 ? subject.Parse(i, ran.out) : absl::UnknownError("");
+  if (!m.ok()) {
     // A layout the executor rejects (or a failed run): listed, not fatal.
     std::string why = LastLine(log_file);
-    if (why.empty()) why = Cat("exit code ", ran.exit_code, View(parsed.message()));
+    if (why.empty()) why = Cat("exit code ", ran.exit_code, " ", View(m.status().message()));
     fmt::print(stderr, "moeplan validate:   skipped: {}\n", why);
     return ConfigRun{std::nullopt, fmt::format("{}: {} (log: {})", name, why, log_file)};
   }
   MOEPLAN_RETURN_IF_ERROR(
       proto::WriteFileAtomic((setup.dir / "exec" / (stem + ".json")).string(), ran.out));
-  if (report.hosts() != profile.message.nodes()) {
+  if (m->hosts != profile.message.nodes()) {
     return absl::FailedPreconditionError(fmt::format(
         "moeplan-exec ran on {} host(s) but profile {} describes {} node(s): validate where the "
         "profile was measured (e.g. inside scripts/testbed/testbed.sh with the same --nodes)",
-        report.hosts(), profile.message.name(), profile.message.nodes()));
+        m->hosts, profile.message.name(), profile.message.nodes()));
   }
-  return Predict(name, report, profile, planner);
+  ConfigRun run;
+  MOEPLAN_ASSIGN_OR_RETURN(run, subject.Predict(std::move(m->input), profile, cost));
+  if (!run.input.has_value()) fmt::print(stderr, "moeplan validate:   skipped: {}\n", run.skipped);
+  return run;
 }
 
 // The files written next to the runs' files.
@@ -216,15 +166,16 @@ struct Written {
 // warning on stderr where not), and writes report.md, which lists the configs
 // not run last.
 absl::StatusOr<Written> WriteReport(const ValidateArgs& a, const Setup& setup,
+                                    const ValidationSubject& subject,
                                     const v1::ClusterProfile& profile,
                                     const v1::ValidationSummary& summary,
                                     const std::vector<std::string>& skipped,
                                     const std::string& section) {
   calibration::ReportContext ctx;
   if (a.from_runs.empty()) {
-    ctx.command = fmt::format(
-        "{} {} --layer CONFIG --backend {} --schedule all --json --iters {} --warmup {}{}",
-        setup.launcher, setup.exec, a.backend, a.iters, a.warmup, SkewFlag(a));
+    ctx.command = fmt::format("{} {} {} --backend {} --json --iters {} --warmup {}{}",
+                              setup.launcher, setup.exec, subject.ExecArgs("CONFIG"), a.backend,
+                              a.iters, a.warmup, SkewFlag(a));
   } else {
     ctx.from_runs = a.from_runs;
   }
@@ -267,23 +218,25 @@ absl::Status PrintSummary(bool json, const v1::ValidationSummary& summary, size_
     MOEPLAN_ASSIGN_OR_RETURN(std::string text, proto::ToJson(summary));
     return WriteStdout(text + "\n");
   }
-  // Selection needs two or more schedules of a config measured (the report
-  // says the same); one-rank grids have one.
+  // Selection needs two or more candidates of a config measured (the report
+  // says the same); one-rank layer grids have one schedule.
+  const std::string_view noun = summary.models() ? "variant" : "schedule";
   int choice = 0;
   for (const v1::ValidationConfig& c : summary.results()) choice += c.points_size() >= 2 ? 1 : 0;
   const std::string selection =
-      choice == 0 ? std::string("selection: not measured (no config ran two or more schedules)\n")
+      choice == 0 ? fmt::format("selection: not measured (no config ran two or more {}s)\n", noun)
                   : fmt::format(
                         "selection: predicted best = measured best in {:.1f} % of {} configs; "
                         "mean regret {:.2f} %\n",
                         summary.selection_accuracy_pct(), choice, summary.mean_regret_pct());
   return WriteStdout(fmt::format(
-      "validated {} configs x schedules = {} points on {} ({} ranks, {} hosts){}\n"
+      "validated {} configs x {}s = {} points on {} ({} ranks, {} hosts){}\n"
       "total time: MAPE {:.1f} %, p90 {:.1f} %, max {:.1f} % ({})\n"
       "{}"
       "{}"
       "report: {}{}\n",
-      summary.configs(), summary.points(), summary.profile(), summary.ranks(), summary.hosts(),
+      summary.configs(), noun, summary.points(), summary.profile(), summary.ranks(),
+      summary.hosts(),
       skipped == 0 ? "" : fmt::format("; {} configs not run (see the report)", skipped),
       summary.mape_pct(), summary.p90_pct(), summary.max_pct(), summary.worst_config(), selection,
       summary.paired_configs() == 0
@@ -299,16 +252,14 @@ absl::Status PrintSummary(bool json, const v1::ValidationSummary& summary, size_
 
 namespace {
 
-// The --holdout split: within each layout (parallel mp/ep/esp), a seeded
-// shuffle, the first round(fraction x n) held out (at least one config stays
-// in the fit part). True at index i: held out.
-std::vector<bool> HoldoutSplit(const std::vector<calibration::ValidationInput>& inputs,
+// The --holdout split: within each layout (parallel mp/ep/esp, and dp for
+// models), a seeded shuffle, the first round(fraction x n) held out (at least
+// one config stays in the fit part). True at index i: held out.
+std::vector<bool> HoldoutSplit(const ValidationSubject& subject,
+                               const std::vector<calibration::ValidationInput>& inputs,
                                double fraction, uint64_t seed) {
   std::map<std::string, std::vector<size_t>> layouts;
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    const auto& par = inputs[i].layer.parallel();
-    layouts[fmt::format("{}/{}/{}", par.mp(), par.ep(), par.esp())].push_back(i);
-  }
+  for (size_t i = 0; i < inputs.size(); ++i) layouts[subject.Layout(inputs[i])].push_back(i);
   std::vector<bool> held(inputs.size(), false);
   std::mt19937_64 rng(seed);
   for (auto& [layout, idx] : layouts) {
@@ -331,20 +282,25 @@ std::vector<calibration::ValidationInput> Part(const std::vector<calibration::Va
   return out;
 }
 
-// The inputs again with `planner`'s predictions (the measurements unchanged).
-absl::StatusOr<std::vector<calibration::ValidationInput>> Repredict(
-    const std::vector<calibration::ValidationInput>& inputs,
-    const calibration::LoadedProfile& profile, p::LayerPlanner& planner) {
-  std::vector<calibration::ValidationInput> out;
+// The inputs again with the predictions of `profile` (the measurements
+// unchanged), each next to its prediction by the profile alone; configs it
+// cannot predict (a model whose plans it would change) go to `dropped`.
+struct Repredicted {
+  std::vector<calibration::ValidationInput> refit, base;
+};
+absl::StatusOr<Repredicted> Repredict(const ValidationSubject& subject,
+                                      const std::vector<calibration::ValidationInput>& inputs,
+                                      const calibration::LoadedProfile& profile,
+                                      const p::CostModel& cost, std::vector<std::string>* dropped) {
+  Repredicted out;
   for (const calibration::ValidationInput& in : inputs) {
-    v1::ExecReport report;
-    *report.mutable_layer() = in.layer;
-    for (const v1::CandidatePlan& m : in.measured) *report.add_candidates() = m;
-    for (const v1::ScheduleIterations& it : in.iterations) *report.add_iterations() = it;
-    report.set_interleaved(in.paired);
-    MOEPLAN_ASSIGN_OR_RETURN(ConfigRun run, Predict(in.name, report, profile, planner));
-    if (!run.input.has_value()) return absl::InternalError(run.skipped);
-    out.push_back(*std::move(run.input));
+    MOEPLAN_ASSIGN_OR_RETURN(ConfigRun run, subject.Predict(in, profile, cost));
+    if (!run.input.has_value()) {
+      dropped->push_back(std::move(run.skipped));
+      continue;
+    }
+    out.refit.push_back(*std::move(run.input));
+    out.base.push_back(in);
   }
   return out;
 }
@@ -362,6 +318,10 @@ std::string SummaryRow(std::string_view part, std::string_view model,
 }  // namespace
 
 absl::Status ValidateCmd(const ValidateArgs& a) {
+  if (a.layers.empty() == a.models.empty()) {
+    return absl::InvalidArgumentError(
+        "give one of --layers GRID (layer configs) or --models GRID (whole models)");
+  }
   MOEPLAN_ASSIGN_OR_RETURN(calibration::LoadedProfile profile, calibration::LoadProfile(a.profile));
   if (a.holdout < 0.0 || a.holdout > 0.9) {
     return absl::InvalidArgumentError(Cat("--holdout: must be in [0, 0.9] (got ", a.holdout, ")"));
@@ -379,15 +339,15 @@ absl::Status ValidateCmd(const ValidateArgs& a) {
     MOEPLAN_ASSIGN_OR_RETURN(profile.profile, proto::ProfileFromProto(profile.message));
   }
   MOEPLAN_ASSIGN_OR_RETURN(p::CostModel cost, p::CostModel::Create(profile.profile));
-  v1::LayerGrid grid;
-  MOEPLAN_ASSIGN_OR_RETURN(std::vector<v1::LayerConfig> configs, ReadGrid(a.layers, &grid));
+  const std::string& grid_file = a.layers.empty() ? a.models : a.layers;
+  MOEPLAN_ASSIGN_OR_RETURN(std::unique_ptr<ValidationSubject> subject,
+                           a.layers.empty() ? ModelSubject(a.models) : LayerSubject(a.layers));
   MOEPLAN_ASSIGN_OR_RETURN(Setup setup, Prepare(a, profile.message));
 
-  p::LayerPlanner planner(cost);
   std::vector<calibration::ValidationInput> inputs;
   std::vector<std::string> skipped;
-  for (size_t i = 0; i < configs.size(); ++i) {
-    MOEPLAN_ASSIGN_OR_RETURN(ConfigRun run, RunConfig(a, setup, profile, planner, configs, i));
+  for (size_t i = 0; i < subject->size(); ++i) {
+    MOEPLAN_ASSIGN_OR_RETURN(ConfigRun run, RunConfig(a, setup, profile, cost, *subject, i));
     if (run.input.has_value()) {
       inputs.push_back(*std::move(run.input));
     } else {
@@ -395,7 +355,7 @@ absl::Status ValidateCmd(const ValidateArgs& a) {
     }
   }
   if (inputs.empty()) {
-    return absl::FailedPreconditionError(Cat("no config of ", a.layers, " ran (", skipped.size(),
+    return absl::FailedPreconditionError(Cat("no config of ", grid_file, " ran (", skipped.size(),
                                              " skipped; first: ", skipped.empty() ? "" : skipped[0],
                                              ")"));
   }
@@ -405,16 +365,16 @@ absl::Status ValidateCmd(const ValidateArgs& a) {
   if (!holdout) {
     MOEPLAN_ASSIGN_OR_RETURN(v1::ValidationSummary summary,
                              calibration::Summarize(inputs, name, setup.ranks, hosts));
-    MOEPLAN_ASSIGN_OR_RETURN(Written written,
-                             WriteReport(a, setup, profile.message, summary, skipped, ""));
+    MOEPLAN_ASSIGN_OR_RETURN(
+        Written written, WriteReport(a, setup, *subject, profile.message, summary, skipped, ""));
     return PrintSummary(a.json, summary, skipped.size(), written);
   }
 
   // --holdout: fit op corrections on one part, judge them on the other.
-  const std::vector<bool> held = HoldoutSplit(inputs, a.holdout, a.seed);
-  const std::vector<calibration::ValidationInput> fit_base = Part(inputs, held, false);
-  const std::vector<calibration::ValidationInput> held_base = Part(inputs, held, true);
-  if (held_base.empty()) {
+  const std::vector<bool> held = HoldoutSplit(*subject, inputs, a.holdout, a.seed);
+  const std::vector<calibration::ValidationInput> fit_part = Part(inputs, held, false);
+  const std::vector<calibration::ValidationInput> held_part = Part(inputs, held, true);
+  if (held_part.empty()) {
     return absl::FailedPreconditionError(
         Cat("--holdout ", a.holdout, ": no config is held out of the ", inputs.size(),
             " that ran (each layout keeps at least one for the fit); raise --holdout"));
@@ -422,47 +382,63 @@ absl::Status ValidateCmd(const ValidateArgs& a) {
   calibration::OpContextOptions fit_options;
   fit_options.seed = a.seed;
   MOEPLAN_ASSIGN_OR_RETURN(std::vector<v1::OpContext> ops,
-                           calibration::FitOpContexts(fit_base, fit_options));
+                           calibration::FitOpContexts(fit_part, fit_options));
   calibration::LoadedProfile refit;
   refit.message = profile.message;
   refit.message.set_version(profile.message.version() + 1);
   v1::ContextModel* ctx = refit.message.mutable_context();
   for (v1::OpContext& c : ops) *ctx->add_ops() = c;
   ctx->set_ops_fitted_on(fmt::format(
-      "moeplan validate --holdout {} --seed {}: {} of the {} configs of {} ({}), measured on {} "
+      "moeplan validate --holdout {} --seed {}: {} of the {} {}s of {} ({}), measured on {} "
       "host(s) x {} ranks",
-      a.holdout, a.seed, fit_base.size(), inputs.size(), a.layers, grid.name(), hosts,
-      setup.ranks));
+      a.holdout, a.seed, fit_part.size(), inputs.size(), subject->noun(), grid_file,
+      subject->grid_name(), hosts, setup.ranks));
   MOEPLAN_ASSIGN_OR_RETURN(refit.profile, proto::ProfileFromProto(refit.message));
   MOEPLAN_ASSIGN_OR_RETURN(p::CostModel refit_cost, p::CostModel::Create(refit.profile));
-  p::LayerPlanner refit_planner(refit_cost);
-  MOEPLAN_ASSIGN_OR_RETURN(const std::vector<calibration::ValidationInput> fit_refit,
-                           Repredict(fit_base, refit, refit_planner));
-  MOEPLAN_ASSIGN_OR_RETURN(const std::vector<calibration::ValidationInput> held_refit,
-                           Repredict(held_base, refit, refit_planner));
+  std::vector<std::string> dropped;
+  MOEPLAN_ASSIGN_OR_RETURN(const Repredicted fit,
+                           Repredict(*subject, fit_part, refit, refit_cost, &dropped));
+  MOEPLAN_ASSIGN_OR_RETURN(const Repredicted held_out,
+                           Repredict(*subject, held_part, refit, refit_cost, &dropped));
+  if (held_out.refit.empty() || fit.refit.empty()) {
+    return absl::FailedPreconditionError(Cat(
+        "--holdout: the refitted profile plans other plans than ran for every config of one part "
+        "(first: ",
+        dropped.empty() ? "" : dropped[0], "): validate again with it instead"));
+  }
   const std::string refit_file = (setup.dir / "refit-profile.json").string();
   MOEPLAN_ASSIGN_OR_RETURN(std::string refit_json, proto::ToJson(refit.message));
   MOEPLAN_RETURN_IF_ERROR(proto::WriteFileAtomic(refit_file, refit_json + "\n"));
 
   MOEPLAN_ASSIGN_OR_RETURN(v1::ValidationSummary s_held,
-                           calibration::Summarize(held_refit, name, setup.ranks, hosts));
+                           calibration::Summarize(held_out.refit, name, setup.ranks, hosts));
   MOEPLAN_ASSIGN_OR_RETURN(v1::ValidationSummary s_held_base,
-                           calibration::Summarize(held_base, name, setup.ranks, hosts));
+                           calibration::Summarize(held_out.base, name, setup.ranks, hosts));
   MOEPLAN_ASSIGN_OR_RETURN(v1::ValidationSummary s_fit,
-                           calibration::Summarize(fit_refit, name, setup.ranks, hosts));
+                           calibration::Summarize(fit.refit, name, setup.ranks, hosts));
   MOEPLAN_ASSIGN_OR_RETURN(v1::ValidationSummary s_fit_base,
-                           calibration::Summarize(fit_base, name, setup.ranks, hosts));
+                           calibration::Summarize(fit.base, name, setup.ranks, hosts));
   std::string section = fmt::format(
       "## Held-out validation\n\n"
       "`--holdout {} --seed {}`: of the {} configs that ran, {} (a seeded {:.0f} % of each layout) "
       "were held out; in-context op corrections (offset + scale × the profile's cost of the op, "
       "docs/cost-model.md \"In context\") were fitted on the other {} and written with the "
       "profile as `refit-profile.json` (version {}). The rest of this report is about the "
-      "held-out configs, predicted with the refitted profile: configs the fit never saw.\n\n"
-      "| configs | model | n | MAPE % | p90 % | max % | selection % | ties counted % | mean "
-      "regret % | max regret % |\n|---|---|---:|---:|---:|---:|---:|---:|---:|---:|\n",
-      a.holdout, a.seed, inputs.size(), held_base.size(), a.holdout * 100.0, fit_base.size(),
+      "held-out configs, predicted with the refitted profile: configs the fit never saw.\n\n",
+      a.holdout, a.seed, inputs.size(), held_part.size(), a.holdout * 100.0, fit_part.size(),
       refit.message.version());
+  if (!dropped.empty()) {
+    fmt::format_to(std::back_inserter(section),
+                   "{} config{} left out of the comparison: the refitted profile plans another "
+                   "plan than ran (measure {} again with it):\n\n",
+                   dropped.size(), dropped.size() == 1 ? " is" : "s are",
+                   dropped.size() == 1 ? "it" : "them");
+    for (const std::string& d : dropped) section += "- " + d + "\n";
+    section += "\n";
+  }
+  section +=
+      "| configs | model | n | MAPE % | p90 % | max % | selection % | ties counted % | mean "
+      "regret % | max regret % |\n|---|---|---:|---:|---:|---:|---:|---:|---:|---:|\n";
   section += SummaryRow("held out", "refitted", s_held);
   section += SummaryRow("held out", "profile alone", s_held_base);
   section += SummaryRow("fit", "refitted", s_fit);
@@ -470,13 +446,13 @@ absl::Status ValidateCmd(const ValidateArgs& a) {
   section += "\nCorrections fitted (scale ± is the half-width of its bootstrap 95 % interval):\n\n";
   section += calibration::RenderOpContexts(ops);
   section += "\n";
-  MOEPLAN_ASSIGN_OR_RETURN(Written written,
-                           WriteReport(a, setup, refit.message, s_held, skipped, section));
+  MOEPLAN_ASSIGN_OR_RETURN(
+      Written written, WriteReport(a, setup, *subject, refit.message, s_held, skipped, section));
   fmt::print(stderr,
              "moeplan validate: held out {} of {} configs; fit part: MAPE {:.1f} % (profile "
              "alone {:.1f} %); held out with the profile alone: MAPE {:.1f} %; refitted profile: "
              "{}\n",
-             held_base.size(), inputs.size(), s_fit.mape_pct(), s_fit_base.mape_pct(),
+             held_part.size(), inputs.size(), s_fit.mape_pct(), s_fit_base.mape_pct(),
              s_held_base.mape_pct(), refit_file);
   return PrintSummary(a.json, s_held, skipped.size(), written);
 }

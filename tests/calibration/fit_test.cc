@@ -1208,6 +1208,15 @@ TEST(OpContextTest, BaseNames) {
   EXPECT_EQ(OpBaseName("fwd.expert.1.p0"), "fwd.expert");
   EXPECT_EQ(OpBaseName("fwd.ep_alltoall_combine"), "fwd.ep_alltoall_combine");
   EXPECT_EQ(OpBaseName("gate"), "gate");
+  // A model's ops: block and MoE scope in front go too.
+  EXPECT_EQ(OpBaseName("b3.moe.fwd.saa_dispatch.alltoall.2.p1"), "fwd.saa_dispatch.alltoall");
+  EXPECT_EQ(OpBaseName("b12.fwd.qkv.p0"), "fwd.qkv");
+  EXPECT_EQ(OpBaseName("b0.bwd.fc1"), "bwd.fc1");
+  EXPECT_EQ(OpBaseName("moe.fwd.gate"), "fwd.gate");
+  // Only "b<digits>." is a block.
+  EXPECT_EQ(OpBaseName("bwd.fc1"), "bwd.fc1");
+  EXPECT_EQ(OpBaseName("b.fwd"), "b.fwd");
+  EXPECT_EQ(OpBaseName("b1x.fwd"), "b1x.fwd");
 }
 
 TEST(OpContextTest, RecoversOffsetAndScalePerOpAndPoolsSteps) {

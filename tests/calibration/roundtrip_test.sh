@@ -2,9 +2,10 @@
 # The calibration round trip as an operator runs it (label "mpi"), short:
 #   roundtrip_test.sh MOEPLAN_PROFILE MOEPLAN_CLI MOEPLAN_EXEC SOURCE_DIR
 # mpirun -np 4 moeplan-profile --quick -> moeplan calibrate -> moeplan validate
-# (4 ranks, a 4-config grid): the samples are checked and complete, the fitted
-# profile is measured and has the fits the planner needs, and the validation
-# writes its report, its plot and a JSON summary with the documented keys.
+# (4 ranks, a 4-config layer grid, then 2 whole models x 5 variants): the
+# samples are checked and complete, the fitted profile is measured and has the
+# fits the planner needs, and the validations write their reports, plots and
+# JSON summaries with the documented keys.
 set -uo pipefail
 PROFILE_BIN=$1 CLI=$2 EXEC=$3 SRC=$4
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
@@ -122,6 +123,71 @@ PYEOF
 grep -q "Measured earlier: these are the moeplan-exec reports in \`$TMP/val/exec\`" "$TMP/val2/report.md" ||
   bad "the --from-runs report does not name the earlier run"
 grep -q "Measured with" "$TMP/val2/report.md" && bad "the --from-runs report shows a command it did not run"
+
+# 5. Whole models: every variant of 2 models, interleaved, then re-predicted.
+if ! timeout 600 "$CLI" validate --profile "$TMP/cpu-quick.json" --models "$SRC/tests/calibration/quick-models.json" \
+    --exec "$EXEC" --iters 5 --warmup 1 --out-dir "$TMP/valm" --json >"$TMP/models.json" 2>"$TMP/validatem.err"; then
+  bad "validate --models failed: $(tail -5 "$TMP/validatem.err")"
+fi
+if ! "$CLI" validate --profile "$TMP/cpu-quick.json" --models "$SRC/tests/calibration/quick-models.json" \
+    --from-runs "$TMP/valm" --exec /nonexistent --out-dir "$TMP/valm2" --json >"$TMP/models2.json" 2>"$TMP/validatem2.err"; then
+  bad "validate --models --from-runs failed: $(tail -5 "$TMP/validatem2.err")"
+fi
+$PY - "$TMP/models.json" "$TMP/models2.json" <<'PYEOF' || fail=1
+import json, sys
+a, b = (json.load(open(f)) for f in sys.argv[1:3])
+ok = True
+def check(cond, msg):
+    global ok
+    if not cond: print("FAIL:", msg, file=sys.stderr); ok = False
+check(a.get("models") is True, "the summary does not say it is of models")
+check(a.get("configs") == 2 and a.get("points") == 10,
+      f"expected 2 models x 5 variants, got {a.get('configs')} x {a.get('points')}")
+check(a.get("paired_configs") == 2, "expected both models' iterations paired")
+check(a.get("unmatched_ops", 0) == 0, "measured ops the planner does not name")
+for c in a.get("results", []):
+    names = [p["candidate"] for p in c["points"]]
+    check(names == ["none", "tutel", "dw", "partition", "lancet"], f"{c['name']}: variants {names}")
+    check("model" in c and "layer" not in c, f"{c['name']}: not a model config")
+    check(c.get("measured_best_candidate") in c.get("measured_tied_candidates", []),
+          f"{c['name']}: measured best not among its ties")
+ops = {o["op"] for o in a.get("ops", [])}
+for op in ("fwd.qkv", "fwd.ep_alltoall_dispatch", "bwd.grad_allreduce", "optimizer.step"):
+    check(op in ops, f"no per-op error for {op}")
+check(abs(a["mape_pct"] - b.get("mape_pct", -1)) < 1e-9 and a.get("points") == b.get("points"),
+      "--from-runs did not reproduce the models' errors")
+sys.exit(0 if ok else 1)
+PYEOF
+grep -q "| points (config × variant) | 10 |" "$TMP/valm/report.md" || bad "the models' report has no variant points"
+grep -q -- "--model 'CONFIG' --variant all" "$TMP/valm/report.md" || bad "the models' report does not show the command"
+[ "$(find "$TMP/valm/exec" -name "*.json" | wc -l)" = 2 ] || bad "expected 2 saved moeplan-exec --model reports"
+
+# 6. Bad grids and flags: one line naming the field, nothing run.
+expect_error() {  # expect_error WANT ARGS...: fails unless the CLI fails saying WANT
+  local want=$1; shift
+  if "$CLI" validate --profile "$TMP/cpu-quick.json" --exec /nonexistent --out-dir "$TMP/bad" "$@" \
+      >"$TMP/bad.out" 2>"$TMP/bad.err"; then
+    bad "validate $* succeeded"
+  elif ! grep -qF -- "$want" "$TMP/bad.err"; then
+    bad "validate $*: expected '$want', got: $(cat "$TMP/bad.err")"
+  fi
+}
+expect_error "give one of --layers GRID (layer configs) or --models GRID (whole models)"
+expect_error "excludes" --layers "$SRC/tests/calibration/quick-grid.json" \
+  --models "$SRC/tests/calibration/quick-models.json"
+echo '{"name": "g", "models": []}' >"$TMP/empty.json"
+expect_error "empty.json: models: must list a model" --models "$TMP/empty.json"
+echo '{"models": [{"name": "a", "num_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "ffn_hidden_size": 128, "seq_length": 32, "micro_batch_size": 2, "moe": {"layer_freq": 1, "num_experts": 8, "top_k": 2, "capacity_factor": 1, "expert_ffn_hidden_size": 64, "gate": "GATE_TOP_K"}, "parallel": {"mp": 1, "ep": 4, "esp": 1, "dp": 4}}]}' >"$TMP/one.json"
+$PY - "$TMP/one.json" "$TMP/twice.json" "$TMP/zero.json" <<'PYEOF'
+import json, sys
+g = json.load(open(sys.argv[1]))
+json.dump({"models": g["models"] * 2}, open(sys.argv[2], "w"))
+g["models"][0]["num_layers"] = 0
+json.dump(g, open(sys.argv[3], "w"))
+PYEOF
+expect_error "twice.json: models[1].name: 'a' is also models[0]'s name" --models "$TMP/twice.json"
+expect_error "zero.json: models[0].num_layers: must be between 1 and" --models "$TMP/zero.json"
+[ -e "$TMP/bad/report.md" ] && bad "a rejected grid wrote a report"
 
 [ $fail = 0 ] && echo "roundtrip: all checks passed"
 exit $fail

@@ -434,6 +434,155 @@ TEST(PlotDataTest, OneBlockPerSchedule) {
   EXPECT_THAT(data, HasSubstr("index 0, 1, ...): default s1 s2\n"));
 }
 
+v1::VariantPlan Variant(const std::string& name, double iteration_us) {
+  v1::VariantPlan v;
+  v.set_name(name);
+  v.set_iteration_us(iteration_us);
+  return v;
+}
+
+void AddOp(v1::VariantPlan* v, const std::string& name, double start_us, double end_us) {
+  v1::OpTiming* op = v->add_ops();
+  op->set_name(name);
+  op->set_start_us(start_us);
+  op->set_end_us(end_us);
+}
+
+v1::VariantIterations VariantIters(const std::string& v, std::vector<double> totals) {
+  v1::VariantIterations it;
+  it.set_variant(v);
+  for (double t : totals) it.add_total_us(t);
+  return it;
+}
+
+ValidationInput ModelConfig(const std::string& name, std::vector<v1::VariantPlan> measured,
+                            std::vector<v1::VariantPlan> predicted) {
+  ValidationInput in;
+  in.name = name;
+  in.model.set_name(name);
+  in.model.set_num_layers(2);
+  in.measured_variants = std::move(measured);
+  in.predicted_variants = std::move(predicted);
+  return in;
+}
+
+// Whole models: candidates are variants, matched by name, in the measured
+// order (not alphabetical), with the per-op errors pooled over blocks.
+//   m1: none 1000 -> 900 (-10 %), lancet 800 -> 840 (+5 %), dw 850 -> 850 (0)
+//       measured best lancet, predicted best lancet: a hit
+//   m2: none 2000 -> 1800 (-10 %), lancet 1900 -> 1710 (-10 %)
+//       measured best lancet, predicted best lancet: a hit
+// |errors| 10 5 0 10 10: MAPE 35/5 = 7; worst 10 (m1 none, first seen).
+TEST(SummarizeTest, WholeModelsAreValidatedByVariant) {
+  ValidationInput m1 = ModelConfig(
+      "m1", {Variant("none", 1000), Variant("lancet", 800), Variant("dw", 850)},
+      {Variant("dw", 850), Variant("lancet", 840), Variant("none", 900), Variant("tutel", 1)});
+  AddOp(&m1.measured_variants[0], "b0.fwd.qkv", 0, 100);
+  AddOp(&m1.measured_variants[0], "b1.fwd.qkv", 100, 200);
+  AddOp(&m1.measured_variants[0], "b1.moe.fwd.ep_alltoall_dispatch.p1", 200, 350);
+  AddOp(&m1.predicted_variants[2], "b0.fwd.qkv", 0, 110);
+  AddOp(&m1.predicted_variants[2], "b1.fwd.qkv", 110, 200);
+  AddOp(&m1.predicted_variants[2], "b1.moe.fwd.ep_alltoall_dispatch.p1", 200, 275);
+  ValidationInput m2 = ModelConfig("m2", {Variant("none", 2000), Variant("lancet", 1900)},
+                                   {Variant("none", 1800), Variant("lancet", 1710)});
+  absl::StatusOr<v1::ValidationSummary> s = Summarize({m1, m2}, "testbed", 4, 2);
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_TRUE(s->models());
+  EXPECT_EQ(s->points(), 5);
+  EXPECT_DOUBLE_EQ(s->mape_pct(), 7.0);
+  EXPECT_EQ(s->worst_config(), "m1");
+  EXPECT_EQ(s->worst_candidate(), "none");
+  EXPECT_EQ(s->worst_schedule(), v1::SCHEDULE_UNSPECIFIED);
+  ASSERT_EQ(s->results_size(), 2);
+  const v1::ValidationConfig& c = s->results(0);
+  EXPECT_EQ(c.model().name(), "m1");
+  EXPECT_FALSE(c.has_layer());
+  ASSERT_EQ(c.points_size(), 3);
+  EXPECT_EQ(c.points(0).candidate(), "none");
+  EXPECT_EQ(c.points(1).candidate(), "lancet");
+  EXPECT_EQ(c.points(2).candidate(), "dw");
+  EXPECT_DOUBLE_EQ(c.points(1).error_pct(), 5.0);
+  EXPECT_EQ(c.measured_best_candidate(), "lancet");
+  EXPECT_EQ(c.predicted_best_candidate(), "lancet");
+  EXPECT_DOUBLE_EQ(s->selection_accuracy_pct(), 100.0);
+  // qkv: 100 -> 110 (+10 %) and 100 -> 90 (-10 %) pooled over blocks; the
+  // dispatch: 150 -> 75 (-50 %), its part ".p1" and scope "moe." dropped.
+  ASSERT_EQ(s->ops_size(), 2);
+  EXPECT_EQ(s->ops(0).op(), "fwd.qkv");
+  EXPECT_EQ(s->ops(0).count(), 2);
+  EXPECT_DOUBLE_EQ(s->ops(0).mape_pct(), 10.0);
+  EXPECT_DOUBLE_EQ(s->ops(0).mean_signed_pct(), 0.0);
+  EXPECT_EQ(s->ops(1).op(), "fwd.ep_alltoall_dispatch");
+  EXPECT_DOUBLE_EQ(s->ops(1).mean_signed_pct(), -50.0);
+
+  const std::string md = RenderMarkdown(*s, {});
+  EXPECT_THAT(md, HasSubstr("of whole models, for 2 models and every overlap variant"));
+  EXPECT_THAT(md, HasSubstr("| points (config × variant) | 5 |"));
+  EXPECT_THAT(md, HasSubstr("| max absolute error | 10.0 % (m1, none) |"));
+  EXPECT_THAT(md, HasSubstr("## Error by variant\n\n| variant | points |"));
+  EXPECT_THAT(md, HasSubstr("| none | 2 | 10.0 |"));
+  EXPECT_THAT(md, HasSubstr("| dw | 1 | 0.0 |"));
+  EXPECT_THAT(md, HasSubstr("None: the predicted best variant measured fastest in every config."));
+  // Columns in first-seen order: none, lancet, dw; m2 has no dw.
+  EXPECT_THAT(md,
+              HasSubstr("| config | none meas ms | none pred ms | none err % | lancet meas ms |"));
+  EXPECT_THAT(md, HasSubstr("| m2 | 2.000 | 1.800 | -10.0 | 1.900 | 1.710 | -10.0 | – | – | – | "
+                            "lancet | lancet | 0.0 | – |"));
+  EXPECT_THAT(md, Not(HasSubstr("schedule")));
+
+  const std::string data = PlotData(*s);
+  EXPECT_THAT(data, HasSubstr("index 0, 1, ...): none lancet dw\n# variant measured_ms"));
+  EXPECT_THAT(data, HasSubstr("predicted vs measured training iteration time"));
+  EXPECT_THAT(GnuplotScript(*s, "d.dat", "p.png"),
+              HasSubstr("set xlabel 'measured training iteration time (ms)'"));
+}
+
+// Variants' paired iterations decide ties as schedules' do, and a model's
+// bad input names the variant.
+TEST(SummarizeTest, WholeModelTiesAndErrorsNameTheVariant) {
+  ValidationInput m = ModelConfig("m", {Variant("none", 1010), Variant("lancet", 1000)},
+                                  {Variant("none", 900), Variant("lancet", 950)});
+  m.paired = true;
+  m.variant_iterations = {VariantIters("none", {1010, 990, 1020, 1005, 1030, 980}),
+                          VariantIters("lancet", {1000, 1000, 1000, 1000, 1000, 1000})};
+  absl::StatusOr<v1::ValidationSummary> s = Summarize({m}, "p", 4, 2);
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->results(0).measured_best_candidate(), "lancet");
+  EXPECT_EQ(s->results(0).predicted_best_candidate(), "none");
+  EXPECT_THAT(s->results(0).measured_tied_candidates(), ::testing::ElementsAre("none", "lancet"));
+  EXPECT_TRUE(s->results(0).measured_tied().empty());  // layers only
+  EXPECT_DOUBLE_EQ(s->selection_accuracy_tied_pct(), 100.0);
+  EXPECT_THAT(RenderMarkdown(*s, {}), HasSubstr("(moeplan-exec `--variant all`)"));
+
+  ValidationInput bad = m;
+  bad.variant_iterations[1] = VariantIters("lancet", {1000, 1000});
+  s = Summarize({bad}, "p", 4, 2);
+  EXPECT_THAT(s.status().message(),
+              HasSubstr("config 'm', variant lancet: 2 paired iterations where another variant "
+                        "has 6"));
+  bad = m;
+  bad.measured_variants.push_back(Variant("none", 5));
+  s = Summarize({bad}, "p", 4, 2);
+  EXPECT_THAT(s.status().message(), HasSubstr("config 'm': variant none measured twice"));
+  bad = m;
+  bad.measured_variants[0].set_iteration_us(0);
+  s = Summarize({bad}, "p", 4, 2);
+  EXPECT_THAT(s.status().message(),
+              HasSubstr("config 'm', variant none: measured iteration_us must be finite and > 0"));
+  bad = ModelConfig("lonely", {Variant("none", 1)}, {Variant("dw", 1)});
+  s = Summarize({bad}, "p", 4, 2);
+  EXPECT_THAT(s.status().message(), HasSubstr("no variant is both measured and predicted"));
+  // Layers and models do not mix, in one config or one summary.
+  bad = m;
+  bad.measured.push_back(Plan(v1::SCHEDULE_S1, 1));
+  s = Summarize({bad}, "p", 4, 2);
+  EXPECT_THAT(s.status().message(), HasSubstr("has both schedules (a layer) and variants"));
+  s = Summarize({m, Config("layer", {Plan(v1::SCHEDULE_S1, 1)}, {Plan(v1::SCHEDULE_S1, 1)})}, "p",
+                4, 2);
+  EXPECT_THAT(s.status().message(),
+              HasSubstr("config 'layer': layer configs and whole models cannot be mixed"));
+}
+
 TEST(GnuplotScriptTest, QuotesPathsAndPlotsEverySchedule) {
   absl::StatusOr<v1::ValidationSummary> s = Summarize(TwoByThree(), "h200", 8, 2);
   ASSERT_TRUE(s.ok()) << s.status();

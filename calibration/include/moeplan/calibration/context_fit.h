@@ -28,19 +28,20 @@ struct OpContextOptions {
   double tolerance = 0.10;  // for the fit quality's "holds" range
 };
 
-// "fwd.saa_dispatch.alltoall.3" -> "fwd.saa_dispatch.alltoall" (a trailing
-// numeric step or ".p<part>" removed); other names unchanged.
+// The planner's base name of an op, the key of its in-context correction: a
+// model's block ("b3.") and MoE scope ("moe.") and trailing numeric steps
+// (".3") and partition parts (".p1") removed; other dots and digits stay.
+// "b3.moe.fwd.saa_dispatch.alltoall.2.p1" -> "fwd.saa_dispatch.alltoall".
 std::string_view OpBaseName(std::string_view name);
 
-// For every (op without step, resource) that appears in both the measured and
+// For every (op base name, resource) that appears in both the measured and
 // the predicted timelines of `inputs` (ops matched by full name within one
-// schedule of one config), fits measured = offset + scale * predicted by least
-// squares on relative residuals (offset >= 0). `predicted` must come from the
-// profile the corrections will be added to, without op corrections of its
-// own. Ordered by op name, then resource. InvalidArgument when `inputs` is
-// empty or an option is out of range.
-absl::StatusOr<std::vector<v1::OpContext>> FitOpContexts(
-    const std::vector<ValidationInput>& inputs, const OpContextOptions& options);
+// candidate of one config, layers and models alike), fits measured = offset + scale * predicted by
+// least squares on relative residuals (offset >= 0). `predicted` must come from the profile the
+// corrections will be added to, without op corrections of its own. Ordered by op name, then
+// resource. InvalidArgument when `inputs` is empty or an option is out of range.
+absl::StatusOr<std::vector<v1::OpContext>> FitOpContexts(const std::vector<ValidationInput>& inputs,
+                                                         const OpContextOptions& options);
 
 // The Markdown table of fitted corrections (op, resource, instances, offset,
 // scale with its 95 % interval, R², max error).

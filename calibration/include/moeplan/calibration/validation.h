@@ -9,23 +9,37 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "moeplan/v1/exec.pb.h"
+#include "moeplan/v1/model.pb.h"
 #include "moeplan/v1/plan.pb.h"
 #include "moeplan/v1/validation.pb.h"
 
 namespace moeplan::calibration {
 
-// One layer config: what moeplan-exec measured and what the planner predicted,
-// for the same schedules (matched by schedule; ops matched by name).
+// One config: what moeplan-exec measured and what the planner predicted, for
+// the same candidates. A layer config's candidates are its schedules
+// (`measured` / `predicted`, matched by schedule); a whole model's are its
+// overlap variants (`measured_variants` / `predicted_variants`, matched by
+// name). A config has one kind or the other, and so have all the configs of
+// one summary. Ops are matched by name.
 struct ValidationInput {
   std::string name;
-  v1::LayerConfig layer;
+  v1::LayerConfig layer;  // layers
+  v1::ModelConfig model;  // models
   std::vector<v1::CandidatePlan> measured;
   std::vector<v1::CandidatePlan> predicted;
-  // Every timed iteration's measured total per schedule (ExecReport.iterations)
-  // and whether entry i of every schedule was taken in the same round
-  // (ExecReport.interleaved): what decides ties for best. Optional.
+  std::vector<v1::VariantPlan> measured_variants;
+  std::vector<v1::VariantPlan> predicted_variants;
+  // Every timed iteration's measured total per candidate (ExecReport /
+  // ExecModelReport .iterations) and whether entry i of every candidate was
+  // taken in the same round (.interleaved): what decides ties for best.
+  // Optional.
   std::vector<v1::ScheduleIterations> iterations;
+  std::vector<v1::VariantIterations> variant_iterations;
   bool paired = false;
+
+  bool IsModel() const {
+    return !measured_variants.empty() || !predicted_variants.empty() || !variant_iterations.empty();
+  }
 };
 
 // The exact one-sided sign test on paired samples: were `a` and `b` equally
@@ -34,11 +48,11 @@ struct ValidationInput {
 double SignTestP(absl::Span<const double> a, absl::Span<const double> b);
 
 // Total and per-op errors, selection accuracy (strict, decisive, and counting
-// ties) and regret. InvalidArgument when there are no inputs, a config has no
-// schedule both measured and predicted, lists a schedule twice on one side, a
-// paired measured total is not finite and > 0 (or the predicted one not
-// finite), or paired iterations differ in count or hold a value not finite
-// and > 0.
+// ties) and regret. InvalidArgument when there are no inputs, layer and model
+// configs are mixed, a config has no candidate both measured and predicted,
+// lists a candidate twice on one side, a paired measured total is not finite
+// and > 0 (or the predicted one not finite), or paired iterations differ in
+// count or hold a value not finite and > 0.
 absl::StatusOr<v1::ValidationSummary> Summarize(const std::vector<ValidationInput>& inputs,
                                                 const std::string& profile, int ranks, int hosts);
 
@@ -52,12 +66,12 @@ struct ReportContext {
   std::string provenance;  // where and when the profile was measured (ProvenanceLine)
   std::string section;     // Markdown placed before the summary (e.g. the --holdout split)
 };
-// The Markdown report: summary, per-schedule and per-op error tables, the worst
-// configs, selection misses, every config.
+// The Markdown report: summary, per-candidate (schedule or variant) and per-op
+// error tables, the worst configs, selection misses, every config.
 std::string RenderMarkdown(const v1::ValidationSummary& s, const ReportContext& ctx);
 
 // The scatter plot (predicted vs measured total, log-log, one point style per
-// schedule, the y = x line and +-10 % bands): the data file's contents and a
+// candidate, the y = x line and +-10 % bands): the data file's contents and a
 // gnuplot script that reads `data_file` and writes `png_file`.
 std::string PlotData(const v1::ValidationSummary& s);
 std::string GnuplotScript(const v1::ValidationSummary& s, const std::string& data_file,

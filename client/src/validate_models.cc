@@ -1,0 +1,235 @@
+// `moeplan validate --models`: a grid of whole models, each run by
+// moeplan-exec --model with every overlap variant (validate_subject.h). What
+// ran is the plan moeplan-exec's planner chose on the same profile; the
+// prediction plans each variant again here, pinned to the schedule, AlltoAll
+// algorithm and Tutel degree that ran, and checks it is the same plan (a
+// refitted profile may choose other partitions or dW placements: such a plan
+// was never measured, so the config is skipped rather than compared).
+#include <fmt/format.h>
+
+#include <iterator>
+#include <set>
+#include <utility>
+#include <vector>
+
+#include "moeplan/base/status.h"
+#include "moeplan/base/strings.h"
+#include "moeplan/planner/model.h"
+#include "moeplan/proto/convert.h"
+#include "moeplan/proto/json.h"
+#include "moeplan/v1/exec.pb.h"
+#include "moeplan/v1/model.pb.h"
+#include "validate_subject.h"
+
+namespace moeplan::client {
+namespace {
+
+namespace p = ::moeplan::planner;
+
+std::string ConfigName(size_t i, const v1::ModelConfig& m) {
+  return fmt::format("models[{}] {} blocks={} M={} E={} k={} mp={} ep={} esp={} dp={}", i, m.name(),
+                     m.num_layers(), m.hidden_size(), m.moe().num_experts(), m.moe().top_k(),
+                     m.parallel().mp(), m.parallel().ep(), m.parallel().esp(), m.parallel().dp());
+}
+
+// "moeplan validate:   none 12.1/10.3 ms ... (measured/predicted)" on stderr.
+void PrintTimes(const calibration::ValidationInput& in) {
+  std::string line = "moeplan validate:  ";
+  for (const v1::VariantPlan& m : in.measured_variants) {
+    for (const v1::VariantPlan& pr : in.predicted_variants) {
+      if (pr.name() != m.name()) continue;
+      fmt::format_to(std::back_inserter(line), " {} {:.1f}/{:.1f} ms", m.name(),
+                     m.iteration_us() / 1e3, pr.iteration_us() / 1e3);
+    }
+  }
+  fmt::print(stderr, "{} (measured/predicted)\n", line);
+}
+
+std::string Ranges(const v1::VariantPlan& v) {
+  std::string out;
+  for (const v1::PartitionRange& r : v.partition_ranges()) {
+    fmt::format_to(std::back_inserter(out), "{}{}..{} k={}", out.empty() ? "" : ", ", r.first_op(),
+                   r.last_op(), r.k());
+  }
+  return out.empty() ? "none" : out;
+}
+
+std::string Placements(const v1::VariantPlan& v) {
+  std::string out;
+  for (const v1::DwPlacement& d : v.dw_placements()) {
+    fmt::format_to(std::back_inserter(out), "{}{} after {}", out.empty() ? "" : ", ",
+                   d.dw_ops_size(), d.alltoall());
+  }
+  return out.empty() ? "none" : out;
+}
+
+// How `planned` differs from the plan that ran (the first difference); empty
+// when it is the same plan: the same choices and the same ops in the same
+// order.
+std::string PlanDifference(const v1::VariantPlan& ran, const v1::VariantPlan& planned) {
+  if (ran.schedule() != planned.schedule()) {
+    return fmt::format("schedule {} where {} ran", proto::ScheduleLabel(planned.schedule()),
+                       proto::ScheduleLabel(ran.schedule()));
+  }
+  if (ran.tutel_degree() != planned.tutel_degree()) {
+    return fmt::format("Tutel degree {} where {} ran", planned.tutel_degree(), ran.tutel_degree());
+  }
+  if (Ranges(ran) != Ranges(planned)) {
+    return fmt::format("partition ranges {} where {} ran", Ranges(planned), Ranges(ran));
+  }
+  std::set<std::string> ran_dw, planned_dw;
+  for (const v1::DwPlacement& d : ran.dw_placements()) {
+    for (const std::string& op : d.dw_ops()) ran_dw.insert(Cat(d.alltoall(), ">", op));
+  }
+  for (const v1::DwPlacement& d : planned.dw_placements()) {
+    for (const std::string& op : d.dw_ops()) planned_dw.insert(Cat(d.alltoall(), ">", op));
+  }
+  if (ran_dw != planned_dw) {
+    return fmt::format("dW placements {} where {} ran", Placements(planned), Placements(ran));
+  }
+  if (ran.ops_size() != planned.ops_size()) {
+    return fmt::format("{} ops where {} ran", planned.ops_size(), ran.ops_size());
+  }
+  for (int i = 0; i < ran.ops_size(); ++i) {
+    if (ran.ops(i).name() != planned.ops(i).name()) {
+      return fmt::format("op {} is {} where {} ran", i, planned.ops(i).name(), ran.ops(i).name());
+    }
+  }
+  return "";
+}
+
+class Models final : public ValidationSubject {
+ public:
+  explicit Models(v1::ModelGrid grid) : grid_(std::move(grid)) {}
+
+  size_t size() const override { return static_cast<size_t>(grid_.models_size()); }
+  std::string grid_name() const override { return grid_.name(); }
+  std::string_view noun() const override { return "model"; }
+  std::string Name(size_t i) const override { return ConfigName(i, Model(i)); }
+  absl::StatusOr<std::string> ConfigJson(size_t i) const override {
+    return proto::ToJson(Model(i));
+  }
+  std::string ExecArgs(std::string_view config_file) const override {
+    return Cat("--model ", ShellQuote(std::string(config_file)), " --variant all");
+  }
+
+  absl::StatusOr<Measured> Parse(size_t i, const std::string& json) const override {
+    v1::ExecModelReport report;
+    MOEPLAN_RETURN_IF_ERROR(proto::ParseJson(json, &report));
+    if (ConfigName(i, report.model()) != Name(i)) {
+      return absl::FailedPreconditionError(
+          fmt::format("the report is of {}, not of {}", ConfigName(i, report.model()), Name(i)));
+    }
+    if (report.measured().variants_size() != report.predicted().variants_size()) {
+      return absl::InvalidArgumentError(
+          fmt::format("the report has {} measured variants and {} plans",
+                      report.measured().variants_size(), report.predicted().variants_size()));
+    }
+    Measured m;
+    m.hosts = report.hosts();
+    m.input.name = Name(i);
+    m.input.model = report.model();
+    m.input.measured_variants.assign(report.measured().variants().begin(),
+                                     report.measured().variants().end());
+    // The plans that ran: Predict checks its own against them.
+    m.input.predicted_variants.assign(report.predicted().variants().begin(),
+                                      report.predicted().variants().end());
+    m.input.variant_iterations.assign(report.iterations().begin(), report.iterations().end());
+    m.input.paired = report.interleaved();
+    return m;
+  }
+
+  absl::StatusOr<ConfigRun> Predict(calibration::ValidationInput in,
+                                    const calibration::LoadedProfile& profile,
+                                    const p::CostModel& cost) const override {
+    MOEPLAN_ASSIGN_OR_RETURN(const p::ModelConfig model, proto::ModelFromProto(in.model));
+    std::vector<v1::VariantPlan> predicted;
+    for (const v1::VariantPlan& ran : in.predicted_variants) {
+      const auto skip = [&](std::string why) {
+        return ConfigRun{std::nullopt, fmt::format("{}: {}", in.name, why)};
+      };
+      v1::ModelPlanOptions request;
+      p::Variant variant;
+      if (!p::ParseVariant(ran.name(), &variant)) {
+        return skip(fmt::format("the report names an unknown variant '{}'", ran.name()));
+      }
+      // Pinned to what ran; the rest (partitions, dW placement) is planned.
+      request.add_variants(proto::VariantToProto(variant));
+      request.add_schedules(ran.schedule());
+      request.add_alltoall_algorithms(ran.alltoall());
+      MOEPLAN_ASSIGN_OR_RETURN(p::ModelPlanOptions options, proto::ModelOptionsFromProto(request));
+      if (variant == p::Variant::kTutel && ran.tutel_degree() > 0) {
+        options.tutel_degrees = {ran.tutel_degree()};
+      }
+      p::ModelPlanner planner(cost);
+      p::ModelPlan plan;
+      if (absl::Status s = planner.Plan(model, options, &plan); !s.ok()) {
+        return skip(
+            fmt::format("the planner rejects its {} plan: {}", ran.name(), View(s.message())));
+      }
+      v1::PlanModelResponse response;
+      proto::ModelPlanToProto(plan, model, profile.profile, /*include_timeline=*/true, &response);
+      v1::VariantPlan& mine = *response.mutable_variants(0);
+      if (const std::string diff = PlanDifference(ran, mine); !diff.empty()) {
+        return skip(fmt::format(
+            "profile {} plans another {} than ran ({}): measure it again with this profile "
+            "rather than re-predicting",
+            profile.message.name(), ran.name(), diff));
+      }
+      predicted.push_back(std::move(mine));
+    }
+    in.predicted_variants = std::move(predicted);
+    PrintTimes(in);
+    return ConfigRun{std::move(in), ""};
+  }
+
+  std::string Layout(const calibration::ValidationInput& in) const override {
+    const v1::ParallelLayout& par = in.model.parallel();
+    return fmt::format("{}/{}/{}/{}", par.mp(), par.ep(), par.esp(), par.dp());
+  }
+
+ private:
+  const v1::ModelConfig& Model(size_t i) const { return grid_.models(static_cast<int>(i)); }
+
+  v1::ModelGrid grid_;
+};
+
+// The grid's own rules: at least one model, each converts, names set and
+// distinct (they name the configs and the files).
+absl::Status CheckGrid(const v1::ModelGrid& grid) {
+  if (grid.schema_version() > 1) {
+    return absl::InvalidArgumentError(
+        Cat("schema_version: must be 1 (or unset) (got ", grid.schema_version(), ")"));
+  }
+  if (grid.models().empty()) return absl::InvalidArgumentError("models: must list a model");
+  for (int i = 0; i < grid.models_size(); ++i) {
+    const v1::ModelConfig& m = grid.models(i);
+    absl::StatusOr<p::ModelConfig> c = proto::ModelFromProto(m);
+    absl::Status shape = c.ok() ? p::ValidateModelShape(*c) : c.status();
+    if (!shape.ok()) {
+      return absl::InvalidArgumentError(Cat("models[", i, "].", View(shape.message())));
+    }
+    if (m.name().empty())
+      return absl::InvalidArgumentError(Cat("models[", i, "].name: must be set"));
+    for (int j = 0; j < i; ++j) {
+      if (grid.models(j).name() == m.name()) {
+        return absl::InvalidArgumentError(
+            Cat("models[", i, "].name: '", m.name(), "' is also models[", j, "]'s name"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<ValidationSubject>> ModelSubject(const std::string& path) {
+  v1::ModelGrid grid;
+  MOEPLAN_RETURN_IF_ERROR(proto::ReadJsonFile(path, &grid));
+  if (absl::Status s = CheckGrid(grid); !s.ok()) {
+    return absl::InvalidArgumentError(Cat(path, ": ", View(s.message())));
+  }
+  return std::make_unique<Models>(std::move(grid));
+}
+
+}  // namespace moeplan::client
