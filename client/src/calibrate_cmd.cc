@@ -27,7 +27,49 @@ std::string StemOf(const std::string& path) { return std::filesystem::path(path)
 
 }  // namespace
 
+namespace {
+
+// --from-server: the server refits and stores; the report and, with --out, a
+// copy of the new version come back.
+absl::Status RefitOnServer(const CalibrateArgs& a) {
+  if (a.profile.empty()) {
+    return absl::InvalidArgumentError("--profile: required with --from-server (the stored name)");
+  }
+  for (const auto& [flag, set] : {std::pair<const char*, bool>{"--comm-from", !a.comm_from.empty()},
+                                  {"--name", !a.name.empty()},
+                                  {"--comment", !a.comment.empty()}}) {
+    if (set) return absl::InvalidArgumentError(Cat(flag, ": not used with --from-server"));
+  }
+  MOEPLAN_ASSIGN_OR_RETURN(std::unique_ptr<PlannerClient> client,
+                           PlannerClient::Connect(a.from_server));
+  v1::RefitProfileRequest req;
+  req.set_profile_name(a.profile);
+  absl::StatusOr<v1::RefitProfileResponse> r = client->RefitProfile(req);
+  if (!r.ok()) {
+    return absl::Status(r.status().code(), Cat("--from-server ", a.from_server.address, ": ",
+                                               View(r.status().message())));
+  }
+  std::string text = r->report();
+  if (!a.out.empty()) {
+    MOEPLAN_ASSIGN_OR_RETURN(std::string json, proto::ToJson(r->profile()));
+    absl::Status s = proto::WriteFileAtomic(a.out, json + "\n");
+    if (!s.ok()) return absl::Status(s.code(), Cat("--out: ", View(s.message())));
+  }
+  text += fmt::format("\nstored profile {} version {} on {} (fitted on {} of {} reported runs){}\n",
+                      r->profile().name(), r->profile().version(), a.from_server.address, r->used(),
+                      r->measurements(), a.out.empty() ? "" : fmt::format("; wrote {}", a.out));
+  return WriteStdout(text);
+}
+
+}  // namespace
+
 absl::Status CalibrateCmd(const CalibrateArgs& a) {
+  if (!a.from_server.address.empty()) return RefitOnServer(a);
+  if (a.samples.empty()) {
+    return absl::InvalidArgumentError(
+        "--samples: required (or --from-server ADDR --profile NAME to refit a stored profile)");
+  }
+  if (a.out.empty()) return absl::InvalidArgumentError("--out: required with --samples");
   MOEPLAN_ASSIGN_OR_RETURN(std::vector<v1::ProfileSample> samples,
                            calibration::ReadSamples(a.samples));
   calibration::CalibrateOptions options;

@@ -93,8 +93,13 @@ struct CalibrateArgs {
   uint32_t version = 1;                // the profile's version: bump it on every re-calibration
   double repeat_tolerance_pct = 20.0;  // rounds of a point further apart are listed
   std::string comm_from;               // built-in name or file: links etc. for one-rank samples
+  // Instead of --samples: refit --profile on this server from the
+  // measurements jobs reported to it (RefitProfile).
+  ClientOptions from_server;
+  std::string profile;
 };
-// Prints the fit report to stdout and writes the profile.
+// Prints the fit report to stdout and writes the profile (--from-server: the
+// server stores the new version; --out also writes it here).
 absl::Status CalibrateCmd(const CalibrateArgs& a);
 
 struct ProfileCheckArgs {

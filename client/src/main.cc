@@ -199,9 +199,27 @@ CLI::App* AddCalibrate(CLI::App* app, CalibrateArgs* a) {
       "calibrate",
       "Fit a measured cluster profile (alpha-beta per collective and link, GEMM efficiency, "
       "memory bandwidth) from moeplan-profile samples and report how well each fit holds");
-  calibrate->add_option("--samples", a->samples, "Samples from moeplan-profile (JSON Lines)")
-      ->required();
-  calibrate->add_option("--out", a->out, "Profile JSON to write")->required();
+  CLI::Option* samples =
+      calibrate->add_option("--samples", a->samples, "Samples from moeplan-profile (JSON Lines)");
+  calibrate->add_option("--out", a->out,
+                        "Profile JSON to write (with --from-server: a copy of the new version)");
+  CLI::Option* from_server =
+      calibrate
+          ->add_option("--from-server", a->from_server.address,
+                       "Instead of --samples: refit --profile on this moeplan-server from the "
+                       "measurements jobs reported to it (in-context op corrections on top of "
+                       "the profile's own fits); the server stores the next version")
+          ->excludes(samples);
+  calibrate->add_option("--profile", a->profile, "With --from-server: the stored profile's name")
+      ->needs(from_server);
+  calibrate
+      ->add_option("--tls-ca", a->from_server.tls_ca_file,
+                   "With --from-server: PEM of the CA that signed the server's certificate (TLS)")
+      ->needs(from_server);
+  calibrate
+      ->add_option("--token-file", a->from_server.token_file,
+                   "With --from-server: file whose first line is the server's bearer token")
+      ->needs(from_server);
   calibrate->add_option("--name", a->name, "Profile name (default: the --out file's stem)");
   calibrate->add_option("--comment", a->comment, "Free text added to the profile's comment");
   calibrate

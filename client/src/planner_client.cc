@@ -46,8 +46,8 @@ std::shared_ptr<grpc::Channel> MakeChannel(const ClientOptions& o,
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
-  args.SetMaxReceiveMessageSize(static_cast<int>(
-      std::min<size_t>(o.max_message_bytes, std::numeric_limits<int>::max())));
+  args.SetMaxReceiveMessageSize(
+      static_cast<int>(std::min<size_t>(o.max_message_bytes, std::numeric_limits<int>::max())));
   return grpc::CreateCustomChannel(o.address, creds, args);
 }
 
@@ -147,6 +147,12 @@ absl::StatusOr<v1::ReportMeasurementResponse> PlannerClient::ReportMeasurement(
     const v1::ReportMeasurementRequest& request) {
   return Invoke<v1::ReportMeasurementResponse>(
       [&](auto* ctx, auto* resp) { return impl_->stub->ReportMeasurement(ctx, request, resp); });
+}
+
+absl::StatusOr<v1::RefitProfileResponse> PlannerClient::RefitProfile(
+    const v1::RefitProfileRequest& request) {
+  return Invoke<v1::RefitProfileResponse>(
+      [&](auto* ctx, auto* resp) { return impl_->stub->RefitProfile(ctx, request, resp); });
 }
 
 }  // namespace moeplan::client

@@ -2,7 +2,8 @@
 // moeplan-exec --model with every overlap variant (validate_subject.h). What
 // ran is the plan moeplan-exec's planner chose on the same profile; the
 // prediction plans each variant again here, pinned to the schedule, AlltoAll
-// algorithm and Tutel degree that ran, and checks it is the same plan (a
+// algorithm and Tutel degree that ran (proto::PinnedModelRequest), and checks
+// it is the same plan (a
 // refitted profile may choose other partitions or dW placements: such a plan
 // was never measured, so the config is skipped rather than compared).
 #include <fmt/format.h>
@@ -148,27 +149,17 @@ class Models final : public ValidationSubject {
       const auto skip = [&](std::string why) {
         return ConfigRun{std::nullopt, fmt::format("{}: {}", in.name, why)};
       };
-      v1::ModelPlanOptions request;
-      p::Variant variant;
-      if (!p::ParseVariant(ran.name(), &variant)) {
-        return skip(fmt::format("the report names an unknown variant '{}'", ran.name()));
-      }
-      // Pinned to what ran; the rest (partitions, dW placement) is planned.
-      request.add_variants(proto::VariantToProto(variant));
-      request.add_schedules(ran.schedule());
-      request.add_alltoall_algorithms(ran.alltoall());
-      MOEPLAN_ASSIGN_OR_RETURN(p::ModelPlanOptions options, proto::ModelOptionsFromProto(request));
-      if (variant == p::Variant::kTutel && ran.tutel_degree() > 0) {
-        options.tutel_degrees = {ran.tutel_degree()};
-      }
+      absl::StatusOr<v1::PlanModelRequest> request = proto::PinnedModelRequest(in.model, ran);
+      if (!request.ok()) return skip(std::string(View(request.status().message())));
+      request->set_include_timeline(true);
       p::ModelPlanner planner(cost);
-      p::ModelPlan plan;
-      if (absl::Status s = planner.Plan(model, options, &plan); !s.ok()) {
+      v1::PlanModelResponse response;
+      if (absl::Status s =
+              proto::AnswerPlanModel(model, *request, planner, profile.profile, &response);
+          !s.ok()) {
         return skip(
             fmt::format("the planner rejects its {} plan: {}", ran.name(), View(s.message())));
       }
-      v1::PlanModelResponse response;
-      proto::ModelPlanToProto(plan, model, profile.profile, /*include_timeline=*/true, &response);
       v1::VariantPlan& mine = *response.mutable_variants(0);
       if (const std::string diff = PlanDifference(ran, mine); !diff.empty()) {
         return skip(fmt::format(

@@ -2,11 +2,16 @@
 
 #include <mpi.h>
 
+#include <algorithm>
 #include <climits>
 #include <cstdio>
+#include <memory>
+#include <utility>
 
+#include "moeplan/base/status.h"
 #include "moeplan/base/strings.h"
 #include "moeplan/base/watchdog.h"
+#include "moeplan/client/planner_client.h"
 #include "moeplan/proto/json.h"
 
 namespace moeplan::exec {
@@ -169,6 +174,41 @@ bool PrintReport(const google::protobuf::Message& report, bool json, const std::
   std::fwrite(text.data(), 1, text.size(), stdout);
   std::fflush(stdout);
   return true;
+}
+
+void SetMeasuredOps(const google::protobuf::RepeatedPtrField<v1::OpTiming>& ops,
+                    v1::ReportMeasurementRequest* req) {
+  for (const v1::OpTiming& op : ops) {
+    v1::MeasuredOp* m = req->add_ops();
+    m->set_name(op.name());
+    m->set_duration_us(std::max(0.0, op.end_us() - op.start_us()));
+  }
+}
+
+absl::Status ReportTo(const Args& a, const v1::ClusterProfile& profile,
+                      std::vector<v1::ReportMeasurementRequest> reports, std::string_view noun) {
+  client::ClientOptions options;
+  options.address = a.report_to;
+  options.tls_ca_file = a.tls_ca;
+  options.token_file = a.token_file;
+  MOEPLAN_ASSIGN_OR_RETURN(std::unique_ptr<client::PlannerClient> c,
+                           client::PlannerClient::Connect(options));
+  uint64_t stored = 0;
+  for (size_t i = 0; i < reports.size(); ++i) {
+    v1::ReportMeasurementRequest& req = reports[i];
+    req.set_profile_name(profile.name());
+    req.set_profile_version(profile.version());
+    absl::StatusOr<v1::ReportMeasurementResponse> r = c->ReportMeasurement(req);
+    if (!r.ok()) {
+      return absl::Status(r.status().code(), Cat(noun, " ", i + 1, " of ", reports.size(), ": ",
+                                                 View(r.status().message())));
+    }
+    stored = r->stored();
+  }
+  std::fprintf(stderr, "moeplan-exec: reported %zu %s(s) to %s (profile %s v%u: %llu stored)\n",
+               reports.size(), std::string(noun).c_str(), a.report_to.c_str(),
+               profile.name().c_str(), profile.version(), static_cast<unsigned long long>(stored));
+  return absl::OkStatus();
 }
 
 }  // namespace moeplan::exec

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -14,6 +15,7 @@
 #include "moeplan/executor/interpreter.h"
 #include "moeplan/executor/runner.h"
 #include "moeplan/planner/cost_model.h"
+#include "moeplan/v1/service.pb.h"
 
 namespace moeplan::exec {
 
@@ -34,7 +36,7 @@ struct Args {
   bool sequential = false;
   double max_memory_gib = 0.0;  // 0: what the device has free (CPU: shared by this host's ranks)
   double watchdog_s = 300.0;    // a rank with no new op for this long exits (0: off)
-  std::string report_to;        // moeplan-server address: ReportMeasurement per schedule
+  std::string report_to;        // moeplan-server address: ReportMeasurement per schedule / variant
   std::string tls_ca, token_file;
 };
 
@@ -59,6 +61,15 @@ struct PredictionModel {
   planner::CostModel cost;
 };
 absl::StatusOr<PredictionModel> LoadPredictionModel(const Args& a);
+
+// --report-to: a measured op timeline as ReportMeasurement's op durations.
+void SetMeasuredOps(const google::protobuf::RepeatedPtrField<v1::OpTiming>& ops,
+                    v1::ReportMeasurementRequest* req);
+// Sends `reports` (one per measured `noun`: schedule, variant) to --report-to
+// against `profile` (name and version set here), for the server's refits
+// (docs/service.md); says on stderr how many the server now holds.
+absl::Status ReportTo(const Args& a, const v1::ClusterProfile& profile,
+                      std::vector<v1::ReportMeasurementRequest> reports, std::string_view noun);
 
 // Every rank learns whether any rank failed; the lowest failing rank prints.
 absl::Status Agree(const absl::Status& local);

@@ -170,6 +170,26 @@ v1::VariantPlan MeasuredVariant(const v1::VariantPlan& predicted, const Run& run
   return m;
 }
 
+// Every measured variant's op timeline (median durations), each with the
+// request that plans it again (pinned to what ran), as reports against the
+// profile the prediction used.
+absl::StatusOr<std::vector<v1::ReportMeasurementRequest>> ModelReports(
+    const calibration::LoadedProfile& profile, const v1::ExecModelReport& report) {
+  std::vector<v1::ReportMeasurementRequest> out;
+  for (int i = 0; i < report.measured().variants_size(); ++i) {
+    const v1::VariantPlan& mv = report.measured().variants(i);
+    v1::ReportMeasurementRequest& req = out.emplace_back();
+    MOEPLAN_ASSIGN_OR_RETURN(
+        *req.mutable_model_plan(),
+        proto::PinnedModelRequest(report.model(), report.predicted().variants(i)));
+    req.mutable_model_plan()->set_profile_name(profile.message.name());
+    req.set_variant(mv.name());
+    SetMeasuredOps(mv.ops(), &req);
+    req.set_total_us(mv.iteration_us());
+  }
+  return out;
+}
+
 std::string RenderModelTable(const v1::ExecModelReport& r) {
   const v1::ModelConfig& m = r.model();
   std::string out = fmt::format(
@@ -282,7 +302,20 @@ int RunModel(const Args& a) {
     if (measured->variants(i).iteration_us() < measured->variants(best).iteration_us()) best = i;
   }
   measured->set_best_variant(measured->variants(best).name());
-  return PrintReport(report, a.json, a.json ? std::string() : RenderModelTable(report)) ? 0 : 1;
+  if (!PrintReport(report, a.json, a.json ? std::string() : RenderModelTable(report))) return 1;
+  if (!a.report_to.empty()) {
+    absl::StatusOr<std::vector<v1::ReportMeasurementRequest>> reports =
+        ModelReports(prediction->profile, report);
+    absl::Status st = reports.ok()
+                          ? ReportTo(a, prediction->profile.message, *std::move(reports), "variant")
+                          : reports.status();
+    if (!st.ok()) {
+      std::fprintf(stderr, "moeplan-exec: --report-to %s: %s\n", a.report_to.c_str(),
+                   std::string(View(st.message())).c_str());
+      return 1;
+    }
+  }
+  return 0;
 }
 
 }  // namespace moeplan::exec

@@ -332,44 +332,21 @@ v1::ExecCheck Check(const Setup& s, const std::vector<Measured>& runs,
   return ck;
 }
 
-// Sends every measured schedule's op timeline (median durations) to the server
-// as ReportMeasurement against the profile the prediction used, for the
-// server's in-job refits (docs/service.md).
-absl::Status ReportTo(const Args& a, const calibration::LoadedProfile& profile,
-                      const v1::ExecReport& report) {
-  client::ClientOptions options;
-  options.address = a.report_to;
-  options.tls_ca_file = a.tls_ca;
-  options.token_file = a.token_file;
-  MOEPLAN_ASSIGN_OR_RETURN(std::unique_ptr<client::PlannerClient> c,
-                           client::PlannerClient::Connect(options));
-  uint64_t stored = 0;
+// Every measured schedule's op timeline (median durations), as reports
+// against the profile the prediction used.
+std::vector<v1::ReportMeasurementRequest> LayerReports(const calibration::LoadedProfile& profile,
+                                                       const v1::ExecReport& report) {
+  std::vector<v1::ReportMeasurementRequest> out;
   for (const v1::CandidatePlan& cand : report.candidates()) {
-    v1::ReportMeasurementRequest req;
-    req.set_profile_name(profile.message.name());
-    req.set_profile_version(profile.message.version());
+    v1::ReportMeasurementRequest& req = out.emplace_back();
     req.mutable_plan()->set_profile_name(profile.message.name());
     *req.mutable_plan()->mutable_layer() = report.layer();
     req.mutable_plan()->add_schedules(cand.schedule());
     req.set_schedule(cand.schedule());
-    for (const v1::OpTiming& op : cand.ops()) {
-      v1::MeasuredOp* m = req.add_ops();
-      m->set_name(op.name());
-      m->set_duration_us(std::max(0.0, op.end_us() - op.start_us()));
-    }
+    SetMeasuredOps(cand.ops(), &req);
     req.set_total_us(cand.total_us());
-    absl::StatusOr<v1::ReportMeasurementResponse> r = c->ReportMeasurement(req);
-    if (!r.ok()) {
-      return absl::Status(r.status().code(), Cat(proto::ScheduleLabel(cand.schedule()), ": ",
-                                                 View(r.status().message())));
-    }
-    stored = r->stored();
   }
-  std::fprintf(stderr,
-               "moeplan-exec: reported %d schedule(s) to %s (profile %s v%u: %llu stored)\n",
-               report.candidates_size(), a.report_to.c_str(), profile.message.name().c_str(),
-               profile.message.version(), static_cast<unsigned long long>(stored));
-  return absl::OkStatus();
+  return out;
 }
 
 }  // namespace
@@ -470,7 +447,8 @@ int RunLayer(const Args& a) {
   }
   if (!PrintReport(report, a.json, a.json ? std::string() : RenderTable(report))) return 1;
   if (!a.report_to.empty()) {
-    if (absl::Status st = ReportTo(a, *profile, report); !st.ok()) {
+    if (absl::Status st = ReportTo(a, profile->message, LayerReports(*profile, report), "schedule");
+        !st.ok()) {
       std::fprintf(stderr, "moeplan-exec: --report-to %s: %s\n", a.report_to.c_str(),
                    std::string(View(st.message())).c_str());
       return 1;
@@ -566,7 +544,7 @@ int main(int argc, char** argv) {
                "time (less memory); by default several are built together and their iterations "
                "interleaved, so machine drift hits all alike and the report's per-iteration "
                "totals are paired");
-  for (CLI::Option* o : {schedule, skew, check, report_to}) model->excludes(o);
+  for (CLI::Option* o : {schedule, skew, check}) model->excludes(o);
   variant->needs(model);
   int rc = 0;
   try {

@@ -735,10 +735,21 @@ struct ModelPlanner::Impl {
         const GroupShape shape = grp ? edp_shape : dp_shape;
         if (shape.ranks <= 1 || bytes[grp] <= 0.0) continue;
         const double shard = bytes[grp] / shape.ranks;
-        double us = z == 0 ? cost.CollectiveUs(Collective::kAllReduce, shape, bytes[grp])
-                           : cost.CollectiveUs(Collective::kReduceScatter, shape, shard);
-        if (z == 1) us += cost.CollectiveUs(Collective::kAllGather, shape, shard);
         const ResourceMask mask = internal::ResourcesOf(shape);
+        // One collective of every bucket's bytes, corrected in context like
+        // each bucket's (offset + scale x: below the sum over the buckets).
+        const bool e = grp == 1;
+        double us =
+            z == 0 ? cost.InContextUs(e ? "bwd.expert_grad_allreduce" : "bwd.grad_allreduce", mask,
+                                      cost.CollectiveUs(Collective::kAllReduce, shape, bytes[grp]))
+                   : cost.InContextUs(
+                         e ? "bwd.expert_grad_reducescatter" : "bwd.grad_reducescatter", mask,
+                         cost.CollectiveUs(Collective::kReduceScatter, shape, shard));
+        if (z == 1) {
+          us +=
+              cost.InContextUs(e ? "optimizer.expert_param_allgather" : "optimizer.param_allgather",
+                               mask, cost.CollectiveUs(Collective::kAllGather, shape, shard));
+        }
         for (int r = 0; r < kNumResources; ++r) {
           if (mask & (1u << r)) a[static_cast<size_t>(r)] += us;
         }
@@ -796,7 +807,7 @@ struct ModelPlanner::Impl {
       op.flags = kGradSync;
       op.term = internal::TermOf(c);
       op.resources = internal::ResourcesOf(shape);
-      op.cost_us = cost.CollectiveUs(c, shape, n);
+      op.cost_us = cost.InContextUs(base, op.resources, cost.CollectiveUs(c, shape, n));
       op.bytes = internal::Bytes(n);
       op.inter_node_bytes = internal::Bytes(internal::InterNodeBytes(c, shape, n));
       return op;
@@ -879,7 +890,7 @@ struct ModelPlanner::Impl {
                                  : static_cast<double>(ParamsPerRank());
     const double bytes = shard * (24.0 + 2.0 * m->bytes_per_element);
     if (bytes_out != nullptr) *bytes_out = internal::Bytes(bytes);
-    return cost.MemoryBoundUs(bytes);
+    return cost.InContextUs("optimizer.step", kCompute, cost.MemoryBoundUs(bytes));
   }
 
   StageOptions Stage() const {

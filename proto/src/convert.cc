@@ -560,6 +560,8 @@ absl::StatusOr<p::ModelPlanOptions> ModelOptionsFromProto(const v1::ModelPlanOpt
   if (m.has_partition_max_k()) o.max_partitions = m.partition_max_k();
   if (m.has_partition_groups()) o.partition_groups = m.partition_groups();
   if (m.has_partition_max_span()) o.max_span = m.partition_max_span();
+  if (m.tutel_degrees_size() > 0)
+    o.tutel_degrees.assign(m.tutel_degrees().begin(), m.tutel_degrees().end());
   if (absl::Status s = p::ValidateModelPlanOptions(o); !s.ok()) {
     static constexpr std::pair<std::string_view, std::string_view> kNames[] = {
         {"max_partitions", "partition_max_k"},
@@ -573,6 +575,25 @@ absl::StatusOr<p::ModelPlanOptions> ModelOptionsFromProto(const v1::ModelPlanOpt
     return absl::InvalidArgumentError(Cat("options.", msg));
   }
   return o;
+}
+
+absl::StatusOr<v1::PlanModelRequest> PinnedModelRequest(const v1::ModelConfig& model,
+                                                        const v1::VariantPlan& ran) {
+  p::Variant variant;
+  if (!p::ParseVariant(ran.name(), &variant)) {
+    return absl::InvalidArgumentError(
+        Cat("variant: must be none, tutel, dw, partition or lancet (got '", ran.name(), "')"));
+  }
+  v1::PlanModelRequest req;
+  *req.mutable_model() = model;
+  v1::ModelPlanOptions* o = req.mutable_options();
+  o->add_variants(VariantToProto(variant));
+  o->add_schedules(ran.schedule());
+  o->add_alltoall_algorithms(ran.alltoall());
+  if (variant == p::Variant::kTutel && ran.tutel_degree() > 0) {
+    o->add_tutel_degrees(ran.tutel_degree());
+  }
+  return req;
 }
 
 void ModelPlanToProto(const p::ModelPlan& plan, const p::ModelConfig& model,

@@ -12,6 +12,8 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <condition_variable>
+#include <deque>
 #include <mutex>
 #include <new>
 #include <optional>
@@ -22,6 +24,8 @@
 #include "absl/strings/str_join.h"
 #include "moeplan/base/status.h"
 #include "moeplan/base/strings.h"
+#include "moeplan/calibration/context_fit.h"
+#include "moeplan/calibration/refit.h"
 #include "moeplan/planner/limits.h"
 #include "moeplan/planner/model.h"
 #include "moeplan/planner/planner.h"
@@ -125,7 +129,18 @@ class Handlers::Impl {
         max_model_plans_(options.max_model_plans > 0
                              ? options.max_model_plans
                              : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()))),
-        log_(options.log_requests) {}
+        log_(options.log_requests) {
+    if (options_.refit_every > 0) refit_worker_ = std::thread([this] { RefitLoop(); });
+  }
+
+  ~Impl() {
+    {
+      std::lock_guard<std::mutex> lock(queue_mu_);
+      stopping_ = true;
+    }
+    queue_cv_.notify_all();
+    if (refit_worker_.joinable()) refit_worker_.join();
+  }
 
   absl::Status PlanLayer(const CallContext& ctx, const v1::PlanLayerRequest* req,
                          v1::PlanLayerResponse* resp) {
@@ -161,9 +176,8 @@ class Handlers::Impl {
     bool miss = false;
     absl::Status s = Authorize(ctx, "PlanModel", false);
     if (s.ok()) {
-      s = Guard(resp, [&] {
-        return DoPlanModel(ctx, *req, resp, &cache_state, &profile_name, &miss);
-      });
+      s = Guard(resp,
+                [&] { return DoPlanModel(ctx, *req, resp, &cache_state, &profile_name, &miss); });
     }
     if (miss && s.ok()) return false;
     log_.Log("PlanModel", s, start, cache_state, profile_name);
@@ -216,9 +230,8 @@ class Handlers::Impl {
     } else if (!req->has_profile()) {
       s = Invalid("profile: required");
     } else {
-      absl::StatusOr<std::shared_ptr<const ProfileEntry>> e = Guard(resp, [&] {
-        return store_.Put(req->profile());
-      });
+      absl::StatusOr<std::shared_ptr<const ProfileEntry>> e =
+          Guard(resp, [&] { return store_.Put(req->profile()); });
       if (e.ok()) {
         resp->set_name((*e)->message.name());
         resp->set_version((*e)->message.version());
@@ -235,10 +248,33 @@ class Handlers::Impl {
                                  v1::ReportMeasurementResponse* resp) {
     const auto start = Clock::now();
     absl::Status s = Authorize(ctx, "ReportMeasurement", true);
-    if (s.ok()) s = Guard(resp, [&] { return DoReport(*req, resp); });
+    if (s.ok()) s = Guard(resp, [&] { return DoReport(ctx, *req, resp); });
     log_.Log("ReportMeasurement", s, start, "-", req->profile_name());
+    if (s.ok() && options_.refit_every > 0 && resp->stored() % options_.refit_every == 0) {
+      {
+        std::lock_guard<std::mutex> lock(queue_mu_);
+        queue_.push_back(req->profile_name());
+      }
+      queue_cv_.notify_one();
+    }
     return s;
   }
+
+  absl::Status RefitProfile(const CallContext& ctx, const v1::RefitProfileRequest* req,
+                            v1::RefitProfileResponse* resp) {
+    const auto start = Clock::now();
+    absl::Status s = Authorize(ctx, "RefitProfile", true);
+    if (s.ok()) {
+      s = Guard(resp, [&] {
+        return DoRefit(req->profile_name(), "RefitProfile on moeplan-server", resp);
+      });
+    }
+    log_.Log("RefitProfile", s, start, "-", req->profile_name());
+    return s;
+  }
+
+  uint64_t background_refits() const { return background_refits_.load(); }
+  uint64_t background_refit_failures() const { return background_refit_failures_.load(); }
 
  private:
   // The bearer token, where the server has one: writes always need it, reads
@@ -250,8 +286,9 @@ class Handlers::Impl {
     constexpr std::string_view kBearer = "Bearer ";
     if (got.empty() || got.substr(0, kBearer.size()) != kBearer) {
       return absl::UnauthenticatedError(
-          Cat(method, " needs the server's bearer token: call metadata 'authorization: Bearer "
-                      "<token>' (the clients' --token-file)"));
+          Cat(method,
+              " needs the server's bearer token: call metadata 'authorization: Bearer "
+              "<token>' (the clients' --token-file)"));
     }
     const std::string_view token = got.substr(kBearer.size());
     const std::string& want = options_.token;
@@ -286,8 +323,7 @@ class Handlers::Impl {
     const size_t bytes = resp.ByteSizeLong();
     if (bytes <= options_.max_response_bytes) return absl::OkStatus();
     return absl::ResourceExhaustedError(
-        Cat("response: ", bytes, " bytes exceed the message limit of ",
-            options_.max_response_bytes,
+        Cat("response: ", bytes, " bytes exceed the message limit of ", options_.max_response_bytes,
             " bytes (moeplan-server --max-message-mib); ask without include_timeline or for less"));
   }
 
@@ -297,10 +333,10 @@ class Handlers::Impl {
     const auto left = ctx.deadline() == std::chrono::system_clock::time_point::max()
                           ? std::chrono::system_clock::duration::max()
                           : ctx.deadline() - now;
-    const auto limit = std::chrono::duration_cast<std::chrono::system_clock::duration>(
-        options_.max_plan_time);
-    return p::Deadline{Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                          std::min(left, limit))};
+    const auto limit =
+        std::chrono::duration_cast<std::chrono::system_clock::duration>(options_.max_plan_time);
+    return p::Deadline{Clock::now() +
+                       std::chrono::duration_cast<Clock::duration>(std::min(left, limit))};
   }
 
   // NOT_FOUND at any number of stored profiles: the message names at most
@@ -312,8 +348,8 @@ class Handlers::Impl {
     const size_t more = names.size() > kListed ? names.size() - kListed : 0;
     names.resize(std::min(names.size(), kListed));
     return absl::NotFoundError(
-        Cat(field, ": no profile named '", Printable(name, 64), "' (known: ",
-            absl::StrJoin(names, ", "),
+        Cat(field, ": no profile named '", Printable(name, 64),
+            "' (known: ", absl::StrJoin(names, ", "),
             more > 0 ? Cat(" and ", more, " more; ListProfiles lists them") : std::string(), ")"));
   }
 
@@ -331,15 +367,16 @@ class Handlers::Impl {
     }
     if (req.cluster_case() == Request::kProfile) {
       *profile_name = req.profile().name();
-      absl::StatusOr<std::shared_ptr<const ProfileEntry>> e = MakeProfileEntry(req.profile(), false);
+      absl::StatusOr<std::shared_ptr<const ProfileEntry>> e =
+          MakeProfileEntry(req.profile(), false);
       if (!e.ok()) return Under("profile.", e.status());
       // A response is labelled with its profile's name: an inline profile
       // may not pass itself off as a stored one.
       if (std::shared_ptr<const ProfileEntry> stored = store_.Get(req.profile().name());
-          stored && !google::protobuf::util::MessageDifferencer::Equals(stored->message,
-                                                                       req.profile())) {
-        return Invalid(Cat("profile.name: '", Printable(req.profile().name(), 64), "' is the name of a ",
-                           stored->builtin ? "built-in" : "stored",
+          stored &&
+          !google::protobuf::util::MessageDifferencer::Equals(stored->message, req.profile())) {
+        return Invalid(Cat("profile.name: '", Printable(req.profile().name(), 64),
+                           "' is the name of a ", stored->builtin ? "built-in" : "stored",
                            " profile, and this inline profile differs from it; give it a name "
                            "of its own, or send profile_name to plan with the stored one"));
       }
@@ -369,10 +406,9 @@ class Handlers::Impl {
     if (req.has_search()) *canonical.mutable_search() = req.search();
     if (req.has_layout()) *canonical.mutable_layout() = req.layout();
     if (req.has_memory()) *canonical.mutable_memory() = req.memory();
-    const std::string key =
-        PlanCacheKey(entry->message.name(), entry->message.version(),
-                     Cat("model", std::string_view("\0", 1),
-                         canonical.SerializeAsString(), inline_bytes));
+    const std::string key = PlanCacheKey(
+        entry->message.name(), entry->message.version(),
+        Cat("model", std::string_view("\0", 1), canonical.SerializeAsString(), inline_bytes));
     if (PlanCache::Value hit = cache_.Get(key)) {
       *cache_state = "hit";
       resp->CopyFrom(*hit);
@@ -427,10 +463,9 @@ class Handlers::Impl {
       *canonical.mutable_schedules() = req.schedules();
     }
     canonical.set_include_timeline(req.include_timeline());
-    const std::string key =
-        PlanCacheKey(entry->message.name(), entry->message.version(),
-                     Cat("layer", std::string_view("\0", 1), canonical.SerializeAsString(),
-                         inline_bytes));
+    const std::string key = PlanCacheKey(
+        entry->message.name(), entry->message.version(),
+        Cat("layer", std::string_view("\0", 1), canonical.SerializeAsString(), inline_bytes));
     if (PlanCache::Value hit = cache_.Get(key)) {
       *cache_state = "hit";
       resp->CopyFrom(*hit);
@@ -454,19 +489,19 @@ class Handlers::Impl {
     return absl::OkStatus();
   }
 
-  absl::Status DoReport(const v1::ReportMeasurementRequest& req,
-                        v1::ReportMeasurementResponse* resp) {
-    if (req.profile_name().empty()) return Invalid("profile_name: required");
-    std::shared_ptr<const ProfileEntry> entry = store_.Get(req.profile_name());
-    if (!entry) return UnknownProfile("profile_name", req.profile_name());
-    if (req.profile_version() < 1 || req.profile_version() > entry->message.version()) {
-      return Invalid(Cat("profile_version: must be between 1 and the stored version ",
-                         entry->message.version(), " (got ", req.profile_version(), ")"));
+  // Measurements feed calibration and fill the disk: each names an op of the
+  // plan it measured, at most once, with a duration of at most an hour.
+  static constexpr double kMaxUs = 3.6e9;  // one hour
+
+  // A layer's report: its schedule planned on the profile, every op one of it.
+  absl::Status CheckLayerReport(const v1::ReportMeasurementRequest& req,
+                                const ProfileEntry& entry) const {
+    if (!req.has_plan() || !req.plan().has_layer()) {
+      return Invalid("plan.layer: required (or model_plan for a whole model)");
     }
-    if (!req.has_plan() || !req.plan().has_layer()) return Invalid("plan.layer: required");
     absl::StatusOr<p::LayerConfig> layer = proto::LayerFromProto(req.plan().layer());
     if (!layer.ok()) return Under("plan.layer.", layer.status());
-    if (absl::Status s = p::ValidateLayer(*layer, entry->profile.shape); !s.ok()) {
+    if (absl::Status s = p::ValidateLayer(*layer, entry.profile.shape); !s.ok()) {
       return Under("plan.layer.", s);
     }
     absl::StatusOr<p::Schedule> schedule = proto::ScheduleFromProto(req.schedule());
@@ -478,9 +513,7 @@ class Handlers::Impl {
       return Under("plan.layer.", s);
     }
     if (req.ops_size() == 0) return Invalid("ops: at least one measured op is required");
-    // Measurements feed calibration and fill the disk: each names an op of the
-    // plan it measured, at most once, with a duration of at most an hour.
-    p::LayerPlanner planner(entry->cost);
+    p::LayerPlanner planner(entry.cost);
     p::LayerPlan plan;
     const p::Schedule one[] = {*schedule};
     if (absl::Status s = planner.Plan(*layer, one, &plan); !s.ok()) {
@@ -488,33 +521,106 @@ class Handlers::Impl {
     }
     const p::OpGraph& graph = plan.candidates.front().graph();
     if (req.ops_size() > graph.size()) {
-      return Invalid(Cat("ops: at most one entry per op of the plan (", graph.size(),
+      return Invalid(Cat("ops: at most one entry per op of the plan (", graph.size(), " ops) (got ",
+                         req.ops_size(), ")"));
+    }
+    absl::flat_hash_set<std::string> names;
+    for (p::OpId id = 0; id < graph.size(); ++id) names.insert(graph.op(id).Name());
+    return CheckOps(
+        req, [&](const std::string& name) { return names.contains(name); },
+        Cat("the plan's ", p::ScheduleName(*schedule), " schedule"));
+  }
+
+  // A model's report: the request plans on the profile and names the variant
+  // it ran; every op is one of that plan's kinds (its name less block, step
+  // and part: a plan made on an older version may split ranges otherwise).
+  absl::Status CheckModelReport(const CallContext& ctx, const v1::ReportMeasurementRequest& req,
+                                const ProfileEntry& entry) {
+    const v1::PlanModelRequest& mp = req.model_plan();
+    if (mp.has_search() || mp.has_layout()) {
+      return Invalid("model_plan: a variants plan is reported, not a search or a layout");
+    }
+    absl::StatusOr<p::ModelConfig> model = proto::ModelFromProto(mp.model());
+    if (!model.ok()) return Under("model_plan.model.", model.status());
+    p::Variant variant;
+    if (!p::ParseVariant(req.variant(), &variant)) {
+      return Invalid(Cat("variant: must be none, tutel, dw, partition or lancet (got '",
+                         Printable(req.variant(), 32), "')"));
+    }
+    if (req.ops_size() == 0) return Invalid("ops: at least one measured op is required");
+    v1::PlanModelRequest request = mp;
+    request.set_include_timeline(true);
+    request.mutable_options()->clear_variants();
+    request.mutable_options()->add_variants(proto::VariantToProto(variant));
+    p::ModelPlanner planner(entry.cost);
+    v1::PlanModelResponse planned;
+    if (absl::Status s = proto::AnswerPlanModel(*model, request, planner, entry.profile, &planned,
+                                                PlanDeadline(ctx));
+        !s.ok()) {
+      return Under("model_plan.", s);
+    }
+    const v1::VariantPlan& v = planned.variants(0);
+    // A differently partitioned plan has at most max_partitions pieces per op.
+    const int max_ops = v.ops_size() * 8;
+    if (req.ops_size() > max_ops) {
+      return Invalid(Cat("ops: at most ", max_ops, " entries for this plan (", v.ops_size(),
                          " ops) (got ", req.ops_size(), ")"));
     }
-    absl::flat_hash_set<std::string> names, seen;
-    for (p::OpId id = 0; id < graph.size(); ++id) names.insert(graph.op(id).Name());
-    constexpr double kMaxUs = 3.6e9;  // one hour
+    absl::flat_hash_set<std::string> kinds;
+    for (const v1::OpTiming& op : v.ops())
+      kinds.insert(std::string(calibration::OpBaseName(op.name())));
+    return CheckOps(
+        req,
+        [&](const std::string& name) {
+          const std::string_view kind = calibration::OpBaseName(name);
+          return name.size() <= 256 && kinds.contains(absl::string_view(kind.data(), kind.size()));
+        },
+        Cat("the model's ", req.variant(), " plan"));
+  }
+
+  template <typename IsOp>
+  absl::Status CheckOps(const v1::ReportMeasurementRequest& req, IsOp is_op,
+                        std::string_view plan) const {
+    absl::flat_hash_set<std::string> seen;
     for (int i = 0; i < req.ops_size(); ++i) {
       const v1::MeasuredOp& op = req.ops(i);
       if (op.name().empty()) return Invalid(Cat("ops[", i, "].name: required"));
-      if (!names.contains(op.name())) {
-        return Invalid(Cat("ops[", i, "].name: not an op of the plan's ",
-                           p::ScheduleName(*schedule), " schedule (got '",
+      if (!is_op(op.name())) {
+        return Invalid(Cat("ops[", i, "].name: not an op of ", plan, " (got '",
                            Printable(op.name(), 64), "')"));
       }
       if (!seen.insert(op.name()).second) {
-        return Invalid(Cat("ops[", i, "].name: each op may be reported once (got '", op.name(),
-                           "' twice)"));
+        return Invalid(
+            Cat("ops[", i, "].name: each op may be reported once (got '", op.name(), "' twice)"));
       }
-      if (!std::isfinite(op.duration_us()) || op.duration_us() < 0 ||
-          op.duration_us() > kMaxUs) {
-        return Invalid(Cat("ops[", i, "].duration_us: must be finite, >= 0 and <= 3.6e9 (an hour) (got ",
+      if (!std::isfinite(op.duration_us()) || op.duration_us() < 0 || op.duration_us() > kMaxUs) {
+        return Invalid(Cat("ops[", i,
+                           "].duration_us: must be finite, >= 0 and <= 3.6e9 (an hour) (got ",
                            op.duration_us(), ")"));
       }
     }
+    return absl::OkStatus();
+  }
+
+  absl::Status DoReport(const CallContext& ctx, const v1::ReportMeasurementRequest& req,
+                        v1::ReportMeasurementResponse* resp) {
+    if (req.profile_name().empty()) return Invalid("profile_name: required");
+    std::shared_ptr<const ProfileEntry> entry = store_.Get(req.profile_name());
+    if (!entry) return UnknownProfile("profile_name", req.profile_name());
+    if (req.profile_version() < 1 || req.profile_version() > entry->message.version()) {
+      return Invalid(Cat("profile_version: must be between 1 and the stored version ",
+                         entry->message.version(), " (got ", req.profile_version(), ")"));
+    }
+    if (req.has_model_plan()) {
+      if (req.has_plan())
+        return Invalid("plan: give plan (a layer) or model_plan (a model), not both");
+      MOEPLAN_RETURN_IF_ERROR(CheckModelReport(ctx, req, *entry));
+    } else {
+      MOEPLAN_RETURN_IF_ERROR(CheckLayerReport(req, *entry));
+    }
     if (!std::isfinite(req.total_us()) || req.total_us() <= 0 || req.total_us() > kMaxUs) {
-      return Invalid(Cat("total_us: must be finite, > 0 and <= 3.6e9 (an hour) (got ",
-                         req.total_us(), ")"));
+      return Invalid(
+          Cat("total_us: must be finite, > 0 and <= 3.6e9 (an hour) (got ", req.total_us(), ")"));
     }
     proto::JsonStyle style;
     style.pretty = false;
@@ -527,12 +633,81 @@ class Handlers::Impl {
     return absl::OkStatus();
   }
 
+  // Refits the stored profile `name` from its measurement log and stores the
+  // next version; the old version's cached plans are dropped. One at a time:
+  // each must see the version the last one stored.
+  absl::Status DoRefit(const std::string& name, std::string_view source,
+                       v1::RefitProfileResponse* resp) {
+    if (name.empty()) return Invalid("profile_name: required");
+    std::lock_guard<std::mutex> refit_lock(refit_mu_);
+    std::shared_ptr<const ProfileEntry> entry = store_.Get(name);
+    if (!entry) return UnknownProfile("profile_name", name);
+    if (entry->builtin) {
+      return absl::FailedPreconditionError(
+          Cat("profile_name: built-in profile '", name,
+              "' is read-only: put a copy under another name (moeplan profiles put) and report "
+              "against that"));
+    }
+    MOEPLAN_ASSIGN_OR_RETURN(const std::vector<std::string> lines, store_.ReadMeasurements(name));
+    if (lines.empty()) {
+      return absl::FailedPreconditionError(
+          Cat("profile_name: no measurements have been reported against '", name, "'"));
+    }
+    std::vector<v1::ReportMeasurementRequest> reports(lines.size());
+    for (size_t i = 0; i < lines.size(); ++i) {
+      // Stored by DoReport, so they parse; a line that does not is data loss.
+      if (absl::Status s = proto::ParseJson(lines[i], &reports[i]); !s.ok()) {
+        return absl::DataLossError(
+            Cat("measurement ", i + 1, " of '", name, "' does not parse: ", View(s.message())));
+      }
+    }
+    MOEPLAN_ASSIGN_OR_RETURN(
+        calibration::RefitResult r,
+        calibration::RefitFromReports(entry->message, reports, calibration::OpContextOptions{},
+                                      Cat(source, ", ", lines.size(), " measurements")));
+    absl::StatusOr<std::shared_ptr<const ProfileEntry>> stored = store_.Put(r.profile);
+    if (!stored.ok()) return Under("profile.", stored.status());
+    cache_.EraseProfile(name);
+    *resp->mutable_profile() = (*stored)->message;
+    resp->set_report(std::move(r.report));
+    resp->set_measurements(lines.size());
+    resp->set_used(static_cast<uint64_t>(r.used));
+    return absl::OkStatus();
+  }
+
+  // The background refits of HandlerOptions::refit_every, in report order.
+  void RefitLoop() {
+    for (;;) {
+      std::string name;
+      {
+        std::unique_lock<std::mutex> lock(queue_mu_);
+        queue_cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+        if (stopping_) return;
+        name = std::move(queue_.front());
+        queue_.pop_front();
+      }
+      const auto start = Clock::now();
+      v1::RefitProfileResponse resp;
+      absl::Status s =
+          DoRefit(name, Cat("moeplan-server --refit-every ", options_.refit_every), &resp);
+      (s.ok() ? background_refits_ : background_refit_failures_).fetch_add(1);
+      log_.Log("RefitProfile(background)", s, start, "-", name);
+    }
+  }
+
   ProfileStore& store_;
   PlanCache& cache_;
   const HandlerOptions options_;
   const int max_model_plans_;
   std::atomic<int> model_plans_{0};
   RequestLog log_;
+  std::mutex refit_mu_;  // one refit at a time
+  std::mutex queue_mu_;  // guards queue_ and stopping_
+  std::condition_variable queue_cv_;
+  std::deque<std::string> queue_;
+  bool stopping_ = false;
+  std::atomic<uint64_t> background_refits_{0}, background_refit_failures_{0};
+  std::thread refit_worker_;  // started last, stopped first (~Impl)
 };
 
 Handlers::Handlers(ProfileStore* store, PlanCache* cache, const HandlerOptions& options)
@@ -540,6 +715,12 @@ Handlers::Handlers(ProfileStore* store, PlanCache* cache, const HandlerOptions& 
 Handlers::~Handlers() = default;
 
 int Handlers::model_plans_running() const { return impl_->model_plans_running(); }
+uint64_t Handlers::background_refits() const { return impl_->background_refits(); }
+uint64_t Handlers::background_refit_failures() const { return impl_->background_refit_failures(); }
+absl::Status Handlers::RefitProfile(const CallContext& ctx, const v1::RefitProfileRequest& req,
+                                    v1::RefitProfileResponse* resp) {
+  return impl_->RefitProfile(ctx, &req, resp);
+}
 
 bool Handlers::PlanModelCached(const CallContext& ctx, const v1::PlanModelRequest& req,
                                v1::PlanModelResponse* resp, absl::Status* status) {

@@ -26,9 +26,10 @@ int main(int argc, char** argv) {
   app.add_option("--tls-cert", options.tls_cert_file,
                  "PEM certificate chain: serve over TLS (with --tls-key)");
   app.add_option("--tls-key", options.tls_key_file, "PEM private key of --tls-cert");
-  app.add_option("--token-file", options.token_file,
-                 "File whose first line is the bearer token PutProfile and ReportMeasurement "
-                 "need (metadata 'authorization: Bearer <token>'; at least 16 characters)");
+  app.add_option(
+      "--token-file", options.token_file,
+      "File whose first line is the bearer token PutProfile, ReportMeasurement and "
+      "RefitProfile need (metadata 'authorization: Bearer <token>'; at least 16 characters)");
   app.add_flag("--token-for-reads", options.token_for_reads,
                "Require the token for every RPC, reads included");
   app.add_option("--data-dir", options.data_dir, "Directory for stored profiles and measurements")
@@ -61,6 +62,11 @@ int main(int argc, char** argv) {
                  "deadline applies when earlier)")
       ->check(CLI::Range(0.001, 86400.0))
       ->capture_default_str();
+  app.add_option("--refit-every", options.handlers.refit_every,
+                 "Refit a stored profile from its reported measurements after every N reported "
+                 "against it (as RefitProfile, in the background; 0: only when asked)")
+      ->check(CLI::Range(0, 1 << 30))
+      ->capture_default_str();
   app.add_option("--drain-ms", drain_ms, "On SIGTERM/SIGINT, how long in-flight calls may finish")
       ->capture_default_str();
   bool quiet = false;
@@ -75,8 +81,8 @@ int main(int argc, char** argv) {
   }
   options.handlers.log_requests = !quiet;
   options.handlers.max_response_bytes = max_message_mib << 20;
-  options.handlers.max_plan_time = std::chrono::milliseconds(
-      static_cast<int64_t>(max_plan_seconds * 1000.0));
+  options.handlers.max_plan_time =
+      std::chrono::milliseconds(static_cast<int64_t>(max_plan_seconds * 1000.0));
   options.cache_bytes = cache_mib << 20;
   // Debian's abseil checks every absl::Mutex acquisition for lock-order cycles
   // (~3% of server CPU under load); the server's locking is flat.

@@ -10,6 +10,8 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
+#include <system_error>
 
 #include "moeplan/base/status.h"
 #include "moeplan/base/strings.h"
@@ -242,6 +244,25 @@ absl::StatusOr<std::shared_ptr<const ProfileEntry>> ProfileStore::Put(
   std::lock_guard<std::mutex> lock(mu_);
   profiles_[name] = *entry;
   return *entry;
+}
+
+absl::StatusOr<std::vector<std::string>> ProfileStore::ReadMeasurements(
+    std::string_view profile_name) const {
+  // Appends hold write_mu_ until their line is whole: no torn last line here.
+  std::lock_guard<std::mutex> write_lock(write_mu_);
+  const std::string path = MeasurementPath(profile_name);
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) return std::vector<std::string>{};
+  MOEPLAN_ASSIGN_OR_RETURN(const std::string text, proto::ReadFile(path));
+  std::vector<std::string> lines;
+  size_t begin = 0;
+  while (begin < text.size()) {
+    size_t end = text.find('\n', begin);
+    if (end == std::string::npos) end = text.size();
+    if (end > begin) lines.emplace_back(text.substr(begin, end - begin));
+    begin = end + 1;
+  }
+  return lines;
 }
 
 absl::StatusOr<uint64_t> ProfileStore::AppendMeasurement(const std::string& profile_name,

@@ -15,10 +15,10 @@
 #include <condition_variable>
 #include <deque>
 #include <functional>
-#include <thread>
-#include <vector>
 #include <limits>
 #include <mutex>
+#include <thread>
+#include <vector>
 
 #include "moeplan/base/status.h"
 #include "moeplan/base/strings.h"
@@ -152,6 +152,21 @@ class CallbackPlanner final : public v1::Planner::CallbackService {
                                               v1::ReportMeasurementResponse* resp) override {
     return Finish(ctx, core_.ReportMeasurement(GrpcCall(ctx), *req, resp));
   }
+  // A refit re-plans every reported run: on the planning threads, like model plans.
+  grpc::ServerUnaryReactor* RefitProfile(grpc::CallbackServerContext* ctx,
+                                         const v1::RefitProfileRequest* req,
+                                         v1::RefitProfileResponse* resp) override {
+    grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+    const bool queued = pool_.Submit([this, ctx, req, resp, reactor] {
+      reactor->Finish(ToGrpc(core_.RefitProfile(GrpcCall(ctx), *req, resp)));
+    });
+    if (!queued) {
+      reactor->Finish(ToGrpc(absl::ResourceExhaustedError(
+          Cat("server busy: ", pool_.threads(), " plans are running and ", pool_.queue(),
+              " waiting (moeplan-server --max-model-plans); retry later"))));
+    }
+    return reactor;
+  }
 
  private:
   static grpc::ServerUnaryReactor* Finish(grpc::CallbackServerContext* ctx, const absl::Status& s) {
@@ -190,6 +205,10 @@ class SyncPlanner final : public v1::Planner::Service {
   grpc::Status ReportMeasurement(grpc::ServerContext* ctx, const v1::ReportMeasurementRequest* req,
                                  v1::ReportMeasurementResponse* resp) override {
     return ToGrpc(core_.ReportMeasurement(GrpcCall(ctx), *req, resp));
+  }
+  grpc::Status RefitProfile(grpc::ServerContext* ctx, const v1::RefitProfileRequest* req,
+                            v1::RefitProfileResponse* resp) override {
+    return ToGrpc(core_.RefitProfile(GrpcCall(ctx), *req, resp));
   }
 
  private:
@@ -233,9 +252,10 @@ namespace {
 absl::StatusOr<std::string> ReadToken(const std::string& path) {
   MOEPLAN_ASSIGN_OR_RETURN(std::string token, proto::ReadTokenFile(path));
   if (token.size() < 16) {
-    return Invalid(Cat("--token-file: the token (the file's first line) must be at least 16 "
-                       "characters (got ",
-                       token.size(), ")"));
+    return Invalid(
+        Cat("--token-file: the token (the file's first line) must be at least 16 "
+            "characters (got ",
+            token.size(), ")"));
   }
   for (char c : token) {
     if (c < 0x21 || c > 0x7e) {

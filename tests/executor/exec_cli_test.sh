@@ -11,7 +11,10 @@
 #   one error line naming the field;
 # - a rank stopped or killed mid-run: the job ends non-zero within 30 s;
 # - --report-to a moeplan-server on loopback: one stored measurement per
-#   schedule, op for op under the plan's names; an unreachable server: exit 1;
+#   schedule, op for op under the plan's names; --model --report-to one per
+#   variant against a stored profile, then `moeplan calibrate --from-server`
+#   refits it into version 2, which the server then serves; an unreachable
+#   server: exit 1;
 # - --model on 4 ranks: every variant predicted and measured in plan-model's
 #   shape, op for op under the same names; its bad inputs named.
 set -uo pipefail
@@ -285,6 +288,37 @@ for m, c in zip(lines, rep["candidates"]):
         print("FAIL: total differs", m["total_us"], c["total_us"], file=sys.stderr); ok = False
 sys.exit(0 if ok else 1)
 PYEOF
+  # Whole models report per variant against a stored profile, which the
+  # server then refits from them.
+  "$CLI" profiles get a100-8x8 | $PY -c '
+import json, sys; p = json.load(sys.stdin); p["name"] = "lab"; p["version"] = 1
+json.dump(p, open(sys.argv[1], "w"))' "$TMP/lab.json"
+  "$CLI" profiles put "$TMP/lab.json" --server "$addr" >/dev/null || bad "profiles put lab failed"
+  if ! timeout 120 mpirun -np 4 "$EXEC" --model "$SRC/tests/executor/models/tiny-model-4.json" \
+      --variant all --iters 2 --warmup 0 --profile "$TMP/lab.json" --report-to "$addr" \
+      >/dev/null 2>"$TMP/repm.err"; then
+    bad "moeplan-exec --model --report-to failed: $(cat "$TMP/repm.err")"
+  fi
+  grep -q "reported 5 variant(s) to $addr (profile lab v1: 5 stored)" "$TMP/repm.err" ||
+    bad "no model report line in: $(cat "$TMP/repm.err")"
+  if ! "$CLI" calibrate --from-server "$addr" --profile lab --out "$TMP/lab-v2.json" \
+      >"$TMP/refit.txt" 2>&1; then
+    bad "calibrate --from-server failed: $(cat "$TMP/refit.txt")"
+  fi
+  grep -q "stored profile lab version 2 on $addr (fitted on 5 of 5 reported runs)" "$TMP/refit.txt" ||
+    bad "no refit line in: $(tail -3 "$TMP/refit.txt")"
+  grep -q "| models | v2 | 5 |" "$TMP/refit.txt" || bad "the refit report has no model rows"
+  "$CLI" profiles get lab --server "$addr" >"$TMP/lab-served.json" 2>&1 || bad "profiles get lab failed"
+  $PY - "$TMP/lab-v2.json" "$TMP/lab-served.json" <<'PYEOF' || fail=1
+import json, sys
+mine, served = (json.load(open(f)) for f in sys.argv[1:3])
+ok = mine.get("version") == served.get("version") == 2 and len(served["context"]["ops"]) > 0
+if not ok: print("FAIL: the server does not serve the refitted version 2", file=sys.stderr)
+sys.exit(0 if ok else 1)
+PYEOF
+  "$CLI" calibrate --from-server "$addr" --profile a100-8x8 >"$TMP/ro.txt" 2>&1 &&
+    bad "refitting a built-in profile succeeded"
+  grep -q "built-in profile 'a100-8x8' is read-only" "$TMP/ro.txt" || bad "built-in refit: $(cat "$TMP/ro.txt")"
 fi
 kill "$server_pid" 2>/dev/null; wait "$server_pid" 2>/dev/null
 timeout 60 mpirun -np 4 "$EXEC" --layer "$LAYER" --iters 1 --warmup 0 --report-to 127.0.0.1:1 \

@@ -13,6 +13,7 @@
 #include <fstream>
 #include <functional>
 #include <limits>
+#include <thread>
 
 #include "grpc_std/health.grpc.pb.h"
 #include "grpc_std/reflection.pb.h"
@@ -54,11 +55,12 @@ class ServerTest : public ::testing::Test {
     server_.reset();
     std::filesystem::remove_all(dir_);
   }
-  void StartServer() {
+  void StartServer(int refit_every = 0) {
     ServerOptions options;
     options.listen = "127.0.0.1:0";
     options.data_dir = dir_;
     options.handlers.log_requests = false;
+    options.handlers.refit_every = refit_every;
     ProfileStore::OpenReport report;
     absl::StatusOr<std::unique_ptr<PlannerServer>> s = PlannerServer::Start(options, &report);
     ASSERT_TRUE(s.ok()) << s.status();
@@ -91,10 +93,9 @@ TEST_F(ServerTest, PlanLayerEqualsLocalPlanning) {
 TEST_F(ServerTest, PlanModelValidatesAndCaches) {
   v1::PlanModelRequest req;
   req.set_profile_name("a100-8x8");
-  ASSERT_TRUE(
-      proto::ReadJsonFile(MOEPLAN_SOURCE_DIR "/examples/models/gpt2-s-moe.a100.json",
-                          req.mutable_model())
-          .ok());
+  ASSERT_TRUE(proto::ReadJsonFile(MOEPLAN_SOURCE_DIR "/examples/models/gpt2-s-moe.a100.json",
+                                  req.mutable_model())
+                  .ok());
   req.mutable_options()->add_variants(v1::OVERLAP_VARIANT_NONE);
   req.mutable_options()->add_variants(v1::OVERLAP_VARIANT_LANCET);
   absl::StatusOr<v1::PlanModelResponse> first = client_->PlanModel(req);
@@ -349,6 +350,140 @@ TEST_F(ServerTest, ReportMeasurementAppendsDurably) {
   server_.reset();
   StartServer();
   EXPECT_EQ(client_->ReportMeasurement(req)->stored(), 3u);
+}
+
+// A run of the Gpt2 layer at batch `batch` on profile `name`, S1, that took
+// twice the server's prediction, op for op; the prediction's total.
+v1::ReportMeasurementRequest SlowRun(client::PlannerClient& c, const std::string& name, int batch,
+                                     double* predicted_us = nullptr) {
+  v1::PlanLayerRequest plan = PlanRequest();
+  plan.set_profile_name(name);
+  plan.mutable_layer()->set_batch_size(batch);
+  plan.clear_schedules();
+  plan.add_schedules(v1::SCHEDULE_S1);
+  plan.set_include_timeline(true);
+  absl::StatusOr<v1::PlanLayerResponse> p = c.PlanLayer(plan);
+  EXPECT_TRUE(p.ok()) << p.status();
+  v1::ReportMeasurementRequest r;
+  r.set_profile_name(name);
+  r.set_profile_version(p->profile_version());
+  plan.clear_include_timeline();
+  *r.mutable_plan() = plan;
+  r.set_schedule(v1::SCHEDULE_S1);
+  for (const v1::OpTiming& op : p->candidates(0).ops()) {
+    v1::MeasuredOp* m = r.add_ops();
+    m->set_name(op.name());
+    m->set_duration_us(2.0 * (op.end_us() - op.start_us()));
+  }
+  r.set_total_us(2.0 * p->candidates(0).total_us());
+  if (predicted_us != nullptr) *predicted_us = p->candidates(0).total_us();
+  return r;
+}
+
+// A tiny whole model's report against a100-8x8 (variant none, one op).
+v1::ReportMeasurementRequest GoodModelReport() {
+  v1::ReportMeasurementRequest r;
+  r.set_profile_name("a100-8x8");
+  r.set_profile_version(1);
+  EXPECT_TRUE(proto::ReadJsonFile(MOEPLAN_SOURCE_DIR "/tests/executor/models/tiny-model-4.json",
+                                  r.mutable_model_plan()->mutable_model())
+                  .ok());
+  r.mutable_model_plan()->mutable_options()->add_variants(v1::OVERLAP_VARIANT_NONE);
+  r.set_variant("none");
+  v1::MeasuredOp* op = r.add_ops();
+  op->set_name("b1.fwd.qkv");
+  op->set_duration_us(12);
+  r.set_total_us(5000);
+  return r;
+}
+
+TEST_F(ServerTest, WholeModelRunsAreReportedToo) {
+  absl::StatusOr<v1::ReportMeasurementResponse> r = client_->ReportMeasurement(GoodModelReport());
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->stored(), 1u);
+  v1::ReportMeasurementRequest back;
+  const std::string log = *proto::ReadFile(dir_ + "/measurements/a100-8x8.jsonl");
+  ASSERT_TRUE(proto::ParseJson(log.substr(0, log.find('\n')), &back).ok());
+  EXPECT_EQ(back.variant(), "none");
+  EXPECT_EQ(back.model_plan().model().name(), "tiny-model-4");
+}
+
+// RefitProfile: runs that took twice the prediction make a version 2 whose
+// plans take twice as long; the old version's cached plans are not served.
+TEST_F(ServerTest, RefitProfileStoresTheNextVersionFromReportedRuns) {
+  v1::ClusterProfile lab = *calibration::BuiltinProfile("a100-8x8");
+  lab.set_name("lab");
+  ASSERT_TRUE(client_->PutProfile(lab).ok());
+  auto refit = [&](const std::string& name) {
+    v1::RefitProfileRequest req;
+    req.set_profile_name(name);
+    return client_->RefitProfile(req);
+  };
+  EXPECT_EQ(refit("").status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(refit("nope").status().code(), absl::StatusCode::kNotFound);
+  absl::StatusOr<v1::RefitProfileResponse> ro = refit("a100-8x8");
+  EXPECT_EQ(ro.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(Msg(ro.status()).find("built-in profile 'a100-8x8' is read-only"), std::string::npos);
+  absl::StatusOr<v1::RefitProfileResponse> none = refit("lab");
+  EXPECT_EQ(none.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(Msg(none.status()).find("no measurements have been reported against 'lab'"),
+            std::string::npos);
+
+  double before_us = 0.0;
+  for (int b : {2, 8, 4}) {
+    ASSERT_TRUE(client_->ReportMeasurement(SlowRun(*client_, "lab", b, &before_us)).ok());
+  }
+  const size_t cached = server_->cache().size();
+  ASSERT_GT(cached, 0u);
+  absl::StatusOr<v1::RefitProfileResponse> r = refit("lab");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->profile().version(), 2u);
+  EXPECT_EQ(r->measurements(), 3u);
+  EXPECT_EQ(r->used(), 3u);
+  EXPECT_GT(r->profile().context().ops_size(), 0);
+  EXPECT_NE(r->report().find("# Refit of lab: version 1 -> 2"), std::string::npos);
+  EXPECT_NE(r->report().find("| layers | v2 | 3 | 0.0 |"), std::string::npos) << r->report();
+  EXPECT_EQ(server_->cache().size(), 0u) << "lab's cached plans dropped";
+  EXPECT_EQ(client_->GetProfile("lab")->SerializeAsString(), r->profile().SerializeAsString());
+
+  v1::PlanLayerRequest plan = PlanRequest();
+  plan.set_profile_name("lab");
+  plan.mutable_layer()->set_batch_size(4);
+  plan.clear_schedules();
+  plan.add_schedules(v1::SCHEDULE_S1);
+  absl::StatusOr<v1::PlanLayerResponse> after = client_->PlanLayer(plan);
+  ASSERT_TRUE(after.ok()) << after.status();
+  EXPECT_EQ(after->profile_version(), 2u);
+  EXPECT_NEAR(after->candidates(0).total_us(), 2.0 * before_us, 1e-6 * before_us);
+
+  // Stored: a restarted server serves version 2, and refits again from the
+  // same log (the corrections are fitted on the profile without its own).
+  client_.reset();
+  server_.reset();
+  StartServer();
+  absl::StatusOr<v1::RefitProfileResponse> again = refit("lab");
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->profile().version(), 3u);
+}
+
+TEST_F(ServerTest, RefitEveryNReportsRunsInTheBackground) {
+  client_.reset();
+  server_.reset();
+  StartServer(/*refit_every=*/3);
+  v1::ClusterProfile lab = *calibration::BuiltinProfile("a100-8x8");
+  lab.set_name("lab");
+  ASSERT_TRUE(client_->PutProfile(lab).ok());
+  for (int b : {2, 8}) ASSERT_TRUE(client_->ReportMeasurement(SlowRun(*client_, "lab", b)).ok());
+  EXPECT_EQ(client_->GetProfile("lab")->version(), 1u) << "two reports: no refit yet";
+  ASSERT_TRUE(client_->ReportMeasurement(SlowRun(*client_, "lab", 4)).ok());
+  // The third report queues a refit; wait for version 2 (bounded).
+  uint32_t version = 1;
+  for (int i = 0; i < 400 && version == 1; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    version = client_->GetProfile("lab")->version();
+  }
+  EXPECT_EQ(version, 2u);
+  EXPECT_GT(client_->GetProfile("lab")->context().ops_size(), 0);
 }
 
 TEST_F(ServerTest, HealthAndReflectionAnswer) {
@@ -646,6 +781,41 @@ std::vector<BadRequest> BadRequests() {
       Report(
           "report_op_twice", [](auto* r) { *r->add_ops() = r->ops(0); },
           "ops[1].name: each op may be reported once (got 'fwd.gate' twice)"),
+      {"report_model_and_plan",
+       [](client::PlannerClient& c) {
+         v1::ReportMeasurementRequest r = GoodModelReport();
+         *r.mutable_plan() = PlanRequest();
+         return c.ReportMeasurement(r).status();
+       },
+       "plan: give plan (a layer) or model_plan (a model), not both"},
+      {"report_model_bad_variant",
+       [](client::PlannerClient& c) {
+         v1::ReportMeasurementRequest r = GoodModelReport();
+         r.set_variant("fast");
+         return c.ReportMeasurement(r).status();
+       },
+       "variant: must be none, tutel, dw, partition or lancet (got 'fast')"},
+      {"report_model_bad_model",
+       [](client::PlannerClient& c) {
+         v1::ReportMeasurementRequest r = GoodModelReport();
+         r.mutable_model_plan()->mutable_model()->set_num_layers(0);
+         return c.ReportMeasurement(r).status();
+       },
+       "model_plan.model.num_layers: "},
+      {"report_model_search",
+       [](client::PlannerClient& c) {
+         v1::ReportMeasurementRequest r = GoodModelReport();
+         r.mutable_model_plan()->mutable_search();
+         return c.ReportMeasurement(r).status();
+       },
+       "model_plan: a variants plan is reported"},
+      {"report_model_unknown_op",
+       [](client::PlannerClient& c) {
+         v1::ReportMeasurementRequest r = GoodModelReport();
+         r.mutable_ops(0)->set_name("b1.fwd.teleport");
+         return c.ReportMeasurement(r).status();
+       },
+       "ops[0].name: not an op of the model's none plan (got 'b1.fwd.teleport')"},
       Report(
           "report_too_many_ops",
           [](auto* r) {
@@ -684,8 +854,8 @@ class SecureServerTest : public ::testing::Test {
     char tmpl[] = "/tmp/moeplan_tls_test.XXXXXX";
     ASSERT_NE(mkdtemp(tmpl), nullptr);
     dir_ = tmpl;
-    const std::string cmd = Cat("bash " MOEPLAN_SOURCE_DIR "/tests/server/make_test_certs.sh ",
-                                dir_, "/certs");
+    const std::string cmd =
+        Cat("bash " MOEPLAN_SOURCE_DIR "/tests/server/make_test_certs.sh ", dir_, "/certs");
     ASSERT_EQ(std::system(cmd.c_str()), 0) << "openssl is needed (scripts/setup.sh installs it)";
   }
   void TearDown() override {
@@ -758,8 +928,7 @@ TEST_F(SecureServerTest, WritesNeedTheTokenReadsDoNot) {
   // passes while the client retries.
   std::unique_ptr<client::PlannerClient> plain = Client(Cert("token"), /*tls=*/false);
   const absl::StatusCode code = plain->ListProfiles().status().code();
-  EXPECT_TRUE(code == absl::StatusCode::kUnavailable ||
-              code == absl::StatusCode::kDeadlineExceeded)
+  EXPECT_TRUE(code == absl::StatusCode::kUnavailable || code == absl::StatusCode::kDeadlineExceeded)
       << code;
 }
 

@@ -24,7 +24,7 @@ namespace moeplan::client {
 
 // How to reach a server.
 struct ClientOptions {
-  std::string address;  // host:port or unix:PATH
+  std::string address;                                           // host:port or unix:PATH
   std::chrono::milliseconds timeout = std::chrono::seconds(10);  // every call's deadline
   // PEM file of the CA that signed the server's certificate (moeplan-server
   // --tls-cert): the channel is TLS. Empty: plaintext.
@@ -55,6 +55,8 @@ class PlannerClient {
   absl::StatusOr<v1::PutProfileResponse> PutProfile(const v1::ClusterProfile& profile);
   absl::StatusOr<v1::ReportMeasurementResponse> ReportMeasurement(
       const v1::ReportMeasurementRequest& request);
+  // Not retried either: a refit that landed would be done twice.
+  absl::StatusOr<v1::RefitProfileResponse> RefitProfile(const v1::RefitProfileRequest& request);
 
   const std::string& address() const { return options_.address; }
 

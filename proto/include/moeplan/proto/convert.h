@@ -80,6 +80,13 @@ void ModelPlanToProto(const planner::ModelPlan& plan, const planner::ModelConfig
                       const planner::ClusterProfile& profile, bool include_timeline,
                       v1::PlanModelResponse* out);
 
+// The request that plans `ran`, one variant of a plan of `model`, again: its
+// variant, MoE schedule, AlltoAll algorithm and Tutel degree pinned; partition
+// ranges and dW placement are planned anew (on an unchanged profile: as they
+// were). InvalidArgument "variant: ..." when `ran` names no variant.
+absl::StatusOr<v1::PlanModelRequest> PinnedModelRequest(const v1::ModelConfig& model,
+                                                        const v1::VariantPlan& ran);
+
 // Layouts (docs/layouts.md). Empty family / pipeline are inferred; errors
 // "layout.<field>: ..." / "search.<field>: ...".
 absl::StatusOr<planner::Layout> LayoutFromProto(const v1::Layout& msg);

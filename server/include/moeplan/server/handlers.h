@@ -56,6 +56,10 @@ struct HandlerOptions {
   // constant time; without it, or with another, UNAUTHENTICATED, nothing written.
   std::string token;
   bool token_for_reads = false;
+  // > 0: after every `refit_every`-th measurement reported against a stored
+  // profile, that profile is refitted (as RefitProfile) on a background
+  // thread; 0: only when asked.
+  int refit_every = 0;
 };
 
 class Handlers {
@@ -82,6 +86,14 @@ class Handlers {
                           v1::PutProfileResponse* resp);
   absl::Status ReportMeasurement(const CallContext& ctx, const v1::ReportMeasurementRequest& req,
                                  v1::ReportMeasurementResponse* resp);
+  // Refits a stored profile from its reported measurements and stores the
+  // next version (docs/service.md "Refits"); one refit runs at a time.
+  absl::Status RefitProfile(const CallContext& ctx, const v1::RefitProfileRequest& req,
+                            v1::RefitProfileResponse* resp);
+  // Background refits (HandlerOptions::refit_every) finished so far, and
+  // those that failed (each logged with its reason).
+  uint64_t background_refits() const;
+  uint64_t background_refit_failures() const;
 
   const HandlerOptions& options() const { return options_; }
   // Uncached PlanModel calls running now.

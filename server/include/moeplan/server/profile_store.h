@@ -68,6 +68,8 @@ class ProfileStore {
   // fsyncs it. Returns how many measurements that profile now has.
   absl::StatusOr<uint64_t> AppendMeasurement(const std::string& profile_name,
                                              std::string_view line);
+  // The profile's measurement log, one line each (none: empty).
+  absl::StatusOr<std::vector<std::string>> ReadMeasurements(std::string_view profile_name) const;
 
   const std::string& data_dir() const { return data_dir_; }
 
@@ -80,7 +82,7 @@ class ProfileStore {
   mutable std::mutex mu_;  // guards profiles_ and measurement_counts_
   std::map<std::string, std::shared_ptr<const ProfileEntry>, std::less<>> profiles_;
   std::map<std::string, uint64_t, std::less<>> measurement_counts_;
-  std::mutex write_mu_;  // serialises file writes (puts and appends)
+  mutable std::mutex write_mu_;  // serialises file writes (puts and appends) and log reads
 };
 
 }  // namespace moeplan::server

@@ -1,0 +1,201 @@
+// Refits from reported in-job measurements (refit.h).
+#include "moeplan/calibration/refit.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <iterator>
+#include <utility>
+
+#include "moeplan/base/status.h"
+#include "moeplan/base/strings.h"
+#include "moeplan/planner/model.h"
+#include "moeplan/planner/planner.h"
+#include "moeplan/proto/convert.h"
+
+namespace moeplan::calibration {
+namespace {
+
+namespace p = ::moeplan::planner;
+
+// Measured op timelines carry durations only: each op from 0 to its duration
+// (ops are matched by name and only their durations are compared).
+template <typename Plan>
+void SetOps(const v1::ReportMeasurementRequest& r, Plan* plan) {
+  for (const v1::MeasuredOp& m : r.ops()) {
+    v1::OpTiming* op = plan->add_ops();
+    op->set_name(m.name());
+    op->set_start_us(0.0);
+    op->set_end_us(m.duration_us());
+  }
+}
+
+absl::Status Under(std::string_view prefix, const absl::Status& s) {
+  return absl::Status(s.code(), Cat(prefix, View(s.message())));
+}
+
+// The reported runs' total-time error on one profile, layers and models apart
+// (one summary holds one kind).
+struct Errors {
+  std::vector<ValidationInput> layers, models;
+};
+
+absl::StatusOr<Errors> Predict(const std::vector<const v1::ReportMeasurementRequest*>& reports,
+                               const std::vector<std::string>& names,
+                               const v1::ClusterProfile& message) {
+  MOEPLAN_ASSIGN_OR_RETURN(const p::ClusterProfile profile, proto::ProfileFromProto(message));
+  MOEPLAN_ASSIGN_OR_RETURN(const p::CostModel cost, p::CostModel::Create(profile));
+  Errors out;
+  for (size_t i = 0; i < reports.size(); ++i) {
+    MOEPLAN_ASSIGN_OR_RETURN(ValidationInput in, ReportedRun(*reports[i], profile, cost, names[i]));
+    (in.IsModel() ? out.models : out.layers).push_back(std::move(in));
+  }
+  return out;
+}
+
+std::string ErrorRow(std::string_view runs, std::string_view version,
+                     const std::vector<ValidationInput>& inputs, const v1::ClusterProfile& p) {
+  if (inputs.empty()) return "";
+  absl::StatusOr<v1::ValidationSummary> s = Summarize(inputs, p.name(), 0, p.nodes());
+  if (!s.ok())
+    return fmt::format("| {} | {} | – | {} |\n", runs, version, View(s.status().message()));
+  return fmt::format("| {} | {} | {} | {:.1f} | {:.1f} | {:.1f} | {:+.1f} |\n", runs, version,
+                     s->points(), s->mape_pct(), s->p90_pct(), s->max_pct(), s->mean_signed_pct());
+}
+
+}  // namespace
+
+absl::StatusOr<ValidationInput> ReportedRun(const v1::ReportMeasurementRequest& r,
+                                            const p::ClusterProfile& profile,
+                                            const p::CostModel& cost, std::string name) {
+  ValidationInput in;
+  in.name = std::move(name);
+  if (r.has_model_plan()) {
+    absl::StatusOr<p::ModelConfig> model = proto::ModelFromProto(r.model_plan().model());
+    if (!model.ok()) return Under("model_plan.model.", model.status());
+    v1::PlanModelRequest request = r.model_plan();
+    request.set_include_timeline(true);
+    p::ModelPlanner planner(cost);
+    v1::PlanModelResponse planned;
+    if (absl::Status s = proto::AnswerPlanModel(*model, request, planner, profile, &planned);
+        !s.ok()) {
+      return Under("model_plan.", s);
+    }
+    const auto it = std::find_if(planned.variants().begin(), planned.variants().end(),
+                                 [&](const v1::VariantPlan& v) { return v.name() == r.variant(); });
+    if (it == planned.variants().end()) {
+      return absl::InvalidArgumentError(
+          Cat("variant: '", r.variant(), "' is not a variant the request plans"));
+    }
+    v1::VariantPlan measured;
+    measured.set_name(r.variant());
+    measured.set_iteration_us(r.total_us());
+    SetOps(r, &measured);
+    in.model = r.model_plan().model();
+    in.measured_variants.push_back(std::move(measured));
+    in.predicted_variants.push_back(*it);
+    return in;
+  }
+  absl::StatusOr<p::LayerConfig> layer = proto::LayerFromProto(r.plan().layer());
+  if (!layer.ok()) return Under("plan.layer.", layer.status());
+  v1::PlanLayerRequest request = r.plan();
+  request.clear_schedules();
+  request.add_schedules(r.schedule());
+  request.set_include_timeline(true);
+  p::LayerPlanner planner(cost);
+  v1::PlanLayerResponse planned;
+  if (absl::Status s = proto::AnswerPlanLayer(*layer, request, planner, profile, &planned);
+      !s.ok()) {
+    return Under("plan.", s);
+  }
+  v1::CandidatePlan measured;
+  measured.set_schedule(r.schedule());
+  measured.set_total_us(r.total_us());
+  SetOps(r, &measured);
+  in.layer = r.plan().layer();
+  in.measured.push_back(std::move(measured));
+  in.predicted.push_back(planned.candidates(0));
+  return in;
+}
+
+absl::StatusOr<RefitResult> RefitFromReports(
+    const v1::ClusterProfile& profile, const std::vector<v1::ReportMeasurementRequest>& reports,
+    const OpContextOptions& options, std::string_view source) {
+  RefitResult out;
+  // The profile's own model, without corrections: what the new ones correct.
+  v1::ClusterProfile base = profile;
+  base.mutable_context()->clear_ops();
+  base.mutable_context()->clear_ops_fitted_on();
+  MOEPLAN_ASSIGN_OR_RETURN(const p::ClusterProfile base_profile, proto::ProfileFromProto(base));
+  MOEPLAN_ASSIGN_OR_RETURN(const p::CostModel base_cost, p::CostModel::Create(base_profile));
+  std::vector<ValidationInput> inputs;
+  std::vector<const v1::ReportMeasurementRequest*> used;
+  std::vector<std::string> names;
+  int layers = 0, models = 0;
+  for (size_t i = 0; i < reports.size(); ++i) {
+    const v1::ReportMeasurementRequest& r = reports[i];
+    const std::string name =
+        r.has_model_plan()
+            ? fmt::format("report[{}] {} {}", i, r.model_plan().model().name(), r.variant())
+            : fmt::format("report[{}] {} {}", i, r.plan().layer().name(),
+                          proto::ScheduleLabel(r.schedule()));
+    absl::StatusOr<ValidationInput> in = ReportedRun(r, base_profile, base_cost, name);
+    if (!in.ok()) {
+      out.skipped.push_back(Cat("report ", i, ": ", View(in.status().message())));
+      continue;
+    }
+    (in->IsModel() ? models : layers) += 1;
+    inputs.push_back(*std::move(in));
+    used.push_back(&r);
+    names.push_back(name);
+  }
+  if (inputs.empty()) {
+    return absl::FailedPreconditionError(Cat(
+        "refit of ", profile.name(), ": none of the ", reports.size(), " reported runs plans on it",
+        out.skipped.empty() ? "" : Cat(" (first: ", out.skipped[0], ")")));
+  }
+  MOEPLAN_ASSIGN_OR_RETURN(out.ops, FitOpContexts(inputs, options));
+  if (out.ops.empty()) {
+    return absl::FailedPreconditionError(Cat("refit of ", profile.name(), ": no op was reported ",
+                                             options.min_samples, " or more times in the ",
+                                             inputs.size(), " runs that plan; report more runs"));
+  }
+  out.used = static_cast<int>(inputs.size());
+  out.profile = profile;
+  out.profile.set_version(profile.version() + 1);
+  v1::ContextModel* ctx = out.profile.mutable_context();
+  ctx->clear_ops();
+  for (const v1::OpContext& c : out.ops) *ctx->add_ops() = c;
+  ctx->set_ops_fitted_on(fmt::format("{}: {} reported runs ({} layer schedules, {} model variants)",
+                                     source, out.used, layers, models));
+
+  MOEPLAN_ASSIGN_OR_RETURN(const Errors before, Predict(used, names, profile));
+  MOEPLAN_ASSIGN_OR_RETURN(const Errors after, Predict(used, names, out.profile));
+  std::string& md = out.report;
+  auto o = std::back_inserter(md);
+  fmt::format_to(o, "# Refit of {}: version {} -> {}\n\n", profile.name(), profile.version(),
+                 out.profile.version());
+  fmt::format_to(o,
+                 "In-context op corrections fitted on {} reported runs ({} layer schedules, {} "
+                 "model variants) from {}; the profile's own fits are unchanged.{}\n\n",
+                 out.used, layers, models, source,
+                 out.skipped.empty() ? ""
+                                     : fmt::format(" {} reported runs did not plan and were left "
+                                                   "out (first: {}).",
+                                                   out.skipped.size(), out.skipped[0]));
+  md +=
+      "Total-time error of the reported runs (in-sample: the runs fitted on) with the old "
+      "version and the new:\n\n| runs | version | n | MAPE % | p90 % | max % | mean signed % "
+      "|\n|---|---|---:|---:|---:|---:|---:|\n";
+  const std::string v_old = Cat("v", profile.version());
+  const std::string v_new = Cat("v", out.profile.version());
+  md += ErrorRow("layers", v_old, before.layers, profile);
+  md += ErrorRow("layers", v_new, after.layers, out.profile);
+  md += ErrorRow("models", v_old, before.models, profile);
+  md += ErrorRow("models", v_new, after.models, out.profile);
+  md += "\nCorrections (scale ± is the half-width of its bootstrap 95 % interval):\n\n";
+  md += RenderOpContexts(out.ops);
+  return out;
+}
+
+}  // namespace moeplan::calibration
