@@ -9,7 +9,6 @@
 #include <fmt/format.h>
 
 #include <iterator>
-#include <set>
 #include <utility>
 #include <vector>
 
@@ -44,59 +43,6 @@ void PrintTimes(const calibration::ValidationInput& in) {
     }
   }
   fmt::print(stderr, "{} (measured/predicted)\n", line);
-}
-
-std::string Ranges(const v1::VariantPlan& v) {
-  std::string out;
-  for (const v1::PartitionRange& r : v.partition_ranges()) {
-    fmt::format_to(std::back_inserter(out), "{}{}..{} k={}", out.empty() ? "" : ", ", r.first_op(),
-                   r.last_op(), r.k());
-  }
-  return out.empty() ? "none" : out;
-}
-
-std::string Placements(const v1::VariantPlan& v) {
-  std::string out;
-  for (const v1::DwPlacement& d : v.dw_placements()) {
-    fmt::format_to(std::back_inserter(out), "{}{} after {}", out.empty() ? "" : ", ",
-                   d.dw_ops_size(), d.alltoall());
-  }
-  return out.empty() ? "none" : out;
-}
-
-// How `planned` differs from the plan that ran (the first difference); empty
-// when it is the same plan: the same choices and the same ops in the same
-// order.
-std::string PlanDifference(const v1::VariantPlan& ran, const v1::VariantPlan& planned) {
-  if (ran.schedule() != planned.schedule()) {
-    return fmt::format("schedule {} where {} ran", proto::ScheduleLabel(planned.schedule()),
-                       proto::ScheduleLabel(ran.schedule()));
-  }
-  if (ran.tutel_degree() != planned.tutel_degree()) {
-    return fmt::format("Tutel degree {} where {} ran", planned.tutel_degree(), ran.tutel_degree());
-  }
-  if (Ranges(ran) != Ranges(planned)) {
-    return fmt::format("partition ranges {} where {} ran", Ranges(planned), Ranges(ran));
-  }
-  std::set<std::string> ran_dw, planned_dw;
-  for (const v1::DwPlacement& d : ran.dw_placements()) {
-    for (const std::string& op : d.dw_ops()) ran_dw.insert(Cat(d.alltoall(), ">", op));
-  }
-  for (const v1::DwPlacement& d : planned.dw_placements()) {
-    for (const std::string& op : d.dw_ops()) planned_dw.insert(Cat(d.alltoall(), ">", op));
-  }
-  if (ran_dw != planned_dw) {
-    return fmt::format("dW placements {} where {} ran", Placements(planned), Placements(ran));
-  }
-  if (ran.ops_size() != planned.ops_size()) {
-    return fmt::format("{} ops where {} ran", planned.ops_size(), ran.ops_size());
-  }
-  for (int i = 0; i < ran.ops_size(); ++i) {
-    if (ran.ops(i).name() != planned.ops(i).name()) {
-      return fmt::format("op {} is {} where {} ran", i, planned.ops(i).name(), ran.ops(i).name());
-    }
-  }
-  return "";
 }
 
 class Models final : public ValidationSubject {
@@ -161,7 +107,7 @@ class Models final : public ValidationSubject {
             fmt::format("the planner rejects its {} plan: {}", ran.name(), View(s.message())));
       }
       v1::VariantPlan& mine = *response.mutable_variants(0);
-      if (const std::string diff = PlanDifference(ran, mine); !diff.empty()) {
+      if (const std::string diff = proto::PlanDifference(ran, mine); !diff.empty()) {
         return skip(fmt::format(
             "profile {} plans another {} than ran ({}): measure it again with this profile "
             "rather than re-predicting",

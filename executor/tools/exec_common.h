@@ -22,11 +22,13 @@ namespace moeplan::exec {
 struct Args {
   std::string layer;
   std::string model;            // a whole model instead of a layer
-  std::string variant = "all";  // with --model
+  std::string plan;             // a plan saved by plan-model --format json instead
+  std::string variant = "all";  // with --model or --plan
   std::string schedule = "all";
   std::string backend = "mpi";
   std::string dtype = "auto";
   std::string profile = std::string(calibration::kDefaultProfileName);
+  bool profile_given = false;  // --profile on the command line (--plan: else the plan's)
   int iters = 10;
   int warmup = 2;
   uint64_t seed = 1;

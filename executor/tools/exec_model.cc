@@ -8,7 +8,9 @@
 #include <algorithm>
 #include <cstdio>
 #include <memory>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "exec_common.h"
@@ -34,19 +36,65 @@ struct ModelSetup {
   ex::DType dtype = ex::DType::kF32;
   std::vector<p::Variant> variants;
   bool auto_variant = false;
+  std::optional<v1::PlanModelResponse> saved;  // --plan
 };
+
+// --plan's variant `name`.
+const v1::VariantPlan* SavedVariant(const v1::PlanModelResponse& saved, std::string_view name) {
+  for (const v1::VariantPlan& v : saved.variants()) {
+    if (v.name() == name) return &v;
+  }
+  return nullptr;
+}
+
+// --plan: a variants plan saved by plan-model --format json, with its model.
+absl::Status ReadSavedPlan(const std::string& file, ModelSetup* s) {
+  v1::PlanModelResponse saved;
+  MOEPLAN_RETURN_IF_ERROR(proto::ReadJsonFile(file, &saved));
+  auto bad = [&](std::string_view why) { return absl::InvalidArgumentError(Cat(file, ": ", why)); };
+  if (saved.candidates_size() > 0) {
+    return bad(
+        "candidates: a layout or search plan (pipelines, PPMoE layouts) is not executable yet; "
+        "save a variants plan (plan-model without --search or --layout)");
+  }
+  if (!saved.has_model()) {
+    return bad("model: not set (save the plan with moeplan plan-model --format json)");
+  }
+  if (saved.variants().empty()) return bad("variants: the plan holds none");
+  for (int i = 0; i < saved.variants_size(); ++i) {
+    const v1::VariantPlan& v = saved.variants(i);
+    p::Variant variant;
+    if (!p::ParseVariant(v.name(), &variant)) {
+      return bad(Cat("variants[", i, "].name: must be none, tutel, dw, partition or lancet (got '",
+                     v.name(), "')"));
+    }
+    if (v.alltoall() == v1::ALLTOALL_ALGORITHM_HIERARCHICAL) {
+      return bad(Cat("variants[", i, "].alltoall: ", v.name(),
+                     " uses the hierarchical AlltoAll (2dh), which the executor cannot run yet"));
+    }
+  }
+  s->model_msg = saved.model();
+  s->saved = std::move(saved);
+  return absl::OkStatus();
+}
 
 // Everything that can be checked without talking to other ranks.
 absl::Status Prepare(const Args& a, int hosts, ModelSetup* s) {
   MOEPLAN_RETURN_IF_ERROR(CheckRunFlags(a));
-  MOEPLAN_RETURN_IF_ERROR(proto::ReadJsonFile(a.model, &s->model_msg));
+  const std::string& file = a.plan.empty() ? a.model : a.plan;
+  if (a.plan.empty()) {
+    MOEPLAN_RETURN_IF_ERROR(proto::ReadJsonFile(a.model, &s->model_msg));
+  } else {
+    MOEPLAN_RETURN_IF_ERROR(ReadSavedPlan(a.plan, s));
+  }
+  const std::string model_field = a.plan.empty() ? "" : "model.";
   auto in_file = [&](const absl::Status& st) {
-    return absl::Status(st.code(), Cat(a.model, ": ", View(st.message())));
+    return absl::Status(st.code(), Cat(file, ": ", model_field, View(st.message())));
   };
   absl::StatusOr<p::ModelConfig> model = proto::ModelFromProto(s->model_msg);
   if (!model.ok()) return in_file(model.status());
   s->model = *model;
-  MOEPLAN_RETURN_IF_ERROR(ResolveDType(a, s->model.bytes_per_element, a.model, &s->dtype));
+  MOEPLAN_RETURN_IF_ERROR(ResolveDType(a, s->model.bytes_per_element, file, &s->dtype));
   // What runs is what is predicted: the element size follows the dtype.
   s->model.bytes_per_element = static_cast<int>(ex::SizeOf(s->dtype));
   s->model_msg = proto::ModelToProto(s->model);
@@ -57,7 +105,25 @@ absl::Status Prepare(const Args& a, int hosts, ModelSetup* s) {
     return in_file(st);
   }
   if (absl::Status st = p::ValidateModel(s->model, cluster); !st.ok()) return in_file(st);
-  if (a.variant == "all" || a.variant == "auto") {
+  if (s->saved.has_value()) {
+    // The saved plan's variants: all of them, its best (auto), or one it holds.
+    std::string held;
+    for (const v1::VariantPlan& v : s->saved->variants()) {
+      if (a.variant == "all" || (a.variant == "auto" && v.name() == s->saved->best_variant()) ||
+          a.variant == v.name()) {
+        p::Variant variant;
+        p::ParseVariant(v.name(), &variant);  // checked by ReadSavedPlan
+        s->variants.push_back(variant);
+      }
+      held += Cat(held.empty() ? "" : ", ", v.name());
+    }
+    if (s->variants.empty()) {
+      return absl::InvalidArgumentError(
+          Cat("--variant: ",
+              a.variant == "auto" ? Cat("auto (", s->saved->best_variant(), ")") : a.variant,
+              " is not in ", a.plan, " (it holds ", held, ")"));
+    }
+  } else if (a.variant == "all" || a.variant == "auto") {
     s->variants.assign(std::begin(p::kAllVariants), std::end(p::kAllVariants));
     s->auto_variant = a.variant == "auto";
   } else {
@@ -234,19 +300,54 @@ int RunModel(const Args& a) {
 
   // The prediction: the same plans that run (every rank plans; no I/O beyond
   // the profile). A profile that does not load is a command-line error.
-  absl::StatusOr<PredictionModel> prediction = LoadPredictionModel(a);
+  // A saved plan is predicted on its own profile unless --profile names one.
+  Args pa = a;
+  if (s.saved.has_value() && !a.profile_given) pa.profile = s.saved->profile_name();
+  absl::StatusOr<PredictionModel> prediction = LoadPredictionModel(pa);
   if (!Agree(prediction.status()).ok()) return 1;
+  const std::string& file = a.plan.empty() ? a.model : a.plan;
   p::ModelPlan plan;
   plan.moe_layers = s.model.NumMoeLayers();
   absl::Status planned;
   for (p::Variant v : s.variants) {
+    // --plan: the graph is rebuilt pinned to the saved choices, then checked
+    // to be the saved plan (below).
+    p::ModelPlanOptions options;
+    if (s.saved.has_value()) {
+      const v1::VariantPlan& sv = *SavedVariant(*s.saved, p::VariantName(v));
+      absl::StatusOr<p::Schedule> schedule = proto::ScheduleFromProto(sv.schedule());
+      if (!schedule.ok()) {
+        planned = absl::InvalidArgumentError(
+            Cat(file, ": ", sv.name(), ": schedule: ", View(schedule.status().message())));
+        break;
+      }
+      options.schedules = {*schedule};
+      if (v == p::Variant::kTutel && sv.tutel_degree() > 0) {
+        options.tutel_degrees = {sv.tutel_degree()};
+      }
+    }
     absl::StatusOr<p::VariantPlan> vp =
-        ex::PlanModelRun(s.model, v, Size(), hosts, &prediction->cost);
+        ex::PlanModelRun(s.model, v, Size(), hosts, &prediction->cost, options);
     if (!vp.ok()) {
-      planned = absl::Status(vp.status().code(), Cat(a.model, ": ", View(vp.status().message())));
+      planned = absl::Status(vp.status().code(), Cat(file, ": ", View(vp.status().message())));
       break;
     }
     plan.variants.push_back(*std::move(vp));
+  }
+  if (planned.ok() && s.saved.has_value()) {
+    v1::PlanModelResponse rebuilt;
+    proto::ModelPlanToProto(plan, s.model, prediction->profile.profile, /*include_timeline=*/true,
+                            &rebuilt);
+    for (const v1::VariantPlan& mine : rebuilt.variants()) {
+      const std::string diff = proto::PlanDifference(*SavedVariant(*s.saved, mine.name()), mine);
+      if (diff.empty()) continue;
+      planned = absl::FailedPreconditionError(
+          Cat(file, ": its ", mine.name(), " plan is not what profile ",
+              prediction->profile.message.name(), " v", prediction->profile.message.version(),
+              " plans (", diff, "); run with --profile set to the profile it was planned with (",
+              s.saved->profile_name(), " v", s.saved->profile_version(), ")"));
+      break;
+    }
   }
   if (!Agree(planned).ok()) return 1;
   for (size_t i = 1; i < plan.variants.size(); ++i) {

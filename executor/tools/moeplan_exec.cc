@@ -484,10 +484,19 @@ int main(int argc, char** argv) {
       "plan-model's shape (moeplan.v1.ExecModelReport); --schedule, --skew, --check and "
       "--report-to are for layers");
   model->excludes(layer);
+  CLI::Option* plan =
+      app.add_option("--plan", a.plan,
+                     "a whole-model plan saved by `moeplan plan-model --format json` "
+                     "(moeplan.v1.PlanModelResponse, which holds its model): runs its variants "
+                     "as it planned them, checked to be the plan --profile (default: the plan's "
+                     "own profile) rebuilds; as --model otherwise");
+  plan->excludes(layer);
+  plan->excludes(model);
   CLI::Option* variant =
       app.add_option("--variant", a.variant,
                      "with --model: none, tutel, dw, partition, lancet, auto (the planner's "
-                     "choice) or all")
+                     "choice) or all; with --plan: one of the plan's variants, auto (its best) "
+                     "or all")
           ->capture_default_str();
   CLI::Option* schedule = app.add_option("--schedule", a.schedule,
                                          "default, s1, s2, auto (the planner's choice) or all")
@@ -517,8 +526,9 @@ int main(int argc, char** argv) {
                  "by its ranks)")
       ->check(CLI::Range(0.0, 1e6))
       ->capture_default_str();
-  app.add_option("--profile", a.profile, "profile for the prediction and --schedule auto")
-      ->capture_default_str();
+  CLI::Option* profile_opt =
+      app.add_option("--profile", a.profile, "profile for the prediction and --schedule auto")
+          ->capture_default_str();
   app.add_option("--watchdog-s", a.watchdog_s,
                  "a rank that begins no new op for this long (a peer died or stalled) prints the "
                  "op it waits in and exits 3, and mpirun stops the job (0: off)")
@@ -544,17 +554,26 @@ int main(int argc, char** argv) {
                "time (less memory); by default several are built together and their iterations "
                "interleaved, so machine drift hits all alike and the report's per-iteration "
                "totals are paired");
-  for (CLI::Option* o : {schedule, skew, check}) model->excludes(o);
-  variant->needs(model);
+  for (CLI::Option* o : {schedule, skew, check}) {
+    model->excludes(o);
+    plan->excludes(o);
+  }
   int rc = 0;
   try {
     app.parse(argc, argv);
-    if (a.layer.empty() && a.model.empty()) throw CLI::RequiredError("--layer or --model");
+    if (a.layer.empty() && a.model.empty() && a.plan.empty()) {
+      throw CLI::RequiredError("--layer, --model or --plan");
+    }
+    if (variant->count() > 0 && a.model.empty() && a.plan.empty()) {
+      throw CLI::ValidationError("--variant", "needs --model or --plan");
+    }
+    a.profile_given = profile_opt->count() > 0;
     int rank = 0;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     moeplan::Watchdog::Start("moeplan-exec", rank,
                              std::chrono::milliseconds(static_cast<int64_t>(a.watchdog_s * 1000)));
-    rc = a.model.empty() ? moeplan::exec::RunLayer(a) : moeplan::exec::RunModel(a);
+    rc =
+        a.model.empty() && a.plan.empty() ? moeplan::exec::RunLayer(a) : moeplan::exec::RunModel(a);
     moeplan::Watchdog::Stop();
   } catch (const CLI::ParseError& e) {
     // Every rank parsed the same arguments: all stop here, rank 0 explains.

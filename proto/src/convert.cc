@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <string>
+#include <vector>
 
 #include "moeplan/base/status.h"
 #include "moeplan/base/strings.h"
@@ -596,12 +598,69 @@ absl::StatusOr<v1::PlanModelRequest> PinnedModelRequest(const v1::ModelConfig& m
   return req;
 }
 
+namespace {
+
+std::string RangesText(const v1::VariantPlan& v) {
+  std::string out;
+  for (const v1::PartitionRange& r : v.partition_ranges()) {
+    out += Cat(out.empty() ? "" : ", ", r.first_op(), "..", r.last_op(), " k=", r.k());
+  }
+  return out.empty() ? "none" : out;
+}
+
+std::string PlacementsText(const v1::VariantPlan& v) {
+  std::string out;
+  for (const v1::DwPlacement& d : v.dw_placements()) {
+    out += Cat(out.empty() ? "" : ", ", d.dw_ops_size(), " after ", d.alltoall());
+  }
+  return out.empty() ? "none" : out;
+}
+
+// (AlltoAll, dW op) pairs: a placement's identity, whatever its order.
+std::vector<std::string> DwPairs(const v1::VariantPlan& v) {
+  std::vector<std::string> out;
+  for (const v1::DwPlacement& d : v.dw_placements()) {
+    for (const std::string& op : d.dw_ops()) out.push_back(Cat(d.alltoall(), ">", op));
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+}  // namespace
+
+std::string PlanDifference(const v1::VariantPlan& ran, const v1::VariantPlan& planned) {
+  if (ran.schedule() != planned.schedule()) {
+    return Cat("schedule ", ScheduleLabel(planned.schedule()), " where ",
+               ScheduleLabel(ran.schedule()), " ran");
+  }
+  if (ran.tutel_degree() != planned.tutel_degree()) {
+    return Cat("Tutel degree ", planned.tutel_degree(), " where ", ran.tutel_degree(), " ran");
+  }
+  if (RangesText(ran) != RangesText(planned)) {
+    return Cat("partition ranges ", RangesText(planned), " where ", RangesText(ran), " ran");
+  }
+  if (DwPairs(ran) != DwPairs(planned)) {
+    return Cat("dW placements ", PlacementsText(planned), " where ", PlacementsText(ran), " ran");
+  }
+  const int ran_ops = ran.ops_size() > 0 ? ran.ops_size() : ran.num_ops();
+  const int planned_ops = planned.ops_size() > 0 ? planned.ops_size() : planned.num_ops();
+  if (ran_ops != planned_ops) return Cat(planned_ops, " ops where ", ran_ops, " ran");
+  if (ran.ops_size() == 0 || planned.ops_size() == 0) return "";
+  for (int i = 0; i < ran.ops_size(); ++i) {
+    if (ran.ops(i).name() != planned.ops(i).name()) {
+      return Cat("op ", i, " is ", planned.ops(i).name(), " where ", ran.ops(i).name(), " ran");
+    }
+  }
+  return "";
+}
+
 void ModelPlanToProto(const p::ModelPlan& plan, const p::ModelConfig& model,
                       const p::ClusterProfile& profile, bool include_timeline,
                       v1::PlanModelResponse* out) {
   out->Clear();
   out->set_profile_name(profile.name);
   out->set_profile_version(profile.version);
+  *out->mutable_model() = ModelToProto(model);
   out->set_ranks(model.parallel.TotalRanks());
   out->set_gpus(model.parallel.TotalRanks());
   out->set_global_batch_size(static_cast<int32_t>(model.GlobalBatch()));
@@ -837,6 +896,7 @@ absl::Status AnswerPlanModel(const p::ModelConfig& model, const v1::PlanModelReq
     out->Clear();
     out->set_profile_name(profile.name);
     out->set_profile_version(profile.version);
+    *out->mutable_model() = ModelToProto(model);
     out->set_moe_layers(model.NumMoeLayers());
     out->set_global_batch_size(static_cast<int32_t>(model.GlobalBatch()));
     if (request.has_layout()) {

@@ -16,7 +16,11 @@
 #   refits it into version 2, which the server then serves; an unreachable
 #   server: exit 1;
 # - --model on 4 ranks: every variant predicted and measured in plan-model's
-#   shape, op for op under the same names; its bad inputs named.
+#   shape, op for op under the same names; its bad inputs named;
+# - --plan: a plan saved by plan-model --format json runs as saved (its
+#   variants, op for op its names), --variant auto its best; a plan that
+#   another profile would not rebuild, without its model, a search, or a
+#   variant it does not hold, refused naming why.
 set -uo pipefail
 EXEC=$1 CLI=$2 SRC=$3 SERVER=$4
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
@@ -172,6 +176,31 @@ check(r["model"]["bytes_per_element"] == 4 and r["dtype"] == "f32", "dtype")
 sys.exit(0 if ok else 1)
 PYEOF
 
+# 1d. A saved plan runs as saved.
+"$CLI" plan-model --model "$MODEL" --cluster cpu-testbed-1x4 --variants none,dw,lancet --timeline \
+  --format json >"$TMP/saved.json" || bad "plan-model --format json failed"
+if ! timeout 120 mpirun -np 4 "$EXEC" --plan "$TMP/saved.json" --json --iters 2 --warmup 0 \
+    >"$TMP/fromplan.json" 2>"$TMP/fromplan.err"; then
+  bad "moeplan-exec --plan failed: $(cat "$TMP/fromplan.err")"
+fi
+timeout 120 mpirun -np 4 "$EXEC" --plan "$TMP/saved.json" --variant auto --json --iters 1 \
+  --warmup 0 >"$TMP/planauto.json" 2>"$TMP/planauto.err" || bad "--plan --variant auto failed: $(cat "$TMP/planauto.err")"
+$PY - "$TMP/saved.json" "$TMP/fromplan.json" "$TMP/planauto.json" <<'PYEOF' || fail=1
+import json, sys
+saved, r, auto = (json.load(open(f)) for f in sys.argv[1:4])
+ok = True
+def check(cond, msg):
+    global ok
+    if not cond: print("FAIL: --plan:", msg, file=sys.stderr); ok = False
+check(r["predicted"]["profile_name"] == "cpu-testbed-1x4", "not predicted on the plan's own profile")
+check([v["name"] for v in r["measured"]["variants"]] == ["none", "dw", "lancet"], "variants")
+for s, m in zip(saved["variants"], r["measured"]["variants"]):
+    check([o["name"] for o in m["ops"]] == [o["name"] for o in s["ops"]], f'{s["name"]}: ops differ')
+    check(m["dw_placements"] == s.get("dw_placements", []), f'{s["name"]}: dW placements')
+check([v["name"] for v in auto["measured"]["variants"]] == [saved["best_variant"]], "auto")
+sys.exit(0 if ok else 1)
+PYEOF
+
 # 2. Bad inputs: every rank exits 1, promptly, one message naming the field.
 expect_error() {  # name, np, pattern, args...
   local name=$1 np=$2 pattern=$3
@@ -205,6 +234,20 @@ expect_error "endless input" 4 "larger than 67108864 bytes" --layer /dev/zero
 sed 's/"dp": 2}/"dp": 2, "pp": 2}/' "$MODEL" >"$TMP/pp.json"
 expect_error "pipelined model" 4 "parallel.pp: the executor runs one pipeline stage" --model "$TMP/pp.json"
 expect_error "bad variant" 4 "--variant: must be none, tutel, dw, partition, lancet, auto or all" --model "$MODEL" --variant fast
+expect_error "variant not in the plan" 4 "--variant: tutel is not in $TMP/saved.json (it holds none, dw, lancet)" \
+  --plan "$TMP/saved.json" --variant tutel
+$PY - "$TMP/saved.json" "$TMP/nomodel.json" "$TMP/moved.json" <<'PYEOF'
+import json, sys
+p = json.load(open(sys.argv[1]))
+q = dict(p); q.pop("model"); json.dump(q, open(sys.argv[2], "w"))
+dw = next(v for v in p["variants"] if v["name"] == "dw")
+dw["dw_placements"][0]["dw_ops"].pop()  # a placement no profile plans for this model
+json.dump(p, open(sys.argv[3], "w"))
+PYEOF
+expect_error "plan without its model" 4 "nomodel.json: model: not set (save the plan with moeplan plan-model --format json)" --plan "$TMP/nomodel.json"
+expect_error "plan the profile does not rebuild" 4 "moved.json: its dw plan is not what profile cpu-testbed-1x4 v2 plans (dW placements" --plan "$TMP/moved.json"
+"$CLI" plan-model --model "$MODEL" --cluster cpu-testbed-1x4 --search --format json >"$TMP/search.json" 2>/dev/null
+expect_error "search plan" 4 "candidates: a layout or search plan (pipelines, PPMoE layouts) is not executable yet" --plan "$TMP/search.json"
 # Command-line errors (CLI11): every rank stops, rank 0 explains.
 expect_cli_error() {  # name, pattern, args...
   local name=$1 pattern=$2
@@ -217,7 +260,9 @@ expect_cli_error() {  # name, pattern, args...
 }
 expect_cli_error "model and layer" "excludes --model" --model "$MODEL" --layer "$LAYER"
 expect_cli_error "--check with a model" "--model excludes --check" --model "$MODEL" --check
-expect_cli_error "neither layer nor model" "--layer or --model is required" --iters 2
+expect_cli_error "neither layer nor model" "--layer, --model or --plan is required" --iters 2
+expect_cli_error "plan and model" "--model excludes --plan" --plan "$TMP/saved.json" --model "$MODEL"
+expect_cli_error "variant without a model" "--variant: needs --model or --plan" --layer "$LAYER" --variant dw
 # Memory is added up before anything is allocated: refused naming the largest tensor.
 expect_error "memory over the limit" 4 \
   "memory: the default schedule needs .* GiB per rank, over the 0.00 GiB it may use (--max-memory-gib); the largest tensor is" \

@@ -30,15 +30,19 @@ absl::StatusOr<ValidationInput> ReportedRun(const v1::ReportMeasurementRequest& 
                                             const planner::CostModel& cost, std::string name);
 
 struct RefitResult {
-  v1::ClusterProfile profile;  // version + 1, context.ops the new corrections
-  std::vector<v1::OpContext> ops;
+  v1::ClusterProfile profile;      // version + 1, context.ops the new corrections
+  std::vector<v1::OpContext> ops;  // offsets include gap_us
+  // The time between ops per corrected op on the critical path, fitted on the
+  // runs' totals (>= 0): what op durations do not see.
+  double gap_us = 0.0;
   int used = 0;                      // reports fitted on
   std::vector<std::string> skipped;  // "report i: why", for reports that did not plan
   std::string report;                // Markdown: sources, error before and after, corrections
 };
 
 // Fits corrections on `reports` against `profile` without its own
-// corrections, and returns `profile` with them (replacing its old ones) as
+// corrections (per op on the durations, then one offset for the time between
+// ops on the totals), and returns `profile` with them (replacing its old ones) as
 // the next version; `source` says where the reports came from (for
 // context.ops_fitted_on). FailedPrecondition when no report plans or no op
 // has enough instances to fit.

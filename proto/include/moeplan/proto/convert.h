@@ -87,6 +87,12 @@ void ModelPlanToProto(const planner::ModelPlan& plan, const planner::ModelConfig
 absl::StatusOr<v1::PlanModelRequest> PinnedModelRequest(const v1::ModelConfig& model,
                                                         const v1::VariantPlan& ran);
 
+// How `planned` differs from `ran` (a variant plan that ran or was saved):
+// the first of schedule, Tutel degree, partition ranges, dW placements and
+// ops (names in order where both have them, else their count) that differ;
+// empty when it is the same plan.
+std::string PlanDifference(const v1::VariantPlan& ran, const v1::VariantPlan& planned);
+
 // Layouts (docs/layouts.md). Empty family / pipeline are inferred; errors
 // "layout.<field>: ..." / "search.<field>: ...".
 absl::StatusOr<planner::Layout> LayoutFromProto(const v1::Layout& msg);
