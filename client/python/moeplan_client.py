@@ -175,7 +175,8 @@ class PlannerClient:
     Idempotent calls (plans, list, get, put_profile) are retried with
     exponential backoff while the server is UNAVAILABLE (e.g. restarting): up
     to 5 attempts, 1 s doubling to 4 s (jittered: ~5 s in all), within timeout_s.
-    report_measurement appends, so it is not retried.
+    report_measurement appends and refit_profile stores a version, so neither is
+    retried.
 
     Use as a context manager, or call close(), to release the channel.
     """
@@ -459,6 +460,32 @@ class PlannerClient:
         for name, duration_us in pairs:
             request.ops.add(name=name, duration_us=float(duration_us))
         return int(self._call("ReportMeasurement", request).stored)
+
+    def refit_profile(self, name: str) -> dict:
+        """Refits a stored profile from the runs reported against it: RefitProfile.
+
+        The server plans every reported run again, fits in-context op
+        corrections on the measured op durations (the profile's own fits stay),
+        and stores the result as the next version; later plans use it.
+
+        Args:
+            name: a profile stored on the server (put_profile); built-ins are
+                read-only.
+
+        Returns:
+            {"profile": the new ClusterProfile dict, "report": Markdown (the
+            corrections, the reported runs' error before and after),
+            "measurements": runs stored for the profile, "used": runs fitted on}.
+
+        Raises:
+            PlannerError: NOT_FOUND (unknown name), FAILED_PRECONDITION (a
+                built-in, nothing reported, or too few runs of any op to fit).
+        """
+        out = _to_dict(self._call("RefitProfile",
+                                  service_pb2.RefitProfileRequest(profile_name=name)))
+        out["measurements"] = int(out["measurements"])
+        out["used"] = int(out["used"])
+        return out
 
     def health(self, service: str = "") -> str:
         """The standard gRPC health check (grpc.health.v1.Health/Check).

@@ -285,6 +285,35 @@ class ClientTest(unittest.TestCase):
         self.assertEqual(ctx.exception.code, "INVALID_ARGUMENT")
         self.assertIn("ops", ctx.exception.message)
 
+    def test_refit_profile(self):
+        profile = copy.deepcopy(self.client.get_profile("a100-8x8"))
+        profile["name"] = "py-refit"
+        profile["version"] = 1
+        self.client.put_profile(profile)
+        # Three runs that took twice the prediction, op for op.
+        layer = example_layer()
+        for batch in (2, 8, 4):
+            layer["batch_size"] = batch
+            plan = self.client.plan_layer(layer, profile="py-refit", schedules=["s1"],
+                                          include_timeline=True)
+            ops = {op["name"]: 2.0 * (op["end_us"] - op["start_us"])
+                   for op in plan["candidates"][0]["ops"]}
+            self.client.report_measurement("py-refit", 1, layer, "s1", ops,
+                                           2.0 * plan["candidates"][0]["total_us"])
+        before = plan["candidates"][0]["total_us"]
+        refit = self.client.refit_profile("py-refit")
+        self.assertEqual(refit["profile"]["version"], 2)
+        self.assertEqual((refit["measurements"], refit["used"]), (3, 3))
+        self.assertIn("# Refit of py-refit: version 1 -> 2", refit["report"])
+        after = self.client.plan_layer(layer, profile="py-refit", schedules=["s1"])
+        self.assertEqual(after["profile_version"], 2)
+        self.assertAlmostEqual(after["candidates"][0]["total_us"], 2.0 * before,
+                               delta=1e-6 * before)
+        with self.assertRaises(PlannerError) as ctx:
+            self.client.refit_profile("a100-8x8")
+        self.assertEqual(ctx.exception.code, "FAILED_PRECONDITION")
+        self.assertIn("read-only", ctx.exception.message)
+
     def test_unreachable_server_is_unavailable(self):
         with PlannerClient("127.0.0.1:1", timeout_s=2.0) as c:
             with self.assertRaises(PlannerError) as ctx:
