@@ -94,6 +94,17 @@ absl::StatusOr<Setup> Prepare(const ValidateArgs& a, const v1::ClusterProfile& p
   return setup;
 }
 
+// The prediction of a measured config; one the planner cannot predict is
+// listed (and said on stderr), not fatal.
+absl::StatusOr<ConfigRun> PredictRun(const ValidationSubject& subject,
+                                     calibration::ValidationInput in,
+                                     const calibration::LoadedProfile& profile,
+                                     const p::CostModel& cost) {
+  MOEPLAN_ASSIGN_OR_RETURN(ConfigRun run, subject.Predict(std::move(in), profile, cost));
+  if (!run.input.has_value()) fmt::print(stderr, "moeplan validate:   skipped: {}\n", run.skipped);
+  return run;
+}
+
 // Writes config `i`, runs moeplan-exec on it under the launcher (or, with
 // --from-runs, reads the earlier run's report), keeps its report and predicts
 // it. A run that fails (e.g. a layout the executor rejects) skips the config;
@@ -125,7 +136,7 @@ absl::StatusOr<ConfigRun> RunConfig(const ValidateArgs& a, const Setup& setup,
       return absl::Status(m.status().code(),
                           Cat("--from-runs: ", earlier, ": ", View(m.status().message())));
     }
-    return subject.Predict(std::move(m->input), profile, cost);
+    return PredictRun(subject, std::move(m->input), profile, cost);
   }
   const std::string command =
       fmt::format("{} {} {} --backend {} --json --iters {} --warmup {}{} --profile {} 2>{}",
@@ -137,8 +148,11 @@ absl::StatusOr<ConfigRun> RunConfig(const ValidateArgs& a, const Setup& setup,
       ran.exit_code == 0 ? subject.Parse(i, ran.out) : absl::UnknownError("");
   if (!m.ok()) {
     // A layout the executor rejects (or a failed run): listed, not fatal.
-    std::string why = LastLine(log_file);
-    if (why.empty()) why = Cat("exit code ", ran.exit_code, " ", View(m.status().message()));
+    // A run that succeeded but whose report does not read says why.
+    std::string why = ran.exit_code == 0
+                          ? Cat("its report does not read: ", View(m.status().message()))
+                          : LastLine(log_file);
+    if (why.empty()) why = Cat("exit code ", ran.exit_code);
     fmt::print(stderr, "moeplan validate:   skipped: {}\n", why);
     return ConfigRun{std::nullopt, fmt::format("{}: {} (log: {})", name, why, log_file)};
   }
@@ -150,10 +164,7 @@ absl::StatusOr<ConfigRun> RunConfig(const ValidateArgs& a, const Setup& setup,
         "profile was measured (e.g. inside scripts/testbed/testbed.sh with the same --nodes)",
         m->hosts, profile.message.name(), profile.message.nodes()));
   }
-  ConfigRun run;
-  MOEPLAN_ASSIGN_OR_RETURN(run, subject.Predict(std::move(m->input), profile, cost));
-  if (!run.input.has_value()) fmt::print(stderr, "moeplan validate:   skipped: {}\n", run.skipped);
-  return run;
+  return PredictRun(subject, std::move(m->input), profile, cost);
 }
 
 // The files written next to the runs' files.
