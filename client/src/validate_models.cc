@@ -91,6 +91,7 @@ class Models final : public ValidationSubject {
                                     const p::CostModel& cost) const override {
     MOEPLAN_ASSIGN_OR_RETURN(const p::ModelConfig model, proto::ModelFromProto(in.model));
     std::vector<v1::VariantPlan> predicted;
+    p::ModelPlanner planner(cost);
     for (const v1::VariantPlan& ran : in.predicted_variants) {
       const auto skip = [&](std::string why) {
         return ConfigRun{std::nullopt, fmt::format("{}: {}", in.name, why)};
@@ -98,7 +99,6 @@ class Models final : public ValidationSubject {
       absl::StatusOr<v1::PlanModelRequest> request = proto::PinnedModelRequest(in.model, ran);
       if (!request.ok()) return skip(std::string(View(request.status().message())));
       request->set_include_timeline(true);
-      p::ModelPlanner planner(cost);
       v1::PlanModelResponse response;
       if (absl::Status s =
               proto::AnswerPlanModel(model, *request, planner, profile.profile, &response);

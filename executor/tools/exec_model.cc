@@ -334,11 +334,19 @@ int RunModel(const Args& a) {
     }
     plan.variants.push_back(*std::move(vp));
   }
+  for (size_t i = 1; i < plan.variants.size(); ++i) {
+    if (plan.variants[i].iteration_us() <
+        plan.variants[static_cast<size_t>(plan.best)].iteration_us())
+      plan.best = static_cast<int>(i);
+  }
+  // --plan: the prediction in plan-model's shape, made once for the check
+  // against the saved plan and for the report.
+  std::optional<v1::PlanModelResponse> rebuilt;
   if (planned.ok() && s.saved.has_value()) {
-    v1::PlanModelResponse rebuilt;
+    rebuilt.emplace();
     proto::ModelPlanToProto(plan, s.model, prediction->profile.profile, /*include_timeline=*/true,
-                            &rebuilt);
-    for (const v1::VariantPlan& mine : rebuilt.variants()) {
+                            &*rebuilt);
+    for (const v1::VariantPlan& mine : rebuilt->variants()) {
       const std::string diff = proto::PlanDifference(*SavedVariant(*s.saved, mine.name()), mine);
       if (diff.empty()) continue;
       planned = absl::FailedPreconditionError(
@@ -350,11 +358,6 @@ int RunModel(const Args& a) {
     }
   }
   if (!Agree(planned).ok()) return 1;
-  for (size_t i = 1; i < plan.variants.size(); ++i) {
-    if (plan.variants[i].iteration_us() <
-        plan.variants[static_cast<size_t>(plan.best)].iteration_us())
-      plan.best = static_cast<int>(i);
-  }
   if (s.auto_variant) {
     p::VariantPlan best = std::move(plan.variants[static_cast<size_t>(plan.best)]);
     plan.variants.clear();
@@ -378,8 +381,12 @@ int RunModel(const Args& a) {
   report.set_interleaved(!a.sequential && runs.size() > 1);
   report.set_versions(a.backend == "mpi" ? ex::MpiVersion()
                                          : Cat(ex::MpiVersion(), "; ", ex::CudaVersions()));
-  proto::ModelPlanToProto(plan, s.model, prediction->profile.profile, /*include_timeline=*/true,
-                          report.mutable_predicted());
+  if (rebuilt.has_value()) {
+    *report.mutable_predicted() = *std::move(rebuilt);
+  } else {
+    proto::ModelPlanToProto(plan, s.model, prediction->profile.profile,
+                            /*include_timeline=*/true, report.mutable_predicted());
+  }
   v1::PlanModelResponse* measured = report.mutable_measured();
   measured->set_profile_name(report.predicted().profile_name());
   measured->set_profile_version(report.predicted().profile_version());

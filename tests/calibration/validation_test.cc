@@ -28,7 +28,9 @@ v1::CandidatePlan Plan(v1::Schedule s, double total_us) {
   return p;
 }
 
-void AddOp(v1::CandidatePlan* p, const std::string& name, double start_us, double end_us) {
+// A timed op on a layer's schedule (CandidatePlan) or a model's variant (VariantPlan).
+template <typename Plan>
+void AddOp(Plan* p, const std::string& name, double start_us, double end_us) {
   v1::OpTiming* op = p->add_ops();
   op->set_name(name);
   op->set_start_us(start_us);
@@ -439,13 +441,6 @@ v1::VariantPlan Variant(const std::string& name, double iteration_us) {
   v.set_name(name);
   v.set_iteration_us(iteration_us);
   return v;
-}
-
-void AddOp(v1::VariantPlan* v, const std::string& name, double start_us, double end_us) {
-  v1::OpTiming* op = v->add_ops();
-  op->set_name(name);
-  op->set_start_us(start_us);
-  op->set_end_us(end_us);
 }
 
 v1::VariantIterations VariantIters(const std::string& v, std::vector<double> totals) {
