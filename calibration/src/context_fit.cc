@@ -57,10 +57,13 @@ bool UseLine(const std::vector<Obs>& pts, const OpContextOptions& o) {
 }  // namespace
 
 std::string_view OpBaseName(std::string_view name) {
-  // A model's "b<block>." and "moe." in front (op_graph.cc's Op::Name).
-  if (name.size() > 1 && name[0] == 'b') {
+  // A pipeline program's "s<stage>.", "c<chunk>." and "mb<i>.", then a
+  // model's "b<block>." and "moe." in front (op_graph.cc's Op::Name).
+  for (std::string_view prefix : {"s", "c", "mb", "b"}) {
+    if (name.size() <= prefix.size() || name.substr(0, prefix.size()) != prefix) continue;
     const size_t dot = name.find('.');
-    if (dot != std::string_view::npos && AllDigits(name.substr(1, dot - 1))) {
+    if (dot != std::string_view::npos && dot > prefix.size() &&
+        AllDigits(name.substr(prefix.size(), dot - prefix.size()))) {
       name.remove_prefix(dot + 1);
     }
   }

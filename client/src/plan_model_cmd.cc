@@ -3,11 +3,11 @@
 #include <algorithm>
 #include <charconv>
 #include <chrono>
-#include <vector>
 #include <cmath>
 #include <string>
 #include <string_view>
 #include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -72,9 +72,9 @@ absl::StatusOr<v1::ModelPlanOptions> OptionsFromFlags(const PlanModelArgs& a) {
   for (p::Variant v : variants) o.add_variants(proto::VariantToProto(v));
   MOEPLAN_ASSIGN_OR_RETURN(auto schedules, ParseSchedules(a.schedules));
   for (p::Schedule s : schedules) o.add_schedules(proto::ScheduleToProto(s));
-  MOEPLAN_ASSIGN_OR_RETURN(auto algos, ParseNameList<p::AllToAllAlgo>(
-                                           "--alltoall", "algorithm", a.alltoall, p::ParseAllToAllAlgo,
-                                           "linear, 2dh"));
+  MOEPLAN_ASSIGN_OR_RETURN(auto algos,
+                           ParseNameList<p::AllToAllAlgo>("--alltoall", "algorithm", a.alltoall,
+                                                          p::ParseAllToAllAlgo, "linear, 2dh"));
   for (p::AllToAllAlgo x : algos) o.add_alltoall_algorithms(proto::AllToAllAlgoToProto(x));
   if (!(a.bucket_mb > 0.0) || !std::isfinite(a.bucket_mb) || a.bucket_mb > 1048576.0) {
     return absl::InvalidArgumentError(
@@ -107,90 +107,21 @@ bool ParsePipelineName(std::string_view name, std::string* out) {
   return true;
 }
 
-// --layout dp=8,tp=4,pp=2,ep=8,esp=4[,microbatches=8,zero=1,family=..,pipeline=..,v=2,recompute=1]
-absl::StatusOr<v1::Layout> LayoutFromFlag(const std::string& spec) {
-  v1::Layout l;
-  static constexpr std::string_view kKeys =
-      "dp, tp, pp, ep, esp, microbatches, zero, family, pipeline, v, recompute";
-  std::vector<std::string> seen;
-  size_t begin = 0;
-  while (begin <= spec.size()) {
-    const size_t end = std::min(spec.find(',', begin), spec.size());
-    const std::string item = spec.substr(begin, end - begin);
-    begin = end + 1;
-    const size_t eq = item.find('=');
-    if (eq == std::string::npos || eq == 0) {
-      return absl::InvalidArgumentError(
-          Cat("--layout: expected key=value, got '", item, "' (keys: ", kKeys, ")"));
-    }
-    const std::string key = item.substr(0, eq), value = item.substr(eq + 1);
-    if (std::find(seen.begin(), seen.end(), key) != seen.end()) {
-      return absl::InvalidArgumentError(Cat("--layout: '", key, "' given twice"));
-    }
-    seen.push_back(key);
-    if (key == "family") {
-      l.set_family(value);
-      continue;
-    }
-    if (key == "pipeline") {
-      l.set_pipeline(value);
-      continue;
-    }
-    int n = 0;
-    const auto [ptr, ec] = std::from_chars(value.data(), value.data() + value.size(), n);
-    if (ec != std::errc() || ptr != value.data() + value.size()) {
-      return absl::InvalidArgumentError(
-          Cat("--layout: ", key, " must be an integer (got '", value, "')"));
-    }
-    if (key == "dp") {
-      l.set_dp(n);
-    } else if (key == "tp") {
-      l.set_tp(n);
-    } else if (key == "pp") {
-      l.set_pp(n);
-    } else if (key == "ep") {
-      l.set_ep(n);
-    } else if (key == "esp") {
-      l.set_esp(n);
-    } else if (key == "microbatches") {
-      l.set_microbatches(n);
-    } else if (key == "zero") {
-      l.set_zero_stage(n);
-    } else if (key == "v") {
-      l.set_virtual_stages(n);
-    } else if (key == "recompute") {
-      if (n != 0 && n != 1) {
-        return absl::InvalidArgumentError(Cat("--layout: recompute must be 0 or 1 (got ", n, ")"));
-      }
-      l.set_recompute(n == 1);
-    } else {
-      return absl::InvalidArgumentError(
-          Cat("--layout: unknown key '", key, "' (keys: ", kKeys, ")"));
-    }
-  }
-  for (std::string_view need : {"dp", "tp", "pp", "ep", "esp"}) {
-    if (std::find(seen.begin(), seen.end(), need) == seen.end()) {
-      return absl::InvalidArgumentError(Cat("--layout: ", need, "= is required"));
-    }
-  }
-  return l;
-}
-
 absl::Status SearchFromFlags(const PlanModelArgs& a, v1::PlanModelRequest* request) {
   v1::MemoryOptions* mem = request->mutable_memory();
   if (a.gpu_memory_gib >= 0.0) mem->set_gpu_memory_gib(a.gpu_memory_gib);
   mem->set_optimizer_bytes(a.optimizer_bytes);
   mem->set_grad_bytes(a.grad_bytes);
   if (!a.layout.empty()) {
-    MOEPLAN_ASSIGN_OR_RETURN(*request->mutable_layout(), LayoutFromFlag(a.layout));
+    MOEPLAN_ASSIGN_OR_RETURN(*request->mutable_layout(), proto::LayoutFromSpec(a.layout));
     return absl::OkStatus();
   }
   v1::SearchOptions* s = request->mutable_search();
   s->set_top(a.top);
   if (a.gpus > 0) s->set_gpus(a.gpus);
-  MOEPLAN_ASSIGN_OR_RETURN(auto families,
-                           ParseNameList<std::string>("--families", "family", a.families,
-                                                      ParseFamilyName, "dpmoe, ppmoe, parm"));
+  MOEPLAN_ASSIGN_OR_RETURN(
+      auto families, ParseNameList<std::string>("--families", "family", a.families, ParseFamilyName,
+                                                "dpmoe, ppmoe, parm"));
   for (const std::string& f : families) s->add_families(f);
   MOEPLAN_ASSIGN_OR_RETURN(
       auto pipelines, ParseNameList<std::string>("--pipelines", "pipeline schedule", a.pipelines,

@@ -9,6 +9,7 @@
 #include "moeplan/base/status.h"
 #include "moeplan/base/strings.h"
 #include "moeplan/base/watchdog.h"
+#include "moeplan/planner/layout.h"
 
 namespace moeplan::executor {
 
@@ -30,20 +31,35 @@ RankPlace PlaceOf(const planner::ParallelLayout& p, int rank) {
 }
 
 absl::StatusOr<std::unique_ptr<RankGroups>> RankGroups::Create(Communicator* world,
-                                                               const planner::ParallelLayout& p) {
+                                                               const planner::ParallelLayout& p,
+                                                               int stages) {
   auto g = std::make_unique<RankGroups>();
   g->world_ = world;
-  g->place_ = PlaceOf(p, world->rank());
-  MOEPLAN_ASSIGN_OR_RETURN(g->mp_, world->Split(g->place_.mp_group, g->place_.mp_rank));
-  MOEPLAN_ASSIGN_OR_RETURN(g->esp_, world->Split(g->place_.esp_group, g->place_.esp_rank));
-  MOEPLAN_ASSIGN_OR_RETURN(g->ep_, world->Split(g->place_.ep_group, g->place_.ep_rank));
+  g->base_ = world;
+  if (stages > 1) {
+    if (world->size() % stages != 0) {
+      return absl::InvalidArgumentError(
+          Cat("parallel.pp: ", stages, " stages must divide the ranks (", world->size(), ")"));
+    }
+    const int per = world->size() / stages, r = world->rank();
+    g->stage_ = r / per;
+    MOEPLAN_ASSIGN_OR_RETURN(g->stage_comm_, world->Split(g->stage_, r % per));
+    MOEPLAN_ASSIGN_OR_RETURN(g->pp_fwd_, world->Split(r % per, g->stage_));
+    MOEPLAN_ASSIGN_OR_RETURN(g->pp_bwd_, world->Split(r % per, g->stage_));
+    g->base_ = g->stage_comm_.get();
+  }
+  Communicator* base = g->base_;
+  g->place_ = PlaceOf(p, base->rank());
+  MOEPLAN_ASSIGN_OR_RETURN(g->mp_, base->Split(g->place_.mp_group, g->place_.mp_rank));
+  MOEPLAN_ASSIGN_OR_RETURN(g->esp_, base->Split(g->place_.esp_group, g->place_.esp_rank));
+  MOEPLAN_ASSIGN_OR_RETURN(g->ep_, base->Split(g->place_.ep_group, g->place_.ep_rank));
   return g;
 }
 
 absl::Status RankGroups::AddDataParallel(int dense_stride, int expert_stride) {
-  const int r = world_->rank();
-  MOEPLAN_ASSIGN_OR_RETURN(dp_, world_->Split(r % dense_stride, r / dense_stride));
-  MOEPLAN_ASSIGN_OR_RETURN(edp_, world_->Split(r % expert_stride, r / expert_stride));
+  const int r = base_->rank();
+  MOEPLAN_ASSIGN_OR_RETURN(dp_, base_->Split(r % dense_stride, r / dense_stride));
+  MOEPLAN_ASSIGN_OR_RETURN(edp_, base_->Split(r % expert_stride, r / expert_stride));
   return absl::OkStatus();
 }
 
@@ -59,6 +75,10 @@ Communicator* RankGroups::Of(ExecGroup g) const {
       return ep_.get();
     case ExecGroup::kEsp:
       return esp_.get();
+    case ExecGroup::kPpFwd:
+      return pp_fwd_.get();
+    case ExecGroup::kPpBwd:
+      return pp_bwd_.get();
     case ExecGroup::kNone:
       break;
   }
@@ -80,8 +100,9 @@ absl::Status CheckExecutable(const planner::OpGraph& plan) {
 
 class PlanInterpreter::Impl {
  public:
-  Impl(const planner::OpGraph& plan, OpHandler* handler, Device* device, Communicator* world)
-      : plan_(plan), handler_(handler), dev_(device), world_(world) {}
+  Impl(const planner::OpGraph& plan, OpHandler* handler, Device* device, Communicator* world,
+       int stage)
+      : plan_(plan), handler_(handler), dev_(device), world_(world), stage_(stage) {}
   ~Impl();
 
   absl::Status Init(LaneMode mode);
@@ -112,8 +133,10 @@ class PlanInterpreter::Impl {
   OpHandler* handler_;
   Device* dev_;
   Communicator* world_;
+  int stage_;
   std::vector<Lane> lanes_;
   std::vector<size_t> lane_of_;
+  std::vector<uint8_t> runs_;  // per op: run on this rank (its stage's)
   // Per op: the ops on other lanes it waits for (its dependencies and its
   // resources' previous ops), CSR.
   std::vector<uint32_t> wait_begin_;
@@ -140,10 +163,17 @@ absl::Status PlanInterpreter::Impl::Init(LaneMode mode) {
   begin_.resize(static_cast<size_t>(n));
   end_.resize(static_cast<size_t>(n));
   done_.assign(static_cast<size_t>(n), 0);
+  runs_.assign(static_cast<size_t>(n), 0);
   bool comms_thread_safe = true;
   for (OpId id = 0; id < n; ++id) {
     const planner::Op& op = plan_.op(id);
     const planner::OpExec& x = plan_.exec(id);
+    OpTime& t = times_[static_cast<size_t>(id)];
+    t.name = op.Name();
+    t.phase = op.phase;
+    t.kind = op.kind;
+    if (!planner::RunsOnStage(plan_, id, stage_)) continue;
+    runs_[static_cast<size_t>(id)] = 1;
     size_t lane = 0;
     if (op.kind == OpKind::kComm) {
       Communicator* c = handler_->CommOf(x);
@@ -160,10 +190,6 @@ absl::Status PlanInterpreter::Impl::Init(LaneMode mode) {
     }
     lane_of_[static_cast<size_t>(id)] = lane;
     lanes_[lane].ops.push_back(id);
-    OpTime& t = times_[static_cast<size_t>(id)];
-    t.name = op.Name();
-    t.phase = op.phase;
-    t.kind = op.kind;
   }
 
   // Waits: dependencies, and per (device, resource) the op issued before on
@@ -171,6 +197,8 @@ absl::Status PlanInterpreter::Impl::Init(LaneMode mode) {
   std::vector<OpId> last_on;  // (device * kNumResources + resource) -> op
   wait_begin_.assign(1, 0);
   std::vector<OpId> w;
+  // Ops of other stages are not run: the edges to them are the pipeline's
+  // transfers, which this rank receives instead.
   for (OpId id = 0; id < n; ++id) {
     const planner::Op& op = plan_.op(id);
     w.clear();
@@ -179,7 +207,11 @@ absl::Status PlanInterpreter::Impl::Init(LaneMode mode) {
         return absl::InvalidArgumentError(
             Cat("plan: op ", op.Name(), " depends on op ", d, ", not issued before it"));
       }
-      w.push_back(d);
+      if (runs_[static_cast<size_t>(d)]) w.push_back(d);
+    }
+    if (!runs_[static_cast<size_t>(id)]) {
+      wait_begin_.push_back(static_cast<uint32_t>(waits_.size()));
+      continue;
     }
     for (int r = 0; r < planner::kNumResources; ++r) {
       if (!(op.resources & (1 << r))) continue;
@@ -317,6 +349,7 @@ absl::Status PlanInterpreter::Impl::RunIteration() {
     }
   } else {
     for (OpId id = 0; id < plan_.size(); ++id) {
+      if (!runs_[static_cast<size_t>(id)]) continue;
       const Lane& lane = lanes_[lane_of_[static_cast<size_t>(id)]];
       // Edges across lanes: the waiter's stream waits for the op's end (no-op
       // on the CPU, where every op is done when issued).
@@ -333,6 +366,7 @@ absl::Status PlanInterpreter::Impl::RunIteration() {
   forward_us_ = total_us_ = 0.0;
   for (size_t i = 0; i < times_.size(); ++i) {
     OpTime& t = times_[i];
+    if (!runs_[i]) continue;  // another stage's: 0
     MOEPLAN_ASSIGN_OR_RETURN(t.start_us, dev_->ElapsedUs(t0, begin_[i]));
     MOEPLAN_ASSIGN_OR_RETURN(t.end_us, dev_->ElapsedUs(t0, end_[i]));
     total_us_ = std::max(total_us_, t.end_us);
@@ -347,8 +381,8 @@ PlanInterpreter::~PlanInterpreter() = default;
 
 absl::StatusOr<std::unique_ptr<PlanInterpreter>> PlanInterpreter::Create(
     const planner::OpGraph& plan, OpHandler* handler, Device* device, Communicator* world,
-    LaneMode mode) {
-  auto impl = std::make_unique<Impl>(plan, handler, device, world);
+    LaneMode mode, int stage) {
+  auto impl = std::make_unique<Impl>(plan, handler, device, world, stage);
   MOEPLAN_RETURN_IF_ERROR(impl->Init(mode));
   return std::unique_ptr<PlanInterpreter>(new PlanInterpreter(std::move(impl)));
 }

@@ -22,35 +22,74 @@ using planner::OpExec;
 
 absl::Status ValidateModelForExecutor(const planner::ModelConfig& model, int world_size) {
   const planner::ParallelLayout& p = model.parallel;
-  if (p.pp != 1) {
+  if (int64_t{p.mp} * p.dp * std::max(1, p.pp) != world_size) {
     return absl::InvalidArgumentError(
-        Cat("parallel.pp: the executor runs one pipeline stage; pipelined layouts are planned "
-            "but not executable yet (got pp=",
-            p.pp, ")"));
-  }
-  if (int64_t{p.mp} * p.dp != world_size) {
-    return absl::InvalidArgumentError(
-        Cat("parallel: mp*dp must equal the number of ranks the executor runs on (got mp*dp=",
-            int64_t{p.mp} * p.dp, ", ranks=", world_size, ")"));
+        Cat("parallel: mp*dp*pp must equal the number of ranks the executor runs on (got mp*dp*pp=",
+            int64_t{p.mp} * p.dp * std::max(1, p.pp), ", ranks=", world_size, ")"));
   }
   return absl::OkStatus();
 }
+
+namespace {
+
+planner::ClusterShape ClusterOf(int world_size, int hosts) {
+  return hosts > 0 && world_size % hosts == 0 ? planner::ClusterShape{hosts, world_size / hosts}
+                                              : planner::ClusterShape{1, world_size};
+}
+
+}  // namespace
 
 absl::StatusOr<planner::VariantPlan> PlanModelRun(const planner::ModelConfig& model,
                                                   planner::Variant variant, int world_size,
                                                   int hosts, const planner::CostModel* cost,
                                                   planner::ModelPlanOptions o) {
+  if (model.parallel.pp != 1) {
+    return absl::InvalidArgumentError(
+        Cat("parallel.pp: a pipelined model runs with a layout (moeplan-exec --layout) (got pp=",
+            model.parallel.pp, ")"));
+  }
   MOEPLAN_RETURN_IF_ERROR(ValidateModelForExecutor(model, world_size));
-  const planner::ClusterShape cluster = hosts > 0 && world_size % hosts == 0
-                                            ? planner::ClusterShape{hosts, world_size / hosts}
-                                            : planner::ClusterShape{1, world_size};
-  MOEPLAN_RETURN_IF_ERROR(planner::ValidateModel(model, cluster));
+  MOEPLAN_RETURN_IF_ERROR(planner::ValidateModel(model, ClusterOf(world_size, hosts)));
   planner::ModelPlanner planner(cost != nullptr ? *cost : internal::NeutralCostModel());
   o.variants = {variant};
   o.algos = {planner::AllToAllAlgo::kLinear};
   planner::ModelPlan plan;
   MOEPLAN_RETURN_IF_ERROR(planner.Plan(model, o, &plan));
   return std::move(plan.variants.at(0));
+}
+
+absl::StatusOr<planner::VariantPlan> PlanLayoutRun(const planner::ModelConfig& model,
+                                                   const planner::Layout& layout,
+                                                   planner::Variant variant, int world_size,
+                                                   int hosts, const planner::CostModel* cost,
+                                                   planner::ModelConfig* run_model,
+                                                   planner::ModelPlanOptions o) {
+  planner::Layout l = layout;
+  if (l.microbatches == 0) l.microbatches = l.pp;
+  if (l.Gpus() != world_size) {
+    return absl::InvalidArgumentError(
+        Cat("layout: dp*tp*pp must equal the ranks (", world_size, ") (got ", l.Gpus(), ")"));
+  }
+  if (l.family != planner::Family::kParm) {
+    return absl::InvalidArgumentError(Cat(
+        "layout.family: the executor runs parm layouts (ep*esp = tp*dp); ",
+        planner::FamilyName(l.family), "'s expert placement is planned but not executable yet"));
+  }
+  if (l.recompute) {
+    return absl::InvalidArgumentError(
+        "layout.recompute: runs with full activation recomputation are not executable yet");
+  }
+  const planner::CostModel& c = cost != nullptr ? *cost : internal::NeutralCostModel();
+  planner::LayoutPlanner planner(c);
+  o.variants = {variant};
+  o.algos = {planner::AllToAllAlgo::kLinear};
+  planner::VariantPlan plan;
+  MOEPLAN_RETURN_IF_ERROR(planner.Program(model, l, o, &plan));
+  *run_model =
+      planner::ModelForLayout(model, l, model.GlobalBatch() / (int64_t{l.dp} * l.microbatches));
+  MOEPLAN_RETURN_IF_ERROR(ValidateModelForExecutor(*run_model, world_size));
+  (void)hosts;
+  return plan;
 }
 
 namespace {
@@ -86,7 +125,12 @@ class ModelOps final : public OpHandler {
     const Scratch& s = comm_[static_cast<size_t>(x.group)];
     const size_t n = static_cast<size_t>(x.count);
     absl::StatusOr<Request> started;
-    if (x.kind == ExecKind::kAllReduce) {
+    if (x.kind == ExecKind::kSendRecv) {
+      // The pipeline groups hold one rank per stage, ranked by stage.
+      started = op.device == groups_->stage()
+                    ? c->StartSendRecv(s.send.data(), n, x.parts, nullptr, 0, -1, dt_)
+                    : c->StartSendRecv(nullptr, 0, -1, s.recv.data(), n, op.device, dt_);
+    } else if (x.kind == ExecKind::kAllReduce) {
       started = c->StartAllReduce(s.send.data(), s.recv.data(), n, dt_);
     } else if (x.kind == ExecKind::kAllGather) {
       started = c->StartAllGather(s.send.data(), s.recv.data(), n, dt_);
@@ -100,13 +144,13 @@ class ModelOps final : public OpHandler {
     return c->Wait(comm);
   }
 
-  // Sizes and fills the scratch memory from the plan's dense ops.
+  // Sizes and fills the scratch memory from the dense ops this rank runs.
   absl::Status Init(const planner::OpGraph& plan, uint64_t seed) {
     int64_t a = 1, b = 1, c = 1;
     std::vector<std::pair<int64_t, int64_t>> comm(planner::kNumExecGroups, {1, 1});
     for (planner::OpId id = 0; id < plan.size(); ++id) {
       const OpExec& x = plan.exec(id);
-      if (x.layer > 0) continue;
+      if (x.layer > 0 || !planner::RunsOnStage(plan, id, groups_->stage())) continue;
       if (x.kind == ExecKind::kDenseGemm) {
         a = std::max(a, x.tokens * x.count);
         b = std::max(b, x.count * x.rows);
@@ -186,11 +230,17 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> ModelRunner::Create(const planner::
                                                                  Communicator* world) {
   MOEPLAN_RETURN_IF_ERROR(ValidateModelForExecutor(model, world->size()));
   MOEPLAN_RETURN_IF_ERROR(CheckExecutable(plan));
+  const int stages = std::max(1, model.parallel.pp);
   for (planner::OpId id = 0; id < plan.size(); ++id) {
-    if (plan.op(id).device != 0) {
-      return absl::InvalidArgumentError(Cat("plan: op ", plan.op(id).Name(),
-                                            " runs on pipeline stage ", plan.op(id).device,
-                                            ": pipelined plans are not executable yet"));
+    const planner::Op& op = plan.op(id);
+    const OpExec& x = plan.exec(id);
+    const bool bad_peer =
+        x.kind == ExecKind::kSendRecv && (x.parts < 0 || x.parts >= stages || x.parts == op.device);
+    if (op.device < 0 || op.device >= stages || bad_peer) {
+      return absl::InvalidArgumentError(
+          Cat("plan: op ", op.Name(), " runs on pipeline stage ", op.device,
+              bad_peer ? Cat(" towards stage ", x.parts) : std::string(), ", but the model has ",
+              stages, " (parallel.pp)"));
     }
   }
   if (!kernels->Supports(options.dtype)) {
@@ -200,14 +250,27 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> ModelRunner::Create(const planner::
   // Every rank has passed validation: the first collective.
   auto impl = std::make_unique<Impl>();
   const planner::LayerConfig moe = model.MoeLayer();
-  MOEPLAN_ASSIGN_OR_RETURN(impl->groups, RankGroups::Create(world, moe.parallel));
+  MOEPLAN_ASSIGN_OR_RETURN(impl->groups, RankGroups::Create(world, moe.parallel, stages));
   MOEPLAN_RETURN_IF_ERROR(impl->groups->AddDataParallel(
       model.parallel.mp, std::max(1, model.parallel.ep * model.parallel.esp)));
   impl->ops = std::make_unique<ModelOps>(impl->groups.get(), device, kernels, options.dtype);
   MOEPLAN_RETURN_IF_ERROR(impl->ops->Init(plan, options.seed));
   size_t used = impl->ops->ScratchBytes();
   const std::span<const planner::ExecLayer> layers = plan.layers();
+  // The instances this rank's ops use (a pipeline stage's own).
+  std::vector<uint8_t> mine(layers.size() + 1, 0);
+  for (planner::OpId id = 0; id < plan.size(); ++id) {
+    const int16_t layer = plan.exec(id).layer;
+    if (layer > 0 && static_cast<size_t>(layer) <= layers.size() &&
+        planner::RunsOnStage(plan, id, impl->groups->stage())) {
+      mine[static_cast<size_t>(layer)] = 1;
+    }
+  }
   for (size_t i = 0; i < layers.size(); ++i) {
+    if (!mine[i + 1]) {
+      impl->ops->layers_.push_back(nullptr);
+      continue;
+    }
     const planner::ExecLayer& l = layers[i];
     planner::LayerConfig layer = moe;
     layer.batch_size = 1;
@@ -215,7 +278,8 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> ModelRunner::Create(const planner::
     layer.bytes_per_element = static_cast<int>(SizeOf(options.dtype));
     RunOptions o = options;
     o.plan_name = Cat(model.name, "'s MoE layers up to block ", l.block,
-                      l.part >= 0 ? Cat(" piece ", l.part) : std::string());
+                      l.part >= 0 ? Cat(" piece ", l.part) : std::string(),
+                      l.mb >= 0 ? Cat(" of micro-batch ", l.mb) : std::string());
     if (options.memory_limit_bytes > 0) {
       if (used >= options.memory_limit_bytes) {
         return absl::ResourceExhaustedError(
@@ -231,8 +295,9 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> ModelRunner::Create(const planner::
     used += ops->AllocatedBytes();
     impl->ops->layers_.push_back(std::move(ops));
   }
-  MOEPLAN_ASSIGN_OR_RETURN(impl->interpreter, PlanInterpreter::Create(plan, impl->ops.get(), device,
-                                                                      world, options.lanes));
+  MOEPLAN_ASSIGN_OR_RETURN(impl->interpreter,
+                           PlanInterpreter::Create(plan, impl->ops.get(), device, world,
+                                                   options.lanes, impl->groups->stage()));
   return std::unique_ptr<ModelRunner>(new ModelRunner(std::move(impl)));
 }
 
@@ -241,6 +306,9 @@ const std::vector<OpTime>& ModelRunner::timings() const { return impl_->interpre
 double ModelRunner::forward_us() const { return impl_->interpreter->forward_us(); }
 double ModelRunner::total_us() const { return impl_->interpreter->total_us(); }
 bool ModelRunner::threaded() const { return impl_->interpreter->threaded(); }
-int ModelRunner::layer_instances() const { return static_cast<int>(impl_->ops->layers_.size()); }
+int ModelRunner::layer_instances() const {
+  return static_cast<int>(std::count_if(impl_->ops->layers_.begin(), impl_->ops->layers_.end(),
+                                        [](const auto& l) { return l != nullptr; }));
+}
 
 }  // namespace moeplan::executor

@@ -139,6 +139,7 @@ absl::Status MoeLayerOps::SizeFromOp(const planner::Op& op, const OpExec& x) {
     case ExecKind::kNop:
     case ExecKind::kDenseGemm:
     case ExecKind::kDenseMemory:
+    case ExecKind::kSendRecv:
       return absl::InvalidArgumentError(Cat("plan: op ", op.Name(), ": a dense ",
                                             planner::ExecKindName(x.kind),
                                             " is not an op of an MoE layer"));

@@ -23,6 +23,7 @@ struct Args {
   std::string layer;
   std::string model;            // a whole model instead of a layer
   std::string plan;             // a plan saved by plan-model --format json instead
+  std::string layout;           // with --model: a layout spec whose pipeline program runs
   std::string variant = "all";  // with --model or --plan
   std::string schedule = "all";
   std::string backend = "mpi";

@@ -37,6 +37,8 @@ struct ModelSetup {
   std::vector<p::Variant> variants;
   bool auto_variant = false;
   std::optional<v1::PlanModelResponse> saved;  // --plan
+  std::optional<p::Layout> layout;             // --layout
+  p::ModelConfig run_model;                    // --layout: the model as each stage runs it
 };
 
 // --plan's variant `name`.
@@ -101,10 +103,29 @@ absl::Status Prepare(const Args& a, int hosts, ModelSetup* s) {
   const int world = Size();
   const p::ClusterShape cluster =
       world % hosts == 0 ? p::ClusterShape{hosts, world / hosts} : p::ClusterShape{1, world};
-  if (absl::Status st = ex::ValidateModelForExecutor(s->model, world); !st.ok()) {
-    return in_file(st);
+  if (!a.layout.empty()) {
+    // The layout's rules are checked when its program is built (every rank).
+    absl::StatusOr<v1::Layout> msg = proto::LayoutFromSpec(a.layout);
+    if (!msg.ok()) return msg.status();
+    absl::StatusOr<p::Layout> layout = proto::LayoutFromProto(*msg);
+    if (!layout.ok()) {
+      return absl::Status(layout.status().code(),
+                          Cat("--layout: ", View(layout.status().message())));
+    }
+    s->layout = *layout;
+    if (absl::Status st = p::ValidateModelShape(s->model); !st.ok()) return in_file(st);
+  } else {
+    if (s->model.parallel.pp > 1) {
+      return in_file(absl::InvalidArgumentError(
+          Cat("parallel.pp: a pipelined model runs as a layout's program: pass --layout "
+              "(e.g. dp=2,tp=1,pp=2,ep=2,esp=1,microbatches=4) (got pp=",
+              s->model.parallel.pp, ")")));
+    }
+    if (absl::Status st = ex::ValidateModelForExecutor(s->model, world); !st.ok()) {
+      return in_file(st);
+    }
+    if (absl::Status st = p::ValidateModel(s->model, cluster); !st.ok()) return in_file(st);
   }
-  if (absl::Status st = p::ValidateModel(s->model, cluster); !st.ok()) return in_file(st);
   if (s->saved.has_value()) {
     // The saved plan's variants: all of them, its best (auto), or one it holds.
     std::string held;
@@ -260,10 +281,17 @@ std::string RenderModelTable(const v1::ExecModelReport& r) {
   const v1::ModelConfig& m = r.model();
   std::string out = fmt::format(
       "model {}: {} blocks, hidden {}, {} heads, seq {}, micro-batch {}, {} experts top-{} | "
-      "mp={} ep={} esp={} dp={}\n",
+      "mp={} ep={} esp={} dp={} pp={}\n",
       m.name(), m.num_layers(), m.hidden_size(), m.num_attention_heads(), m.seq_length(),
       m.micro_batch_size(), m.moe().num_experts(), m.moe().top_k(), m.parallel().mp(),
-      m.parallel().ep(), m.parallel().esp(), m.parallel().dp());
+      m.parallel().ep(), m.parallel().esp(), m.parallel().dp(), std::max(1, m.parallel().pp()));
+  if (r.has_layout()) {
+    const v1::Layout& l = r.layout();
+    out += fmt::format(
+        "layout: {} pipeline{}, {} micro-batches of {} sequences, ZeRO {}\n", l.pipeline(),
+        l.virtual_stages() > 1 ? fmt::format(" (v={})", l.virtual_stages()) : std::string(),
+        l.microbatches(), l.micro_batch_size(), l.zero_stage());
+  }
   out += fmt::format(
       "backend {} ({}), dtype {}, {} ranks on {} host(s), {} iterations after {} warm-up; "
       "profile {} v{}\n",
@@ -326,13 +354,26 @@ int RunModel(const Args& a) {
         options.tutel_degrees = {sv.tutel_degree()};
       }
     }
+    p::ModelConfig run_model;
     absl::StatusOr<p::VariantPlan> vp =
-        ex::PlanModelRun(s.model, v, Size(), hosts, &prediction->cost, options);
+        s.layout.has_value()
+            ? ex::PlanLayoutRun(s.model, *s.layout, v, Size(), hosts, &prediction->cost, &run_model,
+                                options)
+            : ex::PlanModelRun(s.model, v, Size(), hosts, &prediction->cost, options);
     if (!vp.ok()) {
       planned = absl::Status(vp.status().code(), Cat(file, ": ", View(vp.status().message())));
       break;
     }
     plan.variants.push_back(*std::move(vp));
+    if (s.layout.has_value()) {
+      // What each stage runs: the layout's parallel and micro-batch size.
+      run_model.bytes_per_element = s.model.bytes_per_element;
+      s.run_model = run_model;
+    }
+  }
+  if (s.layout.has_value() && planned.ok()) {
+    s.model = s.run_model;
+    s.model_msg = proto::ModelToProto(s.model);
   }
   for (size_t i = 1; i < plan.variants.size(); ++i) {
     if (plan.variants[i].iteration_us() <
@@ -381,6 +422,11 @@ int RunModel(const Args& a) {
   report.set_interleaved(!a.sequential && runs.size() > 1);
   report.set_versions(a.backend == "mpi" ? ex::MpiVersion()
                                          : Cat(ex::MpiVersion(), "; ", ex::CudaVersions()));
+  if (s.layout.has_value()) {
+    p::Layout l = *s.layout;
+    if (l.microbatches == 0) l.microbatches = l.pp;
+    *report.mutable_layout() = proto::LayoutToProto(l, s.model.micro_batch_size);
+  }
   if (rebuilt.has_value()) {
     *report.mutable_predicted() = *std::move(rebuilt);
   } else {

@@ -479,7 +479,8 @@ int main(int argc, char** argv) {
   CLI::Option* model = app.add_option(
       "--model", a.model,
       "a whole model instead of a layer (JSON, moeplan.v1.ModelConfig; parallel.pp 1, mp*dp "
-      "ranks): runs each --variant's forward, backward, gradient buckets and optimizer step as "
+      "ranks; pipelines: --layout): runs each --variant's forward, backward, gradient buckets and "
+      "optimizer step as "
       "the planner plans it (linear AlltoAll) and reports predicted and measured timelines in "
       "plan-model's shape (moeplan.v1.ExecModelReport); --schedule, --skew, --check and "
       "--report-to are for layers");
@@ -492,6 +493,14 @@ int main(int argc, char** argv) {
                      "own profile) rebuilds; as --model otherwise");
   plan->excludes(layer);
   plan->excludes(model);
+  CLI::Option* layout = app.add_option(
+      "--layout", a.layout,
+      "with --model: run this layout's program (plan-model --layout's syntax, e.g. "
+      "dp=2,tp=1,pp=2,ep=2,esp=1,microbatches=4,pipeline=1f1b; dp*tp*pp ranks, parm family): "
+      "every stage's micro-batches in the pipeline schedule's order with their p2p transfers, "
+      "then each stage's gradient buckets and optimizer step; the model's parallel and "
+      "micro_batch_size are the layout's");
+  layout->needs(model);
   CLI::Option* variant =
       app.add_option("--variant", a.variant,
                      "with --model: none, tutel, dw, partition, lancet, auto (the planner's "
@@ -554,6 +563,7 @@ int main(int argc, char** argv) {
                "time (less memory); by default several are built together and their iterations "
                "interleaved, so machine drift hits all alike and the report's per-iteration "
                "totals are paired");
+  layout->excludes(report_to);
   for (CLI::Option* o : {schedule, skew, check}) {
     model->excludes(o);
     plan->excludes(o);

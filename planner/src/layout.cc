@@ -9,8 +9,8 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/hash/hash.h"
-#include "fmt/format.h"
 #include "field_rules.h"
+#include "fmt/format.h"
 #include "moeplan/base/status.h"
 #include "moeplan/base/strings.h"
 #include "moeplan/planner/limits.h"
@@ -122,8 +122,8 @@ absl::Status CheckPipelineSteps(const Layout& l) {
   if (steps <= kMaxPipelineSteps) return absl::OkStatus();
   return absl::ResourceExhaustedError(
       Cat("layout: pp*virtual_stages*microbatches*2 = ", steps,
-          " pipeline steps to simulate exceed the limit of ", kMaxPipelineSteps,
-          " (pp=", l.pp, ", virtual_stages=", l.virtual_stages, ", microbatches=", l.microbatches,
+          " pipeline steps to simulate exceed the limit of ", kMaxPipelineSteps, " (pp=", l.pp,
+          ", virtual_stages=", l.virtual_stages, ", microbatches=", l.microbatches,
           "); use fewer micro-batches or stages"));
 }
 
@@ -156,14 +156,14 @@ absl::Status ValidateLayout(const ModelConfig& m, const Layout& l, int64_t globa
       MustDivide("layout.esp", "moe.expert_ffn_hidden_size", l.esp, m.moe.expert_ffn_hidden_size));
   const int64_t gpus = int64_t{l.dp} * l.tp * l.pp;
   if (gpus > c.TotalGpus()) {
-    return Bad("layout", Cat("dp*tp*pp must be <= the GPUs (", c.TotalGpus(), ")"),
-               Cat(gpus));
+    return Bad("layout", Cat("dp*tp*pp must be <= the GPUs (", c.TotalGpus(), ")"), Cat(gpus));
   }
   const int64_t stage = int64_t{l.dp} * l.tp;
   if (!(g % stage == 0 || stage % g == 0)) {
-    return Bad("layout", Cat("dp*tp (a stage's ranks) must divide gpus_per_node (", g,
-                             ") or be a multiple of it"),
-               Cat(stage));
+    return Bad(
+        "layout",
+        Cat("dp*tp (a stage's ranks) must divide gpus_per_node (", g, ") or be a multiple of it"),
+        Cat(stage));
   }
   const int64_t experts = int64_t{l.ep} * l.esp;
   switch (l.family) {
@@ -173,7 +173,8 @@ absl::Status ValidateLayout(const ModelConfig& m, const Layout& l, int64_t globa
                    Cat("esp=", l.esp, ", tp=", l.tp));
       }
       if (l.dp % l.ep != 0) {
-        return Bad("layout.ep", "dpmoe spreads the experts over data-parallel ranks: must divide dp",
+        return Bad("layout.ep",
+                   "dpmoe spreads the experts over data-parallel ranks: must divide dp",
                    Cat("ep=", l.ep, ", dp=", l.dp));
       }
       break;
@@ -222,8 +223,8 @@ absl::Status ValidateLayout(const ModelConfig& m, const Layout& l, int64_t globa
                  Cat("pp=", l.pp, ", virtual_stages=", v));
     }
     if (m.num_layers % (l.pp * v) != 0) {
-      return Bad("layout.virtual_stages", Cat("pp*virtual_stages must divide num_layers (",
-                                              m.num_layers, ")"),
+      return Bad("layout.virtual_stages",
+                 Cat("pp*virtual_stages must divide num_layers (", m.num_layers, ")"),
                  Cat("pp=", l.pp, ", virtual_stages=", v));
     }
     if (l.microbatches % l.pp != 0) {
@@ -270,7 +271,8 @@ absl::Status ValidateSearchOptions(const SearchOptions& o) {
   }
   if (o.virtual_stages.empty()) return Bad("search.virtual_stages", "must not be empty", "[]");
   for (int v : o.virtual_stages) {
-    if (v < 2 || v > 64) return Bad("search.virtual_stages", "each must be between 2 and 64", Cat(v));
+    if (v < 2 || v > 64)
+      return Bad("search.virtual_stages", "each must be between 2 and 64", Cat(v));
   }
   return absl::OkStatus();
 }
@@ -306,8 +308,8 @@ MemoryBreakdown StageMemory(const ModelConfig& model, const Layout& l, int64_t m
   const double M = static_cast<double>(m.hidden_size), t = l.tp;
   const double a = static_cast<double>(m.num_attention_heads), L = m.seq_length;
   const double E = static_cast<double>(m.moe.num_experts);
-  const double cap = static_cast<double>(Capacity(m.moe.top_k, m.moe.capacity_factor,
-                                                  static_cast<int64_t>(S), m.moe.num_experts));
+  const double cap = static_cast<double>(
+      Capacity(m.moe.top_k, m.moe.capacity_factor, static_cast<int64_t>(S), m.moe.num_experts));
   // Rows a rank's experts hold: every token slot of the layer (E * T), or of
   // its own E/ep experts when the dispatch is local (PPMoE).
   const double rows = l.family == Family::kPpMoe ? E / l.ep * cap : E * cap;
@@ -346,8 +348,8 @@ MemoryBreakdown StageMemory(const ModelConfig& model, const Layout& l, int64_t m
   const double dp = l.dp, edp = l.ExpertReplicas();
   auto held = [&](double bytes_per_param, int from_stage) {
     const bool sharded = l.zero_stage >= from_stage;
-    return bytes_per_param * (params.dense / (sharded ? dp : 1.0) +
-                              params.expert / (sharded ? edp : 1.0));
+    return bytes_per_param *
+           (params.dense / (sharded ? dp : 1.0) + params.expert / (sharded ? edp : 1.0));
   };
   r.params = held(pb, 3);
   r.grads = held(o.grad_bytes, 2);
@@ -415,6 +417,44 @@ double InFlightMicrobatches(PipelineSchedule schedule, int p, int v, int m, int 
   return static_cast<double>(peak) / v;
 }
 
+absl::Status WalkPipeline(PipelineSchedule schedule, int p, int v, int m,
+                          absl::FunctionRef<void(int stage, const PipeStep& step)> visit) {
+  std::vector<std::vector<PipeStep>> order(static_cast<size_t>(p));
+  for (int s = 0; s < p; ++s) order[static_cast<size_t>(s)] = PipelineOrder(schedule, p, v, m, s);
+  auto idx = [&](int s, int c, int i, bool fwd) {
+    return ((static_cast<size_t>(s) * v + c) * m + i) * 2 + (fwd ? 1 : 0);
+  };
+  std::vector<uint8_t> issued(static_cast<size_t>(p) * v * m * 2, 0);
+  std::vector<size_t> next(static_cast<size_t>(p), 0);
+  size_t left = issued.size();
+  while (left > 0) {
+    bool progress = false;
+    for (int s = 0; s < p; ++s) {
+      auto& ns = next[static_cast<size_t>(s)];
+      while (ns < order[static_cast<size_t>(s)].size()) {
+        const PipeStep st = order[static_cast<size_t>(s)][ns];
+        // The input: the previous chunk's forward, or the next one's backward
+        // (the last chunk's backward: its own forward).
+        const int c = st.chunk, i = st.mb;
+        const bool ready = st.forward ? (s > 0   ? issued[idx(s - 1, c, i, true)] != 0
+                                         : c > 0 ? issued[idx(p - 1, c - 1, i, true)] != 0
+                                                 : true)
+                                      : (s < p - 1   ? issued[idx(s + 1, c, i, false)] != 0
+                                         : c < v - 1 ? issued[idx(0, c + 1, i, false)] != 0
+                                                     : issued[idx(s, c, i, true)] != 0);
+        if (!ready) break;
+        visit(s, st);
+        issued[idx(s, c, i, st.forward)] = 1;
+        --left;
+        ++ns;
+        progress = true;
+      }
+    }
+    if (!progress) return absl::InternalError("pipeline: the schedule deadlocks (a builder bug)");
+  }
+  return absl::OkStatus();
+}
+
 absl::Status SimulatePipeline(const PipelineSpec& spec, OpGraph* g, Simulator* sim,
                               SimResult* result, PipelineResult* out) {
   const int p = spec.stages, v = spec.chunks, m = spec.microbatches;
@@ -423,8 +463,6 @@ absl::Status SimulatePipeline(const PipelineSpec& spec, OpGraph* g, Simulator* s
       (!spec.tail_us.empty() && static_cast<int>(spec.tail_us.size()) != p)) {
     return absl::InvalidArgumentError("pipeline: costs must have stages * chunks entries");
   }
-  std::vector<std::vector<PipeStep>> order(static_cast<size_t>(p));
-  for (int s = 0; s < p; ++s) order[static_cast<size_t>(s)] = PipelineOrder(spec.schedule, p, v, m, s);
   // Ids of each step's op and of the send after it: index ((s * v + c) * m + i) * 2 + fwd.
   auto idx = [&](int s, int c, int i, bool fwd) {
     return ((static_cast<size_t>(s) * v + c) * m + i) * 2 + (fwd ? 1 : 0);
@@ -433,78 +471,56 @@ absl::Status SimulatePipeline(const PipelineSpec& spec, OpGraph* g, Simulator* s
   std::vector<OpId> send_of(op_of.size(), kNoOp);
   g->Clear();
   g->Reserve(static_cast<int>(op_of.size() * 2 + p), static_cast<int>(op_of.size() * 4));
-  std::vector<size_t> next(static_cast<size_t>(p), 0);
   std::vector<OpId> last_of(static_cast<size_t>(p), kNoOp);
-  size_t left = op_of.size();
   const double p2p = p > 1 || v > 1 ? spec.p2p_us : 0.0;
-  while (left > 0) {
-    bool progress = false;
-    for (int s = 0; s < p; ++s) {
-      auto& ns = next[static_cast<size_t>(s)];
-      while (ns < order[static_cast<size_t>(s)].size()) {
-        const PipeStep st = order[static_cast<size_t>(s)][ns];
-        // The input: the previous chunk's send (forward) or the next one's (backward).
-        OpId dep = kNoOp;
-        bool ready = true;
-        if (st.forward) {
-          if (s > 0) {
-            dep = send_of[idx(s - 1, st.chunk, st.mb, true)];
-            ready = dep != kNoOp;
-          } else if (st.chunk > 0) {
-            dep = send_of[idx(p - 1, st.chunk - 1, st.mb, true)];
-            ready = dep != kNoOp;
-          }
-        } else {
-          if (s < p - 1) {
-            dep = send_of[idx(s + 1, st.chunk, st.mb, false)];
-            ready = dep != kNoOp;
-          } else if (st.chunk < v - 1) {
-            dep = send_of[idx(0, st.chunk + 1, st.mb, false)];
-            ready = dep != kNoOp;
-          } else {
-            dep = op_of[idx(s, st.chunk, st.mb, true)];
-            ready = dep != kNoOp;
-          }
-        }
-        if (!ready) break;
-        Op op;
-        op.base = st.forward ? "pipe.fwd" : "pipe.bwd";
-        op.block = static_cast<int16_t>(s);  // names read b<stage>.pipe.fwd.<mb>.p<chunk>
-        op.step = st.mb;
-        op.part = static_cast<int16_t>(st.chunk);
-        op.device = static_cast<int16_t>(s);
-        op.phase = st.forward ? Phase::kForward : Phase::kBackward;
-        op.term = Term::kDense;
-        op.resources = kCompute;
-        const size_t cs = static_cast<size_t>(s) * v + st.chunk;
-        op.cost_us = st.forward ? spec.fwd_us[cs] : spec.bwd_us[cs];
-        const OpId own_fwd = st.forward ? kNoOp : op_of[idx(s, st.chunk, st.mb, true)];
-        const OpId id = g->Add(op, {dep, own_fwd});
-        op_of[idx(s, st.chunk, st.mb, st.forward)] = id;
-        last_of[static_cast<size_t>(s)] = id;
-        const bool last_fwd = st.forward && s == p - 1 && st.chunk == v - 1;
-        const bool first_bwd = !st.forward && s == 0 && st.chunk == 0;
-        if (!last_fwd && !first_bwd) {
-          Op send;
-          send.base = st.forward ? "pipe.send_fwd" : "pipe.send_bwd";
-          send.block = op.block;
-          send.step = op.step;
-          send.part = op.part;
-          send.device = op.device;
-          send.kind = OpKind::kComm;
-          send.phase = op.phase;
-          send.term = Term::kSendRecv;
-          send.resources = spec.p2p_resource;
-          send.cost_us = p2p;
-          send_of[idx(s, st.chunk, st.mb, st.forward)] = g->Add(send, {id});
-        }
-        --left;
-        ++ns;
-        progress = true;
+  MOEPLAN_RETURN_IF_ERROR(WalkPipeline(spec.schedule, p, v, m, [&](int s, const PipeStep& st) {
+    // The input: the previous chunk's send (forward) or the next one's (backward).
+    OpId dep = kNoOp;
+    if (st.forward) {
+      if (s > 0) {
+        dep = send_of[idx(s - 1, st.chunk, st.mb, true)];
+      } else if (st.chunk > 0) {
+        dep = send_of[idx(p - 1, st.chunk - 1, st.mb, true)];
       }
+    } else if (s < p - 1) {
+      dep = send_of[idx(s + 1, st.chunk, st.mb, false)];
+    } else if (st.chunk < v - 1) {
+      dep = send_of[idx(0, st.chunk + 1, st.mb, false)];
+    } else {
+      dep = op_of[idx(s, st.chunk, st.mb, true)];
     }
-    if (!progress) return absl::InternalError("pipeline: the schedule deadlocks (a builder bug)");
-  }
+    Op op;
+    op.base = st.forward ? "pipe.fwd" : "pipe.bwd";
+    op.block = static_cast<int16_t>(s);  // names read b<stage>.pipe.fwd.<mb>.p<chunk>
+    op.step = st.mb;
+    op.part = static_cast<int16_t>(st.chunk);
+    op.device = static_cast<int16_t>(s);
+    op.phase = st.forward ? Phase::kForward : Phase::kBackward;
+    op.term = Term::kDense;
+    op.resources = kCompute;
+    const size_t cs = static_cast<size_t>(s) * v + st.chunk;
+    op.cost_us = st.forward ? spec.fwd_us[cs] : spec.bwd_us[cs];
+    const OpId own_fwd = st.forward ? kNoOp : op_of[idx(s, st.chunk, st.mb, true)];
+    const OpId id = g->Add(op, {dep, own_fwd});
+    op_of[idx(s, st.chunk, st.mb, st.forward)] = id;
+    last_of[static_cast<size_t>(s)] = id;
+    const bool last_fwd = st.forward && s == p - 1 && st.chunk == v - 1;
+    const bool first_bwd = !st.forward && s == 0 && st.chunk == 0;
+    if (!last_fwd && !first_bwd) {
+      Op send;
+      send.base = st.forward ? "pipe.send_fwd" : "pipe.send_bwd";
+      send.block = op.block;
+      send.step = op.step;
+      send.part = op.part;
+      send.device = op.device;
+      send.kind = OpKind::kComm;
+      send.phase = op.phase;
+      send.term = Term::kSendRecv;
+      send.resources = spec.p2p_resource;
+      send.cost_us = p2p;
+      send_of[idx(s, st.chunk, st.mb, st.forward)] = g->Add(send, {id});
+    }
+  }));
   std::vector<OpId> bwd_last = last_of;
   for (int s = 0; s < p; ++s) {
     if (spec.tail_us.empty()) break;
@@ -522,7 +538,8 @@ absl::Status SimulatePipeline(const PipelineSpec& spec, OpGraph* g, Simulator* s
   out->makespan_us = result->makespan_us;
   out->pipeline_end_us = 0.0;
   for (OpId id : bwd_last) {
-    out->pipeline_end_us = std::max(out->pipeline_end_us, result->times[static_cast<size_t>(id)].end_us);
+    out->pipeline_end_us =
+        std::max(out->pipeline_end_us, result->times[static_cast<size_t>(id)].end_us);
   }
   double busiest = -1.0;
   for (int s = 0; s < p; ++s) {
@@ -539,6 +556,244 @@ absl::Status SimulatePipeline(const PipelineSpec& spec, OpGraph* g, Simulator* s
   out->bubble_us = std::max(0.0, out->pipeline_end_us - busiest);
   out->bubble_fraction = out->pipeline_end_us > 0.0 ? out->bubble_us / out->pipeline_end_us : 0.0;
   return absl::OkStatus();
+}
+
+// ---------------- Programs ----------------
+
+namespace {
+
+// What a chunk graph's op is in the program: part of every micro-batch's
+// forward or backward, or of the chunk's tail (once per iteration).
+enum class Role : uint8_t { kForward, kBackward, kTail };
+
+Role RoleOf(const Op& op, int zero_stage) {
+  if (op.term == Term::kOptimizer) return Role::kTail;
+  // ZeRO 2-3 reduce-scatter each micro-batch's gradients as they come (the
+  // buckets issued in the backward, "bwd."); 0-1 once the last one is in.
+  if ((op.flags & kGradSync) && !(zero_stage >= 2 && op.base.substr(0, 4) == "bwd.")) {
+    return Role::kTail;
+  }
+  return op.phase == Phase::kForward ? Role::kForward : Role::kBackward;
+}
+
+// A chunk graph read once: each op's role, the ops each step copies, and the
+// step's roots (its first ops, which wait for the transfer feeding the step)
+// and ends (what the transfer after it waits for).
+struct ChunkShape {
+  std::vector<Role> role;
+  std::vector<OpId> ops[3];  // by role, in issue order
+  std::vector<uint8_t> root;
+  std::vector<OpId> ends[2];  // forward, backward
+};
+
+absl::Status ShapeOf(const OpGraph& g, int zero_stage, ChunkShape* out) {
+  const int n = g.size();
+  out->role.resize(static_cast<size_t>(n));
+  out->root.assign(static_cast<size_t>(n), 0);
+  std::vector<uint8_t> consumed(static_cast<size_t>(n), 0);
+  for (OpId id = 0; id < n; ++id) {
+    const Role r = RoleOf(g.op(id), zero_stage);
+    out->role[static_cast<size_t>(id)] = r;
+    out->ops[static_cast<size_t>(r)].push_back(id);
+    bool root = r != Role::kTail && !(g.op(id).flags & kPrefetch);
+    for (OpId d : g.deps(id)) {
+      const Role dr = out->role[static_cast<size_t>(d)];
+      if (dr == Role::kTail && r != Role::kTail) {
+        return absl::InternalError(
+            Cat("pipeline program: ", g.op(id).Name(), " waits for the tail op ", g.op(d).Name()));
+      }
+      if (r == Role::kForward && dr == Role::kBackward) {
+        return absl::InternalError(Cat("pipeline program: the forward op ", g.op(id).Name(),
+                                       " waits for the backward op ", g.op(d).Name()));
+      }
+      if (dr == r) {
+        root = false;
+        // What buckets and prefetches wait for still ends the phase's chain.
+        if (!(g.op(id).flags & (kGradSync | kPrefetch))) consumed[static_cast<size_t>(d)] = 1;
+      }
+    }
+    out->root[static_cast<size_t>(id)] = root;
+  }
+  // Ends: the ops of a phase nothing of it waits for, gradient buckets and
+  // prefetches aside; backward weight gradients too unless they end the
+  // chain (a chunk's input gradient is sent before its dW ops run).
+  for (int phase = 0; phase < 2; ++phase) {
+    std::vector<OpId> ends, dw;
+    for (OpId id : out->ops[phase]) {
+      const Op& op = g.op(id);
+      if (consumed[static_cast<size_t>(id)] || (op.flags & (kGradSync | kPrefetch))) continue;
+      ((op.flags & kWeightGrad) ? dw : ends).push_back(id);
+    }
+    if (ends.empty()) ends = std::move(dw);
+    if (ends.empty() && !out->ops[phase].empty()) {
+      return absl::InternalError("pipeline program: a chunk phase has no last op");
+    }
+    out->ends[phase] = std::move(ends);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status BuildPipelineProgram(const Layout& l, std::span<const OpGraph* const> chunks,
+                                  const PipelineLinks& links, OpGraph* out) {
+  const int p = l.pp, v = std::max(1, l.virtual_stages), m = l.microbatches;
+  if (p < 1 || m < 1 || static_cast<int>(chunks.size()) != p * v) {
+    return absl::InvalidArgumentError(
+        Cat("pipeline program: needs pp * virtual_stages chunk graphs (got ", chunks.size(),
+            " for pp=", p, ", virtual_stages=", v, ", microbatches=", m, ")"));
+  }
+  if (l.recompute) {
+    return absl::InvalidArgumentError(
+        "layout.recompute: programs with full activation recomputation are not built yet");
+  }
+  if (int64_t{p} * v * m * 2 > kMaxPipelineSteps) return CheckPipelineSteps(l);
+  std::vector<ChunkShape> shapes(chunks.size());
+  int64_t total = 0;
+  for (size_t k = 0; k < chunks.size(); ++k) {
+    MOEPLAN_RETURN_IF_ERROR(ShapeOf(*chunks[k], l.zero_stage, &shapes[k]));
+    total += int64_t{chunks[k]->size()} * m;
+  }
+  if (total > kMaxProgramOps) {
+    return absl::ResourceExhaustedError(Cat("pipeline program: ", total,
+                                            " ops exceed the limit of ", kMaxProgramOps,
+                                            "; use fewer micro-batches or blocks"));
+  }
+  out->Clear();
+  out->Reserve(static_cast<int>(total + 4 * int64_t{p} * v * m), static_cast<int>(total * 3));
+  // The copy of chunk op `id` for micro-batch i of (stage, chunk): ids[(k * m + i)][id].
+  std::vector<std::vector<OpId>> ids(chunks.size() * static_cast<size_t>(m));
+  std::vector<std::vector<int16_t>> instances(ids.size());
+  // The transfer each step waits for (forward, backward).
+  std::vector<OpId> input(ids.size() * 2, kNoOp);
+  auto slot = [&](int s, int c, int i) { return (static_cast<size_t>(s) * v + c) * m + i; };
+  std::vector<OpId> deps;
+  absl::Status error;
+  auto stamp = [&](Op* op, int s, int c, int i) {
+    op->flags |= kStaged;
+    op->device = static_cast<int16_t>(s);
+    op->chunk = static_cast<int8_t>(v > 1 ? c : -1);
+    op->mb = static_cast<int16_t>(i);
+  };
+  // Copies ops of `role` of chunk (s, c) for micro-batch i (tail: i = m - 1's
+  // maps, the copies without a micro-batch).
+  auto copy = [&](int s, int c, int i, Role role) {
+    const size_t k = static_cast<size_t>(s) * v + c;
+    const OpGraph& g = *chunks[k];
+    const ChunkShape& sh = shapes[k];
+    std::vector<OpId>& map = ids[slot(s, c, i)];
+    if (map.empty()) map.assign(static_cast<size_t>(g.size()), kNoOp);
+    std::vector<int16_t>& inst = instances[slot(s, c, i)];
+    if (inst.empty()) inst.assign(g.layers().size() + 1, 0);
+    const OpId in =
+        role == Role::kTail ? kNoOp : input[slot(s, c, i) * 2 + (role == Role::kForward)];
+    for (OpId id : sh.ops[static_cast<size_t>(role)]) {
+      deps.clear();
+      for (OpId d : g.deps(id)) {
+        const OpId nd = map[static_cast<size_t>(d)];
+        if (nd == kNoOp && error.ok()) {
+          error = absl::InternalError(Cat("pipeline program: ", g.op(id).Name(),
+                                          " issued before its dependency ", g.op(d).Name()));
+        }
+        deps.push_back(nd);
+      }
+      if (sh.root[static_cast<size_t>(id)] && in != kNoOp) deps.push_back(in);
+      Op op = g.op(id);
+      stamp(&op, s, c, role == Role::kTail ? -1 : i);
+      OpExec x = g.exec(id);
+      if (x.layer > 0) {
+        int16_t& mine = inst[static_cast<size_t>(x.layer)];
+        if (mine == 0) {
+          ExecLayer el = g.layers()[static_cast<size_t>(x.layer - 1)];
+          el.mb = static_cast<int16_t>(i);
+          if (out->layers().size() >= static_cast<size_t>(INT16_MAX) && error.ok()) {
+            error = absl::ResourceExhaustedError(
+                "pipeline program: more than 32767 MoE layer instances; use fewer "
+                "micro-batches or blocks");
+          }
+          mine = out->AddLayer(el);
+        }
+        x.layer = mine;
+      }
+      map[static_cast<size_t>(id)] = out->Add(op, deps, x);
+    }
+  };
+  auto transfer = [&](int s, const PipeStep& st) {
+    const bool fwd = st.forward;
+    int ds = s, dc = st.chunk;
+    if (fwd) {
+      if (s < p - 1) {
+        ds = s + 1;
+      } else if (st.chunk < v - 1) {
+        ds = 0;
+        dc = st.chunk + 1;
+      } else {
+        return;  // the last chunk's forward: its backward follows on this stage
+      }
+    } else if (s > 0) {
+      ds = s - 1;
+    } else if (st.chunk > 0) {
+      ds = p - 1;
+      dc = st.chunk - 1;
+    } else {
+      return;  // the first chunk's backward: the end of the micro-batch
+    }
+    const size_t k = static_cast<size_t>(s) * v + st.chunk;
+    const std::vector<OpId>& map = ids[slot(s, st.chunk, st.mb)];
+    deps.clear();
+    for (OpId e : shapes[k].ends[fwd ? 0 : 1]) deps.push_back(map[static_cast<size_t>(e)]);
+    Op send;
+    send.base = fwd ? "pipe.send_fwd" : "pipe.send_bwd";
+    send.kind = OpKind::kComm;
+    send.phase = fwd ? Phase::kForward : Phase::kBackward;
+    send.term = Term::kSendRecv;
+    send.resources = links.send_resources;
+    send.cost_us = links.send_us;
+    send.bytes = links.bytes;
+    send.inter_node_bytes = links.send_resources & kInter ? links.bytes : 0;
+    stamp(&send, s, st.chunk, st.mb);
+    OpExec sx;
+    sx.kind = ExecKind::kSendRecv;
+    sx.group = fwd ? ExecGroup::kPpFwd : ExecGroup::kPpBwd;
+    sx.parts = ds;
+    sx.count = links.elements;
+    OpId arrived = out->Add(send, deps, sx);
+    if (links.tp > 1) {
+      Op gather;
+      gather.base = fwd ? "pipe.gather_fwd" : "pipe.gather_bwd";
+      gather.kind = OpKind::kComm;
+      gather.phase = send.phase;
+      gather.term = Term::kAllGather;
+      gather.resources = kIntra;
+      gather.cost_us = links.gather_us;
+      gather.bytes = links.bytes;
+      stamp(&gather, ds, dc, st.mb);
+      OpExec gx;
+      gx.kind = ExecKind::kAllGather;
+      gx.group = ExecGroup::kMp;
+      gx.count = links.elements;
+      arrived = out->Add(gather, {arrived}, gx);
+    }
+    input[slot(ds, dc, st.mb) * 2 + (fwd ? 1 : 0)] = arrived;
+  };
+  MOEPLAN_RETURN_IF_ERROR(WalkPipeline(l.pipeline, p, v, m, [&](int s, const PipeStep& st) {
+    copy(s, st.chunk, st.mb, st.forward ? Role::kForward : Role::kBackward);
+    transfer(s, st);
+  }));
+  for (int s = 0; s < p; ++s) {
+    for (int c = 0; c < v; ++c) copy(s, c, m - 1, Role::kTail);
+  }
+  MOEPLAN_RETURN_IF_ERROR(error);
+  for (const OpGraph* g : chunks) {
+    for (const BufAlias& a : g->aliases()) out->Alias(a);
+  }
+  return absl::OkStatus();
+}
+
+bool RunsOnStage(const OpGraph& program, OpId id, int stage) {
+  if (program.op(id).device == stage) return true;
+  const OpExec& x = program.exec(id);
+  return x.kind == ExecKind::kSendRecv && x.parts == stage;
 }
 
 // ---------------- Evaluation and search ----------------
@@ -590,7 +845,7 @@ struct LayoutPlanner::Impl {
   ModelPlanOptions plan_options;
 
   ChunkKey KeyOf(const ModelConfig& model, const Layout& l, int64_t mbs, const StageOptions& so,
-                int zero) const {
+                 int zero) const {
     return ChunkKey{mbs,
                     l.tp,
                     l.dp,
@@ -672,19 +927,29 @@ struct LayoutPlanner::Impl {
   // once a stage fills a node, and the receiving TP group AllGathers the
   // pieces (inside its node). Both are charged to the send, which holds the
   // sender's link.
-  void P2p(const ModelConfig& model, const Layout& l, int64_t mbs, PipelineSpec* spec) const {
+  PipelineLinks Links(const ModelConfig& model, const Layout& l, int64_t mbs) const {
     const int g = cost.profile().shape.gpus_per_node;
     const bool across = int64_t{l.dp} * l.tp >= g;
     const double bytes = static_cast<double>(mbs) * model.seq_length * model.hidden_size *
                          model.bytes_per_element / l.tp;
-    spec->p2p_us = cost.CollectiveUs(Collective::kSendRecv, GroupShape{2, across ? 2 : 1}, bytes) +
-                   cost.CollectiveUs(Collective::kAllGather, GroupShape{l.tp, 1}, bytes);
-    spec->p2p_resource = across ? kInter : kIntra;
+    PipelineLinks k;
+    k.elements = mbs * model.seq_length * model.hidden_size / l.tp;
+    k.bytes = static_cast<int64_t>(bytes);
+    k.send_us = cost.CollectiveUs(Collective::kSendRecv, GroupShape{2, across ? 2 : 1}, bytes);
+    k.send_resources = across ? kInter : kIntra;
+    k.tp = l.tp;
+    k.gather_us = cost.CollectiveUs(Collective::kAllGather, GroupShape{l.tp, 1}, bytes);
+    return k;
+  }
+  void P2p(const ModelConfig& model, const Layout& l, int64_t mbs, PipelineSpec* spec) const {
+    const PipelineLinks k = Links(model, l, mbs);
+    spec->p2p_us = k.send_us + k.gather_us;
+    spec->p2p_resource = k.send_resources;
   }
 
   // Evaluates a validated layout with `mbs` sequences per micro-batch.
-  absl::Status Run(const ModelConfig& model, const Layout& l, int64_t mbs,
-                   const MemoryOptions& mem, LayoutCandidate* out) {
+  absl::Status Run(const ModelConfig& model, const Layout& l, int64_t mbs, const MemoryOptions& mem,
+                   LayoutCandidate* out) {
     const int p = l.pp, v = std::max(1, l.virtual_stages), m = l.microbatches;
     PipelineSpec spec;
     spec.schedule = l.pipeline;
@@ -754,8 +1019,8 @@ struct LayoutPlanner::Impl {
     // Memory: the stage that needs the most.
     out->memory = MemoryBreakdown{};
     for (int st = 0; st < p; ++st) {
-      const MemoryBreakdown mb = StageMemory(model, l, mbs, st,
-                                             InFlightMicrobatches(l.pipeline, p, v, m, st), mem);
+      const MemoryBreakdown mb =
+          StageMemory(model, l, mbs, st, InFlightMicrobatches(l.pipeline, p, v, m, st), mem);
       if (st == 0 || mb.total > out->memory.total) out->memory = mb;
     }
     out->feasible = out->memory.fits();
@@ -787,7 +1052,8 @@ struct LayoutPlanner::Impl {
       double stage_load = 0.0;
       for (int c = 0; c < v; ++c) {
         const StageOptions so = ChunkOptions(model, l, st, c);
-        const ChunkKey key = KeyOf(model, l, mbs, so, /*zero=*/0);  // the bounds hold for every stage
+        const ChunkKey key =
+            KeyOf(model, l, mbs, so, /*zero=*/0);  // the bounds hold for every stage
         ModelPlanner::StageBound b;
         if (auto it = bounds.find(key); it != bounds.end()) {
           b = it->second;
@@ -853,7 +1119,8 @@ absl::Status LayoutPlanner::Evaluate(const ModelConfig& model, const Layout& lay
   const int64_t global = model.GlobalBatch();
   // Like --gpus of the search, a layout may span more nodes of the profile's size.
   const ClusterShape& shape = s.cost.profile().shape;
-  const int64_t nodes = (int64_t{l.dp} * l.tp * l.pp + shape.gpus_per_node - 1) / shape.gpus_per_node;
+  const int64_t nodes =
+      (int64_t{l.dp} * l.tp * l.pp + shape.gpus_per_node - 1) / shape.gpus_per_node;
   const ClusterShape cluster{static_cast<int>(std::clamp<int64_t>(nodes, shape.nodes, 1 << 20)),
                              shape.gpus_per_node};
   MOEPLAN_RETURN_IF_ERROR(ValidateLayout(model, l, global, cluster));
@@ -861,6 +1128,50 @@ absl::Status LayoutPlanner::Evaluate(const ModelConfig& model, const Layout& lay
   s.stats = nullptr;
   const int64_t mbs = global / (int64_t{l.dp} * l.microbatches);
   return s.Run(model, l, mbs, Resolve(memory, s.cost.profile()), out);
+}
+
+absl::Status LayoutPlanner::Program(const ModelConfig& model, const Layout& layout,
+                                    const ModelPlanOptions& plan, VariantPlan* out) {
+  Impl& s = *impl_;
+  MOEPLAN_RETURN_IF_ERROR(ValidateModelShape(model));
+  MOEPLAN_RETURN_IF_ERROR(ValidateModelPlanOptions(plan));
+  Layout l = layout;
+  if (l.microbatches == 0) l.microbatches = l.pp;
+  if (l.pp == 1 && l.pipeline == PipelineSchedule::kInterleaved)
+    l.pipeline = PipelineSchedule::k1F1B;
+  const ClusterShape& shape = s.cost.profile().shape;
+  const int64_t nodes =
+      (int64_t{l.dp} * l.tp * l.pp + shape.gpus_per_node - 1) / shape.gpus_per_node;
+  const ClusterShape cluster{static_cast<int>(std::clamp<int64_t>(nodes, shape.nodes, 1 << 20)),
+                             shape.gpus_per_node};
+  MOEPLAN_RETURN_IF_ERROR(ValidateLayout(model, l, model.GlobalBatch(), cluster));
+  const int p = l.pp, v = std::max(1, l.virtual_stages);
+  const int64_t mbs = model.GlobalBatch() / (int64_t{l.dp} * l.microbatches);
+  const ModelConfig m = ModelForLayout(model, l, mbs);
+  ModelPlanOptions opt = plan;
+  if (l.family == Family::kDpMoe) opt.schedules = {Schedule::kDefault};
+  std::vector<VariantPlan> chunks(static_cast<size_t>(p * v));
+  std::vector<const OpGraph*> graphs(chunks.size());
+  *out = VariantPlan{};
+  for (int st = 0; st < p; ++st) {
+    for (int c = 0; c < v; ++c) {
+      MOEPLAN_RETURN_IF_ERROR(s.planner.PlanStage(m, opt, ChunkOptions(model, l, st, c), &s.plan));
+      const size_t k = static_cast<size_t>(st) * v + c;
+      chunks[k] = std::move(s.plan.variants[static_cast<size_t>(s.plan.best)]);
+      graphs[k] = &chunks[k].graph;
+      for (const MoeLayerChoice& choice : chunks[k].layers) out->layers.push_back(choice);
+    }
+  }
+  std::sort(out->layers.begin(), out->layers.end(),
+            [](const MoeLayerChoice& a, const MoeLayerChoice& b) { return a.block < b.block; });
+  const PipelineLinks links = s.Links(model, l, mbs);
+  MOEPLAN_RETURN_IF_ERROR(BuildPipelineProgram(l, graphs, links, &out->graph));
+  MOEPLAN_RETURN_IF_ERROR(s.pipe_sim.Run(out->graph, &out->sim));
+  out->variant = chunks[0].variant;
+  out->schedule = chunks[0].schedule;
+  out->algo = chunks[0].algo;
+  out->tutel_degree = chunks[0].tutel_degree;
+  return absl::OkStatus();
 }
 
 absl::Status LayoutPlanner::Search(const ModelConfig& model, const SearchOptions& options,

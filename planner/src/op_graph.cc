@@ -92,13 +92,16 @@ std::string_view ExecKindName(ExecKind k) {
                                                 "allreduce",
                                                 "saa_exchange",
                                                 "saa_gather",
-                                                "saa_reduce"};
+                                                "saa_reduce",
+                                                "sendrecv"};
   const size_t i = static_cast<size_t>(k);
   return i < std::size(kNames) ? kNames[i] : "unknown";
 }
 
 std::string_view ExecGroupName(ExecGroup g) {
-  static constexpr std::string_view kNames[] = {"none", "mp", "ep", "esp", "dp", "edp"};
+  static constexpr std::string_view kNames[] = {"none", "mp",  "ep",     "esp",
+                                                "dp",   "edp", "pp_fwd", "pp_bwd"};
+  static_assert(std::size(kNames) == kNumExecGroups);
   const size_t i = static_cast<size_t>(g);
   return i < std::size(kNames) ? kNames[i] : "unknown";
 }
@@ -114,8 +117,13 @@ std::string_view BufName(Buf b) {
 }
 
 std::string Op::Name() const {
-  if (step < 0 && block < 0 && part < 0 && !(flags & kMoeScope)) return std::string(base);
+  if (step < 0 && block < 0 && part < 0 && mb < 0 && !(flags & (kMoeScope | kStaged))) {
+    return std::string(base);
+  }
   std::string out;
+  if (flags & kStaged) out += Cat("s", device, ".");
+  if (chunk >= 0) out += Cat("c", chunk, ".");
+  if (mb >= 0) out += Cat("mb", mb, ".");
   if (block >= 0) out += Cat("b", block, ".");
   if (flags & kMoeScope) out += "moe.";
   out += base;

@@ -1,6 +1,7 @@
 #include "moeplan/proto/convert.h"
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <string>
 #include <vector>
@@ -731,6 +732,74 @@ void ModelPlanToProto(const p::ModelPlan& plan, const p::ModelConfig& model,
   c->set_hierarchical_faster_from_ranks(plan.crossover.faster_from_ranks);
   c->set_linear_us(plan.crossover.linear_us);
   c->set_hierarchical_us(plan.crossover.hierarchical_us);
+}
+
+absl::StatusOr<v1::Layout> LayoutFromSpec(std::string_view spec) {
+  v1::Layout l;
+  static constexpr std::string_view kKeys =
+      "dp, tp, pp, ep, esp, microbatches, zero, family, pipeline, v, recompute";
+  std::vector<std::string> seen;
+  size_t begin = 0;
+  while (begin <= spec.size()) {
+    const size_t end = std::min(spec.find(',', begin), spec.size());
+    const std::string item(spec.substr(begin, end - begin));
+    begin = end + 1;
+    const size_t eq = item.find('=');
+    if (eq == std::string::npos || eq == 0) {
+      return absl::InvalidArgumentError(
+          Cat("--layout: expected key=value, got '", item, "' (keys: ", kKeys, ")"));
+    }
+    const std::string key = item.substr(0, eq), value = item.substr(eq + 1);
+    if (std::find(seen.begin(), seen.end(), key) != seen.end()) {
+      return absl::InvalidArgumentError(Cat("--layout: '", key, "' given twice"));
+    }
+    seen.push_back(key);
+    if (key == "family") {
+      l.set_family(value);
+      continue;
+    }
+    if (key == "pipeline") {
+      l.set_pipeline(value);
+      continue;
+    }
+    int n = 0;
+    const auto [ptr, ec] = std::from_chars(value.data(), value.data() + value.size(), n);
+    if (ec != std::errc() || ptr != value.data() + value.size()) {
+      return absl::InvalidArgumentError(
+          Cat("--layout: ", key, " must be an integer (got '", value, "')"));
+    }
+    if (key == "dp") {
+      l.set_dp(n);
+    } else if (key == "tp") {
+      l.set_tp(n);
+    } else if (key == "pp") {
+      l.set_pp(n);
+    } else if (key == "ep") {
+      l.set_ep(n);
+    } else if (key == "esp") {
+      l.set_esp(n);
+    } else if (key == "microbatches") {
+      l.set_microbatches(n);
+    } else if (key == "zero") {
+      l.set_zero_stage(n);
+    } else if (key == "v") {
+      l.set_virtual_stages(n);
+    } else if (key == "recompute") {
+      if (n != 0 && n != 1) {
+        return absl::InvalidArgumentError(Cat("--layout: recompute must be 0 or 1 (got ", n, ")"));
+      }
+      l.set_recompute(n == 1);
+    } else {
+      return absl::InvalidArgumentError(
+          Cat("--layout: unknown key '", key, "' (keys: ", kKeys, ")"));
+    }
+  }
+  for (std::string_view need : {"dp", "tp", "pp", "ep", "esp"}) {
+    if (std::find(seen.begin(), seen.end(), need) == seen.end()) {
+      return absl::InvalidArgumentError(Cat("--layout: ", need, "= is required"));
+    }
+  }
+  return l;
 }
 
 absl::StatusOr<p::Layout> LayoutFromProto(const v1::Layout& m) {

@@ -1206,6 +1206,10 @@ TEST(OpContextTest, BaseNames) {
   EXPECT_EQ(OpBaseName("fwd.saa_dispatch.alltoall.3"), "fwd.saa_dispatch.alltoall");
   EXPECT_EQ(OpBaseName("fwd.expert.p1"), "fwd.expert");
   EXPECT_EQ(OpBaseName("fwd.expert.1.p0"), "fwd.expert");
+  EXPECT_EQ(OpBaseName("s1.c0.mb2.b3.moe.fwd.gate"), "fwd.gate");
+  EXPECT_EQ(OpBaseName("s0.mb11.pipe.send_fwd"), "pipe.send_fwd");
+  EXPECT_EQ(OpBaseName("s0.optimizer.step"), "optimizer.step");
+  EXPECT_EQ(OpBaseName("saa_dispatch.1"), "saa_dispatch");
   EXPECT_EQ(OpBaseName("fwd.ep_alltoall_combine"), "fwd.ep_alltoall_combine");
   EXPECT_EQ(OpBaseName("gate"), "gate");
   // A model's ops: block and MoE scope in front go too.

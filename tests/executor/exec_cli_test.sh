@@ -17,6 +17,8 @@
 #   server: exit 1;
 # - --model on 4 ranks: every variant predicted and measured in plan-model's
 #   shape, op for op under the same names; its bad inputs named;
+# - --model --layout: a two-stage 1F1B program, both stages' ops and the
+#   transfers measured under the predicted names; bad layouts named;
 # - --plan: a plan saved by plan-model --format json runs as saved (its
 #   variants, op for op its names), --variant auto its best; a plan that
 #   another profile would not rebuild, without its model, a search, or a
@@ -176,6 +178,38 @@ check(r["model"]["bytes_per_element"] == 4 and r["dtype"] == "f32", "dtype")
 sys.exit(0 if ok else 1)
 PYEOF
 
+# 1e. A pipelined layout's program: two stages of two ranks, 1F1B over 2
+# micro-batches; every op of both stages measured under the predicted names
+# (stage and micro-batch in front), and the transfers between them.
+if ! timeout 120 mpirun -np 4 "$EXEC" --model "$MODEL" --layout dp=2,tp=1,pp=2,ep=2,esp=1,microbatches=2 \
+    --variant none --json --iters 3 --warmup 1 >"$TMP/layout.json" 2>"$TMP/layout.err"; then
+  bad "moeplan-exec --layout failed: $(cat "$TMP/layout.err")"
+fi
+$PY - "$TMP/layout.json" <<'PYEOF' || fail=1
+import json, sys
+r = json.load(open(sys.argv[1]))
+ok = True
+def check(cond, msg):
+    global ok
+    if not cond:
+        print("FAIL:", msg, file=sys.stderr); ok = False
+check(r["layout"]["pp"] == 2 and r["layout"]["pipeline"] == "1f1b" and r["layout"]["microbatches"] == 2,
+      f'layout {r["layout"]}')
+check(r["model"]["parallel"]["pp"] == 2 and r["model"]["micro_batch_size"] == 1, "the model as it ran")
+p, m = r["predicted"]["variants"][0], r["measured"]["variants"][0]
+names = [o["name"] for o in p["ops"]]
+check([o["name"] for o in m["ops"]] == names, "measured op names differ from the prediction's")
+check(any(n.startswith("s0.mb1.b0.moe.") for n in names), "stage 0 runs block 0's MoE layer")
+check(any(n.startswith("s1.mb1.b1.") for n in names), "stage 1 runs block 1")
+check(names.count("s0.optimizer.step") == 1 and names.count("s1.optimizer.step") == 1, "one step per stage")
+sends = [o for o in m["ops"] if o["name"].endswith("pipe.send_fwd") or o["name"].endswith("pipe.send_bwd")]
+check(len(sends) == 4, f"{len(sends)} transfers, expected 2 each way")
+for o in m["ops"]:
+    check(o["end_us"] >= o["start_us"] >= 0, f'{o["name"]}: times')
+check(m["iteration_us"] > m["forward_us"] > 0, "totals")
+sys.exit(0 if ok else 1)
+PYEOF
+
 # 1d. A saved plan runs as saved.
 "$CLI" plan-model --model "$MODEL" --cluster cpu-testbed-1x4 --variants none,dw,lancet --timeline \
   --format json >"$TMP/saved.json" || bad "plan-model --format json failed"
@@ -232,7 +266,10 @@ expect_error "nccl without GPU" 4 "nccl" --layer "$LAYER" --backend nccl
 expect_error "unknown profile" 4 "^moeplan-exec: --profile: .*nosuch" --layer "$LAYER" --profile nosuch
 expect_error "endless input" 4 "larger than 67108864 bytes" --layer /dev/zero
 sed 's/"dp": 2}/"dp": 2, "pp": 2}/' "$MODEL" >"$TMP/pp.json"
-expect_error "pipelined model" 4 "parallel.pp: the executor runs one pipeline stage" --model "$TMP/pp.json"
+expect_error "pipelined model without a layout" 4 "parallel.pp: a pipelined model runs as a layout's program: pass --layout" --model "$TMP/pp.json"
+expect_error "layout of other ranks" 4 "layout: dp\*tp\*pp must equal the ranks (4) (got 8)" --model "$MODEL" --layout dp=2,tp=2,pp=2,ep=4,esp=1
+expect_error "ppmoe layout" 4 "layout.family: the executor runs parm layouts" --model "$MODEL" --layout dp=1,tp=2,pp=2,ep=2,esp=1
+expect_error "bad layout spec" 4 "--layout: unknown key 'depth'" --model "$MODEL" --layout dp=2,tp=1,pp=2,ep=2,esp=1,depth=3
 expect_error "bad variant" 4 "--variant: must be none, tutel, dw, partition, lancet, auto or all" --model "$MODEL" --variant fast
 expect_error "variant not in the plan" 4 "--variant: tutel is not in $TMP/saved.json (it holds none, dw, lancet)" \
   --plan "$TMP/saved.json" --variant tutel

@@ -3,8 +3,11 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <set>
 #include <string>
 #include <tuple>
+#include <vector>
 
 #include "moeplan/planner/limits.h"
 #include "moeplan/planner/model.h"
@@ -96,7 +99,8 @@ TEST(Pipeline, GpipeHasTheSameBubbleAndHoldsEveryMicroBatch) {
   SimResult r;
   PipelineResult out;
   ASSERT_TRUE(
-      SimulatePipeline(Equal(PipelineSchedule::kGpipe, 4, 1, 8, 1.0, 2.0), &g, &sim, &r, &out).ok());
+      SimulatePipeline(Equal(PipelineSchedule::kGpipe, 4, 1, 8, 1.0, 2.0), &g, &sim, &r, &out)
+          .ok());
   EXPECT_REL(out.bubble_us, 3 * 3.0);
   EXPECT_EQ(InFlightMicrobatches(PipelineSchedule::kGpipe, 4, 1, 8, 0), 8.0);
   EXPECT_EQ(InFlightMicrobatches(PipelineSchedule::k1F1B, 4, 1, 8, 0), 4.0);
@@ -193,8 +197,7 @@ TEST(Memory, InfeasibleSaysWhichTermAndByHowMuch) {
   const MemoryBreakdown b = StageMemory(TwoBlocks(), l, 8, 0, 1.0, o);
   EXPECT_FALSE(b.fits());
   // Optimizer states (12 B x 5264640 = 60.2 MiB) are the largest term.
-  EXPECT_NE(b.OverReason().find("over); largest term: optimizer states 0.1 GiB"),
-            std::string::npos)
+  EXPECT_NE(b.OverReason().find("over); largest term: optimizer states 0.1 GiB"), std::string::npos)
       << b.OverReason();
 }
 
@@ -361,8 +364,8 @@ TEST(Search, SkipsAndCountsCandidatesOverTheStepLimit) {
   // only for pp = 32 (dp = tp = 1) with m = 4,096; pp = 16 reaches exactly
   // 2^19 (dp = 1, tp = 2, m = 4,096), which is legal.
   EXPECT_EQ(r.stats.over_limit, 1);
-  EXPECT_EQ(r.stats.enumerated, r.stats.pruned_memory + r.stats.pruned_bound +
-                                    r.stats.simulated + r.stats.over_limit);
+  EXPECT_EQ(r.stats.enumerated,
+            r.stats.pruned_memory + r.stats.pruned_bound + r.stats.simulated + r.stats.over_limit);
 }
 
 TEST(Search, ReturnsFeasibleLayoutsAndBeatsEveryFixedOne) {
@@ -375,11 +378,12 @@ TEST(Search, ReturnsFeasibleLayoutsAndBeatsEveryFixedOne) {
   mem.gpu_memory_bytes = 96.0 * 1024 * 1024;  // 96 MiB: prunes the replicated layouts
   LayoutSearchResult r;
   ASSERT_TRUE(lp.Search(m, so, {}, mem, &r).ok());
-  ASSERT_FALSE(r.candidates.empty()) << r.stats.enumerated << " " << r.stats.pruned_memory << " " << r.stats.simulated;
+  ASSERT_FALSE(r.candidates.empty())
+      << r.stats.enumerated << " " << r.stats.pruned_memory << " " << r.stats.simulated;
   EXPECT_EQ(r.gpus, 32);
   EXPECT_GT(r.stats.pruned_memory, 0);
-  EXPECT_EQ(r.stats.enumerated, r.stats.pruned_memory + r.stats.pruned_bound +
-                                    r.stats.simulated + r.stats.over_limit);
+  EXPECT_EQ(r.stats.enumerated,
+            r.stats.pruned_memory + r.stats.pruned_bound + r.stats.simulated + r.stats.over_limit);
   for (size_t i = 0; i < r.candidates.size(); ++i) {
     const LayoutCandidate& c = r.candidates[i];
     EXPECT_TRUE(c.feasible);
@@ -406,8 +410,8 @@ TEST(Search, ReturnsFeasibleLayoutsAndBeatsEveryFixedOne) {
         ASSERT_TRUE(lp.Evaluate(m, l, {}, mem, &c).ok());
         if (!c.feasible) continue;
         ++fixed;
-        EXPECT_GE(c.iteration_us, best - 1e-6) << FamilyName(l.family) << " dp=" << l.dp
-                                               << " tp=" << l.tp << " pp=" << l.pp;
+        EXPECT_GE(c.iteration_us, best - 1e-6)
+            << FamilyName(l.family) << " dp=" << l.dp << " tp=" << l.tp << " pp=" << l.pp;
       }
     }
   }
@@ -443,6 +447,213 @@ TEST(Search, BoundPruningKeepsTheExhaustiveTopN) {
         << "rank " << i;
     EXPECT_EQ(pruned.candidates[i].iteration_us, all.candidates[i].iteration_us) << "rank " << i;
   }
+}
+
+// ---- Programs ----
+
+struct StepKey {
+  bool forward;
+  int mb;
+  bool operator==(const StepKey&) const = default;
+};
+
+// The steps a program runs on `stage`, in issue order: its copies of chunk
+// ops (pipe.* transfers and the tail aside), consecutive ops of one
+// (phase, micro-batch, chunk) being one step.
+std::vector<PipeStep> StepsOf(const OpGraph& g, int stage) {
+  std::vector<PipeStep> out;
+  for (OpId id = 0; id < g.size(); ++id) {
+    const Op& op = g.op(id);
+    if (op.device != stage || op.mb < 0 || op.base.substr(0, 5) == "pipe.") continue;
+    const PipeStep st{op.phase == Phase::kForward, std::max<int>(0, op.chunk), op.mb};
+    if (out.empty() || !(out.back() == st)) out.push_back(st);
+  }
+  return out;
+}
+
+int CountBase(const OpGraph& g, std::string_view base) {
+  int n = 0;
+  for (OpId id = 0; id < g.size(); ++id) n += g.op(id).base == base;
+  return n;
+}
+
+VariantPlan ProgramOf(const ModelConfig& m, const Layout& l) {
+  LayoutPlanner lp(RoundNumberModel());
+  ModelPlanOptions o;
+  o.variants = {Variant::kNone};
+  o.algos = {AllToAllAlgo::kLinear};  // what the executor runs
+  VariantPlan vp;
+  const absl::Status st = lp.Program(m, l, o, &vp);
+  EXPECT_TRUE(st.ok()) << st;
+  return vp;
+}
+
+// 2 stages x 4 micro-batches of one sequence: each stage runs its steps in
+// PipelineOrder's order, the transfers between them carry every
+// micro-batch once each way, each stage's tail runs once after its last
+// backward, and every MoE layer has an instance per micro-batch.
+TEST(Program, StagesRunThePipelineOrderWithTheirTransfers) {
+  const ModelConfig m = EightBlocks();  // 64 sequences
+  for (PipelineSchedule ps : {PipelineSchedule::kGpipe, PipelineSchedule::k1F1B}) {
+    SCOPED_TRACE(PipelineScheduleName(ps));
+    Layout l = Make(16, 1, 2, 16, 1, Family::kParm);
+    l.microbatches = 4;
+    l.pipeline = ps;
+    const VariantPlan vp = ProgramOf(m, l);
+    const OpGraph& g = vp.graph;
+    for (int s = 0; s < 2; ++s) {
+      std::vector<PipeStep> want = PipelineOrder(ps, 2, 1, 4, s);
+      EXPECT_EQ(StepsOf(g, s), want) << "stage " << s;
+    }
+    // (p * v - 1) * m transfers each way; tp = 1: no gathers.
+    EXPECT_EQ(CountBase(g, "pipe.send_fwd"), 4);
+    EXPECT_EQ(CountBase(g, "pipe.send_bwd"), 4);
+    EXPECT_EQ(CountBase(g, "pipe.gather_fwd"), 0);
+    std::set<std::string> names;
+    std::vector<int> fed(4, 0);
+    OpId step[2] = {kNoOp, kNoOp};
+    for (OpId id = 0; id < g.size(); ++id) {
+      const Op& op = g.op(id);
+      EXPECT_TRUE(names.insert(op.Name()).second) << "two ops named " << op.Name();
+      EXPECT_TRUE(g.exec(id).kind != ExecKind::kNone) << op.Name();
+      if (op.base == "pipe.send_fwd") {
+        EXPECT_EQ(op.device, 0);
+        EXPECT_EQ(g.exec(id).kind, ExecKind::kSendRecv);
+        EXPECT_EQ(g.exec(id).group, ExecGroup::kPpFwd);
+        EXPECT_EQ(g.exec(id).parts, 1);
+        EXPECT_EQ(g.exec(id).count, 1 * 128 * 256);  // one sequence's activation
+        EXPECT_TRUE(RunsOnStage(g, id, 0) && RunsOnStage(g, id, 1));
+        // Sent once micro-batch mb's forward on stage 0 ends.
+        for (OpId d : g.deps(id)) {
+          EXPECT_EQ(g.op(d).device, 0);
+          EXPECT_EQ(g.op(d).mb, op.mb);
+        }
+      }
+      for (OpId d : g.deps(id)) {
+        if (g.op(d).base == "pipe.send_fwd") {
+          EXPECT_EQ(op.device, 1) << op.Name();
+          EXPECT_EQ(op.mb, g.op(d).mb) << op.Name();
+          ++fed[static_cast<size_t>(op.mb)];
+        }
+      }
+      if (op.base == "optimizer.step") {
+        EXPECT_EQ(op.mb, -1);
+        EXPECT_EQ(step[op.device], kNoOp) << "one optimizer step per stage";
+        step[op.device] = id;
+      }
+    }
+    for (int i = 0; i < 4; ++i) EXPECT_GE(fed[static_cast<size_t>(i)], 1) << "mb " << i;
+    ASSERT_NE(step[0], kNoOp);
+    ASSERT_NE(step[1], kNoOp);
+    EXPECT_EQ(g.op(step[1]).Name(), "s1.optimizer.step");
+    for (int s = 0; s < 2; ++s) {
+      const double end = vp.sim.times[static_cast<size_t>(step[s])].start_us;
+      for (OpId id = 0; id < g.size(); ++id) {
+        if (g.op(id).device == s && g.op(id).mb >= 0) {
+          EXPECT_LE(vp.sim.times[static_cast<size_t>(id)].end_us, end + 1e-9) << g.op(id).Name();
+        }
+      }
+    }
+    // Blocks 0-3 on stage 0 (MoE 0, 2), 4-7 on stage 1 (MoE 4, 6): 4 layers x 4 mbs.
+    ASSERT_EQ(g.layers().size(), 16u);
+    for (const ExecLayer& e : g.layers()) EXPECT_GE(e.mb, 0);
+    EXPECT_EQ(vp.layers.size(), 4u);
+    EXPECT_GT(vp.sim.makespan_us, 0.0);
+  }
+}
+
+// Interleaved: chunk c of stage s holds model chunk c * p + s; the last
+// stage's chunk 0 feeds stage 0's chunk 1 (and its gradient goes back).
+TEST(Program, InterleavedChunksWrapAroundTheStages) {
+  const ModelConfig m = EightBlocks();
+  Layout l = Make(16, 1, 2, 16, 1, Family::kParm);
+  l.microbatches = 2;
+  l.pipeline = PipelineSchedule::kInterleaved;
+  l.virtual_stages = 2;
+  const VariantPlan vp = ProgramOf(m, l);
+  const OpGraph& g = vp.graph;
+  for (int s = 0; s < 2; ++s) EXPECT_EQ(StepsOf(g, s), PipelineOrder(l.pipeline, 2, 2, 2, s));
+  EXPECT_EQ(CountBase(g, "pipe.send_fwd") + CountBase(g, "pipe.send_bwd"), 2 * 3 * 2);
+  int wraps = 0;
+  for (OpId id = 0; id < g.size(); ++id) {
+    const Op& op = g.op(id);
+    if (op.base == "pipe.send_fwd" && op.device == 1) {
+      EXPECT_EQ(op.chunk, 0);
+      EXPECT_EQ(g.exec(id).parts, 0);
+      ++wraps;
+    }
+  }
+  EXPECT_EQ(wraps, 2);
+  // Stage 0's chunk 1 holds blocks 4-5: its ops say so.
+  bool found = false;
+  for (OpId id = 0; id < g.size(); ++id) found |= g.op(id).Name() == "s0.c1.mb1.b4.fwd.qkv";
+  EXPECT_TRUE(found);
+  // Each chunk has its own tail: "s0.c0.optimizer.step" and "s0.c1.optimizer.step".
+  std::set<std::string> steps;
+  for (OpId id = 0; id < g.size(); ++id) {
+    if (g.op(id).base == "optimizer.step") steps.insert(g.op(id).Name());
+  }
+  EXPECT_EQ(steps, (std::set<std::string>{"s0.c0.optimizer.step", "s0.c1.optimizer.step",
+                                          "s1.c0.optimizer.step", "s1.c1.optimizer.step"}));
+}
+
+// tp > 1: each TP rank sends its 1/tp and the receiving TP group gathers the
+// pieces before the next step starts.
+TEST(Program, TensorParallelTransfersAreGatheredByTheReceiver) {
+  const ModelConfig m = EightBlocks();
+  Layout l = Make(8, 2, 2, 16, 1, Family::kParm);
+  l.microbatches = 4;
+  const VariantPlan vp = ProgramOf(m, l);
+  const OpGraph& g = vp.graph;
+  EXPECT_EQ(CountBase(g, "pipe.gather_fwd"), 4);
+  EXPECT_EQ(CountBase(g, "pipe.gather_bwd"), 4);
+  for (OpId id = 0; id < g.size(); ++id) {
+    const Op& op = g.op(id);
+    if (op.base != "pipe.gather_fwd" && op.base != "pipe.gather_bwd") continue;
+    ASSERT_EQ(g.deps(id).size(), 1u);
+    const OpId send = g.deps(id)[0];
+    EXPECT_EQ(g.exec(send).parts, op.device) << "gathered where it was received";
+    EXPECT_EQ(g.exec(id).kind, ExecKind::kAllGather);
+    EXPECT_EQ(g.exec(id).group, ExecGroup::kMp);
+    EXPECT_EQ(g.exec(id).count, g.exec(send).count);
+    EXPECT_EQ(g.exec(send).count, 2 * 128 * 256 / 2);  // 2 sequences per micro-batch, over tp
+  }
+}
+
+// ZeRO 0-1 synchronise the gradients once, after the last micro-batch;
+// ZeRO 2 reduce-scatters each micro-batch's as they come.
+TEST(Program, ZeroStagesPlaceTheGradientBuckets) {
+  const ModelConfig m = EightBlocks();
+  for (int z : {1, 2}) {
+    Layout l = Make(16, 1, 2, 16, 1, Family::kParm);
+    l.microbatches = 4;
+    l.zero_stage = z;
+    const VariantPlan vp = ProgramOf(m, l);
+    int per_mb = 0, once = 0;
+    for (OpId id = 0; id < vp.graph.size(); ++id) {
+      const Op& op = vp.graph.op(id);
+      if (op.base != "bwd.grad_reducescatter") continue;
+      (op.mb >= 0 ? per_mb : once) += 1;
+    }
+    if (z == 1) {
+      EXPECT_EQ(per_mb, 0);
+      EXPECT_GT(once, 0);
+    } else {
+      EXPECT_EQ(once, 0);
+      EXPECT_GT(per_mb, 0);
+      EXPECT_EQ(per_mb % 4, 0) << "every micro-batch's";
+    }
+  }
+}
+
+TEST(Program, RecomputationIsRefusedNamingTheField) {
+  Layout l = Make(16, 1, 2, 16, 1, Family::kParm);
+  l.recompute = true;
+  LayoutPlanner lp(RoundNumberModel());
+  VariantPlan vp;
+  const absl::Status st = lp.Program(EightBlocks(), l, {}, &vp);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("layout.recompute"), std::string::npos) << st;
 }
 
 }  // namespace

@@ -29,6 +29,7 @@ struct OpContextOptions {
 };
 
 // The planner's base name of an op, the key of its in-context correction: a
+// pipeline program's stage, chunk and micro-batch ("s1.c0.mb2."), a
 // model's block ("b3.") and MoE scope ("moe.") and trailing numeric steps
 // (".3") and partition parts (".p1") removed; other dots and digits stay.
 // "b3.moe.fwd.saa_dispatch.alltoall.2.p1" -> "fwd.saa_dispatch.alltoall".

@@ -35,23 +35,32 @@ struct RankPlace {
 RankPlace PlaceOf(const planner::ParallelLayout& p, int rank);
 
 // The communicators of a layout on this rank (planner::ExecGroup).
+// A pipelined run's `stages` are consecutive blocks of world/stages ranks
+// (stage = rank / stage size, docs/layouts.md's rank order); every group but
+// the pipeline's is inside a stage, and place() is the rank's within it.
 class RankGroups {
  public:
-  // Collective over `world`: splits the MP, EP and ESP groups.
+  // Collective over `world`: splits the stages (stages > 1: and the
+  // pipeline's pp_fwd / pp_bwd groups, ordered by stage), then the MP, EP and
+  // ESP groups inside the rank's stage.
   static absl::StatusOr<std::unique_ptr<RankGroups>> Create(Communicator* world,
-                                                            const planner::ParallelLayout& p);
-  // Collective over `world`: a whole model's data-parallel groups, the
-  // ranks of one MP rank strided by `dense_stride` (dp) and the replicas of
-  // an expert shard strided by `expert_stride` (edp).
+                                                            const planner::ParallelLayout& p,
+                                                            int stages = 1);
+  // Collective over `world`: a whole model's data-parallel groups inside the
+  // stage, the ranks of one MP rank strided by `dense_stride` (dp) and the
+  // replicas of an expert shard strided by `expert_stride` (edp).
   absl::Status AddDataParallel(int dense_stride, int expert_stride);
   Communicator* Of(planner::ExecGroup g) const;  // nullptr for kNone or a group not split
   Communicator* world() const { return world_; }
   const RankPlace& place() const { return place_; }
+  int stage() const { return stage_; }
 
  private:
   Communicator* world_ = nullptr;
+  Communicator* base_ = nullptr;  // the stage's ranks: world_ or stage_comm_
+  int stage_ = 0;
   RankPlace place_;
-  std::unique_ptr<Communicator> mp_, ep_, esp_, dp_, edp_;
+  std::unique_ptr<Communicator> stage_comm_, mp_, ep_, esp_, dp_, edp_, pp_fwd_, pp_bwd_;
 };
 
 // One timed op of an iteration, microseconds from the iteration's start.
@@ -91,14 +100,19 @@ class PlanInterpreter {
   // Checks that every op has executable semantics (InvalidArgument naming the
   // first that has not) and a communicator, and builds the lanes. The plan is
   // copied; handler, device and world must outlive the interpreter.
+  // A pipeline program (planner::BuildPipelineProgram) runs the ops of
+  // `stage` (planner::RunsOnStage); the others are not run and read 0 in
+  // timings(). Other plans: stage 0, every op.
   static absl::StatusOr<std::unique_ptr<PlanInterpreter>> Create(const planner::OpGraph& plan,
                                                                  OpHandler* handler, Device* device,
                                                                  Communicator* world,
-                                                                 LaneMode mode = LaneMode::kAuto);
+                                                                 LaneMode mode = LaneMode::kAuto,
+                                                                 int stage = 0);
   ~PlanInterpreter();
 
-  // Barrier over the world, every op of the plan, synchronize; then timings()
-  // holds this iteration's ops in issue order. After a failure the
+  // Barrier over the world, every op of the plan this rank runs, synchronize;
+  // then timings() holds this iteration's ops in issue order (every op of the
+  // plan; those of other stages start and end at 0). After a failure the
   // interpreter is unusable (lanes may be stuck in a collective whose peers
   // failed: the caller aborts the job).
   absl::Status RunIteration();

@@ -21,27 +21,45 @@
 #include "moeplan/executor/kernels.h"
 #include "moeplan/executor/runner.h"
 #include "moeplan/planner/cost_model.h"
+#include "moeplan/planner/layout.h"
 #include "moeplan/planner/model.h"
 
 namespace moeplan::executor {
 
-// What the executor runs of a model: one pipeline stage (parallel.pp = 1) on
-// exactly mp*dp ranks. Same answer on every rank.
+// What the executor runs of a model: parallel.mp * dp * pp must be the
+// ranks (a pipeline's stages are consecutive blocks of mp * dp ranks). Same
+// answer on every rank.
 absl::Status ValidateModelForExecutor(const planner::ModelConfig& model, int world_size);
 
 // The variant the executor runs: the model planned for `world_size` ranks on
 // `hosts` nodes with `cost` (null: a neutral cost model), restricted to the
 // linear AlltoAll (the hierarchical one's steps are not executable yet).
-// `options` sets the rest (its variants and algos are replaced).
+// `options` sets the rest (its variants and algos are replaced). One stage:
+// parallel.pp must be 1 (pipelines: PlanLayoutRun).
 absl::StatusOr<planner::VariantPlan> PlanModelRun(const planner::ModelConfig& model,
                                                   planner::Variant variant, int world_size,
                                                   int hosts, const planner::CostModel* cost,
                                                   planner::ModelPlanOptions options = {});
 
+// A layout's program as the executor runs it (planner::LayoutPlanner::Program,
+// every chunk planned with `variant` and the linear AlltoAll) on
+// dp * tp * pp = `world_size` ranks; `run_model` receives the model as each
+// stage runs it (its parallel and micro_batch_size are the layout's), what
+// ModelRunner::Create takes. The executor runs parm layouts (dpmoe's expert
+// replicas and ppmoe's local dispatch are not executable yet) without
+// recomputation; InvalidArgument naming the layout field otherwise.
+absl::StatusOr<planner::VariantPlan> PlanLayoutRun(const planner::ModelConfig& model,
+                                                   const planner::Layout& layout,
+                                                   planner::Variant variant, int world_size,
+                                                   int hosts, const planner::CostModel* cost,
+                                                   planner::ModelConfig* run_model,
+                                                   planner::ModelPlanOptions options = {});
+
 class ModelRunner {
  public:
-  // Collective over `world`: validates, splits the MP, EP, ESP, DP and EDP
-  // groups, builds every MoE layer instance the plan names (its buffers
+  // Collective over `world`: validates, splits the stages and the MP, EP,
+  // ESP, DP and EDP groups inside them (a pipeline: and its pp groups),
+  // builds every MoE layer instance the rank's ops name (its buffers
   // sized from its ops; the memory limit applies to all of them together,
   // instance by instance) and the scratch memory of the dense ops, then the
   // interpreter. Options: dtype, seed, memory limit, lanes.

@@ -6,10 +6,12 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "moeplan/planner/cost_model.h"
 #include "moeplan/planner/model.h"
@@ -20,7 +22,8 @@
 namespace moeplan::planner {
 
 enum class Family : uint8_t {
-  kDpMoe = 0,  // experts over data-parallel ranks (ep | dp), each sharded like the dense TP (esp = tp)
+  kDpMoe =
+      0,  // experts over data-parallel ranks (ep | dp), each sharded like the dense TP (esp = tp)
   kPpMoe = 1,  // experts over the TP group (ep * esp = tp): local dispatch, TP-AllReduce combine
   kParm = 2,   // MP+EP+ESP: ep * esp = tp * dp, per-layer default / S1 / S2
 };
@@ -48,9 +51,7 @@ struct Layout {
 
   int Gpus() const { return dp * tp * pp; }
   // Ranks holding the same expert shard (their gradients are synchronised).
-  int ExpertReplicas() const {
-    return family == Family::kPpMoe ? dp : dp * tp / (ep * esp);
-  }
+  int ExpertReplicas() const { return family == Family::kPpMoe ? dp : dp * tp / (ep * esp); }
 };
 
 // The family a (dp, tp, ep, esp) belongs to when none is named: ppmoe when
@@ -151,6 +152,48 @@ struct PipelineResult {
 absl::Status SimulatePipeline(const PipelineSpec& spec, OpGraph* graph, Simulator* sim,
                               SimResult* result, PipelineResult* out);
 
+// Every stage's steps in one issue order (the pipeline's only schedule): a
+// step is issued once the step feeding it has been (the previous chunk's
+// forward, the next chunk's backward, or its own forward), stage by stage.
+// `visit(stage, step)` is called once per step; Internal when the orders
+// deadlock (a builder bug).
+absl::Status WalkPipeline(PipelineSchedule schedule, int stages, int chunks, int microbatches,
+                          absl::FunctionRef<void(int stage, const PipeStep& step)> visit);
+
+// ---- Programs: what the executor runs of a pipelined layout ----
+
+// One micro-batch's activation (or gradient) between consecutive chunks:
+// each TP rank sends its 1/tp (`elements` of the model's element type), and
+// the receiving TP group AllGathers the pieces (tp > 1).
+struct PipelineLinks {
+  int64_t elements = 0;
+  int64_t bytes = 0;
+  double send_us = 0.0;
+  ResourceMask send_resources = kInter;  // the sending stage's link
+  int tp = 1;
+  double gather_us = 0.0;
+};
+
+// The program of a pipelined layout (docs/layouts.md "Programs"): one op
+// graph holding every stage's ops (Op::device the stage, names
+// "s<stage>.[c<chunk>.]mb<i>.<chunk op>"). Each step of PipelineOrder is a
+// copy of its chunk's planned forward or backward ops for micro-batch i, in
+// WalkPipeline's order; between chunks, "pipe.send_fwd" / "pipe.send_bwd"
+// (ExecKind::kSendRecv on the sender's link) and, with tp > 1, the
+// receiver's "pipe.gather_fwd" / "pipe.gather_bwd" (its MP AllGather), which
+// the next step's first ops wait for. After a stage's last step, each
+// chunk's tail once: its gradient buckets (ZeRO 2-3: those are in every
+// micro-batch's backward instead), optimizer step and ZeRO 1-2 gathers,
+// waiting for micro-batch m-1's backward. Every MoE layer instance is per
+// micro-batch. `chunks[stage * v + chunk]` are the chunks' planned graphs
+// (ModelPlanner::PlanStage). InvalidArgument for recompute (not built).
+absl::Status BuildPipelineProgram(const Layout& layout, std::span<const OpGraph* const> chunks,
+                                  const PipelineLinks& links, OpGraph* out);
+
+// Whether op `id` of a program runs on stage `stage`: its own ops, and the
+// transfers it receives. One stage (every op on device 0): every op.
+bool RunsOnStage(const OpGraph& program, OpId id, int stage);
+
 // ---- Evaluation and search ----
 
 struct CandidateTerm {
@@ -179,12 +222,12 @@ struct LayoutCandidate {
 
 struct SearchOptions {
   int top = 10;
-  int gpus = 0;  // 0: the profile's
-  std::vector<Family> families;              // empty: all
-  std::vector<PipelineSchedule> pipelines;   // empty: all
-  std::vector<int> zero_stages;              // empty: 0-3
+  int gpus = 0;                             // 0: the profile's
+  std::vector<Family> families;             // empty: all
+  std::vector<PipelineSchedule> pipelines;  // empty: all
+  std::vector<int> zero_stages;             // empty: 0-3
   int max_microbatches = 64;
-  std::vector<int> virtual_stages = {2};     // interleaved v
+  std::vector<int> virtual_stages = {2};  // interleaved v
   // Simulate every candidate that fits instead of stopping at the lower
   // bound (docs/layouts.md "Search"): for profiles whose costs are not
   // subadditive (a piece costing less than its share of the whole).
@@ -222,6 +265,13 @@ class LayoutPlanner {
   absl::Status Search(const ModelConfig& model, const SearchOptions& options,
                       const ModelPlanOptions& plan, const MemoryOptions& memory,
                       LayoutSearchResult* out);
+  // The program of one layout (BuildPipelineProgram) with every chunk
+  // planned under `plan` (one variant pinned: plan.variants = {v}), and its
+  // simulation: out->graph and out->sim; variant, schedule and algorithm of
+  // the first chunk; the MoE layer choices of every chunk. Layouts are checked
+  // like Evaluate's (microbatches 0: pp).
+  absl::Status Program(const ModelConfig& model, const Layout& layout, const ModelPlanOptions& plan,
+                       VariantPlan* out);
 
  private:
   struct Impl;

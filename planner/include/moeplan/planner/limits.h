@@ -20,6 +20,12 @@ namespace moeplan::planner {
 // with 4 virtual stages each, or pp = 128 with 2,048).
 inline constexpr int64_t kMaxPipelineSteps = int64_t{1} << 19;
 
+// Ops of one pipeline program (layout.h BuildPipelineProgram: every chunk's
+// ops once per micro-batch): ~200 bytes each with their simulation, so the
+// largest holds ~200 MiB; programs are built to be executed, and the runs
+// this bounds already take minutes per iteration on the CPU backend.
+inline constexpr int64_t kMaxProgramOps = int64_t{1} << 20;
+
 // Candidates one layout search enumerates (before pruning). The largest
 // searches of the examples enumerate ~10,000.
 inline constexpr int64_t kMaxSearchCandidates = int64_t{1} << 18;

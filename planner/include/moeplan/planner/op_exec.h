@@ -52,6 +52,12 @@ enum class ExecKind : uint8_t {
   kSaaExchange,
   kSaaGather,
   kSaaReduce,
+  // Pipelines (docs/layouts.md): one micro-batch's activation (or its
+  // gradient), `count` elements, from the op's stage (Op::device) to stage
+  // `parts` over `group` (kPpFwd / kPpBwd: the ranks at the same place of
+  // every stage, ordered by stage). The sending stage runs it as a send, the
+  // receiving stage as a receive; both under the op's name. Scratch memory.
+  kSendRecv,
 };
 std::string_view ExecKindName(ExecKind k);  // "gate", "alltoall", "saa_gather", ...
 // Whether ops of kind `k` communicate (every kind from kCounts on).
@@ -60,10 +66,13 @@ inline bool IsCollective(ExecKind k) { return k >= ExecKind::kCounts; }
 // The layer's communicators on a rank (docs/notation.md), and a whole model's
 // data-parallel groups: dp, the replicas of the dense parameters (ranks of one
 // MP rank, strided by mp); edp, the replicas of an expert shard (strided by
-// ep * esp).
-enum class ExecGroup : uint8_t { kNone = 0, kMp, kEp, kEsp, kDp, kEdp };
-inline constexpr int kNumExecGroups = 6;
-std::string_view ExecGroupName(ExecGroup g);  // "mp", "ep", "esp", "dp", "edp"
+// ep * esp). A pipeline's p2p transfers: pp_fwd and pp_bwd, the ranks at the
+// same place of every stage (strided by the stage's size), one for
+// activations and one for their gradients, so the two directions run on
+// lanes of their own. In a pipelined run every other group is inside a stage.
+enum class ExecGroup : uint8_t { kNone = 0, kMp, kEp, kEsp, kDp, kEdp, kPpFwd, kPpBwd };
+inline constexpr int kNumExecGroups = 8;
+std::string_view ExecGroupName(ExecGroup g);  // "mp", "ep", "esp", "dp", "edp", "pp_fwd", "pp_bwd"
 
 // Logical buffers of an MoE layer (docs/executor.md "Buffers"). x, y, dy, dx
 // are the layer's [S x M] input, output and their gradients; the rest are what
@@ -119,7 +128,7 @@ struct OpExec {
   int16_t layer = 0;
   // Gate: tokens routed and their capacity per expert. Order family: tokens,
   // the buffer's capacity and parts ([parts][E][capacity/parts][M]). Experts:
-  // `groups` groups of [E/ep][rows][M].
+  // `groups` groups of [E/ep][rows][M]. SendRecv: `parts` is the receiving stage.
   int32_t parts = 1;
   int32_t groups = 0;
   float scale = 1.0f;  // expert weight gradients: their scale
@@ -133,11 +142,13 @@ static_assert(sizeof(OpExec) == 64);
 
 // A whole model's MoE layer instance: a block's layer over `tokens` tokens,
 // for one micro-batch piece (part >= 0) of a partitioned forward or the whole
-// micro-batch (part -1). Each has its own buffers, weights and routing.
+// micro-batch (part -1), of one pipeline micro-batch (mb >= 0). Each has its own buffers, weights
+// and routing.
 struct ExecLayer {
   int16_t block = -1;
   int16_t part = -1;
   int64_t tokens = 0;
+  int16_t mb = -1;  // a pipeline's micro-batch (each has its own activations); -1 elsewhere
   bool operator==(const ExecLayer&) const = default;
 };
 

@@ -51,12 +51,16 @@ enum OpFlag : uint8_t {
   kGradSync = 4,    // whole models: a gradient bucket's collective or ZeRO's parameter gather
                     // after the optimizer (once per iteration, not per micro-batch)
   kPrefetch = 8,    // whole models: ZeRO-3's parameter gather, which depends on nothing
+  kStaged = 16,     // a pipeline program's op: its name starts with its stage, "s<device>."
 };
 
 struct Op {
   // Static name (a string literal). The full name is
-  //   ["b<block>."] ["moe."] <base> [".<step>"] [".p<part>"]
-  // with the parts present when block >= 0, kMoeScope is set, step >= 0, part >= 0.
+  //   ["s<device>."] ["c<chunk>."] ["mb<mb>."] ["b<block>."] ["moe."] <base> [".<step>"]
+  //   [".p<part>"]
+  // with the parts present when kStaged is set, chunk >= 0, mb >= 0, block >= 0,
+  // kMoeScope is set, step >= 0, part >= 0 (a pipeline program's ops:
+  // "s1.mb3.b5.moe.fwd.gate", "s0.c1.optimizer.step").
   std::string_view base;
   int step = -1;
   int16_t block = -1;  // whole models: the transformer block
@@ -69,6 +73,8 @@ struct Op {
   // Pipelines (docs/layouts.md): the stage whose resources the op holds; each
   // device has its own compute, intra and inter resources. 0 elsewhere.
   int16_t device = 0;
+  int16_t mb = -1;    // a pipeline program's micro-batch
+  int8_t chunk = -1;  // an interleaved pipeline program's model chunk of the stage
   double cost_us = 0.0;
   int64_t bytes = 0;             // comm: the collective's n; compute: bytes touched
   int64_t inter_node_bytes = 0;  // bytes this rank sends across nodes

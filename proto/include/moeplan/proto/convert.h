@@ -96,6 +96,10 @@ std::string PlanDifference(const v1::VariantPlan& ran, const v1::VariantPlan& pl
 // Layouts (docs/layouts.md). Empty family / pipeline are inferred; errors
 // "layout.<field>: ..." / "search.<field>: ...".
 absl::StatusOr<planner::Layout> LayoutFromProto(const v1::Layout& msg);
+// The --layout flag of plan-model and moeplan-exec:
+// "dp=8,tp=4,pp=2,ep=8,esp=4[,microbatches=8,zero=1,family=..,pipeline=..,v=2,recompute=1]";
+// errors name --layout and the key.
+absl::StatusOr<v1::Layout> LayoutFromSpec(std::string_view spec);
 v1::Layout LayoutToProto(const planner::Layout& layout, int64_t micro_batch_size);
 planner::MemoryOptions MemoryFromProto(const v1::MemoryOptions& msg);
 absl::StatusOr<planner::SearchOptions> SearchFromProto(const v1::SearchOptions& msg);
