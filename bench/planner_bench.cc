@@ -4,6 +4,7 @@
 //   BM_SweepGrid: the 1,296-config example grid, single thread (target <= 200 ms).
 #include <benchmark/benchmark.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <iostream>
 
@@ -124,8 +125,8 @@ void BM_SearchLayouts(benchmark::State& state, const char* file, const char* pro
     std::abort();
   }
   const planner::ModelConfig model = OrDie(proto::ModelFromProto(msg));
-  const planner::CostModel cost = OrDie(planner::CostModel::Create(
-      OrDie(calibration::LoadProfile(profile)).profile));
+  const planner::CostModel cost =
+      OrDie(planner::CostModel::Create(OrDie(calibration::LoadProfile(profile)).profile));
   planner::SearchOptions options;
   options.gpus = gpus;
   options.top = 10;
@@ -147,5 +148,38 @@ BENCHMARK_CAPTURE(BM_SearchLayouts, gpt3_medium_moe_32_v100, "gpt3-medium-moe.js
 BENCHMARK_CAPTURE(BM_SearchLayouts, qwen_moe_1024_a100, "qwen-moe-like.json", "a100-8x8", 1024)
     ->Unit(benchmark::kMillisecond)
     ->Iterations(1);
+
+// A pipelined layout's program (docs/layouts.md "Programs"): every chunk
+// planned with one variant, then copied per micro-batch with its transfers
+// and simulated. GPT-3 Medium + 64 experts on 32 V100s, dp 8 x pp 4, 1F1B
+// over `m` micro-batches. A fresh planner per iteration.
+void BM_PipelineProgram(benchmark::State& state) {
+  v1::ModelConfig msg;
+  if (!proto::ReadJsonFile(MOEPLAN_SOURCE_DIR "/examples/models/gpt3-medium-moe.json", &msg).ok()) {
+    std::abort();
+  }
+  const planner::ModelConfig model = OrDie(proto::ModelFromProto(msg));
+  const planner::CostModel cost =
+      OrDie(planner::CostModel::Create(OrDie(calibration::LoadProfile("v100-8x8")).profile));
+  planner::Layout l;
+  l.dp = 8;
+  l.pp = 4;
+  l.ep = 8;
+  l.microbatches = static_cast<int>(state.range(0));
+  planner::ModelPlanOptions o;
+  o.variants = {planner::Variant::kLancet};
+  o.algos = {planner::AllToAllAlgo::kLinear};
+  planner::VariantPlan plan;
+  for (auto _ : state) {
+    planner::LayoutPlanner lp(cost);
+    if (absl::Status st = lp.Program(model, l, o, &plan); !st.ok()) {
+      std::fprintf(stderr, "%s\n", std::string(st.message()).c_str());
+      std::abort();
+    }
+    benchmark::DoNotOptimize(plan.sim.makespan_us);
+  }
+  state.counters["ops"] = static_cast<double>(plan.graph.size());
+}
+BENCHMARK(BM_PipelineProgram)->Arg(4)->Arg(16)->Unit(benchmark::kMillisecond);
 
 BENCHMARK_MAIN();

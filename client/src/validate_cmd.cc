@@ -138,10 +138,10 @@ absl::StatusOr<ConfigRun> RunConfig(const ValidateArgs& a, const Setup& setup,
     }
     return PredictRun(subject, std::move(m->input), profile, cost);
   }
-  const std::string command =
-      fmt::format("{} {} {} --backend {} --json --iters {} --warmup {}{} --profile {} 2>{}",
-                  setup.launcher, ShellQuote(setup.exec), subject.ExecArgs(config_file), a.backend,
-                  a.iters, a.warmup, SkewFlag(a), ShellQuote(a.profile), ShellQuote(log_file));
+  const std::string command = fmt::format(
+      "{} {} {} --backend {} --json --iters {} --warmup {}{} --profile {} 2>{}", setup.launcher,
+      ShellQuote(setup.exec), subject.ExecArgs(i, config_file), a.backend, a.iters, a.warmup,
+      SkewFlag(a), ShellQuote(a.profile), ShellQuote(log_file));
   fmt::print(stderr, "moeplan validate: [{}/{}] {}\n", i + 1, subject.size(), name);
   MOEPLAN_ASSIGN_OR_RETURN(Ran ran, RunCommand(command));
   absl::StatusOr<Measured> m =
@@ -184,9 +184,10 @@ absl::StatusOr<Written> WriteReport(const ValidateArgs& a, const Setup& setup,
                                     const std::string& section) {
   calibration::ReportContext ctx;
   if (a.from_runs.empty()) {
-    ctx.command = fmt::format("{} {} {} --backend {} --json --iters {} --warmup {}{}",
-                              setup.launcher, setup.exec, subject.ExecArgs("CONFIG"), a.backend,
-                              a.iters, a.warmup, SkewFlag(a));
+    ctx.command =
+        fmt::format("{} {} {} --backend {} --json --iters {} --warmup {}{}", setup.launcher,
+                    setup.exec, subject.ExecArgs(ValidationSubject::kAnyConfig, "CONFIG"),
+                    a.backend, a.iters, a.warmup, SkewFlag(a));
   } else {
     ctx.from_runs = a.from_runs;
   }

@@ -55,7 +55,7 @@ class Layers final : public ValidationSubject {
   absl::StatusOr<std::string> ConfigJson(size_t i) const override {
     return proto::ToJson(configs_[i]);
   }
-  std::string ExecArgs(std::string_view config_file) const override {
+  std::string ExecArgs(size_t /*i*/, std::string_view config_file) const override {
     return Cat("--layer ", ShellQuote(std::string(config_file)), " --schedule all");
   }
 

@@ -1,5 +1,6 @@
 // `moeplan validate --models`: a grid of whole models, each run by
-// moeplan-exec --model with every overlap variant (validate_subject.h). What
+// moeplan-exec --model with every overlap variant (validate_subject.h), and
+// its pipelined layouts, each run with --layout (its program). What
 // ran is the plan moeplan-exec's planner chose on the same profile; the
 // prediction plans each variant again here, pinned to the schedule, AlltoAll
 // algorithm and Tutel degree that ran (proto::PinnedModelRequest), and checks
@@ -8,12 +9,14 @@
 // was never measured, so the config is skipped rather than compared).
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <iterator>
 #include <utility>
 #include <vector>
 
 #include "moeplan/base/status.h"
 #include "moeplan/base/strings.h"
+#include "moeplan/planner/layout.h"
 #include "moeplan/planner/model.h"
 #include "moeplan/proto/convert.h"
 #include "moeplan/proto/json.h"
@@ -30,6 +33,25 @@ std::string ConfigName(size_t i, const v1::ModelConfig& m) {
   return fmt::format("models[{}] {} blocks={} M={} E={} k={} mp={} ep={} esp={} dp={}", i, m.name(),
                      m.num_layers(), m.hidden_size(), m.moe().num_experts(), m.moe().top_k(),
                      m.parallel().mp(), m.parallel().ep(), m.parallel().esp(), m.parallel().dp());
+}
+
+// A layout as the executor resolves it (microbatches 0: pp; one stage:
+// 1f1b), written the --layout way: what a grid entry and a report are
+// matched by.
+absl::StatusOr<std::string> CanonicalLayout(const v1::Layout& msg) {
+  MOEPLAN_ASSIGN_OR_RETURN(p::Layout l, proto::LayoutFromProto(msg));
+  if (l.microbatches == 0) l.microbatches = l.pp;
+  if (l.pp == 1) l.pipeline = p::PipelineSchedule::k1F1B;
+  return fmt::format(
+      "dp={},tp={},pp={},ep={},esp={},microbatches={},zero={},family={},pipeline={}{}", l.dp, l.tp,
+      l.pp, l.ep, l.esp, l.microbatches, l.zero_stage, p::FamilyName(l.family),
+      p::PipelineScheduleName(l.pipeline),
+      l.virtual_stages > 1 ? fmt::format(",v={}", l.virtual_stages) : "");
+}
+
+absl::StatusOr<std::string> CanonicalSpec(std::string_view spec) {
+  MOEPLAN_ASSIGN_OR_RETURN(const v1::Layout msg, proto::LayoutFromSpec(spec));
+  return CanonicalLayout(msg);
 }
 
 // "moeplan validate:   none 12.1/10.3 ms ... (measured/predicted)" on stderr.
@@ -49,23 +71,49 @@ class Models final : public ValidationSubject {
  public:
   explicit Models(v1::ModelGrid grid) : grid_(std::move(grid)) {}
 
-  size_t size() const override { return static_cast<size_t>(grid_.models_size()); }
+  // The models, then the layouts (config models_size() + j is layouts[j]).
+  size_t size() const override {
+    return static_cast<size_t>(grid_.models_size() + grid_.layouts_size());
+  }
   std::string grid_name() const override { return grid_.name(); }
   std::string_view noun() const override { return "model"; }
-  std::string Name(size_t i) const override { return ConfigName(i, Model(i)); }
+  std::string Name(size_t i) const override {
+    const v1::LayoutRun* run = Run(i);
+    if (run == nullptr) return ConfigName(i, Model(i));
+    return fmt::format("layouts[{}] {} {}", i - static_cast<size_t>(grid_.models_size()),
+                       run->model(), run->layout());
+  }
   absl::StatusOr<std::string> ConfigJson(size_t i) const override {
     return proto::ToJson(Model(i));
   }
-  std::string ExecArgs(std::string_view config_file) const override {
-    return Cat("--model ", ShellQuote(std::string(config_file)), " --variant all");
+  std::string ExecArgs(size_t i, std::string_view config_file) const override {
+    std::string args = Cat("--model ", ShellQuote(std::string(config_file)), " --variant all");
+    if (i == kAnyConfig) {
+      if (grid_.layouts_size() > 0) args += " [--layout LAYOUT]";
+    } else if (const v1::LayoutRun* run = Run(i); run != nullptr) {
+      args += Cat(" --layout ", ShellQuote(run->layout()));
+    }
+    return args;
   }
 
   absl::StatusOr<Measured> Parse(size_t i, const std::string& json) const override {
     v1::ExecModelReport report;
     MOEPLAN_RETURN_IF_ERROR(proto::ParseJson(json, &report));
-    if (ConfigName(i, report.model()) != Name(i)) {
+    if (const v1::LayoutRun* run = Run(i); run != nullptr) {
+      // A layout's report: its model as each stage ran it, and the layout.
+      MOEPLAN_ASSIGN_OR_RETURN(const std::string want, CanonicalSpec(run->layout()));
+      absl::StatusOr<std::string> got = report.has_layout()
+                                            ? CanonicalLayout(report.layout())
+                                            : absl::StatusOr<std::string>("no layout");
+      if (report.model().name() != run->model() || !got.ok() || *got != want) {
+        return absl::FailedPreconditionError(fmt::format(
+            "the report is of {} {}, not of {} {}", report.model().name(),
+            got.ok() ? *got : std::string(View(got.status().message())), run->model(), want));
+      }
+    } else if (ConfigName(i, report.model()) != Name(i) || report.has_layout()) {
       return absl::FailedPreconditionError(
-          fmt::format("the report is of {}, not of {}", ConfigName(i, report.model()), Name(i)));
+          fmt::format("the report is of {}{}, not of {}", ConfigName(i, report.model()),
+                      report.has_layout() ? " run as a layout" : "", Name(i)));
     }
     if (report.measured().variants_size() != report.predicted().variants_size()) {
       return absl::InvalidArgumentError(
@@ -76,6 +124,7 @@ class Models final : public ValidationSubject {
     m.hosts = report.hosts();
     m.input.name = Name(i);
     m.input.model = report.model();
+    if (report.has_layout()) m.input.layout = report.layout();
     m.input.measured_variants.assign(report.measured().variants().begin(),
                                      report.measured().variants().end());
     // The plans that ran: Predict checks its own against them.
@@ -90,6 +139,7 @@ class Models final : public ValidationSubject {
                                     const calibration::LoadedProfile& profile,
                                     const p::CostModel& cost) const override {
     MOEPLAN_ASSIGN_OR_RETURN(const p::ModelConfig model, proto::ModelFromProto(in.model));
+    if (in.layout.has_value()) return PredictLayout(std::move(in), model, profile, cost);
     std::vector<v1::VariantPlan> predicted;
     p::ModelPlanner planner(cost);
     for (const v1::VariantPlan& ran : in.predicted_variants) {
@@ -121,12 +171,70 @@ class Models final : public ValidationSubject {
   }
 
   std::string Layout(const calibration::ValidationInput& in) const override {
+    if (in.layout.has_value()) {
+      absl::StatusOr<std::string> l = CanonicalLayout(*in.layout);
+      return l.ok() ? *l : "layout";
+    }
     const v1::ParallelLayout& par = in.model.parallel();
     return fmt::format("{}/{}/{}/{}", par.mp(), par.ep(), par.esp(), par.dp());
   }
 
  private:
-  const v1::ModelConfig& Model(size_t i) const { return grid_.models(static_cast<int>(i)); }
+  // Config i's layout run, or null for a model of its own.
+  const v1::LayoutRun* Run(size_t i) const {
+    const size_t models = static_cast<size_t>(grid_.models_size());
+    return i < models ? nullptr : &grid_.layouts(static_cast<int>(i - models));
+  }
+  const v1::ModelConfig& Model(size_t i) const {
+    const v1::LayoutRun* run = Run(i);
+    if (run == nullptr) return grid_.models(static_cast<int>(i));
+    for (const v1::ModelConfig& m : grid_.models()) {
+      if (m.name() == run->model()) return m;
+    }
+    return grid_.models(0);  // CheckGrid: every layout names a model
+  }
+
+  // A layout's program, every variant planned again as it ran (the layout
+  // and the variant pinned, the linear AlltoAll) and checked to be the
+  // program that ran.
+  absl::StatusOr<ConfigRun> PredictLayout(calibration::ValidationInput in,
+                                          const p::ModelConfig& model,
+                                          const calibration::LoadedProfile& profile,
+                                          const p::CostModel& cost) const {
+    MOEPLAN_ASSIGN_OR_RETURN(const p::Layout layout, proto::LayoutFromProto(*in.layout));
+    p::LayoutPlanner planner(cost);
+    std::vector<v1::VariantPlan> predicted;
+    for (const v1::VariantPlan& ran : in.predicted_variants) {
+      const auto skip = [&](std::string why) {
+        return ConfigRun{std::nullopt, fmt::format("{}: {}", in.name, why)};
+      };
+      p::ModelPlanOptions o;
+      if (!p::ParseVariant(ran.name(), &o.variants.emplace_back())) {
+        return skip(fmt::format("its report names variant '{}'", ran.name()));
+      }
+      o.algos = {p::AllToAllAlgo::kLinear};
+      p::ModelPlan plan;
+      plan.moe_layers = model.NumMoeLayers();
+      if (absl::Status s = planner.Program(model, layout, o, &plan.variants.emplace_back());
+          !s.ok()) {
+        return skip(
+            fmt::format("the planner rejects its {} program: {}", ran.name(), View(s.message())));
+      }
+      v1::PlanModelResponse response;
+      proto::ModelPlanToProto(plan, model, profile.profile, /*include_timeline=*/true, &response);
+      v1::VariantPlan& mine = *response.mutable_variants(0);
+      if (const std::string diff = proto::PlanDifference(ran, mine); !diff.empty()) {
+        return skip(fmt::format(
+            "profile {} plans another {} program than ran ({}): measure it again with this "
+            "profile rather than re-predicting",
+            profile.message.name(), ran.name(), diff));
+      }
+      predicted.push_back(std::move(mine));
+    }
+    in.predicted_variants = std::move(predicted);
+    PrintTimes(in);
+    return ConfigRun{std::move(in), ""};
+  }
 
   v1::ModelGrid grid_;
 };
@@ -154,6 +262,27 @@ absl::Status CheckGrid(const v1::ModelGrid& grid) {
             Cat("models[", i, "].name: '", m.name(), "' is also models[", j, "]'s name"));
       }
     }
+  }
+  std::vector<std::pair<std::string, std::string>> seen;
+  for (int i = 0; i < grid.layouts_size(); ++i) {
+    const v1::LayoutRun& run = grid.layouts(i);
+    if (std::none_of(grid.models().begin(), grid.models().end(),
+                     [&](const v1::ModelConfig& m) { return m.name() == run.model(); })) {
+      return absl::InvalidArgumentError(
+          Cat("layouts[", i, "].model: '", run.model(), "' is not the name of one of models"));
+    }
+    absl::StatusOr<std::string> canonical = CanonicalSpec(run.layout());
+    if (!canonical.ok()) {
+      return absl::InvalidArgumentError(
+          Cat("layouts[", i, "].layout: ", View(canonical.status().message())));
+    }
+    for (size_t j = 0; j < seen.size(); ++j) {
+      if (seen[j] == std::make_pair(run.model(), *canonical)) {
+        return absl::InvalidArgumentError(
+            Cat("layouts[", i, "]: '", run.model(), "' ", *canonical, " is also layouts[", j, "]"));
+      }
+    }
+    seen.emplace_back(run.model(), *canonical);
   }
   return absl::OkStatus();
 }

@@ -42,8 +42,10 @@ class ValidationSubject {
   virtual std::string Name(size_t i) const = 0;
   // Config i as the JSON file moeplan-exec reads.
   virtual absl::StatusOr<std::string> ConfigJson(size_t i) const = 0;
-  // moeplan-exec's flags that run `config_file` with every candidate.
-  virtual std::string ExecArgs(std::string_view config_file) const = 0;
+  // moeplan-exec's flags that run config i from `config_file` with every
+  // candidate; i = kAnyConfig: the flags of every config, for the report.
+  static constexpr size_t kAnyConfig = static_cast<size_t>(-1);
+  virtual std::string ExecArgs(size_t i, std::string_view config_file) const = 0;
   // moeplan-exec's JSON report of config i. FailedPrecondition when it ran
   // another config than config i.
   virtual absl::StatusOr<Measured> Parse(size_t i, const std::string& json) const = 0;

@@ -87,6 +87,8 @@ absl::StatusOr<planner::VariantPlan> PlanLayoutRun(const planner::ModelConfig& m
   MOEPLAN_RETURN_IF_ERROR(planner.Program(model, l, o, &plan));
   *run_model =
       planner::ModelForLayout(model, l, model.GlobalBatch() / (int64_t{l.dp} * l.microbatches));
+  // Explicit: the run model's micro_batch_size * dp is one micro-batch step, not the batch.
+  run_model->global_batch_size = model.GlobalBatch();
   MOEPLAN_RETURN_IF_ERROR(ValidateModelForExecutor(*run_model, world_size));
   (void)hosts;
   return plan;

@@ -55,9 +55,15 @@ absl::Status ReadSavedPlan(const std::string& file, ModelSetup* s) {
   MOEPLAN_RETURN_IF_ERROR(proto::ReadJsonFile(file, &saved));
   auto bad = [&](std::string_view why) { return absl::InvalidArgumentError(Cat(file, ": ", why)); };
   if (saved.candidates_size() > 0) {
+    // Its layouts run as programs from the model (--layout); say the spec.
+    const v1::Layout& l = saved.candidates(0).layout();
     return bad(
-        "candidates: a layout or search plan (pipelines, PPMoE layouts) is not executable yet; "
-        "save a variants plan (plan-model without --search or --layout)");
+        Cat("candidates: a layout or search plan is not run from the file; run its first "
+            "layout with --model MODEL.json --layout dp=",
+            l.dp(), ",tp=", l.tp(), ",pp=", l.pp(), ",ep=", l.ep(), ",esp=", l.esp(),
+            ",microbatches=", l.microbatches(), ",zero=", l.zero_stage(), ",family=", l.family(),
+            ",pipeline=", l.pipeline(), ",v=", std::max(1, l.virtual_stages()),
+            l.recompute() ? ",recompute=1" : ""));
   }
   if (!saved.has_model()) {
     return bad("model: not set (save the plan with moeplan plan-model --format json)");

@@ -1104,6 +1104,23 @@ MemoryOptions Resolve(const MemoryOptions& o, const ClusterProfile& profile) {
   return r;
 }
 
+// A layout evaluated on its own: microbatches 0 read as pp, one stage runs
+// 1F1B (each micro-batch's backward after its forward), and the checks of
+// ValidateLayout on as many nodes of the profile's size as it spans (like
+// --gpus of the search).
+absl::StatusOr<Layout> OneLayout(const ModelConfig& model, const Layout& layout,
+                                 const ClusterShape& shape) {
+  Layout l = layout;
+  if (l.microbatches == 0) l.microbatches = l.pp;
+  if (l.pp == 1) l.pipeline = PipelineSchedule::k1F1B;
+  const int64_t nodes =
+      (int64_t{l.dp} * l.tp * l.pp + shape.gpus_per_node - 1) / shape.gpus_per_node;
+  const ClusterShape cluster{static_cast<int>(std::clamp<int64_t>(nodes, shape.nodes, 1 << 20)),
+                             shape.gpus_per_node};
+  MOEPLAN_RETURN_IF_ERROR(ValidateLayout(model, l, model.GlobalBatch(), cluster));
+  return l;
+}
+
 }  // namespace
 
 absl::Status LayoutPlanner::Evaluate(const ModelConfig& model, const Layout& layout,
@@ -1113,17 +1130,8 @@ absl::Status LayoutPlanner::Evaluate(const ModelConfig& model, const Layout& lay
   MOEPLAN_RETURN_IF_ERROR(ValidateModelShape(model));
   MOEPLAN_RETURN_IF_ERROR(ValidateModelPlanOptions(plan));
   MOEPLAN_RETURN_IF_ERROR(ValidateMemoryOptions(memory));
-  Layout l = layout;
-  if (l.microbatches == 0) l.microbatches = l.pp;
-  if (l.pp == 1) l.pipeline = PipelineSchedule::k1F1B;
+  MOEPLAN_ASSIGN_OR_RETURN(const Layout l, OneLayout(model, layout, s.cost.profile().shape));
   const int64_t global = model.GlobalBatch();
-  // Like --gpus of the search, a layout may span more nodes of the profile's size.
-  const ClusterShape& shape = s.cost.profile().shape;
-  const int64_t nodes =
-      (int64_t{l.dp} * l.tp * l.pp + shape.gpus_per_node - 1) / shape.gpus_per_node;
-  const ClusterShape cluster{static_cast<int>(std::clamp<int64_t>(nodes, shape.nodes, 1 << 20)),
-                             shape.gpus_per_node};
-  MOEPLAN_RETURN_IF_ERROR(ValidateLayout(model, l, global, cluster));
   s.Begin(model, plan);
   s.stats = nullptr;
   const int64_t mbs = global / (int64_t{l.dp} * l.microbatches);
@@ -1135,16 +1143,7 @@ absl::Status LayoutPlanner::Program(const ModelConfig& model, const Layout& layo
   Impl& s = *impl_;
   MOEPLAN_RETURN_IF_ERROR(ValidateModelShape(model));
   MOEPLAN_RETURN_IF_ERROR(ValidateModelPlanOptions(plan));
-  Layout l = layout;
-  if (l.microbatches == 0) l.microbatches = l.pp;
-  if (l.pp == 1 && l.pipeline == PipelineSchedule::kInterleaved)
-    l.pipeline = PipelineSchedule::k1F1B;
-  const ClusterShape& shape = s.cost.profile().shape;
-  const int64_t nodes =
-      (int64_t{l.dp} * l.tp * l.pp + shape.gpus_per_node - 1) / shape.gpus_per_node;
-  const ClusterShape cluster{static_cast<int>(std::clamp<int64_t>(nodes, shape.nodes, 1 << 20)),
-                             shape.gpus_per_node};
-  MOEPLAN_RETURN_IF_ERROR(ValidateLayout(model, l, model.GlobalBatch(), cluster));
+  MOEPLAN_ASSIGN_OR_RETURN(const Layout l, OneLayout(model, layout, s.cost.profile().shape));
   const int p = l.pp, v = std::max(1, l.virtual_stages);
   const int64_t mbs = model.GlobalBatch() / (int64_t{l.dp} * l.microbatches);
   const ModelConfig m = ModelForLayout(model, l, mbs);

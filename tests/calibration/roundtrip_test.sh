@@ -124,7 +124,8 @@ grep -q "Measured earlier: these are the moeplan-exec reports in \`$TMP/val/exec
   bad "the --from-runs report does not name the earlier run"
 grep -q "Measured with" "$TMP/val2/report.md" && bad "the --from-runs report shows a command it did not run"
 
-# 5. Whole models: every variant of 2 models, interleaved, then re-predicted.
+# 5. Whole models: every variant of 2 models and of one pipelined layout
+# (two stages, 1F1B), interleaved, then re-predicted.
 if ! timeout 600 "$CLI" validate --profile "$TMP/cpu-quick.json" --models "$SRC/tests/calibration/quick-models.json" \
     --exec "$EXEC" --iters 5 --warmup 1 --out-dir "$TMP/valm" --json >"$TMP/models.json" 2>"$TMP/validatem.err"; then
   bad "validate --models failed: $(tail -5 "$TMP/validatem.err")"
@@ -141,9 +142,9 @@ def check(cond, msg):
     global ok
     if not cond: print("FAIL:", msg, file=sys.stderr); ok = False
 check(a.get("models") is True, "the summary does not say it is of models")
-check(a.get("configs") == 2 and a.get("points") == 10,
-      f"expected 2 models x 5 variants, got {a.get('configs')} x {a.get('points')}")
-check(a.get("paired_configs") == 2, "expected both models' iterations paired")
+check(a.get("configs") == 3 and a.get("points") == 15,
+      f"expected (2 models + 1 layout) x 5 variants, got {a.get('configs')} x {a.get('points')}")
+check(a.get("paired_configs") == 3, "expected every config's iterations paired")
 check(a.get("unmatched_ops", 0) == 0, "measured ops the planner does not name")
 for c in a.get("results", []):
     names = [p["candidate"] for p in c["points"]]
@@ -152,15 +153,17 @@ for c in a.get("results", []):
     check(c.get("measured_best_candidate") in c.get("measured_tied_candidates", []),
           f"{c['name']}: measured best not among its ties")
 ops = {o["op"] for o in a.get("ops", [])}
-for op in ("fwd.qkv", "fwd.ep_alltoall_dispatch", "bwd.grad_allreduce", "optimizer.step"):
+for op in ("fwd.qkv", "fwd.ep_alltoall_dispatch", "bwd.grad_allreduce", "optimizer.step",
+           "pipe.send_fwd", "pipe.send_bwd"):
     check(op in ops, f"no per-op error for {op}")
 check(abs(a["mape_pct"] - b.get("mape_pct", -1)) < 1e-9 and a.get("points") == b.get("points"),
       "--from-runs did not reproduce the models' errors")
 sys.exit(0 if ok else 1)
 PYEOF
-grep -q "| points (config × variant) | 10 |" "$TMP/valm/report.md" || bad "the models' report has no variant points"
-grep -q -- "--model 'CONFIG' --variant all" "$TMP/valm/report.md" || bad "the models' report does not show the command"
-[ "$(find "$TMP/valm/exec" -name "*.json" | wc -l)" = 2 ] || bad "expected 2 saved moeplan-exec --model reports"
+grep -q "| points (config × variant) | 15 |" "$TMP/valm/report.md" || bad "the models' report has no variant points"
+grep -q -- "--model 'CONFIG' --variant all \[--layout LAYOUT\]" "$TMP/valm/report.md" || bad "the models' report does not show the command"
+grep -q "layouts\[0\] tiny-ep4 dp=2,tp=1,pp=2" "$TMP/valm/report.md" || bad "the models' report does not name the layout"
+[ "$(find "$TMP/valm/exec" -name "*.json" | wc -l)" = 3 ] || bad "expected 3 saved moeplan-exec --model reports"
 
 # 6. Bad grids and flags: one line naming the field, nothing run.
 expect_error() {  # expect_error WANT ARGS...: fails unless the CLI fails saying WANT
@@ -186,6 +189,20 @@ g["models"][0]["num_layers"] = 0
 json.dump(g, open(sys.argv[3], "w"))
 PYEOF
 expect_error "twice.json: models[1].name: 'a' is also models[0]'s name" --models "$TMP/twice.json"
+$PY - "$TMP/one.json" "$TMP/nolayoutmodel.json" "$TMP/badlayout.json" "$TMP/layouttwice.json" <<'PYEOF'
+import json, sys
+g = json.load(open(sys.argv[1]))
+g["layouts"] = [{"model": "b", "layout": "dp=2,tp=1,pp=2,ep=2,esp=1"}]
+json.dump(g, open(sys.argv[2], "w"))
+g["layouts"] = [{"model": "a", "layout": "dp=2,pp=2"}]
+json.dump(g, open(sys.argv[3], "w"))
+g["layouts"] = [{"model": "a", "layout": "dp=2,tp=1,pp=2,ep=2,esp=1"},
+                {"model": "a", "layout": "dp=2,tp=1,pp=2,ep=2,esp=1,microbatches=2,pipeline=1f1b"}]
+json.dump(g, open(sys.argv[4], "w"))
+PYEOF
+expect_error "nolayoutmodel.json: layouts[0].model: 'b' is not the name of one of models" --models "$TMP/nolayoutmodel.json"
+expect_error "badlayout.json: layouts[0].layout: --layout: tp= is required" --models "$TMP/badlayout.json"
+expect_error "layouttwice.json: layouts[1]: 'a' dp=2,tp=1,pp=2,ep=2,esp=1,microbatches=2,zero=0,family=parm,pipeline=1f1b is also layouts[0]" --models "$TMP/layouttwice.json"
 expect_error "zero.json: models[0].num_layers: must be between 1 and" --models "$TMP/zero.json"
 [ -e "$TMP/bad/report.md" ] && bad "a rejected grid wrote a report"
 

@@ -284,7 +284,7 @@ PYEOF
 expect_error "plan without its model" 4 "nomodel.json: model: not set (save the plan with moeplan plan-model --format json)" --plan "$TMP/nomodel.json"
 expect_error "plan the profile does not rebuild" 4 "moved.json: its dw plan is not what profile cpu-testbed-1x4 v2 plans (dW placements" --plan "$TMP/moved.json"
 "$CLI" plan-model --model "$MODEL" --cluster cpu-testbed-1x4 --search --format json >"$TMP/search.json" 2>/dev/null
-expect_error "search plan" 4 "candidates: a layout or search plan (pipelines, PPMoE layouts) is not executable yet" --plan "$TMP/search.json"
+expect_error "search plan" 4 "candidates: a layout or search plan is not run from the file; run its first layout with --model MODEL.json --layout dp=[0-9]*,tp=[0-9]*,pp=[0-9]*,ep=" --plan "$TMP/search.json"
 # Command-line errors (CLI11): every rank stops, rank 0 explains.
 expect_cli_error() {  # name, pattern, args...
   local name=$1 pattern=$2

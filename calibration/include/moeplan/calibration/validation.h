@@ -3,6 +3,7 @@
 // the caller runs moeplan-exec, the planner and gnuplot.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -23,8 +24,9 @@ namespace moeplan::calibration {
 // one summary. Ops are matched by name.
 struct ValidationInput {
   std::string name;
-  v1::LayerConfig layer;  // layers
-  v1::ModelConfig model;  // models
+  v1::LayerConfig layer;             // layers
+  v1::ModelConfig model;             // models (a layout's: the model as each stage ran it)
+  std::optional<v1::Layout> layout;  // models run as a pipelined layout's program
   std::vector<v1::CandidatePlan> measured;
   std::vector<v1::CandidatePlan> predicted;
   std::vector<v1::VariantPlan> measured_variants;
