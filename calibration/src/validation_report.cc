@@ -255,7 +255,8 @@ void ErrorByOp(const v1::ValidationSummary& s, std::string* md_out) {
     md +=
         "Op durations (end − start), measured against predicted, over every config and "
         "candidate; pooled under the planner's base name (pipeline steps `name.N`, partition "
-        "parts `name.pN` and a model's blocks `bN.` and MoE scope `moe.` removed). Share = the "
+        "parts `name.pN`, a model's blocks `bN.` and MoE scope `moe.`, and a pipeline program's "
+        "stage, chunk and micro-batch `sS.cC.mbI.` removed). Share = the "
         "op's part of all measured op time. Largest share first";
     if (s.ops_size() > kTopOps) {
       fmt::format_to(out, "; the top {} of {}", kTopOps, s.ops_size());
