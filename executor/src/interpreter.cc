@@ -44,8 +44,8 @@ absl::StatusOr<std::unique_ptr<RankGroups>> RankGroups::Create(Communicator* wor
     const int per = world->size() / stages, r = world->rank();
     g->stage_ = r / per;
     MOEPLAN_ASSIGN_OR_RETURN(g->stage_comm_, world->Split(g->stage_, r % per));
-    MOEPLAN_ASSIGN_OR_RETURN(g->pp_fwd_, world->Split(r % per, g->stage_));
-    MOEPLAN_ASSIGN_OR_RETURN(g->pp_bwd_, world->Split(r % per, g->stage_));
+    MOEPLAN_ASSIGN_OR_RETURN(g->pp_even_, world->Split(r % per, g->stage_));
+    MOEPLAN_ASSIGN_OR_RETURN(g->pp_odd_, world->Split(r % per, g->stage_));
     g->base_ = g->stage_comm_.get();
   }
   Communicator* base = g->base_;
@@ -75,10 +75,10 @@ Communicator* RankGroups::Of(ExecGroup g) const {
       return ep_.get();
     case ExecGroup::kEsp:
       return esp_.get();
-    case ExecGroup::kPpFwd:
-      return pp_fwd_.get();
-    case ExecGroup::kPpBwd:
-      return pp_bwd_.get();
+    case ExecGroup::kPpEven:
+      return pp_even_.get();
+    case ExecGroup::kPpOdd:
+      return pp_odd_.get();
     case ExecGroup::kNone:
       break;
   }

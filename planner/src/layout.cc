@@ -754,29 +754,34 @@ absl::Status BuildPipelineProgram(const Layout& l, std::span<const OpGraph* cons
     stamp(&send, s, st.chunk, st.mb);
     OpExec sx;
     sx.kind = ExecKind::kSendRecv;
-    sx.group = fwd ? ExecGroup::kPpFwd : ExecGroup::kPpBwd;
+    sx.group = s % 2 == 0 ? ExecGroup::kPpEven : ExecGroup::kPpOdd;
     sx.parts = ds;
     sx.count = links.elements;
-    OpId arrived = out->Add(send, deps, sx);
-    if (links.tp > 1) {
-      Op gather;
-      gather.base = fwd ? "pipe.gather_fwd" : "pipe.gather_bwd";
-      gather.kind = OpKind::kComm;
-      gather.phase = send.phase;
-      gather.term = Term::kAllGather;
-      gather.resources = kIntra;
-      gather.cost_us = links.gather_us;
-      gather.bytes = links.bytes;
-      stamp(&gather, ds, dc, st.mb);
-      OpExec gx;
-      gx.kind = ExecKind::kAllGather;
-      gx.group = ExecGroup::kMp;
-      gx.count = links.elements;
-      arrived = out->Add(gather, {arrived}, gx);
-    }
-    input[slot(ds, dc, st.mb) * 2 + (fwd ? 1 : 0)] = arrived;
+    input[slot(ds, dc, st.mb) * 2 + (fwd ? 1 : 0)] = out->Add(send, deps, sx);
+  };
+  // With tp > 1 the receiving TP group gathers a transfer's pieces first
+  // thing in the step that uses them: issued there, not with the send, it
+  // never holds the receiver's link ahead of the receiver's earlier work.
+  auto gather = [&](int s, const PipeStep& st) {
+    OpId& in = input[slot(s, st.chunk, st.mb) * 2 + (st.forward ? 1 : 0)];
+    if (links.tp <= 1 || in == kNoOp) return;
+    Op op;
+    op.base = st.forward ? "pipe.gather_fwd" : "pipe.gather_bwd";
+    op.kind = OpKind::kComm;
+    op.phase = st.forward ? Phase::kForward : Phase::kBackward;
+    op.term = Term::kAllGather;
+    op.resources = kIntra;
+    op.cost_us = links.gather_us;
+    op.bytes = links.bytes;
+    stamp(&op, s, st.chunk, st.mb);
+    OpExec x;
+    x.kind = ExecKind::kAllGather;
+    x.group = ExecGroup::kMp;
+    x.count = links.elements;
+    in = out->Add(op, {in}, x);
   };
   MOEPLAN_RETURN_IF_ERROR(WalkPipeline(l.pipeline, p, v, m, [&](int s, const PipeStep& st) {
+    gather(s, st);
     copy(s, st.chunk, st.mb, st.forward ? Role::kForward : Role::kBackward);
     transfer(s, st);
   }));

@@ -100,7 +100,7 @@ std::string_view ExecKindName(ExecKind k) {
 
 std::string_view ExecGroupName(ExecGroup g) {
   static constexpr std::string_view kNames[] = {"none", "mp",  "ep",     "esp",
-                                                "dp",   "edp", "pp_fwd", "pp_bwd"};
+                                                "dp",   "edp", "pp_even", "pp_odd"};
   static_assert(std::size(kNames) == kNumExecGroups);
   const size_t i = static_cast<size_t>(g);
   return i < std::size(kNames) ? kNames[i] : "unknown";

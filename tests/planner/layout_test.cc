@@ -519,7 +519,7 @@ TEST(Program, StagesRunThePipelineOrderWithTheirTransfers) {
       if (op.base == "pipe.send_fwd") {
         EXPECT_EQ(op.device, 0);
         EXPECT_EQ(g.exec(id).kind, ExecKind::kSendRecv);
-        EXPECT_EQ(g.exec(id).group, ExecGroup::kPpFwd);
+        EXPECT_EQ(g.exec(id).group, ExecGroup::kPpEven);  // sent by stage 0
         EXPECT_EQ(g.exec(id).parts, 1);
         EXPECT_EQ(g.exec(id).count, 1 * 128 * 256);  // one sequence's activation
         EXPECT_TRUE(RunsOnStage(g, id, 0) && RunsOnStage(g, id, 1));

@@ -41,7 +41,7 @@ RankPlace PlaceOf(const planner::ParallelLayout& p, int rank);
 class RankGroups {
  public:
   // Collective over `world`: splits the stages (stages > 1: and the
-  // pipeline's pp_fwd / pp_bwd groups, ordered by stage), then the MP, EP and
+  // pipeline's pp_even / pp_odd groups, ordered by stage), then the MP, EP and
   // ESP groups inside the rank's stage.
   static absl::StatusOr<std::unique_ptr<RankGroups>> Create(Communicator* world,
                                                             const planner::ParallelLayout& p,
@@ -60,7 +60,7 @@ class RankGroups {
   Communicator* base_ = nullptr;  // the stage's ranks: world_ or stage_comm_
   int stage_ = 0;
   RankPlace place_;
-  std::unique_ptr<Communicator> stage_comm_, mp_, ep_, esp_, dp_, edp_, pp_fwd_, pp_bwd_;
+  std::unique_ptr<Communicator> stage_comm_, mp_, ep_, esp_, dp_, edp_, pp_even_, pp_odd_;
 };
 
 // One timed op of an iteration, microseconds from the iteration's start.

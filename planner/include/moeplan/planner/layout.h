@@ -179,9 +179,10 @@ struct PipelineLinks {
 // "s<stage>.[c<chunk>.]mb<i>.<chunk op>"). Each step of PipelineOrder is a
 // copy of its chunk's planned forward or backward ops for micro-batch i, in
 // WalkPipeline's order; between chunks, "pipe.send_fwd" / "pipe.send_bwd"
-// (ExecKind::kSendRecv on the sender's link) and, with tp > 1, the
-// receiver's "pipe.gather_fwd" / "pipe.gather_bwd" (its MP AllGather), which
-// the next step's first ops wait for. After a stage's last step, each
+// (ExecKind::kSendRecv on the sender's link, on pp_even / pp_odd by the
+// sender's parity) and, with tp > 1, the receiver's "pipe.gather_fwd" /
+// "pipe.gather_bwd" (its MP AllGather, issued first in the receiving step),
+// which the step's first ops wait for. After a stage's last step, each
 // chunk's tail once: its gradient buckets (ZeRO 2-3: those are in every
 // micro-batch's backward instead), optimizer step and ZeRO 1-2 gathers,
 // waiting for micro-batch m-1's backward. Every MoE layer instance is per

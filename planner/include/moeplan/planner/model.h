@@ -78,13 +78,13 @@ std::string_view VariantName(Variant v);  // "none", "tutel", "dw", "partition",
 bool ParseVariant(std::string_view name, Variant* out);
 
 struct ModelPlanOptions {
-  std::vector<Variant> variants;      // empty: all five
-  std::vector<Schedule> schedules;    // empty: every schedule the layout allows
-  std::vector<AllToAllAlgo> algos;    // empty: both (hierarchical where it applies)
-  int64_t bucket_bytes = 25 << 20;    // DDP gradient bucket
-  int max_partitions = 8;             // rho: most micro-batches a range is split into
-  int partition_groups = 5;           // gamma: groups of dense ops between two MoE layers
-  int max_span = 0;                   // iota, in groups; 0: the span between two MoE layers
+  std::vector<Variant> variants;    // empty: all five
+  std::vector<Schedule> schedules;  // empty: every schedule the layout allows
+  std::vector<AllToAllAlgo> algos;  // empty: both (hierarchical where it applies)
+  int64_t bucket_bytes = 25 << 20;  // DDP gradient bucket
+  int max_partitions = 8;           // rho: most micro-batches a range is split into
+  int partition_groups = 5;         // gamma: groups of dense ops between two MoE layers
+  int max_span = 0;                 // iota, in groups; 0: the span between two MoE layers
   std::vector<int> tutel_degrees = {1, 2, 4, 8};
   // Checked between simulated candidates (DeadlineExceeded once passed).
   Deadline deadline;
@@ -140,11 +140,11 @@ struct VariantPlan {
 // model's dispatch on this cluster: EP groups of W ranks, q per node, W = 2q,
 // 4q, ... up to kMaxCrossoverRanks.
 struct AllToAllCrossover {
-  bool applies = false;      // q >= 2 (several EP ranks per node)
-  double bytes = 0.0;        // per-rank AlltoAll size of the default schedule
-  int ranks_per_node = 0;    // q
+  bool applies = false;       // q >= 2 (several EP ranks per node)
+  double bytes = 0.0;         // per-rank AlltoAll size of the default schedule
+  int ranks_per_node = 0;     // q
   int faster_from_ranks = 0;  // smallest W where 2dh is faster; 0: none up to the max
-  double linear_us = 0.0;    // at the model's EP degree (when it spans nodes)
+  double linear_us = 0.0;     // at the model's EP degree (when it spans nodes)
   double hierarchical_us = 0.0;
 };
 inline constexpr int kMaxCrossoverRanks = 1 << 16;

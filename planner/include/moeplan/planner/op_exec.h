@@ -54,9 +54,9 @@ enum class ExecKind : uint8_t {
   kSaaReduce,
   // Pipelines (docs/layouts.md): one micro-batch's activation (or its
   // gradient), `count` elements, from the op's stage (Op::device) to stage
-  // `parts` over `group` (kPpFwd / kPpBwd: the ranks at the same place of
-  // every stage, ordered by stage). The sending stage runs it as a send, the
-  // receiving stage as a receive; both under the op's name. Scratch memory.
+  // `parts` over `group` (kPpEven / kPpOdd by the sending stage's parity:
+  // the ranks at the same place of every stage, ordered by stage). The sending stage runs it as a
+  // send, the receiving stage as a receive; both under the op's name. Scratch memory.
   kSendRecv,
 };
 std::string_view ExecKindName(ExecKind k);  // "gate", "alltoall", "saa_gather", ...
@@ -66,13 +66,14 @@ inline bool IsCollective(ExecKind k) { return k >= ExecKind::kCounts; }
 // The layer's communicators on a rank (docs/notation.md), and a whole model's
 // data-parallel groups: dp, the replicas of the dense parameters (ranks of one
 // MP rank, strided by mp); edp, the replicas of an expert shard (strided by
-// ep * esp). A pipeline's p2p transfers: pp_fwd and pp_bwd, the ranks at the
-// same place of every stage (strided by the stage's size), one for
-// activations and one for their gradients, so the two directions run on
-// lanes of their own. In a pipelined run every other group is inside a stage.
-enum class ExecGroup : uint8_t { kNone = 0, kMp, kEp, kEsp, kDp, kEdp, kPpFwd, kPpBwd };
+// ep * esp). A pipeline's p2p transfers: pp_even and pp_odd, the ranks at the
+// same place of every stage (strided by the stage's size), carrying what even
+// and odd stages send, so a stage's sends and receives (from its neighbours,
+// of the other parity) run on lanes of their own and a send never waits
+// behind a receive. In a pipelined run every other group is inside a stage.
+enum class ExecGroup : uint8_t { kNone = 0, kMp, kEp, kEsp, kDp, kEdp, kPpEven, kPpOdd };
 inline constexpr int kNumExecGroups = 8;
-std::string_view ExecGroupName(ExecGroup g);  // "mp", "ep", "esp", "dp", "edp", "pp_fwd", "pp_bwd"
+std::string_view ExecGroupName(ExecGroup g);  // "mp", "ep", "esp", "dp", "edp", "pp_even", "pp_odd"
 
 // Logical buffers of an MoE layer (docs/executor.md "Buffers"). x, y, dy, dx
 // are the layer's [S x M] input, output and their gradients; the rest are what
