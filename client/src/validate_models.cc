@@ -67,6 +67,24 @@ void PrintTimes(const calibration::ValidationInput& in) {
   fmt::print(stderr, "{} (measured/predicted)\n", line);
 }
 
+// Why `mine`, what `profile` plans again of the `ran` variant, cannot stand
+// for it (a plan never measured); empty when it is the plan that ran.
+std::string NotWhatRan(const calibration::LoadedProfile& profile, const v1::VariantPlan& ran,
+                       const v1::VariantPlan& mine, std::string_view what) {
+  const std::string diff = proto::PlanDifference(ran, mine);
+  if (diff.empty()) return diff;
+  return fmt::format(
+      "profile {} plans another {} {} than ran ({}): measure it again with this profile rather "
+      "than re-predicting",
+      profile.message.name(), ran.name(), what, diff);
+}
+
+ConfigRun Predicted(calibration::ValidationInput in, std::vector<v1::VariantPlan> predicted) {
+  in.predicted_variants = std::move(predicted);
+  PrintTimes(in);
+  return ConfigRun{std::move(in), ""};
+}
+
 class Models final : public ValidationSubject {
  public:
   explicit Models(v1::ModelGrid grid) : grid_(std::move(grid)) {}
@@ -157,17 +175,10 @@ class Models final : public ValidationSubject {
             fmt::format("the planner rejects its {} plan: {}", ran.name(), View(s.message())));
       }
       v1::VariantPlan& mine = *response.mutable_variants(0);
-      if (const std::string diff = proto::PlanDifference(ran, mine); !diff.empty()) {
-        return skip(fmt::format(
-            "profile {} plans another {} than ran ({}): measure it again with this profile "
-            "rather than re-predicting",
-            profile.message.name(), ran.name(), diff));
-      }
+      if (std::string why = NotWhatRan(profile, ran, mine, "plan"); !why.empty()) return skip(why);
       predicted.push_back(std::move(mine));
     }
-    in.predicted_variants = std::move(predicted);
-    PrintTimes(in);
-    return ConfigRun{std::move(in), ""};
+    return Predicted(std::move(in), std::move(predicted));
   }
 
   std::string Layout(const calibration::ValidationInput& in) const override {
@@ -223,17 +234,12 @@ class Models final : public ValidationSubject {
       v1::PlanModelResponse response;
       proto::ModelPlanToProto(plan, model, profile.profile, /*include_timeline=*/true, &response);
       v1::VariantPlan& mine = *response.mutable_variants(0);
-      if (const std::string diff = proto::PlanDifference(ran, mine); !diff.empty()) {
-        return skip(fmt::format(
-            "profile {} plans another {} program than ran ({}): measure it again with this "
-            "profile rather than re-predicting",
-            profile.message.name(), ran.name(), diff));
+      if (std::string why = NotWhatRan(profile, ran, mine, "program"); !why.empty()) {
+        return skip(why);
       }
       predicted.push_back(std::move(mine));
     }
-    in.predicted_variants = std::move(predicted);
-    PrintTimes(in);
-    return ConfigRun{std::move(in), ""};
+    return Predicted(std::move(in), std::move(predicted));
   }
 
   v1::ModelGrid grid_;
