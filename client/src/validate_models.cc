@@ -39,9 +39,8 @@ std::string ConfigName(size_t i, const v1::ModelConfig& m) {
 // 1f1b), written the --layout way: what a grid entry and a report are
 // matched by.
 absl::StatusOr<std::string> CanonicalLayout(const v1::Layout& msg) {
-  MOEPLAN_ASSIGN_OR_RETURN(p::Layout l, proto::LayoutFromProto(msg));
-  if (l.microbatches == 0) l.microbatches = l.pp;
-  if (l.pp == 1) l.pipeline = p::PipelineSchedule::k1F1B;
+  MOEPLAN_ASSIGN_OR_RETURN(const p::Layout parsed, proto::LayoutFromProto(msg));
+  const p::Layout l = p::ResolveLayout(parsed);
   return fmt::format(
       "dp={},tp={},pp={},ep={},esp={},microbatches={},zero={},family={},pipeline={}{}", l.dp, l.tp,
       l.pp, l.ep, l.esp, l.microbatches, l.zero_stage, p::FamilyName(l.family),

@@ -61,11 +61,10 @@ absl::StatusOr<planner::VariantPlan> PlanModelRun(const planner::ModelConfig& mo
 absl::StatusOr<planner::VariantPlan> PlanLayoutRun(const planner::ModelConfig& model,
                                                    const planner::Layout& layout,
                                                    planner::Variant variant, int world_size,
-                                                   int hosts, const planner::CostModel* cost,
+                                                   const planner::CostModel* cost,
                                                    planner::ModelConfig* run_model,
                                                    planner::ModelPlanOptions o) {
-  planner::Layout l = layout;
-  if (l.microbatches == 0) l.microbatches = l.pp;
+  const planner::Layout l = planner::ResolveLayout(layout);
   if (l.Gpus() != world_size) {
     return absl::InvalidArgumentError(
         Cat("layout: dp*tp*pp must equal the ranks (", world_size, ") (got ", l.Gpus(), ")"));
@@ -90,7 +89,6 @@ absl::StatusOr<planner::VariantPlan> PlanLayoutRun(const planner::ModelConfig& m
   // Explicit: the run model's micro_batch_size * dp is one micro-batch step, not the batch.
   run_model->global_batch_size = model.GlobalBatch();
   MOEPLAN_RETURN_IF_ERROR(ValidateModelForExecutor(*run_model, world_size));
-  (void)hosts;
   return plan;
 }
 

@@ -363,7 +363,7 @@ int RunModel(const Args& a) {
     p::ModelConfig run_model;
     absl::StatusOr<p::VariantPlan> vp =
         s.layout.has_value()
-            ? ex::PlanLayoutRun(s.model, *s.layout, v, Size(), hosts, &prediction->cost, &run_model,
+            ? ex::PlanLayoutRun(s.model, *s.layout, v, Size(), &prediction->cost, &run_model,
                                 options)
             : ex::PlanModelRun(s.model, v, Size(), hosts, &prediction->cost, options);
     if (!vp.ok()) {
@@ -371,11 +371,8 @@ int RunModel(const Args& a) {
       break;
     }
     plan.variants.push_back(*std::move(vp));
-    if (s.layout.has_value()) {
-      // What each stage runs: the layout's parallel and micro-batch size.
-      run_model.bytes_per_element = s.model.bytes_per_element;
-      s.run_model = run_model;
-    }
+    // What each stage runs: the layout's parallel and micro-batch size.
+    if (s.layout.has_value()) s.run_model = run_model;
   }
   if (s.layout.has_value() && planned.ok()) {
     s.model = s.run_model;
@@ -429,9 +426,8 @@ int RunModel(const Args& a) {
   report.set_versions(a.backend == "mpi" ? ex::MpiVersion()
                                          : Cat(ex::MpiVersion(), "; ", ex::CudaVersions()));
   if (s.layout.has_value()) {
-    p::Layout l = *s.layout;
-    if (l.microbatches == 0) l.microbatches = l.pp;
-    *report.mutable_layout() = proto::LayoutToProto(l, s.model.micro_batch_size);
+    *report.mutable_layout() =
+        proto::LayoutToProto(p::ResolveLayout(*s.layout), s.model.micro_batch_size);
   }
   if (rebuilt.has_value()) {
     *report.mutable_predicted() = *std::move(rebuilt);

@@ -106,6 +106,13 @@ Family InferFamily(const Layout& l) {
   return Family::kParm;
 }
 
+Layout ResolveLayout(const Layout& layout) {
+  Layout l = layout;
+  if (l.microbatches == 0) l.microbatches = l.pp;
+  if (l.pp == 1) l.pipeline = PipelineSchedule::k1F1B;
+  return l;
+}
+
 ModelConfig ModelForLayout(const ModelConfig& model, const Layout& l, int64_t micro_batch_size) {
   ModelConfig m = model;
   m.micro_batch_size = micro_batch_size;
@@ -1109,15 +1116,12 @@ MemoryOptions Resolve(const MemoryOptions& o, const ClusterProfile& profile) {
   return r;
 }
 
-// A layout evaluated on its own: microbatches 0 read as pp, one stage runs
-// 1F1B (each micro-batch's backward after its forward), and the checks of
+// A layout evaluated on its own: resolved (ResolveLayout) and the checks of
 // ValidateLayout on as many nodes of the profile's size as it spans (like
 // --gpus of the search).
 absl::StatusOr<Layout> OneLayout(const ModelConfig& model, const Layout& layout,
                                  const ClusterShape& shape) {
-  Layout l = layout;
-  if (l.microbatches == 0) l.microbatches = l.pp;
-  if (l.pp == 1) l.pipeline = PipelineSchedule::k1F1B;
+  const Layout l = ResolveLayout(layout);
   const int64_t nodes =
       (int64_t{l.dp} * l.tp * l.pp + shape.gpus_per_node - 1) / shape.gpus_per_node;
   const ClusterShape cluster{static_cast<int>(std::clamp<int64_t>(nodes, shape.nodes, 1 << 20)),

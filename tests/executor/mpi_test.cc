@@ -697,7 +697,7 @@ TEST(MpiExecutor, PipelinedLayoutsRunTheirProgram) {
     m.global_batch_size = l.dp * 4;
     planner::ModelConfig run;
     absl::StatusOr<planner::VariantPlan> plan = PlanLayoutRun(
-        m, l, planner::Variant::kNone, w, 1, &planner::testing::RoundNumberModel(), &run);
+        m, l, planner::Variant::kNone, w, &planner::testing::RoundNumberModel(), &run);
     ASSERT_TRUE(plan.ok()) << plan.status();  // the same on every rank
     EXPECT_EQ(run.parallel.pp, 2);
     EXPECT_EQ(run.micro_batch_size, 1);
@@ -780,7 +780,7 @@ TEST(MpiExecutor, PipelinesNeedALayoutTheExecutorRuns) {
   too_many.pp = 4;
   for (const Case& c : {Case{"layout.family", ppmoe}, Case{"layout.recompute", recompute},
                         Case{"layout: dp*tp*pp", too_many}}) {
-    plan = PlanLayoutRun(m, c.layout, planner::Variant::kNone, WorldSize(), 1, nullptr, &run);
+    plan = PlanLayoutRun(m, c.layout, planner::Variant::kNone, WorldSize(), nullptr, &run);
     EXPECT_EQ(plan.status().code(), absl::StatusCode::kInvalidArgument) << c.field;
     EXPECT_NE(plan.status().message().find(c.field), std::string::npos) << plan.status();
   }

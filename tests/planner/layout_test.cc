@@ -451,12 +451,6 @@ TEST(Search, BoundPruningKeepsTheExhaustiveTopN) {
 
 // ---- Programs ----
 
-struct StepKey {
-  bool forward;
-  int mb;
-  bool operator==(const StepKey&) const = default;
-};
-
 // The steps a program runs on `stage`, in issue order: its copies of chunk
 // ops (pipe.* transfers and the tail aside), consecutive ops of one
 // (phase, micro-batch, chunk) being one step.

@@ -51,7 +51,7 @@ absl::StatusOr<planner::VariantPlan> PlanModelRun(const planner::ModelConfig& mo
 absl::StatusOr<planner::VariantPlan> PlanLayoutRun(const planner::ModelConfig& model,
                                                    const planner::Layout& layout,
                                                    planner::Variant variant, int world_size,
-                                                   int hosts, const planner::CostModel* cost,
+                                                   const planner::CostModel* cost,
                                                    planner::ModelConfig* run_model,
                                                    planner::ModelPlanOptions options = {});
 

@@ -69,6 +69,10 @@ absl::Status ValidateLayout(const ModelConfig& model, const Layout& layout, int6
 int64_t PipelineSteps(const Layout& layout);
 absl::Status CheckPipelineSteps(const Layout& layout);
 
+// A layout as it runs: microbatches 0 reads as pp, and one stage runs
+// 1F1B (each micro-batch's backward after its forward). Not validated.
+Layout ResolveLayout(const Layout& layout);
+
 // The model as one stage of the layout runs it: micro_batch_size per
 // micro-batch, parallel {mp = tp, ep, esp, dp, pp}.
 ModelConfig ModelForLayout(const ModelConfig& model, const Layout& layout,
