@@ -106,7 +106,7 @@ class PlanInterpreter::Impl {
   ~Impl();
 
   absl::Status Init(LaneMode mode);
-  absl::Status RunIteration();
+  absl::Status RunIteration(PhaseSet phases, double start_us);
 
   std::vector<OpTime> times_;
   double forward_us_ = 0.0, total_us_ = 0.0;
@@ -120,6 +120,14 @@ class PlanInterpreter::Impl {
     std::vector<OpId> ops;  // in issue order
   };
 
+  // Whether op `id` runs in the current iteration: its stage's, of a phase asked for.
+  bool RunsNow(OpId id) const {
+    return runs_[static_cast<size_t>(id)] && phases_.Has(plan_.op(id).phase);
+  }
+  // An op of a phase not asked for was completed by an earlier call.
+  bool Done(OpId w, uint64_t epoch) const {
+    return done_[static_cast<size_t>(w)] == epoch || !phases_.Has(plan_.op(w).phase);
+  }
   std::span<const OpId> WaitsOf(OpId id) const {
     return {waits_.data() + wait_begin_[static_cast<size_t>(id)],
             waits_.data() + wait_begin_[static_cast<size_t>(id) + 1]};
@@ -142,6 +150,7 @@ class PlanInterpreter::Impl {
   std::vector<uint32_t> wait_begin_;
   std::vector<OpId> waits_;
   std::vector<Stamp> begin_, end_;
+  PhaseSet phases_;  // the phases of the current iteration
 
   // Threads.
   std::vector<std::thread> threads_;
@@ -285,12 +294,13 @@ absl::Status PlanInterpreter::Impl::Execute(OpId id) {
 
 absl::Status PlanInterpreter::Impl::RunLane(size_t l, uint64_t epoch) {
   for (OpId id : lanes_[l].ops) {
+    if (!RunsNow(id)) continue;
     {
       std::unique_lock<std::mutex> lock(mu_);
       cv_.wait(lock, [&] {
         if (failed_) return true;
         for (OpId w : WaitsOf(id)) {
-          if (done_[static_cast<size_t>(w)] != epoch) return false;
+          if (!Done(w, epoch)) return false;
         }
         return true;
       });
@@ -328,10 +338,11 @@ void PlanInterpreter::Impl::Worker(size_t l) {
   }
 }
 
-absl::Status PlanInterpreter::Impl::RunIteration() {
+absl::Status PlanInterpreter::Impl::RunIteration(PhaseSet phases, double start_us) {
   if (broken_) {
     return absl::FailedPreconditionError("plan: an earlier iteration failed; the lanes are gone");
   }
+  phases_ = phases;
   MOEPLAN_RETURN_IF_ERROR(world_->Barrier());
   MOEPLAN_ASSIGN_OR_RETURN(Stamp t0, dev_->Record(kComputeLane));
   if (threaded_) {
@@ -349,11 +360,12 @@ absl::Status PlanInterpreter::Impl::RunIteration() {
     }
   } else {
     for (OpId id = 0; id < plan_.size(); ++id) {
-      if (!runs_[static_cast<size_t>(id)]) continue;
+      if (!RunsNow(id)) continue;
       const Lane& lane = lanes_[lane_of_[static_cast<size_t>(id)]];
       // Edges across lanes: the waiter's stream waits for the op's end (no-op
       // on the CPU, where every op is done when issued).
       for (OpId w : WaitsOf(id)) {
+        if (!RunsNow(w)) continue;  // an earlier call's, synchronized since
         MOEPLAN_RETURN_IF_ERROR(dev_->WaitStamp(lane.id, end_[static_cast<size_t>(w)]));
       }
       if (absl::Status st = Execute(id); !st.ok()) {
@@ -367,8 +379,12 @@ absl::Status PlanInterpreter::Impl::RunIteration() {
   for (size_t i = 0; i < times_.size(); ++i) {
     OpTime& t = times_[i];
     if (!runs_[i]) continue;  // another stage's: 0
-    MOEPLAN_ASSIGN_OR_RETURN(t.start_us, dev_->ElapsedUs(t0, begin_[i]));
-    MOEPLAN_ASSIGN_OR_RETURN(t.end_us, dev_->ElapsedUs(t0, end_[i]));
+    if (RunsNow(static_cast<OpId>(i))) {
+      MOEPLAN_ASSIGN_OR_RETURN(t.start_us, dev_->ElapsedUs(t0, begin_[i]));
+      MOEPLAN_ASSIGN_OR_RETURN(t.end_us, dev_->ElapsedUs(t0, end_[i]));
+      t.start_us += start_us;
+      t.end_us += start_us;
+    }
     total_us_ = std::max(total_us_, t.end_us);
     if (t.phase == planner::Phase::kForward) forward_us_ = std::max(forward_us_, t.end_us);
   }
@@ -387,7 +403,10 @@ absl::StatusOr<std::unique_ptr<PlanInterpreter>> PlanInterpreter::Create(
   return std::unique_ptr<PlanInterpreter>(new PlanInterpreter(std::move(impl)));
 }
 
-absl::Status PlanInterpreter::RunIteration() { return impl_->RunIteration(); }
+absl::Status PlanInterpreter::RunIteration() { return impl_->RunIteration(PhaseSet::All(), 0.0); }
+absl::Status PlanInterpreter::RunPhases(PhaseSet phases, double start_us) {
+  return impl_->RunIteration(phases, start_us);
+}
 const std::vector<OpTime>& PlanInterpreter::timings() const { return impl_->times_; }
 double PlanInterpreter::forward_us() const { return impl_->forward_us_; }
 double PlanInterpreter::total_us() const { return impl_->total_us_; }

@@ -787,6 +787,26 @@ absl::Status MoeLayerOps::RaggedExpertBackwardWeights(const OpExec& x) {
   return absl::OkStatus();
 }
 
+LayerTensors MoeLayerOps::Tensors() const {
+  LayerTensors t;
+  t.tokens = S_;
+  t.model_dim = M_;
+  t.experts = E_;
+  t.local_experts = El_;
+  t.hidden_shard = Hs_;
+  t.x = Ptr(Buf::kX);
+  t.y = Ptr(Buf::kY);
+  t.dy = Ptr(Buf::kDy);
+  t.dx = Ptr(Buf::kDx);
+  t.gate = wg_.as<float>();
+  t.dgate = reinterpret_cast<float*>(Ptr(Buf::kGateGrad));
+  t.w1 = w1_.data();
+  t.w2 = w2_.data();
+  t.dw1 = dw1_.data();
+  t.dw2 = dw2_.data();
+  return t;
+}
+
 absl::StatusOr<LayerResults> MoeLayerOps::Results() {
   MOEPLAN_RETURN_IF_ERROR(dev_->Synchronize());
   LayerResults r;

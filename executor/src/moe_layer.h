@@ -49,6 +49,7 @@ class MoeLayerOps final : public OpHandler {
   absl::Status Run(const planner::Op& op, const planner::OpExec& exec, Request* comm) override;
 
   absl::StatusOr<LayerResults> Results();
+  LayerTensors Tensors() const;
   size_t AllocatedBytes() const;  // every buffer this layer holds
   absl::StatusOr<RouteCounts> Routing();
 

@@ -126,6 +126,11 @@ absl::StatusOr<std::unique_ptr<MoeLayerRunner>> MoeLayerRunner::Create(
 }
 
 absl::Status MoeLayerRunner::RunIteration() { return impl_->interpreter->RunIteration(); }
+absl::Status MoeLayerRunner::RunPhase(planner::Phase phase) {
+  const double start = phase == planner::Phase::kForward ? 0.0 : impl_->interpreter->forward_us();
+  return impl_->interpreter->RunPhases(PhaseSet::Of(phase), start);
+}
+LayerTensors MoeLayerRunner::Tensors() const { return impl_->ops->Tensors(); }
 const std::vector<OpTime>& MoeLayerRunner::timings() const { return impl_->interpreter->timings(); }
 double MoeLayerRunner::forward_us() const { return impl_->interpreter->forward_us(); }
 double MoeLayerRunner::total_us() const { return impl_->interpreter->total_us(); }

@@ -89,6 +89,19 @@ class OpHandler {
 // kNone); InvalidArgument naming the first that has not.
 absl::Status CheckExecutable(const planner::OpGraph& plan);
 
+// A set of planner::Phase values.
+class PhaseSet {
+ public:
+  static PhaseSet All() { return PhaseSet(0xff); }
+  static PhaseSet Of(planner::Phase p) { return PhaseSet(uint8_t(1u << static_cast<unsigned>(p))); }
+  bool Has(planner::Phase p) const { return bits_ & (1u << static_cast<unsigned>(p)); }
+  PhaseSet() = default;
+
+ private:
+  explicit PhaseSet(uint8_t bits) : bits_(bits) {}
+  uint8_t bits_ = 0xff;
+};
+
 enum class LaneMode : uint8_t {
   kAuto,     // threads on the CPU where MPI is thread-safe, else sequential
   kThreads,  // an error where it cannot be had
@@ -116,6 +129,12 @@ class PlanInterpreter {
   // interpreter is unusable (lanes may be stuck in a collective whose peers
   // failed: the caller aborts the job).
   absl::Status RunIteration();
+  // The same for the ops of `phases` only (a training step's forward, then
+  // its backward once the loss's gradient is known: moeplan.torch). Ops of
+  // other phases count as done (an earlier call ran them); their timings stay
+  // as they were, and the ops run now are timed from this call's barrier plus
+  // `start_us`.
+  absl::Status RunPhases(PhaseSet phases, double start_us);
   const std::vector<OpTime>& timings() const;
   double forward_us() const;  // end of the last forward op
   double total_us() const;    // end of the last op

@@ -84,6 +84,19 @@ struct LayerResults {
   std::vector<int32_t> slot;    // [n x k], -1 = dropped
 };
 
+// Where one rank's layer tensors live (device memory, the run's dtype; the
+// gate's are fp32), for a caller that brings its own data (moeplan.torch):
+// it writes x, the weights and dy, and reads y and the gradients. The layout
+// is LayerResults's; the buffers stay valid while the runner lives.
+struct LayerTensors {
+  int64_t tokens = 0, model_dim = 0, experts = 0;                 // S, M, E
+  int64_t local_experts = 0, hidden_shard = 0;                    // E/ep, H/esp
+  void *x = nullptr, *y = nullptr, *dy = nullptr, *dx = nullptr;  // [S x M]
+  float *gate = nullptr, *dgate = nullptr;                        // [M x E]
+  void *w1 = nullptr, *dw1 = nullptr;                             // [El x M x Hs]
+  void *w2 = nullptr, *dw2 = nullptr;                             // [El x Hs x M]
+};
+
 class MoeLayerRunner {
  public:
   // Validates the layer on the world (ValidateWorld, ValidateLayer), then —
@@ -107,6 +120,12 @@ class MoeLayerRunner {
   // Barrier, the plan's forward and backward ops, synchronize; then
   // timings() holds the ops of this iteration in issue order.
   absl::Status RunIteration();
+  // One phase of the plan (a training step's forward, later its backward):
+  // the phase's ops after a barrier, synchronized. The backward reads what
+  // the last forward left in the buffers; its ops are timed from the end of
+  // that forward, so timings() after both reads as one iteration's.
+  absl::Status RunPhase(planner::Phase phase);
+  LayerTensors Tensors() const;
   const std::vector<OpTime>& timings() const;
   double forward_us() const;  // end of the last forward op
   double total_us() const;    // end of the last op

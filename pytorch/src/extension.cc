@@ -1,0 +1,367 @@
+// moeplan.torch._C: the bundled executor as a PyTorch extension (pytorch/README.md).
+// A Layer is one MoE layer's plan (default, S1 or S2) on the executor's CPU
+// kernels and MPI communicators; the Python side (moeplan/torch/__init__.py)
+// wraps it in a torch.autograd.Function. Everything here is collective over
+// MPI_COMM_WORLD where it says so, and every rank checks first that the
+// others agree, so a shape that differs between ranks is an error on all of
+// them rather than a hang.
+#include <mpi.h>
+#include <torch/extension.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "moeplan/base/status.h"
+#include "moeplan/base/strings.h"
+#include "moeplan/calibration/profiles.h"
+#include "moeplan/executor/backends.h"
+#include "moeplan/executor/interpreter.h"
+#include "moeplan/executor/runner.h"
+#include "moeplan/planner/cost_model.h"
+#include "moeplan/planner/planner.h"
+#include "moeplan/planner/types.h"
+#include "moeplan/proto/convert.h"
+#include "moeplan/proto/json.h"
+
+namespace moeplan::torchext {
+namespace {
+
+namespace ex = moeplan::executor;
+namespace py = pybind11;
+
+// A failed Status as the Python exception its code calls for.
+[[noreturn]] void Raise(const absl::Status& s) {
+  const std::string msg(s.message());
+  switch (s.code()) {
+    case absl::StatusCode::kInvalidArgument:
+    case absl::StatusCode::kOutOfRange:
+      throw py::value_error(msg);
+    case absl::StatusCode::kNotFound:
+      throw py::key_error(msg);
+    case absl::StatusCode::kResourceExhausted:
+      throw std::bad_alloc();
+    default:
+      throw std::runtime_error(msg);
+  }
+}
+void Check(const absl::Status& s) {
+  if (!s.ok()) Raise(s);
+}
+template <class T>
+T Value(absl::StatusOr<T> v) {
+  if (!v.ok()) Raise(v.status());
+  return *std::move(v);
+}
+
+// ---- MPI --------------------------------------------------------------------
+
+bool MpiUp() {
+  int init = 0, fin = 0;
+  MPI_Initialized(&init);
+  MPI_Finalized(&fin);
+  return init && !fin;
+}
+
+// Initialises MPI (thread-multiple, so the CPU lanes are threads) once per
+// process and finalises it at exit. Without mpirun, Open MPI starts a
+// singleton: a world of one rank.
+std::tuple<int, int> InitMpi() {
+  int fin = 0;
+  MPI_Finalized(&fin);
+  if (fin) throw std::runtime_error("moeplan.torch: MPI was finalized already in this process");
+  int init = 0;
+  MPI_Initialized(&init);
+  if (!init) {
+    int provided = 0;
+    if (MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided) != MPI_SUCCESS) {
+      throw std::runtime_error("moeplan.torch: MPI_Init_thread failed");
+    }
+    std::atexit([] {
+      if (MpiUp()) MPI_Finalize();
+    });
+  }
+  int rank = 0, size = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  return {rank, size};
+}
+
+// Every rank holds the same `values` (named by `names`); an error naming the
+// first that differs and its range over the ranks otherwise, on every rank.
+absl::Status AgreeOnValues(const std::vector<int64_t>& values,
+                           const std::vector<std::string>& names, std::string_view what) {
+  const int n = static_cast<int>(values.size());
+  std::vector<int64_t> lo(values), hi(values);
+  MPI_Allreduce(MPI_IN_PLACE, lo.data(), n, MPI_INT64_T, MPI_MIN, MPI_COMM_WORLD);
+  MPI_Allreduce(MPI_IN_PLACE, hi.data(), n, MPI_INT64_T, MPI_MAX, MPI_COMM_WORLD);
+  for (int i = 0; i < n; ++i) {
+    if (lo[static_cast<size_t>(i)] != hi[static_cast<size_t>(i)]) {
+      return absl::InvalidArgumentError(
+          Cat(what, ": ", names[static_cast<size_t>(i)], " differs between ranks (from ",
+              lo[static_cast<size_t>(i)], " to ", hi[static_cast<size_t>(i)],
+              "); every rank must call it with the same shape"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// A local failure on any rank fails every rank (with the first failing
+// rank's message where it is this rank's, else a pointer to it).
+absl::Status AgreeOnStatus(const absl::Status& local) {
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  int bad = local.ok() ? -1 : rank;
+  MPI_Allreduce(MPI_IN_PLACE, &bad, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  if (bad < 0) return absl::OkStatus();
+  if (!local.ok()) return local;
+  return absl::AbortedError(Cat("rank ", bad, " failed (its error is printed there)"));
+}
+
+// Ends the whole MPI job (an uncaught Python exception on one rank would
+// otherwise leave the others waiting in a collective).
+void Abort(int code) {
+  if (MpiUp()) MPI_Abort(MPI_COMM_WORLD, code);
+  std::_Exit(code);
+}
+
+// Rank `root`'s bytes on every rank (collective).
+py::bytes Broadcast(const std::string& data, int root) {
+  if (!MpiUp()) InitMpi();
+  std::string buf = data;
+  {
+    py::gil_scoped_release nogil;
+    int64_t n = static_cast<int64_t>(buf.size());
+    MPI_Bcast(&n, 1, MPI_INT64_T, root, MPI_COMM_WORLD);
+    buf.resize(static_cast<size_t>(n));
+    MPI_Bcast(buf.data(), static_cast<int>(n), MPI_BYTE, root, MPI_COMM_WORLD);
+  }
+  return py::bytes(buf);
+}
+
+// Whether `v` holds on every rank (collective).
+bool AllTrue(bool v) {
+  if (!MpiUp()) InitMpi();
+  py::gil_scoped_release nogil;
+  int x = v ? 1 : 0;
+  MPI_Allreduce(MPI_IN_PLACE, &x, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  return x == 1;
+}
+
+// ---- planning ----------------------------------------------------------------
+
+absl::StatusOr<planner::LayerConfig> ParseLayer(const std::string& json) {
+  v1::LayerConfig msg;
+  MOEPLAN_RETURN_IF_ERROR(proto::ParseJson(json, &msg));
+  return proto::LayerFromProto(msg);
+}
+
+// PlanLayerRequest answered on this process with a profile's name or file:
+// the PlanLayerResponse as JSON (the server's answer, field for field).
+std::string PlanLocally(const std::string& layer_json, const std::string& profile) {
+  py::gil_scoped_release nogil;
+  calibration::LoadedProfile loaded = Value(calibration::LoadProfile(profile));
+  planner::CostModel cost = Value(planner::CostModel::Create(loaded.profile));
+  planner::LayerPlanner planner(cost);
+  v1::PlanLayerRequest request;
+  Check(proto::ParseJson(layer_json, request.mutable_layer()));
+  request.set_profile_name(loaded.message.name());
+  v1::PlanLayerResponse response;
+  Check(proto::AnswerPlanLayer(request, planner, loaded.profile, &response));
+  return Value(proto::ToJson(response, proto::JsonStyle{.pretty = false}));
+}
+
+// ---- the layer -----------------------------------------------------------------
+
+void CheckTensor(const torch::Tensor& t, std::string_view name, std::vector<int64_t> shape) {
+  TORCH_CHECK(t.device().is_cpu(), "moeplan.torch: ", std::string(name),
+              " must be a CPU tensor (this build runs the CPU kernels over MPI), got ",
+              t.device().str());
+  TORCH_CHECK(t.scalar_type() == torch::kFloat32, "moeplan.torch: ", std::string(name),
+              " must be float32, got ", c10::toString(t.scalar_type()));
+  TORCH_CHECK(t.sizes() == c10::IntArrayRef(shape), "moeplan.torch: ", std::string(name),
+              " must have shape ", c10::IntArrayRef(shape), ", got ", t.sizes());
+}
+
+void CopyIn(void* dst, const torch::Tensor& t) {
+  const torch::Tensor c = t.contiguous();
+  std::memcpy(dst, c.data_ptr<float>(), static_cast<size_t>(c.numel()) * sizeof(float));
+}
+torch::Tensor CopyOut(const void* src, std::vector<int64_t> shape) {
+  torch::Tensor t = torch::empty(shape, torch::kFloat32);
+  std::memcpy(t.data_ptr<float>(), src, static_cast<size_t>(t.numel()) * sizeof(float));
+  return t;
+}
+
+class Layer {
+ public:
+  // Collective: every rank of MPI_COMM_WORLD builds the same layer.
+  Layer(const std::string& layer_json, const std::string& schedule) {
+    if (!MpiUp()) InitMpi();
+    py::gil_scoped_release nogil;
+    absl::Status local = Build(layer_json, schedule);
+    // The runner's groups are split collectively: ranks agree before it.
+    Check(AgreeOnStatus(local));
+    absl::StatusOr<std::unique_ptr<ex::MoeLayerRunner>> r = ex::MoeLayerRunner::Create(
+        layer_, options_, backend_.device.get(), backend_.kernels.get(), backend_.world.get());
+    Check(AgreeOnStatus(r.status()));
+    runner_ = *std::move(r);
+    t_ = runner_->Tensors();
+  }
+
+  torch::Tensor Forward(const torch::Tensor& x, const torch::Tensor& gate, const torch::Tensor& w1,
+                        const torch::Tensor& w2) {
+    CheckTensor(x, "x", {t_.tokens, t_.model_dim});
+    CheckTensor(gate, "gate_weight", {t_.model_dim, t_.experts});
+    CheckTensor(w1, "w1", {t_.local_experts, t_.model_dim, t_.hidden_shard});
+    CheckTensor(w2, "w2", {t_.local_experts, t_.hidden_shard, t_.model_dim});
+    CopyIn(t_.x, x);
+    CopyIn(t_.gate, gate);
+    CopyIn(t_.w1, w1);
+    CopyIn(t_.w2, w2);
+    Run(planner::Phase::kForward);
+    ++forwards_;
+    return CopyOut(t_.y, {t_.tokens, t_.model_dim});
+  }
+
+  std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor> Backward(
+      const torch::Tensor& dy) {
+    CheckTensor(dy, "grad_output", {t_.tokens, t_.model_dim});
+    TORCH_CHECK(forwards_ > 0, "moeplan.torch: backward before any forward");
+    CopyIn(t_.dy, dy);
+    Run(planner::Phase::kBackward);
+    return {CopyOut(t_.dx, {t_.tokens, t_.model_dim}),
+            CopyOut(t_.dgate, {t_.model_dim, t_.experts}),
+            CopyOut(t_.dw1, {t_.local_experts, t_.model_dim, t_.hidden_shard}),
+            CopyOut(t_.dw2, {t_.local_experts, t_.hidden_shard, t_.model_dim})};
+  }
+
+  // How many forwards ran: the autograd function's backward checks that the
+  // buffers still hold its forward (and recomputes it otherwise).
+  int64_t forwards() const { return forwards_; }
+
+  // The last forward + backward's ops: (name, phase, start_us, end_us), the
+  // backward's timed from the forward's end.
+  std::vector<std::tuple<std::string, std::string, double, double>> Timings() const {
+    std::vector<std::tuple<std::string, std::string, double, double>> out;
+    for (const ex::OpTime& t : runner_->timings()) {
+      out.emplace_back(t.name, t.phase == planner::Phase::kForward ? "forward" : "backward",
+                       t.start_us, t.end_us);
+    }
+    return out;
+  }
+
+  // Where this rank sits in the layout.
+  py::dict Place() const {
+    const ex::RankPlace& p = runner_->place();
+    py::dict d;
+    d["rank"] = p.rank;
+    d["mp_group"] = p.mp_group;
+    d["mp_rank"] = p.mp_rank;
+    d["ep_group"] = p.ep_group;
+    d["ep_rank"] = p.ep_rank;
+    d["esp_group"] = p.esp_group;
+    d["esp_rank"] = p.esp_rank;
+    d["threaded"] = runner_->threaded();
+    return d;
+  }
+
+ private:
+  absl::Status Build(const std::string& layer_json, const std::string& schedule) {
+    MOEPLAN_ASSIGN_OR_RETURN(layer_, ParseLayer(layer_json));
+    planner::Schedule s;
+    if (!planner::ParseSchedule(schedule, &s)) {
+      return absl::InvalidArgumentError(
+          Cat("schedule: must be default, s1 or s2 (got '", schedule, "')"));
+    }
+    if (layer_.dropless) {
+      return absl::InvalidArgumentError(
+          "dropless: moeplan.torch runs padded layers (capacity_factor); the executor sizes a "
+          "dropless layer's expert side once from its first routing, which training changes");
+    }
+    options_.schedule = s;
+    options_.plan_name = Cat("the ", schedule, " schedule");
+    const int64_t M = layer_.model_dim, E = layer_.num_experts, H = layer_.hidden_dim;
+    const int64_t S = layer_.batch_size * layer_.seq_len;
+    MOEPLAN_RETURN_IF_ERROR(AgreeOnValues(
+        {S, M, H, E, layer_.top_k, static_cast<int64_t>(s), layer_.parallel.mp, layer_.parallel.ep,
+         layer_.parallel.esp, static_cast<int64_t>(layer_.capacity_factor * 1e6)},
+        {"tokens", "model_dim", "hidden_dim", "num_experts", "top_k", "schedule", "parallel.mp",
+         "parallel.ep", "parallel.esp", "capacity_factor"},
+        "moeplan.torch.MoE"));
+    int size = 1;
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    MOEPLAN_RETURN_IF_ERROR(ex::PlanLayerRun(layer_, s, size, 1, nullptr).status());
+    MOEPLAN_ASSIGN_OR_RETURN(backend_, ex::MakeBackend("mpi"));
+    return absl::OkStatus();
+  }
+
+  void Run(planner::Phase phase) {
+    py::gil_scoped_release nogil;
+    const absl::Status s = runner_->RunPhase(phase);
+    if (!s.ok()) {
+      // A rank failing inside a collective leaves its peers waiting in it:
+      // nothing in this process can recover, so the job ends here, named.
+      int rank = 0;
+      MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+      std::fprintf(stderr, "moeplan.torch: rank %d: %s\n", rank, std::string(s.message()).c_str());
+      MPI_Abort(MPI_COMM_WORLD, 3);
+    }
+  }
+
+  planner::LayerConfig layer_;
+  ex::RunOptions options_;
+  ex::Backend backend_;
+  std::unique_ptr<ex::MoeLayerRunner> runner_;
+  ex::LayerTensors t_;
+  int64_t forwards_ = 0;
+};
+
+}  // namespace
+}  // namespace moeplan::torchext
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  using moeplan::torchext::Layer;
+  namespace ext = moeplan::torchext;
+  m.doc() = "moeplan's executor for PyTorch (use moeplan.torch.MoE)";
+  m.def("init_mpi", &ext::InitMpi,
+        "Initialises MPI (once; finalised at exit) and returns (rank, size) of MPI_COMM_WORLD.");
+  m.def("plan_layer", &ext::PlanLocally, py::arg("layer_json"), py::arg("profile"),
+        "Plans a layer (LayerConfig JSON) on a built-in profile or a profile file; returns the "
+        "PlanLayerResponse as JSON.");
+  m.def("broadcast", &ext::Broadcast, py::arg("data"), py::arg("root") = 0,
+        "Rank root's bytes on every rank of MPI_COMM_WORLD (collective).");
+  m.def("abort", &ext::Abort, py::arg("code"), "MPI_Abort: ends every rank of the job.");
+  m.def("all_true", &ext::AllTrue, py::arg("value"),
+        "Whether value is true on every rank of MPI_COMM_WORLD (collective).");
+  m.def(
+      "place_of",
+      [](int mp, int ep, int esp, int rank) {
+        moeplan::planner::ParallelLayout p;
+        p.mp = mp;
+        p.ep = ep;
+        p.esp = esp;
+        const moeplan::executor::RankPlace r = moeplan::executor::PlaceOf(p, rank);
+        return py::dict(py::arg("rank") = r.rank, py::arg("mp_group") = r.mp_group,
+                        py::arg("mp_rank") = r.mp_rank, py::arg("ep_group") = r.ep_group,
+                        py::arg("ep_rank") = r.ep_rank, py::arg("esp_group") = r.esp_group,
+                        py::arg("esp_rank") = r.esp_rank);
+      },
+      py::arg("mp"), py::arg("ep"), py::arg("esp"), py::arg("rank"),
+      "Where a rank sits in an mp/ep/esp layout (the executor's groups).");
+  m.def("cuda_built", &moeplan::executor::CudaBuilt,
+        "Whether the executor was built with its CUDA + NCCL backend.");
+  py::class_<Layer>(m, "Layer")
+      .def(py::init<const std::string&, const std::string&>(), py::arg("layer_json"),
+           py::arg("schedule"))
+      .def("forward", &Layer::Forward)
+      .def("backward", &Layer::Backward)
+      .def_property_readonly("forwards", &Layer::forwards)
+      .def("timings", &Layer::Timings)
+      .def("place", &Layer::Place);
+}
