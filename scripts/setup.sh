@@ -3,7 +3,9 @@
 # something is missing) and builds it with ccache into build/ (or $BUILD_DIR).
 #   bash scripts/setup.sh [extra cmake args...]
 # Environment: BUILD_DIR (default build), BUILD_TARGETS (default all), JOBS,
-# EXTRA_PACKAGES (more Debian packages this build needs, e.g. clang for fuzz/).
+# EXTRA_PACKAGES (more Debian packages this build needs, e.g. clang for fuzz/),
+# WITH_TORCH=0 (leave out PyTorch and moeplan.torch: its packages are not
+# installed and CMake says the extension is not built).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -17,6 +19,11 @@ PACKAGES=(
   python3 python3-grpcio python3-protobuf
   gnuplot-nox iproute2 openssl
 )
+# moeplan.torch (pytorch/README.md): Debian's CPU libtorch 1.13 for
+# /usr/bin/python3, pybind11, and what examples/train_gpt_moe.py draws with.
+if [[ ${WITH_TORCH:-1} != 0 ]]; then
+  PACKAGES+=(libtorch-dev python3-torch pybind11-dev python3-matplotlib python3-tqdm)
+fi
 # shellcheck disable=SC2206
 PACKAGES+=(${EXTRA_PACKAGES:-})
 

@@ -374,6 +374,9 @@ class MoE(nn.Module):
             if p.dtype != torch.float32 or p.device.type != "cpu":
                 raise TypeError(f"MoE: parameters must stay float32 on the CPU, got {p.dtype} "
                                 f"on {p.device}")
+        if self.world_size > 1:
+            # A rank with another shape would wait in another collective.
+            _C.agree([tokens, batch], ["tokens", "batch"], "moeplan.torch.MoE forward")
         layer = self._layer_for(tokens, batch)
         scale = 1.0 / self.dp if self.expert_grad == "mean" else 1.0
         y = _MoEFunction.apply(x.reshape(tokens, self.model_dim), self.gate_weight, self.w1,
@@ -383,13 +386,15 @@ class MoE(nn.Module):
     # ---- measured times -------------------------------------------------------------
 
     def record_timings(self) -> None:
-        """Keeps the last forward + backward's op durations (call after backward)."""
+        """Keeps the last forward + backward's op durations, each op's latest
+        start and end over the ranks (collective: call it on every rank, after
+        backward)."""
         if self.last_schedule is None:
             return
         layer = self._layers[(self.last_layer["batch_size"] * self.last_layer["seq_len"],
                               self.last_layer["batch_size"], self.last_schedule)]
         total = 0.0
-        for name, _phase, start, end in layer.timings():
+        for name, _phase, start, end in layer.timings(over_ranks=True):
             self._times.setdefault(name, []).append(end - start)
             total = max(total, end)
         self._totals.append(total)

@@ -96,19 +96,36 @@ std::tuple<int, int> InitMpi() {
 // first that differs and its range over the ranks otherwise, on every rank.
 absl::Status AgreeOnValues(const std::vector<int64_t>& values,
                            const std::vector<std::string>& names, std::string_view what) {
-  const int n = static_cast<int>(values.size());
-  std::vector<int64_t> lo(values), hi(values);
-  MPI_Allreduce(MPI_IN_PLACE, lo.data(), n, MPI_INT64_T, MPI_MIN, MPI_COMM_WORLD);
-  MPI_Allreduce(MPI_IN_PLACE, hi.data(), n, MPI_INT64_T, MPI_MAX, MPI_COMM_WORLD);
-  for (int i = 0; i < n; ++i) {
-    if (lo[static_cast<size_t>(i)] != hi[static_cast<size_t>(i)]) {
-      return absl::InvalidArgumentError(
-          Cat(what, ": ", names[static_cast<size_t>(i)], " differs between ranks (from ",
-              lo[static_cast<size_t>(i)], " to ", hi[static_cast<size_t>(i)],
-              "); every rank must call it with the same shape"));
+  // One MPI_MAX over (v, -v): the largest and the smallest value of each.
+  const size_t n = values.size();
+  std::vector<int64_t> both(2 * n);
+  for (size_t i = 0; i < n; ++i) {
+    both[i] = values[i];
+    both[n + i] = -values[i];
+  }
+  MPI_Allreduce(MPI_IN_PLACE, both.data(), static_cast<int>(both.size()), MPI_INT64_T, MPI_MAX,
+                MPI_COMM_WORLD);
+  for (size_t i = 0; i < n; ++i) {
+    if (both[i] != -both[n + i]) {
+      return absl::InvalidArgumentError(Cat(what, ": ", names[i], " differs between ranks (from ",
+                                            -both[n + i], " to ", both[i],
+                                            "); every rank must call it with the same shape"));
     }
   }
   return absl::OkStatus();
+}
+
+// The same for Python callers: ValueError on every rank when they differ.
+void Agree(const std::vector<int64_t>& values, const std::vector<std::string>& names,
+           const std::string& what) {
+  if (values.size() != names.size()) throw py::value_error("agree: one name per value");
+  if (!MpiUp()) InitMpi();
+  absl::Status s;
+  {
+    py::gil_scoped_release nogil;
+    s = AgreeOnValues(values, names, what);
+  }
+  Check(s);
 }
 
 // A local failure on any rank fails every rank (with the first failing
@@ -246,12 +263,25 @@ class Layer {
   int64_t forwards() const { return forwards_; }
 
   // The last forward + backward's ops: (name, phase, start_us, end_us), the
-  // backward's timed from the forward's end.
-  std::vector<std::tuple<std::string, std::string, double, double>> Timings() const {
+  // backward's timed from the forward's end. over_ranks (collective): each
+  // op's latest start and latest end over the ranks, as moeplan-exec reports.
+  std::vector<std::tuple<std::string, std::string, double, double>> Timings(bool over_ranks) const {
+    const std::vector<ex::OpTime>& times = runner_->timings();
+    std::vector<double> v(2 * times.size());
+    for (size_t i = 0; i < times.size(); ++i) {
+      v[2 * i] = times[i].start_us;
+      v[2 * i + 1] = times[i].end_us;
+    }
+    if (over_ranks) {
+      py::gil_scoped_release nogil;
+      MPI_Allreduce(MPI_IN_PLACE, v.data(), static_cast<int>(v.size()), MPI_DOUBLE, MPI_MAX,
+                    MPI_COMM_WORLD);
+    }
     std::vector<std::tuple<std::string, std::string, double, double>> out;
-    for (const ex::OpTime& t : runner_->timings()) {
-      out.emplace_back(t.name, t.phase == planner::Phase::kForward ? "forward" : "backward",
-                       t.start_us, t.end_us);
+    for (size_t i = 0; i < times.size(); ++i) {
+      out.emplace_back(times[i].name,
+                       times[i].phase == planner::Phase::kForward ? "forward" : "backward",
+                       v[2 * i], v[2 * i + 1]);
     }
     return out;
   }
@@ -336,6 +366,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "PlanLayerResponse as JSON.");
   m.def("broadcast", &ext::Broadcast, py::arg("data"), py::arg("root") = 0,
         "Rank root's bytes on every rank of MPI_COMM_WORLD (collective).");
+  m.def("agree", &ext::Agree, py::arg("values"), py::arg("names"), py::arg("what"),
+        "Collective: ValueError on every rank unless every rank passed the same values.");
   m.def("abort", &ext::Abort, py::arg("code"), "MPI_Abort: ends every rank of the job.");
   m.def("all_true", &ext::AllTrue, py::arg("value"),
         "Whether value is true on every rank of MPI_COMM_WORLD (collective).");
@@ -362,6 +394,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("forward", &Layer::Forward)
       .def("backward", &Layer::Backward)
       .def_property_readonly("forwards", &Layer::forwards)
-      .def("timings", &Layer::Timings)
+      .def("timings", &Layer::Timings, py::arg("over_ranks") = false)
       .def("place", &Layer::Place);
 }

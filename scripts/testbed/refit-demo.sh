@@ -24,17 +24,12 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 rm -rf "$OUT"
 mkdir -p "$OUT/models"
 
-"$B/server/moeplan-server" --listen 127.0.0.1:0 --data-dir "$OUT/data" >"$OUT/server.out" \
-  2>"$OUT/server.err" &
-server=$!
+# shellcheck source=scripts/lib/server.sh
+source scripts/lib/server.sh
+start_server "$B/server/moeplan-server" "$OUT" >&2 ||
+  { echo "refit-demo: moeplan-server did not start" >&2; exit 1; }
+server=$server_pid
 trap 'kill $server 2>/dev/null; wait $server 2>/dev/null || true' EXIT
-addr=""
-for _ in $(seq 1 200); do
-  addr=$(sed -n 's/^moeplan-server listening on //p' "$OUT/server.out")
-  [ -n "$addr" ] && break
-  sleep 0.1
-done
-[ -n "$addr" ] || { echo "refit-demo: moeplan-server did not start" >&2; exit 1; }
 
 # The profile jobs plan and report with, and the two grids.
 "$B/client/moeplan" profiles get cpu-testbed-2x2 | python3 -c '

@@ -44,9 +44,9 @@ fail() {
   fail "$py cannot import grpc/protobuf (install python3-grpcio python3-protobuf)"
 
 # --- start the server and wait (bounded) for its one stdout line --------------
-# shellcheck source=tests/python/server.sh
-source "$src/tests/python/server.sh"
-start_server "$server_bin"
+# shellcheck source=scripts/lib/server.sh
+source "$src/scripts/lib/server.sh"
+start_server "$server_bin" "$work" || fail "the server did not start"
 
 # --- the launcher: a good layer ------------------------------------------------
 rc=0

@@ -218,6 +218,11 @@ def many_ranks(rank, size):
         if rank == 0:
             print(f"ok: {what} ({dropped} choices dropped)", flush=True)
 
+    # Ranks calling with other token counts: an error on every rank, no hang.
+    moe, *_ = make(1, size, 1, "default")
+    expect_raises(ValueError, "tokens differs between ranks (from 8 to 11)",
+                  lambda: moe(torch.zeros(8 + rank, M)))
+
     # A layout that does not fit the world fails on every rank alike.
     expect_raises(ValueError, f"ep*esp must equal the world size {size}",
                   lambda: MoE(M, H, E, ep=3, esp=1))

@@ -74,9 +74,9 @@ print("default, s1 and s2 agree at every step")
 EOF
 
 # --- auto from a real server, measurements reported, the PNG ---------------------------
-# shellcheck source=tests/python/server.sh
-source "$src/tests/python/server.sh"
-start_server "$server_bin"
+# shellcheck source=scripts/lib/server.sh
+source "$src/scripts/lib/server.sh"
+start_server "$server_bin" "$work" || fail "the server did not start"
 train server --server "$addr" --profile cpu-testbed-2x2 --steps 8 --warmup 2 \
   --png "$work/loss.png" || fail "training with --server failed"
 "$py" - "$work/server.json" "$addr" <<'EOF' || fail "the --server run's report"
