@@ -25,6 +25,7 @@ import argparse
 import glob
 import json
 import os
+import statistics
 import sys
 import time
 
@@ -263,6 +264,9 @@ def main(argv):
         "schedule": schedules[0] if len(schedules) == 1 else ",".join(schedules),
         "first_loss": round(losses[0], 6), "last_loss": round(losses[-1], 6),
         "tokens_per_s": round(tokens_per_s, 1),
+        # Rank 0's timed steps, wall time.
+        "step_ms": {"median": round(1e3 * statistics.median(step_times[a.warmup:]), 2),
+                    "max": round(1e3 * max(step_times[a.warmup:]), 2)},
         "steps": a.steps, "ranks": size, "layout": {"mp": a.mp, "ep": model.moes[0].ep,
                                                     "esp": a.esp, "dp": dp},
         "corpus": source,

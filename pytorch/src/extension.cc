@@ -35,7 +35,14 @@ namespace {
 namespace ex = moeplan::executor;
 namespace py = pybind11;
 
-// A failed Status as the Python exception its code calls for.
+// Becomes MemoryError (a translator registered in the module: raising needs
+// the GIL, which a failing collective step does not hold).
+struct OutOfMemory : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// A failed Status as the Python exception its code calls for (safe without
+// the GIL: pybind11 converts it once the call returns).
 [[noreturn]] void Raise(const absl::Status& s) {
   const std::string msg(s.message());
   switch (s.code()) {
@@ -45,7 +52,7 @@ namespace py = pybind11;
     case absl::StatusCode::kNotFound:
       throw py::key_error(msg);
     case absl::StatusCode::kResourceExhausted:
-      throw std::bad_alloc();
+      throw OutOfMemory(msg);
     default:
       throw std::runtime_error(msg);
   }
@@ -205,6 +212,13 @@ void CheckTensor(const torch::Tensor& t, std::string_view name, std::vector<int6
               " must have shape ", c10::IntArrayRef(shape), ", got ", t.sizes());
 }
 
+py::dict PlaceDict(const ex::RankPlace& r) {
+  return py::dict(py::arg("rank") = r.rank, py::arg("mp_group") = r.mp_group,
+                  py::arg("mp_rank") = r.mp_rank, py::arg("ep_group") = r.ep_group,
+                  py::arg("ep_rank") = r.ep_rank, py::arg("esp_group") = r.esp_group,
+                  py::arg("esp_rank") = r.esp_rank);
+}
+
 void CopyIn(void* dst, const torch::Tensor& t) {
   const torch::Tensor c = t.contiguous();
   std::memcpy(dst, c.data_ptr<float>(), static_cast<size_t>(c.numel()) * sizeof(float));
@@ -221,14 +235,8 @@ class Layer {
   Layer(const std::string& layer_json, const std::string& schedule) {
     if (!MpiUp()) InitMpi();
     py::gil_scoped_release nogil;
-    absl::Status local = Build(layer_json, schedule);
-    // The runner's groups are split collectively: ranks agree before it.
-    Check(AgreeOnStatus(local));
-    absl::StatusOr<std::unique_ptr<ex::MoeLayerRunner>> r = ex::MoeLayerRunner::Create(
-        layer_, options_, backend_.device.get(), backend_.kernels.get(), backend_.world.get());
-    Check(AgreeOnStatus(r.status()));
-    runner_ = *std::move(r);
-    t_ = runner_->Tensors();
+    Check(AgreeOnStatus(Parse(layer_json, schedule)));
+    Build();
   }
 
   torch::Tensor Forward(const torch::Tensor& x, const torch::Tensor& gate, const torch::Tensor& w1,
@@ -286,26 +294,18 @@ class Layer {
     return out;
   }
 
-  // Where this rank sits in the layout.
+  // Where this rank sits in the layout, and whether its lanes are threads.
   py::dict Place() const {
-    const ex::RankPlace& p = runner_->place();
-    py::dict d;
-    d["rank"] = p.rank;
-    d["mp_group"] = p.mp_group;
-    d["mp_rank"] = p.mp_rank;
-    d["ep_group"] = p.ep_group;
-    d["ep_rank"] = p.ep_rank;
-    d["esp_group"] = p.esp_group;
-    d["esp_rank"] = p.esp_rank;
+    py::dict d = PlaceDict(runner_->place());
     d["threaded"] = runner_->threaded();
     return d;
   }
 
  private:
-  absl::Status Build(const std::string& layer_json, const std::string& schedule) {
+  // This rank's half: the layer and schedule parsed and checked (no MPI).
+  absl::Status Parse(const std::string& layer_json, const std::string& schedule) {
     MOEPLAN_ASSIGN_OR_RETURN(layer_, ParseLayer(layer_json));
-    planner::Schedule s;
-    if (!planner::ParseSchedule(schedule, &s)) {
+    if (!planner::ParseSchedule(schedule, &options_.schedule)) {
       return absl::InvalidArgumentError(
           Cat("schedule: must be default, s1 or s2 (got '", schedule, "')"));
     }
@@ -314,21 +314,33 @@ class Layer {
           "dropless: moeplan.torch runs padded layers (capacity_factor); the executor sizes a "
           "dropless layer's expert side once from its first routing, which training changes");
     }
-    options_.schedule = s;
     options_.plan_name = Cat("the ", schedule, " schedule");
-    const int64_t M = layer_.model_dim, E = layer_.num_experts, H = layer_.hidden_dim;
-    const int64_t S = layer_.batch_size * layer_.seq_len;
-    MOEPLAN_RETURN_IF_ERROR(AgreeOnValues(
-        {S, M, H, E, layer_.top_k, static_cast<int64_t>(s), layer_.parallel.mp, layer_.parallel.ep,
-         layer_.parallel.esp, static_cast<int64_t>(layer_.capacity_factor * 1e6)},
-        {"tokens", "model_dim", "hidden_dim", "num_experts", "top_k", "schedule", "parallel.mp",
-         "parallel.ep", "parallel.esp", "capacity_factor"},
-        "moeplan.torch.MoE"));
+    return absl::OkStatus();
+  }
+
+  // The collective half; every rank takes every step, so an error on one is
+  // an error on all, and none is left in a collective the others skipped.
+  void Build() {
+    const planner::LayerConfig& l = layer_;
+    Check(
+        AgreeOnValues({l.batch_size * l.seq_len, l.model_dim, l.hidden_dim, l.num_experts, l.top_k,
+                       static_cast<int64_t>(options_.schedule), l.parallel.mp, l.parallel.ep,
+                       l.parallel.esp, static_cast<int64_t>(l.capacity_factor * 1e6)},
+                      {"tokens", "model_dim", "hidden_dim", "num_experts", "top_k", "schedule",
+                       "parallel.mp", "parallel.ep", "parallel.esp", "capacity_factor"},
+                      "moeplan.torch.MoE"));
     int size = 1;
     MPI_Comm_size(MPI_COMM_WORLD, &size);
-    MOEPLAN_RETURN_IF_ERROR(ex::PlanLayerRun(layer_, s, size, 1, nullptr).status());
-    MOEPLAN_ASSIGN_OR_RETURN(backend_, ex::MakeBackend("mpi"));
-    return absl::OkStatus();
+    Check(AgreeOnStatus(ex::PlanLayerRun(layer_, options_.schedule, size, 1, nullptr).status()));
+    absl::StatusOr<ex::Backend> backend = ex::MakeBackend("mpi");  // duplicates the world
+    Check(AgreeOnStatus(backend.status()));
+    backend_ = *std::move(backend);
+    // The runner's groups are split collectively; ranks agree on it too.
+    absl::StatusOr<std::unique_ptr<ex::MoeLayerRunner>> r = ex::MoeLayerRunner::Create(
+        layer_, options_, backend_.device.get(), backend_.kernels.get(), backend_.world.get());
+    Check(AgreeOnStatus(r.status()));
+    runner_ = *std::move(r);
+    t_ = runner_->Tensors();
   }
 
   void Run(planner::Phase phase) {
@@ -359,6 +371,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   using moeplan::torchext::Layer;
   namespace ext = moeplan::torchext;
   m.doc() = "moeplan's executor for PyTorch (use moeplan.torch.MoE)";
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const ext::OutOfMemory& e) {
+      PyErr_SetString(PyExc_MemoryError, e.what());
+    }
+  });
   m.def("init_mpi", &ext::InitMpi,
         "Initialises MPI (once; finalised at exit) and returns (rank, size) of MPI_COMM_WORLD.");
   m.def("plan_layer", &ext::PlanLocally, py::arg("layer_json"), py::arg("profile"),
@@ -378,11 +397,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         p.mp = mp;
         p.ep = ep;
         p.esp = esp;
-        const moeplan::executor::RankPlace r = moeplan::executor::PlaceOf(p, rank);
-        return py::dict(py::arg("rank") = r.rank, py::arg("mp_group") = r.mp_group,
-                        py::arg("mp_rank") = r.mp_rank, py::arg("ep_group") = r.ep_group,
-                        py::arg("ep_rank") = r.ep_rank, py::arg("esp_group") = r.esp_group,
-                        py::arg("esp_rank") = r.esp_rank);
+        return ext::PlaceDict(moeplan::executor::PlaceOf(p, rank));
       },
       py::arg("mp"), py::arg("ep"), py::arg("esp"), py::arg("rank"),
       "Where a rank sits in an mp/ep/esp layout (the executor's groups).");
