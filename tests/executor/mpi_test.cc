@@ -243,6 +243,57 @@ TEST(MpiExecutor, IterationsAreIndependent) {
   }
 }
 
+// A training step's way (moeplan.torch): the forward phase, then the backward
+// phase, each on its own call, computes what one iteration computes — bit for
+// bit, the same ops in the same order — and the backward's ops are timed after
+// the forward's end. Data written through Tensors() is what the ops read.
+TEST(MpiExecutor, PhasesRunOneAtATimeComputeTheIteration) {
+  const LayerConfig l = Tiny(2, WorldSize() / 2, 2, 0.5);
+  for (Schedule s : planner::kAllSchedules) {
+    const char* name = planner::ScheduleName(s).data();
+    const LayerResults whole = RunLayer(l, s, 1);
+    std::unique_ptr<MoeLayerRunner> r = MakeRunner(l, s);
+    if (r == nullptr) std::abort();
+    ASSERT_TRUE(r->RunPhase(planner::Phase::kForward).ok()) << name;
+    for (const OpTime& t : r->timings()) {
+      if (t.phase == planner::Phase::kBackward) EXPECT_EQ(t.end_us, 0.0) << name << " " << t.name;
+    }
+    const double forward_end = r->forward_us();
+    ASSERT_TRUE(r->RunPhase(planner::Phase::kBackward).ok()) << name;
+    for (const OpTime& t : r->timings()) {
+      if (t.phase == planner::Phase::kBackward) {
+        EXPECT_GE(t.start_us, forward_end) << name << " " << t.name;
+      }
+    }
+    absl::StatusOr<LayerResults> phased = r->Results();
+    ASSERT_TRUE(phased.ok()) << phased.status();
+    EXPECT_EQ(phased->y, whole.y) << name;
+    EXPECT_EQ(phased->dx, whole.dx) << name;
+    EXPECT_EQ(phased->dgate, whole.dgate) << name;
+    EXPECT_EQ(phased->dw1, whole.dw1) << name;
+    EXPECT_EQ(phased->dw2, whole.dw2) << name;
+
+    // The output gradient written through Tensors(), doubled: every gradient
+    // doubles (the layer is linear in dy), the output stays.
+    const LayerTensors t = r->Tensors();
+    ASSERT_EQ(t.tokens, l.batch_size * l.seq_len);
+    float* dy = static_cast<float*>(t.dy);
+    for (int64_t i = 0; i < t.tokens * t.model_dim; ++i) dy[i] *= 2.0f;
+    ASSERT_TRUE(r->RunPhase(planner::Phase::kBackward).ok()) << name;
+    absl::StatusOr<LayerResults> doubled = r->Results();
+    ASSERT_TRUE(doubled.ok()) << doubled.status();
+    EXPECT_EQ(doubled->y, whole.y) << name;
+    for (size_t i = 0; i < whole.dx.size(); ++i) {
+      ASSERT_NEAR(doubled->dx[i], 2.0f * whole.dx[i], 1e-5f * (1.0f + std::fabs(whole.dx[i])))
+          << name << " dx[" << i << "]";
+    }
+    for (size_t i = 0; i < whole.dw1.size(); ++i) {
+      ASSERT_NEAR(doubled->dw1[i], 2.0f * whole.dw1[i], 1e-5f * (1.0f + std::fabs(whole.dw1[i])))
+          << name << " dw1[" << i << "]";
+    }
+  }
+}
+
 // The world's routed choices per expert for a schedule and gate skew, counted
 // once per MP group (MP ranks of the default gate the same tokens).
 std::vector<int64_t> RoutedPerExpert(const LayerConfig& l, Schedule s, double skew) {
