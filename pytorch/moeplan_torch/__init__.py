@@ -151,7 +151,12 @@ class Planner:
         key = _canonical(layer)
         if key not in self._cache:
             rank, _ = world()
-            mine = json.dumps(self._ask(layer)) if rank == 0 else ""
+            mine = ""
+            if rank == 0:
+                try:
+                    mine = json.dumps(self._ask(layer))
+                except Exception as e:  # noqa: BLE001  (every rank must hear about it)
+                    mine = json.dumps({"error": f"{type(e).__name__}: {e}", "kind": "value"})
             answer = json.loads(_C.broadcast(mine.encode(), 0).decode())
             if "error" in answer:
                 if answer["kind"] == "unavailable":
