@@ -267,6 +267,9 @@ class MoE(nn.Module):
                              f"(got ep={ep}, esp={esp}: {ep * esp} ranks)")
         if size % mp != 0:
             raise ValueError(f"MoE.mp: must divide the world size {size} (got {mp})")
+        if mp % esp != 0:
+            raise ValueError(f"MoE.esp: must divide mp={mp} (an ESP group inside an MP group; "
+                             f"got esp={esp})")
         if num_experts % ep != 0:
             raise ValueError(f"MoE.num_experts: must be a multiple of ep={ep} "
                              f"(got {num_experts})")

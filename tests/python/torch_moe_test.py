@@ -226,6 +226,8 @@ def many_ranks(rank, size):
     # A layout that does not fit the world fails on every rank alike.
     expect_raises(ValueError, f"ep*esp must equal the world size {size}",
                   lambda: MoE(M, H, E, ep=3, esp=1))
+    expect_raises(ValueError, "MoE.esp: must divide mp=1",
+                  lambda: MoE(M, H, E, mp=1, ep=size // 2, esp=2))
     expect_raises(ValueError, "s1 needs esp == mp",
                   lambda: MoE(M, H, E, mp=2, ep=4, esp=1, schedule="s1"))
 
