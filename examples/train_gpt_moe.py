@@ -244,12 +244,10 @@ def main(argv):
     for i, m in enumerate(model.moes):
         meas = m.measured()
         answer = planner.plan(m.last_layer)
-        cand = {c["schedule"].replace("SCHEDULE_", "").lower(): c
-                for c in answer["plan"]["candidates"]}
-        ran = cand.get(meas["schedule"], {})
+        predicted = planner.predict(m.last_layer, meas["schedule"])
         layers.append({"layer": i, "schedule": meas["schedule"],
                        "measured_us": round(meas["total_us"], 1),
-                       "predicted_us": round(ran.get("total_us", float("nan")), 1),
+                       "predicted_us": round(predicted["total_us"], 1),
                        "planned_by": answer["source"],
                        "profile": answer["plan"]["profile_name"],
                        "profile_version": answer["plan"]["profile_version"],
@@ -284,7 +282,7 @@ def main(argv):
         if a.png:
             write_png(a.png, losses, f"{result['schedule']}, {size} ranks, "
                                      f"{result['tokens_per_s']:,.0f} tokens/s")
-        print(json.dumps(result), flush=True)
+        print(json.dumps(result, allow_nan=False), flush=True)
     planner.close()
     dist.barrier()
     dist.destroy_process_group()

@@ -122,12 +122,12 @@ class Planner:
                                                          tls_ca=self.tls_ca, token_file=self.token_file)
         return self._client
 
-    def _ask(self, layer: Dict[str, Any]) -> Dict[str, Any]:
+    def _ask(self, layer: Dict[str, Any], schedules: Tuple[str, ...]) -> Dict[str, Any]:
         """This rank's answer: {"plan": PlanLayerResponse dict, "source": ...}."""
         if self.server is not None:
             try:
                 import moeplan_client
-                plan = self.client().plan_layer(layer, self.profile)
+                plan = self.client().plan_layer(layer, self.profile, schedules=list(schedules))
                 return {"plan": plan, "source": f"server {self.server}"}
             except moeplan_client.PlannerError as e:
                 if e.code != "UNAVAILABLE" and e.code != "DEADLINE_EXCEEDED":
@@ -140,21 +140,24 @@ class Planner:
                               f"({e.code}); planning with the local profile {self.profile!r}",
                               RuntimeWarning, stacklevel=4)
         try:
-            plan = json.loads(_C.plan_layer(_canonical(layer), self.profile))
+            plan = json.loads(_C.plan_layer(_canonical(layer), self.profile, list(schedules)))
         except (ValueError, KeyError) as e:
             return {"error": str(e), "kind": "value"}
         return {"plan": plan, "source": f"local profile {self.profile}"}
 
-    def plan(self, layer: Dict[str, Any]) -> Dict[str, Any]:
-        """The plan for `layer` (collective over the MPI world: rank 0 asks,
-        every rank gets its answer): {"schedule", "plan", "source"}."""
-        key = _canonical(layer)
+    def plan(self, layer: Dict[str, Any], schedules: Tuple[str, ...] = ()) -> Dict[str, Any]:
+        """The plan for `layer` under `schedules` (empty: the planner's own
+        set, which leaves out S1/S2 where they equal the default, mp = 1);
+        collective over the MPI world: rank 0 asks, every rank gets its
+        answer: {"schedule" (the fastest), "plan", "source"}."""
+        schedules = tuple(schedules)
+        key = _canonical(layer) + "|" + ",".join(schedules)
         if key not in self._cache:
             rank, _ = world()
             mine = ""
             if rank == 0:
                 try:
-                    mine = json.dumps(self._ask(layer))
+                    mine = json.dumps(self._ask(layer, schedules))
                 except Exception as e:  # noqa: BLE001  (every rank must hear about it)
                     mine = json.dumps({"error": f"{type(e).__name__}: {e}", "kind": "value"})
             answer = json.loads(_C.broadcast(mine.encode(), 0).decode())
@@ -166,6 +169,20 @@ class Planner:
             answer["schedule"] = best.replace("SCHEDULE_", "").lower()
             self._cache[key] = answer
         return self._cache[key]
+
+    def predict(self, layer: Dict[str, Any], schedule: str) -> Dict[str, Any]:
+        """The planner's candidate for `schedule` on `layer` (a CandidatePlan
+        dict: total_us, forward_us, ...), asked for by name where the plan of
+        the planner's own set does not hold it (collective, like plan)."""
+        if schedule not in ("default", "s1", "s2"):
+            raise ValueError(f"Planner.predict: schedule must be default, s1 or s2 "
+                             f"(got {schedule!r})")
+        want = "SCHEDULE_" + schedule.upper()
+        for schedules in ((), (schedule,)):
+            for c in self.plan(layer, schedules)["plan"]["candidates"]:
+                if c["schedule"] == want:
+                    return c
+        raise ValueError(f"Planner.predict: the planner has no {schedule} plan for the layer")
 
     def close(self) -> None:
         if self._client is not None:

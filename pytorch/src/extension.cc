@@ -187,12 +187,20 @@ absl::StatusOr<planner::LayerConfig> ParseLayer(const std::string& json) {
 
 // PlanLayerRequest answered on this process with a profile's name or file:
 // the PlanLayerResponse as JSON (the server's answer, field for field).
-std::string PlanLocally(const std::string& layer_json, const std::string& profile) {
+std::string PlanLocally(const std::string& layer_json, const std::string& profile,
+                        const std::vector<std::string>& schedules) {
   py::gil_scoped_release nogil;
+  v1::PlanLayerRequest request;
+  for (const std::string& name : schedules) {
+    planner::Schedule s;
+    if (!planner::ParseSchedule(name, &s)) {
+      throw py::value_error(Cat("schedules: each must be default, s1 or s2 (got '", name, "')"));
+    }
+    request.add_schedules(proto::ScheduleToProto(s));
+  }
   calibration::LoadedProfile loaded = Value(calibration::LoadProfile(profile));
   planner::CostModel cost = Value(planner::CostModel::Create(loaded.profile));
   planner::LayerPlanner planner(cost);
-  v1::PlanLayerRequest request;
   Check(proto::ParseJson(layer_json, request.mutable_layer()));
   request.set_profile_name(loaded.message.name());
   v1::PlanLayerResponse response;
@@ -381,8 +389,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("init_mpi", &ext::InitMpi,
         "Initialises MPI (once; finalised at exit) and returns (rank, size) of MPI_COMM_WORLD.");
   m.def("plan_layer", &ext::PlanLocally, py::arg("layer_json"), py::arg("profile"),
-        "Plans a layer (LayerConfig JSON) on a built-in profile or a profile file; returns the "
-        "PlanLayerResponse as JSON.");
+        py::arg("schedules") = std::vector<std::string>{},
+        "Plans a layer (LayerConfig JSON) on a built-in profile or a profile file, under the "
+        "given schedules (empty: the planner's own set); returns the PlanLayerResponse as JSON.");
   m.def("broadcast", &ext::Broadcast, py::arg("data"), py::arg("root") = 0,
         "Rank root's bytes on every rank of MPI_COMM_WORLD (collective).");
   m.def("agree", &ext::Agree, py::arg("values"), py::arg("names"), py::arg("what"),

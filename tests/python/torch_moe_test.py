@@ -119,6 +119,16 @@ def one_process():
     assert moe.last_schedule in ("default", "s1", "s2"), moe.last_schedule
     assert moe.last_plan["source"] == "local profile cpu-testbed-2x2", moe.last_plan["source"]
     assert moe.last_plan["plan"]["candidates"], "the local plan has no candidates"
+    # At mp = 1 the planner's own set leaves S1/S2 out (they equal the default);
+    # predict() asks for them by name.
+    planner = Planner(profile="cpu-testbed-2x2")
+    layer = moe.layer_config(tokens)
+    assert [c["schedule"] for c in planner.plan(layer)["plan"]["candidates"]] == \
+        ["SCHEDULE_DEFAULT"], planner.plan(layer)["plan"]["candidates"]
+    for s in ("default", "s1", "s2"):
+        c = planner.predict(layer, s)
+        assert c["schedule"] == "SCHEDULE_" + s.upper() and c["total_us"] > 0, c
+    expect_raises(ValueError, "Planner.predict", lambda: planner.predict(layer, "s3"))
 
     # A server that does not answer: a warning and the local profile, or an error.
     dead = "127.0.0.1:1"
