@@ -332,7 +332,10 @@ class MoE(nn.Module):
         self.w1.moeplan_expert = True
         self.w2.moeplan_expert = True
 
-        self._layers: Dict[Tuple[int, int, str], Any] = {}
+        # Per (tokens, batch): the runner, its schedule, its LayerConfig and the
+        # "auto" answer; a forward of a known shape looks nothing else up.
+        self._shapes: Dict[Tuple[int, int], Tuple[Any, str, Dict[str, Any], Any]] = {}
+        self._last_runner = None
         self.last_plan: Optional[Dict[str, Any]] = None  # the "auto" answer of the last shape
         self.last_schedule: Optional[str] = None
         self.last_layer: Optional[Dict[str, Any]] = None
@@ -367,17 +370,20 @@ class MoE(nn.Module):
                 "parallel": {"mp": self.mp, "ep": self.ep, "esp": self.esp}}
 
     def _layer_for(self, tokens: int, batch: int):
-        config = self.layer_config(tokens, batch)
-        schedule = self.schedule
-        if schedule == "auto":
-            answer = self.planner.plan(config)
-            schedule = answer["schedule"]
+        entry = self._shapes.get((tokens, batch))
+        if entry is None:
+            config = self.layer_config(tokens, batch)
+            schedule, answer = self.schedule, None
+            if schedule == "auto":
+                answer = self.planner.plan(config)
+                schedule = answer["schedule"]
+            entry = (_C.Layer(_canonical(config), schedule), schedule, config, answer)
+            self._shapes[(tokens, batch)] = entry
+        runner, self.last_schedule, self.last_layer, answer = entry
+        if answer is not None:
             self.last_plan = answer
-        key = (tokens, batch, schedule)
-        if key not in self._layers:
-            self._layers[key] = _C.Layer(_canonical(config), schedule)
-        self.last_schedule, self.last_layer = schedule, config
-        return self._layers[key]
+        self._last_runner = runner
+        return runner
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not isinstance(x, torch.Tensor):
@@ -414,10 +420,9 @@ class MoE(nn.Module):
         """Keeps the last forward + backward's op durations, each op's latest
         start and end over the ranks (collective: call it on every rank, after
         backward)."""
-        if self.last_schedule is None:
+        if self._last_runner is None:
             return
-        layer = self._layers[(self.last_layer["batch_size"] * self.last_layer["seq_len"],
-                              self.last_layer["batch_size"], self.last_schedule)]
+        layer = self._last_runner
         total = 0.0
         for name, _phase, start, end in layer.timings(over_ranks=True):
             self._times.setdefault(name, []).append(end - start)

@@ -3,6 +3,7 @@
 #   start_server SERVER_BIN DIR [extra server flags...]
 # Sets server_pid and addr (host:port); server.out / server.err land in DIR.
 # Returns 1 with the reason on stderr when it does not come up in 20 s.
+# kill_server: SIGKILLs it if it still runs (for EXIT traps).
 start_server() {
   local bin=$1 dir=$2 line
   shift 2
@@ -28,4 +29,11 @@ start_server() {
     return 1
   fi
   echo "server listening on $addr"
+}
+
+kill_server() {
+  if [[ -n ${server_pid:-} ]] && kill -0 "$server_pid" 2>/dev/null; then
+    kill -KILL "$server_pid" 2>/dev/null || true
+    wait "$server_pid" 2>/dev/null || true
+  fi
 }

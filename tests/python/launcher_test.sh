@@ -19,11 +19,10 @@ py=/usr/bin/python3  # Debian's: sees python3-grpcio and python3-protobuf
 work=$(mktemp -d "${TMPDIR:-/tmp}/moeplan-python-test.XXXXXX")
 server_pid=""
 
+# shellcheck source=scripts/lib/server.sh
+source "$src/scripts/lib/server.sh"
 cleanup() {
-  if [[ -n $server_pid ]] && kill -0 "$server_pid" 2>/dev/null; then
-    kill -KILL "$server_pid" 2>/dev/null || true
-    wait "$server_pid" 2>/dev/null || true
-  fi
+  kill_server
   rm -rf "$work"
 }
 trap cleanup EXIT
@@ -44,8 +43,6 @@ fail() {
   fail "$py cannot import grpc/protobuf (install python3-grpcio python3-protobuf)"
 
 # --- start the server and wait (bounded) for its one stdout line --------------
-# shellcheck source=scripts/lib/server.sh
-source "$src/scripts/lib/server.sh"
 start_server "$server_bin" "$work" || fail "the server did not start"
 
 # --- the launcher: a good layer ------------------------------------------------

@@ -26,11 +26,10 @@ export OMPI_MCA_rmaps_base_oversubscribe=1 OMPI_MCA_btl_vader_single_copy_mechan
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/moeplan-torch-train.XXXXXX")
 server_pid=""
+# shellcheck source=scripts/lib/server.sh
+source "$src/scripts/lib/server.sh"
 cleanup() {
-  if [[ -n $server_pid ]] && kill -0 "$server_pid" 2>/dev/null; then
-    kill -KILL "$server_pid" 2>/dev/null || true
-    wait "$server_pid" 2>/dev/null || true
-  fi
+  kill_server
   rm -rf "$work"
 }
 trap cleanup EXIT
@@ -74,8 +73,6 @@ print("default, s1 and s2 agree at every step")
 EOF
 
 # --- auto from a real server, measurements reported, the PNG ---------------------------
-# shellcheck source=scripts/lib/server.sh
-source "$src/scripts/lib/server.sh"
 start_server "$server_bin" "$work" || fail "the server did not start"
 train server --server "$addr" --profile cpu-testbed-2x2 --steps 8 --warmup 2 \
   --png "$work/loss.png" || fail "training with --server failed"
