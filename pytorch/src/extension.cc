@@ -172,9 +172,7 @@ py::bytes Broadcast(const std::string& data, int root) {
 bool AllTrue(bool v) {
   if (!MpiUp()) InitMpi();
   py::gil_scoped_release nogil;
-  int x = v ? 1 : 0;
-  MPI_Allreduce(MPI_IN_PLACE, &x, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-  return x == 1;
+  return ex::TrueOnAllRanks(v);
 }
 
 // ---- planning ----------------------------------------------------------------
