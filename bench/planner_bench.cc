@@ -11,11 +11,12 @@
 #include "moeplan/calibration/profiles.h"
 #include "moeplan/client/sweep.h"
 #include "moeplan/planner/cost_model.h"
-#include "moeplan/planner/layout.h"
-#include "moeplan/planner/model.h"
+#include "moeplan/planner/layout_planner.h"
+#include "moeplan/planner/model_planner.h"
 #include "moeplan/planner/planner.h"
 #include "moeplan/proto/convert.h"
 #include "moeplan/proto/json.h"
+#include "moeplan/requests/grid.h"
 
 namespace {
 
@@ -76,7 +77,7 @@ BENCHMARK(BM_PlanLayerOneShot)->Unit(benchmark::kMicrosecond);
 void BM_SweepGrid(benchmark::State& state) {
   v1::LayerGrid grid;
   if (!proto::ReadJsonFile(MOEPLAN_SOURCE_DIR "/examples/parm-grid.json", &grid).ok()) std::abort();
-  const std::vector<v1::LayerConfig> configs = OrDie(proto::ExpandGrid(grid));
+  const std::vector<v1::LayerConfig> configs = OrDie(requests::ExpandGrid(grid));
   for (auto _ : state) {
     auto result = client::RunSweep(configs, Cost(), {});
     if (!result.ok()) std::abort();

@@ -4,12 +4,13 @@
 #include "moeplan/planner/planner.h"
 #include "moeplan/planner/validate.h"
 #include "moeplan/proto/json.h"
+#include "moeplan/requests/grid.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace moeplan;
   v1::LayerGrid grid;
   if (!proto::ParseJson(fuzz::View(data, size), &grid).ok()) return 0;
-  auto configs = proto::ExpandGrid(grid);
+  auto configs = requests::ExpandGrid(grid);
   if (!configs.ok()) return 0;
   const planner::CostModel& cost = fuzz::DefaultCost();
   planner::LayerPlanner planner(cost);

@@ -4,6 +4,7 @@
 #include "fuzz_util.h"
 #include "moeplan/planner/planner.h"
 #include "moeplan/proto/json.h"
+#include "moeplan/requests/answer.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace moeplan;
@@ -13,6 +14,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const planner::CostModel& cost = fuzz::DefaultCost();
   planner::LayerPlanner planner(cost);
   v1::PlanLayerResponse response;
-  (void)proto::AnswerPlanLayer(request, planner, cost.profile(), &response);
+  (void)requests::AnswerPlanLayer(request, planner, cost.profile(), &response);
   return 0;
 }

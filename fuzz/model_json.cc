@@ -1,8 +1,9 @@
 // A model file (moeplan.v1.ModelConfig JSON) decoded, validated and planned
 // with every overlap variant, as `moeplan plan-model` and PlanModel do.
 #include "fuzz_util.h"
-#include "moeplan/planner/model.h"
+#include "moeplan/planner/model_planner.h"
 #include "moeplan/proto/json.h"
+#include "moeplan/requests/answer.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace moeplan;
@@ -11,6 +12,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const planner::CostModel& cost = fuzz::DefaultCost();
   planner::ModelPlanner planner(cost);
   v1::PlanModelResponse response;
-  (void)proto::AnswerPlanModel(request, planner, cost.profile(), &response);
+  (void)requests::AnswerPlanModel(request, planner, cost.profile(), &response);
   return 0;
 }

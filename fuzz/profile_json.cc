@@ -6,6 +6,7 @@
 #include "moeplan/planner/planner.h"
 #include "moeplan/planner/validate.h"
 #include "moeplan/proto/json.h"
+#include "moeplan/requests/answer.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace moeplan;
@@ -30,7 +31,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     v1::PlanLayerRequest request;
     request.set_include_timeline(true);
     v1::PlanLayerResponse response;
-    (void)proto::AnswerPlanLayer(layer, request, planner, *profile, &response);
+    (void)requests::AnswerPlanLayer(layer, request, planner, *profile, &response);
   }
   return 0;
 }

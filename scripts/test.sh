@@ -17,7 +17,7 @@ DURATION="${SOAK_SECONDS:-20}" WORST_S=5 RSS_LIMIT_PCT=20 bash scripts/soak.sh
 
 # ASan+UBSan: unit tests only (the CLI tests run the release binary above).
 export BUILD_DIR=build-asan
-BUILD_TARGETS="base_test planner_test proto_test calibration_test profiler_test executor_kernels_test" bash scripts/setup.sh -DMOEPLAN_SANITIZER=asan -DMOEPLAN_BUILD_BENCH=OFF
+BUILD_TARGETS="base_test planner_test proto_test requests_test calibration_test profiler_test executor_kernels_test" bash scripts/setup.sh -DMOEPLAN_SANITIZER=asan -DMOEPLAN_BUILD_BENCH=OFF
 export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1}"
 export UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}"
 (cd build-asan && ctest --output-on-failure -j "$JOBS" -L unit)

@@ -10,9 +10,10 @@
 
 #include "moeplan/base/status.h"
 #include "moeplan/base/strings.h"
-#include "moeplan/planner/model.h"
+#include "moeplan/planner/model_planner.h"
 #include "moeplan/planner/planner.h"
 #include "moeplan/proto/convert.h"
+#include "moeplan/requests/answer.h"
 #include "validation_internal.h"
 
 namespace moeplan::calibration {
@@ -138,7 +139,7 @@ absl::StatusOr<ValidationInput> ReportedRun(const v1::ReportMeasurementRequest& 
     request.set_include_timeline(true);
     p::ModelPlanner planner(cost);
     v1::PlanModelResponse planned;
-    if (absl::Status s = proto::AnswerPlanModel(*model, request, planner, profile, &planned);
+    if (absl::Status s = requests::AnswerPlanModel(*model, request, planner, profile, &planned);
         !s.ok()) {
       return Under("model_plan.", s);
     }
@@ -165,7 +166,7 @@ absl::StatusOr<ValidationInput> ReportedRun(const v1::ReportMeasurementRequest& 
   request.set_include_timeline(true);
   p::LayerPlanner planner(cost);
   v1::PlanLayerResponse planned;
-  if (absl::Status s = proto::AnswerPlanLayer(*layer, request, planner, profile, &planned);
+  if (absl::Status s = requests::AnswerPlanLayer(*layer, request, planner, profile, &planned);
       !s.ok()) {
     return Under("plan.", s);
   }

@@ -17,6 +17,7 @@
 #include "moeplan/calibration/profiles.h"
 #include "moeplan/proto/convert.h"
 #include "moeplan/proto/json.h"
+#include "moeplan/requests/grid.h"
 
 namespace moeplan::client {
 
@@ -35,7 +36,7 @@ bool SendProfileInline(const std::string& cluster) {
 absl::StatusOr<std::vector<v1::LayerConfig>> ReadGrid(const std::string& path,
                                                       v1::LayerGrid* grid) {
   MOEPLAN_RETURN_IF_ERROR(proto::ReadJsonFile(path, grid));
-  absl::StatusOr<std::vector<v1::LayerConfig>> configs = proto::ExpandGrid(*grid);
+  absl::StatusOr<std::vector<v1::LayerConfig>> configs = requests::ExpandGrid(*grid);
   if (!configs.ok()) {
     return absl::InvalidArgumentError(Cat(path, ": ", View(configs.status().message())));
   }

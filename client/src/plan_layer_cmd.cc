@@ -19,6 +19,7 @@
 #include "moeplan/planner/types.h"
 #include "moeplan/proto/convert.h"
 #include "moeplan/proto/json.h"
+#include "moeplan/requests/answer.h"
 #include "moeplan/v1/layer.pb.h"
 #include "moeplan/v1/plan.pb.h"
 #include "moeplan/v1/profile.pb.h"
@@ -77,7 +78,7 @@ absl::Status PlanLayerCmd(const PlanLayerArgs& a) {
     request.set_profile_name(profile.message.name());
     MOEPLAN_ASSIGN_OR_RETURN(p::CostModel cost, p::CostModel::Create(profile.profile));
     p::LayerPlanner planner(cost);
-    absl::Status s = proto::AnswerPlanLayer(request, planner, profile.profile, &response);
+    absl::Status s = requests::AnswerPlanLayer(request, planner, profile.profile, &response);
     if (!s.ok()) return InFile(a.layer, s);
     profile_message = std::move(profile.message);
   }

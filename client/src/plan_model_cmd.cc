@@ -19,10 +19,11 @@
 #include "moeplan/client/planner_client.h"
 #include "moeplan/client/report.h"
 #include "moeplan/planner/cost_model.h"
-#include "moeplan/planner/layout.h"
-#include "moeplan/planner/model.h"
+#include "moeplan/planner/layout_planner.h"
+#include "moeplan/planner/model_planner.h"
 #include "moeplan/proto/convert.h"
 #include "moeplan/proto/json.h"
+#include "moeplan/requests/answer.h"
 
 namespace moeplan::client {
 
@@ -175,7 +176,7 @@ absl::Status PlanModelCmd(const PlanModelArgs& a) {
                              calibration::LoadProfile(a.cluster));
     MOEPLAN_ASSIGN_OR_RETURN(p::CostModel cost, p::CostModel::Create(profile.profile));
     p::ModelPlanner planner(cost);
-    absl::Status s = proto::AnswerPlanModel(request, planner, profile.profile, &response);
+    absl::Status s = requests::AnswerPlanModel(request, planner, profile.profile, &response);
     if (!s.ok()) return InFile(a.model, s);
     profile_message = std::move(profile.message);
   }

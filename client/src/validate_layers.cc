@@ -12,6 +12,7 @@
 #include "moeplan/planner/planner.h"
 #include "moeplan/proto/convert.h"
 #include "moeplan/proto/json.h"
+#include "moeplan/requests/answer.h"
 #include "moeplan/v1/exec.pb.h"
 #include "moeplan/v1/layer.pb.h"
 #include "moeplan/v1/plan.pb.h"
@@ -89,7 +90,7 @@ class Layers final : public ValidationSubject {
     v1::PlanLayerResponse predicted;
     p::LayerPlanner planner(cost);
     absl::Status s =
-        proto::AnswerPlanLayer(ran_layer, request, planner, profile.profile, &predicted);
+        requests::AnswerPlanLayer(ran_layer, request, planner, profile.profile, &predicted);
     if (!s.ok()) {
       return ConfigRun{std::nullopt,
                        fmt::format("{}: the planner rejects it: {}", in.name, View(s.message()))};

@@ -16,10 +16,12 @@
 
 #include "moeplan/base/status.h"
 #include "moeplan/base/strings.h"
-#include "moeplan/planner/layout.h"
-#include "moeplan/planner/model.h"
+#include "moeplan/planner/layout_planner.h"
+#include "moeplan/planner/model_planner.h"
 #include "moeplan/proto/convert.h"
 #include "moeplan/proto/json.h"
+#include "moeplan/requests/answer.h"
+#include "moeplan/requests/replan.h"
 #include "moeplan/v1/exec.pb.h"
 #include "moeplan/v1/model.pb.h"
 #include "validate_subject.h"
@@ -70,7 +72,7 @@ void PrintTimes(const calibration::ValidationInput& in) {
 // for it (a plan never measured); empty when it is the plan that ran.
 std::string NotWhatRan(const calibration::LoadedProfile& profile, const v1::VariantPlan& ran,
                        const v1::VariantPlan& mine, std::string_view what) {
-  const std::string diff = proto::PlanDifference(ran, mine);
+  const std::string diff = requests::PlanDifference(ran, mine);
   if (diff.empty()) return diff;
   return fmt::format(
       "profile {} plans another {} {} than ran ({}): measure it again with this profile rather "
@@ -163,12 +165,12 @@ class Models final : public ValidationSubject {
       const auto skip = [&](std::string why) {
         return ConfigRun{std::nullopt, fmt::format("{}: {}", in.name, why)};
       };
-      absl::StatusOr<v1::PlanModelRequest> request = proto::PinnedModelRequest(in.model, ran);
+      absl::StatusOr<v1::PlanModelRequest> request = requests::PinnedModelRequest(in.model, ran);
       if (!request.ok()) return skip(std::string(View(request.status().message())));
       request->set_include_timeline(true);
       v1::PlanModelResponse response;
       if (absl::Status s =
-              proto::AnswerPlanModel(model, *request, planner, profile.profile, &response);
+              requests::AnswerPlanModel(model, *request, planner, profile.profile, &response);
           !s.ok()) {
         return skip(
             fmt::format("the planner rejects its {} plan: {}", ran.name(), View(s.message())));

@@ -9,7 +9,7 @@
 #include "moeplan/base/status.h"
 #include "moeplan/base/strings.h"
 #include "moeplan/base/watchdog.h"
-#include "moeplan/planner/layout.h"
+#include "moeplan/planner/pipeline_program.h"
 
 namespace moeplan::executor {
 

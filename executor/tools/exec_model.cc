@@ -20,9 +20,10 @@
 #include "moeplan/base/strings.h"
 #include "moeplan/executor/backends.h"
 #include "moeplan/executor/model_runner.h"
-#include "moeplan/planner/model.h"
+#include "moeplan/planner/model_planner.h"
 #include "moeplan/proto/convert.h"
 #include "moeplan/proto/json.h"
+#include "moeplan/requests/replan.h"
 
 namespace moeplan::exec {
 namespace {
@@ -274,7 +275,7 @@ absl::StatusOr<std::vector<v1::ReportMeasurementRequest>> ModelReports(
     v1::ReportMeasurementRequest& req = out.emplace_back();
     MOEPLAN_ASSIGN_OR_RETURN(
         *req.mutable_model_plan(),
-        proto::PinnedModelRequest(report.model(), report.predicted().variants(i)));
+        requests::PinnedModelRequest(report.model(), report.predicted().variants(i)));
     req.mutable_model_plan()->set_profile_name(profile.message.name());
     req.set_variant(mv.name());
     SetMeasuredOps(mv.ops(), &req);
@@ -391,7 +392,7 @@ int RunModel(const Args& a) {
     proto::ModelPlanToProto(plan, s.model, prediction->profile.profile, /*include_timeline=*/true,
                             &*rebuilt);
     for (const v1::VariantPlan& mine : rebuilt->variants()) {
-      const std::string diff = proto::PlanDifference(*SavedVariant(*s.saved, mine.name()), mine);
+      const std::string diff = requests::PlanDifference(*SavedVariant(*s.saved, mine.name()), mine);
       if (diff.empty()) continue;
       planned = absl::FailedPreconditionError(
           Cat(file, ": its ", mine.name(), " plan is not what profile ",

@@ -33,6 +33,7 @@
 #include "moeplan/planner/validate.h"
 #include "moeplan/proto/convert.h"
 #include "moeplan/proto/json.h"
+#include "moeplan/requests/answer.h"
 
 namespace moeplan::exec {
 namespace {
@@ -372,7 +373,7 @@ int RunLayer(const Args& a) {
     request.set_include_timeline(true);
     for (p::Schedule sch : s.schedules) request.add_schedules(ToProto(sch));
     predicted.Clear();
-    return proto::AnswerPlanLayer(s.layer, request, planner, profile->profile, &predicted);
+    return requests::AnswerPlanLayer(s.layer, request, planner, profile->profile, &predicted);
   };
   absl::Status predict_status = predict();
   if (s.auto_schedule) {

@@ -158,7 +158,10 @@ absl::Status CheckContext(const ClusterProfile& p) {
 
 }  // namespace
 
-absl::Status ValidateProfile(const ClusterProfile& p) {
+namespace {
+
+// The name (it names a file), the source, the cluster's shape and memory.
+absl::Status CheckIdentity(const ClusterProfile& p) {
   if (p.name.empty()) return Bad("name", "must not be empty", "\"\"");
   for (char ch : p.name) {
     const bool ok =
@@ -184,10 +187,11 @@ absl::Status ValidateProfile(const ClusterProfile& p) {
     return Bad("nodes", "nodes*gpus_per_node must be <= 1048576",
                Cat(int64_t{p.shape.nodes} * p.shape.gpus_per_node));
   }
-  MOEPLAN_RETURN_IF_ERROR(CheckAlphaBeta("links.intra", p.intra));
-  MOEPLAN_RETURN_IF_ERROR(CheckAlphaBeta("links.inter", p.inter));
-  MOEPLAN_RETURN_IF_ERROR(CheckCollectiveFits("collectives", p.collectives));
-  MOEPLAN_RETURN_IF_ERROR(CheckContext(p));
+  return absl::OkStatus();
+}
+
+// alltoall_skew: one gamma in [0, 1] per distinct EP shape.
+absl::Status CheckSkew(const ClusterProfile& p) {
   for (size_t i = 0; i < p.alltoall_skew.size(); ++i) {
     const AlltoAllSkew& s = p.alltoall_skew[i];
     const std::string field = Cat("alltoall_skew[", i, "]");
@@ -205,6 +209,11 @@ absl::Status ValidateProfile(const ClusterProfile& p) {
       }
     }
   }
+  return absl::OkStatus();
+}
+
+// The GEMM model: peak, launch overhead, and the efficiency grid when given.
+absl::Status CheckGemm(const ClusterProfile& p) {
   if (!(p.gemm.peak_tflops > 0.0 && p.gemm.peak_tflops <= 1e6)) {
     return Bad("gemm.peak_tflops", "must be > 0 and <= 1e6", Cat(p.gemm.peak_tflops));
   }
@@ -230,6 +239,11 @@ absl::Status ValidateProfile(const ClusterProfile& p) {
       }
     }
   }
+  return absl::OkStatus();
+}
+
+// The memory model and the kernels priced by their own lines.
+absl::Status CheckMemoryKernels(const ClusterProfile& p) {
   if (!(p.memory.bandwidth_gbytes_per_s > 0.0) || !std::isfinite(p.memory.bandwidth_gbytes_per_s)) {
     return Bad("memory.bandwidth_gbytes_per_s", "must be finite and > 0",
                Cat(p.memory.bandwidth_gbytes_per_s));
@@ -258,6 +272,19 @@ absl::Status ValidateProfile(const ClusterProfile& p) {
     }
   }
   return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status ValidateProfile(const ClusterProfile& p) {
+  MOEPLAN_RETURN_IF_ERROR(CheckIdentity(p));
+  MOEPLAN_RETURN_IF_ERROR(CheckAlphaBeta("links.intra", p.intra));
+  MOEPLAN_RETURN_IF_ERROR(CheckAlphaBeta("links.inter", p.inter));
+  MOEPLAN_RETURN_IF_ERROR(CheckCollectiveFits("collectives", p.collectives));
+  MOEPLAN_RETURN_IF_ERROR(CheckContext(p));
+  MOEPLAN_RETURN_IF_ERROR(CheckSkew(p));
+  MOEPLAN_RETURN_IF_ERROR(CheckGemm(p));
+  return CheckMemoryKernels(p);
 }
 
 absl::StatusOr<CostModel> CostModel::Create(ClusterProfile profile) {

@@ -1,5 +1,4 @@
-// Model configs, their rules, and the graph algorithms of docs/model.md
-// (reachability, best-fit dW placement, the partition DP).
+// Model configs, their rules and the parameters a rank holds (docs/model.md).
 #include "moeplan/planner/model.h"
 
 #include <algorithm>
@@ -58,32 +57,6 @@ std::string_view GateName(Gate g) {
   return "unknown";
 }
 
-std::string_view VariantName(Variant v) {
-  switch (v) {
-    case Variant::kNone:
-      return "none";
-    case Variant::kTutel:
-      return "tutel";
-    case Variant::kDw:
-      return "dw";
-    case Variant::kPartition:
-      return "partition";
-    case Variant::kLancet:
-      return "lancet";
-  }
-  return "unknown";
-}
-
-bool ParseVariant(std::string_view name, Variant* out) {
-  for (Variant v : kAllVariants) {
-    if (VariantName(v) == name) {
-      *out = v;
-      return true;
-    }
-  }
-  return false;
-}
-
 LayerConfig ModelConfig::MoeLayer() const {
   LayerConfig l;
   l.name = name;
@@ -129,6 +102,10 @@ absl::Status ValidateModelShape(const ModelConfig& m) {
     return Bad("global_batch_size", "must be between 0 (micro_batch_size * parallel.dp) and 2^24",
                Cat(m.global_batch_size));
   }
+  return ValidateModelMoeLayer(m);
+}
+
+absl::Status ValidateModelMoeLayer(const ModelConfig& m) {
   // The layer rules on one rank (dimensions and buffer bounds).
   LayerConfig one = m.MoeLayer();
   one.parallel = ParallelLayout{};
@@ -169,47 +146,6 @@ absl::Status ValidateModel(const ModelConfig& m, const ClusterShape& c) {
   return absl::OkStatus();
 }
 
-absl::Status ValidateModelPlanOptions(const ModelPlanOptions& o) {
-  if (o.bucket_bytes < 1 || o.bucket_bytes > (int64_t{1} << 40)) {
-    return Bad("bucket_bytes", "must be between 1 and 2^40", Cat(o.bucket_bytes));
-  }
-  if (o.max_partitions < 1 || o.max_partitions > 64) {
-    return Bad("max_partitions", "must be between 1 and 64", Cat(o.max_partitions));
-  }
-  if (o.partition_groups < 1 || o.partition_groups > 64) {
-    return Bad("partition_groups", "must be between 1 and 64", Cat(o.partition_groups));
-  }
-  if (o.max_span < 0 || o.max_span > 1024) {
-    return Bad("max_span", "must be between 0 (the span between two MoE layers) and 1024",
-               Cat(o.max_span));
-  }
-  if (o.tutel_degrees.empty()) return Bad("tutel_degrees", "must not be empty", "[]");
-  for (int r : o.tutel_degrees) {
-    if (r < 1 || r > 64) return Bad("tutel_degrees", "each must be between 1 and 64", Cat(r));
-  }
-  auto once = [](auto list, std::string_view field, auto name) -> absl::Status {
-    for (size_t i = 0; i < list.size(); ++i) {
-      for (size_t j = 0; j < i; ++j) {
-        if (list[i] == list[j]) {
-          return Bad(field, "each may be listed once", Cat(name(list[i]), " twice"));
-        }
-      }
-    }
-    return absl::OkStatus();
-  };
-  MOEPLAN_RETURN_IF_ERROR(once(o.variants, "variants", VariantName));
-  MOEPLAN_RETURN_IF_ERROR(once(o.schedules, "schedules", ScheduleName));
-  MOEPLAN_RETURN_IF_ERROR(once(o.algos, "alltoall_algorithms", AllToAllAlgoName));
-  return absl::OkStatus();
-}
-
-const VariantPlan* ModelPlan::Find(Variant v) const {
-  for (const VariantPlan& p : variants) {
-    if (p.variant == v) return &p;
-  }
-  return nullptr;
-}
-
 RankParams BlockParams(const ModelConfig& m, int block) {
   const double M = static_cast<double>(m.hidden_size), t = m.parallel.mp;
   const double attention = 3 * M * M / t + 3 * M / t + M * M / t + M + 4 * M;
@@ -224,110 +160,6 @@ RankParams BlockParams(const ModelConfig& m, int block) {
   r.expert = static_cast<double>(m.moe.num_experts / m.parallel.ep) * 2.0 * M *
              static_cast<double>(m.moe.expert_ffn_hidden_size / m.parallel.esp);
   return r;
-}
-
-RankParams StageParams(const ModelConfig& m, const StageOptions& stage) {
-  const int end = stage.end_block < 0 ? m.num_layers : stage.end_block;
-  RankParams r;
-  for (int blk = stage.first_block; blk < end; ++blk) {
-    const RankParams b = BlockParams(m, blk);
-    r.dense += b.dense;
-    r.expert += b.expert;
-  }
-  const double M = static_cast<double>(m.hidden_size);
-  const double v = static_cast<double>(m.vocab_size / m.parallel.mp);
-  // A last stage without the embedding holds its own copy of the tied LM head.
-  if (m.vocab_size > 0 && stage.embed) r.dense += v * M + static_cast<double>(m.seq_length) * M;
-  if (m.vocab_size > 0 && stage.head) r.dense += 2 * M + (stage.embed ? 0.0 : v * M);
-  return r;
-}
-
-// ---- Reachability ----
-
-void Reachability::Compute(const OpGraph& g, OpId first) {
-  first_ = first;
-  const int n = g.size() - first;
-  words_ = (n + 63) / 64;
-  anc_.assign(static_cast<size_t>(n) * words_, 0);
-  for (int v = 0; v < n; ++v) {
-    uint64_t* row = anc_.data() + static_cast<size_t>(v) * words_;
-    for (OpId d : g.deps(first + v)) {
-      const int u = d - first;
-      if (u < 0) continue;  // before the window: not tracked
-      const uint64_t* from = anc_.data() + static_cast<size_t>(u) * words_;
-      for (int w = 0; w < words_; ++w) row[w] |= from[w];
-      row[u / 64] |= uint64_t{1} << (u % 64);
-    }
-  }
-}
-
-bool Reachability::Path(OpId from, OpId to) const {
-  const int u = from - first_, v = to - first_;
-  if (u < 0 || v < 0 || u == v) return false;
-  return (anc_[static_cast<size_t>(v) * words_ + u / 64] >> (u % 64)) & 1;
-}
-
-// ---- Best-fit dW placement ----
-
-std::vector<std::vector<int>> BestFitDw(std::span<const double> slot_us,
-                                        std::span<const double> dw_us,
-                                        absl::FunctionRef<bool(int, int)> eligible) {
-  std::vector<std::vector<int>> picks(slot_us.size());
-  std::vector<bool> used(dw_us.size(), false);
-  std::vector<std::pair<double, int>> cand;  // (time, dw), sorted
-  for (size_t s = 0; s < slot_us.size(); ++s) {
-    cand.clear();
-    for (size_t d = 0; d < dw_us.size(); ++d) {
-      if (!used[d] && eligible(static_cast<int>(s), static_cast<int>(d))) {
-        cand.emplace_back(dw_us[d], static_cast<int>(d));
-      }
-    }
-    std::sort(cand.begin(), cand.end());
-    double remaining = slot_us[s];
-    while (remaining > 0.0 && !cand.empty()) {
-      // The candidate closest to the remaining time: at the lower bound or just before.
-      auto it = std::lower_bound(cand.begin(), cand.end(), std::pair{remaining, -1});
-      if (it == cand.end() ||
-          (it != cand.begin() && remaining - std::prev(it)->first <= it->first - remaining)) {
-        --it;
-      }
-      picks[s].push_back(it->second);
-      used[static_cast<size_t>(it->second)] = true;
-      remaining -= it->first;
-      cand.erase(it);
-    }
-  }
-  return picks;
-}
-
-// ---- The partition DP ----
-
-std::vector<PartitionChoice> PartitionDp(int n, int max_span, int max_k,
-                                         absl::FunctionRef<double(int, int, int)> cost) {
-  constexpr double kInf = std::numeric_limits<double>::infinity();
-  std::vector<double> t(static_cast<size_t>(n) + 1, kInf);
-  std::vector<PartitionChoice> from(static_cast<size_t>(n) + 1);
-  t[0] = 0.0;
-  for (int j = 1; j <= n; ++j) {
-    for (int i = std::max(0, j - std::max(1, max_span)); i < j; ++i) {
-      if (t[static_cast<size_t>(i)] == kInf) continue;
-      for (int k = 1; k <= max_k; ++k) {
-        const double p = cost(i, j, k);
-        if (p < 0.0) continue;
-        const double total = t[static_cast<size_t>(i)] + p;
-        if (total < t[static_cast<size_t>(j)]) {
-          t[static_cast<size_t>(j)] = total;
-          from[static_cast<size_t>(j)] = {i, j, k, p};
-        }
-      }
-    }
-  }
-  std::vector<PartitionChoice> out;
-  for (int j = n; j > 0; j = from[static_cast<size_t>(j)].begin) {
-    out.push_back(from[static_cast<size_t>(j)]);
-  }
-  std::reverse(out.begin(), out.end());
-  return out;
 }
 
 }  // namespace moeplan::planner

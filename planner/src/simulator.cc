@@ -74,18 +74,26 @@ absl::Status Simulator::Run(const OpGraph& graph, SimResult* r) {
     }
   }
 
-  // Critical path: follow binding predecessors back from the op that ends last.
-  // Each op on it starts exactly when its binding predecessor ends, so the path is
-  // gapless and its durations sum to the makespan.
+  TraceCriticalPath(graph, last_op, r);
+  SumOverlap(r);
+  return absl::OkStatus();
+}
+
+// Critical path: follow binding predecessors back from the op that ends last.
+// Each op on it starts exactly when its binding predecessor ends, so the path is
+// gapless and its durations sum to the makespan.
+void Simulator::TraceCriticalPath(const OpGraph& graph, OpId last_op, SimResult* r) {
   for (OpId v = last_op; v != kNoOp; v = r->times[v].binding) {
     r->times[v].critical = true;
     r->critical_path.push_back(v);
     r->critical_term_us[static_cast<int>(graph.op(v).term)] += graph.op(v).cost_us;
   }
   std::reverse(r->critical_path.begin(), r->critical_path.end());
+}
 
-  // Busy intervals on one resource are disjoint and sorted by start (issue order).
-  // Comm busy time is the union of intra and inter; hidden is its overlap with compute.
+// Busy intervals on one resource are disjoint and sorted by start (issue order).
+// Comm busy time is the union of intra and inter; hidden is its overlap with compute.
+void Simulator::SumOverlap(SimResult* r) {
   const auto& compute = busy_[kComputeIndex];
   const auto& intra = busy_[1];
   const auto& inter = busy_[2];
@@ -118,7 +126,6 @@ absl::Status Simulator::Run(const OpGraph& graph, SimResult* r) {
   }
   r->hidden_comm_us = hidden;
   r->exposed_comm_us = r->comm_busy_us - hidden;
-  return absl::OkStatus();
 }
 
 }  // namespace moeplan::planner

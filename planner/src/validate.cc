@@ -33,7 +33,10 @@ bool TilesNodes(int64_t size, int gpus_per_node) {
 
 }  // namespace
 
-absl::Status ValidateLayer(const LayerConfig& l, const ClusterShape& c) {
+namespace {
+
+// The layer's dimensions, routing and the buffers they imply.
+absl::Status ValidateLayerShape(const LayerConfig& l) {
   MOEPLAN_RETURN_IF_ERROR(CheckDim("batch_size", l.batch_size));
   MOEPLAN_RETURN_IF_ERROR(CheckDim("seq_len", l.seq_len));
   MOEPLAN_RETURN_IF_ERROR(CheckDim("model_dim", l.model_dim));
@@ -76,7 +79,12 @@ absl::Status ValidateLayer(const LayerConfig& l, const ClusterShape& c) {
                "the activation S*M*b and dispatch buffer E*T*M*b must each be <= 1 PiB",
                Cat("X=", x_bytes, " B, D=", d_bytes, " B"));
   }
+  return absl::OkStatus();
+}
 
+// The parallel degrees: one stage's ranks, what each degree divides, and
+// how the groups fit the cluster's nodes.
+absl::Status ValidateLayerParallel(const LayerConfig& l, const ClusterShape& c) {
   const ParallelLayout& p = l.parallel;
   MOEPLAN_RETURN_IF_ERROR(CheckDegree("parallel.mp", p.mp));
   MOEPLAN_RETURN_IF_ERROR(CheckDegree("parallel.ep", p.ep));
@@ -126,6 +134,13 @@ absl::Status ValidateLayer(const LayerConfig& l, const ClusterShape& c) {
                Cat(dense));
   }
   return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status ValidateLayer(const LayerConfig& l, const ClusterShape& c) {
+  MOEPLAN_RETURN_IF_ERROR(ValidateLayerShape(l));
+  return ValidateLayerParallel(l, c);
 }
 
 absl::Status ValidateForSchedule(const LayerConfig& l, Schedule schedule) {

@@ -37,14 +37,11 @@ absl::StatusOr<p::ParallelLayout> ParallelFromProto(const v1::ParallelLayout& pa
 
 // Names are labels copied into every row, config and log line that mentions
 // them: bounded, so that a name cannot multiply into gigabytes.
-namespace {
-constexpr size_t kMaxNameBytes = 256;
 absl::Status CheckName(const std::string& name) {
   if (name.size() <= kMaxNameBytes) return absl::OkStatus();
   return absl::InvalidArgumentError(
       Cat("name: must be at most ", kMaxNameBytes, " bytes (got ", name.size(), ")"));
 }
-}  // namespace
 
 absl::StatusOr<p::LayerConfig> LayerFromProto(const v1::LayerConfig& m) {
   if (m.schema_version() > 1) {
@@ -339,116 +336,6 @@ void PlanToProto(const p::LayerPlan& plan, const p::ClusterProfile& profile, boo
   dec->set_summary(plan.decision.summary);
 }
 
-absl::Status AnswerPlanLayer(const v1::PlanLayerRequest& request, p::LayerPlanner& planner,
-                             const p::ClusterProfile& profile, v1::PlanLayerResponse* out) {
-  if (!request.has_layer()) return absl::InvalidArgumentError("layer: required");
-  absl::StatusOr<p::LayerConfig> layer = LayerFromProto(request.layer());
-  if (!layer.ok()) return absl::InvalidArgumentError(Cat("layer.", View(layer.status().message())));
-  return AnswerPlanLayer(*layer, request, planner, profile, out);
-}
-
-absl::Status AnswerPlanLayer(const p::LayerConfig& layer, const v1::PlanLayerRequest& request,
-                             p::LayerPlanner& planner, const p::ClusterProfile& profile,
-                             v1::PlanLayerResponse* out) {
-  std::vector<p::Schedule> schedules;
-  schedules.reserve(request.schedules_size());
-  for (int i = 0; i < request.schedules_size(); ++i) {
-    absl::StatusOr<p::Schedule> s = ScheduleFromProto(request.schedules(i));
-    if (!s.ok()) {
-      return absl::InvalidArgumentError(
-          Cat("schedules[", i, "]: must be SCHEDULE_DEFAULT, SCHEDULE_S1 or SCHEDULE_S2 (got ",
-              static_cast<int>(request.schedules(i)), ")"));
-    }
-    schedules.push_back(*s);
-  }
-  p::LayerPlan plan;
-  if (absl::Status s = planner.Plan(layer, schedules, &plan); !s.ok()) {
-    if (s.code() != absl::StatusCode::kInvalidArgument) return s;
-    const std::string_view msg = View(s.message());
-    // Layer fields get the request's path; "schedules: ..." already is one.
-    if (msg.rfind("schedules", 0) == 0) return s;
-    return absl::InvalidArgumentError(Cat("layer.", msg));
-  }
-  PlanToProto(plan, profile, request.include_timeline(), out);
-  out->mutable_derived()->set_ranks(layer.parallel.TotalRanks());
-  return absl::OkStatus();
-}
-
-absl::StatusOr<std::vector<v1::LayerConfig>> ExpandGrid(const v1::LayerGrid& g,
-                                                        size_t max_configs) {
-  if (g.schema_version() > 1) {
-    return absl::InvalidArgumentError(
-        Cat("schema_version: must be 1 (got ", g.schema_version(), ")"));
-  }
-  struct Axis {
-    const char* field;
-    int size;
-  };
-  const int bpe = g.bytes_per_element_size() ? g.bytes_per_element_size() : 1;
-  const int skew = g.token_skew_size() ? g.token_skew_size() : 1;
-  const int dropless = g.dropless_size() ? g.dropless_size() : 1;
-  // Dropless layers have no capacity: a grid of only dropless configs may
-  // leave capacity_factor out (the configs leave it unset).
-  const bool all_dropless =
-      g.dropless_size() > 0 &&
-      std::all_of(g.dropless().begin(), g.dropless().end(), [](bool d) { return d; });
-  const int cf = g.capacity_factor_size() ? g.capacity_factor_size() : (all_dropless ? 1 : 0);
-  const Axis axes[] = {{"batch_size", g.batch_size_size()},
-                       {"seq_len", g.seq_len_size()},
-                       {"model_dim", g.model_dim_size()},
-                       {"hidden_dim", g.hidden_dim_size()},
-                       {"num_experts", g.num_experts_size()},
-                       {"top_k", g.top_k_size()},
-                       {"capacity_factor", cf},
-                       {"bytes_per_element", bpe},
-                       {"token_skew", skew},
-                       {"parallel", g.parallel_size()},
-                       {"dropless", dropless}};
-  MOEPLAN_RETURN_IF_ERROR(CheckName(g.name()));
-  size_t total = 1;
-  for (const Axis& a : axes) {
-    if (a.size == 0) {
-      return absl::InvalidArgumentError(
-          Cat(a.field, ": a grid needs at least one value (got an empty list)",
-              a.size == cf && a.field == std::string_view("capacity_factor")
-                  ? "; only a grid whose dropless values are all true may leave it out"
-                  : ""));
-    }
-    total *= static_cast<size_t>(a.size);
-    if (total > max_configs) {
-      return absl::InvalidArgumentError(
-          Cat(a.field, ": the grid's product of list lengths exceeds the limit of ", max_configs,
-              " configs"));
-    }
-  }
-  std::vector<v1::LayerConfig> out;
-  out.reserve(total);
-  int idx[11] = {};
-  for (size_t n = 0; n < total; ++n) {
-    v1::LayerConfig c;
-    c.set_schema_version(1);
-    c.set_name(Cat(g.name().empty() ? "grid" : g.name(), "#", n));
-    c.set_batch_size(g.batch_size(idx[0]));
-    c.set_seq_len(g.seq_len(idx[1]));
-    c.set_model_dim(g.model_dim(idx[2]));
-    c.set_hidden_dim(g.hidden_dim(idx[3]));
-    c.set_num_experts(g.num_experts(idx[4]));
-    c.set_top_k(g.top_k(idx[5]));
-    if (g.capacity_factor_size()) c.set_capacity_factor(g.capacity_factor(idx[6]));
-    if (g.bytes_per_element_size()) c.set_bytes_per_element(g.bytes_per_element(idx[7]));
-    if (g.token_skew_size()) c.set_token_skew(g.token_skew(idx[8]));
-    *c.mutable_parallel() = g.parallel(idx[9]);
-    if (g.dropless_size()) c.set_dropless(g.dropless(idx[10]));
-    out.push_back(std::move(c));
-    // Odometer increment, last axis fastest.
-    for (int a = 10; a >= 0; --a) {
-      if (++idx[a] < axes[a].size) break;
-      idx[a] = 0;
-    }
-  }
-  return out;
-}
-
 // ---- Whole models (docs/model.md) ----
 
 v1::OverlapVariant VariantToProto(p::Variant v) {
@@ -578,81 +465,6 @@ absl::StatusOr<p::ModelPlanOptions> ModelOptionsFromProto(const v1::ModelPlanOpt
     return absl::InvalidArgumentError(Cat("options.", msg));
   }
   return o;
-}
-
-absl::StatusOr<v1::PlanModelRequest> PinnedModelRequest(const v1::ModelConfig& model,
-                                                        const v1::VariantPlan& ran) {
-  p::Variant variant;
-  if (!p::ParseVariant(ran.name(), &variant)) {
-    return absl::InvalidArgumentError(
-        Cat("variant: must be none, tutel, dw, partition or lancet (got '", ran.name(), "')"));
-  }
-  v1::PlanModelRequest req;
-  *req.mutable_model() = model;
-  v1::ModelPlanOptions* o = req.mutable_options();
-  o->add_variants(VariantToProto(variant));
-  o->add_schedules(ran.schedule());
-  o->add_alltoall_algorithms(ran.alltoall());
-  if (variant == p::Variant::kTutel && ran.tutel_degree() > 0) {
-    o->add_tutel_degrees(ran.tutel_degree());
-  }
-  return req;
-}
-
-namespace {
-
-std::string RangesText(const v1::VariantPlan& v) {
-  std::string out;
-  for (const v1::PartitionRange& r : v.partition_ranges()) {
-    out += Cat(out.empty() ? "" : ", ", r.first_op(), "..", r.last_op(), " k=", r.k());
-  }
-  return out.empty() ? "none" : out;
-}
-
-std::string PlacementsText(const v1::VariantPlan& v) {
-  std::string out;
-  for (const v1::DwPlacement& d : v.dw_placements()) {
-    out += Cat(out.empty() ? "" : ", ", d.dw_ops_size(), " after ", d.alltoall());
-  }
-  return out.empty() ? "none" : out;
-}
-
-// (AlltoAll, dW op) pairs: a placement's identity, whatever its order.
-std::vector<std::string> DwPairs(const v1::VariantPlan& v) {
-  std::vector<std::string> out;
-  for (const v1::DwPlacement& d : v.dw_placements()) {
-    for (const std::string& op : d.dw_ops()) out.push_back(Cat(d.alltoall(), ">", op));
-  }
-  std::sort(out.begin(), out.end());
-  return out;
-}
-
-}  // namespace
-
-std::string PlanDifference(const v1::VariantPlan& ran, const v1::VariantPlan& planned) {
-  if (ran.schedule() != planned.schedule()) {
-    return Cat("schedule ", ScheduleLabel(planned.schedule()), " where ",
-               ScheduleLabel(ran.schedule()), " ran");
-  }
-  if (ran.tutel_degree() != planned.tutel_degree()) {
-    return Cat("Tutel degree ", planned.tutel_degree(), " where ", ran.tutel_degree(), " ran");
-  }
-  if (RangesText(ran) != RangesText(planned)) {
-    return Cat("partition ranges ", RangesText(planned), " where ", RangesText(ran), " ran");
-  }
-  if (DwPairs(ran) != DwPairs(planned)) {
-    return Cat("dW placements ", PlacementsText(planned), " where ", PlacementsText(ran), " ran");
-  }
-  const int ran_ops = ran.ops_size() > 0 ? ran.ops_size() : ran.num_ops();
-  const int planned_ops = planned.ops_size() > 0 ? planned.ops_size() : planned.num_ops();
-  if (ran_ops != planned_ops) return Cat(planned_ops, " ops where ", ran_ops, " ran");
-  if (ran.ops_size() == 0 || planned.ops_size() == 0) return "";
-  for (int i = 0; i < ran.ops_size(); ++i) {
-    if (ran.ops(i).name() != planned.ops(i).name()) {
-      return Cat("op ", i, " is ", planned.ops(i).name(), " where ", ran.ops(i).name(), " ran");
-    }
-  }
-  return "";
 }
 
 void ModelPlanToProto(const p::ModelPlan& plan, const p::ModelConfig& model,
@@ -928,96 +740,6 @@ void CandidateToProto(const p::LayoutCandidate& c, int rank, v1::LayoutCandidate
   o->set_stage_forward_us(c.stage_forward_us);
   o->set_stage_backward_us(c.stage_backward_us);
   o->set_rank(rank);
-}
-
-namespace {
-
-// Option rules name options fields; layout, memory and search rules name
-// theirs; everything else is a model field.
-absl::Status UnderRequest(const absl::Status& s) {
-  if (s.code() != absl::StatusCode::kInvalidArgument) return s;
-  const std::string_view msg = View(s.message());
-  for (std::string_view own : {"layout", "memory.", "search."}) {
-    if (msg.rfind(own, 0) == 0) return s;
-  }
-  for (std::string_view opt : {"schedules", "alltoall_algorithms", "variants", "bucket_bytes",
-                               "max_partitions", "partition_groups", "max_span", "tutel_degrees"}) {
-    if (msg.rfind(opt, 0) == 0) return absl::InvalidArgumentError(Cat("options.", msg));
-  }
-  return absl::InvalidArgumentError(Cat("model.", msg));
-}
-
-}  // namespace
-
-absl::Status AnswerPlanModel(const p::ModelConfig& model, const v1::PlanModelRequest& request,
-                             p::ModelPlanner& planner, const p::ClusterProfile& profile,
-                             v1::PlanModelResponse* out, p::Deadline deadline) {
-  MOEPLAN_ASSIGN_OR_RETURN(p::ModelPlanOptions options, ModelOptionsFromProto(request.options()));
-  options.deadline = deadline;
-  if (request.has_search() && request.has_layout()) {
-    return absl::InvalidArgumentError("search: give either search or layout, not both");
-  }
-  if (request.has_search() || request.has_layout()) {
-    // The model's shape first: the response's summary fields read it.
-    MOEPLAN_RETURN_IF_ERROR(UnderRequest(p::ValidateModelShape(model)));
-    const p::MemoryOptions memory = MemoryFromProto(request.memory());
-    p::LayoutPlanner lp(planner.cost());
-    out->Clear();
-    out->set_profile_name(profile.name);
-    out->set_profile_version(profile.version);
-    *out->mutable_model() = ModelToProto(model);
-    out->set_moe_layers(model.NumMoeLayers());
-    out->set_global_batch_size(static_cast<int32_t>(model.GlobalBatch()));
-    if (request.has_layout()) {
-      MOEPLAN_ASSIGN_OR_RETURN(p::Layout layout, LayoutFromProto(request.layout()));
-      p::LayoutCandidate c;
-      MOEPLAN_RETURN_IF_ERROR(UnderRequest(lp.Evaluate(model, layout, options, memory, &c)));
-      out->set_gpus(c.layout.Gpus());
-      out->set_ranks(c.layout.Gpus());
-      CandidateToProto(c, 1, out->add_candidates());
-      return absl::OkStatus();
-    }
-    MOEPLAN_ASSIGN_OR_RETURN(p::SearchOptions search, SearchFromProto(request.search()));
-    p::LayoutSearchResult r;
-    MOEPLAN_RETURN_IF_ERROR(UnderRequest(lp.Search(model, search, options, memory, &r)));
-    out->set_gpus(r.gpus);
-    out->set_ranks(r.gpus);
-    for (size_t i = 0; i < r.candidates.size(); ++i) {
-      CandidateToProto(r.candidates[i], static_cast<int>(i) + 1, out->add_candidates());
-    }
-    v1::SearchStats* st = out->mutable_search_stats();
-    st->set_enumerated(r.stats.enumerated);
-    st->set_pruned_memory(r.stats.pruned_memory);
-    st->set_over_limit(r.stats.over_limit);
-    st->set_pruned_bound(r.stats.pruned_bound);
-    st->set_simulated(r.stats.simulated);
-    st->set_stage_plans(r.stats.stage_plans);
-    st->set_stage_cache_hits(r.stats.stage_cache_hits);
-    return absl::OkStatus();
-  }
-  p::ModelPlan plan;
-  MOEPLAN_RETURN_IF_ERROR(UnderRequest(planner.Plan(model, options, &plan)));
-  if (request.include_timeline()) {
-    int64_t ops = 0;
-    for (const p::VariantPlan& v : plan.variants) ops += v.graph.size();
-    if (ops > p::kMaxTimelineOps) {
-      return absl::ResourceExhaustedError(
-          Cat("include_timeline: the timeline would hold ", ops, " op timings (",
-              plan.variants.size(), " variants), over the limit of ", p::kMaxTimelineOps,
-              " per response; plan without it or with fewer options.variants"));
-    }
-  }
-  ModelPlanToProto(plan, model, profile, request.include_timeline(), out);
-  return absl::OkStatus();
-}
-
-absl::Status AnswerPlanModel(const v1::PlanModelRequest& request, p::ModelPlanner& planner,
-                             const p::ClusterProfile& profile, v1::PlanModelResponse* out,
-                             p::Deadline deadline) {
-  if (!request.has_model()) return absl::InvalidArgumentError("model: required");
-  absl::StatusOr<p::ModelConfig> model = ModelFromProto(request.model());
-  if (!model.ok()) return absl::InvalidArgumentError(Cat("model.", View(model.status().message())));
-  return AnswerPlanModel(*model, request, planner, profile, out, deadline);
 }
 
 }  // namespace moeplan::proto

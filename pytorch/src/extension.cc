@@ -28,6 +28,7 @@
 #include "moeplan/planner/types.h"
 #include "moeplan/proto/convert.h"
 #include "moeplan/proto/json.h"
+#include "moeplan/requests/answer.h"
 
 namespace moeplan::torchext {
 namespace {
@@ -202,7 +203,7 @@ std::string PlanLocally(const std::string& layer_json, const std::string& profil
   Check(proto::ParseJson(layer_json, request.mutable_layer()));
   request.set_profile_name(loaded.message.name());
   v1::PlanLayerResponse response;
-  Check(proto::AnswerPlanLayer(request, planner, loaded.profile, &response));
+  Check(requests::AnswerPlanLayer(request, planner, loaded.profile, &response));
   return Value(proto::ToJson(response, proto::JsonStyle{.pretty = false}));
 }
 

@@ -1,6 +1,7 @@
 // The Planner service's handlers (handlers.h): request validation, profile
 // resolution, the plan cache, the limits on one request's work and the
 // request log. No gRPC here; server.cc adapts its contexts.
+#include "moeplan/requests/answer.h"
 #include "moeplan/server/handlers.h"
 
 #include <google/protobuf/util/message_differencer.h>
@@ -27,7 +28,7 @@
 #include "moeplan/calibration/context_fit.h"
 #include "moeplan/calibration/refit.h"
 #include "moeplan/planner/limits.h"
-#include "moeplan/planner/model.h"
+#include "moeplan/planner/model_planner.h"
 #include "moeplan/planner/planner.h"
 #include "moeplan/planner/validate.h"
 #include "moeplan/proto/convert.h"
@@ -432,7 +433,7 @@ class Handlers::Impl {
     // A planner per call keeps no per-thread state alive between them.
     p::ModelPlanner planner(entry->cost);
     absl::Status s =
-        proto::AnswerPlanModel(*model, req, planner, entry->profile, resp, PlanDeadline(ctx));
+        requests::AnswerPlanModel(*model, req, planner, entry->profile, resp, PlanDeadline(ctx));
     if (s.ok()) s = CheckDeadline(ctx);
     if (s.ok()) s = CheckSize(*resp);
     if (!s.ok()) {
@@ -475,10 +476,10 @@ class Handlers::Impl {
     thread_local ThreadPlanner tls;
     absl::Status s =
         inline_bytes.empty()
-            ? proto::AnswerPlanLayer(*layer, canonical, tls.For(entry), entry->profile, resp)
+            ? requests::AnswerPlanLayer(*layer, canonical, tls.For(entry), entry->profile, resp)
             : [&] {
                 p::LayerPlanner planner(entry->cost);
-                return proto::AnswerPlanLayer(*layer, canonical, planner, entry->profile, resp);
+                return requests::AnswerPlanLayer(*layer, canonical, planner, entry->profile, resp);
               }();
     if (s.ok()) s = CheckSize(*resp);
     if (!s.ok()) {
@@ -554,7 +555,7 @@ class Handlers::Impl {
     request.mutable_options()->add_variants(proto::VariantToProto(variant));
     p::ModelPlanner planner(entry.cost);
     v1::PlanModelResponse planned;
-    if (absl::Status s = proto::AnswerPlanModel(*model, request, planner, entry.profile, &planned,
+    if (absl::Status s = requests::AnswerPlanModel(*model, request, planner, entry.profile, &planned,
                                                 PlanDeadline(ctx));
         !s.ok()) {
       return Under("model_plan.", s);

@@ -10,10 +10,12 @@
 #include <vector>
 
 #include "moeplan/calibration/profiles.h"
-#include "moeplan/planner/model.h"
+#include "moeplan/planner/model_planner.h"
 #include "moeplan/planner/planner.h"
 #include "moeplan/proto/convert.h"
 #include "moeplan/proto/json.h"
+#include "moeplan/requests/answer.h"
+#include "moeplan/requests/replan.h"
 
 namespace moeplan::calibration {
 namespace {
@@ -69,7 +71,7 @@ v1::ReportMeasurementRequest LayerRun(const v1::ClusterProfile& prof, const v1::
   req.add_schedules(schedule);
   req.set_include_timeline(true);
   v1::PlanLayerResponse resp;
-  EXPECT_TRUE(proto::AnswerPlanLayer(req, planner, cp, &resp).ok());
+  EXPECT_TRUE(requests::AnswerPlanLayer(req, planner, cp, &resp).ok());
   v1::ReportMeasurementRequest r;
   r.set_profile_name(prof.name());
   r.set_profile_version(prof.version());
@@ -93,11 +95,11 @@ v1::ReportMeasurementRequest ModelRun(const v1::ClusterProfile& prof, int micro_
   req.mutable_options()->add_variants(v1::OVERLAP_VARIANT_DW);
   req.set_include_timeline(true);
   v1::PlanModelResponse resp;
-  EXPECT_TRUE(proto::AnswerPlanModel(req, planner, cp, &resp).ok());
+  EXPECT_TRUE(requests::AnswerPlanModel(req, planner, cp, &resp).ok());
   v1::ReportMeasurementRequest r;
   r.set_profile_name(prof.name());
   r.set_profile_version(prof.version());
-  *r.mutable_model_plan() = *proto::PinnedModelRequest(m, resp.variants(0));
+  *r.mutable_model_plan() = *requests::PinnedModelRequest(m, resp.variants(0));
   r.set_variant("dw");
   SlowOps(resp.variants(0), resp.variants(0).iteration_us(), &r);
   return r;

@@ -20,6 +20,8 @@
 #include "moeplan/executor/runner.h"
 #include "moeplan/executor/saa.h"
 #include "moeplan/planner/layout.h"
+#include "moeplan/planner/model_planner.h"
+#include "moeplan/planner/pipeline_program.h"
 #include "moeplan/planner/planner.h"
 #include "moeplan/planner/schedules.h"
 #include "moeplan/planner/simulator.h"

@@ -9,8 +9,13 @@
 #include <tuple>
 #include <vector>
 
+#include "moeplan/planner/layout_memory.h"
+#include "moeplan/planner/layout_planner.h"
 #include "moeplan/planner/limits.h"
 #include "moeplan/planner/model.h"
+#include "moeplan/planner/model_planner.h"
+#include "moeplan/planner/pipeline.h"
+#include "moeplan/planner/pipeline_program.h"
 #include "test_profile.h"
 
 namespace moeplan::planner {

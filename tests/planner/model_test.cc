@@ -1,6 +1,7 @@
 // Whole-model planning (docs/model.md): the graph algorithms against brute
 // force, the model graph's structure, and the variants' invariants.
 #include "moeplan/planner/model.h"
+#include "moeplan/planner/model_planner.h"
 
 #include <gtest/gtest.h>
 
@@ -13,6 +14,7 @@
 #include <tuple>
 #include <vector>
 
+#include "absl/hash/hash.h"
 #include "moeplan/planner/schedules.h"
 #include "test_profile.h"
 
@@ -388,4 +390,71 @@ TEST(ModelGraph, RejectsBadConfigsNamingTheField) {
 }
 
 }  // namespace
+// ---- The range-cost cache's key ----
+
+// ModelPlanner caches range costs under a hash of the whole ModelConfig
+// (model.h's AbslHashValue: a structured binding per struct, so a field
+// added without it does not compile). Every field must move the hash.
+TEST(ModelConfigHash, EveryFieldMovesTheHash) {
+  const std::function<void(ModelConfig&)> edits[] = {
+      [](ModelConfig& m) { m.name += "x"; },
+      [](ModelConfig& m) { m.num_layers += 2; },
+      [](ModelConfig& m) { m.hidden_size *= 2; },
+      [](ModelConfig& m) { m.num_attention_heads *= 2; },
+      [](ModelConfig& m) { m.ffn_hidden_size *= 2; },
+      [](ModelConfig& m) { m.seq_length *= 2; },
+      [](ModelConfig& m) { m.micro_batch_size *= 2; },
+      [](ModelConfig& m) { m.vocab_size = 512; },
+      [](ModelConfig& m) { m.bytes_per_element = 4; },
+      [](ModelConfig& m) { m.moe.layer_freq = 1; },
+      [](ModelConfig& m) { m.moe.num_experts *= 2; },
+      [](ModelConfig& m) { m.moe.top_k = 2; },
+      [](ModelConfig& m) { m.moe.capacity_factor = 1.25; },
+      [](ModelConfig& m) { m.moe.expert_ffn_hidden_size *= 2; },
+      [](ModelConfig& m) { m.moe.shared_expert_ffn_hidden_size = 512; },
+      [](ModelConfig& m) { m.moe.gate = Gate::kTopK; },
+      [](ModelConfig& m) { m.parallel.mp = 2; },
+      [](ModelConfig& m) { m.parallel.ep = 16; },
+      [](ModelConfig& m) { m.parallel.esp = 2; },
+      [](ModelConfig& m) { m.parallel.dp = 16; },
+      [](ModelConfig& m) { m.parallel.pp = 2; },
+      [](ModelConfig& m) { m.global_batch_size = 512; },
+  };
+  const ModelConfig base = SmallModel();
+  std::set<size_t> seen = {absl::HashOf(base)};
+  for (size_t i = 0; i < std::size(edits); ++i) {
+    ModelConfig m = base;
+    edits[i](m);
+    EXPECT_TRUE(seen.insert(absl::HashOf(m)).second) << "edit " << i << " left the hash unmoved";
+  }
+}
+
+// One planner reused across models that differ in a single field plans each
+// as a fresh planner does: no range cost of one is served to the other.
+TEST(ModelConfigHash, AReusedPlannerPlansLikeAFreshOne) {
+  const std::function<void(ModelConfig&)> edits[] = {
+      [](ModelConfig& m) { m.moe.capacity_factor = 2.0; },
+      [](ModelConfig& m) { m.moe.shared_expert_ffn_hidden_size = 512; },
+      [](ModelConfig& m) { m.moe.gate = Gate::kTopK; },
+      [](ModelConfig& m) { m.ffn_hidden_size = 2048; },
+      [](ModelConfig& m) { m.bytes_per_element = 4; },
+  };
+  ModelPlanner reused(RoundNumberModel());
+  ModelPlan plan;
+  ASSERT_TRUE(reused.Plan(SmallModel(), {}, &plan).ok());
+  for (size_t i = 0; i < std::size(edits); ++i) {
+    ModelConfig m = SmallModel();
+    edits[i](m);
+    ModelPlan again;
+    ASSERT_TRUE(reused.Plan(m, {}, &again).ok()) << i;
+    const ModelPlan fresh = PlanOrDie(m, RoundNumberModel());
+    ASSERT_EQ(again.variants.size(), fresh.variants.size());
+    for (size_t v = 0; v < fresh.variants.size(); ++v) {
+      EXPECT_EQ(again.variants[v].iteration_us(), fresh.variants[v].iteration_us())
+          << "edit " << i << ", " << VariantName(fresh.variants[v].variant);
+      EXPECT_EQ(again.variants[v].partitions.size(), fresh.variants[v].partitions.size());
+    }
+  }
+}
+
 }  // namespace moeplan::planner

@@ -1,6 +1,7 @@
 // moeplan-server in-process on an ephemeral loopback port, exercised through the
 // C++ client library and raw stubs: every RPC round trip, the cache, health,
 // reflection, and a table of invalid requests.
+#include "moeplan/requests/answer.h"
 #include "moeplan/server/server.h"
 
 #include <grpcpp/generic/generic_stub.h>
@@ -84,7 +85,7 @@ TEST_F(ServerTest, PlanLayerEqualsLocalPlanning) {
   planner::CostModel cost = *planner::CostModel::Create(profile.profile);
   planner::LayerPlanner planner(cost);
   v1::PlanLayerResponse local;
-  ASSERT_TRUE(proto::AnswerPlanLayer(req, planner, profile.profile, &local).ok());
+  ASSERT_TRUE(requests::AnswerPlanLayer(req, planner, profile.profile, &local).ok());
   EXPECT_EQ(remote->SerializeAsString(), local.SerializeAsString());
   EXPECT_EQ(remote->candidates_size(), 3);
   EXPECT_GT(remote->candidates(0).ops_size(), 0);
@@ -256,7 +257,7 @@ TEST(ServerThreadsTest, ThreadCapServesTheSameAnswersOnTheSynchronousApi) {
   planner::CostModel cost = *planner::CostModel::Create(profile.profile);
   planner::LayerPlanner planner(cost);
   v1::PlanLayerResponse local;
-  ASSERT_TRUE(proto::AnswerPlanLayer(req, planner, profile.profile, &local).ok());
+  ASSERT_TRUE(requests::AnswerPlanLayer(req, planner, profile.profile, &local).ok());
   EXPECT_EQ(r->SerializeAsString(), local.SerializeAsString());
   req.mutable_layer()->set_top_k(0);
   EXPECT_EQ(c.PlanLayer(req).status().code(), absl::StatusCode::kInvalidArgument);

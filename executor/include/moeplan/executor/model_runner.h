@@ -22,7 +22,9 @@
 #include "moeplan/executor/runner.h"
 #include "moeplan/planner/cost_model.h"
 #include "moeplan/planner/layout.h"
+#include "moeplan/planner/layout_planner.h"
 #include "moeplan/planner/model.h"
+#include "moeplan/planner/model_planner.h"
 
 namespace moeplan::executor {
 

@@ -1,26 +1,15 @@
-// Whole models (docs/model.md): a transformer with an MoE layer every
-// `layer_freq` blocks, planned on the same op graph, cost model and simulator
-// as single layers. The MoE layers are the schedule builders' sections
-// (schedules.h); the overlap variants are Lancet's weight-gradient (dW)
-// scheduling and operator partition, Tutel's AlltoAll/expert pipelining, and
-// no overlap, each with every MoE schedule and AlltoAll algorithm the layout
-// allows.
+// Whole models (docs/model.md) as their users describe them: a transformer
+// with an MoE layer every `layer_freq` blocks, its field rules, and the
+// parameters one rank holds. Planning them is model_planner.h; layouts and
+// the search are layout.h and layout_planner.h.
 #pragma once
 
-#include <array>
 #include <cstdint>
-#include <memory>
-#include <span>
 #include <string>
 #include <string_view>
-#include <vector>
+#include <utility>
 
-#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
-#include "moeplan/planner/cost_model.h"
-#include "moeplan/planner/limits.h"
-#include "moeplan/planner/op_graph.h"
-#include "moeplan/planner/simulator.h"
 #include "moeplan/planner/types.h"
 
 namespace moeplan::planner {
@@ -69,109 +58,13 @@ struct ModelConfig {
 // model file's field names ("moe.num_experts", "parallel.ep").
 absl::Status ValidateModel(const ModelConfig& model, const ClusterShape& cluster);
 // The same rules without parallel.* (layouts are checked by ValidateLayout).
+// Planning code below the request layer (ModelPlanner::PlanStage,
+// LayoutPlanner) trusts a model that passed it and does not check it again.
 absl::Status ValidateModelShape(const ModelConfig& model);
-
-enum class Variant : uint8_t { kNone = 0, kTutel = 1, kDw = 2, kPartition = 3, kLancet = 4 };
-inline constexpr Variant kAllVariants[] = {Variant::kNone, Variant::kTutel, Variant::kDw,
-                                           Variant::kPartition, Variant::kLancet};
-std::string_view VariantName(Variant v);  // "none", "tutel", "dw", "partition", "lancet"
-bool ParseVariant(std::string_view name, Variant* out);
-
-struct ModelPlanOptions {
-  std::vector<Variant> variants;    // empty: all five
-  std::vector<Schedule> schedules;  // empty: every schedule the layout allows
-  std::vector<AllToAllAlgo> algos;  // empty: both (hierarchical where it applies)
-  int64_t bucket_bytes = 25 << 20;  // DDP gradient bucket
-  int max_partitions = 8;           // rho: most micro-batches a range is split into
-  int partition_groups = 5;         // gamma: groups of dense ops between two MoE layers
-  int max_span = 0;                 // iota, in groups; 0: the span between two MoE layers
-  std::vector<int> tutel_degrees = {1, 2, 4, 8};
-  // Checked between simulated candidates (DeadlineExceeded once passed).
-  Deadline deadline;
-};
-// InvalidArgument naming the option ("bucket_bytes", "max_partitions", ...).
-absl::Status ValidateModelPlanOptions(const ModelPlanOptions& options);
-
-// A forward range of the operator partition: ops first..last split k ways.
-struct PartitionRange {
-  std::string first_op, last_op;  // names of the range's first and last op (piece 0)
-  int k = 1;
-  double us = 0.0;  // its time when simulated alone (the DP's P)
-};
-
-// dW ops issued right after one backward AlltoAll.
-struct DwPlacement {
-  std::string alltoall;  // e.g. "b5.moe.bwd.ep_alltoall_combine"
-  double alltoall_us = 0.0;
-  std::vector<std::string> dw_ops;
-  double dw_us = 0.0;
-};
-
-struct MoeLayerChoice {
-  int block = 0;
-  Schedule schedule = Schedule::kDefault;
-  AllToAllAlgo algo = AllToAllAlgo::kLinear;
-  int partitions = 1;  // micro-batches of the range holding its experts (tutel: r)
-};
-
-// One (schedule, algorithm) tried inside a variant.
-struct VariantAlternative {
-  Schedule schedule = Schedule::kDefault;
-  AllToAllAlgo algo = AllToAllAlgo::kLinear;
-  int tutel_degree = 0;  // tutel only: the best r for this pair
-  double iteration_us = 0.0;
-};
-
-struct VariantPlan {
-  Variant variant = Variant::kNone;
-  Schedule schedule = Schedule::kDefault;  // of every MoE layer
-  AllToAllAlgo algo = AllToAllAlgo::kLinear;
-  int tutel_degree = 0;  // tutel only
-  OpGraph graph;
-  SimResult sim;
-  std::vector<MoeLayerChoice> layers;
-  std::vector<PartitionRange> partitions;        // partition and lancet: the ranges with k > 1
-  std::vector<DwPlacement> dw;                   // dw and lancet: one per backward AlltoAll
-  std::vector<VariantAlternative> alternatives;  // fastest first
-  double iteration_us() const { return sim.makespan_us; }
-};
-
-// Where the hierarchical AlltoAll starts beating the linear one for this
-// model's dispatch on this cluster: EP groups of W ranks, q per node, W = 2q,
-// 4q, ... up to kMaxCrossoverRanks.
-struct AllToAllCrossover {
-  bool applies = false;       // q >= 2 (several EP ranks per node)
-  double bytes = 0.0;         // per-rank AlltoAll size of the default schedule
-  int ranks_per_node = 0;     // q
-  int faster_from_ranks = 0;  // smallest W where 2dh is faster; 0: none up to the max
-  double linear_us = 0.0;     // at the model's EP degree (when it spans nodes)
-  double hierarchical_us = 0.0;
-};
-inline constexpr int kMaxCrossoverRanks = 1 << 16;
-
-struct ModelPlan {
-  std::vector<VariantPlan> variants;  // in request order
-  int best = 0;                       // index of the fastest
-  AllToAllCrossover crossover;
-  int moe_layers = 0;
-  int64_t params_per_rank = 0;
-  const VariantPlan* Find(Variant v) const;
-};
-
-// A run of blocks planned as one pipeline stage (docs/layouts.md), and how its
-// MoE layers and gradients are laid out.
-struct StageOptions {
-  int first_block = 0;
-  int end_block = -1;  // one past the last block; -1: num_layers
-  bool embed = true;   // holds the embedding (the first stage)
-  bool head = true;    // holds the final norm, LM head and loss (the last stage)
-  // PPMoE: tokens are replicated over the TP group, so dispatch is a local
-  // index-select and the combine a TP-AllReduce (no EP AlltoAll).
-  bool local_dispatch = false;
-  int expert_replicas = 1;  // ranks holding the same expert shard (edp): their gradients sync
-  int zero_stage = 0;       // 0-3
-  int64_t dense_group_stride = 0;  // 0: parallel.mp (the DP group of the dense parameters)
-};
+// The part of ValidateModelShape that depends on micro_batch_size: the MoE
+// layer's own rules (dimensions, buffer bounds) on one rank. ValidateLayout
+// runs it at the layout's micro-batch.
+absl::Status ValidateModelMoeLayer(const ModelConfig& model);
 
 // Parameters one rank holds (element counts): dense ones split by
 // parallel.mp (attention, norms, dense FFNs, gates, shared experts, and the
@@ -182,85 +75,31 @@ struct RankParams {
   double total() const { return dense + expert; }
 };
 RankParams BlockParams(const ModelConfig& model, int block);
-RankParams StageParams(const ModelConfig& model, const StageOptions& stage);
 
-// Plans whole models against one cost model; reuses its buffers between calls
-// (one instance per thread; the CostModel may be shared).
-class ModelPlanner {
- public:
-  explicit ModelPlanner(const CostModel& cost);
-  ~ModelPlanner();
-  ModelPlanner(ModelPlanner&&) noexcept;
-  const CostModel& cost() const;
-  // Validates model and options (InvalidArgument naming the field), then
-  // simulates every requested variant with every allowed MoE schedule and
-  // AlltoAll algorithm and keeps each variant's fastest.
-  absl::Status Plan(const ModelConfig& model, const ModelPlanOptions& options, ModelPlan* out);
-  // One stage of a layout: `model` (micro_batch_size and parallel as the
-  // layout sets them) is not validated here (ValidateLayout does); options are.
-  absl::Status PlanStage(const ModelConfig& model, const ModelPlanOptions& options,
-                         const StageOptions& stage, ModelPlan* out);
-  // Lower bounds on any variant's per-micro-batch forward and backward of the
-  // stage (per phase, the busiest resource's unsplit ops, the least over the
-  // schedules and algorithms) and its optimizer step, without simulating.
-  // They hold for every ZeRO stage (stage.zero_stage is not read). The layout
-  // search prunes with them.
-  struct StageBound {
-    double fwd_us = 0.0, bwd_us = 0.0;
-    double optimizer_us = 0.0;          // ZeRO 0
-    double sharded_optimizer_us = 0.0;  // ZeRO >= 1: each rank updates its shard
-    // Per resource (compute, intra, inter): each phase's ops as above, and the
-    // iteration's gradient synchronisation (one collective of all the
-    // gradients per group, which buckets only split) by ZeRO class (0, 1-2,
-    // 3), with the optimizer step on compute.
-    std::array<double, kNumResources> fwd_res{}, bwd_res{};
-    std::array<std::array<double, kNumResources>, 3> sync_res{};
-  };
-  absl::Status StageComputeBound(const ModelConfig& model, const ModelPlanOptions& options,
-                                 const StageOptions& stage, StageBound* bound);
+// ---- Hashing: every field, so that a cache keyed by it cannot forget one ----
+//
+// Each function names every field of its struct with a structured binding:
+// adding a field without hashing it fails to compile here (ParallelLayout's
+// is in types.h). Caches of derived costs key on these (ModelPlanner's range
+// costs); tests/planner/model_test.cc checks that each field moves the hash.
 
- private:
-  absl::Status Run(const ModelConfig& model, const ModelPlanOptions& options,
-                   const StageOptions& stage, ModelPlan* out, StageBound* bound);
-  struct Impl;
-  std::unique_ptr<Impl> impl_;
-};
+template <typename H>
+H AbslHashValue(H h, const MoeSpec& s) {
+  const auto& [layer_freq, num_experts, top_k, capacity_factor, expert_ffn_hidden_size,
+               shared_expert_ffn_hidden_size, gate] = s;
+  return H::combine(std::move(h), layer_freq, num_experts, top_k, capacity_factor,
+                    expert_ffn_hidden_size, shared_expert_ffn_hidden_size,
+                    static_cast<uint8_t>(gate));
+}
 
-// ---- The algorithms, exposed for tests ----
-
-// Which ops reach which, on the ops [first, graph.size()) of a DAG in
-// topological (issue) order: ancestor bitsets computed in one pass, O(E * V / 64).
-class Reachability {
- public:
-  void Compute(const OpGraph& graph, OpId first = 0);
-  // A directed path from `from` to `to` (from != to), both >= first.
-  bool Path(OpId from, OpId to) const;
-  bool Independent(OpId a, OpId b) const { return a != b && !Path(a, b) && !Path(b, a); }
-
- private:
-  OpId first_ = 0;
-  int words_ = 0;
-  std::vector<uint64_t> anc_;  // row v - first_: ancestors of v
-};
-
-// Lancet's best fit: for each slot in order (an AlltoAll of slot_us[s]), pick
-// unused dW ops with eligible(s, d) that minimise |remaining - dw_us[d]|,
-// subtracting each pick, until remaining <= 0 or none is left. Returns the
-// picks per slot, in pick order.
-std::vector<std::vector<int>> BestFitDw(std::span<const double> slot_us,
-                                        std::span<const double> dw_us,
-                                        absl::FunctionRef<bool(int slot, int dw)> eligible);
-
-// Lancet's operator-partition DP over segments 0..n: T(j) = min over
-// max(0, j - max_span) <= i < j of T(i) + min over 1 <= k <= max_k of
-// cost(i, j, k), where cost < 0 means "not allowed" (cost(i, i+1, 1) must be
-// allowed). Returns the chosen ranges in order; ties prefer fewer pieces and
-// longer earlier ranges are not preferred (first minimum in i, then k).
-struct PartitionChoice {
-  int begin = 0, end = 0, k = 1;
-  double us = 0.0;
-};
-std::vector<PartitionChoice> PartitionDp(int n, int max_span, int max_k,
-                                         absl::FunctionRef<double(int, int, int)> cost);
+template <typename H>
+H AbslHashValue(H h, const ModelConfig& m) {
+  const auto& [name, num_layers, hidden_size, num_attention_heads, ffn_hidden_size, seq_length,
+               micro_batch_size, vocab_size, bytes_per_element, moe, parallel,
+               global_batch_size] = m;
+  return H::combine(std::move(h), name, num_layers, hidden_size, num_attention_heads,
+                    ffn_hidden_size, seq_length, micro_batch_size, vocab_size, bytes_per_element,
+                    moe, parallel, global_batch_size);
+}
 
 }  // namespace moeplan::planner

@@ -45,6 +45,11 @@ class Simulator {
   absl::Status Run(const OpGraph& graph, SimResult* result);
 
  private:
+  // Run's passes after the schedule: the critical path back from `last_op`,
+  // and the busy, hidden and exposed communication from the busy intervals.
+  static void TraceCriticalPath(const OpGraph& graph, OpId last_op, SimResult* r);
+  void SumOverlap(SimResult* r);
+
   struct Interval {
     double begin, end;
   };

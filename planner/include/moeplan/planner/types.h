@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <utility>
 
 namespace moeplan::planner {
 
@@ -19,6 +20,12 @@ struct ParallelLayout {
   int StageRanks() const { return mp * dp; }
   int TotalRanks() const { return mp * dp * pp; }
 };
+// Every field (a structured binding: a field added without it fails to compile).
+template <typename H>
+H AbslHashValue(H h, const ParallelLayout& p) {
+  const auto& [mp, ep, esp, dp, pp] = p;
+  return H::combine(std::move(h), mp, ep, esp, dp, pp);
+}
 
 // One MoE layer. Dimensions are element counts.
 struct LayerConfig {

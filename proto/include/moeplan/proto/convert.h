@@ -1,13 +1,19 @@
 // Conversion between moeplan.v1 messages and planner types: the boundary where
 // files and RPCs meet the pure planner. FromProto applies defaults for unset
 // optional fields and the planner's validation; ToProto fills responses.
+// Answering whole requests with these is the requests library's
+// (moeplan/requests/answer.h).
 #pragma once
 
+#include <cstddef>
+#include <string>
 #include <string_view>
 
 #include "absl/status/statusor.h"
 #include "moeplan/planner/layout.h"
+#include "moeplan/planner/layout_planner.h"
 #include "moeplan/planner/model.h"
+#include "moeplan/planner/model_planner.h"
 #include "moeplan/planner/planner.h"
 #include "moeplan/planner/profile.h"
 #include "moeplan/planner/types.h"
@@ -17,6 +23,12 @@
 #include "moeplan/v1/profile.pb.h"
 
 namespace moeplan::proto {
+
+// Names are labels copied into every row, config and log line that mentions
+// them: at most kMaxNameBytes, so that a name cannot multiply into gigabytes.
+// InvalidArgument "name: ...".
+inline constexpr size_t kMaxNameBytes = 256;
+absl::Status CheckName(const std::string& name);
 
 // Checks schema_version and converts; does not run planner validation (which
 // needs the cluster): LayerPlanner::Plan does.
@@ -45,23 +57,6 @@ std::string_view CollectiveLabel(v1::Collective c);
 void PlanToProto(const planner::LayerPlan& plan, const planner::ClusterProfile& profile,
                  bool include_timeline, v1::PlanLayerResponse* out);
 
-// Answers a PlanLayerRequest with `planner` (built on the request's profile,
-// `profile`): converts and validates the layer and schedules, plans, and fills
-// `out`. The caller resolves the request's profile. Errors: InvalidArgument
-// naming the field (prefixed "layer." for layer fields).
-absl::Status AnswerPlanLayer(const v1::PlanLayerRequest& request, planner::LayerPlanner& planner,
-                             const planner::ClusterProfile& profile, v1::PlanLayerResponse* out);
-// The same for a layer already converted with LayerFromProto (request.layer()
-// is then not read; schedules and include_timeline are).
-absl::Status AnswerPlanLayer(const planner::LayerConfig& layer, const v1::PlanLayerRequest& request,
-                             planner::LayerPlanner& planner, const planner::ClusterProfile& profile,
-                             v1::PlanLayerResponse* out);
-
-// Expands a grid into its configs (cartesian product in field order). Checks that
-// every list is non-empty and the product is at most `max_configs`.
-absl::StatusOr<std::vector<v1::LayerConfig>> ExpandGrid(const v1::LayerGrid& grid,
-                                                        size_t max_configs = 1'000'000);
-
 // ---- Whole models (docs/model.md) ----
 
 // Checks schema_version and the gate, converts (defaults for unset fields);
@@ -80,19 +75,6 @@ void ModelPlanToProto(const planner::ModelPlan& plan, const planner::ModelConfig
                       const planner::ClusterProfile& profile, bool include_timeline,
                       v1::PlanModelResponse* out);
 
-// The request that plans `ran`, one variant of a plan of `model`, again: its
-// variant, MoE schedule, AlltoAll algorithm and Tutel degree pinned; partition
-// ranges and dW placement are planned anew (on an unchanged profile: as they
-// were). InvalidArgument "variant: ..." when `ran` names no variant.
-absl::StatusOr<v1::PlanModelRequest> PinnedModelRequest(const v1::ModelConfig& model,
-                                                        const v1::VariantPlan& ran);
-
-// How `planned` differs from `ran` (a variant plan that ran or was saved):
-// the first of schedule, Tutel degree, partition ranges, dW placements and
-// ops (names in order where both have them, else their count) that differ;
-// empty when it is the same plan.
-std::string PlanDifference(const v1::VariantPlan& ran, const v1::VariantPlan& planned);
-
 // Layouts (docs/layouts.md). Empty family / pipeline are inferred; errors
 // "layout.<field>: ..." / "search.<field>: ...".
 absl::StatusOr<planner::Layout> LayoutFromProto(const v1::Layout& msg);
@@ -104,20 +86,5 @@ v1::Layout LayoutToProto(const planner::Layout& layout, int64_t micro_batch_size
 planner::MemoryOptions MemoryFromProto(const v1::MemoryOptions& msg);
 absl::StatusOr<planner::SearchOptions> SearchFromProto(const v1::SearchOptions& msg);
 void CandidateToProto(const planner::LayoutCandidate& c, int rank, v1::LayoutCandidate* out);
-
-// Answers a PlanModelRequest with `planner` (built on the resolved `profile`).
-// With `search` or `layout` set, the layout modes (candidates[]); else the
-// variants plan of model.parallel.
-// Errors: InvalidArgument "model.<field>: ...", "options.<field>: ...",
-// "layout.<field>: ...", "search.<field>: ..." or "memory.<field>: ...";
-// ResourceExhausted past a limit of planner/limits.h; DeadlineExceeded once
-// `deadline` passes.
-absl::Status AnswerPlanModel(const v1::PlanModelRequest& request, planner::ModelPlanner& planner,
-                             const planner::ClusterProfile& profile, v1::PlanModelResponse* out,
-                             planner::Deadline deadline = {});
-// The same for a model already converted with ModelFromProto.
-absl::Status AnswerPlanModel(const planner::ModelConfig& model, const v1::PlanModelRequest& request,
-                             planner::ModelPlanner& planner, const planner::ClusterProfile& profile,
-                             v1::PlanModelResponse* out, planner::Deadline deadline = {});
 
 }  // namespace moeplan::proto

@@ -1,0 +1,112 @@
+// Evaluation of one layout and the search over every layout of P GPUs
+// (docs/layouts.md "Search"): each stage planned with the model planner,
+// the pipeline simulated, memory checked, candidates ranked by iteration
+// time with lower bounds pruning the rest.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "moeplan/planner/cost_model.h"
+#include "moeplan/planner/layout.h"
+#include "moeplan/planner/layout_memory.h"
+#include "moeplan/planner/model.h"
+#include "moeplan/planner/model_planner.h"
+#include "moeplan/planner/types.h"
+
+namespace moeplan::planner {
+
+
+struct CandidateTerm {
+  Term term;
+  double us;
+};
+
+struct LayoutCandidate {
+  Layout layout;
+  int64_t micro_batch_size = 0;
+  bool feasible = true;
+  std::string infeasible_reason;
+  double iteration_us = 0.0;
+  double tokens_per_s_per_gpu = 0.0;
+  MemoryBreakdown memory;
+  // The busiest stage's best overlap variant and MoE schedule.
+  Variant variant = Variant::kNone;
+  Schedule schedule = Schedule::kDefault;
+  AllToAllAlgo algo = AllToAllAlgo::kLinear;
+  double compute_us = 0.0;
+  std::vector<CandidateTerm> exposed_comm;  // by term, critical-path time
+  double grad_sync_us = 0.0, optimizer_us = 0.0;
+  double bubble_us = 0.0, bubble_fraction = 0.0;
+  double stage_forward_us = 0.0, stage_backward_us = 0.0;
+};
+
+struct SearchOptions {
+  int top = 10;
+  int gpus = 0;                             // 0: the profile's
+  std::vector<Family> families;             // empty: all
+  std::vector<PipelineSchedule> pipelines;  // empty: all
+  std::vector<int> zero_stages;             // empty: 0-3
+  int max_microbatches = 64;
+  std::vector<int> virtual_stages = {2};  // interleaved v
+  // Simulate every candidate that fits instead of stopping at the lower
+  // bound (docs/layouts.md "Search"): for profiles whose costs are not
+  // subadditive (a piece costing less than its share of the whole).
+  bool exhaustive = false;
+};
+// InvalidArgument naming "search.<field>".
+absl::Status ValidateSearchOptions(const SearchOptions& options);
+
+struct SearchStats {
+  int64_t enumerated = 0, pruned_memory = 0, pruned_bound = 0, simulated = 0;
+  int64_t over_limit = 0;  // enumerated with more than kMaxPipelineSteps: skipped
+  int64_t stage_plans = 0, stage_cache_hits = 0;
+};
+
+struct LayoutSearchResult {
+  std::vector<LayoutCandidate> candidates;  // best first
+  SearchStats stats;
+  int gpus = 0;
+  int64_t global_batch = 0;
+};
+
+// One instance per thread (keeps a ModelPlanner and a cache of planned stages).
+// The model must have passed ValidateModelShape (model.h): the request layer
+// (requests/) and every other caller check it once, at their boundary, and
+// nothing here checks it again. Layouts, options, memory and search options
+// are checked here.
+class LayoutPlanner {
+ public:
+  explicit LayoutPlanner(const CostModel& cost);
+  ~LayoutPlanner();
+  LayoutPlanner(LayoutPlanner&&) noexcept;
+
+  // Evaluates one layout (microbatches 0: 1 when pp = 1, else pp). An
+  // infeasible layout is simulated too and marked with its reason.
+  absl::Status Evaluate(const ModelConfig& model, const Layout& layout,
+                        const ModelPlanOptions& plan, const MemoryOptions& memory,
+                        LayoutCandidate* out);
+  // Ranks every layout of options.gpus GPUs; returns the top feasible ones.
+  absl::Status Search(const ModelConfig& model, const SearchOptions& options,
+                      const ModelPlanOptions& plan, const MemoryOptions& memory,
+                      LayoutSearchResult* out);
+  // The program of one layout (BuildPipelineProgram) with every chunk
+  // planned under `plan` (one variant pinned: plan.variants = {v}), and its
+  // simulation: out->graph and out->sim; variant, schedule and algorithm of
+  // the first chunk; the MoE layer choices of every chunk. Layouts are checked
+  // like Evaluate's (microbatches 0: pp).
+  absl::Status Program(const ModelConfig& model, const Layout& layout, const ModelPlanOptions& plan,
+                       VariantPlan* out);
+
+  // The planner's state and work, private to the library
+  // (planner/src/layout_planner_internal.h).
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace moeplan::planner

@@ -1,0 +1,127 @@
+// The per-rank memory model of a layout (docs/layouts.md "Memory").
+#include "moeplan/planner/layout_memory.h"
+
+#include <algorithm>
+#include <cmath>
+#include <iterator>
+#include <string>
+#include <string_view>
+#include <utility>
+
+#include "field_rules.h"
+#include "fmt/format.h"
+#include "layout_internal.h"
+#include "moeplan/base/status.h"
+#include "moeplan/base/strings.h"
+#include "moeplan/planner/model_planner.h"
+
+namespace moeplan::planner {
+
+using internal::Bad;
+using internal::ChunkOptions;
+using internal::kGiB;
+
+namespace {
+
+std::string GiB(double bytes) { return fmt::format("{:.1f} GiB", bytes / kGiB); }
+
+}  // namespace
+
+absl::Status ValidateMemoryOptions(const MemoryOptions& o) {
+  auto check = [](std::string_view field, double v, double lo) -> absl::Status {
+    if (!std::isfinite(v) || v < lo || v > 1024.0) {
+      return Bad(field, Cat("must be between ", lo, " and 1024 bytes"), Cat(v));
+    }
+    return absl::OkStatus();
+  };
+  MOEPLAN_RETURN_IF_ERROR(check("memory.param_bytes", o.param_bytes, 0.0));
+  MOEPLAN_RETURN_IF_ERROR(check("memory.grad_bytes", o.grad_bytes, 0.0));
+  MOEPLAN_RETURN_IF_ERROR(check("memory.optimizer_bytes", o.optimizer_bytes, 0.0));
+  if (!std::isfinite(o.gpu_memory_bytes) || o.gpu_memory_bytes > 1e15) {
+    return Bad("memory.gpu_memory_gib", "must be finite, >= 0 and <= 1e6 GiB",
+               Cat(o.gpu_memory_bytes / kGiB));
+  }
+  return absl::OkStatus();
+}
+
+std::string MemoryBreakdown::OverReason() const {
+  if (fits()) return "";
+  std::pair<double, std::string_view> terms[] = {
+      {params, "parameters"},
+      {grads, "gradients"},
+      {optimizer, "optimizer states"},
+      {activations, "activations"},
+      {capacity_buffers, "expert capacity buffers"},
+  };
+  const auto largest = *std::max_element(std::begin(terms), std::end(terms));
+  return Cat("stage ", stage, " needs ", GiB(total), " per GPU of ", GiB(limit), " (",
+             GiB(total - limit), " over); largest term: ", largest.second, " ", GiB(largest.first),
+             largest.second == "activations"
+                 ? fmt::format(" ({:.2f} micro-batches in flight)", in_flight)
+                 : std::string());
+}
+
+MemoryBreakdown StageMemory(const ModelConfig& model, const Layout& l, int64_t mbs, int stage,
+                            double in_flight, const MemoryOptions& o) {
+  const ModelConfig m = ModelForLayout(model, l, mbs);
+  const int v = std::max(1, l.virtual_stages);
+  MemoryBreakdown r;
+  r.stage = stage;
+  r.in_flight = in_flight;
+  const double e = m.bytes_per_element;
+  const double S = static_cast<double>(mbs) * m.seq_length;  // tokens per micro-batch
+  const double M = static_cast<double>(m.hidden_size), t = l.tp;
+  const double a = static_cast<double>(m.num_attention_heads), L = m.seq_length;
+  const double E = static_cast<double>(m.moe.num_experts);
+  const double cap = static_cast<double>(
+      Capacity(m.moe.top_k, m.moe.capacity_factor, static_cast<int64_t>(S), m.moe.num_experts));
+  // Rows a rank's experts hold: every token slot of the layer (E * T), or of
+  // its own E/ep experts when the dispatch is local (PPMoE).
+  const double rows = l.family == Family::kPpMoe ? E / l.ep * cap : E * cap;
+  const double shard = static_cast<double>(m.moe.expert_ffn_hidden_size) / l.esp;
+  RankParams params;
+  double act = 0.0, largest_block = 0.0, buffers = 0.0;
+  for (int c = 0; c < v; ++c) {
+    const StageOptions so = ChunkOptions(m, l, stage, c);
+    const RankParams p = StageParams(m, so);
+    params.dense += p.dense;
+    params.expert += p.expert;
+    for (int blk = so.first_block; blk < so.end_block; ++blk) {
+      // Korthikanti et al. 2022 (eq. 2, tensor parallel without sequence
+      // parallelism), in 2-byte units: sbh(10 + 24/t) + 5as^2b/t; the MLP's
+      // t-split 16sbh/t is replaced by the MoE's own tensors in MoE blocks.
+      double block = S * M * (10.0 + 8.0 / t) + 5.0 * a * L * S / t;
+      if (m.IsMoeBlock(blk)) {
+        block += (S * E * 4.0 + rows * (M + 2.0 * shard) * e +
+                  2.0 * S * static_cast<double>(m.moe.shared_expert_ffn_hidden_size) / t * e) /
+                 (e / 2.0);
+        buffers = std::max(buffers, 2.0 * rows * M * e);
+      } else {
+        block += 16.0 * S * M / t;
+      }
+      block *= e / 2.0;
+      largest_block = std::max(largest_block, block);
+      act += l.recompute ? S * M * e : block;
+    }
+    if (m.vocab_size > 0 && so.embed) act += S * M * e;
+    if (m.vocab_size > 0 && so.head) act += S * static_cast<double>(m.vocab_size) / t * (e + 4.0);
+  }
+  r.activation_per_microbatch = act;
+  r.activations = act * in_flight + (l.recompute ? largest_block : 0.0);
+  r.capacity_buffers = buffers;
+  const double pb = o.param_bytes > 0.0 ? o.param_bytes : e;
+  const double dp = l.dp, edp = l.ExpertReplicas();
+  auto held = [&](double bytes_per_param, int from_stage) {
+    const bool sharded = l.zero_stage >= from_stage;
+    return bytes_per_param *
+           (params.dense / (sharded ? dp : 1.0) + params.expert / (sharded ? edp : 1.0));
+  };
+  r.params = held(pb, 3);
+  r.grads = held(o.grad_bytes, 2);
+  r.optimizer = held(o.optimizer_bytes, 1);
+  r.total = r.params + r.grads + r.optimizer + r.activations + r.capacity_buffers;
+  r.limit = std::max(0.0, o.gpu_memory_bytes);
+  return r;
+}
+
+}  // namespace moeplan::planner

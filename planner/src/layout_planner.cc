@@ -1,0 +1,375 @@
+// Evaluating one layout (docs/layouts.md): each chunk planned by the model
+// planner and cached, the pipeline simulated with p2p transfers, the time
+// and memory breakdown; the lower bounds the search prunes with; and a
+// layout's executable program. The search itself is layout_search.cc.
+#include "moeplan/planner/layout_planner.h"
+
+#include <algorithm>
+#include <array>
+#include <vector>
+
+#include "field_rules.h"
+#include "layout_internal.h"
+#include "layout_planner_internal.h"
+#include "moeplan/base/status.h"
+#include "moeplan/base/strings.h"
+#include "moeplan/planner/layout_memory.h"
+
+namespace moeplan::planner {
+
+using internal::Bad;
+using internal::ChunkKey;
+using internal::ChunkOptions;
+using internal::ChunkTimes;
+using internal::IsComm;
+
+absl::Status ValidateSearchOptions(const SearchOptions& o) {
+  if (o.top < 1 || o.top > 1000) return Bad("search.top", "must be between 1 and 1000", Cat(o.top));
+  if (o.gpus < 0 || o.gpus > (1 << 20)) {
+    return Bad("search.gpus", "must be between 1 and 2^20 (0: the profile's)", Cat(o.gpus));
+  }
+  for (int z : o.zero_stages) {
+    if (z < 0 || z > 3) return Bad("search.zero_stages", "each must be 0, 1, 2 or 3", Cat(z));
+  }
+  if (o.max_microbatches < 1 || o.max_microbatches > 4096) {
+    return Bad("search.max_microbatches", "must be between 1 and 4096", Cat(o.max_microbatches));
+  }
+  if (o.virtual_stages.empty()) return Bad("search.virtual_stages", "must not be empty", "[]");
+  for (int v : o.virtual_stages) {
+    if (v < 2 || v > 64)
+      return Bad("search.virtual_stages", "each must be between 2 and 64", Cat(v));
+  }
+  return absl::OkStatus();
+}
+
+ChunkKey LayoutPlanner::Impl::KeyOf(const ModelConfig& model, const Layout& l, int64_t mbs, const StageOptions& so,
+               int zero) const {
+  return ChunkKey{mbs,
+                  l.tp,
+                  l.dp,
+                  l.ep,
+                  l.esp,
+                  l.ExpertReplicas(),
+                  zero,
+                  so.end_block - so.first_block,
+                  so.first_block % model.moe.layer_freq,
+                  static_cast<uint8_t>(l.family),
+                  so.embed,
+                  so.head};
+}
+
+absl::StatusOr<ChunkTimes> LayoutPlanner::Impl::Chunk(const ModelConfig& model, const Layout& l, int64_t mbs,
+                                 int stage, int chunk) {
+  const StageOptions so = ChunkOptions(model, l, stage, chunk);
+  if (auto it = cache.find(KeyOf(model, l, mbs, so, l.zero_stage)); it != cache.end()) {
+    if (stats) ++stats->stage_cache_hits;
+    return it->second;
+  }
+  if (stats) ++stats->stage_plans;
+  const ModelConfig m = ModelForLayout(model, l, mbs);
+  ModelPlanOptions opt = plan_options;
+  if (l.family == Family::kDpMoe) opt.schedules = {Schedule::kDefault};
+  MOEPLAN_RETURN_IF_ERROR(planner.PlanStage(m, opt, so, &plan));
+  const VariantPlan& vp = plan.variants[static_cast<size_t>(plan.best)];
+  // ZeRO 1 and 2 build the same graph (reduce-scatter buckets, gathers after
+  // the step); 2 only counts the buckets as part of every micro-batch's backward.
+  for (int z : {l.zero_stage, l.zero_stage == 1 ? 2 : l.zero_stage == 2 ? 1 : -1}) {
+    if (z >= 0) cache.emplace(KeyOf(model, l, mbs, so, z), Times(vp, z >= 2));
+  }
+  return cache.find(KeyOf(model, l, mbs, so, l.zero_stage))->second;
+}
+
+// A planned chunk's times; `sync_in_backward`: its gradient buckets end its backward.
+ChunkTimes LayoutPlanner::Impl::Times(const VariantPlan& vp, bool sync_in_backward) {
+  ChunkTimes t;
+  t.variant = vp.variant;
+  t.schedule = vp.schedule;
+  t.algo = vp.algo;
+  const OpGraph& g = vp.graph;
+  const SimResult& r = vp.sim;
+  double bwd_end = r.forward_end_us, sync_end = 0.0;
+  for (OpId id = 0; id < g.size(); ++id) {
+    const Op& op = g.op(id);
+    const double end = r.times[static_cast<size_t>(id)].end_us;
+    if (op.term == Term::kOptimizer) continue;
+    if (op.flags & kGradSync) {
+      if (op.base.substr(0, 4) == "bwd.") {
+        sync_end = std::max(sync_end, end);
+      }
+      continue;
+    }
+    bwd_end = std::max(bwd_end, end);
+  }
+  if (sync_in_backward) bwd_end = std::max(bwd_end, sync_end);
+  t.fwd = r.forward_end_us;
+  t.bwd = bwd_end - t.fwd;
+  t.tail = std::max(0.0, r.makespan_us - bwd_end);
+  for (OpId id : r.critical_path) {
+    const Op& op = g.op(id);
+    const OpTime& time = r.times[static_cast<size_t>(id)];
+    if (time.end_us <= t.fwd + 1e-9) {
+      t.fwd_terms[static_cast<size_t>(op.term)] += op.cost_us;
+    } else if (time.end_us <= bwd_end + 1e-9) {
+      t.bwd_terms[static_cast<size_t>(op.term)] += op.cost_us;
+    } else if (op.term == Term::kOptimizer) {
+      t.optimizer += op.cost_us;
+    } else {
+      t.grad_sync += op.cost_us;
+    }
+  }
+  return t;
+}
+
+// The time of one micro-batch's activation (or gradient) to the next stage:
+// each TP rank sends its 1/tp (Megatron-LM's scatter-gather), across nodes
+// once a stage fills a node, and the receiving TP group AllGathers the
+// pieces (inside its node). Both are charged to the send, which holds the
+// sender's link.
+PipelineLinks LayoutPlanner::Impl::Links(const ModelConfig& model, const Layout& l, int64_t mbs) const {
+  const int g = cost.profile().shape.gpus_per_node;
+  const bool across = int64_t{l.dp} * l.tp >= g;
+  const double bytes = static_cast<double>(mbs) * model.seq_length * model.hidden_size *
+                       model.bytes_per_element / l.tp;
+  PipelineLinks k;
+  k.elements = mbs * model.seq_length * model.hidden_size / l.tp;
+  k.bytes = static_cast<int64_t>(bytes);
+  k.send_us = cost.CollectiveUs(Collective::kSendRecv, GroupShape{2, across ? 2 : 1}, bytes);
+  k.send_resources = across ? kInter : kIntra;
+  k.tp = l.tp;
+  k.gather_us = cost.CollectiveUs(Collective::kAllGather, GroupShape{l.tp, 1}, bytes);
+  return k;
+}
+
+void LayoutPlanner::Impl::P2p(const ModelConfig& model, const Layout& l, int64_t mbs, PipelineSpec* spec) const {
+  const PipelineLinks k = Links(model, l, mbs);
+  spec->p2p_us = k.send_us + k.gather_us;
+  spec->p2p_resource = k.send_resources;
+}
+
+// Evaluates a validated layout with `mbs` sequences per micro-batch.
+absl::Status LayoutPlanner::Impl::Run(const ModelConfig& model, const Layout& l, int64_t mbs, const MemoryOptions& mem,
+                 LayoutCandidate* out) {
+  const int p = l.pp, v = std::max(1, l.virtual_stages), m = l.microbatches;
+  PipelineSpec spec;
+  spec.schedule = l.pipeline;
+  spec.stages = p;
+  spec.chunks = v;
+  spec.microbatches = m;
+  spec.fwd_us.assign(static_cast<size_t>(p * v), 0.0);
+  spec.bwd_us.assign(static_cast<size_t>(p * v), 0.0);
+  spec.tail_us.assign(static_cast<size_t>(p), 0.0);
+  std::vector<ChunkTimes> chunks(static_cast<size_t>(p * v));
+  for (int s = 0; s < p; ++s) {
+    for (int c = 0; c < v; ++c) {
+      MOEPLAN_ASSIGN_OR_RETURN(ChunkTimes t, Chunk(model, l, mbs, s, c));
+      const size_t i = static_cast<size_t>(s) * v + c;
+      spec.fwd_us[i] = t.fwd;
+      // Full recomputation runs the chunk's forward again before its backward.
+      spec.bwd_us[i] = t.bwd + (l.recompute ? t.fwd : 0.0);
+      spec.tail_us[static_cast<size_t>(s)] += t.tail;
+      chunks[i] = t;
+    }
+  }
+  P2p(model, l, mbs, &spec);
+  PipelineResult pr;
+  MOEPLAN_RETURN_IF_ERROR(SimulatePipeline(spec, &pipe_graph, &pipe_sim, &pipe_result, &pr));
+  if (stats) ++stats->simulated;
+
+  out->layout = l;
+  out->micro_batch_size = mbs;
+  out->iteration_us = pr.makespan_us;
+  const double tokens = static_cast<double>(model.GlobalBatch()) * model.seq_length;
+  out->tokens_per_s_per_gpu = tokens / (pr.makespan_us * 1e-6) / l.Gpus();
+  out->bubble_us = pr.bubble_us;
+  out->bubble_fraction = pr.makespan_us > 0.0 ? pr.bubble_us / pr.makespan_us : 0.0;
+  Breakdown(l, spec, pr, chunks, out);
+  // Memory: the stage that needs the most.
+  out->memory = MemoryBreakdown{};
+  for (int st = 0; st < p; ++st) {
+    const MemoryBreakdown mb =
+        StageMemory(model, l, mbs, st, InFlightMicrobatches(l.pipeline, p, v, m, st), mem);
+    if (st == 0 || mb.total > out->memory.total) out->memory = mb;
+  }
+  out->feasible = out->memory.fits();
+  out->infeasible_reason = out->memory.OverReason();
+  return absl::OkStatus();
+}
+
+// Two lower bounds, the larger kept. (1) The pipeline simulated with each
+// chunk's lower bounds (StageComputeBound) and the exact p2p: simulated
+// times only grow with op costs. (2) Each stage's load: a chunk's planned
+// iteration (forward, backward and tail) holds every resource r for at
+// least F_r + B_r + G_r (its gradient synchronisation and optimizer), its
+// forward and backward last at least F_r and B_r, and the stage runs m of
+// each before its tail: m (F_r + B_r) + G_r per chunk, for every r.
+absl::StatusOr<double> LayoutPlanner::Impl::Bound(const ModelConfig& model, const Layout& l, int64_t mbs) {
+  const int p = l.pp, v = std::max(1, l.virtual_stages);
+  PipelineSpec spec;
+  spec.schedule = l.pipeline;
+  spec.stages = p;
+  spec.chunks = v;
+  spec.microbatches = l.microbatches;
+  spec.fwd_us.assign(static_cast<size_t>(p * v), 0.0);
+  spec.bwd_us.assign(static_cast<size_t>(p * v), 0.0);
+  spec.tail_us.assign(static_cast<size_t>(p), 0.0);
+  const size_t zc = l.zero_stage == 0 ? 0 : l.zero_stage <= 2 ? 1 : 2;
+  const double m = l.microbatches;
+  double load = 0.0;
+  for (int st = 0; st < p; ++st) {
+    double stage_load = 0.0;
+    for (int c = 0; c < v; ++c) {
+      const StageOptions so = ChunkOptions(model, l, st, c);
+      const ChunkKey key =
+          KeyOf(model, l, mbs, so, /*zero=*/0);  // the bounds hold for every stage
+      ModelPlanner::StageBound b;
+      if (auto it = bounds.find(key); it != bounds.end()) {
+        b = it->second;
+      } else {
+        ModelPlanOptions opt = plan_options;
+        if (l.family == Family::kDpMoe) opt.schedules = {Schedule::kDefault};
+        MOEPLAN_RETURN_IF_ERROR(
+            planner.StageComputeBound(ModelForLayout(model, l, mbs), opt, so, &b));
+        bounds.emplace(key, b);
+      }
+      const size_t i = static_cast<size_t>(st) * v + c;
+      spec.fwd_us[i] = b.fwd_us;
+      spec.bwd_us[i] = b.bwd_us + (l.recompute ? b.fwd_us : 0.0);
+      spec.tail_us[static_cast<size_t>(st)] +=
+          l.zero_stage >= 1 ? b.sharded_optimizer_us : b.optimizer_us;
+      double chunk_load = 0.0;
+      for (size_t r = 0; r < kNumResources; ++r) {
+        const double f = b.fwd_res[r] * (l.recompute ? 2.0 : 1.0);
+        chunk_load = std::max(chunk_load, m * (f + b.bwd_res[r]) + b.sync_res[zc][r]);
+      }
+      stage_load += chunk_load;
+    }
+    load = std::max(load, stage_load);
+  }
+  P2p(model, l, mbs, &spec);
+  PipelineResult pr;
+  MOEPLAN_RETURN_IF_ERROR(SimulatePipeline(spec, &pipe_graph, &pipe_sim, &pipe_result, &pr));
+  return std::max(pr.makespan_us, load);
+}
+
+void LayoutPlanner::Impl::Begin(const ModelConfig& model, const ModelPlanOptions& options) {
+  // The caches hold chunks of one (model, options); a new call starts afresh.
+  cache.clear();
+  bounds.clear();
+  plan_options = options;
+}
+
+void LayoutPlanner::Impl::Breakdown(const Layout& l, const PipelineSpec& spec,
+                                    const PipelineResult& pr, const std::vector<ChunkTimes>& chunks,
+                                    LayoutCandidate* out) const {
+  const int v = std::max(1, l.virtual_stages), m = l.microbatches;
+  const int s = pr.busiest_stage;
+  std::array<double, kNumTerms> terms{};
+  out->compute_us = out->grad_sync_us = out->optimizer_us = 0.0;
+  out->stage_forward_us = out->stage_backward_us = 0.0;
+  for (int c = 0; c < v; ++c) {
+    const ChunkTimes& t = chunks[static_cast<size_t>(s) * v + c];
+    for (int k = 0; k < kNumTerms; ++k) {
+      terms[static_cast<size_t>(k)] +=
+          m * (t.fwd_terms[static_cast<size_t>(k)] * (l.recompute ? 2.0 : 1.0) +
+               t.bwd_terms[static_cast<size_t>(k)]);
+    }
+    out->grad_sync_us += t.grad_sync;
+    out->optimizer_us += t.optimizer;
+    out->stage_forward_us += t.fwd;
+    out->stage_backward_us += spec.bwd_us[static_cast<size_t>(s) * v + c];
+    if (c == 0) {
+      out->variant = t.variant;
+      out->schedule = t.schedule;
+      out->algo = t.algo;
+    }
+  }
+  out->exposed_comm.clear();
+  for (int k = 0; k < kNumTerms; ++k) {
+    const Term term = static_cast<Term>(k);
+    if (IsComm(term)) {
+      if (terms[static_cast<size_t>(k)] > 0.0) {
+        out->exposed_comm.push_back({term, terms[static_cast<size_t>(k)]});
+      }
+    } else if (term != Term::kOptimizer) {
+      out->compute_us += terms[static_cast<size_t>(k)];
+    }
+  }
+}
+
+MemoryOptions LayoutPlanner::Impl::ResolveMemory(const MemoryOptions& o) const {
+  MemoryOptions r = o;
+  if (r.gpu_memory_bytes < 0.0) r.gpu_memory_bytes = cost.profile().gpu_memory_gib * internal::kGiB;
+  return r;
+}
+
+LayoutPlanner::LayoutPlanner(const CostModel& cost) : impl_(std::make_unique<Impl>(cost)) {}
+LayoutPlanner::~LayoutPlanner() = default;
+LayoutPlanner::LayoutPlanner(LayoutPlanner&&) noexcept = default;
+
+namespace {
+
+// A layout evaluated on its own: resolved (ResolveLayout) and the checks of
+// ValidateLayout on as many nodes of the profile's size as it spans (like
+// --gpus of the search).
+absl::StatusOr<Layout> OneLayout(const ModelConfig& model, const Layout& layout,
+                                 const ClusterShape& shape) {
+  const Layout l = ResolveLayout(layout);
+  const int64_t nodes =
+      (int64_t{l.dp} * l.tp * l.pp + shape.gpus_per_node - 1) / shape.gpus_per_node;
+  const ClusterShape cluster{static_cast<int>(std::clamp<int64_t>(nodes, shape.nodes, 1 << 20)),
+                             shape.gpus_per_node};
+  MOEPLAN_RETURN_IF_ERROR(ValidateLayout(model, l, model.GlobalBatch(), cluster));
+  return l;
+}
+
+}  // namespace
+
+absl::Status LayoutPlanner::Evaluate(const ModelConfig& model, const Layout& layout,
+                                     const ModelPlanOptions& plan, const MemoryOptions& memory,
+                                     LayoutCandidate* out) {
+  Impl& s = *impl_;
+  MOEPLAN_RETURN_IF_ERROR(ValidateModelPlanOptions(plan));
+  MOEPLAN_RETURN_IF_ERROR(ValidateMemoryOptions(memory));
+  MOEPLAN_ASSIGN_OR_RETURN(const Layout l, OneLayout(model, layout, s.cost.profile().shape));
+  const int64_t global = model.GlobalBatch();
+  s.Begin(model, plan);
+  s.stats = nullptr;
+  const int64_t mbs = global / (int64_t{l.dp} * l.microbatches);
+  return s.Run(model, l, mbs, s.ResolveMemory(memory), out);
+}
+
+absl::Status LayoutPlanner::Program(const ModelConfig& model, const Layout& layout,
+                                    const ModelPlanOptions& plan, VariantPlan* out) {
+  Impl& s = *impl_;
+  MOEPLAN_RETURN_IF_ERROR(ValidateModelPlanOptions(plan));
+  MOEPLAN_ASSIGN_OR_RETURN(const Layout l, OneLayout(model, layout, s.cost.profile().shape));
+  const int p = l.pp, v = std::max(1, l.virtual_stages);
+  const int64_t mbs = model.GlobalBatch() / (int64_t{l.dp} * l.microbatches);
+  const ModelConfig m = ModelForLayout(model, l, mbs);
+  ModelPlanOptions opt = plan;
+  if (l.family == Family::kDpMoe) opt.schedules = {Schedule::kDefault};
+  std::vector<VariantPlan> chunks(static_cast<size_t>(p * v));
+  std::vector<const OpGraph*> graphs(chunks.size());
+  *out = VariantPlan{};
+  for (int st = 0; st < p; ++st) {
+    for (int c = 0; c < v; ++c) {
+      MOEPLAN_RETURN_IF_ERROR(s.planner.PlanStage(m, opt, ChunkOptions(model, l, st, c), &s.plan));
+      const size_t k = static_cast<size_t>(st) * v + c;
+      chunks[k] = std::move(s.plan.variants[static_cast<size_t>(s.plan.best)]);
+      graphs[k] = &chunks[k].graph;
+      for (const MoeLayerChoice& choice : chunks[k].layers) out->layers.push_back(choice);
+    }
+  }
+  std::sort(out->layers.begin(), out->layers.end(),
+            [](const MoeLayerChoice& a, const MoeLayerChoice& b) { return a.block < b.block; });
+  const PipelineLinks links = s.Links(model, l, mbs);
+  MOEPLAN_RETURN_IF_ERROR(BuildPipelineProgram(l, graphs, links, &out->graph));
+  MOEPLAN_RETURN_IF_ERROR(s.pipe_sim.Run(out->graph, &out->sim));
+  out->variant = chunks[0].variant;
+  out->schedule = chunks[0].schedule;
+  out->algo = chunks[0].algo;
+  out->tutel_degree = chunks[0].tutel_degree;
+  return absl::OkStatus();
+}
+
+}  // namespace moeplan::planner

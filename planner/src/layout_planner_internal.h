@@ -1,0 +1,91 @@
+// The layout planner's state (private to the planner library): planned
+// chunks and their lower bounds cached per (model, options), the pipeline's
+// scratch graph. Methods are in layout_planner.cc; the search that drives
+// them is layout_search.cc.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <utility>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "moeplan/planner/layout_planner.h"
+#include "moeplan/planner/pipeline.h"
+#include "moeplan/planner/pipeline_program.h"
+
+namespace moeplan::planner {
+namespace internal {
+
+// A planned chunk: per-micro-batch forward and backward, its tail, the best
+// variant and the critical-path terms per micro-batch.
+struct ChunkTimes {
+  double fwd = 0.0, bwd = 0.0, tail = 0.0;
+  double grad_sync = 0.0, optimizer = 0.0;
+  std::array<double, kNumTerms> fwd_terms{}, bwd_terms{};
+  Variant variant = Variant::kNone;
+  Schedule schedule = Schedule::kDefault;
+  AllToAllAlgo algo = AllToAllAlgo::kLinear;
+};
+
+struct ChunkKey {
+  int64_t mbs;
+  int tp, dp, ep, esp, edp, zero, blocks, phase;
+  uint8_t family;
+  bool embed, head;
+  friend bool operator==(const ChunkKey&, const ChunkKey&) = default;
+  template <typename H>
+  friend H AbslHashValue(H h, const ChunkKey& k) {
+    return H::combine(std::move(h), k.mbs, k.tp, k.dp, k.ep, k.esp, k.edp, k.zero, k.blocks,
+                      k.phase, k.family, k.embed, k.head);
+  }
+};
+
+inline bool IsComm(Term t) {
+  return t == Term::kAllToAll || t == Term::kAllGather || t == Term::kReduceScatter ||
+         t == Term::kAllReduce || t == Term::kSendRecv;
+}
+
+
+}  // namespace internal
+
+struct LayoutPlanner::Impl {
+  using ChunkKey = internal::ChunkKey;
+  using ChunkTimes = internal::ChunkTimes;
+
+  explicit Impl(const CostModel& c) : cost(c), planner(c) {}
+  const CostModel& cost;
+  ModelPlanner planner;
+  ModelPlan plan;
+  absl::flat_hash_map<ChunkKey, ChunkTimes> cache;
+  absl::flat_hash_map<ChunkKey, ModelPlanner::StageBound> bounds;
+  OpGraph pipe_graph;
+  Simulator pipe_sim;
+  SimResult pipe_result;
+  SearchStats* stats = nullptr;
+  ModelPlanOptions plan_options;
+
+  ChunkKey KeyOf(const ModelConfig& model, const Layout& l, int64_t mbs, const StageOptions& so,
+                 int zero) const;
+  // Chunk (stage, chunk) planned at `mbs` sequences per micro-batch, cached.
+  absl::StatusOr<ChunkTimes> Chunk(const ModelConfig& model, const Layout& l, int64_t mbs,
+                                   int stage, int chunk);
+  // A planned chunk's times; `sync_in_backward`: its gradient buckets end its backward.
+  static ChunkTimes Times(const VariantPlan& vp, bool sync_in_backward);
+  PipelineLinks Links(const ModelConfig& model, const Layout& l, int64_t mbs) const;
+  void P2p(const ModelConfig& model, const Layout& l, int64_t mbs, PipelineSpec* spec) const;
+  // Evaluates a validated layout with `mbs` sequences per micro-batch.
+  absl::Status Run(const ModelConfig& model, const Layout& l, int64_t mbs, const MemoryOptions& mem,
+                   LayoutCandidate* out);
+  // The candidate's time breakdown from its busiest stage's chunks.
+  void Breakdown(const Layout& l, const PipelineSpec& spec, const PipelineResult& pr,
+                 const std::vector<ChunkTimes>& chunks, LayoutCandidate* out) const;
+  // A lower bound on the layout's iteration time (never above Run's).
+  absl::StatusOr<double> Bound(const ModelConfig& model, const Layout& l, int64_t mbs);
+  // The caches hold chunks of one (model, options); a new call starts afresh.
+  void Begin(const ModelConfig& model, const ModelPlanOptions& options);
+  // Memory options with the profile's GPU memory where they say "the profile's".
+  MemoryOptions ResolveMemory(const MemoryOptions& o) const;
+};
+
+}  // namespace moeplan::planner

@@ -1,0 +1,239 @@
+// The layout search (docs/layouts.md "Search"): every valid layout of P GPUs
+// enumerated, memory-checked, bounded from below, then simulated in bound
+// order until no remaining candidate can enter the top N.
+#include <algorithm>
+#include <cstdint>
+#include <iterator>
+#include <span>
+#include <utility>
+#include <vector>
+
+#include "field_rules.h"
+#include "layout_planner_internal.h"
+#include "moeplan/base/status.h"
+#include "moeplan/base/strings.h"
+#include "moeplan/planner/layout_memory.h"
+#include "moeplan/planner/limits.h"
+
+namespace moeplan::planner {
+namespace {
+
+using internal::Bad;
+
+std::vector<int> Divisors(int64_t n, int64_t max) {
+  std::vector<int> d;
+  for (int64_t i = 1; i <= std::min(n, max); ++i) {
+    if (n % i == 0) d.push_back(static_cast<int>(i));
+  }
+  return d;
+}
+
+// The (ep, esp) pairs family `f` allows on a stage of dp * tp ranks.
+std::vector<std::pair<int, int>> ExpertGrids(Family f, int dp, int tp, bool has_parm) {
+  std::vector<std::pair<int, int>> experts;
+  switch (f) {
+    case Family::kDpMoe:
+      for (int ep : Divisors(dp, dp)) {
+        // ep = dp is parm's esp = tp (which also tries S1 and S2): one name for it.
+        if (ep == dp && has_parm) continue;
+        experts.push_back({ep, tp});
+      }
+      break;
+    case Family::kPpMoe:
+      if (tp == 1) break;  // no TP group to spread the experts over
+      for (int ep : Divisors(tp, tp)) experts.push_back({ep, tp / ep});
+      break;
+    case Family::kParm:
+      // Each expert shard runs on its TP group's tokens: esp | tp.
+      for (int esp : Divisors(tp, tp)) experts.push_back({tp * dp / esp, esp});
+      break;
+  }
+  return experts;
+}
+
+// Every valid (dp, tp, pp, ep, esp, family) of `gpus` GPUs, one micro-batch.
+std::vector<Layout> EnumerateLayouts(const ModelConfig& model, std::span<const Family> families,
+                                     int gpus, const ClusterShape& cluster) {
+  const int g = cluster.gpus_per_node;
+  const int64_t global = model.GlobalBatch();
+  const bool has_parm = std::count(families.begin(), families.end(), Family::kParm) > 0;
+  std::vector<Layout> layouts;
+  for (int tp : Divisors(g, g)) {
+    for (int pp : Divisors(model.num_layers, gpus / tp)) {
+      if (gpus % (tp * pp) != 0) continue;
+      const int dp = gpus / (tp * pp);
+      for (Family f : families) {
+        for (auto [ep, esp] : ExpertGrids(f, dp, tp, has_parm)) {
+          Layout l;
+          l.dp = dp;
+          l.tp = tp;
+          l.pp = pp;
+          l.ep = ep;
+          l.esp = esp;
+          l.family = f;
+          l.microbatches = 1;
+          if (global % dp != 0) continue;
+          if (!ValidateLayout(model, l, global, cluster).ok()) continue;
+          layouts.push_back(l);
+        }
+      }
+    }
+  }
+  return layouts;
+}
+
+// A candidate waiting to be simulated, and its lower bound.
+struct Pending {
+  Layout layout;
+  int64_t mbs;
+  double bound = 0.0;
+};
+
+// What the candidates of one search range over.
+struct Axes {
+  std::vector<PipelineSchedule> pipelines;
+  std::vector<int> zeros;
+};
+
+// Whether any stage of `l` fits memory, with or without full recomputation
+// (l->recompute is left at the first that fits).
+bool FitsSomeWay(const ModelConfig& model, int64_t mbs, const MemoryOptions& mem, Layout* l) {
+  for (bool rc : {false, true}) {
+    l->recompute = rc;
+    bool ok = true;
+    for (int stage = 0; stage < l->pp && ok; ++stage) {
+      ok = StageMemory(model, *l, mbs, stage,
+                       InFlightMicrobatches(l->pipeline, l->pp, l->virtual_stages,
+                                            l->microbatches, stage),
+                       mem)
+               .fits();
+    }
+    if (ok) return true;
+  }
+  return false;
+}
+
+// Every (layout, zero, pipeline, v, m) candidate that fits memory.
+absl::Status EnumerateCandidates(const ModelConfig& model, std::span<const Layout> layouts,
+                                 const SearchOptions& options, const Axes& axes,
+                                 const MemoryOptions& mem, SearchStats* st,
+                                 std::vector<Pending>* pending) {
+  const int64_t global = model.GlobalBatch();
+  for (const Layout& base : layouts) {
+    const int64_t per_replica = global / base.dp;
+    for (int m : Divisors(per_replica, options.max_microbatches)) {
+      for (int z : axes.zeros) {
+        for (PipelineSchedule ps : axes.pipelines) {
+          if (base.pp == 1 && ps != PipelineSchedule::k1F1B) continue;
+          std::vector<int> vs = {1};
+          if (ps == PipelineSchedule::kInterleaved) vs = options.virtual_stages;
+          for (int v : vs) {
+            Layout l = base;
+            l.microbatches = m;
+            l.zero_stage = z;
+            l.pipeline = ps;
+            l.virtual_stages = v;
+            if (ps == PipelineSchedule::kInterleaved &&
+                (base.pp < 2 || m % base.pp != 0 || model.num_layers % (base.pp * v) != 0)) {
+              continue;
+            }
+            if (++st->enumerated > kMaxSearchCandidates) {
+              return absl::ResourceExhaustedError(
+                  Cat("search: more than ", kMaxSearchCandidates,
+                      " candidate layouts to enumerate; narrow search.gpus, search.families, "
+                      "search.pipelines, search.zero_stages or search.max_microbatches"));
+            }
+            if (PipelineSteps(l) > kMaxPipelineSteps) {
+              ++st->over_limit;
+              continue;
+            }
+            const int64_t mbs = per_replica / m;
+            if (!FitsSomeWay(model, mbs, mem, &l)) {
+              ++st->pruned_memory;
+              continue;
+            }
+            pending->push_back({l, mbs, 0.0});
+          }
+        }
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Lower bounds: the pipeline simulated with each chunk's compute alone (no
+// communication, tails or p2p). Simulated times only grow with op costs, so
+// no candidate can beat its bound; candidates are evaluated in bound order
+// until the N-th best found is no slower than the next bound.
+absl::Status Rank(LayoutPlanner::Impl& s, const ModelConfig& model, const SearchOptions& options,
+                  const ModelPlanOptions& plan, const MemoryOptions& mem,
+                  std::vector<Pending>& pending, std::vector<LayoutCandidate>* out) {
+  for (Pending& c : pending) {
+    MOEPLAN_RETURN_IF_ERROR(plan.deadline.Check("search"));
+    MOEPLAN_ASSIGN_OR_RETURN(c.bound, s.Bound(model, c.layout, c.mbs));
+  }
+  std::stable_sort(pending.begin(), pending.end(),
+                   [](const Pending& a, const Pending& b) { return a.bound < b.bound; });
+  std::vector<LayoutCandidate> ranked;
+  const auto slower = [](const LayoutCandidate& a, const LayoutCandidate& b) {
+    return a.iteration_us < b.iteration_us;
+  };
+  for (size_t i = 0; i < pending.size(); ++i) {
+    const Pending& c = pending[i];
+    if (!options.exhaustive && static_cast<int>(ranked.size()) >= options.top &&
+        c.bound >= ranked[static_cast<size_t>(options.top) - 1].iteration_us) {
+      s.stats->pruned_bound += static_cast<int64_t>(pending.size() - i);
+      break;
+    }
+    MOEPLAN_RETURN_IF_ERROR(plan.deadline.Check("search"));
+    LayoutCandidate cand;
+    MOEPLAN_RETURN_IF_ERROR(s.Run(model, c.layout, c.mbs, mem, &cand));
+    if (!cand.feasible) continue;
+    ranked.insert(std::upper_bound(ranked.begin(), ranked.end(), cand, slower), std::move(cand));
+    if (static_cast<int>(ranked.size()) > options.top) ranked.pop_back();
+  }
+  *out = std::move(ranked);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status LayoutPlanner::Search(const ModelConfig& model, const SearchOptions& options,
+                                   const ModelPlanOptions& plan, const MemoryOptions& memory,
+                                   LayoutSearchResult* out) {
+  Impl& s = *impl_;
+  MOEPLAN_RETURN_IF_ERROR(ValidateModelPlanOptions(plan));
+  MOEPLAN_RETURN_IF_ERROR(ValidateMemoryOptions(memory));
+  MOEPLAN_RETURN_IF_ERROR(ValidateSearchOptions(options));
+  const ClusterShape& shape = s.cost.profile().shape;
+  const int g = shape.gpus_per_node;
+  const int gpus = options.gpus > 0 ? options.gpus : shape.TotalGpus();
+  if (gpus % g != 0 && g % gpus != 0) {
+    return Bad("search.gpus", Cat("must divide gpus_per_node (", g, ") or be a multiple of it"),
+               Cat(gpus));
+  }
+  const ClusterShape cluster{std::max(1, gpus / g), g};
+  const MemoryOptions mem = s.ResolveMemory(memory);
+  s.Begin(model, plan);
+  *out = LayoutSearchResult{};
+  out->gpus = gpus;
+  out->global_batch = model.GlobalBatch();
+  s.stats = &out->stats;
+
+  std::vector<Family> families = options.families;
+  if (families.empty()) families.assign(std::begin(kAllFamilies), std::end(kAllFamilies));
+  Axes axes{options.pipelines, options.zero_stages};
+  if (axes.pipelines.empty()) {
+    axes.pipelines.assign(std::begin(kAllPipelineSchedules), std::end(kAllPipelineSchedules));
+  }
+  if (axes.zeros.empty()) axes.zeros = {0, 1, 2, 3};
+  const std::vector<Layout> layouts = EnumerateLayouts(model, families, gpus, cluster);
+  std::vector<Pending> pending;
+  MOEPLAN_RETURN_IF_ERROR(
+      EnumerateCandidates(model, layouts, options, axes, mem, &out->stats, &pending));
+  MOEPLAN_RETURN_IF_ERROR(Rank(s, model, options, plan, mem, pending, &out->candidates));
+  s.stats = nullptr;
+  return absl::OkStatus();
+}
+
+}  // namespace moeplan::planner

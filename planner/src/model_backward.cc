@@ -1,0 +1,249 @@
+// The whole model's backward (model_planner_internal.h): the forward's units
+// in reverse with dX and dW ops, the parameters each gradient completes, and
+// the backward AlltoAlls where Lancet may place dW ops.
+#include <cstdint>
+#include <string_view>
+
+#include "model_planner_internal.h"
+#include "moeplan/base/strings.h"
+
+namespace moeplan::planner {
+
+using internal::B;
+using internal::Builder;
+using internal::DenseColl;
+using internal::DenseGemm;
+using internal::DenseMemory;
+using internal::Deps;
+using internal::kJoin;
+using internal::Site;
+using internal::Slot;
+
+namespace {
+
+// The backward of one model graph, block by block in reverse: every op goes
+// to the Impl's g0, every gradient to its params (the parameters each op
+// completes) and every weight GEMM's dW op to its dw_ops.
+class BackwardEmitter {
+ public:
+  BackwardEmitter(ModelPlanner::Impl& s, bool detach)
+      : s_(s),
+        m_(*s.m),
+        detach_(detach),
+        S_(m_.micro_batch_size * m_.seq_length),
+        Bq_(m_.micro_batch_size),
+        M_(m_.hidden_size),
+        L_(m_.seq_length),
+        t_(m_.parallel.mp),
+        hp_(m_.num_attention_heads / t_),
+        d_(M_ / m_.num_attention_heads),
+        f_(m_.ffn_hidden_size / t_),
+        fs_(m_.moe.shared_expert_ffn_hidden_size / t_),
+        v_(m_.vocab_size / t_),
+        e_(m_.bytes_per_element),
+        sm_(static_cast<double>(S_) * M_ * e_),
+        b_(s.cost, &s.g0) {}
+
+  void Emit(Deps x) {
+    if (m_.vocab_size > 0 && s_.st.head) x = Head(x);
+    for (int blk = s_.end_block - 1; blk >= s_.first_block; --blk) x = Block(blk, x);
+    if (m_.vocab_size > 0 && s_.st.embed) {
+      b_.Stamp(-1, 0);
+      x = Mem("bwd.embed", 3.0 * sm_, x);
+      Param(static_cast<double>(v_) * M_ + static_cast<double>(L_) * M_, x);
+    }
+  }
+
+ private:
+  Deps Mem(std::string_view name, double bytes, Deps in) {
+    return b_.Compute(name, B, Term::kDense, s_.cost.MemoryBoundUs(bytes), bytes, in, 0,
+                      DenseMemory(bytes, e_));
+  }
+  Deps Gemm(std::string_view name, int64_t mm, int64_t nn, int64_t kk, Deps in,
+            uint8_t flags = 0) {
+    return b_.Compute(name, B, Term::kDense, s_.cost.GemmUs(mm, nn, kk),
+                      e_ * static_cast<double>(mm * kk + kk * nn + mm * nn), in, flags,
+                      DenseGemm(mm, nn, kk));
+  }
+  Deps AllReduce(std::string_view name, Deps in) {
+    return b_.Coll(name, B, Collective::kAllReduce, s_.mp_shape, sm_, in,
+                   DenseColl(ExecKind::kAllReduce, ExecGroup::kMp, sm_, e_));
+  }
+  Deps Join(std::string_view name, Deps in) {
+    return b_.Compute(name, B, Term::kDense, 0.0, 0.0, in, 0, kJoin);
+  }
+  void Param(double elements, Deps producer) { s_.params.push_back({elements * e_, producer.a}); }
+  // A weight GEMM's backward: dX, then dW (off the chain when detached).
+  Deps Linear(std::string_view dx_name, std::string_view dw_name, int64_t in_f, int64_t out_f,
+              double param_elements, Deps in) {
+    const Deps dx = Gemm(dx_name, S_, in_f, out_f, in);
+    const Deps dw = Gemm(dw_name, out_f, in_f, S_, detach_ ? in : dx, kWeightGrad);
+    s_.dw_ops.push_back(dw.a);
+    Param(param_elements, dw);
+    return detach_ ? dx : dw;
+  }
+
+  // The loss, LM head and final norm.
+  Deps Head(Deps x) {
+    b_.Stamp(-1, 0);
+    x = Mem("bwd.loss", 3.0 * e_ * S_ * v_, x);
+    // The tied embedding's gradient completes at bwd.embed (below); a last
+    // stage without the embedding holds its own copy (Megatron-LM).
+    const Deps dx = Gemm("bwd.lm_head_dx", S_, M_, v_, x);
+    const Deps dw = Gemm("bwd.lm_head_dw", v_, M_, S_, detach_ ? x : dx, kWeightGrad);
+    s_.dw_ops.push_back(dw.a);
+    if (!s_.st.embed) Param(static_cast<double>(v_) * M_, dw);
+    x = detach_ ? dx : dw;
+    if (t_ > 1) x = AllReduce("bwd.lm_head_allreduce", x);
+    x = Mem("bwd.ln_f", 3.0 * sm_, x);
+    Param(2.0 * M_, x);
+    return x;
+  }
+
+  // One block: its FFN (or MoE layer), then its attention.
+  Deps Block(int blk, Deps x) {
+    if (s_.st.zero_stage == 3) {
+      const Deps gather = s_.ZeroGather(&s_.g0, blk, B);
+      if (gather.a != kNoOp || gather.b != kNoOp) {
+        b_.Stamp(blk, 0);
+        x = Join("bwd.zero_wait", {x.a, gather.a});
+        if (gather.b != kNoOp) x = Join("bwd.zero_wait", {x.a, gather.b});
+      }
+    }
+    b_.Stamp(blk, 0);
+    const Deps out_grad = x;
+    x = m_.IsMoeBlock(blk) ? MoeBlock(blk, x) : DenseFfn(x);
+    Param(2.0 * M_, x);
+    x = Mem("bwd.residual2", 3.0 * sm_, Deps{x.a, out_grad.a});
+    return Attention(x);
+  }
+
+  Deps DenseFfn(Deps x) {
+    x = Linear("bwd.fc2_dx", "bwd.fc2_dw", f_, M_, static_cast<double>(f_) * M_ + M_, x);
+    x = Mem("bwd.gelu", 3.0 * e_ * S_ * f_, x);
+    x = Linear("bwd.fc1_dx", "bwd.fc1_dw", M_, f_, static_cast<double>(M_) * f_ + f_, x);
+    if (t_ > 1) x = AllReduce("bwd.fc1_allreduce", x);
+    return Mem("bwd.ln2", 3.0 * sm_, x);
+  }
+
+  // The shared expert's backward beside the routed experts', from the
+  // block's output gradient.
+  Deps SharedExpert(int blk, Deps out_grad) {
+    b_.Stamp(blk, kMoeScope);
+    Deps z = Linear("bwd.shared_fc2_dx", "bwd.shared_fc2_dw", fs_, M_,
+                    static_cast<double>(fs_) * M_, out_grad);
+    z = Mem("bwd.shared_act", 3.0 * e_ * S_ * fs_, z);
+    z = Linear("bwd.shared_fc1_dx", "bwd.shared_fc1_dw", M_, fs_, static_cast<double>(M_) * fs_,
+               z);
+    if (t_ > 1) z = AllReduce("bwd.shared_allreduce", z);
+    b_.Stamp(blk, 0);
+    return z;
+  }
+
+  // The routed experts' sections (unroute, exchange, route), the shared
+  // expert, and the norm before them.
+  Deps MoeBlock(int blk, Deps x) {
+    const Deps out_grad = x;
+    OpGraph& g0 = s_.g0;
+    const LayerContext ctx = s_.MoeContext(&s_.moe_layer, blk, detach_);
+    // The routed experts' backward ops use the block's whole-micro-batch instance.
+    const int16_t instance = g0.AddLayer({static_cast<int16_t>(blk), -1, S_});
+    auto stamp = [&](OpId from) {
+      for (OpId id = from; id < g0.size(); ++id) g0.SetExecLayer(id, instance);
+    };
+    const OpId unroute = g0.size();
+    Frontier y = AppendSection(s_.sched, MoeSection::kBwdUnroute, ctx, &g0, {x.a, x.b});
+    stamp(unroute);
+    const Deps shared = fs_ > 0 ? SharedExpert(blk, out_grad) : Deps{};
+    const OpId before = g0.size();
+    y = AppendSection(s_.sched, MoeSection::kBwdExchange, ctx, &g0, y);
+    stamp(before);
+    s_.RecordSlots(before, blk);
+    ExpertGrads(blk, before);
+    const OpId route = g0.size();
+    y = AppendSection(s_.sched, MoeSection::kBwdRoute, ctx, &g0, y);
+    stamp(route);
+    OpId gate = kNoOp;
+    for (OpId id = route; id < g0.size(); ++id) {
+      const std::string_view base = g0.op(id).base;
+      if (base == "bwd.gate" || base == "bwd.mp_allreduce_gate") gate = id;
+    }
+    s_.params.push_back({static_cast<double>(M_) * m_.moe.num_experts * e_, gate});
+    x = Mem("bwd.ln2", 3.0 * sm_, Deps{y.a, shared.a});
+    if (y.b != kNoOp) x = Join("bwd.ln2_join", {x.a, y.b});
+    return x;
+  }
+
+  // The experts' dW ops of the exchange section from `before`, each
+  // completing an equal share of the block's expert parameters.
+  void ExpertGrads(int blk, OpId before) {
+    const OpGraph& g0 = s_.g0;
+    int expert_dw = 0;
+    for (OpId id = before; id < g0.size(); ++id) {
+      if (g0.op(id).flags & kWeightGrad) ++expert_dw;
+    }
+    for (OpId id = before; id < g0.size(); ++id) {
+      if (!(g0.op(id).flags & kWeightGrad)) continue;
+      s_.dw_ops.push_back(id);
+      s_.params.push_back({BlockParams(m_, blk).expert * e_ / expert_dw, id, true});
+    }
+  }
+
+  Deps Attention(Deps x) {
+    const Deps mid = x;
+    const CostModel& c = s_.cost;
+    x = Linear("bwd.proj_dx", "bwd.proj_dw", M_ / t_, M_, static_cast<double>(M_) * M_ / t_ + M_,
+               x);
+    // Two batched GEMMs of equal work (L x L x d and L x d x L): run as two
+    // of the first shape.
+    x = b_.Compute("bwd.attn_ctx", B, Term::kDense,
+                   c.BatchedGemmUs(Bq_ * hp_, L_, L_, d_) + c.BatchedGemmUs(Bq_ * hp_, L_, d_, L_),
+                   2.0 * e_ * Bq_ * hp_ * (2.0 * L_ * d_ + L_ * L_), x, 0,
+                   DenseGemm(L_, L_, d_, Bq_ * hp_, 2));
+    x = Mem("bwd.softmax", 3.0 * e_ * Bq_ * hp_ * L_ * L_, x);
+    x = b_.Compute("bwd.attn_score", B, Term::kDense, 2.0 * c.BatchedGemmUs(Bq_ * hp_, L_, d_, L_),
+                   2.0 * e_ * Bq_ * hp_ * (2.0 * L_ * d_ + L_ * L_), x, 0,
+                   DenseGemm(L_, d_, L_, Bq_ * hp_, 2));
+    x = Linear("bwd.qkv_dx", "bwd.qkv_dw", M_, 3 * M_ / t_, 3.0 * M_ * M_ / t_ + 3.0 * M_ / t_, x);
+    if (t_ > 1) x = AllReduce("bwd.qkv_allreduce", x);
+    x = Mem("bwd.ln1", 3.0 * sm_, x);
+    Param(2.0 * M_, x);
+    return Mem("bwd.residual1", 3.0 * sm_, Deps{x.a, mid.a});
+  }
+
+  ModelPlanner::Impl& s_;
+  const ModelConfig& m_;
+  const bool detach_;
+  const int64_t S_, Bq_, M_, L_, t_, hp_, d_, f_, fs_, v_;
+  const double e_, sm_;
+  Builder b_;
+};
+
+}  // namespace
+
+// Appends the backward after `x` (the forward's end) into g0; records
+// params, slots, dW ops.
+void ModelPlanner::Impl::EmitBackward(Deps x, bool detach) {
+  BackwardEmitter(*this, detach).Emit(x);
+}
+
+void ModelPlanner::Impl::RecordSlots(OpId begin, int blk) {
+  for (OpId id = begin; id < g0.size(); ++id) {
+    const Op& op = g0.op(id);
+    if (op.kind != OpKind::kComm || op.term != Term::kAllToAll) continue;
+    const std::string_view site = Site(op.base);
+    if (!slots.empty() && slots.back().first >= begin &&
+        Site(g0.op(slots.back().first).base) == site) {
+      slots.back().ops.push_back(id);
+      slots.back().last = id;
+      continue;
+    }
+    Slot s;
+    s.name = Cat("b", blk, ".moe.", site);
+    s.first = s.last = id;
+    s.ops.push_back(id);
+    slots.push_back(std::move(s));
+  }
+}
+
+}  // namespace moeplan::planner

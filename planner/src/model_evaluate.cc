@@ -1,0 +1,366 @@
+// One whole graph of the model planner (model_planner_internal.h): forward
+// ranges and backward, dW placement, gradient buckets and the optimizer
+// step, simulated; and the lower bounds the layout search prunes with.
+#include <algorithm>
+#include <array>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "model_planner_internal.h"
+#include "moeplan/base/status.h"
+#include "moeplan/base/strings.h"
+
+namespace moeplan::planner {
+
+using internal::B;
+using internal::DenseColl;
+using internal::DenseMemory;
+using internal::Deps;
+using internal::F;
+using internal::kJoin;
+using internal::NameWithoutPart;
+using internal::Param;
+using internal::Range;
+using internal::Slot;
+
+// The forward split per `ranges` into g0 (each range's first and last op
+// recorded); returns what the backward starts after: the loss (or last
+// block), joined when it ends in k pieces.
+Deps ModelPlanner::Impl::EmitForward(const std::vector<Range>& ranges) {
+  range_first.clear();
+  range_last.clear();
+  for (const Range& r : ranges) {
+    range_first.push_back(g0.size());
+    EmitRange(r.begin, r.end, r.k, &g0, false);
+    range_last.push_back(g0.size() - 1);
+  }
+  const size_t last = units.size() - 1;
+  const size_t first_piece = static_cast<size_t>(piece_begin[last]);
+  if (piece_k[last] == 1 && piece_out[first_piece][1] == kNoOp) return {piece_out[first_piece][0]};
+  dep_buf.clear();
+  for (int p = 0; p < piece_k[last]; ++p) {
+    const auto& o = piece_out[first_piece + static_cast<size_t>(p)];
+    dep_buf.push_back(o[0]);
+    dep_buf.push_back(o[1]);
+  }
+  Op join;
+  join.base = "fwd.join";
+  join.term = Term::kDense;
+  return {g0.Add(join, dep_buf, kJoin)};
+}
+
+// Lancet's dW placement on g0 (its backward from `bwd_begin`): each slot's
+// AlltoAll time from g0 simulated, dW ops best-fit into the slots they are
+// independent of; `picks` per slot, and the placements for the plan.
+absl::Status ModelPlanner::Impl::PlaceDw(OpId bwd_begin, std::vector<std::vector<int>>* picks,
+                                         std::vector<DwPlacement>* placements) {
+  MOEPLAN_RETURN_IF_ERROR(simulator.Run(g0, &sim0));
+  reach.Compute(g0, bwd_begin);
+  std::vector<double> slot_us, dw_us;
+  for (const Slot& s : slots) {
+    slot_us.push_back(sim0.times[static_cast<size_t>(s.last)].end_us -
+                      sim0.times[static_cast<size_t>(s.first)].start_us);
+  }
+  for (OpId d : dw_ops) dw_us.push_back(g0.op(d).cost_us);
+  *picks = BestFitDw(slot_us, dw_us, [&](int s, int d) {
+    const OpId dw = dw_ops[static_cast<size_t>(d)];
+    const Slot& slot = slots[static_cast<size_t>(s)];
+    if (dw >= slot.first) return false;  // only delayed, never hoisted
+    for (OpId o : slot.ops) {
+      if (!reach.Independent(dw, o)) return false;
+    }
+    return true;
+  });
+  for (size_t s = 0; s < slots.size(); ++s) {
+    DwPlacement pl;
+    pl.alltoall = slots[s].name;
+    pl.alltoall_us = slot_us[s];
+    for (int d : (*picks)[s]) {
+      pl.dw_ops.push_back(g0.op(dw_ops[static_cast<size_t>(d)]).Name());
+      pl.dw_us += dw_us[static_cast<size_t>(d)];
+    }
+    placements->push_back(std::move(pl));
+  }
+  return absl::OkStatus();
+}
+
+// Issue order: natural, with placed dW ops moved right after their AlltoAll.
+std::vector<OpId> ModelPlanner::Impl::IssueOrder(
+    const std::vector<std::vector<int>>& picks) const {
+  std::vector<OpId> order;
+  order.reserve(static_cast<size_t>(g0.size()));
+  std::vector<std::vector<OpId>> after(static_cast<size_t>(g0.size()));
+  std::vector<bool> moved(static_cast<size_t>(g0.size()), false);
+  for (size_t s = 0; s < picks.size(); ++s) {
+    for (int d : picks[s]) {
+      const OpId dw = dw_ops[static_cast<size_t>(d)];
+      moved[static_cast<size_t>(dw)] = true;
+      after[static_cast<size_t>(slots[s].last)].push_back(dw);
+    }
+  }
+  for (OpId v = 0; v < g0.size(); ++v) {
+    if (!moved[static_cast<size_t>(v)]) order.push_back(v);
+    for (OpId dw : after[static_cast<size_t>(v)]) order.push_back(dw);
+  }
+  return order;
+}
+
+// Builds forward (split per `ranges`) + backward into g0, places dW ops when
+// `schedule_dw`, then writes the issue order with gradient buckets and the
+// optimizer into final_graph and simulates it.
+absl::Status ModelPlanner::Impl::Evaluate(const std::vector<Range>& ranges, bool schedule_dw,
+                                          Built* built) {
+  g0.Clear();
+  params.clear();
+  slots.clear();
+  dw_ops.clear();
+  ResetPieces();
+  const Deps x = EmitForward(ranges);
+  const OpId bwd_begin = g0.size();
+  EmitBackward(x, schedule_dw);
+
+  built->partitions.clear();
+  for (size_t i = 0; i < ranges.size(); ++i) {
+    if (ranges[i].k == 1) continue;
+    built->partitions.push_back({NameWithoutPart(g0.op(range_first[i])),
+                                 NameWithoutPart(g0.op(range_last[i])), ranges[i].k,
+                                 ranges[i].us});
+  }
+  std::vector<std::vector<int>> picks;
+  built->dw.clear();
+  if (schedule_dw && !slots.empty() && !dw_ops.empty()) {
+    MOEPLAN_RETURN_IF_ERROR(PlaceDw(bwd_begin, &picks, &built->dw));
+  }
+  MOEPLAN_RETURN_IF_ERROR(Finalize(IssueOrder(picks)));
+  return simulator.Run(final_graph, &final_sim);
+}
+
+// A lower bound on any variant's forward and backward of this schedule and
+// algorithm (docs/layouts.md "Search"): each resource runs its ops one at a
+// time, so a phase lasts at least the busiest resource's sum of that
+// phase's ops. Every forward op ends by the forward's end and every
+// backward op descends from the loss; gradient buckets and ZeRO-3 gathers
+// (prefetched, depending on nothing) are left out. Ops are unsplit: with
+// alpha-beta costs and GEMM efficiency that does not fall with size, k
+// pieces never cost less than the whole.
+void ModelPlanner::Impl::PhaseBound(double (&busy)[2][kNumResources]) {
+  g0.Clear();
+  params.clear();
+  slots.clear();
+  dw_ops.clear();
+  ResetPieces();
+  EmitRange(0, static_cast<int>(units.size()), 1, &g0, false);
+  const auto& o = piece_out[static_cast<size_t>(piece_begin[units.size() - 1])];
+  EmitBackward(Deps{o[0], o[1]}, false);
+  for (auto& phase : busy) std::fill(std::begin(phase), std::end(phase), 0.0);
+  for (OpId id = 0; id < g0.size(); ++id) {
+    const Op& op = g0.op(id);
+    if (op.flags & (kGradSync | kPrefetch)) continue;
+    for (int r = 0; r < kNumResources; ++r) {
+      if (op.resources & (1u << r)) busy[op.phase == F ? 0 : 1][r] += op.cost_us;
+    }
+  }
+}
+
+// What Finalize's buckets cost at least, per resource, by ZeRO class (0;
+// 1-2; 3): with alpha-beta costs the buckets of a group cost no less than
+// one collective of all of them. ZeRO 1-2 add the parameter AllGather after
+// the step; ZeRO-3's per-block gathers are left out. Reads `params` (g0's).
+void ModelPlanner::Impl::SyncBound(std::array<std::array<double, kNumResources>, 3>* out) const {
+  double bytes[2] = {0.0, 0.0};  // dense, expert
+  for (const Param& p : params) bytes[p.expert ? 1 : 0] += p.bytes;
+  for (int z = 0; z < 3; ++z) {
+    auto& a = (*out)[static_cast<size_t>(z)];
+    a.fill(0.0);
+    for (int grp = 0; grp < 2; ++grp) {
+      const GroupShape shape = grp ? edp_shape : dp_shape;
+      if (shape.ranks <= 1 || bytes[grp] <= 0.0) continue;
+      const double shard = bytes[grp] / shape.ranks;
+      const ResourceMask mask = internal::ResourcesOf(shape);
+      // One collective of every bucket's bytes, corrected in context like
+      // each bucket's (offset + scale x: below the sum over the buckets).
+      const bool e = grp == 1;
+      double us =
+          z == 0 ? cost.InContextUs(e ? "bwd.expert_grad_allreduce" : "bwd.grad_allreduce", mask,
+                                    cost.CollectiveUs(Collective::kAllReduce, shape, bytes[grp]))
+                 : cost.InContextUs(
+                       e ? "bwd.expert_grad_reducescatter" : "bwd.grad_reducescatter", mask,
+                       cost.CollectiveUs(Collective::kReduceScatter, shape, shard));
+      if (z == 1) {
+        us +=
+            cost.InContextUs(e ? "optimizer.expert_param_allgather" : "optimizer.param_allgather",
+                             mask, cost.CollectiveUs(Collective::kAllGather, shape, shard));
+      }
+      for (int r = 0; r < kNumResources; ++r) {
+        if (mask & (1u << r)) a[static_cast<size_t>(r)] += us;
+      }
+    }
+  }
+}
+
+namespace {
+
+// A DDP gradient bucket of one group (dense over DP, expert over its replicas).
+struct Bucket {
+  double bytes = 0.0;
+  int left = 0;
+  bool expert = false;
+  int index = 0;  // within its group
+  std::vector<OpId> deps;
+};
+
+// The buckets of `bucket_bytes` per group, in the order gradients are
+// produced (reverse layer order), and each parameter's bucket.
+std::vector<Bucket> MakeBuckets(const std::vector<internal::Param>& params, int64_t bucket_bytes,
+                                std::vector<int>* bucket_of) {
+  std::vector<Bucket> buckets;
+  bucket_of->assign(params.size(), 0);
+  int open[2] = {-1, -1};
+  int count[2] = {0, 0};
+  for (size_t i = 0; i < params.size(); ++i) {
+    const int grp = params[i].expert ? 1 : 0;
+    if (open[grp] < 0 ||
+        buckets[static_cast<size_t>(open[grp])].bytes >= static_cast<double>(bucket_bytes)) {
+      buckets.push_back({});
+      buckets.back().expert = params[i].expert;
+      buckets.back().index = count[grp]++;
+      open[grp] = static_cast<int>(buckets.size()) - 1;
+    }
+    (*bucket_of)[i] = open[grp];
+    buckets[static_cast<size_t>(open[grp])].bytes += params[i].bytes;
+    buckets[static_cast<size_t>(open[grp])].left += 1;
+  }
+  return buckets;
+}
+
+// A bucket's collective `c` over its group: the op (costed in context) and
+// what it computes.
+std::pair<Op, OpExec> SyncOp(const ModelPlanner::Impl& s, const Bucket& bk,
+                                    std::string_view base, Collective c) {
+  const GroupShape shape = bk.expert ? s.edp_shape : s.dp_shape;
+  // AllReduce: n is the bucket; ReduceScatter / AllGather: a rank's shard.
+  const double n = c == Collective::kAllReduce ? bk.bytes : bk.bytes / shape.ranks;
+  Op op;
+  op.base = base;
+  op.kind = OpKind::kComm;
+  op.phase = B;
+  op.flags = kGradSync;
+  op.term = internal::TermOf(c);
+  op.resources = internal::ResourcesOf(shape);
+  op.cost_us = s.cost.InContextUs(base, op.resources, s.cost.CollectiveUs(c, shape, n));
+  op.bytes = internal::Bytes(n);
+  op.inter_node_bytes = internal::Bytes(internal::InterNodeBytes(c, shape, n));
+  op.step = bk.index;
+  const ExecKind kind = c == Collective::kAllReduce       ? ExecKind::kAllReduce
+                        : c == Collective::kReduceScatter ? ExecKind::kReduceScatter
+                                                          : ExecKind::kAllGather;
+  return {op, DenseColl(kind, bk.expert ? ExecGroup::kEdp : ExecGroup::kDp, n,
+                        s.m->bytes_per_element)};
+}
+
+}  // namespace
+
+// Copies g0 in `order` into final_graph, issuing each DDP bucket's
+// collective as soon as its last gradient is issued (AllReduce; ZeRO >= 1:
+// ReduceScatter), dense parameters over the DP group and expert ones over
+// their replicas, then the optimizer step after every op nothing else waits
+// for (ZeRO 1-2: then the updated parameters are AllGathered per bucket).
+absl::Status ModelPlanner::Impl::Finalize(const std::vector<OpId>& order) {
+  final_graph.Clear();
+  final_graph.Reserve(g0.size() + 64, g0.size() * 2);
+  final_graph.CopyTables(g0);
+  std::vector<int> bucket_of;
+  std::vector<Bucket> buckets = MakeBuckets(params, opt.bucket_bytes, &bucket_of);
+  absl::flat_hash_map<OpId, std::vector<int>> params_of;
+  for (size_t i = 0; i < params.size(); ++i) {
+    params_of[params[i].producer].push_back(static_cast<int>(i));
+  }
+  const bool sharded = st.zero_stage >= 1;
+  std::vector<OpId> new_id(static_cast<size_t>(g0.size()), kNoOp);
+  for (OpId v : order) {
+    dep_buf.clear();
+    for (OpId d : g0.deps(v)) {
+      if (new_id[static_cast<size_t>(d)] == kNoOp) {
+        return absl::InternalError(Cat("model graph: ", g0.op(v).Name(),
+                                       " issued before its dependency ", g0.op(d).Name()));
+      }
+      dep_buf.push_back(new_id[static_cast<size_t>(d)]);
+    }
+    const OpId id = final_graph.Add(g0.op(v), dep_buf, g0.exec(v));
+    new_id[static_cast<size_t>(v)] = id;
+    auto it = params_of.find(v);
+    if (it == params_of.end()) continue;
+    for (int pi : it->second) {
+      Bucket& bk = buckets[static_cast<size_t>(bucket_of[static_cast<size_t>(pi)])];
+      bk.deps.push_back(id);
+      if (--bk.left > 0) continue;
+      if ((bk.expert ? edp_shape : dp_shape).ranks <= 1) continue;
+      const auto [op, exec] =
+          sharded ? SyncOp(*this, bk,
+                           bk.expert ? "bwd.expert_grad_reducescatter" : "bwd.grad_reducescatter",
+                           Collective::kReduceScatter)
+                  : SyncOp(*this, bk, bk.expert ? "bwd.expert_grad_allreduce" : "bwd.grad_allreduce",
+                           Collective::kAllReduce);
+      final_graph.Add(op, bk.deps, exec);
+    }
+  }
+  const OpId step_id = AddOptimizerStep(sharded);
+  if (st.zero_stage == 1 || st.zero_stage == 2) {
+    for (const Bucket& bk : buckets) {
+      if ((bk.expert ? edp_shape : dp_shape).ranks <= 1) continue;
+      const auto [op, exec] =
+          SyncOp(*this, bk, bk.expert ? "optimizer.expert_param_allgather" : "optimizer.param_allgather",
+                 Collective::kAllGather);
+      final_graph.Add(op, {step_id}, exec);
+    }
+  }
+  return absl::OkStatus();
+}
+
+// The optimizer waits for every sink of final_graph (gradients, buckets, side branches).
+OpId ModelPlanner::Impl::AddOptimizerStep(bool sharded) {
+  std::vector<bool> consumed(static_cast<size_t>(final_graph.size()), false);
+  for (OpId v = 0; v < final_graph.size(); ++v) {
+    for (OpId d : final_graph.deps(v)) consumed[static_cast<size_t>(d)] = true;
+  }
+  dep_buf.clear();
+  for (OpId v = 0; v < final_graph.size(); ++v) {
+    if (!consumed[static_cast<size_t>(v)]) dep_buf.push_back(v);
+  }
+  Op step;
+  step.base = "optimizer.step";
+  step.phase = B;
+  step.term = Term::kOptimizer;
+  step.cost_us = OptimizerStepUs(sharded, &step.bytes);
+  return final_graph.Add(step, dep_buf,
+                         DenseMemory(static_cast<double>(step.bytes), m->bytes_per_element));
+}
+
+// The optimizer step: each rank updates its shard (`sharded`: ZeRO >= 1
+// divides the states by the group), reading and writing fp32 states and the weights.
+double ModelPlanner::Impl::OptimizerStepUs(bool sharded, int64_t* bytes_out) const {
+  const double shard = sharded ? static_cast<double>(DenseParamsPerRank()) / dp_shape.ranks +
+                                     static_cast<double>(ExpertParamsPerRank()) / edp_shape.ranks
+                               : static_cast<double>(ParamsPerRank());
+  const double bytes = shard * (24.0 + 2.0 * m->bytes_per_element);
+  if (bytes_out != nullptr) *bytes_out = internal::Bytes(bytes);
+  return cost.InContextUs("optimizer.step", kCompute, cost.MemoryBoundUs(bytes));
+}
+
+StageOptions ModelPlanner::Impl::Stage() const {
+  StageOptions o = st;
+  o.first_block = first_block;
+  o.end_block = end_block;
+  return o;
+}
+
+int64_t ModelPlanner::Impl::DenseParamsPerRank() const {
+  return static_cast<int64_t>(StageParams(*m, Stage()).dense);
+}
+
+int64_t ModelPlanner::Impl::ExpertParamsPerRank() const {
+  return static_cast<int64_t>(StageParams(*m, Stage()).expert);
+}
+
+}  // namespace moeplan::planner

@@ -1,0 +1,275 @@
+// The whole model's forward (model_planner_internal.h): units, each one dense
+// op or one section of an MoE schedule, emitted whole or split into k
+// micro-batches per range; ZeRO-3's parameter gathers.
+#include <array>
+#include <cstdint>
+
+#include "model_planner_internal.h"
+
+namespace moeplan::planner {
+
+using internal::Builder;
+using internal::DenseColl;
+using internal::DenseGemm;
+using internal::DenseMemory;
+using internal::Deps;
+using internal::F;
+using internal::IsMoeUnit;
+using internal::IsRoutedUnit;
+using internal::Unit;
+using internal::UnitKind;
+
+LayerContext ModelPlanner::Impl::MoeContext(const LayerConfig* layer, int block, bool detach) const {
+  LayerContext ctx;
+  ctx.layer = layer;
+  ctx.cost = &cost;
+  ctx.topo = topo;
+  ctx.a2a = algo;
+  ctx.detach_dw = detach;
+  ctx.block = block;
+  ctx.local_dispatch = st.local_dispatch;
+  return ctx;
+}
+
+void ModelPlanner::Impl::BuildUnits() {
+  units.clear();
+  const int t = m->parallel.mp;
+  auto add = [&](UnitKind k, int block, int in_a, int in_b = -1) {
+    units.push_back({k, static_cast<int16_t>(block), in_a, in_b});
+    return static_cast<int>(units.size()) - 1;
+  };
+  int prev = -1;
+  auto chain = [&](UnitKind k, int block) { return prev = add(k, block, prev); };
+  if (m->vocab_size > 0 && st.embed) chain(UnitKind::kEmbed, -1);
+  for (int blk = first_block; blk < end_block; ++blk) {
+    for (UnitKind k : {UnitKind::kLn1, UnitKind::kQkv, UnitKind::kAttnScore, UnitKind::kSoftmax,
+                       UnitKind::kAttnCtx, UnitKind::kProj}) {
+      chain(k, blk);
+    }
+    if (t > 1) chain(UnitKind::kProjAllReduce, blk);
+    chain(UnitKind::kResidual1, blk);
+    const int ln2 = chain(UnitKind::kLn2, blk);
+    if (m->IsMoeBlock(blk)) {
+      const int route = chain(UnitKind::kMoeRoute, blk);
+      int shared = -1;
+      if (m->moe.shared_expert_ffn_hidden_size > 0) {
+        prev = ln2;  // the shared expert reads the layer input, beside the routed experts
+        chain(UnitKind::kSharedFc1, blk);
+        chain(UnitKind::kSharedAct, blk);
+        shared = chain(UnitKind::kSharedFc2, blk);
+        if (t > 1) shared = chain(UnitKind::kSharedAllReduce, blk);
+      }
+      prev = route;
+      const int exchange = chain(UnitKind::kMoeExchange, blk);
+      prev = add(UnitKind::kResidual2, blk, exchange, shared);
+    } else {
+      for (UnitKind k : {UnitKind::kFc1, UnitKind::kGelu, UnitKind::kFc2}) chain(k, blk);
+      if (t > 1) chain(UnitKind::kFc2AllReduce, blk);
+      chain(UnitKind::kResidual2, blk);
+    }
+  }
+  if (m->vocab_size > 0 && st.head) {
+    chain(UnitKind::kLnF, -1);
+    chain(UnitKind::kLmHead, -1);
+    chain(UnitKind::kLoss, -1);
+  }
+}
+
+// Appends a unit's ops for a micro-batch of k pieces' size after `x`.
+Deps ModelPlanner::Impl::BuildUnit(const Unit& u, int k, Builder& b, Deps x, LayerConfig* piece_layer) {
+  const ModelConfig& mm = *m;
+  const int64_t s = Tokens(k), q = Seqs(k);
+  const int64_t M = mm.hidden_size, L = mm.seq_length, t = mm.parallel.mp;
+  const int64_t hp = mm.num_attention_heads / t, d = M / mm.num_attention_heads;
+  const int64_t f = mm.ffn_hidden_size / t, fs = mm.moe.shared_expert_ffn_hidden_size / t;
+  const int64_t v = mm.vocab_size / t;
+  const double e = mm.bytes_per_element;
+  const double sm = static_cast<double>(s) * M * e;  // one activation, bytes
+  const CostModel& c = cost;
+  auto mem = [&](std::string_view name, double bytes) {
+    return b.Compute(name, F, Term::kDense, c.MemoryBoundUs(bytes), bytes, x, 0,
+                     DenseMemory(bytes, e));
+  };
+  auto gemm = [&](std::string_view name, int64_t mm_, int64_t nn, int64_t kk) {
+    return b.Compute(name, F, Term::kDense, c.GemmUs(mm_, nn, kk),
+                     e * static_cast<double>(mm_ * kk + kk * nn + mm_ * nn), x, 0,
+                     DenseGemm(mm_, nn, kk));
+  };
+  auto allreduce = [&](std::string_view name) {
+    return b.Coll(name, F, Collective::kAllReduce, mp_shape, sm, x,
+                  DenseColl(ExecKind::kAllReduce, ExecGroup::kMp, sm, e));
+  };
+  switch (u.kind) {
+    case UnitKind::kEmbed:
+      return mem("fwd.embed", 3.0 * sm);
+    case UnitKind::kLn1:
+      return mem("fwd.ln1", 2.0 * sm);
+    case UnitKind::kQkv:
+      return gemm("fwd.qkv", s, 3 * M / t, M);
+    case UnitKind::kAttnScore:
+      return b.Compute("fwd.attn_score", F, Term::kDense, c.BatchedGemmUs(q * hp, L, L, d),
+                       e * q * hp * (2.0 * L * d + L * L), x, 0, DenseGemm(L, L, d, q * hp));
+    case UnitKind::kSoftmax:
+      return mem("fwd.softmax", 2.0 * e * q * hp * L * L);
+    case UnitKind::kAttnCtx:
+      return b.Compute("fwd.attn_ctx", F, Term::kDense, c.BatchedGemmUs(q * hp, L, d, L),
+                       e * q * hp * (2.0 * L * d + L * L), x, 0, DenseGemm(L, d, L, q * hp));
+    case UnitKind::kProj:
+      return gemm("fwd.proj", s, M, M / t);
+    case UnitKind::kProjAllReduce:
+      return allreduce("fwd.proj_allreduce");
+    case UnitKind::kResidual1:
+      return mem("fwd.residual1", 3.0 * sm);
+    case UnitKind::kLn2:
+      return mem("fwd.ln2", 2.0 * sm);
+    case UnitKind::kFc1:
+      return gemm("fwd.fc1", s, f, M);
+    case UnitKind::kGelu:
+      return mem("fwd.gelu", 2.0 * e * s * f);
+    case UnitKind::kFc2:
+      return gemm("fwd.fc2", s, M, f);
+    case UnitKind::kFc2AllReduce:
+      return allreduce("fwd.fc2_allreduce");
+    case UnitKind::kResidual2:
+      return mem("fwd.residual2", 3.0 * sm);
+    case UnitKind::kSharedFc1:
+      return gemm("fwd.shared_fc1", s, fs, M);
+    case UnitKind::kSharedAct:
+      return mem("fwd.shared_act", 2.0 * e * s * fs);
+    case UnitKind::kSharedFc2:
+      return gemm("fwd.shared_fc2", s, M, fs);
+    case UnitKind::kSharedAllReduce:
+      return allreduce("fwd.shared_allreduce");
+    case UnitKind::kMoeRoute:
+    case UnitKind::kMoeExchange: {
+      *piece_layer = moe_layer;
+      piece_layer->batch_size = 1;
+      piece_layer->seq_len = s;
+      const LayerContext ctx = MoeContext(piece_layer, -1, false);
+      const Frontier out = AppendSection(
+          sched, u.kind == UnitKind::kMoeRoute ? MoeSection::kFwdRoute : MoeSection::kFwdExchange,
+          ctx, b.graph(), {x.a, x.b});
+      return {out.a, out.b};
+    }
+    case UnitKind::kLnF:
+      return mem("fwd.ln_f", 2.0 * sm);
+    case UnitKind::kLmHead:
+      return gemm("fwd.lm_head", s, v, M);
+    case UnitKind::kLoss:
+      return mem("fwd.loss", 3.0 * e * s * v);
+  }
+  return x;
+}
+
+void ModelPlanner::Impl::AppendInputs(const Unit& u, int range_begin, int p, bool standalone) {
+  for (int in : {u.in_a, u.in_b}) {
+    if (in < 0) continue;
+    if (in >= range_begin) {
+      const auto& o = piece_out[static_cast<size_t>(piece_begin[in] + p)];
+      dep_buf.push_back(o[0]);
+      dep_buf.push_back(o[1]);
+    } else if (!standalone) {
+      for (int r = 0; r < piece_k[in]; ++r) {
+        const auto& o = piece_out[static_cast<size_t>(piece_begin[in] + r)];
+        dep_buf.push_back(o[0]);
+        dep_buf.push_back(o[1]);
+      }
+    }
+  }
+}
+
+// Emits units [u0, u1) split k ways: for each unit, its ops in order, each op
+// for every piece before the next op ("stages in order, pieces in index
+// order within a stage"), piece p depending on piece p of its inputs.
+// `standalone`: inputs outside the range are ready at 0 (the DP's P).
+void ModelPlanner::Impl::EmitRange(int u0, int u1, int k, OpGraph* g, bool standalone) {
+  LayerConfig piece_layer;
+  for (int j = u0; j < u1; ++j) {
+    const Unit& u = units[static_cast<size_t>(j)];
+    const Deps gather = u.kind == UnitKind::kLn1 ? ZeroGather(g, u.block, F) : Deps{};
+    scratch.Clear();
+    Builder sb(cost, &scratch);
+    const Deps lf = BuildUnit(u, k, sb, Deps{}, &piece_layer);
+    const int n = scratch.size();
+    map.assign(static_cast<size_t>(n) * k, kNoOp);
+    piece_begin[static_cast<size_t>(j)] = static_cast<int>(piece_out.size());
+    piece_k[static_cast<size_t>(j)] = k;
+    const bool moe = IsRoutedUnit(u.kind);
+    if (moe) {
+      for (BufAlias a : scratch.aliases()) {
+        a.block = u.block;
+        g->Alias(a);
+      }
+    }
+    // The routed experts' ops use the buffers of their block's instance for
+    // their piece (a whole micro-batch: part -1).
+    layer_of.assign(static_cast<size_t>(k), 0);
+    for (int p = 0; moe && p < k; ++p) {
+      layer_of[static_cast<size_t>(p)] =
+          g->AddLayer({u.block, static_cast<int16_t>(k > 1 ? p : -1), Tokens(k)});
+    }
+    for (int l = 0; l < n; ++l) {
+      Op op = scratch.op(l);
+      op.block = u.block;
+      if (IsMoeUnit(u.kind)) op.flags |= kMoeScope;
+      OpExec exec = scratch.exec(l);
+      const auto local = scratch.deps(l);
+      for (int p = 0; p < k; ++p) {
+        if (k > 1) op.part = static_cast<int16_t>(p);
+        exec.layer = layer_of[static_cast<size_t>(p)];
+        dep_buf.clear();
+        if (local.empty()) {
+          AppendInputs(u, u0, p, standalone);
+          dep_buf.push_back(gather.a);
+          dep_buf.push_back(gather.b);
+        } else {
+          for (OpId dl : local) dep_buf.push_back(map[static_cast<size_t>(dl) * k + p]);
+        }
+        map[static_cast<size_t>(l) * k + p] = g->Add(op, dep_buf, exec);
+      }
+    }
+    for (int p = 0; p < k; ++p) {
+      auto at = [&](OpId lo) {
+        return lo == kNoOp ? kNoOp : map[static_cast<size_t>(lo) * k + p];
+      };
+      piece_out.push_back({at(lf.a), at(lf.b)});
+    }
+  }
+}
+
+void ModelPlanner::Impl::ResetPieces() {
+  piece_out.clear();
+  piece_begin.assign(units.size(), 0);
+  piece_k.assign(units.size(), 1);
+}
+
+// ZeRO-3: a block's parameters are gathered over their DP groups before its
+// forward and again before its backward. The gathers depend on nothing, so
+// they run ahead on the link as far as its FIFO allows (prefetch).
+Deps ModelPlanner::Impl::ZeroGather(OpGraph* g, int block, Phase phase) {
+  if (st.zero_stage < 3) return {};
+  Builder b(cost, g);
+  b.Stamp(block, kPrefetch);
+  const double e = m->bytes_per_element;
+  const bool moe = m->IsMoeBlock(block);
+  const RankParams params = BlockParams(*m, block);
+  const double dense = params.dense * e;
+  Deps out;
+  const char* name = phase == F ? "fwd.zero_param_allgather" : "bwd.zero_param_allgather";
+  if (dp_shape.ranks > 1) {
+    out.a = b.Coll(name, phase, Collective::kAllGather, dp_shape, dense / dp_shape.ranks, {},
+                   DenseColl(ExecKind::kAllGather, ExecGroup::kDp, dense / dp_shape.ranks, e))
+                .a;
+  }
+  if (moe && edp_shape.ranks > 1) {
+    const char* ename = phase == F ? "fwd.zero_expert_allgather" : "bwd.zero_expert_allgather";
+    out.b = b.Coll(ename, phase, Collective::kAllGather, edp_shape,
+                   params.expert * e / edp_shape.ranks, {},
+                   DenseColl(ExecKind::kAllGather, ExecGroup::kEdp,
+                             params.expert * e / edp_shape.ranks, e))
+                .a;
+  }
+  return out;
+}
+
+}  // namespace moeplan::planner

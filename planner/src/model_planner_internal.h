@@ -1,0 +1,230 @@
+// The whole-model planner's state and units (private to the planner
+// library). ModelPlanner::Impl is defined in pieces, one job per file:
+//   model_forward.cc    the forward as units, emitted whole or split k ways
+//   model_backward.cc   the backward in reverse with dX / dW ops, AlltoAll slots
+//   model_evaluate.cc   one whole graph: dW placement, gradient buckets and the
+//                       optimizer (Finalize), simulation, lower bounds
+//   model_partition.cc  Lancet's operator partition (segments, range costs),
+//                       Tutel's ranges, the AlltoAll crossover
+//   model_planner.cc    the public ModelPlanner: options, schedules and
+//                       algorithms to try, the variants
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "graph_builder.h"
+#include "moeplan/planner/model_planner.h"
+#include "moeplan/planner/schedules.h"
+
+namespace moeplan::planner {
+namespace internal {
+
+inline constexpr Phase F = Phase::kForward;
+inline constexpr Phase B = Phase::kBackward;
+inline constexpr double kInf = std::numeric_limits<double>::infinity();
+
+enum class UnitKind : uint8_t {
+  kEmbed,
+  kLn1,
+  kQkv,
+  kAttnScore,
+  kSoftmax,
+  kAttnCtx,
+  kProj,
+  kProjAllReduce,
+  kResidual1,
+  kLn2,
+  kFc1,
+  kGelu,
+  kFc2,
+  kFc2AllReduce,
+  kResidual2,
+  kMoeRoute,
+  kSharedFc1,
+  kSharedAct,
+  kSharedFc2,
+  kSharedAllReduce,
+  kMoeExchange,
+  kLnF,
+  kLmHead,
+  kLoss,
+};
+
+inline bool IsMoeUnit(UnitKind k) { return k >= UnitKind::kMoeRoute && k <= UnitKind::kMoeExchange; }
+// The shared expert's dense units, inside an MoE block's scope.
+inline bool IsSharedExpertUnit(UnitKind k) {
+  return k >= UnitKind::kSharedFc1 && k <= UnitKind::kSharedAllReduce;
+}
+// The routed experts' units: the MoE schedule's sections.
+inline bool IsRoutedUnit(UnitKind k) { return IsMoeUnit(k) && !IsSharedExpertUnit(k); }
+inline bool IsAttention(UnitKind k) {
+  return k == UnitKind::kAttnScore || k == UnitKind::kSoftmax || k == UnitKind::kAttnCtx;
+}
+
+// One forward unit; inputs are earlier unit indices (-1: none).
+struct Unit {
+  UnitKind kind;
+  int16_t block;
+  int in_a = -1;
+  int in_b = -1;
+};
+
+// Units [begin, end) split into k micro-batches.
+struct Range {
+  int begin = 0, end = 0, k = 1;
+  double us = 0.0;
+};
+
+// A parameter's gradient: the op that completes it, its bytes, and whether it
+// is an expert's (synchronised over the expert replicas, not the dense DP group).
+struct Param {
+  double bytes;
+  OpId producer;
+  bool expert = false;
+};
+
+// One backward AlltoAll (a linear collective, the ops of a hierarchical one,
+// or an SAA's steps): where dW ops may go.
+struct Slot {
+  std::string name;
+  OpId first = kNoOp;
+  OpId last = kNoOp;
+  std::vector<OpId> ops;
+};
+
+// "bwd.ep_alltoall_combine.2dh_intra" -> "bwd.ep_alltoall_combine"; "bwd.saa_combine.alltoall" ->
+// "bwd.saa_combine".
+inline std::string_view Site(std::string_view base) {
+  const size_t first = base.find('.');
+  const size_t second = base.find('.', first + 1);
+  return second == std::string_view::npos ? base : base.substr(0, second);
+}
+
+inline std::string NameWithoutPart(Op op) {
+  op.part = -1;
+  return op.Name();
+}
+
+// What the dense ops compute (op_exec.h): shapes only, on scratch memory.
+inline OpExec DenseMemory(double bytes, double bytes_per_element) {
+  return {.kind = ExecKind::kDenseMemory, .count = Bytes(bytes / bytes_per_element)};
+}
+// `groups` x `reps` GEMMs of m x n x k.
+inline OpExec DenseGemm(int64_t m, int64_t n, int64_t k, int64_t groups = 1, int reps = 1) {
+  return {.kind = ExecKind::kDenseGemm,
+          .parts = reps,
+          .groups = static_cast<int32_t>(groups),
+          .tokens = m,
+          .rows = n,
+          .count = k};
+}
+inline OpExec DenseColl(ExecKind kind, ExecGroup group, double bytes, double bytes_per_element) {
+  return {.kind = kind, .group = group, .count = Bytes(bytes / bytes_per_element)};
+}
+inline constexpr OpExec kJoin = {.kind = ExecKind::kNop};
+
+}  // namespace internal
+
+struct ModelPlanner::Impl {
+  using Deps = internal::Deps;
+  using Builder = internal::Builder;
+  using Unit = internal::Unit;
+  using Range = internal::Range;
+  using Param = internal::Param;
+  using Slot = internal::Slot;
+
+  explicit Impl(const CostModel& c) : cost(c) {}
+
+  const CostModel& cost;
+  // ---- Per plan ----
+  const ModelConfig* m = nullptr;
+  ModelPlanOptions opt;
+  StageOptions st;
+  int first_block = 0, end_block = 0;
+  GroupShape edp_shape;
+  LayerConfig moe_layer;
+  Topology topo;
+  GroupShape mp_shape, dp_shape;
+  std::vector<Unit> units;
+  std::vector<int> bounds;  // segment boundaries, unit indices, 0 ... units.size()
+  int max_span = 1;
+  // ---- Per (schedule, algorithm) ----
+  Schedule sched = Schedule::kDefault;
+  AllToAllAlgo algo = AllToAllAlgo::kLinear;
+  uint64_t combo_salt = 0;
+  uint64_t context_salt = 0;  // the model, layout and stage a range's costs depend on
+  // ---- Scratch ----
+  OpGraph scratch, range_graph, g0, final_graph;
+  Simulator simulator;
+  SimResult range_sim, sim0, final_sim;
+  std::vector<OpId> map, dep_buf;
+  std::vector<int> piece_begin, piece_k;
+  std::vector<int16_t> layer_of;  // EmitRange: each piece's MoE layer instance
+  std::vector<std::array<OpId, 2>> piece_out;
+  std::vector<Param> params;
+  std::vector<Slot> slots;
+  std::vector<OpId> dw_ops;
+  std::vector<OpId> range_first, range_last;
+  absl::flat_hash_map<uint64_t, double> p_cache;
+  std::vector<uint32_t> key_buf;
+  Reachability reach;
+
+  int64_t Tokens(int k) const { return (m->micro_batch_size * m->seq_length + k - 1) / k; }
+  int64_t Seqs(int k) const { return (m->micro_batch_size + k - 1) / k; }
+  LayerContext MoeContext(const LayerConfig* layer, int block, bool detach) const;
+
+  // ---- Per plan (model_planner.cc) ----
+  // Sets the plan's model, options, stage, groups and the range-cost salt.
+  void Configure(const ModelConfig& model, const ModelPlanOptions& options,
+                 const StageOptions& stage);
+
+  // ---- Forward (model_forward.cc) ----
+  void BuildUnits();
+  // Appends a unit's ops for a micro-batch of k pieces' size after `x`.
+  Deps BuildUnit(const Unit& u, int k, Builder& b, Deps x, LayerConfig* piece_layer);
+  void AppendInputs(const Unit& u, int range_begin, int p, bool standalone);
+  void EmitRange(int u0, int u1, int k, OpGraph* g, bool standalone);
+  void ResetPieces();
+  Deps ZeroGather(OpGraph* g, int block, Phase phase);
+
+  // ---- Backward (model_backward.cc) ----
+  void EmitBackward(Deps x, bool detach);
+  void RecordSlots(OpId begin, int blk);
+
+  // ---- One whole graph (model_evaluate.cc) ----
+  struct Built {
+    std::vector<PartitionRange> partitions;
+    std::vector<DwPlacement> dw;
+  };
+  absl::Status Evaluate(const std::vector<Range>& ranges, bool schedule_dw, Built* built);
+  Deps EmitForward(const std::vector<Range>& ranges);
+  absl::Status PlaceDw(OpId bwd_begin, std::vector<std::vector<int>>* picks,
+                       std::vector<DwPlacement>* placements);
+  std::vector<OpId> IssueOrder(const std::vector<std::vector<int>>& picks) const;
+  void PhaseBound(double (&busy)[2][kNumResources]);
+  void SyncBound(std::array<std::array<double, kNumResources>, 3>* out) const;
+  absl::Status Finalize(const std::vector<OpId>& order);
+  OpId AddOptimizerStep(bool sharded);
+  double OptimizerStepUs(bool sharded, int64_t* bytes_out = nullptr) const;
+  StageOptions Stage() const;
+  int64_t DenseParamsPerRank() const;
+  int64_t ExpertParamsPerRank() const;
+  int64_t ParamsPerRank() const { return DenseParamsPerRank() + ExpertParamsPerRank(); }
+
+  // ---- Operator partition (model_partition.cc) ----
+  void BuildBounds();
+  double RangeCost(int i, int j, int k);
+  std::vector<Range> PartitionRanges();
+  std::vector<Range> WholeRanges() const;
+  std::vector<Range> TutelRanges(int r) const;
+  std::vector<MoeLayerChoice> Layers(const std::vector<Range>& ranges) const;
+  AllToAllCrossover Crossover() const;
+};
+
+}  // namespace moeplan::planner

@@ -1,0 +1,232 @@
+// The requests library: grids, names on the way in, and answering
+// PlanLayer / PlanModel requests.
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <string>
+
+#include "moeplan/calibration/profiles.h"
+#include "moeplan/planner/cost_model.h"
+#include "moeplan/planner/model_planner.h"
+#include "moeplan/proto/convert.h"
+#include "moeplan/proto/json.h"
+#include "moeplan/requests/answer.h"
+#include "moeplan/requests/grid.h"
+
+namespace moeplan::requests {
+namespace {
+
+std::string Msg(const absl::Status& s) { return std::string(s.message()); }
+
+v1::LayerConfig Layer(const char* json) {
+  v1::LayerConfig l;
+  absl::Status s = proto::ParseJson(json, &l);
+  EXPECT_TRUE(s.ok()) << s;
+  return l;
+}
+
+constexpr const char* kLayer = R"({"name": "t", "batch_size": 8, "seq_len": 512,
+  "model_dim": 1024, "hidden_dim": 4096, "num_experts": 32, "top_k": 2,
+  "capacity_factor": 1.0, "parallel": {"mp": 4, "ep": 16, "esp": 4}})";
+
+TEST(ExpandGrid, CartesianProductInFieldOrder) {
+  v1::LayerGrid g;
+  ASSERT_TRUE(proto::ParseJson(R"({"name": "g", "batch_size": [1, 2], "seq_len": [8],
+      "model_dim": [16], "hidden_dim": [32, 64, 128], "num_experts": [4], "top_k": [1],
+      "capacity_factor": [1.0, 2.0], "parallel": [{"mp": 1, "ep": 1, "esp": 1}]})",
+                        &g)
+                  .ok());
+  absl::StatusOr<std::vector<v1::LayerConfig>> c = ExpandGrid(g);
+  ASSERT_TRUE(c.ok()) << c.status();
+  ASSERT_EQ(c->size(), 12u);  // 2 * 3 * 2
+  EXPECT_EQ((*c)[0].batch_size(), 1);
+  EXPECT_EQ((*c)[0].hidden_dim(), 32);
+  EXPECT_EQ((*c)[0].capacity_factor(), 1.0);
+  EXPECT_EQ((*c)[1].capacity_factor(), 2.0);  // innermost list that varies
+  EXPECT_EQ((*c)[2].hidden_dim(), 64);
+  EXPECT_EQ((*c)[11].batch_size(), 2);
+  EXPECT_EQ((*c)[11].hidden_dim(), 128);
+  EXPECT_EQ((*c)[5].name(), "g#5");
+  EXPECT_FALSE((*c)[0].has_bytes_per_element()) << "unset lists leave the field unset";
+  EXPECT_FALSE((*c)[0].has_dropless());
+}
+
+TEST(ExpandGrid, DroplessIsTheInnermostAxis) {
+  v1::LayerGrid g;
+  ASSERT_TRUE(proto::ParseJson(R"({"batch_size": [1], "seq_len": [8], "model_dim": [16],
+      "hidden_dim": [32], "num_experts": [4], "top_k": [1], "capacity_factor": [1.0],
+      "token_skew": [1, 2], "parallel": [{"mp": 1, "ep": 1, "esp": 1}], "dropless": [false, true]})",
+                        &g)
+                  .ok());
+  absl::StatusOr<std::vector<v1::LayerConfig>> c = ExpandGrid(g);
+  ASSERT_TRUE(c.ok()) << c.status();
+  ASSERT_EQ(c->size(), 4u);
+  EXPECT_FALSE((*c)[0].dropless());
+  EXPECT_TRUE((*c)[1].dropless());
+  EXPECT_EQ((*c)[1].token_skew(), 1.0);
+  EXPECT_EQ((*c)[2].token_skew(), 2.0);
+  absl::StatusOr<planner::LayerConfig> l = proto::LayerFromProto((*c)[3]);
+  ASSERT_TRUE(l.ok()) << l.status();
+  EXPECT_TRUE(l->dropless);
+  EXPECT_TRUE(proto::LayerToProto(*l).dropless());
+}
+
+// Dropless layers have no capacity: an all-dropless grid may leave it out,
+// any other grid may not.
+TEST(ExpandGrid, OnlyAnAllDroplessGridMayLeaveTheCapacityFactorOut) {
+  v1::LayerGrid g;
+  ASSERT_TRUE(proto::ParseJson(R"({"batch_size": [1], "seq_len": [8], "model_dim": [16],
+      "hidden_dim": [32], "num_experts": [4], "top_k": [1],
+      "parallel": [{"mp": 1, "ep": 1, "esp": 1}], "dropless": [true]})",
+                        &g)
+                  .ok());
+  absl::StatusOr<std::vector<v1::LayerConfig>> c = ExpandGrid(g);
+  ASSERT_TRUE(c.ok()) << c.status();
+  ASSERT_EQ(c->size(), 1u);
+  EXPECT_EQ((*c)[0].capacity_factor(), 0.0) << "left unset";
+  absl::StatusOr<planner::LayerConfig> l = proto::LayerFromProto((*c)[0]);
+  ASSERT_TRUE(l.ok()) << l.status();
+  g.add_dropless(false);
+  EXPECT_EQ(Msg(ExpandGrid(g).status()),
+            "capacity_factor: a grid needs at least one value (got an empty list); only a grid "
+            "whose dropless values are all true may leave it out");
+}
+
+TEST(ExpandGrid, RejectsEmptyListsAndHugeGrids) {
+  v1::LayerGrid g;
+  g.add_batch_size(1);
+  EXPECT_EQ(Msg(ExpandGrid(g).status()),
+            "seq_len: a grid needs at least one value (got an empty list)");
+  for (int i = 0; i < 100; ++i) {
+    g.add_seq_len(i + 1);
+    g.add_model_dim(i + 1);
+    g.add_hidden_dim(i + 1);
+  }
+  g.add_num_experts(1);
+  g.add_top_k(1);
+  g.add_capacity_factor(1);
+  g.add_parallel();
+  EXPECT_EQ(ExpandGrid(g, 1000).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(Msg(ExpandGrid(g, 1000).status()).find("exceeds the limit of 1000"), std::string::npos);
+}
+
+TEST(Names, AreLabelsOfAtMost256Bytes) {
+  // A grid's name is copied into each of its configs: bounded, it cannot
+  // multiply into gigabytes.
+  v1::LayerGrid g;
+  g.set_name(std::string(256, 'g'));
+  for (int i = 0; i < 4; ++i) g.add_batch_size(i + 1);
+  g.add_seq_len(8);
+  g.add_model_dim(8);
+  g.add_hidden_dim(8);
+  g.add_num_experts(2);
+  g.add_top_k(1);
+  g.add_capacity_factor(1);
+  g.add_parallel();
+  ASSERT_TRUE(ExpandGrid(g).ok());
+  g.set_name(std::string(257, 'g'));
+  EXPECT_EQ(Msg(ExpandGrid(g).status()), "name: must be at most 256 bytes (got 257)");
+  v1::LayerConfig l = Layer(R"({"batch_size": 4, "seq_len": 8, "model_dim": 8, "hidden_dim": 8,
+                                "num_experts": 2, "top_k": 1, "parallel": {"mp": 1, "ep": 1, "esp": 1}})");
+  l.set_name(std::string(256, 'l'));
+  EXPECT_TRUE(proto::LayerFromProto(l).ok());
+  l.set_name(std::string(257, 'l'));
+  EXPECT_EQ(Msg(proto::LayerFromProto(l).status()), "name: must be at most 256 bytes (got 257)");
+  v1::ModelConfig m;
+  ASSERT_TRUE(
+      proto::ReadJsonFile(MOEPLAN_SOURCE_DIR "/examples/models/gpt3-medium-moe.json", &m).ok());
+  m.set_name(std::string(256, 'm'));
+  EXPECT_TRUE(proto::ModelFromProto(m).ok());
+  m.set_name(std::string(257, 'm'));
+  EXPECT_EQ(Msg(proto::ModelFromProto(m).status()), "name: must be at most 256 bytes (got 257)");
+}
+
+class AnswerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    profile_ = *calibration::LoadProfile("a100-8x8");
+    cost_ = std::make_unique<planner::CostModel>(*planner::CostModel::Create(profile_.profile));
+    planner_ = std::make_unique<planner::LayerPlanner>(*cost_);
+  }
+  calibration::LoadedProfile profile_;
+  std::unique_ptr<planner::CostModel> cost_;
+  std::unique_ptr<planner::LayerPlanner> planner_;
+};
+
+TEST_F(AnswerTest, RanksAllSchedulesAndFillsTimelinesOnRequest) {
+  v1::PlanLayerRequest req;
+  *req.mutable_layer() = Layer(kLayer);
+  v1::PlanLayerResponse resp;
+  ASSERT_TRUE(AnswerPlanLayer(req, *planner_, profile_.profile, &resp).ok());
+  ASSERT_EQ(resp.candidates_size(), 3);
+  EXPECT_EQ(resp.best_schedule(), resp.candidates(0).schedule());
+  EXPECT_EQ(resp.decision().best(), resp.best_schedule());
+  EXPECT_LE(resp.candidates(0).total_us(), resp.candidates(1).total_us());
+  EXPECT_LE(resp.candidates(1).total_us(), resp.candidates(2).total_us());
+  EXPECT_EQ(resp.candidates(0).ops_size(), 0);
+  EXPECT_EQ(resp.profile_name(), "a100-8x8");
+  EXPECT_EQ(resp.derived().tokens(), 4096);
+  EXPECT_EQ(resp.derived().capacity(), 256);  // 2 * 1.0 * 4096 / 32
+  req.set_include_timeline(true);
+  ASSERT_TRUE(AnswerPlanLayer(req, *planner_, profile_.profile, &resp).ok());
+  for (const v1::CandidatePlan& c : resp.candidates()) {
+    ASSERT_GT(c.ops_size(), 0);
+    EXPECT_DOUBLE_EQ(c.forward_us() + c.backward_us(), c.total_us());
+    double last_end = 0;
+    double critical_sum = 0;
+    for (const v1::OpTiming& op : c.ops()) {
+      last_end = std::max(last_end, op.end_us());
+      if (op.critical()) critical_sum += op.end_us() - op.start_us();
+    }
+    EXPECT_DOUBLE_EQ(last_end, c.total_us());
+    EXPECT_NEAR(critical_sum, c.total_us(), 1e-6 * c.total_us());
+  }
+}
+
+TEST_F(AnswerTest, ErrorsNameRequestFields) {
+  v1::PlanLayerRequest req;
+  v1::PlanLayerResponse resp;
+  EXPECT_EQ(Msg(AnswerPlanLayer(req, *planner_, profile_.profile, &resp)), "layer: required");
+  *req.mutable_layer() = Layer(kLayer);
+  req.mutable_layer()->set_top_k(64);
+  EXPECT_EQ(Msg(AnswerPlanLayer(req, *planner_, profile_.profile, &resp)),
+            "layer.top_k: must be <= num_experts (got top_k=64, num_experts=32)");
+  *req.mutable_layer() = Layer(kLayer);
+  req.add_schedules(v1::SCHEDULE_S1);
+  req.add_schedules(v1::SCHEDULE_UNSPECIFIED);
+  EXPECT_EQ(Msg(AnswerPlanLayer(req, *planner_, profile_.profile, &resp)),
+            "schedules[1]: must be SCHEDULE_DEFAULT, SCHEDULE_S1 or SCHEDULE_S2 (got 0)");
+  req.clear_schedules();
+  req.add_schedules(v1::SCHEDULE_S2);
+  req.add_schedules(v1::SCHEDULE_S2);
+  EXPECT_EQ(Msg(AnswerPlanLayer(req, *planner_, profile_.profile, &resp)).rfind("schedules: ", 0),
+            0u);
+}
+
+// A model's timeline is bounded per response: 1,024 blocks of which every
+// one is MoE is ~42,000 ops per variant plan without overlap, ~100,000 with
+// partitions; all five variants are over kMaxTimelineOps, one is not.
+TEST_F(AnswerTest, ATimelineOverTheLimitIsRefusedBeforeItIsBuilt) {
+  v1::PlanModelRequest req;
+  ASSERT_TRUE(
+      proto::ReadJsonFile(MOEPLAN_SOURCE_DIR "/examples/models/gpt3-medium-moe.json", req.mutable_model())
+          .ok());
+  req.mutable_model()->set_num_layers(1024);
+  req.mutable_model()->mutable_moe()->set_layer_freq(1);
+  req.set_include_timeline(true);
+  planner::ModelPlanner planner(*cost_);
+  v1::PlanModelResponse out;
+  absl::Status s = AnswerPlanModel(req, planner, profile_.profile, &out);
+  ASSERT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+  EXPECT_EQ(Msg(s).rfind("include_timeline: the timeline would hold ", 0), 0u) << s;
+  EXPECT_NE(Msg(s).find("(5 variants), over the limit of 262144 per response"), std::string::npos)
+      << s;
+  req.mutable_options()->add_variants(v1::OVERLAP_VARIANT_LANCET);
+  ASSERT_TRUE(AnswerPlanModel(req, planner, profile_.profile, &out).ok());
+  ASSERT_EQ(out.variants_size(), 1);
+  EXPECT_GT(out.variants(0).ops_size(), 50000);
+  EXPECT_LE(out.variants(0).ops_size(), planner::kMaxTimelineOps);
+}
+
+}  // namespace
+}  // namespace moeplan::requests
