@@ -55,9 +55,18 @@ check_tree() {
   local src="$1" stage="$2" config="$3" site="$4" label="$5"
   rm -rf "$stage" "$site"
   mkdir -p "$stage"
-  # Tracked files still present in the work tree, and untracked ones not ignored.
-  git -C "$src" ls-files -z --cached --others --exclude-standard |
-    (cd "$src" && while IFS= read -r -d '' f; do [[ -f $f ]] && printf '%s\0' "$f"; done) |
+  # Tracked files still present in the work tree, and untracked ones not ignored. Outside a git
+  # work tree (an exported tarball; or git refusing a checkout owned by another user) every file
+  # but build*/ and .git/ instead, which is a superset: a link cannot pass there and fail here.
+  local list
+  if list="$(git -C "$src" ls-files -z --cached --others --exclude-standard 2>/dev/null | tr '\0' '\n')"; then
+    :
+  else
+    echo "docs.sh: $label: $src is not a git work tree git will read; staging every file but build*/" >&2
+    list="$(cd "$src" && find . -path ./.git -prune -o -path './build*' -prune -o -type f -print | sed 's|^\./||')"
+  fi
+  printf '%s\n' "$list" |
+    (cd "$src" && while IFS= read -r f; do [[ -n $f && -f $f ]] && printf '%s\0' "$f"; done) |
     (cd "$src" && xargs -0 -r cp --parents -t "$stage")
 
   local log="$TMP/$label.mkdocs.log"
