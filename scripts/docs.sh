@@ -69,11 +69,14 @@ check_tree() {
     (cd "$src" && while IFS= read -r f; do [[ -n $f && -f $f ]] && printf '%s\0' "$f"; done) |
     (cd "$src" && xargs -0 -r cp --parents -t "$stage")
 
-  local log="$TMP/$label.mkdocs.log"
+  # A strict build that aborts on warnings has still written the site: crawl it anyway, so one
+  # run reports the broken anchors next to the broken files.
+  local log="$TMP/$label.mkdocs.log" failed=0
   if ! mkdocs build --strict -f "$config" -d "$site" >"$log" 2>&1; then
     echo "docs.sh: $label: MkDocs strict build failed (a link to a file that does not exist):" >&2
     grep -E 'WARNING|ERROR|Error|Aborted' "$log" | sed 's/\x1b\[[0-9;]*m//g' >&2 || cat "$log" >&2
-    return 1
+    failed=1
+    [[ -f $site/index.html ]] || return 1
   fi
 
   # Every page MkDocs made from a markdown file is a start URL, so a page no other page links
@@ -88,7 +91,8 @@ check_tree() {
   done < <(cd "$stage" && find . -name '*.md' -print0 | sort -z)
   if ! linkchecker -f "$rc" --no-status --no-robots -o text "${pages[@]}" >"$out" 2>&1; then
     echo "docs.sh: $label: broken links or anchors (LinkChecker; page X.html is X.md, a folder's" >&2
-    echo "index.html its README.md, 'line' is the HTML line):" >&2
+    echo "index.html its README.md, 'line' is the HTML line; a missing anchor is a Warning, and" >&2
+    echo "every warning fails):" >&2
     # The findings only: LinkChecker's per-URL blocks that carry a Warning or an Error.
     sed -e "s|file://$site/||g" "$out" |
       awk '/^URL /{blk=$0; keep=0; next} blk!=""{blk=blk "\n" $0; if ($1=="Warning" || $0 ~ /^Result +Error/) keep=1}
@@ -96,6 +100,7 @@ check_tree() {
            /found\.$|^That.s it/{print}' >&2
     return 1
   fi
+  ((failed == 0)) || return 1
   echo "docs.sh: $label: ok ($(grep -o '[0-9]* links in [0-9]* URLs checked' "$out" || echo checked))"
 }
 
