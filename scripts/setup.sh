@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Installs the Debian packages moeplan builds with (idempotent: apt runs only when
-# something is missing) and builds it with ccache into build/ (or $BUILD_DIR).
+# Installs the Debian packages moeplan builds with, and checks its docs with (scripts/docs.sh),
+# (idempotent: apt runs only when something is missing) and builds it with ccache into build/
+# (or $BUILD_DIR).
 #   bash scripts/setup.sh [extra cmake args...]
 # Environment: BUILD_DIR (default build), BUILD_TARGETS (default all), JOBS,
 # EXTRA_PACKAGES (more Debian packages this build needs, e.g. clang for fuzz/),
@@ -18,6 +19,7 @@ PACKAGES=(
   libopenmpi-dev openmpi-bin
   python3 python3-grpcio python3-protobuf
   gnuplot-nox iproute2 openssl
+  mkdocs python3-pymdownx linkchecker
 )
 # moeplan.torch (pytorch/README.md): Debian's CPU libtorch 1.13 for
 # /usr/bin/python3, pybind11, and what examples/train_gpt_moe.py draws with.

@@ -1,12 +1,18 @@
 #!/usr/bin/env bash
-# Installs, builds and runs every test: the full suite (ctest), a short soak
-# of the server, then the unit tests again under ASan+UBSan in build-asan/, then the fuzz harnesses for a
-# bounded time in build-fuzz/, then the server tests under TSan in build-tsan/.
+# Installs, builds and runs every test: the docs' links and anchors (scripts/docs.sh), the full
+# suite (ctest), a short soak of the server, then the unit tests again under ASan+UBSan in
+# build-asan/, then the fuzz harnesses for a bounded time in build-fuzz/, then the server tests
+# under TSan in build-tsan/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 JOBS="${JOBS:-$(nproc)}"
 
 bash scripts/setup.sh
+# The docs site (scripts/docs.sh): a strict MkDocs build and LinkChecker over it; any broken
+# link or #anchor in README.md, docs/ or a folder README fails here. Then the checker's own
+# fixtures: a broken link and a broken anchor must fail it.
+bash scripts/docs.sh
+bash scripts/docs.sh --self-test
 (cd build && ctest --output-on-failure -j "$JOBS")
 
 # A short soak of the server (scripts/soak.sh; 600 s is the reported run):
