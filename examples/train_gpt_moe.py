@@ -40,14 +40,14 @@ for p in (os.environ.get("MOEPLAN_PYTHONPATH"), os.path.join(ROOT, "build", "cli
         sys.path.insert(0, p)
 
 from moeplan.torch import MoE, Planner, PlannerUnavailable, dense_parameters  # noqa: E402
-from moeplan.torch import init_process_group  # noqa: E402
+from moeplan.torch import SCHEDULES, init_process_group  # noqa: E402
 
 
 def parse_args(argv):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     ap.add_argument("--steps", type=int, default=60, help="training steps")
-    ap.add_argument("--schedule", choices=("auto", "default", "s1", "s2"), default="auto",
+    ap.add_argument("--schedule", choices=sorted(SCHEDULES), default="auto",
                     help="the MoE layers' schedule; auto asks the planner")
     ap.add_argument("--server", help="moeplan-server address (host:port) for plans and reports")
     ap.add_argument("--require-server", action="store_true",

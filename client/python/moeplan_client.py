@@ -33,6 +33,11 @@ import os
 import sys
 from typing import Any, Iterable, Mapping, Optional, Sequence, Tuple, Union
 
+# The schedules' short names ("default", "s1", "s2") and enum names, defined once
+# for this client and moeplan.torch: moeplan_schedules.py, next to this file (here
+# and in build/client/python).
+import moeplan_schedules
+
 try:
     import grpc
     from google.protobuf import json_format
@@ -78,13 +83,6 @@ __all__ = ["PlannerClient", "PlannerError", "schedule_enum", "schedule_short_nam
 
 DEFAULT_PROFILE = "a100-8x8"
 
-# Short names as the CLI spells them (`--schedules default,s1,s2`, `--moe-schedule s2`).
-_SHORT_TO_ENUM = {
-    "default": "SCHEDULE_DEFAULT",
-    "s1": "SCHEDULE_S1",
-    "s2": "SCHEDULE_S2",
-}
-
 
 def schedule_enum(schedule: Union[str, int]) -> int:
     """Schedule enum value of `schedule`: "default"/"s1"/"s2" (any case), an enum
@@ -94,20 +92,17 @@ def schedule_enum(schedule: Union[str, int]) -> int:
             return schedule
         raise ValueError(f"schedule: unknown value {schedule}")
     if isinstance(schedule, str):
-        name = _SHORT_TO_ENUM.get(schedule.lower(), schedule.upper())
+        name = moeplan_schedules.SCHEDULE_ENUM_NAMES.get(schedule.lower(), schedule.upper())
         if name in plan_pb2.Schedule.keys() and name != "SCHEDULE_UNSPECIFIED":
             return plan_pb2.Schedule.Value(name)
-    raise ValueError(f"schedule: must be one of default, s1, s2 (got {schedule!r})")
+    raise ValueError(f"schedule: must be one of {', '.join(moeplan_schedules.SCHEDULES)} "
+                     f"(got {schedule!r})")
 
 
 def schedule_short_name(schedule: Union[str, int]) -> str:
     """"default", "s1" or "s2" for an enum name ("SCHEDULE_S2") or value."""
     value = schedule_enum(schedule)
-    name = plan_pb2.Schedule.Name(value)
-    for short, enum_name in _SHORT_TO_ENUM.items():
-        if enum_name == name:
-            return short
-    raise ValueError(f"schedule: no short name for {name}")  # pragma: no cover
+    return moeplan_schedules.short_name(plan_pb2.Schedule.Name(value))
 
 
 class PlannerError(Exception):

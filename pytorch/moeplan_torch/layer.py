@@ -1,0 +1,278 @@
+"""`MoE`, the layer: an nn.Module whose forward and backward are the planner's
+op graph for one MoE layer, run by the executor inside a torch.autograd.Function;
+and `dense_parameters`, the parameters to average over data-parallel ranks."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from typing import Any, Dict, List, Optional, Tuple
+
+import torch
+from torch import nn
+
+import moeplan_schedules
+
+from ._native import _C
+from .planner import Planner, canonical_json
+from .process_group import world
+
+__all__ = ["MoE", "dense_parameters", "SCHEDULES", "GATES"]
+
+# What MoE(schedule=...) takes: ("default", "s1", "s2", "auto").
+SCHEDULES = moeplan_schedules.SCHEDULES + (moeplan_schedules.AUTO,)
+GATES = ("topk", "switch")
+
+
+class _MoEFunction(torch.autograd.Function):
+    """One MoE layer on the executor: forward runs the plan's forward ops,
+    backward its backward ops on what the forward left in the buffers."""
+
+    @staticmethod
+    def forward(ctx, x, gate_weight, w1, w2, layer, expert_scale):
+        y = layer.forward(x, gate_weight, w1, w2)
+        ctx.layer = layer
+        ctx.expert_scale = expert_scale
+        ctx.generation = layer.forwards
+        ctx.save_for_backward(x, gate_weight, w1, w2)
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        layer = ctx.layer
+        x, gate_weight, w1, w2 = ctx.saved_tensors
+        if layer.forwards != ctx.generation:
+            # Another forward of this shape ran since (gradient accumulation
+            # over several forwards, or checkpointing): its buffers hold that
+            # one, so this forward is run again first.
+            layer.forward(x, gate_weight, w1, w2)
+        dx, dgate, dw1, dw2 = layer.backward(dy.contiguous())
+        if ctx.expert_scale != 1.0:
+            dw1.mul_(ctx.expert_scale)
+            dw2.mul_(ctx.expert_scale)
+        return dx, dgate, dw1, dw2, None, None
+
+
+class MoE(nn.Module):
+    """A Mixture-of-Experts FFN layer run by moeplan's executor.
+
+    Args:
+        model_dim, hidden_dim: M and H (each expert is GELU(x W1) W2, no biases).
+        num_experts: E, a multiple of ep.
+        top_k: experts per token (default 2; gate="switch" is top_k 1).
+        capacity_factor: f; each expert keeps ceil(k f S / E) tokens of the S an
+            MP group routes (s1: per MP rank), first choices first; the rest are
+            dropped (they add nothing; keep the residual outside the layer).
+        mp, ep, esp: the layout over the MPI world (docs/notation.md): ep*esp
+            ranks hold the experts (E/ep experts per rank, H/esp columns of each),
+            mp ranks share one token batch (they must be given the same x), so
+            mp*dp = ep*esp = world size. ep defaults to world/esp.
+        schedule: "default", "s1", "s2" (s1/s2 need esp == mp) or "auto" (the
+            planner's choice, per token shape, from `planner`).
+        planner: a Planner for "auto" (default: Planner() on the local profile).
+        seed: initialises the weights; the same global weights for every layout.
+        expert_grad: "mean" (default) scales the expert weights' gradients by
+            1/dp, so they match dense gradients averaged over the data-parallel
+            ranks (DistributedDataParallel, or an all_reduce divided by the world
+            size); "sum" leaves the sum over the dp groups' losses.
+
+    Parameters: gate_weight [M, E] (replicated: average its gradient with the
+    dense ones), w1 [E/ep, M, H/esp] and w2 [E/ep, H/esp, M] (this rank's expert
+    shards, marked `moeplan_expert = True`: leave them out of data-parallel
+    reductions; `dense_parameters(model)` lists the others).
+    """
+
+    def __init__(self, model_dim: int, hidden_dim: int, num_experts: int,
+                 top_k: Optional[int] = None,
+                 capacity_factor: float = 1.0, gate: str = "topk", mp: int = 1,
+                 ep: Optional[int] = None, esp: int = 1, schedule: str = "default",
+                 planner: Optional[Planner] = None, seed: int = 0, expert_grad: str = "mean"):
+        super().__init__()
+        rank, size = world()
+        if gate not in GATES:
+            raise ValueError(f"MoE.gate: must be one of {', '.join(GATES)} (got {gate!r})")
+        if gate == "switch" and top_k not in (None, 1):
+            raise ValueError(f"MoE.top_k: the switch gate routes each token to one expert "
+                             f"(top_k 1), got {top_k}")
+        if top_k is None:
+            top_k = 1 if gate == "switch" else 2
+        for name, v in (("model_dim", model_dim), ("hidden_dim", hidden_dim),
+                        ("num_experts", num_experts), ("top_k", top_k), ("mp", mp),
+                        ("esp", esp)):
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ValueError(f"MoE.{name}: must be an integer >= 1 (got {v!r})")
+        if top_k > num_experts:
+            raise ValueError(f"MoE.top_k: must be <= num_experts ({num_experts}), got {top_k}")
+        if not (isinstance(capacity_factor, (int, float)) and capacity_factor > 0
+                and math.isfinite(capacity_factor)):
+            raise ValueError(f"MoE.capacity_factor: must be a finite number > 0 "
+                             f"(got {capacity_factor!r})")
+        if ep is None:
+            if size % esp != 0:
+                raise ValueError(f"MoE.esp: must divide the world size {size} (got {esp})")
+            ep = size // esp
+        if not isinstance(ep, int) or ep < 1:
+            raise ValueError(f"MoE.ep: must be an integer >= 1 (got {ep!r})")
+        if ep * esp != size:
+            raise ValueError(f"MoE layout: ep*esp must equal the world size {size} "
+                             f"(got ep={ep}, esp={esp}: {ep * esp} ranks)")
+        if size % mp != 0:
+            raise ValueError(f"MoE.mp: must divide the world size {size} (got {mp})")
+        if mp % esp != 0:
+            raise ValueError(f"MoE.esp: must divide mp={mp} (an ESP group inside an MP group; "
+                             f"got esp={esp})")
+        if num_experts % ep != 0:
+            raise ValueError(f"MoE.num_experts: must be a multiple of ep={ep} "
+                             f"(got {num_experts})")
+        if hidden_dim % esp != 0:
+            raise ValueError(f"MoE.hidden_dim: must be a multiple of esp={esp} "
+                             f"(got {hidden_dim})")
+        if schedule not in SCHEDULES:
+            raise ValueError(f"MoE.schedule: must be one of {', '.join(SCHEDULES)} "
+                             f"(got {schedule!r})")
+        if schedule in moeplan_schedules.ESP_IS_MP and esp != mp:
+            raise ValueError(f"MoE.schedule: {schedule} needs esp == mp (the ESP group is the "
+                             f"MP group); got mp={mp}, esp={esp}")
+        if expert_grad not in ("mean", "sum"):
+            raise ValueError(f"MoE.expert_grad: must be 'mean' or 'sum' (got {expert_grad!r})")
+        self.model_dim, self.hidden_dim, self.num_experts = model_dim, hidden_dim, num_experts
+        self.top_k, self.capacity_factor, self.gate = top_k, float(capacity_factor), gate
+        self.mp, self.ep, self.esp, self.dp = mp, ep, esp, size // mp
+        self.schedule = schedule
+        self.planner = planner if planner is not None else (
+            Planner() if schedule == moeplan_schedules.AUTO else None)
+        self.expert_grad = expert_grad
+        self.rank, self.world_size = rank, size
+        self.place = _C.place_of(mp, ep, esp, rank)
+        self.local_experts = num_experts // ep
+        self.hidden_shard = hidden_dim // esp
+
+        # Seeded so that every layout holds the same global weights.
+        g = torch.Generator().manual_seed(seed)
+        bound = 1.0 / math.sqrt(model_dim)
+        self.gate_weight = nn.Parameter(
+            (torch.rand(model_dim, num_experts, generator=g) * 2 - 1) * bound)
+        w1 = torch.empty(self.local_experts, model_dim, self.hidden_shard)
+        w2 = torch.empty(self.local_experts, self.hidden_shard, model_dim)
+        e0, h0 = self.place["ep_rank"] * self.local_experts, self.place["esp_rank"] * self.hidden_shard
+        for l in range(self.local_experts):
+            ge = torch.Generator().manual_seed(seed * 1_000_003 + e0 + l + 1)
+            full1 = (torch.rand(model_dim, hidden_dim, generator=ge) * 2 - 1) / math.sqrt(model_dim)
+            full2 = (torch.rand(hidden_dim, model_dim, generator=ge) * 2 - 1) / math.sqrt(hidden_dim)
+            w1[l] = full1[:, h0:h0 + self.hidden_shard]
+            w2[l] = full2[h0:h0 + self.hidden_shard, :]
+        self.w1 = nn.Parameter(w1)
+        self.w2 = nn.Parameter(w2)
+        self.w1.moeplan_expert = True
+        self.w2.moeplan_expert = True
+
+        # Per (tokens, batch): the runner, its schedule, its LayerConfig and the
+        # "auto" answer; a forward of a known shape looks nothing else up.
+        self._shapes: Dict[Tuple[int, int], Tuple[Any, str, Dict[str, Any], Any]] = {}
+        self._last_runner = None
+        self.last_plan: Optional[Dict[str, Any]] = None  # the "auto" answer of the last shape
+        self.last_schedule: Optional[str] = None
+        self.last_layer: Optional[Dict[str, Any]] = None
+        self._times: Dict[str, List[float]] = {}
+        self._totals: List[float] = []
+
+    def extra_repr(self) -> str:
+        return (f"model_dim={self.model_dim}, hidden_dim={self.hidden_dim}, "
+                f"num_experts={self.num_experts}, top_k={self.top_k}, "
+                f"capacity_factor={self.capacity_factor}, mp={self.mp}, ep={self.ep}, "
+                f"esp={self.esp}, schedule={self.schedule!r}")
+
+    @torch.no_grad()
+    def load_expert_weights(self, w1: torch.Tensor, w2: torch.Tensor) -> None:
+        """Sets this rank's shards from the whole experts: w1 [E, M, H], w2 [E, H, M]."""
+        E, M, H = self.num_experts, self.model_dim, self.hidden_dim
+        if tuple(w1.shape) != (E, M, H) or tuple(w2.shape) != (E, H, M):
+            raise ValueError(f"MoE.load_expert_weights: need w1 [{E}, {M}, {H}] and "
+                             f"w2 [{E}, {H}, {M}], got {list(w1.shape)} and {list(w2.shape)}")
+        e0, h0 = self.place["ep_rank"] * self.local_experts, self.place["esp_rank"] * self.hidden_shard
+        e1, h1 = e0 + self.local_experts, h0 + self.hidden_shard
+        self.w1.copy_(w1[e0:e1, :, h0:h1])
+        self.w2.copy_(w2[e0:e1, h0:h1, :])
+
+    def layer_config(self, tokens: int, batch: int = 1) -> Dict[str, Any]:
+        """The LayerConfig (the planner's and the server's) of `tokens` tokens per MP group."""
+        seq = tokens // batch
+        return {"batch_size": batch, "seq_len": seq, "model_dim": self.model_dim,
+                "hidden_dim": self.hidden_dim, "num_experts": self.num_experts,
+                "top_k": self.top_k, "capacity_factor": self.capacity_factor,
+                "bytes_per_element": 4,
+                "parallel": {"mp": self.mp, "ep": self.ep, "esp": self.esp}}
+
+    def _layer_for(self, tokens: int, batch: int):
+        entry = self._shapes.get((tokens, batch))
+        if entry is None:
+            config = self.layer_config(tokens, batch)
+            schedule, answer = self.schedule, None
+            if schedule == moeplan_schedules.AUTO:
+                answer = self.planner.plan(config)
+                schedule = answer["schedule"]
+            entry = (_C.Layer(canonical_json(config), schedule), schedule, config, answer)
+            self._shapes[(tokens, batch)] = entry
+        runner, self.last_schedule, self.last_layer, answer = entry
+        if answer is not None:
+            self.last_plan = answer
+        self._last_runner = runner
+        return runner
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"MoE: the input must be a torch.Tensor, got {type(x).__name__}")
+        if x.device.type != "cpu":
+            raise ValueError(f"MoE: the input is on {x.device}; this build of moeplan.torch runs "
+                             f"CPU tensors (the CPU kernels over MPI; CUDA built: "
+                             f"{_C.cuda_built()}, but Debian's libtorch has no CUDA)")
+        if x.dtype != torch.float32:
+            raise TypeError(f"MoE: the input must be float32, got {x.dtype}")
+        if x.dim() < 1 or x.shape[-1] != self.model_dim:
+            raise ValueError(f"MoE: the input's last dimension must be model_dim="
+                             f"{self.model_dim}, got shape {list(x.shape)}")
+        tokens = x.numel() // self.model_dim
+        if tokens == 0:
+            raise ValueError("MoE: the input has no tokens")
+        batch = x.shape[0] if x.dim() >= 3 else 1
+        for p in (self.gate_weight, self.w1, self.w2):
+            if p.dtype != torch.float32 or p.device.type != "cpu":
+                raise TypeError(f"MoE: parameters must stay float32 on the CPU, got {p.dtype} "
+                                f"on {p.device}")
+        if self.world_size > 1:
+            # A rank with another shape would wait in another collective.
+            _C.agree([tokens, batch], ["tokens", "batch"], "moeplan.torch.MoE forward")
+        layer = self._layer_for(tokens, batch)
+        scale = 1.0 / self.dp if self.expert_grad == "mean" else 1.0
+        y = _MoEFunction.apply(x.reshape(tokens, self.model_dim), self.gate_weight, self.w1,
+                               self.w2, layer, scale)
+        return y.reshape(x.shape)
+
+    # ---- measured times -------------------------------------------------------------
+
+    def record_timings(self) -> None:
+        """Keeps the last forward + backward's op durations, each op's latest
+        start and end over the ranks (collective: call it on every rank, after
+        backward)."""
+        if self._last_runner is None:
+            return
+        layer = self._last_runner
+        total = 0.0
+        for name, _phase, start, end in layer.timings(over_ranks=True):
+            self._times.setdefault(name, []).append(end - start)
+            total = max(total, end)
+        self._totals.append(total)
+
+    def measured(self) -> Dict[str, Any]:
+        """Median op durations and layer time (µs) over the recorded steps."""
+        if not self._totals:
+            return {}
+        return {"schedule": self.last_schedule, "layer": self.last_layer,
+                "steps": len(self._totals),
+                "ops": {n: statistics.median(v) for n, v in self._times.items()},
+                "total_us": statistics.median(self._totals)}
+
+
+def dense_parameters(module: nn.Module) -> List[nn.Parameter]:
+    """The parameters to average over data-parallel ranks: all but expert shards."""
+    return [p for p in module.parameters() if not getattr(p, "moeplan_expert", False)]
