@@ -19,7 +19,7 @@ PACKAGES=(
   libopenmpi-dev openmpi-bin
   python3 python3-grpcio python3-protobuf
   gnuplot-nox iproute2 openssl
-  mkdocs python3-pymdownx linkchecker
+  mkdocs python3-pymdownx linkchecker universal-ctags
 )
 # moeplan.torch (pytorch/README.md): Debian's CPU libtorch 1.13 for
 # /usr/bin/python3, pybind11, and what examples/train_gpt_moe.py draws with.

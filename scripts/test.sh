@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Installs, builds and runs every test: the docs' links and anchors (scripts/docs.sh), the full
+# Installs, builds and runs every test: the docs' links and anchors (scripts/docs.sh), the
+# libraries' file and function sizes (scripts/check-size.sh), the full
 # suite (ctest), a short soak of the server, then the unit tests again under ASan+UBSan in
 # build-asan/, then the fuzz harnesses for a bounded time in build-fuzz/, then the server tests
 # under TSan in build-tsan/.
@@ -13,6 +14,10 @@ bash scripts/setup.sh
 # fixtures: a broken link and a broken anchor must fail it.
 bash scripts/docs.sh
 bash scripts/docs.sh --self-test
+# Source size (docs/conventions.md "Size"): no library file over 600 lines, no function over
+# about 80; its self-test shows it failing under tighter limits.
+bash scripts/check-size.sh
+bash scripts/check-size.sh --self-test
 (cd build && ctest --output-on-failure -j "$JOBS")
 
 # A short soak of the server (scripts/soak.sh; 600 s is the reported run):
