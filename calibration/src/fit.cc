@@ -171,61 +171,91 @@ std::string_view RowKey(std::string_view what) {
   return what;
 }
 
-// Several rounds: fit each point's median round, then every round alone, and
-// compare. Points missing from a round (a budget cut it short) are fitted from
-// the rounds that have them.
-absl::StatusOr<Calibration> CalibrateRounds(const std::vector<v1::ProfileSample>& samples,
-                                            const CalibrateOptions& options, int rounds) {
-  std::map<std::string, std::vector<const v1::ProfileSample*>> by_point;
-  std::vector<std::string> order;  // first appearance, so the fit sees the sweep's order
+// The samples by point (PointKey), and the points in the order they first
+// appear, so the fit sees the sweep's order.
+struct ByPoint {
+  std::map<std::string, std::vector<const v1::ProfileSample*>> samples;
+  std::vector<std::string> order;
+};
+
+ByPoint GroupByPoint(const std::vector<v1::ProfileSample>& samples) {
+  ByPoint out;
   for (const v1::ProfileSample& s : samples) {
     std::string key = PointKey(s);
-    std::vector<const v1::ProfileSample*>& v = by_point[key];
-    if (v.empty()) order.push_back(std::move(key));
+    std::vector<const v1::ProfileSample*>& v = out.samples[key];
+    if (v.empty()) out.order.push_back(std::move(key));
     v.push_back(&s);
   }
+  return out;
+}
+
+// Every point's median round, and how far the rounds of the points measured
+// in every round disagree.
+struct MedianRound {
   std::vector<v1::ProfileSample> merged;
-  merged.reserve(order.size());
-  Calibration out;
-  std::vector<PointSpread> spreads;
+  int points = 0;                              // points measured in every round
+  std::vector<PointSpread> disagreeing;        // by more than repeat_tolerance
   std::map<std::string, double> point_spread;  // label -> spread %, points of every round
-  for (const std::string& key : order) {
-    std::vector<const v1::ProfileSample*> v = by_point[key];
+};
+
+MedianRound MergeRounds(const ByPoint& by_point, const CalibrateOptions& options, int rounds) {
+  MedianRound out;
+  out.merged.reserve(by_point.order.size());
+  for (const std::string& key : by_point.order) {
+    std::vector<const v1::ProfileSample*> v = by_point.samples.at(key);
     std::sort(v.begin(), v.end(), [](const v1::ProfileSample* a, const v1::ProfileSample* b) {
       return a->median_us() < b->median_us();
     });
-    merged.push_back(*v[(v.size() - 1) / 2]);
-    merged.back().clear_round();
+    out.merged.push_back(*v[(v.size() - 1) / 2]);
+    out.merged.back().clear_round();
     if (static_cast<int>(v.size()) < rounds) continue;
     ++out.points;
     const double lo = v.front()->median_us(), hi = v.back()->median_us();
-    if (lo > 0.0) point_spread[internal::PointLabel(*v.front())] = 100.0 * (hi / lo - 1.0);
+    if (lo > 0.0) out.point_spread[internal::PointLabel(*v.front())] = 100.0 * (hi / lo - 1.0);
     if (lo > 0.0 && hi / lo - 1.0 > options.repeat_tolerance) {
       PointSpread p;
       p.point = internal::PointLabel(*v.front());
-      std::vector<const v1::ProfileSample*> by_round = by_point[key];
+      std::vector<const v1::ProfileSample*> by_round = by_point.samples.at(key);
       std::sort(by_round.begin(), by_round.end(),
                 [](const v1::ProfileSample* a, const v1::ProfileSample* b) {
                   return a->round() < b->round();
                 });
       for (const v1::ProfileSample* s : by_round) p.median_us.push_back(s->median_us());
       p.spread_pct = 100.0 * (hi / lo - 1.0);
-      spreads.push_back(std::move(p));
+      out.disagreeing.push_back(std::move(p));
     }
   }
-  MOEPLAN_ASSIGN_OR_RETURN(Calibration all, CalibrateOnce(merged, options));
-  for (v1::ReferencePoint& r : *all.profile.mutable_provenance()->mutable_reference()) {
-    if (auto it = point_spread.find(r.point()); it != point_spread.end()) {
-      r.set_spread_pct(it->second);
-    }
-  }
-  all.rounds = rounds;
-  all.points = out.points;
-  all.repeat_tolerance = options.repeat_tolerance;
-  std::sort(spreads.begin(), spreads.end(),
-            [](const PointSpread& a, const PointSpread& b) { return a.spread_pct > b.spread_pct; });
-  all.disagreeing = std::move(spreads);
+  return out;
+}
 
+// Widens one row's spread over the rounds by one round's fit `q` of the row
+// whose fit over every point's median round is `whole`.
+void AddRoundFit(const FitQuality& whole, const FitQuality& q, FitSpread* spread) {
+  const LineFit& w = whole.fit;
+  FitSpread& s = *spread;
+  if (s.rounds == 0) {
+    s.what = whole.what;
+    s.alpha_min_us = s.alpha_max_us = q.fit.alpha_us;
+    s.beta_min = s.beta_max = q.fit.beta_us_per_byte;
+  }
+  ++s.rounds;
+  s.alpha_min_us = std::min(s.alpha_min_us, q.fit.alpha_us);
+  s.alpha_max_us = std::max(s.alpha_max_us, q.fit.alpha_us);
+  s.beta_min = std::min(s.beta_min, q.fit.beta_us_per_byte);
+  s.beta_max = std::max(s.beta_max, q.fit.beta_us_per_byte);
+  auto off = [&](double n) {
+    const double ref = Predict(w, n);
+    return ref > 0.0 ? 100.0 * std::abs(Predict(q.fit, n) / ref - 1.0) : 0.0;
+  };
+  s.spread_small_pct = std::max(s.spread_small_pct, off(static_cast<double>(w.min_bytes)));
+  s.spread_large_pct = std::max(s.spread_large_pct, off(static_cast<double>(w.max_bytes)));
+}
+
+// Fits every round alone and sets all->spreads, how far each row's line moves
+// between rounds (in all->fits' order); a round that does not fit alone is a
+// warning.
+void FitEachRound(const std::vector<v1::ProfileSample>& samples, const CalibrateOptions& options,
+                  int rounds, Calibration* all) {
   std::map<std::string, FitSpread> rows;
   for (int r = 0; r < rounds; ++r) {
     std::vector<v1::ProfileSample> one;
@@ -237,43 +267,47 @@ absl::StatusOr<Calibration> CalibrateRounds(const std::vector<v1::ProfileSample>
     absl::StatusOr<Calibration> c = one.empty() ? absl::NotFoundError("no samples")
                                                 : CalibrateOnce(one, options, Reference::kNone);
     if (!c.ok()) {
-      all.warnings.push_back(Cat("round ", r, " could not be fitted alone (",
-                                 View(c.status().message()), "): left out of the spreads"));
+      all->warnings.push_back(Cat("round ", r, " could not be fitted alone (",
+                                  View(c.status().message()), "): left out of the spreads"));
       continue;
     }
     for (const FitQuality& q : c->fits) {
-      const auto whole = std::find_if(all.fits.begin(), all.fits.end(), [&](const FitQuality& w) {
+      const auto whole = std::find_if(all->fits.begin(), all->fits.end(), [&](const FitQuality& w) {
         return RowKey(w.what) == RowKey(q.what);
       });
       // Rows that are not one line (gemm: its alpha is the launch probe; saa:
       // a cross-check) have no prediction to compare; their points' spreads
       // show among the disagreeing points.
-      if (whole == all.fits.end() || !(whole->fit.beta_us_per_byte > 0.0)) continue;
-      const LineFit& w = whole->fit;
-      FitSpread& s = rows[std::string(RowKey(q.what))];
-      if (s.rounds == 0) {
-        s.what = whole->what;
-        s.alpha_min_us = s.alpha_max_us = q.fit.alpha_us;
-        s.beta_min = s.beta_max = q.fit.beta_us_per_byte;
-      }
-      ++s.rounds;
-      s.alpha_min_us = std::min(s.alpha_min_us, q.fit.alpha_us);
-      s.alpha_max_us = std::max(s.alpha_max_us, q.fit.alpha_us);
-      s.beta_min = std::min(s.beta_min, q.fit.beta_us_per_byte);
-      s.beta_max = std::max(s.beta_max, q.fit.beta_us_per_byte);
-      auto off = [&](double n) {
-        const double ref = Predict(w, n);
-        return ref > 0.0 ? 100.0 * std::abs(Predict(q.fit, n) / ref - 1.0) : 0.0;
-      };
-      s.spread_small_pct = std::max(s.spread_small_pct, off(static_cast<double>(w.min_bytes)));
-      s.spread_large_pct = std::max(s.spread_large_pct, off(static_cast<double>(w.max_bytes)));
+      if (whole == all->fits.end() || !(whole->fit.beta_us_per_byte > 0.0)) continue;
+      AddRoundFit(*whole, q, &rows[std::string(RowKey(q.what))]);
     }
   }
-  for (const FitQuality& q : all.fits) {
+  for (const FitQuality& q : all->fits) {
     if (auto it = rows.find(std::string(RowKey(q.what))); it != rows.end()) {
-      all.spreads.push_back(it->second);
+      all->spreads.push_back(it->second);
     }
   }
+}
+
+// Several rounds: fit each point's median round, then every round alone, and
+// compare. Points missing from a round (a budget cut it short) are fitted from
+// the rounds that have them.
+absl::StatusOr<Calibration> CalibrateRounds(const std::vector<v1::ProfileSample>& samples,
+                                            const CalibrateOptions& options, int rounds) {
+  MedianRound median = MergeRounds(GroupByPoint(samples), options, rounds);
+  MOEPLAN_ASSIGN_OR_RETURN(Calibration all, CalibrateOnce(median.merged, options));
+  for (v1::ReferencePoint& r : *all.profile.mutable_provenance()->mutable_reference()) {
+    if (auto it = median.point_spread.find(r.point()); it != median.point_spread.end()) {
+      r.set_spread_pct(it->second);
+    }
+  }
+  all.rounds = rounds;
+  all.points = median.points;
+  all.repeat_tolerance = options.repeat_tolerance;
+  std::sort(median.disagreeing.begin(), median.disagreeing.end(),
+            [](const PointSpread& a, const PointSpread& b) { return a.spread_pct > b.spread_pct; });
+  all.disagreeing = std::move(median.disagreeing);
+  FitEachRound(samples, options, rounds, &all);
   return all;
 }
 
@@ -324,13 +358,18 @@ absl::StatusOr<Calibration> CalibrateOnce(const std::vector<v1::ProfileSample>& 
 
 }  // namespace
 
-std::string RenderFitReport(const Calibration& c) {
-  const v1::ClusterProfile& p = c.profile;
-  std::string out;
-  auto line = [&out](std::string_view s) {
-    out += s.substr(0, s.find_last_not_of(' ') + 1);  // padded last column: no trailing blanks
-    out += '\n';
-  };
+namespace {
+
+// Appends one line of the fit report: a padded last column leaves no
+// trailing blanks.
+void AddLine(std::string* out, std::string_view s) {
+  *out += s.substr(0, s.find_last_not_of(' ') + 1);
+  *out += '\n';
+}
+
+// The fitted models, one line each.
+void RenderModels(const v1::ClusterProfile& p, std::string* out) {
+  auto line = [out](std::string_view s) { AddLine(out, s); };
   line(fmt::format("profile {}: {} node(s) x {} GPU(s)", p.name(), p.nodes(), p.gpus_per_node()));
   auto link = [](const v1::AlphaBeta& ab) {
     return fmt::format("{:.3g} us + {:.4g} GB/s", ab.alpha_us(), 1e-3 / ab.beta_us_per_byte());
@@ -351,10 +390,11 @@ std::string RenderFitReport(const Calibration& c) {
                    act(p.activation().backward())));
   line(fmt::format("kernels: order {}; iorder {}; route {}", act(p.kernels().order()),
                    act(p.kernels().iorder()), act(p.kernels().route())));
-  line("");
+}
 
-  size_t what_w = 4;
-  for (const FitQuality& q : c.fits) what_w = std::max(what_w, q.what.size());
+// The fit table: each row's line, how well it fits and where it holds.
+void RenderFits(const Calibration& c, size_t what_w, std::string* out) {
+  auto line = [out](std::string_view s) { AddLine(out, s); };
   line(fmt::format("{:<{}}  {:>9}  {:>10}  {:>9}  {:>6}  {:>9}  {:<24}  {:<24}", "what", what_w,
                    "alpha us", "beta us/B", "GB/s", "R²", "max err %", "sampled range",
                    "holds range"));
@@ -378,35 +418,42 @@ std::string RenderFitReport(const Calibration& c) {
     line(fmt::format("{:<{}}  {:>9}  {:>10}  {:>9}  {:>6.3f}  {:>9.1f}  {:<24}  {:<24}", q.what,
                      what_w, alpha, beta, gbs, f.r_squared, f.max_rel_err * 100.0, sampled, holds));
   }
-  if (c.rounds > 1) {
-    line("");
-    line(
-        fmt::format("repeatability over {} interleaved rounds ({} points in every round): each "
-                    "row fitted on one round at a time",
-                    c.rounds, c.points));
-    line(fmt::format("{:<{}}  {:>6}  {:>19}  {:>21}  {:>9}  {:>9}", "what", what_w, "rounds",
-                     "alpha us (min..max)", "beta us/B (min..max)", "small ±%", "large ±%"));
-    for (const FitSpread& s : c.spreads) {
-      line(fmt::format("{:<{}}  {:>6}  {:>19}  {:>21}  {:>9.1f}  {:>9.1f}", s.what, what_w,
-                       s.rounds, fmt::format("{:.3g}..{:.3g}", s.alpha_min_us, s.alpha_max_us),
-                       s.beta_max > 0.0 ? fmt::format("{:.3g}..{:.3g}", s.beta_min, s.beta_max)
-                                        : std::string("-"),
-                       s.spread_small_pct, s.spread_large_pct));
-    }
-    line(fmt::format("points whose rounds disagree by more than {:.0f}%: {} of {}",
-                     100.0 * c.repeat_tolerance, c.disagreeing.size(), c.points));
-    constexpr size_t kShown = 15;
-    for (size_t i = 0; i < std::min(kShown, c.disagreeing.size()); ++i) {
-      const PointSpread& p = c.disagreeing[i];
-      std::string values;
-      for (double v : p.median_us) values += fmt::format("{}{:.4g}", values.empty() ? "" : ", ", v);
-      line(
-          fmt::format("  {:+.0f}%  {}  (medians us, by round: {})", p.spread_pct, p.point, values));
-    }
-    if (c.disagreeing.size() > kShown) {
-      line(fmt::format("  ... and {} more", c.disagreeing.size() - kShown));
-    }
+}
+
+// Several rounds: each row's spread over them and the points that disagree.
+void RenderRepeatability(const Calibration& c, size_t what_w, std::string* out) {
+  auto line = [out](std::string_view s) { AddLine(out, s); };
+  line("");
+  line(
+      fmt::format("repeatability over {} interleaved rounds ({} points in every round): each "
+                  "row fitted on one round at a time",
+                  c.rounds, c.points));
+  line(fmt::format("{:<{}}  {:>6}  {:>19}  {:>21}  {:>9}  {:>9}", "what", what_w, "rounds",
+                   "alpha us (min..max)", "beta us/B (min..max)", "small ±%", "large ±%"));
+  for (const FitSpread& s : c.spreads) {
+    line(fmt::format(
+        "{:<{}}  {:>6}  {:>19}  {:>21}  {:>9.1f}  {:>9.1f}", s.what, what_w, s.rounds,
+        fmt::format("{:.3g}..{:.3g}", s.alpha_min_us, s.alpha_max_us),
+        s.beta_max > 0.0 ? fmt::format("{:.3g}..{:.3g}", s.beta_min, s.beta_max) : std::string("-"),
+        s.spread_small_pct, s.spread_large_pct));
   }
+  line(fmt::format("points whose rounds disagree by more than {:.0f}%: {} of {}",
+                   100.0 * c.repeat_tolerance, c.disagreeing.size(), c.points));
+  constexpr size_t kShown = 15;
+  for (size_t i = 0; i < std::min(kShown, c.disagreeing.size()); ++i) {
+    const PointSpread& p = c.disagreeing[i];
+    std::string values;
+    for (double v : p.median_us) values += fmt::format("{}{:.4g}", values.empty() ? "" : ", ", v);
+    line(fmt::format("  {:+.0f}%  {}  (medians us, by round: {})", p.spread_pct, p.point, values));
+  }
+  if (c.disagreeing.size() > kShown) {
+    line(fmt::format("  ... and {} more", c.disagreeing.size() - kShown));
+  }
+}
+
+// The fits' warnings, then the calibration's.
+void RenderWarnings(const Calibration& c, std::string* out) {
+  auto line = [out](std::string_view s) { AddLine(out, s); };
   std::vector<std::string_view> warnings;
   for (const FitQuality& q : c.fits)
     warnings.insert(warnings.end(), q.warnings.begin(), q.warnings.end());
@@ -418,6 +465,19 @@ std::string RenderFitReport(const Calibration& c) {
     line("warnings:");
     for (std::string_view w : warnings) line(Cat("  - ", w));
   }
+}
+
+}  // namespace
+
+std::string RenderFitReport(const Calibration& c) {
+  std::string out;
+  RenderModels(c.profile, &out);
+  AddLine(&out, "");
+  size_t what_w = 4;
+  for (const FitQuality& q : c.fits) what_w = std::max(what_w, q.what.size());
+  RenderFits(c, what_w, &out);
+  if (c.rounds > 1) RenderRepeatability(c, what_w, &out);
+  RenderWarnings(c, &out);
   return out;
 }
 

@@ -6,7 +6,10 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <optional>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include "fit_internal.h"
 #include "moeplan/base/format.h"
@@ -26,11 +29,8 @@ struct Point {
   double spread_pct = 0.0;  // its rounds' disagreement at calibration
 };
 
-}  // namespace
-
-absl::StatusOr<ProfileCheckResult> CheckProfile(const v1::ClusterProfile& profile,
-                                                const std::vector<v1::ProfileSample>& samples,
-                                                double threshold_pct) {
+absl::Status CheckInputs(const v1::ClusterProfile& profile,
+                         const std::vector<v1::ProfileSample>& samples, double threshold_pct) {
   if (samples.empty()) return absl::InvalidArgumentError("profile-check: no samples to compare");
   if (!(threshold_pct > 0.0) || !std::isfinite(threshold_pct)) {
     return absl::InvalidArgumentError(
@@ -45,129 +45,183 @@ absl::StatusOr<ProfileCheckResult> CheckProfile(const v1::ClusterProfile& profil
         run.nodes(), run.ranks_per_node(), profile.name(), profile.nodes(),
         profile.gpus_per_node()));
   }
-  // The isolated model: the check times ops alone, as the sweep did.
+  return absl::OkStatus();
+}
+
+// The isolated model: the check times ops alone, as the sweep did.
+absl::StatusOr<planner::CostModel> IsolatedModel(const v1::ClusterProfile& profile) {
   v1::ClusterProfile alone = profile;
   alone.clear_context();
   MOEPLAN_ASSIGN_OR_RETURN(planner::ClusterProfile converted, proto::ProfileFromProto(alone));
-  MOEPLAN_ASSIGN_OR_RETURN(const planner::CostModel cost,
-                           planner::CostModel::Create(std::move(converted)));
+  return planner::CostModel::Create(std::move(converted));
+}
 
-  // The sweep's own measurements where the profile kept them: drift is then
-  // measured against measured, free of the fitted lines' own error.
+// One point the check measured: its first sample and the medians of its
+// rounds (moeplan-profile --check --rounds), in the samples' order.
+struct Measured {
+  const v1::ProfileSample* sample;
+  std::string label;
+  std::vector<double> medians;
+};
+
+std::vector<Measured> GroupRounds(const std::vector<v1::ProfileSample>& samples) {
+  std::map<std::string, size_t> index;  // point label -> its entry
+  std::vector<Measured> points;
+  for (const v1::ProfileSample& s : samples) {
+    if (!(s.median_us() > 0.0)) continue;
+    std::string label = internal::PointLabel(s);
+    const auto [it, first] = index.try_emplace(label, points.size());
+    if (first) points.push_back({&s, std::move(label), {}});
+    points[it->second].medians.push_back(s.median_us());
+  }
+  return points;
+}
+
+// What the profile's model predicts for one sample, the term it belongs to
+// and the point's name in the table.
+struct Prediction {
+  std::string term, label;
+  double us = 0.0;
+};
+
+// nullopt: a sample the check does not compare (SAA: composed of the others).
+absl::StatusOr<std::optional<Prediction>> Predict(const planner::CostModel& cost,
+                                                  const v1::ProfileSample& s) {
+  Prediction out;
+  switch (s.op_case()) {
+    case v1::ProfileSample::kGemm: {
+      const v1::GemmSample& g = s.gemm();
+      out.term = "gemm";
+      out.label = fmt::format("gemm {}x{}x{}", g.m(), g.n(), g.k());
+      out.us = cost.GemmUs(g.m(), g.n(), g.k());
+      return out;
+    }
+    case v1::ProfileSample::kMemory: {
+      const v1::MemorySample& m = s.memory();
+      const bool act = m.kernel() == "gelu" || m.kernel() == "gelu_bwd";
+      out.term = act ? "activation" : "memory";
+      out.label = fmt::format("{} {}", m.kernel(), FormatBytes(double(m.bytes())));
+      out.us = internal::MemoryKernelUs(cost, m.kernel(), double(m.bytes()));
+      return out;
+    }
+    case v1::ProfileSample::kCollective: {
+      const v1::CollectiveSample& c = s.collective();
+      MOEPLAN_ASSIGN_OR_RETURN(planner::Collective coll,
+                               proto::CollectiveFromProto(c.collective(), "collective"));
+      const planner::GroupShape shape{c.shape().ranks(), c.shape().nodes()};
+      const bool pair = coll == planner::Collective::kSendRecv && shape.ranks == 2;
+      out.term = pair ? (shape.nodes == 1 ? "intra link" : "inter link")
+                      : Cat(proto::CollectiveLabel(c.collective()), " ",
+                            internal::ShapeName(shape.ranks, shape.nodes));
+      out.label =
+          Cat(proto::CollectiveLabel(c.collective()), " ",
+              internal::ShapeName(shape.ranks, shape.nodes), " ", FormatBytes(double(c.bytes())));
+      out.us = cost.CollectiveUs(coll, shape, double(c.bytes()));
+      return out;
+    }
+    default:
+      return std::nullopt;
+  }
+}
+
+// Every compared point's ratio, by term (ordered: a stable table), against
+// the sweep's own measurement where the profile kept it (drift is then
+// measured against measured, free of the fitted lines' own error), else
+// against the model. Adds a note saying which.
+absl::StatusOr<std::map<std::string, std::vector<Point>>> CompareTerms(
+    const v1::ClusterProfile& profile, const planner::CostModel& cost,
+    const std::vector<v1::ProfileSample>& samples, std::vector<std::string>* notes) {
   std::map<std::string, const v1::ReferencePoint*> reference;
   for (const v1::ReferencePoint& r : profile.provenance().reference()) {
     if (r.median_us() > 0.0) reference[r.point()] = &r;
   }
-  // Several rounds of one point (moeplan-profile --check --rounds): its median.
-  using Rounds = std::map<std::string, std::vector<double>>;  // point label -> medians
-  Rounds rounds;
-  std::vector<std::pair<const v1::ProfileSample*, const Rounds::value_type*>> points;
-  for (const v1::ProfileSample& s : samples) {
-    if (!(s.median_us() > 0.0)) continue;
-    const auto [it, first] = rounds.try_emplace(internal::PointLabel(s));
-    if (first) points.emplace_back(&s, &*it);
-    it->second.push_back(s.median_us());
-  }
   int against_reference = 0, compared = 0;
-  std::map<std::string, std::vector<Point>> terms;  // ordered: a stable table
-  for (const auto& [point, seen] : points) {
-    const v1::ProfileSample& s = *point;
-    const double measured = Median(seen->second);
-    std::string term, label;
-    double predicted = 0.0;
-    switch (s.op_case()) {
-      case v1::ProfileSample::kGemm: {
-        const v1::GemmSample& g = s.gemm();
-        term = "gemm";
-        label = fmt::format("gemm {}x{}x{}", g.m(), g.n(), g.k());
-        predicted = cost.GemmUs(g.m(), g.n(), g.k());
-        break;
-      }
-      case v1::ProfileSample::kMemory: {
-        const v1::MemorySample& m = s.memory();
-        const bool act = m.kernel() == "gelu" || m.kernel() == "gelu_bwd";
-        term = act ? "activation" : "memory";
-        label = fmt::format("{} {}", m.kernel(), FormatBytes(double(m.bytes())));
-        predicted = internal::MemoryKernelUs(cost, m.kernel(), double(m.bytes()));
-        break;
-      }
-      case v1::ProfileSample::kCollective: {
-        const v1::CollectiveSample& c = s.collective();
-        MOEPLAN_ASSIGN_OR_RETURN(planner::Collective coll,
-                                 proto::CollectiveFromProto(c.collective(), "collective"));
-        const planner::GroupShape shape{c.shape().ranks(), c.shape().nodes()};
-        const bool pair = coll == planner::Collective::kSendRecv && shape.ranks == 2;
-        term = pair ? (shape.nodes == 1 ? "intra link" : "inter link")
-                    : Cat(proto::CollectiveLabel(c.collective()), " ",
-                          internal::ShapeName(shape.ranks, shape.nodes));
-        label =
-            Cat(proto::CollectiveLabel(c.collective()), " ",
-                internal::ShapeName(shape.ranks, shape.nodes), " ", FormatBytes(double(c.bytes())));
-        predicted = cost.CollectiveUs(coll, shape, double(c.bytes()));
-        break;
-      }
-      default:
-        continue;  // SAA: composed of the above
-    }
+  std::map<std::string, std::vector<Point>> terms;
+  for (const Measured& point : GroupRounds(samples)) {
+    const double measured = Median(point.medians);
+    MOEPLAN_ASSIGN_OR_RETURN(std::optional<Prediction> predicted, Predict(cost, *point.sample));
+    if (!predicted) continue;
     double spread = 0.0;
-    if (auto it = reference.find(seen->first); it != reference.end()) {
-      predicted = it->second->median_us();
+    if (auto it = reference.find(point.label); it != reference.end()) {
+      predicted->us = it->second->median_us();
       spread = it->second->spread_pct();
       ++against_reference;
     }
-    if (!(predicted > 0.0)) continue;
+    if (!(predicted->us > 0.0)) continue;
     ++compared;
-    terms[term].push_back({label, measured / predicted, spread});
+    terms[predicted->term].push_back({predicted->label, measured / predicted->us, spread});
   }
-  ProfileCheckResult r;
   if (against_reference == compared) {
-    r.notes.push_back(
+    notes->push_back(
         Cat("compared with the profile's own measurements at all ", compared, " points"));
   } else {
-    r.notes.push_back(Cat("compared with the profile's own measurements at ", against_reference,
-                          " of ", compared,
-                          " points, the rest with its fitted model (whose own error then counts "
-                          "as drift: re-calibrate to record the measurements)"));
+    notes->push_back(Cat("compared with the profile's own measurements at ", against_reference,
+                         " of ", compared,
+                         " points, the rest with its fitted model (whose own error then counts "
+                         "as drift: re-calibrate to record the measurements)"));
   }
-  for (auto& [term, pts] : terms) {
-    DriftRow row;
-    row.term = term;
-    row.points = static_cast<int>(pts.size());
-    std::vector<double> ratios, spreads;
-    for (const Point& p : pts) {
-      ratios.push_back(p.ratio);
-      spreads.push_back(p.spread_pct);
-    }
-    row.drift_pct = (Median(ratios) - 1.0) * 100.0;
-    row.noise_pct = Median(std::move(spreads));
-    row.band_pct = std::max(threshold_pct, row.noise_pct);
-    const auto worst = std::max_element(pts.begin(), pts.end(), [](const Point& a, const Point& b) {
-      return std::abs(a.ratio - 1.0) < std::abs(b.ratio - 1.0);
-    });
-    row.worst_pct = (worst->ratio - 1.0) * 100.0;
-    row.worst_point = worst->label;
-    row.stale = std::abs(row.drift_pct) > row.band_pct;
-    r.stale = r.stale || row.stale;
-    r.rows.push_back(std::move(row));
+  return terms;
+}
+
+DriftRow SummariseTerm(const std::string& term, const std::vector<Point>& pts,
+                       double threshold_pct) {
+  DriftRow row;
+  row.term = term;
+  row.points = static_cast<int>(pts.size());
+  std::vector<double> ratios, spreads;
+  for (const Point& p : pts) {
+    ratios.push_back(p.ratio);
+    spreads.push_back(p.spread_pct);
   }
+  row.drift_pct = (Median(ratios) - 1.0) * 100.0;
+  row.noise_pct = Median(std::move(spreads));
+  row.band_pct = std::max(threshold_pct, row.noise_pct);
+  const auto worst = std::max_element(pts.begin(), pts.end(), [](const Point& a, const Point& b) {
+    return std::abs(a.ratio - 1.0) < std::abs(b.ratio - 1.0);
+  });
+  row.worst_pct = (worst->ratio - 1.0) * 100.0;
+  row.worst_point = worst->label;
+  row.stale = std::abs(row.drift_pct) > row.band_pct;
+  return row;
+}
+
+// Where and when the profile was measured, against this run.
+void AddProvenanceNotes(const v1::ClusterProfile& profile, const v1::ProfileRun& run,
+                        std::vector<std::string>* notes) {
   const v1::Provenance& was = profile.provenance();
   if (profile.source() == v1::PROFILE_SOURCE_SPEC) {
-    r.notes.push_back("the profile is derived from specifications, not measured here");
+    notes->push_back("the profile is derived from specifications, not measured here");
   } else if (!profile.has_provenance()) {
-    r.notes.push_back("the profile records no provenance (where and when it was measured)");
+    notes->push_back("the profile records no provenance (where and when it was measured)");
   } else {
     if (!was.machine().empty() && !run.machine().empty() && was.machine() != run.machine()) {
-      r.notes.push_back(
+      notes->push_back(
           fmt::format("other machine: the profile was measured on \"{}\", this is \"{}\"",
                       was.machine(), run.machine()));
     }
     if (!was.backend().empty() && was.backend() != run.backend()) {
-      r.notes.push_back(fmt::format("other backend: the profile was measured with {}, this with {}",
-                                    was.backend(), run.backend()));
+      notes->push_back(fmt::format("other backend: the profile was measured with {}, this with {}",
+                                   was.backend(), run.backend()));
     }
-    r.notes.push_back(Cat("profile ", ProvenanceLine(profile)));
+    notes->push_back(Cat("profile ", ProvenanceLine(profile)));
   }
-  r.notes.push_back(Cat("checked now on ", run.host(), " at ", run.timestamp()));
+  notes->push_back(Cat("checked now on ", run.host(), " at ", run.timestamp()));
+}
+
+}  // namespace
+
+absl::StatusOr<ProfileCheckResult> CheckProfile(const v1::ClusterProfile& profile,
+                                                const std::vector<v1::ProfileSample>& samples,
+                                                double threshold_pct) {
+  MOEPLAN_RETURN_IF_ERROR(CheckInputs(profile, samples, threshold_pct));
+  MOEPLAN_ASSIGN_OR_RETURN(const planner::CostModel cost, IsolatedModel(profile));
+  ProfileCheckResult r;
+  MOEPLAN_ASSIGN_OR_RETURN(const auto terms, CompareTerms(profile, cost, samples, &r.notes));
+  for (const auto& [term, pts] : terms) {
+    r.rows.push_back(SummariseTerm(term, pts, threshold_pct));
+    r.stale = r.stale || r.rows.back().stale;
+  }
+  AddProvenanceNotes(profile, samples.front().run(), &r.notes);
   return r;
 }
 

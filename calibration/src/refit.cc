@@ -6,7 +6,9 @@
 #include <algorithm>
 #include <iterator>
 #include <set>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include "moeplan/base/status.h"
 #include "moeplan/base/strings.h"
@@ -180,20 +182,21 @@ absl::StatusOr<ValidationInput> ReportedRun(const v1::ReportMeasurementRequest& 
   return in;
 }
 
-absl::StatusOr<RefitResult> RefitFromReports(
-    const v1::ClusterProfile& profile, const std::vector<v1::ReportMeasurementRequest>& reports,
-    const OpContextOptions& options, std::string_view source) {
-  RefitResult out;
-  // The profile's own model, without corrections: what the new ones correct.
-  v1::ClusterProfile base = profile;
-  base.mutable_context()->clear_ops();
-  base.mutable_context()->clear_ops_fitted_on();
-  MOEPLAN_ASSIGN_OR_RETURN(const p::ClusterProfile base_profile, proto::ProfileFromProto(base));
-  MOEPLAN_ASSIGN_OR_RETURN(const p::CostModel base_cost, p::CostModel::Create(base_profile));
+namespace {
+
+// The reported runs that plan on the profile, each as a validation input with
+// its report and its name; the others are skipped with their reason.
+struct Reported {
   std::vector<ValidationInput> inputs;
   std::vector<const v1::ReportMeasurementRequest*> used;
   std::vector<std::string> names;
   int layers = 0, models = 0;
+};
+
+Reported ReportedRuns(const std::vector<v1::ReportMeasurementRequest>& reports,
+                      const p::ClusterProfile& profile, const p::CostModel& cost,
+                      std::vector<std::string>* skipped) {
+  Reported out;
   for (size_t i = 0; i < reports.size(); ++i) {
     const v1::ReportMeasurementRequest& r = reports[i];
     const std::string name =
@@ -201,48 +204,32 @@ absl::StatusOr<RefitResult> RefitFromReports(
             ? fmt::format("report[{}] {} {}", i, r.model_plan().model().name(), r.variant())
             : fmt::format("report[{}] {} {}", i, r.plan().layer().name(),
                           proto::ScheduleLabel(r.schedule()));
-    absl::StatusOr<ValidationInput> in = ReportedRun(r, base_profile, base_cost, name);
+    absl::StatusOr<ValidationInput> in = ReportedRun(r, profile, cost, name);
     if (!in.ok()) {
-      out.skipped.push_back(Cat("report ", i, ": ", View(in.status().message())));
+      skipped->push_back(Cat("report ", i, ": ", View(in.status().message())));
       continue;
     }
-    (in->IsModel() ? models : layers) += 1;
-    inputs.push_back(*std::move(in));
-    used.push_back(&r);
-    names.push_back(name);
+    (in->IsModel() ? out.models : out.layers) += 1;
+    out.inputs.push_back(*std::move(in));
+    out.used.push_back(&r);
+    out.names.push_back(name);
   }
-  if (inputs.empty()) {
-    return absl::FailedPreconditionError(Cat(
-        "refit of ", profile.name(), ": none of the ", reports.size(), " reported runs plans on it",
-        out.skipped.empty() ? "" : Cat(" (first: ", out.skipped[0], ")")));
-  }
-  MOEPLAN_ASSIGN_OR_RETURN(out.ops, FitOpContexts(inputs, options));
-  if (out.ops.empty()) {
-    return absl::FailedPreconditionError(Cat("refit of ", profile.name(), ": no op was reported ",
-                                             options.min_samples, " or more times in the ",
-                                             inputs.size(), " runs that plan; report more runs"));
-  }
-  out.used = static_cast<int>(inputs.size());
-  MOEPLAN_ASSIGN_OR_RETURN(out.gap_us, FitGap(used, names, base, out.ops));
-  for (v1::OpContext& c : out.ops) c.set_offset_us(c.offset_us() + out.gap_us);
-  out.profile = WithOps(profile, out.ops, 0.0);
-  out.profile.set_version(profile.version() + 1);
-  v1::ContextModel* ctx = out.profile.mutable_context();
-  ctx->set_ops_fitted_on(fmt::format(
-      "{}: {} reported runs ({} layer schedules, {} model variants); offsets include {:.1f} us "
-      "between ops",
-      source, out.used, layers, models, out.gap_us));
+  return out;
+}
 
-  MOEPLAN_ASSIGN_OR_RETURN(const Errors before, Predict(used, names, profile));
-  MOEPLAN_ASSIGN_OR_RETURN(const Errors after, Predict(used, names, out.profile));
-  std::string& md = out.report;
+// The refit's report (markdown): what was fitted on, the reported runs' error
+// with the old version and the new, the time between ops and the corrections.
+std::string RenderRefit(const v1::ClusterProfile& profile, const RefitResult& out,
+                        const Reported& runs, std::string_view source, const Errors& before,
+                        const Errors& after) {
+  std::string md;
   auto o = std::back_inserter(md);
   fmt::format_to(o, "# Refit of {}: version {} -> {}\n\n", profile.name(), profile.version(),
                  out.profile.version());
   fmt::format_to(o,
                  "In-context op corrections fitted on {} reported runs ({} layer schedules, {} "
                  "model variants) from {}; the profile's own fits are unchanged.{}\n\n",
-                 out.used, layers, models, source,
+                 out.used, runs.layers, runs.models, source,
                  out.skipped.empty() ? ""
                                      : fmt::format(" {} reported runs did not plan and were left "
                                                    "out (first: {}).",
@@ -266,6 +253,48 @@ absl::StatusOr<RefitResult> RefitFromReports(
       "\nCorrections (offsets with the time between ops; scale ± is the half-width of its "
       "bootstrap 95 % interval):\n\n";
   md += RenderOpContexts(out.ops);
+  return md;
+}
+
+}  // namespace
+
+absl::StatusOr<RefitResult> RefitFromReports(
+    const v1::ClusterProfile& profile, const std::vector<v1::ReportMeasurementRequest>& reports,
+    const OpContextOptions& options, std::string_view source) {
+  RefitResult out;
+  // The profile's own model, without corrections: what the new ones correct.
+  v1::ClusterProfile base = profile;
+  base.mutable_context()->clear_ops();
+  base.mutable_context()->clear_ops_fitted_on();
+  MOEPLAN_ASSIGN_OR_RETURN(const p::ClusterProfile base_profile, proto::ProfileFromProto(base));
+  MOEPLAN_ASSIGN_OR_RETURN(const p::CostModel base_cost, p::CostModel::Create(base_profile));
+  const Reported runs = ReportedRuns(reports, base_profile, base_cost, &out.skipped);
+  const std::vector<ValidationInput>& inputs = runs.inputs;
+  if (inputs.empty()) {
+    return absl::FailedPreconditionError(Cat(
+        "refit of ", profile.name(), ": none of the ", reports.size(), " reported runs plans on it",
+        out.skipped.empty() ? "" : Cat(" (first: ", out.skipped[0], ")")));
+  }
+  MOEPLAN_ASSIGN_OR_RETURN(out.ops, FitOpContexts(inputs, options));
+  if (out.ops.empty()) {
+    return absl::FailedPreconditionError(Cat("refit of ", profile.name(), ": no op was reported ",
+                                             options.min_samples, " or more times in the ",
+                                             inputs.size(), " runs that plan; report more runs"));
+  }
+  out.used = static_cast<int>(inputs.size());
+  MOEPLAN_ASSIGN_OR_RETURN(out.gap_us, FitGap(runs.used, runs.names, base, out.ops));
+  for (v1::OpContext& c : out.ops) c.set_offset_us(c.offset_us() + out.gap_us);
+  out.profile = WithOps(profile, out.ops, 0.0);
+  out.profile.set_version(profile.version() + 1);
+  v1::ContextModel* ctx = out.profile.mutable_context();
+  ctx->set_ops_fitted_on(fmt::format(
+      "{}: {} reported runs ({} layer schedules, {} model variants); offsets include {:.1f} us "
+      "between ops",
+      source, out.used, runs.layers, runs.models, out.gap_us));
+
+  MOEPLAN_ASSIGN_OR_RETURN(const Errors before, Predict(runs.used, runs.names, profile));
+  MOEPLAN_ASSIGN_OR_RETURN(const Errors after, Predict(runs.used, runs.names, out.profile));
+  out.report = RenderRefit(profile, out, runs, source, before, after);
   return out;
 }
 

@@ -6,17 +6,34 @@
 #include <signal.h>
 
 #include <CLI/CLI.hpp>
+#include <chrono>
 #include <cstdio>
+#include <memory>
+#include <string>
 
 #include "absl/synchronization/mutex.h"
 #include "moeplan/base/strings.h"
 #include "moeplan/server/server.h"
 
-int main(int argc, char** argv) {
-  using namespace moeplan;
+namespace {
+
+namespace server = ::moeplan::server;
+using ::moeplan::View;
+
+// The command line: the server's options, and the flags given in other units
+// than ServerOptions holds them.
+struct Flags {
   server::ServerOptions options;
   int drain_ms = 10000;
-  CLI::App app{"moeplan-server: the moeplan planner over gRPC (moeplan.v1.Planner)"};
+  size_t cache_mib = 0;
+  size_t max_message_mib = 0;
+  double max_plan_seconds = 0.0;
+  bool quiet = false;
+};
+
+// Where it listens and who may call: address, TLS, token, data, threads.
+void AddServingOptions(CLI::App& app, Flags* f) {
+  server::ServerOptions& options = f->options;
   app.add_option("--listen", options.listen,
                  "host:port to listen on (port 0: any free port); loopback unless --allow-public")
       ->capture_default_str();
@@ -38,15 +55,20 @@ int main(int argc, char** argv) {
                  "Cap on the threads that run requests (synchronous gRPC API); 0: gRPC's callback "
                  "API on its own pool, the fastest")
       ->capture_default_str();
+}
+
+// The limits on its work (cache, messages, plans), refits, draining and the log.
+void AddLimitOptions(CLI::App& app, Flags* f) {
+  server::ServerOptions& options = f->options;
   app.add_option("--cache-entries", options.cache_entries, "Plan cache size (0 disables it)")
       ->capture_default_str();
-  size_t cache_mib = options.cache_bytes >> 20;
-  app.add_option("--cache-mib", cache_mib,
+  f->cache_mib = options.cache_bytes >> 20;
+  app.add_option("--cache-mib", f->cache_mib,
                  "Plan cache bound in MiB (keys plus serialised responses; 0 disables it)")
       ->check(CLI::Range(size_t{0}, size_t{1} << 20))
       ->capture_default_str();
-  size_t max_message_mib = options.handlers.max_response_bytes >> 20;
-  app.add_option("--max-message-mib", max_message_mib,
+  f->max_message_mib = options.handlers.max_response_bytes >> 20;
+  app.add_option("--max-message-mib", f->max_message_mib,
                  "Largest response in MiB (a larger one is refused RESOURCE_EXHAUSTED, never "
                  "cached); the bundled clients accept this much")
       ->check(CLI::Range(size_t{1}, size_t{2047}))
@@ -56,8 +78,8 @@ int main(int argc, char** argv) {
                  "is refused RESOURCE_EXHAUSTED (0: the machine's hardware threads)")
       ->check(CLI::Range(0, 4096))
       ->capture_default_str();
-  double max_plan_seconds = options.handlers.max_plan_time.count() / 1000.0;
-  app.add_option("--max-plan-seconds", max_plan_seconds,
+  f->max_plan_seconds = options.handlers.max_plan_time.count() / 1000.0;
+  app.add_option("--max-plan-seconds", f->max_plan_seconds,
                  "Longest one plan may run before it is stopped DEADLINE_EXCEEDED (the call's own "
                  "deadline applies when earlier)")
       ->check(CLI::Range(0.001, 86400.0))
@@ -67,27 +89,25 @@ int main(int argc, char** argv) {
                  "against it (as RefitProfile, in the background; 0: only when asked)")
       ->check(CLI::Range(0, 1 << 30))
       ->capture_default_str();
-  app.add_option("--drain-ms", drain_ms, "On SIGTERM/SIGINT, how long in-flight calls may finish")
+  app.add_option("--drain-ms", f->drain_ms,
+                 "On SIGTERM/SIGINT, how long in-flight calls may finish")
       ->capture_default_str();
-  bool quiet = false;
-  app.add_flag("--no-request-log", quiet, "Do not log one line per request on stderr");
-  app.failure_message([](const CLI::App*, const CLI::Error& e) {
-    return fmt::format("moeplan-server: error: {} (see --help)\n", e.what());
-  });
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e);
-  }
-  options.handlers.log_requests = !quiet;
-  options.handlers.max_response_bytes = max_message_mib << 20;
-  options.handlers.max_plan_time =
-      std::chrono::milliseconds(static_cast<int64_t>(max_plan_seconds * 1000.0));
-  options.cache_bytes = cache_mib << 20;
-  // Debian's abseil checks every absl::Mutex acquisition for lock-order cycles
-  // (~3% of server CPU under load); the server's locking is flat.
-  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
+  app.add_flag("--no-request-log", f->quiet, "Do not log one line per request on stderr");
+}
 
+// The flags kept in other units, into the options.
+void ApplyFlags(Flags* f) {
+  server::ServerOptions& options = f->options;
+  options.handlers.log_requests = !f->quiet;
+  options.handlers.max_response_bytes = f->max_message_mib << 20;
+  options.handlers.max_plan_time =
+      std::chrono::milliseconds(static_cast<int64_t>(f->max_plan_seconds * 1000.0));
+  options.cache_bytes = f->cache_mib << 20;
+}
+
+// Starts the server, announces it and serves until SIGTERM or SIGINT; then
+// drains. The exit status.
+int Serve(const server::ServerOptions& options, int drain_ms) {
   // Block the stop signals in every thread (gRPC's inherit this mask) and wait
   // for them here.
   sigset_t stop;
@@ -120,4 +140,26 @@ int main(int argc, char** argv) {
   (*srv)->Wait();
   fmt::print(stderr, "moeplan-server: stopped\n");
   return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Flags flags;
+  CLI::App app{"moeplan-server: the moeplan planner over gRPC (moeplan.v1.Planner)"};
+  AddServingOptions(app, &flags);
+  AddLimitOptions(app, &flags);
+  app.failure_message([](const CLI::App*, const CLI::Error& e) {
+    return fmt::format("moeplan-server: error: {} (see --help)\n", e.what());
+  });
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  ApplyFlags(&flags);
+  // Debian's abseil checks every absl::Mutex acquisition for lock-order cycles
+  // (~3% of server CPU under load); the server's locking is flat.
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
+  return Serve(flags.options, flags.drain_ms);
 }
