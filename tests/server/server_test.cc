@@ -1,7 +1,6 @@
 // moeplan-server in-process on an ephemeral loopback port, exercised through the
 // C++ client library and raw stubs: every RPC round trip, the cache, health,
 // reflection, and a table of invalid requests.
-#include "moeplan/requests/answer.h"
 #include "moeplan/server/server.h"
 
 #include <grpcpp/generic/generic_stub.h>
@@ -24,6 +23,7 @@
 #include "moeplan/planner/cost_model.h"
 #include "moeplan/proto/convert.h"
 #include "moeplan/proto/json.h"
+#include "moeplan/requests/answer.h"
 
 namespace moeplan::server {
 namespace {
