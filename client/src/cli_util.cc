@@ -24,7 +24,8 @@ namespace moeplan::client {
 namespace p = ::moeplan::planner;
 
 absl::StatusOr<std::vector<p::Schedule>> ParseSchedules(const std::string& list) {
-  return ParseNameList<p::Schedule>("--schedules", "schedule", list, p::ParseSchedule, "default, s1, s2");
+  return ParseNameList<p::Schedule>("--schedules", "schedule", list, p::ParseSchedule,
+                                    "default, s1, s2");
 }
 
 bool SendProfileInline(const std::string& cluster) {

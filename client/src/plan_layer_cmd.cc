@@ -45,7 +45,8 @@ absl::Status InFile(const std::string& path, const absl::Status& s) {
 absl::Status PlanOnServer(const ClientOptions& server, const std::string& cluster,
                           v1::PlanLayerRequest* request, v1::PlanLayerResponse* response,
                           v1::ClusterProfile* profile) {
-  MOEPLAN_ASSIGN_OR_RETURN(std::unique_ptr<PlannerClient> connected, PlannerClient::Connect(server));
+  MOEPLAN_ASSIGN_OR_RETURN(std::unique_ptr<PlannerClient> connected,
+                           PlannerClient::Connect(server));
   PlannerClient& client = *connected;
   if (SendProfileInline(cluster)) {
     MOEPLAN_RETURN_IF_ERROR(proto::ReadJsonFile(cluster, request->mutable_profile()));

@@ -42,8 +42,8 @@ absl::Status ValidateSearchOptions(const SearchOptions& o) {
   return absl::OkStatus();
 }
 
-ChunkKey LayoutPlanner::Impl::KeyOf(const ModelConfig& model, const Layout& l, int64_t mbs, const StageOptions& so,
-               int zero) const {
+ChunkKey LayoutPlanner::Impl::KeyOf(const ModelConfig& model, const Layout& l, int64_t mbs,
+                                    const StageOptions& so, int zero) const {
   return ChunkKey{mbs,
                   l.tp,
                   l.dp,
@@ -58,8 +58,8 @@ ChunkKey LayoutPlanner::Impl::KeyOf(const ModelConfig& model, const Layout& l, i
                   so.head};
 }
 
-absl::StatusOr<ChunkTimes> LayoutPlanner::Impl::Chunk(const ModelConfig& model, const Layout& l, int64_t mbs,
-                                 int stage, int chunk) {
+absl::StatusOr<ChunkTimes> LayoutPlanner::Impl::Chunk(const ModelConfig& model, const Layout& l,
+                                                      int64_t mbs, int stage, int chunk) {
   const StageOptions so = ChunkOptions(model, l, stage, chunk);
   if (auto it = cache.find(KeyOf(model, l, mbs, so, l.zero_stage)); it != cache.end()) {
     if (stats) ++stats->stage_cache_hits;
@@ -125,7 +125,8 @@ ChunkTimes LayoutPlanner::Impl::Times(const VariantPlan& vp, bool sync_in_backwa
 // once a stage fills a node, and the receiving TP group AllGathers the
 // pieces (inside its node). Both are charged to the send, which holds the
 // sender's link.
-PipelineLinks LayoutPlanner::Impl::Links(const ModelConfig& model, const Layout& l, int64_t mbs) const {
+PipelineLinks LayoutPlanner::Impl::Links(const ModelConfig& model, const Layout& l,
+                                         int64_t mbs) const {
   const int g = cost.profile().shape.gpus_per_node;
   const bool across = int64_t{l.dp} * l.tp >= g;
   const double bytes = static_cast<double>(mbs) * model.seq_length * model.hidden_size *
@@ -140,15 +141,16 @@ PipelineLinks LayoutPlanner::Impl::Links(const ModelConfig& model, const Layout&
   return k;
 }
 
-void LayoutPlanner::Impl::P2p(const ModelConfig& model, const Layout& l, int64_t mbs, PipelineSpec* spec) const {
+void LayoutPlanner::Impl::P2p(const ModelConfig& model, const Layout& l, int64_t mbs,
+                              PipelineSpec* spec) const {
   const PipelineLinks k = Links(model, l, mbs);
   spec->p2p_us = k.send_us + k.gather_us;
   spec->p2p_resource = k.send_resources;
 }
 
 // Evaluates a validated layout with `mbs` sequences per micro-batch.
-absl::Status LayoutPlanner::Impl::Run(const ModelConfig& model, const Layout& l, int64_t mbs, const MemoryOptions& mem,
-                 LayoutCandidate* out) {
+absl::Status LayoutPlanner::Impl::Run(const ModelConfig& model, const Layout& l, int64_t mbs,
+                                      const MemoryOptions& mem, LayoutCandidate* out) {
   const int p = l.pp, v = std::max(1, l.virtual_stages), m = l.microbatches;
   PipelineSpec spec;
   spec.schedule = l.pipeline;
@@ -202,7 +204,8 @@ absl::Status LayoutPlanner::Impl::Run(const ModelConfig& model, const Layout& l,
 // least F_r + B_r + G_r (its gradient synchronisation and optimizer), its
 // forward and backward last at least F_r and B_r, and the stage runs m of
 // each before its tail: m (F_r + B_r) + G_r per chunk, for every r.
-absl::StatusOr<double> LayoutPlanner::Impl::Bound(const ModelConfig& model, const Layout& l, int64_t mbs) {
+absl::StatusOr<double> LayoutPlanner::Impl::Bound(const ModelConfig& model, const Layout& l,
+                                                  int64_t mbs) {
   const int p = l.pp, v = std::max(1, l.virtual_stages);
   PipelineSpec spec;
   spec.schedule = l.pipeline;

@@ -86,8 +86,7 @@ absl::Status ModelPlanner::Impl::PlaceDw(OpId bwd_begin, std::vector<std::vector
 }
 
 // Issue order: natural, with placed dW ops moved right after their AlltoAll.
-std::vector<OpId> ModelPlanner::Impl::IssueOrder(
-    const std::vector<std::vector<int>>& picks) const {
+std::vector<OpId> ModelPlanner::Impl::IssueOrder(const std::vector<std::vector<int>>& picks) const {
   std::vector<OpId> order;
   order.reserve(static_cast<size_t>(g0.size()));
   std::vector<std::vector<OpId>> after(static_cast<size_t>(g0.size()));
@@ -297,11 +296,12 @@ absl::Status ModelPlanner::Impl::Finalize(const std::vector<OpId>& order) {
       if (--bk.left > 0) continue;
       if ((bk.expert ? edp_shape : dp_shape).ranks <= 1) continue;
       const auto [op, exec] =
-          sharded ? SyncOp(*this, bk,
-                           bk.expert ? "bwd.expert_grad_reducescatter" : "bwd.grad_reducescatter",
-                           Collective::kReduceScatter)
-                  : SyncOp(*this, bk, bk.expert ? "bwd.expert_grad_allreduce" : "bwd.grad_allreduce",
-                           Collective::kAllReduce);
+          sharded
+              ? SyncOp(*this, bk,
+                       bk.expert ? "bwd.expert_grad_reducescatter" : "bwd.grad_reducescatter",
+                       Collective::kReduceScatter)
+              : SyncOp(*this, bk, bk.expert ? "bwd.expert_grad_allreduce" : "bwd.grad_allreduce",
+                       Collective::kAllReduce);
       final_graph.Add(op, bk.deps, exec);
     }
   }
@@ -309,9 +309,9 @@ absl::Status ModelPlanner::Impl::Finalize(const std::vector<OpId>& order) {
   if (st.zero_stage == 1 || st.zero_stage == 2) {
     for (const Bucket& bk : buckets) {
       if ((bk.expert ? edp_shape : dp_shape).ranks <= 1) continue;
-      const auto [op, exec] =
-          SyncOp(*this, bk, bk.expert ? "optimizer.expert_param_allgather" : "optimizer.param_allgather",
-                 Collective::kAllGather);
+      const auto [op, exec] = SyncOp(
+          *this, bk, bk.expert ? "optimizer.expert_param_allgather" : "optimizer.param_allgather",
+          Collective::kAllGather);
       final_graph.Add(op, {step_id}, exec);
     }
   }

@@ -19,7 +19,8 @@ using internal::IsRoutedUnit;
 using internal::Unit;
 using internal::UnitKind;
 
-LayerContext ModelPlanner::Impl::MoeContext(const LayerConfig* layer, int block, bool detach) const {
+LayerContext ModelPlanner::Impl::MoeContext(const LayerConfig* layer, int block,
+                                            bool detach) const {
   LayerContext ctx;
   ctx.layer = layer;
   ctx.cost = &cost;
@@ -76,7 +77,8 @@ void ModelPlanner::Impl::BuildUnits() {
 }
 
 // Appends a unit's ops for a micro-batch of k pieces' size after `x`.
-Deps ModelPlanner::Impl::BuildUnit(const Unit& u, int k, Builder& b, Deps x, LayerConfig* piece_layer) {
+Deps ModelPlanner::Impl::BuildUnit(const Unit& u, int k, Builder& b, Deps x,
+                                   LayerConfig* piece_layer) {
   const ModelConfig& mm = *m;
   const int64_t s = Tokens(k), q = Seqs(k);
   const int64_t M = mm.hidden_size, L = mm.seq_length, t = mm.parallel.mp;

@@ -56,7 +56,9 @@ enum class UnitKind : uint8_t {
   kLoss,
 };
 
-inline bool IsMoeUnit(UnitKind k) { return k >= UnitKind::kMoeRoute && k <= UnitKind::kMoeExchange; }
+inline bool IsMoeUnit(UnitKind k) {
+  return k >= UnitKind::kMoeRoute && k <= UnitKind::kMoeExchange;
+}
 // The shared expert's dense units, inside an MoE block's scope.
 inline bool IsSharedExpertUnit(UnitKind k) {
   return k >= UnitKind::kSharedFc1 && k <= UnitKind::kSharedAllReduce;

@@ -56,7 +56,7 @@ TEST(ExpandGrid, DroplessIsTheInnermostAxis) {
   ASSERT_TRUE(proto::ParseJson(R"({"batch_size": [1], "seq_len": [8], "model_dim": [16],
       "hidden_dim": [32], "num_experts": [4], "top_k": [1], "capacity_factor": [1.0],
       "token_skew": [1, 2], "parallel": [{"mp": 1, "ep": 1, "esp": 1}], "dropless": [false, true]})",
-                        &g)
+                               &g)
                   .ok());
   absl::StatusOr<std::vector<v1::LayerConfig>> c = ExpandGrid(g);
   ASSERT_TRUE(c.ok()) << c.status();
@@ -208,9 +208,9 @@ TEST_F(AnswerTest, ErrorsNameRequestFields) {
 // partitions; all five variants are over kMaxTimelineOps, one is not.
 TEST_F(AnswerTest, ATimelineOverTheLimitIsRefusedBeforeItIsBuilt) {
   v1::PlanModelRequest req;
-  ASSERT_TRUE(
-      proto::ReadJsonFile(MOEPLAN_SOURCE_DIR "/examples/models/gpt3-medium-moe.json", req.mutable_model())
-          .ok());
+  ASSERT_TRUE(proto::ReadJsonFile(MOEPLAN_SOURCE_DIR "/examples/models/gpt3-medium-moe.json",
+                                  req.mutable_model())
+                  .ok());
   req.mutable_model()->set_num_layers(1024);
   req.mutable_model()->mutable_moe()->set_layer_freq(1);
   req.set_include_timeline(true);
