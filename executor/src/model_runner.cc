@@ -13,6 +13,7 @@
 #include "moe_layer.h"
 #include "moeplan/base/status.h"
 #include "moeplan/base/strings.h"
+#include "moeplan/planner/pipeline_program.h"
 
 namespace moeplan::executor {
 
