@@ -20,6 +20,7 @@
 #include "moeplan/base/strings.h"
 #include "moeplan/executor/backends.h"
 #include "moeplan/executor/model_runner.h"
+#include "moeplan/executor/mpi_job.h"
 #include "moeplan/planner/model.h"
 #include "moeplan/proto/convert.h"
 #include "moeplan/proto/json.h"
@@ -106,7 +107,7 @@ absl::Status Prepare(const Args& a, int hosts, ModelSetup* s) {
   // What runs is what is predicted: the element size follows the dtype.
   s->model.bytes_per_element = static_cast<int>(ex::SizeOf(s->dtype));
   s->model_msg = proto::ModelToProto(s->model);
-  const int world = Size();
+  const int world = ex::WorldSize();
   const p::ClusterShape cluster =
       world % hosts == 0 ? p::ClusterShape{hosts, world / hosts} : p::ClusterShape{1, world};
   if (!a.layout.empty()) {
@@ -329,7 +330,7 @@ std::string RenderModelTable(const v1::ExecModelReport& r) {
 
 int RunModel(const Args& a) {
   ModelSetup s;
-  const int hosts = Hosts();
+  const int hosts = ex::HostCount();
   if (!Agree(Prepare(a, hosts, &s)).ok()) return 1;
 
   // The prediction: the same plans that run (every rank plans; no I/O beyond
@@ -363,9 +364,9 @@ int RunModel(const Args& a) {
     p::ModelConfig run_model;
     absl::StatusOr<p::VariantPlan> vp =
         s.layout.has_value()
-            ? ex::PlanLayoutRun(s.model, *s.layout, v, Size(), &prediction->cost, &run_model,
-                                options)
-            : ex::PlanModelRun(s.model, v, Size(), hosts, &prediction->cost, options);
+            ? ex::PlanLayoutRun(s.model, *s.layout, v, ex::WorldSize(), &prediction->cost,
+                                &run_model, options)
+            : ex::PlanModelRun(s.model, v, ex::WorldSize(), hosts, &prediction->cost, options);
     if (!vp.ok()) {
       planned = absl::Status(vp.status().code(), Cat(file, ": ", View(vp.status().message())));
       break;
@@ -412,13 +413,13 @@ int RunModel(const Args& a) {
   absl::StatusOr<ex::Backend> backend = ex::MakeBackend(a.backend);
   if (!Agree(backend.status()).ok()) return 1;
   const std::vector<Run> runs = MeasureAll(a, s, plan.variants, *backend);
-  if (Rank() != 0) return 0;
+  if (ex::WorldRank() != 0) return 0;
 
   v1::ExecModelReport report;
   *report.mutable_model() = s.model_msg;
   report.set_backend(a.backend);
   report.set_dtype(std::string(ex::DTypeName(s.dtype)));
-  report.set_ranks(Size());
+  report.set_ranks(ex::WorldSize());
   report.set_hosts(hosts);
   report.set_iters(a.iters);
   report.set_warmup(a.warmup);

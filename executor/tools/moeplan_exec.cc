@@ -28,6 +28,7 @@
 #include "moeplan/client/planner_client.h"
 #include "moeplan/executor/backends.h"
 #include "moeplan/executor/check.h"
+#include "moeplan/executor/mpi_job.h"
 #include "moeplan/executor/runner.h"
 #include "moeplan/planner/planner.h"
 #include "moeplan/planner/validate.h"
@@ -68,7 +69,7 @@ absl::Status Prepare(const Args& a, int hosts, Setup* s) {
   s->layer.bytes_per_element = static_cast<int>(ex::SizeOf(s->dtype));
   s->layer_msg.set_bytes_per_element(s->layer.bytes_per_element);
 
-  const int world = Size();
+  const int world = ex::WorldSize();
   // The cluster is what the ranks run on: `hosts` nodes (ranks sharing a host),
   // so that the prediction's intra/inter links are the real ones.
   const p::ClusterShape cluster =
@@ -259,7 +260,7 @@ v1::ExecCheck Check(const Setup& s, const std::vector<Measured>& runs,
   v1::ExecCheck ck;
   ck.set_reference(v1::SCHEDULE_DEFAULT);
   ck.set_tolerance(dtype == ex::DType::kF32 ? 1e-4 : 5e-2);
-  const ex::RankPlace place = ex::PlaceOf(s.layer.parallel, Rank());
+  const ex::RankPlace place = ex::PlaceOf(s.layer.parallel, ex::WorldRank());
   const Measured* ref = nullptr;
   std::vector<int64_t> dropped;
   for (const Measured& m : runs) {
@@ -353,7 +354,7 @@ std::vector<v1::ReportMeasurementRequest> LayerReports(const calibration::Loaded
 
 int RunLayer(const Args& a) {
   Setup s;
-  const int hosts = Hosts();
+  const int hosts = ex::HostCount();
   if (!Agree(Prepare(a, hosts, &s)).ok()) return 1;
 
   // The planner's prediction for the same layer (every rank: cheap, no I/O
@@ -380,7 +381,7 @@ int RunLayer(const Args& a) {
     absl::StatusOr<p::Schedule> best = proto::ScheduleFromProto(predicted.best_schedule());
     if (!best.ok()) return 1;
     if (!a.check) s.schedules = {*best};
-  } else if (!predict_status.ok() && Rank() == 0) {
+  } else if (!predict_status.ok() && ex::WorldRank() == 0) {
     std::fprintf(stderr, "moeplan-exec: no prediction with profile %s: %s\n", a.profile.c_str(),
                  std::string(View(predict_status.message())).c_str());
   }
@@ -401,7 +402,7 @@ int RunLayer(const Args& a) {
     s.layer.token_skew = std::max(1.0, runs[0].routing.rank_load_ratio());
     s.layer_msg.set_token_skew(s.layer.token_skew);
     predict_status = predict();
-    if (!predict_status.ok() && Rank() == 0) {
+    if (!predict_status.ok() && ex::WorldRank() == 0) {
       std::fprintf(stderr, "moeplan-exec: no prediction at the measured token_skew %g: %s\n",
                    s.layer.token_skew, std::string(View(predict_status.message())).c_str());
     }
@@ -409,12 +410,12 @@ int RunLayer(const Args& a) {
 
   v1::ExecReport report;
   if (a.check) *report.mutable_check() = Check(s, runs, padded ? &*padded : nullptr, s.dtype);
-  if (Rank() != 0) return report.check().passed() || !a.check ? 0 : 1;
+  if (ex::WorldRank() != 0) return report.check().passed() || !a.check ? 0 : 1;
 
   *report.mutable_layer() = s.layer_msg;
   report.set_backend(a.backend);
   report.set_dtype(std::string(ex::DTypeName(s.dtype)));
-  report.set_ranks(Size());
+  report.set_ranks(ex::WorldSize());
   report.set_hosts(hosts);
   report.set_iters(a.iters);
   report.set_warmup(a.warmup);
@@ -578,18 +579,14 @@ int main(int argc, char** argv) {
       throw CLI::ValidationError("--variant", "needs --model or --plan");
     }
     a.profile_given = profile_opt->count() > 0;
-    int rank = 0;
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-    moeplan::Watchdog::Start("moeplan-exec", rank,
+    moeplan::Watchdog::Start("moeplan-exec", moeplan::executor::WorldRank(),
                              std::chrono::milliseconds(static_cast<int64_t>(a.watchdog_s * 1000)));
     rc =
         a.model.empty() && a.plan.empty() ? moeplan::exec::RunLayer(a) : moeplan::exec::RunModel(a);
     moeplan::Watchdog::Stop();
   } catch (const CLI::ParseError& e) {
     // Every rank parsed the same arguments: all stop here, rank 0 explains.
-    int rank = 0;
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-    if (rank == 0) {
+    if (moeplan::executor::WorldRank() == 0) {
       rc = app.exit(e);
     } else {
       rc = e.get_exit_code();

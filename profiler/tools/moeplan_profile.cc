@@ -14,10 +14,11 @@
 
 #include <CLI/CLI.hpp>
 #include <chrono>
-#include <climits>
 #include <cstdio>
 #include <ctime>
 #include <string>
+#include <string_view>
+#include <utility>
 #include <vector>
 
 #include "fmt/format.h"
@@ -25,6 +26,7 @@
 #include "moeplan/base/strings.h"
 #include "moeplan/base/watchdog.h"
 #include "moeplan/executor/backends.h"
+#include "moeplan/executor/mpi_job.h"
 #include "moeplan/profiler/profiler.h"
 #include "moeplan/profiler/sweep.h"
 #include "moeplan/proto/json.h"
@@ -77,40 +79,26 @@ std::vector<size_t> RoundOrder(size_t n, int round, int rounds) {
   return order;
 }
 
-int Rank() {
-  int r = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &r);
-  return r;
-}
+constexpr std::string_view kProgram = "moeplan-profile";
+
+int Rank() { return ex::WorldRank(); }
 
 // Every rank learns whether any rank failed; the lowest failing rank explains.
-bool AllOk(const absl::Status& local) {
-  int bad = local.ok() ? INT_MAX : Rank(), first = INT_MAX;
-  MPI_Allreduce(&bad, &first, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-  if (first == INT_MAX) return true;
-  if (Rank() == first) {
-    std::fprintf(stderr, "moeplan-profile: %s%s\n",
-                 first == 0 ? "" : Cat("rank ", first, ": ").c_str(),
-                 std::string(View(local.message())).c_str());
-  }
-  return false;
-}
+bool AllOk(const absl::Status& local) { return ex::AgreeOnStatus(local, kProgram).ok(); }
 
 [[noreturn]] void Abort(const absl::Status& s, const std::string& partial) {
-  std::fprintf(stderr, "moeplan-profile: rank %d: %s\n", Rank(),
-               std::string(View(s.message())).c_str());
+  ex::PrintRankError(kProgram, s);
   if (Rank() == 0 && !partial.empty()) {
     std::fprintf(stderr, "moeplan-profile: the samples measured so far are in %s\n",
                  partial.c_str());
   }
   std::fflush(stderr);
-  MPI_Abort(MPI_COMM_WORLD, 1);
-  std::abort();
+  ex::AbortJob(1);
 }
 
-// The node layout: ranks sharing a host (MPI_COMM_TYPE_SHARED) form a node;
-// nodes are numbered by their lowest rank. Every node must hold the same
-// number of ranks (the planner's cluster is nodes x G).
+// The node layout: ranks sharing a host form a node, numbered by their lowest
+// rank (executor::DiscoverHosts). Every node must hold the same number of
+// ranks (the planner's cluster is nodes x G).
 struct Discovered {
   NodeLayout layout;
   int node = 0, local = 0;
@@ -118,43 +106,18 @@ struct Discovered {
 };
 
 absl::StatusOr<Discovered> Discover() {
-  Discovered d;
-  MPI_Comm local;
-  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &local);
-  int local_size = 0;
-  MPI_Comm_rank(local, &d.local);
-  MPI_Comm_size(local, &local_size);
-  MPI_Comm leaders;
-  MPI_Comm_split(MPI_COMM_WORLD, d.local == 0 ? 0 : MPI_UNDEFINED, Rank(), &leaders);
-  int nodes = 0;
-  char name[MPI_MAX_PROCESSOR_NAME] = {};
-  if (leaders != MPI_COMM_NULL) {
-    MPI_Comm_rank(leaders, &d.node);
-    MPI_Comm_size(leaders, &nodes);
-    int len = 0;
-    MPI_Get_processor_name(name, &len);
-    std::vector<char> all(static_cast<size_t>(nodes) * MPI_MAX_PROCESSOR_NAME);
-    MPI_Gather(name, MPI_MAX_PROCESSOR_NAME, MPI_CHAR, all.data(), MPI_MAX_PROCESSOR_NAME, MPI_CHAR,
-               0, leaders);
-    if (d.node == 0) {
-      for (int i = 0; i < nodes; ++i)
-        d.hosts.emplace_back(&all[static_cast<size_t>(i) * MPI_MAX_PROCESSOR_NAME]);
-    }
-    MPI_Comm_free(&leaders);
-  }
-  MPI_Bcast(&d.node, 1, MPI_INT, 0, local);
-  MPI_Comm_free(&local);
-  MPI_Allreduce(MPI_IN_PLACE, &nodes, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-  int lo = local_size, hi = local_size;
-  MPI_Allreduce(MPI_IN_PLACE, &lo, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-  MPI_Allreduce(MPI_IN_PLACE, &hi, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-  if (lo != hi) {
+  ex::HostLayout h = ex::DiscoverHosts();
+  if (h.min_ranks_per_host != h.max_ranks_per_host) {
     return absl::InvalidArgumentError(
-        Cat("uneven nodes: between ", lo, " and ", hi,
+        Cat("uneven nodes: between ", h.min_ranks_per_host, " and ", h.max_ranks_per_host,
             " ranks per host; launch the same number of ranks on every node"));
   }
-  d.layout.nodes = nodes;
-  d.layout.ranks_per_node = lo;
+  Discovered d;
+  d.node = h.host;
+  d.local = h.local_rank;
+  d.hosts = std::move(h.host_names);
+  d.layout.nodes = h.hosts;
+  d.layout.ranks_per_node = h.min_ranks_per_host;
   return d;
 }
 
@@ -478,16 +441,12 @@ int main(int argc, char** argv) {
   int rc = 0;
   try {
     app.parse(argc, argv);
-    int rank = 0;
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-    moeplan::Watchdog::Start("moeplan-profile", rank,
+    moeplan::Watchdog::Start("moeplan-profile", moeplan::executor::WorldRank(),
                              std::chrono::milliseconds(static_cast<int64_t>(a.watchdog_s * 1000)));
     rc = moeplan::profiler::Run(a);
     moeplan::Watchdog::Stop();
   } catch (const CLI::ParseError& e) {
-    int rank = 0;
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-    rc = rank == 0 ? app.exit(e) : e.get_exit_code();
+    rc = moeplan::executor::WorldRank() == 0 ? app.exit(e) : e.get_exit_code();
   }
   MPI_Finalize();
   return rc;
