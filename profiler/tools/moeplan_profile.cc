@@ -239,88 +239,61 @@ absl::Status MakeOptions(const Args& a, const NodeLayout& layout, bool gpu, Swee
   return absl::OkStatus();
 }
 
-int Run(const Args& a) {
-  absl::StatusOr<Discovered> found = Discover();
-  if (!AllOk(found.status())) return 1;
-  const NodeLayout layout = found->layout;
-
-  absl::StatusOr<ex::Backend> backend = ex::MakeBackend(a.backend);
-  if (!AllOk(backend.status())) return 1;
-  const bool gpu = backend->device->is_gpu();
+// The sweep to measure and how to measure each point: the flags' options
+// (MakeOptions), the kernels' dtype, and the points.
+absl::StatusOr<Sweep> MakeSweep(const Args& a, const NodeLayout& layout, bool gpu,
+                                MeasureOptions* measure_options) {
   SweepOptions sweep_options;
-  MeasureOptions measure_options;
-  absl::Status st = MakeOptions(a, layout, gpu, &sweep_options, &measure_options);
+  absl::Status st = MakeOptions(a, layout, gpu, &sweep_options, measure_options);
   if (st.ok()) {
     if (a.dtype == "auto") {
-      measure_options.kernel_dtype = gpu ? ex::DType::kBF16 : ex::DType::kF32;
-    } else if (!ex::ParseDType(a.dtype, &measure_options.kernel_dtype)) {
+      measure_options->kernel_dtype = gpu ? ex::DType::kBF16 : ex::DType::kF32;
+    } else if (!ex::ParseDType(a.dtype, &measure_options->kernel_dtype)) {
       st =
           absl::InvalidArgumentError(Cat("--dtype: must be auto, f32 or bf16 (got ", a.dtype, ")"));
     }
   }
-  absl::StatusOr<Sweep> sweep = !st.ok()  ? absl::StatusOr<Sweep>(st)
-                                : a.check ? absl::StatusOr<Sweep>(PlanCheckSweep(layout))
-                                          : PlanSweep(layout, sweep_options);
-  if (!AllOk(sweep.status())) return 1;
-  if (sweep->points.empty()) {
-    if (Rank() == 0) std::fprintf(stderr, "moeplan-profile: nothing to measure (see --only)\n");
-    return 1;
-  }
+  return !st.ok()  ? absl::StatusOr<Sweep>(st)
+         : a.check ? absl::StatusOr<Sweep>(PlanCheckSweep(layout))
+                   : PlanSweep(layout, sweep_options);
+}
 
-  // Node-major ranks, whatever order the launcher used (the planner's ranks
-  // fill node 0 first).
-  absl::StatusOr<std::unique_ptr<ex::Communicator>> world =
-      backend->world->Split(0, found->node * layout.ranks_per_node + found->local);
-  if (!AllOk(world.status())) return 1;
-  absl::StatusOr<std::unique_ptr<Profiler>> profiler =
-      Profiler::Create(&*backend, world->get(), layout, measure_options);
-  if (!AllOk(profiler.status())) return 1;
-
+// What every sample records of the run (rank 0).
+v1::ProfileRun RunRecord(const Args& a, const Discovered& found, const MeasureOptions& m,
+                         const ex::Device& device) {
+  const NodeLayout& layout = found.layout;
   v1::ProfileRun run;
-  const std::string partial = a.out + ".partial";
-  std::FILE* out = nullptr;
-  absl::Status open_status;
-  if (Rank() == 0) {
-    run.set_host(found->hosts.empty() ? "" : found->hosts[0]);
-    for (const std::string& h : found->hosts) run.add_hosts(h);
-    run.set_backend(a.backend);
-    run.set_dtype(std::string(ex::DTypeName(measure_options.kernel_dtype)));
-    run.set_versions(a.backend == "mpi" ? ex::MpiVersion()
-                                        : Cat(ex::MpiVersion(), "; ", ex::CudaVersions()));
-    run.set_timestamp(Timestamp());
-    run.set_ranks(layout.ranks());
-    run.set_nodes(layout.nodes);
-    run.set_ranks_per_node(layout.ranks_per_node);
-    run.set_moeplan_version(MOEPLAN_VERSION);
-    run.set_machine(ex::MachineDescription(*backend->device));
-    out = std::fopen(partial.c_str(), "w");
-    if (out == nullptr)
-      open_status =
-          absl::PermissionDeniedError(Cat(partial, ": cannot write: ", std::strerror(errno)));
-  }
-  if (!AllOk(open_status)) return 1;
-  if (Rank() == 0) {
-    std::fprintf(
-        stderr,
-        "moeplan-profile: %d ranks on %d node(s) x %d, backend %s, %zu points (%zu left out)\n",
-        layout.ranks(), layout.nodes, layout.ranks_per_node, a.backend.c_str(),
-        sweep->points.size(), sweep->skipped.size());
-    for (const std::string& s : sweep->skipped)
-      std::fprintf(stderr, "moeplan-profile: left out %s\n", s.c_str());
-  }
+  run.set_host(found.hosts.empty() ? "" : found.hosts[0]);
+  for (const std::string& h : found.hosts) run.add_hosts(h);
+  run.set_backend(a.backend);
+  run.set_dtype(std::string(ex::DTypeName(m.kernel_dtype)));
+  run.set_versions(a.backend == "mpi" ? ex::MpiVersion()
+                                      : Cat(ex::MpiVersion(), "; ", ex::CudaVersions()));
+  run.set_timestamp(Timestamp());
+  run.set_ranks(layout.ranks());
+  run.set_nodes(layout.nodes);
+  run.set_ranks_per_node(layout.ranks_per_node);
+  run.set_moeplan_version(MOEPLAN_VERSION);
+  run.set_machine(ex::MachineDescription(device));
+  return run;
+}
 
-  const size_t total = sweep->points.size() * static_cast<size_t>(a.rounds);
+// Measures every point, round by round, rank 0 appending each sample to
+// `out` (`partial` names it); a failure aborts the job. The samples written.
+size_t MeasureSweep(const Args& a, const Sweep& sweep, Profiler& profiler,
+                    const v1::ProfileRun& run, std::FILE* out, const std::string& partial) {
+  const size_t total = sweep.points.size() * static_cast<size_t>(a.rounds);
   Progress progress(total);
   size_t done = 0;
   for (int round = 0; round < a.rounds; ++round) {
-    for (size_t index : RoundOrder(sweep->points.size(), round, a.rounds)) {
-      const Point& p = sweep->points[index];
+    for (size_t index : RoundOrder(sweep.points.size(), round, a.rounds)) {
+      const Point& p = sweep.points[index];
       if (Rank() == 0) {
         progress.Update(done, a.rounds > 1
                                   ? Cat("round ", round + 1, "/", a.rounds, ": ", p.Label())
                                   : p.Label());
       }
-      absl::StatusOr<v1::ProfileSample> sample = (*profiler)->Measure(p);
+      absl::StatusOr<v1::ProfileSample> sample = profiler.Measure(p);
       if (!sample.ok())
         Abort(absl::Status(sample.status().code(),
                            Cat(p.Label(), ": ", View(sample.status().message()))),
@@ -343,8 +316,58 @@ int Run(const Args& a) {
       }
     }
   }
+  if (Rank() == 0) progress.Update(done, "done");
+  return done;
+}
+
+int Run(const Args& a) {
+  absl::StatusOr<Discovered> found = Discover();
+  if (!AllOk(found.status())) return 1;
+  const NodeLayout layout = found->layout;
+
+  absl::StatusOr<ex::Backend> backend = ex::MakeBackend(a.backend);
+  if (!AllOk(backend.status())) return 1;
+  MeasureOptions measure_options;
+  absl::StatusOr<Sweep> sweep = MakeSweep(a, layout, backend->device->is_gpu(), &measure_options);
+  if (!AllOk(sweep.status())) return 1;
+  if (sweep->points.empty()) {
+    if (Rank() == 0) std::fprintf(stderr, "moeplan-profile: nothing to measure (see --only)\n");
+    return 1;
+  }
+
+  // Node-major ranks, whatever order the launcher used (the planner's ranks
+  // fill node 0 first).
+  absl::StatusOr<std::unique_ptr<ex::Communicator>> world =
+      backend->world->Split(0, found->node * layout.ranks_per_node + found->local);
+  if (!AllOk(world.status())) return 1;
+  absl::StatusOr<std::unique_ptr<Profiler>> profiler =
+      Profiler::Create(&*backend, world->get(), layout, measure_options);
+  if (!AllOk(profiler.status())) return 1;
+
+  v1::ProfileRun run;
+  const std::string partial = a.out + ".partial";
+  std::FILE* out = nullptr;
+  absl::Status open_status;
   if (Rank() == 0) {
-    progress.Update(done, "done");
+    run = RunRecord(a, *found, measure_options, *backend->device);
+    out = std::fopen(partial.c_str(), "w");
+    if (out == nullptr)
+      open_status =
+          absl::PermissionDeniedError(Cat(partial, ": cannot write: ", std::strerror(errno)));
+  }
+  if (!AllOk(open_status)) return 1;
+  if (Rank() == 0) {
+    std::fprintf(
+        stderr,
+        "moeplan-profile: %d ranks on %d node(s) x %d, backend %s, %zu points (%zu left out)\n",
+        layout.ranks(), layout.nodes, layout.ranks_per_node, a.backend.c_str(),
+        sweep->points.size(), sweep->skipped.size());
+    for (const std::string& s : sweep->skipped)
+      std::fprintf(stderr, "moeplan-profile: left out %s\n", s.c_str());
+  }
+
+  const size_t done = MeasureSweep(a, *sweep, **profiler, run, out, partial);
+  if (Rank() == 0) {
     if (std::fclose(out) != 0 || std::rename(partial.c_str(), a.out.c_str()) != 0) {
       std::fprintf(stderr, "moeplan-profile: %s: %s (samples kept in %s)\n", a.out.c_str(),
                    std::strerror(errno), partial.c_str());
@@ -361,14 +384,13 @@ int Run(const Args& a) {
 }  // namespace
 }  // namespace moeplan::profiler
 
-int main(int argc, char** argv) {
-  MPI_Init(&argc, &argv);
-  moeplan::profiler::Args a;
-  CLI::App app{
-      "Measures this cluster for moeplan calibrate: every collective on every group shape the "
-      "planner uses (all sibling groups at once), SAA, a GEMM grid and the memory-bound kernels, "
-      "on the executor's own primitives. Launch with mpirun/srun, one rank per GPU or CPU slot. "
-      "Writes JSON Lines (moeplan.v1.ProfileSample)."};
+namespace moeplan::profiler {
+namespace {
+
+// What is measured: the output, the backend, the sizes, the repetitions and
+// the parts.
+void AddSweepFlags(CLI::App& app, Args* args) {
+  Args& a = *args;
   app.add_option("--out", a.out, "samples file to write (JSON Lines)")->required();
   app.add_flag("--quick", a.quick,
                "a short sweep for CI: 4 KiB..1 MiB by 4x, 5 repetitions, 3^3 GEMM grid "
@@ -419,6 +441,11 @@ int main(int argc, char** argv) {
          "per-rank buffer memory one point may take; larger points are left out (auto: half the "
          "host's memory over its ranks), e.g. 2GiB; 0: auto")
       ->transform(size_units);
+}
+
+// --check, in context, rounds and the watchdog.
+void AddModeFlags(CLI::App& app, Args* args) {
+  Args& a = *args;
   app.add_flag("--check", a.check,
                "measure only the few points moeplan profile-check compares with a profile "
                "(GEMMs, memory kernels, each link level, an AlltoAll per group shape; well under "
@@ -438,6 +465,25 @@ int main(int argc, char** argv) {
                  "and exits 3, and mpirun stops the job (0: off)")
       ->check(CLI::Range(0.0, 86400.0))
       ->capture_default_str();
+}
+
+void AddFlags(CLI::App& app, Args* a) {
+  AddSweepFlags(app, a);
+  AddModeFlags(app, a);
+}
+
+}  // namespace
+}  // namespace moeplan::profiler
+
+int main(int argc, char** argv) {
+  MPI_Init(&argc, &argv);
+  moeplan::profiler::Args a;
+  CLI::App app{
+      "Measures this cluster for moeplan calibrate: every collective on every group shape the "
+      "planner uses (all sibling groups at once), SAA, a GEMM grid and the memory-bound kernels, "
+      "on the executor's own primitives. Launch with mpirun/srun, one rank per GPU or CPU slot. "
+      "Writes JSON Lines (moeplan.v1.ProfileSample)."};
+  moeplan::profiler::AddFlags(app, &a);
   int rc = 0;
   try {
     app.parse(argc, argv);
