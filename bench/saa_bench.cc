@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "moeplan/executor/backends.h"
+#include "moeplan/executor/mpi_job.h"
 #include "moeplan/executor/saa.h"
 
 namespace ex = moeplan::executor;
@@ -110,16 +111,14 @@ BENCHMARK_CAPTURE(Bench, saa, kSaa)->Apply(Sizes);
 int main(int argc, char** argv) {
   MPI_Init(&argc, &argv);
   if (const char* n = std::getenv("MOEPLAN_SAA_GROUP")) g_group = std::atoi(n);
-  int rank = 0, size = 1;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  const int rank = ex::WorldRank(), size = ex::WorldSize();
   if (g_group < 1 || size % g_group != 0) {
     if (rank == 0) std::fprintf(stderr, "MOEPLAN_SAA_GROUP must divide the %d ranks\n", size);
     MPI_Finalize();
     return 1;
   }
   absl::StatusOr<ex::Backend> b = ex::MakeBackend("mpi");
-  if (!b.ok()) MPI_Abort(MPI_COMM_WORLD, 1);
+  if (!b.ok()) ex::AbortJob(1);  // the world's duplication is collective: end every rank
   g_backend = &*b;
   benchmark::Initialize(&argc, argv);
   // Every rank runs the benchmarks (their collectives must match); rank 0 reports.

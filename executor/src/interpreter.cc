@@ -106,6 +106,11 @@ class PlanInterpreter::Impl {
   ~Impl();
 
   absl::Status Init(LaneMode mode);
+  // Init's steps: every op this rank runs onto its lane (one per
+  // communicator, after the compute lane; `comms_thread_safe` says whether
+  // all of them may be driven from threads), then the waits across lanes.
+  absl::Status AssignLanes(bool* comms_thread_safe);
+  absl::Status BuildWaits();
   absl::Status RunIteration(PhaseSet phases, double start_us);
 
   std::vector<OpTime> times_;
@@ -165,6 +170,26 @@ class PlanInterpreter::Impl {
 
 absl::Status PlanInterpreter::Impl::Init(LaneMode mode) {
   MOEPLAN_RETURN_IF_ERROR(CheckExecutable(plan_));
+  bool comms_thread_safe = true;
+  MOEPLAN_RETURN_IF_ERROR(AssignLanes(&comms_thread_safe));
+  MOEPLAN_RETURN_IF_ERROR(BuildWaits());
+  const bool can_thread = !dev_->is_gpu() && comms_thread_safe;
+  if (mode == LaneMode::kThreads && !can_thread) {
+    return absl::FailedPreconditionError(
+        dev_->is_gpu() ? "plan: threaded lanes are for the CPU backend (CUDA lanes are streams)"
+                       : "plan: threaded lanes need MPI initialised with MPI_THREAD_MULTIPLE");
+  }
+  threaded_ = mode != LaneMode::kSequential && can_thread;
+  for (Lane& l : lanes_) {
+    if (l.comm != nullptr) l.comm->SetLaneJoins(false);
+  }
+  if (threaded_) {
+    for (size_t l = 0; l < lanes_.size(); ++l) threads_.emplace_back([this, l] { Worker(l); });
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PlanInterpreter::Impl::AssignLanes(bool* comms_thread_safe) {
   const int n = plan_.size();
   lanes_.push_back(Lane{});
   lane_of_.assign(static_cast<size_t>(n), 0);
@@ -173,7 +198,6 @@ absl::Status PlanInterpreter::Impl::Init(LaneMode mode) {
   end_.resize(static_cast<size_t>(n));
   done_.assign(static_cast<size_t>(n), 0);
   runs_.assign(static_cast<size_t>(n), 0);
-  bool comms_thread_safe = true;
   for (OpId id = 0; id < n; ++id) {
     const planner::Op& op = plan_.op(id);
     const planner::OpExec& x = plan_.exec(id);
@@ -191,7 +215,7 @@ absl::Status PlanInterpreter::Impl::Init(LaneMode mode) {
                                               planner::ExecGroupName(x.group),
                                               ", which this rank does not have"));
       }
-      comms_thread_safe = comms_thread_safe && c->ThreadSafe();
+      *comms_thread_safe = *comms_thread_safe && c->ThreadSafe();
       auto it =
           std::find_if(lanes_.begin(), lanes_.end(), [&](const Lane& l) { return l.comm == c; });
       lane = static_cast<size_t>(it - lanes_.begin());
@@ -200,7 +224,11 @@ absl::Status PlanInterpreter::Impl::Init(LaneMode mode) {
     lane_of_[static_cast<size_t>(id)] = lane;
     lanes_[lane].ops.push_back(id);
   }
+  return absl::OkStatus();
+}
 
+absl::Status PlanInterpreter::Impl::BuildWaits() {
+  const int n = plan_.size();
   // Waits: dependencies, and per (device, resource) the op issued before on
   // it; an op on the same lane is implied by the lane's order.
   std::vector<OpId> last_on;  // (device * kNumResources + resource) -> op
@@ -236,20 +264,6 @@ absl::Status PlanInterpreter::Impl::Init(LaneMode mode) {
         waits_.push_back(d);
     }
     wait_begin_.push_back(static_cast<uint32_t>(waits_.size()));
-  }
-
-  const bool can_thread = !dev_->is_gpu() && comms_thread_safe;
-  if (mode == LaneMode::kThreads && !can_thread) {
-    return absl::FailedPreconditionError(
-        dev_->is_gpu() ? "plan: threaded lanes are for the CPU backend (CUDA lanes are streams)"
-                       : "plan: threaded lanes need MPI initialised with MPI_THREAD_MULTIPLE");
-  }
-  threaded_ = mode != LaneMode::kSequential && can_thread;
-  for (Lane& l : lanes_) {
-    if (l.comm != nullptr) l.comm->SetLaneJoins(false);
-  }
-  if (threaded_) {
-    for (size_t l = 0; l < lanes_.size(); ++l) threads_.emplace_back([this, l] { Worker(l); });
   }
   return absl::OkStatus();
 }

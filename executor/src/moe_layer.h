@@ -58,7 +58,17 @@ class MoeLayerOps final : public OpHandler {
               Device* dev, Kernels* k)
       : layer_(layer), opt_(opt), groups_(groups), dev_(dev), k_(k) {}
 
+  // Init's steps, in order: the layer's dimensions, the buffers' alias
+  // classes, every op's buffer sizes and how the layer is routed (returns the
+  // slice that feeds the gate, if any), then allocation and the inputs.
   absl::Status Init(const planner::OpGraph& plan, int instance, int block);
+  void SetDimensions();
+  void ResolveAliases(const planner::OpGraph& plan, int block);
+  absl::StatusOr<const planner::OpExec*> SizeAndRoute(const planner::OpGraph& plan, int instance);
+  absl::Status InitPadded(const planner::OpExec* slice_to_gate);
+  // Dropless: the host vectors sized, one untimed gate pass and count
+  // exchange (collective over the EP group) size the expert side.
+  absl::Status InitDropless();
 
   // ---- buffers ----
   using Buf = planner::Buf;
@@ -68,7 +78,14 @@ class MoeLayerOps final : public OpHandler {
   char* At(Buf b, int64_t elems) const { return Ptr(b) + static_cast<size_t>(elems) * es_; }
   // What an op needs of a buffer: `elems` elements (fp32 or the run's dtype).
   void Need(Buf b, int64_t elems, bool f32 = false);
+  // Need() of an op's in, mid and out buffers.
+  void NeedOf(const planner::OpExec& x, int64_t in, int64_t mid, int64_t out);
+  // A dropless buffer sized from the routed rows, once they are known.
+  void MarkExpertSide(Buf b);
+  int64_t GroupSize(planner::ExecGroup g) const;  // 1 for a group this rank lacks
   absl::Status SizeFromOp(const planner::Op& op, const planner::OpExec& x);
+  void SizeFromComputeOp(const planner::OpExec& x);
+  void SizeFromCollective(const planner::OpExec& x);
   struct Estimate {
     size_t total = 0, largest = 0;
     std::string largest_name;

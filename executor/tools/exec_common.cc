@@ -3,7 +3,6 @@
 #include <mpi.h>
 
 #include <algorithm>
-#include <climits>
 #include <cstdio>
 #include <memory>
 #include <utility>
@@ -12,41 +11,10 @@
 #include "moeplan/base/strings.h"
 #include "moeplan/base/watchdog.h"
 #include "moeplan/client/planner_client.h"
+#include "moeplan/executor/mpi_job.h"
 #include "moeplan/proto/json.h"
 
 namespace moeplan::exec {
-
-int Rank() {
-  int r = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &r);
-  return r;
-}
-
-int Size() {
-  int s = 1;
-  MPI_Comm_size(MPI_COMM_WORLD, &s);
-  return s;
-}
-
-int LocalRanks() {
-  MPI_Comm local;
-  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &local);
-  int n = 1;
-  MPI_Comm_size(local, &n);
-  MPI_Comm_free(&local);
-  return n;
-}
-
-int Hosts() {
-  MPI_Comm local;
-  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &local);
-  int local_rank = 0, leaders = 0;
-  MPI_Comm_rank(local, &local_rank);
-  MPI_Comm_free(&local);
-  const int leader = local_rank == 0 ? 1 : 0;
-  MPI_Allreduce(&leader, &leaders, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
-  return leaders;
-}
 
 absl::Status CheckRunFlags(const Args& a) {
   if (a.iters < 1) {
@@ -97,25 +65,10 @@ absl::StatusOr<PredictionModel> LoadPredictionModel(const Args& a) {
 
 absl::Status Agree(const absl::Status& local) {
   Watchdog::Step("agreeing with the other ranks (MPI_Allreduce)");
-  const int rank = Rank();
-  int bad = local.ok() ? INT_MAX : rank, first = INT_MAX;
-  MPI_Allreduce(&bad, &first, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-  if (first == INT_MAX) return absl::OkStatus();
-  if (rank == first) {
-    std::fprintf(stderr, "moeplan-exec: %s%s\n",
-                 first == 0 ? "" : Cat("rank ", first, ": ").c_str(),
-                 std::string(View(local.message())).c_str());
-  }
-  return local.ok() ? absl::AbortedError("another rank failed") : local;
+  return executor::AgreeOnStatus(local, kProgram);
 }
 
-void Abort(const absl::Status& s) {
-  std::fprintf(stderr, "moeplan-exec: rank %d: %s\n", Rank(),
-               std::string(View(s.message())).c_str());
-  std::fflush(stderr);
-  MPI_Abort(MPI_COMM_WORLD, 1);
-  std::abort();
-}
+void Abort(const absl::Status& s) { executor::AbortJob(kProgram, s); }
 
 void SetMemoryLimit(const Args& a, executor::Device& device, executor::RunOptions* opt) {
   if (a.max_memory_gib > 0) {
@@ -126,7 +79,7 @@ void SetMemoryLimit(const Args& a, executor::Device& device, executor::RunOption
       opt->memory_limit_bytes = *free;
       opt->memory_limit_source = Cat("free memory of ", device.name());
     } else {
-      const int local = LocalRanks();
+      const int local = executor::RanksOnThisHost();
       opt->memory_limit_bytes = *free / static_cast<size_t>(local);
       opt->memory_limit_source = Cat("this host's available memory shared by its ", local,
                                      " rank(s); --max-memory-gib sets it");
@@ -150,7 +103,7 @@ void GatherIteration(int it, const std::vector<executor::OpTime>& ops, double fo
   local[2 * n + 1] = total_us;
   Watchdog::Step(Cat("gathering iteration ", it, "'s op times (MPI_Reduce)"));
   MPI_Reduce(local, global, static_cast<int>(2 * n + 2), MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
-  if (Rank() != 0) return;
+  if (executor::WorldRank() != 0) return;
   IterationTimes t;
   t.start_us.assign(global, global + n);
   t.end_us.assign(global + n, global + 2 * n);

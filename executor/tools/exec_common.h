@@ -43,11 +43,8 @@ struct Args {
   std::string tls_ca, token_file;
 };
 
-int Rank();
-int Size();
-// Ranks of this job on this host, and the hosts of the job (collective).
-int LocalRanks();
-int Hosts();
+// What the tool's messages begin with.
+inline constexpr std::string_view kProgram = "moeplan-exec";
 
 // --iters, --warmup and --backend.
 absl::Status CheckRunFlags(const Args& a);
@@ -74,11 +71,13 @@ void SetMeasuredOps(const google::protobuf::RepeatedPtrField<v1::OpTiming>& ops,
 absl::Status ReportTo(const Args& a, const v1::ClusterProfile& profile,
                       std::vector<v1::ReportMeasurementRequest> reports, std::string_view noun);
 
-// Every rank learns whether any rank failed; the lowest failing rank prints.
+// Every rank learns whether any rank failed; the lowest failing rank prints
+// (executor::AgreeOnStatus, a watchdog step).
 absl::Status Agree(const absl::Status& local);
 
 // A failure after the ranks agreed to run (inside the plan's collectives):
-// other ranks may be waiting in a collective, so the job is aborted.
+// other ranks may be waiting in a collective, so the job is aborted
+// (executor::AbortJob: "moeplan-exec: rank R: MESSAGE", exit 1).
 [[noreturn]] void Abort(const absl::Status& s);
 
 // What one rank's buffers may take: --max-memory-gib, else the GPU's free

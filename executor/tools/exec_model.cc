@@ -20,6 +20,8 @@
 #include "moeplan/base/strings.h"
 #include "moeplan/executor/backends.h"
 #include "moeplan/executor/model_runner.h"
+#include "moeplan/executor/mpi_job.h"
+#include "moeplan/planner/model.h"
 #include "moeplan/planner/model_planner.h"
 #include "moeplan/proto/convert.h"
 #include "moeplan/proto/json.h"
@@ -107,7 +109,7 @@ absl::Status Prepare(const Args& a, int hosts, ModelSetup* s) {
   // What runs is what is predicted: the element size follows the dtype.
   s->model.bytes_per_element = static_cast<int>(ex::SizeOf(s->dtype));
   s->model_msg = proto::ModelToProto(s->model);
-  const int world = Size();
+  const int world = ex::WorldSize();
   const p::ClusterShape cluster =
       world % hosts == 0 ? p::ClusterShape{hosts, world / hosts} : p::ClusterShape{1, world};
   if (!a.layout.empty()) {
@@ -326,100 +328,125 @@ std::string RenderModelTable(const v1::ExecModelReport& r) {
   return out;
 }
 
-}  // namespace
+// --plan: what the saved plan chose for variant `v` (its schedule, Tutel's
+// degree), so the graph is rebuilt pinned to it.
+absl::StatusOr<p::ModelPlanOptions> SavedChoices(const std::string& file,
+                                                 const v1::PlanModelResponse& saved, p::Variant v) {
+  p::ModelPlanOptions options;
+  const v1::VariantPlan& sv = *SavedVariant(saved, p::VariantName(v));
+  absl::StatusOr<p::Schedule> schedule = proto::ScheduleFromProto(sv.schedule());
+  if (!schedule.ok()) {
+    return absl::InvalidArgumentError(
+        Cat(file, ": ", sv.name(), ": schedule: ", View(schedule.status().message())));
+  }
+  options.schedules = {*schedule};
+  if (v == p::Variant::kTutel && sv.tutel_degree() > 0) {
+    options.tutel_degrees = {sv.tutel_degree()};
+  }
+  return options;
+}
 
-int RunModel(const Args& a) {
-  ModelSetup s;
-  const int hosts = Hosts();
-  if (!Agree(Prepare(a, hosts, &s)).ok()) return 1;
-
-  // The prediction: the same plans that run (every rank plans; no I/O beyond
-  // the profile). A profile that does not load is a command-line error.
-  // A saved plan is predicted on its own profile unless --profile names one.
-  Args pa = a;
-  if (s.saved.has_value() && !a.profile_given) pa.profile = s.saved->profile_name();
-  absl::StatusOr<PredictionModel> prediction = LoadPredictionModel(pa);
-  if (!Agree(prediction.status()).ok()) return 1;
-  const std::string& file = a.plan.empty() ? a.model : a.plan;
-  p::ModelPlan plan;
-  plan.moe_layers = s.model.NumMoeLayers();
+// Plans every variant of `s` as it will run (every rank plans; no I/O), into
+// `plan` with its best; --layout: `s`'s model becomes the one each stage runs.
+absl::Status PlanVariants(const std::string& file, const PredictionModel& pm, int hosts,
+                          ModelSetup* s, p::ModelPlan* plan) {
+  plan->moe_layers = s->model.NumMoeLayers();
   absl::Status planned;
-  for (p::Variant v : s.variants) {
+  for (p::Variant v : s->variants) {
     // --plan: the graph is rebuilt pinned to the saved choices, then checked
-    // to be the saved plan (below).
+    // to be the saved plan (CheckSavedPlan).
     p::ModelPlanOptions options;
-    if (s.saved.has_value()) {
-      const v1::VariantPlan& sv = *SavedVariant(*s.saved, p::VariantName(v));
-      absl::StatusOr<p::Schedule> schedule = proto::ScheduleFromProto(sv.schedule());
-      if (!schedule.ok()) {
-        planned = absl::InvalidArgumentError(
-            Cat(file, ": ", sv.name(), ": schedule: ", View(schedule.status().message())));
+    if (s->saved.has_value()) {
+      absl::StatusOr<p::ModelPlanOptions> saved = SavedChoices(file, *s->saved, v);
+      if (!saved.ok()) {
+        planned = saved.status();
         break;
       }
-      options.schedules = {*schedule};
-      if (v == p::Variant::kTutel && sv.tutel_degree() > 0) {
-        options.tutel_degrees = {sv.tutel_degree()};
-      }
+      options = *std::move(saved);
     }
     p::ModelConfig run_model;
     absl::StatusOr<p::VariantPlan> vp =
-        s.layout.has_value()
-            ? ex::PlanLayoutRun(s.model, *s.layout, v, Size(), &prediction->cost, &run_model,
+        s->layout.has_value()
+            ? ex::PlanLayoutRun(s->model, *s->layout, v, ex::WorldSize(), &pm.cost, &run_model,
                                 options)
-            : ex::PlanModelRun(s.model, v, Size(), hosts, &prediction->cost, options);
+            : ex::PlanModelRun(s->model, v, ex::WorldSize(), hosts, &pm.cost, options);
     if (!vp.ok()) {
       planned = absl::Status(vp.status().code(), Cat(file, ": ", View(vp.status().message())));
       break;
     }
-    plan.variants.push_back(*std::move(vp));
+    plan->variants.push_back(*std::move(vp));
     // What each stage runs: the layout's parallel and micro-batch size.
-    if (s.layout.has_value()) s.run_model = run_model;
+    if (s->layout.has_value()) s->run_model = run_model;
   }
-  if (s.layout.has_value() && planned.ok()) {
-    s.model = s.run_model;
-    s.model_msg = proto::ModelToProto(s.model);
+  if (s->layout.has_value() && planned.ok()) {
+    s->model = s->run_model;
+    s->model_msg = proto::ModelToProto(s->model);
   }
-  for (size_t i = 1; i < plan.variants.size(); ++i) {
-    if (plan.variants[i].iteration_us() <
-        plan.variants[static_cast<size_t>(plan.best)].iteration_us())
-      plan.best = static_cast<int>(i);
+  for (size_t i = 1; i < plan->variants.size(); ++i) {
+    if (plan->variants[i].iteration_us() <
+        plan->variants[static_cast<size_t>(plan->best)].iteration_us())
+      plan->best = static_cast<int>(i);
   }
-  // --plan: the prediction in plan-model's shape, made once for the check
-  // against the saved plan and for the report.
-  std::optional<v1::PlanModelResponse> rebuilt;
-  if (planned.ok() && s.saved.has_value()) {
-    rebuilt.emplace();
-    proto::ModelPlanToProto(plan, s.model, prediction->profile.profile, /*include_timeline=*/true,
-                            &*rebuilt);
-    for (const v1::VariantPlan& mine : rebuilt->variants()) {
-      const std::string diff = requests::PlanDifference(*SavedVariant(*s.saved, mine.name()), mine);
-      if (diff.empty()) continue;
-      planned = absl::FailedPreconditionError(
-          Cat(file, ": its ", mine.name(), " plan is not what profile ",
-              prediction->profile.message.name(), " v", prediction->profile.message.version(),
-              " plans (", diff, "); run with --profile set to the profile it was planned with (",
-              s.saved->profile_name(), " v", s.saved->profile_version(), ")"));
-      break;
+  return planned;
+}
+
+// --plan: the prediction in plan-model's shape, made once for the check
+// against the saved plan (an error names the first variant that differs) and
+// for the report.
+absl::Status CheckSavedPlan(const std::string& file, const PredictionModel& pm, const ModelSetup& s,
+                            const p::ModelPlan& plan, v1::PlanModelResponse* rebuilt) {
+  proto::ModelPlanToProto(plan, s.model, pm.profile.profile, /*include_timeline=*/true, rebuilt);
+  for (const v1::VariantPlan& mine : rebuilt->variants()) {
+    const std::string diff = requests::PlanDifference(*SavedVariant(*s.saved, mine.name()), mine);
+    if (diff.empty()) continue;
+    return absl::FailedPreconditionError(
+        Cat(file, ": its ", mine.name(), " plan is not what profile ", pm.profile.message.name(),
+            " v", pm.profile.message.version(), " plans (", diff,
+            "); run with --profile set to the profile it was planned with (",
+            s.saved->profile_name(), " v", s.saved->profile_version(), ")"));
+  }
+  return absl::OkStatus();
+}
+
+// The measured side of the report: each run next to its predicted variant
+// (report->predicted() is set), its iterations' totals, and the fastest.
+void FillMeasured(const std::vector<Run>& runs, v1::ExecModelReport* report) {
+  v1::PlanModelResponse* measured = report->mutable_measured();
+  measured->set_profile_name(report->predicted().profile_name());
+  measured->set_profile_version(report->predicted().profile_version());
+  measured->set_ranks(report->predicted().ranks());
+  measured->set_gpus(report->predicted().gpus());
+  measured->set_moe_layers(report->predicted().moe_layers());
+  for (size_t i = 0; i < runs.size(); ++i) {
+    const v1::VariantPlan& pv = report->predicted().variants(static_cast<int>(i));
+    v1::VariantPlan mv = MeasuredVariant(pv, runs[i]);
+    // Same op names as the planner, or the comparison is meaningless: say so.
+    for (const std::string& op : MissingOps(OpsOf(pv), OpsOf(mv))) {
+      std::fprintf(stderr, "moeplan-exec: warning: predicted op %s was not measured\n", op.c_str());
     }
+    *measured->add_variants() = std::move(mv);
+    v1::VariantIterations* its = report->add_iterations();
+    its->set_variant(pv.name());
+    for (const IterationTimes& t : runs[i].iterations) its->add_total_us(t.total_us);
   }
-  if (!Agree(planned).ok()) return 1;
-  if (s.auto_variant) {
-    p::VariantPlan best = std::move(plan.variants[static_cast<size_t>(plan.best)]);
-    plan.variants.clear();
-    plan.variants.push_back(std::move(best));
-    plan.best = 0;
+  int best = 0;
+  for (int i = 1; i < measured->variants_size(); ++i) {
+    if (measured->variants(i).iteration_us() < measured->variants(best).iteration_us()) best = i;
   }
+  measured->set_best_variant(measured->variants(best).name());
+}
 
-  absl::StatusOr<ex::Backend> backend = ex::MakeBackend(a.backend);
-  if (!Agree(backend.status()).ok()) return 1;
-  const std::vector<Run> runs = MeasureAll(a, s, plan.variants, *backend);
-  if (Rank() != 0) return 0;
-
+// Rank 0's report: how the model ran, the prediction (`rebuilt` for --plan,
+// else made here from `plan`) and the measurement.
+v1::ExecModelReport ModelReport(const Args& a, const ModelSetup& s, int hosts,
+                                const p::ModelPlan& plan, const PredictionModel& pm,
+                                std::optional<v1::PlanModelResponse> rebuilt,
+                                const std::vector<Run>& runs) {
   v1::ExecModelReport report;
   *report.mutable_model() = s.model_msg;
   report.set_backend(a.backend);
   report.set_dtype(std::string(ex::DTypeName(s.dtype)));
-  report.set_ranks(Size());
+  report.set_ranks(ex::WorldSize());
   report.set_hosts(hosts);
   report.set_iters(a.iters);
   report.set_warmup(a.warmup);
@@ -433,46 +460,64 @@ int RunModel(const Args& a) {
   if (rebuilt.has_value()) {
     *report.mutable_predicted() = *std::move(rebuilt);
   } else {
-    proto::ModelPlanToProto(plan, s.model, prediction->profile.profile,
+    proto::ModelPlanToProto(plan, s.model, pm.profile.profile,
                             /*include_timeline=*/true, report.mutable_predicted());
   }
-  v1::PlanModelResponse* measured = report.mutable_measured();
-  measured->set_profile_name(report.predicted().profile_name());
-  measured->set_profile_version(report.predicted().profile_version());
-  measured->set_ranks(report.predicted().ranks());
-  measured->set_gpus(report.predicted().gpus());
-  measured->set_moe_layers(report.predicted().moe_layers());
-  for (size_t i = 0; i < runs.size(); ++i) {
-    const v1::VariantPlan& pv = report.predicted().variants(static_cast<int>(i));
-    v1::VariantPlan mv = MeasuredVariant(pv, runs[i]);
-    // Same op names as the planner, or the comparison is meaningless: say so.
-    for (const std::string& op : MissingOps(OpsOf(pv), OpsOf(mv))) {
-      std::fprintf(stderr, "moeplan-exec: warning: predicted op %s was not measured\n", op.c_str());
-    }
-    *measured->add_variants() = std::move(mv);
-    v1::VariantIterations* its = report.add_iterations();
-    its->set_variant(pv.name());
-    for (const IterationTimes& t : runs[i].iterations) its->add_total_us(t.total_us);
-  }
-  int best = 0;
-  for (int i = 1; i < measured->variants_size(); ++i) {
-    if (measured->variants(i).iteration_us() < measured->variants(best).iteration_us()) best = i;
-  }
-  measured->set_best_variant(measured->variants(best).name());
+  FillMeasured(runs, &report);
+  return report;
+}
+
+// Rank 0: prints the report and sends it to --report-to; the exit code.
+int PublishModel(const Args& a, const PredictionModel& pm, const v1::ExecModelReport& report) {
   if (!PrintReport(report, a.json, a.json ? std::string() : RenderModelTable(report))) return 1;
-  if (!a.report_to.empty()) {
-    absl::StatusOr<std::vector<v1::ReportMeasurementRequest>> reports =
-        ModelReports(prediction->profile, report);
-    absl::Status st = reports.ok()
-                          ? ReportTo(a, prediction->profile.message, *std::move(reports), "variant")
-                          : reports.status();
-    if (!st.ok()) {
-      std::fprintf(stderr, "moeplan-exec: --report-to %s: %s\n", a.report_to.c_str(),
-                   std::string(View(st.message())).c_str());
-      return 1;
-    }
+  if (a.report_to.empty()) return 0;
+  absl::StatusOr<std::vector<v1::ReportMeasurementRequest>> reports =
+      ModelReports(pm.profile, report);
+  absl::Status st = reports.ok() ? ReportTo(a, pm.profile.message, *std::move(reports), "variant")
+                                 : reports.status();
+  if (!st.ok()) {
+    std::fprintf(stderr, "moeplan-exec: --report-to %s: %s\n", a.report_to.c_str(),
+                 std::string(View(st.message())).c_str());
+    return 1;
   }
   return 0;
+}
+
+}  // namespace
+
+int RunModel(const Args& a) {
+  ModelSetup s;
+  const int hosts = ex::HostCount();
+  if (!Agree(Prepare(a, hosts, &s)).ok()) return 1;
+
+  // The prediction: the same plans that run (every rank plans; no I/O beyond
+  // the profile). A profile that does not load is a command-line error.
+  // A saved plan is predicted on its own profile unless --profile names one.
+  Args pa = a;
+  if (s.saved.has_value() && !a.profile_given) pa.profile = s.saved->profile_name();
+  absl::StatusOr<PredictionModel> prediction = LoadPredictionModel(pa);
+  if (!Agree(prediction.status()).ok()) return 1;
+  const std::string& file = a.plan.empty() ? a.model : a.plan;
+  p::ModelPlan plan;
+  absl::Status planned = PlanVariants(file, *prediction, hosts, &s, &plan);
+  std::optional<v1::PlanModelResponse> rebuilt;
+  if (planned.ok() && s.saved.has_value()) {
+    planned = CheckSavedPlan(file, *prediction, s, plan, &rebuilt.emplace());
+  }
+  if (!Agree(planned).ok()) return 1;
+  if (s.auto_variant) {
+    p::VariantPlan best = std::move(plan.variants[static_cast<size_t>(plan.best)]);
+    plan.variants.clear();
+    plan.variants.push_back(std::move(best));
+    plan.best = 0;
+  }
+
+  absl::StatusOr<ex::Backend> backend = ex::MakeBackend(a.backend);
+  if (!Agree(backend.status()).ok()) return 1;
+  const std::vector<Run> runs = MeasureAll(a, s, plan.variants, *backend);
+  if (ex::WorldRank() != 0) return 0;
+  return PublishModel(a, *prediction,
+                      ModelReport(a, s, hosts, plan, *prediction, std::move(rebuilt), runs));
 }
 
 }  // namespace moeplan::exec

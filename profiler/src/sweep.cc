@@ -2,10 +2,14 @@
 
 #include <algorithm>
 #include <cmath>
+#include <string>
 #include <tuple>
+#include <utility>
+#include <vector>
 
 #include "fmt/format.h"
 #include "moeplan/base/format.h"
+#include "moeplan/base/status.h"
 #include "moeplan/base/strings.h"
 #include "moeplan/planner/schedules.h"
 
@@ -128,7 +132,10 @@ std::string Point::Label() const {
   return "";
 }
 
-absl::StatusOr<Sweep> PlanSweep(const NodeLayout& layout, const SweepOptions& o) {
+namespace {
+
+// The options PlanSweep refuses, named by their flags.
+absl::Status CheckSweepOptions(const NodeLayout& layout, const SweepOptions& o) {
   if (layout.nodes < 1 || layout.ranks_per_node < 1) {
     return absl::InvalidArgumentError("layout: nodes and ranks per node must be >= 1");
   }
@@ -156,34 +163,23 @@ absl::StatusOr<Sweep> PlanSweep(const NodeLayout& layout, const SweepOptions& o)
     return absl::InvalidArgumentError(
         Cat("--context-ms: must be >= 0 and <= 10000 (got ", o.context_us / 1e3, ")"));
   }
-  Sweep sw;
-  auto add = [&](Point p) -> bool {
-    if (p.buffer_bytes > o.max_point_bytes) {
-      sw.skipped.push_back(fmt::format("{}: needs {} per rank, more than the {} allowed", p.Label(),
-                                       FormatBytes(static_cast<double>(p.buffer_bytes)),
-                                       FormatBytes(static_cast<double>(o.max_point_bytes))));
-      return false;
-    }
-    sw.points.push_back(std::move(p));
-    return true;
-  };
-  // Communication points, isolated and (with o.context_us) right after it the
-  // same point in context: adjacent, so drift of the machine hits both alike.
-  auto add_comm = [&](Point p) {
-    if (add(p) && o.context_us > 0.0) {
-      p.context_us = o.context_us;
-      sw.points.push_back(std::move(p));
-    }
-  };
-  std::vector<int64_t> sizes;
-  for (int64_t b = o.min_bytes; b <= o.max_bytes; b *= o.size_step) sizes.push_back(b);
+  return absl::OkStatus();
+}
 
-  for (GroupShape shape : ProfiledShapes(layout)) {
-    for (Collective c : o.collectives) {
+// PlanSweep's points, part by part, in the sweep's order; a point over
+// o.max_point_bytes is left out, said in `skipped`.
+class SweepBuilder {
+ public:
+  explicit SweepBuilder(const SweepOptions& o) : o_(o) {
+    for (int64_t b = o.min_bytes; b <= o.max_bytes; b *= o.size_step) sizes_.push_back(b);
+  }
+
+  void AddCollectives(GroupShape shape) {
+    for (Collective c : o_.collectives) {
       // SendRecv is the link-level probe: pairs only (an SAA step is one pair
       // exchange per rank, every rank at once).
       if (c == Collective::kSendRecv && shape.ranks != 2) continue;
-      for (int64_t b : sizes) {
+      for (int64_t b : sizes_) {
         Point p;
         p.kind = Point::Kind::kCollective;
         p.collective = c;
@@ -199,18 +195,21 @@ absl::StatusOr<Sweep> PlanSweep(const NodeLayout& layout, const SweepOptions& o)
           default:
             p.buffer_bytes = 2 * p.bytes;
         }
-        add_comm(std::move(p));
+        AddComm(std::move(p));
       }
     }
-    // Irregular AlltoAll: every rank sends n, rank 0 of the group receives
-    // L n; L = 1 (even) first, the base the uneven ones are compared with.
+  }
+
+  // Irregular AlltoAll: every rank sends n, rank 0 of the group receives
+  // L n; L = 1 (even) first, the base the uneven ones are compared with.
+  void AddIrregular(GroupShape shape) {
     std::vector<double> loads;
-    if (!o.alltoallv_loads.empty()) loads.push_back(1.0);
-    for (double load : o.alltoallv_loads) {
+    if (!o_.alltoallv_loads.empty()) loads.push_back(1.0);
+    for (double load : o_.alltoallv_loads) {
       if (load <= shape.ranks) loads.push_back(load);
     }
     for (double load : loads) {
-      for (int64_t b : sizes) {
+      for (int64_t b : sizes_) {
         const int64_t r = shape.ranks;
         if (b < r * kF32) continue;
         Point p;
@@ -222,14 +221,15 @@ absl::StatusOr<Sweep> PlanSweep(const NodeLayout& layout, const SweepOptions& o)
         p.bytes = b / (r * kF32) * r * kF32;
         p.buffer_bytes =
             p.bytes + static_cast<int64_t>(std::ceil(load * static_cast<double>(p.bytes)));
-        add(std::move(p));
+        Add(std::move(p));
       }
     }
   }
-  if (o.saa) {
+
+  void AddSaa(const NodeLayout& layout) {
     for (const SaaShape& s : SaaShapes(layout)) {
       for (bool dual : {false, true}) {
-        for (int64_t b : sizes) {
+        for (int64_t b : sizes_) {
           const int64_t w = s.a2a.ranks;
           if (b < w * kF32) continue;
           Point p;
@@ -239,27 +239,29 @@ absl::StatusOr<Sweep> PlanSweep(const NodeLayout& layout, const SweepOptions& o)
           p.bytes = b / (w * kF32) * w * kF32;
           // send + a2a_recv (+ staging) + the gathered output (N copies).
           p.buffer_bytes = p.bytes * (3 + s.gather_ranks);
-          add_comm(std::move(p));
+          AddComm(std::move(p));
         }
       }
     }
   }
-  if (!o.gemm_sizes.empty()) {  // the launch probe goes with the GEMM grid
+
+  // The launch probe, then the m x n x k grid in NN, NT and TN.
+  void AddGemms() {
     Point probe;
     probe.kind = Point::Kind::kGemm;
     probe.m = probe.n = probe.k = 1;
     probe.buffer_bytes = 3 * kF32;
-    add(probe);
-    for (int64_t m : o.gemm_sizes) {
-      for (int64_t n : o.gemm_sizes) {
-        for (int64_t k : o.gemm_sizes) {
+    Add(probe);
+    for (int64_t m : o_.gemm_sizes) {
+      for (int64_t n : o_.gemm_sizes) {
+        for (int64_t k : o_.gemm_sizes) {
           Point p;
           p.kind = Point::Kind::kGemm;
           p.m = m;
           p.n = n;
           p.k = k;
-          if (2.0 * m * n * k > o.gemm_max_flop) {
-            sw.skipped.push_back(
+          if (2.0 * m * n * k > o_.gemm_max_flop) {
+            sw_.skipped.push_back(
                 fmt::format("gemm {}x{}x{} (NN, NT, TN): {:.3g} GFLOP, above --gemm-max-gflop", m,
                             n, k, 2e-9 * m * n * k));
             continue;
@@ -269,28 +271,72 @@ absl::StatusOr<Sweep> PlanSweep(const NodeLayout& layout, const SweepOptions& o)
             Point v = p;
             v.trans_a = ta;
             v.trans_b = tb;
-            add(std::move(v));
+            Add(std::move(v));
           }
         }
       }
     }
   }
-  for (std::string_view kernel : kMemoryKernels) {
-    for (int64_t t : o.memory_tokens) {
-      Point p;
-      p.kind = Point::Kind::kMemory;
-      p.kernel = std::string(kernel);
-      p.tokens = t;
-      p.n = o.memory_model_dim;
-      const int64_t tokens_bytes = t * o.memory_model_dim * kF32;
-      const bool activation = kernel == "gelu" || kernel == "gelu_bwd";
-      p.buffer_bytes = activation
-                           ? 2 * tokens_bytes
-                           : tokens_bytes * (2 + kMemoryTopK) + t * kMemoryExperts * kF32 * 2;
-      add(std::move(p));
+
+  void AddMemory() {
+    for (std::string_view kernel : kMemoryKernels) {
+      for (int64_t t : o_.memory_tokens) {
+        Point p;
+        p.kind = Point::Kind::kMemory;
+        p.kernel = std::string(kernel);
+        p.tokens = t;
+        p.n = o_.memory_model_dim;
+        const int64_t tokens_bytes = t * o_.memory_model_dim * kF32;
+        const bool activation = kernel == "gelu" || kernel == "gelu_bwd";
+        p.buffer_bytes = activation
+                             ? 2 * tokens_bytes
+                             : tokens_bytes * (2 + kMemoryTopK) + t * kMemoryExperts * kF32 * 2;
+        Add(std::move(p));
+      }
     }
   }
-  return sw;
+
+  Sweep Take() { return std::move(sw_); }
+
+ private:
+  bool Add(Point p) {
+    if (p.buffer_bytes > o_.max_point_bytes) {
+      sw_.skipped.push_back(fmt::format("{}: needs {} per rank, more than the {} allowed",
+                                        p.Label(), FormatBytes(static_cast<double>(p.buffer_bytes)),
+                                        FormatBytes(static_cast<double>(o_.max_point_bytes))));
+      return false;
+    }
+    sw_.points.push_back(std::move(p));
+    return true;
+  }
+
+  // Communication points, isolated and (with o.context_us) right after it the
+  // same point in context: adjacent, so drift of the machine hits both alike.
+  void AddComm(Point p) {
+    if (Add(p) && o_.context_us > 0.0) {
+      p.context_us = o_.context_us;
+      sw_.points.push_back(std::move(p));
+    }
+  }
+
+  const SweepOptions& o_;
+  std::vector<int64_t> sizes_;
+  Sweep sw_;
+};
+
+}  // namespace
+
+absl::StatusOr<Sweep> PlanSweep(const NodeLayout& layout, const SweepOptions& o) {
+  MOEPLAN_RETURN_IF_ERROR(CheckSweepOptions(layout, o));
+  SweepBuilder b(o);
+  for (GroupShape shape : ProfiledShapes(layout)) {
+    b.AddCollectives(shape);
+    b.AddIrregular(shape);
+  }
+  if (o.saa) b.AddSaa(layout);
+  if (!o.gemm_sizes.empty()) b.AddGemms();  // the launch probe goes with the GEMM grid
+  b.AddMemory();
+  return b.Take();
 }
 
 Sweep PlanCheckSweep(const NodeLayout& layout, int64_t collective_bytes) {

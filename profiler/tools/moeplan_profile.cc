@@ -14,10 +14,11 @@
 
 #include <CLI/CLI.hpp>
 #include <chrono>
-#include <climits>
 #include <cstdio>
 #include <ctime>
 #include <string>
+#include <string_view>
+#include <utility>
 #include <vector>
 
 #include "fmt/format.h"
@@ -25,6 +26,7 @@
 #include "moeplan/base/strings.h"
 #include "moeplan/base/watchdog.h"
 #include "moeplan/executor/backends.h"
+#include "moeplan/executor/mpi_job.h"
 #include "moeplan/profiler/profiler.h"
 #include "moeplan/profiler/sweep.h"
 #include "moeplan/proto/json.h"
@@ -77,40 +79,26 @@ std::vector<size_t> RoundOrder(size_t n, int round, int rounds) {
   return order;
 }
 
-int Rank() {
-  int r = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &r);
-  return r;
-}
+constexpr std::string_view kProgram = "moeplan-profile";
+
+int Rank() { return ex::WorldRank(); }
 
 // Every rank learns whether any rank failed; the lowest failing rank explains.
-bool AllOk(const absl::Status& local) {
-  int bad = local.ok() ? INT_MAX : Rank(), first = INT_MAX;
-  MPI_Allreduce(&bad, &first, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-  if (first == INT_MAX) return true;
-  if (Rank() == first) {
-    std::fprintf(stderr, "moeplan-profile: %s%s\n",
-                 first == 0 ? "" : Cat("rank ", first, ": ").c_str(),
-                 std::string(View(local.message())).c_str());
-  }
-  return false;
-}
+bool AllOk(const absl::Status& local) { return ex::AgreeOnStatus(local, kProgram).ok(); }
 
 [[noreturn]] void Abort(const absl::Status& s, const std::string& partial) {
-  std::fprintf(stderr, "moeplan-profile: rank %d: %s\n", Rank(),
-               std::string(View(s.message())).c_str());
+  ex::PrintRankError(kProgram, s);
   if (Rank() == 0 && !partial.empty()) {
     std::fprintf(stderr, "moeplan-profile: the samples measured so far are in %s\n",
                  partial.c_str());
   }
   std::fflush(stderr);
-  MPI_Abort(MPI_COMM_WORLD, 1);
-  std::abort();
+  ex::AbortJob(1);
 }
 
-// The node layout: ranks sharing a host (MPI_COMM_TYPE_SHARED) form a node;
-// nodes are numbered by their lowest rank. Every node must hold the same
-// number of ranks (the planner's cluster is nodes x G).
+// The node layout: ranks sharing a host form a node, numbered by their lowest
+// rank (executor::DiscoverHosts). Every node must hold the same number of
+// ranks (the planner's cluster is nodes x G).
 struct Discovered {
   NodeLayout layout;
   int node = 0, local = 0;
@@ -118,43 +106,18 @@ struct Discovered {
 };
 
 absl::StatusOr<Discovered> Discover() {
-  Discovered d;
-  MPI_Comm local;
-  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &local);
-  int local_size = 0;
-  MPI_Comm_rank(local, &d.local);
-  MPI_Comm_size(local, &local_size);
-  MPI_Comm leaders;
-  MPI_Comm_split(MPI_COMM_WORLD, d.local == 0 ? 0 : MPI_UNDEFINED, Rank(), &leaders);
-  int nodes = 0;
-  char name[MPI_MAX_PROCESSOR_NAME] = {};
-  if (leaders != MPI_COMM_NULL) {
-    MPI_Comm_rank(leaders, &d.node);
-    MPI_Comm_size(leaders, &nodes);
-    int len = 0;
-    MPI_Get_processor_name(name, &len);
-    std::vector<char> all(static_cast<size_t>(nodes) * MPI_MAX_PROCESSOR_NAME);
-    MPI_Gather(name, MPI_MAX_PROCESSOR_NAME, MPI_CHAR, all.data(), MPI_MAX_PROCESSOR_NAME, MPI_CHAR,
-               0, leaders);
-    if (d.node == 0) {
-      for (int i = 0; i < nodes; ++i)
-        d.hosts.emplace_back(&all[static_cast<size_t>(i) * MPI_MAX_PROCESSOR_NAME]);
-    }
-    MPI_Comm_free(&leaders);
-  }
-  MPI_Bcast(&d.node, 1, MPI_INT, 0, local);
-  MPI_Comm_free(&local);
-  MPI_Allreduce(MPI_IN_PLACE, &nodes, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-  int lo = local_size, hi = local_size;
-  MPI_Allreduce(MPI_IN_PLACE, &lo, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-  MPI_Allreduce(MPI_IN_PLACE, &hi, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-  if (lo != hi) {
+  ex::HostLayout h = ex::DiscoverHosts();
+  if (h.min_ranks_per_host != h.max_ranks_per_host) {
     return absl::InvalidArgumentError(
-        Cat("uneven nodes: between ", lo, " and ", hi,
+        Cat("uneven nodes: between ", h.min_ranks_per_host, " and ", h.max_ranks_per_host,
             " ranks per host; launch the same number of ranks on every node"));
   }
-  d.layout.nodes = nodes;
-  d.layout.ranks_per_node = lo;
+  Discovered d;
+  d.node = h.host;
+  d.local = h.local_rank;
+  d.hosts = std::move(h.host_names);
+  d.layout.nodes = h.hosts;
+  d.layout.ranks_per_node = h.min_ranks_per_host;
   return d;
 }
 
@@ -276,88 +239,61 @@ absl::Status MakeOptions(const Args& a, const NodeLayout& layout, bool gpu, Swee
   return absl::OkStatus();
 }
 
-int Run(const Args& a) {
-  absl::StatusOr<Discovered> found = Discover();
-  if (!AllOk(found.status())) return 1;
-  const NodeLayout layout = found->layout;
-
-  absl::StatusOr<ex::Backend> backend = ex::MakeBackend(a.backend);
-  if (!AllOk(backend.status())) return 1;
-  const bool gpu = backend->device->is_gpu();
+// The sweep to measure and how to measure each point: the flags' options
+// (MakeOptions), the kernels' dtype, and the points.
+absl::StatusOr<Sweep> MakeSweep(const Args& a, const NodeLayout& layout, bool gpu,
+                                MeasureOptions* measure_options) {
   SweepOptions sweep_options;
-  MeasureOptions measure_options;
-  absl::Status st = MakeOptions(a, layout, gpu, &sweep_options, &measure_options);
+  absl::Status st = MakeOptions(a, layout, gpu, &sweep_options, measure_options);
   if (st.ok()) {
     if (a.dtype == "auto") {
-      measure_options.kernel_dtype = gpu ? ex::DType::kBF16 : ex::DType::kF32;
-    } else if (!ex::ParseDType(a.dtype, &measure_options.kernel_dtype)) {
+      measure_options->kernel_dtype = gpu ? ex::DType::kBF16 : ex::DType::kF32;
+    } else if (!ex::ParseDType(a.dtype, &measure_options->kernel_dtype)) {
       st =
           absl::InvalidArgumentError(Cat("--dtype: must be auto, f32 or bf16 (got ", a.dtype, ")"));
     }
   }
-  absl::StatusOr<Sweep> sweep = !st.ok()  ? absl::StatusOr<Sweep>(st)
-                                : a.check ? absl::StatusOr<Sweep>(PlanCheckSweep(layout))
-                                          : PlanSweep(layout, sweep_options);
-  if (!AllOk(sweep.status())) return 1;
-  if (sweep->points.empty()) {
-    if (Rank() == 0) std::fprintf(stderr, "moeplan-profile: nothing to measure (see --only)\n");
-    return 1;
-  }
+  return !st.ok()  ? absl::StatusOr<Sweep>(st)
+         : a.check ? absl::StatusOr<Sweep>(PlanCheckSweep(layout))
+                   : PlanSweep(layout, sweep_options);
+}
 
-  // Node-major ranks, whatever order the launcher used (the planner's ranks
-  // fill node 0 first).
-  absl::StatusOr<std::unique_ptr<ex::Communicator>> world =
-      backend->world->Split(0, found->node * layout.ranks_per_node + found->local);
-  if (!AllOk(world.status())) return 1;
-  absl::StatusOr<std::unique_ptr<Profiler>> profiler =
-      Profiler::Create(&*backend, world->get(), layout, measure_options);
-  if (!AllOk(profiler.status())) return 1;
-
+// What every sample records of the run (rank 0).
+v1::ProfileRun RunRecord(const Args& a, const Discovered& found, const MeasureOptions& m,
+                         const ex::Device& device) {
+  const NodeLayout& layout = found.layout;
   v1::ProfileRun run;
-  const std::string partial = a.out + ".partial";
-  std::FILE* out = nullptr;
-  absl::Status open_status;
-  if (Rank() == 0) {
-    run.set_host(found->hosts.empty() ? "" : found->hosts[0]);
-    for (const std::string& h : found->hosts) run.add_hosts(h);
-    run.set_backend(a.backend);
-    run.set_dtype(std::string(ex::DTypeName(measure_options.kernel_dtype)));
-    run.set_versions(a.backend == "mpi" ? ex::MpiVersion()
-                                        : Cat(ex::MpiVersion(), "; ", ex::CudaVersions()));
-    run.set_timestamp(Timestamp());
-    run.set_ranks(layout.ranks());
-    run.set_nodes(layout.nodes);
-    run.set_ranks_per_node(layout.ranks_per_node);
-    run.set_moeplan_version(MOEPLAN_VERSION);
-    run.set_machine(ex::MachineDescription(*backend->device));
-    out = std::fopen(partial.c_str(), "w");
-    if (out == nullptr)
-      open_status =
-          absl::PermissionDeniedError(Cat(partial, ": cannot write: ", std::strerror(errno)));
-  }
-  if (!AllOk(open_status)) return 1;
-  if (Rank() == 0) {
-    std::fprintf(
-        stderr,
-        "moeplan-profile: %d ranks on %d node(s) x %d, backend %s, %zu points (%zu left out)\n",
-        layout.ranks(), layout.nodes, layout.ranks_per_node, a.backend.c_str(),
-        sweep->points.size(), sweep->skipped.size());
-    for (const std::string& s : sweep->skipped)
-      std::fprintf(stderr, "moeplan-profile: left out %s\n", s.c_str());
-  }
+  run.set_host(found.hosts.empty() ? "" : found.hosts[0]);
+  for (const std::string& h : found.hosts) run.add_hosts(h);
+  run.set_backend(a.backend);
+  run.set_dtype(std::string(ex::DTypeName(m.kernel_dtype)));
+  run.set_versions(a.backend == "mpi" ? ex::MpiVersion()
+                                      : Cat(ex::MpiVersion(), "; ", ex::CudaVersions()));
+  run.set_timestamp(Timestamp());
+  run.set_ranks(layout.ranks());
+  run.set_nodes(layout.nodes);
+  run.set_ranks_per_node(layout.ranks_per_node);
+  run.set_moeplan_version(MOEPLAN_VERSION);
+  run.set_machine(ex::MachineDescription(device));
+  return run;
+}
 
-  const size_t total = sweep->points.size() * static_cast<size_t>(a.rounds);
+// Measures every point, round by round, rank 0 appending each sample to
+// `out` (`partial` names it); a failure aborts the job. The samples written.
+size_t MeasureSweep(const Args& a, const Sweep& sweep, Profiler& profiler,
+                    const v1::ProfileRun& run, std::FILE* out, const std::string& partial) {
+  const size_t total = sweep.points.size() * static_cast<size_t>(a.rounds);
   Progress progress(total);
   size_t done = 0;
   for (int round = 0; round < a.rounds; ++round) {
-    for (size_t index : RoundOrder(sweep->points.size(), round, a.rounds)) {
-      const Point& p = sweep->points[index];
+    for (size_t index : RoundOrder(sweep.points.size(), round, a.rounds)) {
+      const Point& p = sweep.points[index];
       if (Rank() == 0) {
         progress.Update(done, a.rounds > 1
                                   ? Cat("round ", round + 1, "/", a.rounds, ": ", p.Label())
                                   : p.Label());
       }
-      absl::StatusOr<v1::ProfileSample> sample = (*profiler)->Measure(p);
+      absl::StatusOr<v1::ProfileSample> sample = profiler.Measure(p);
       if (!sample.ok())
         Abort(absl::Status(sample.status().code(),
                            Cat(p.Label(), ": ", View(sample.status().message()))),
@@ -380,8 +316,58 @@ int Run(const Args& a) {
       }
     }
   }
+  if (Rank() == 0) progress.Update(done, "done");
+  return done;
+}
+
+int Run(const Args& a) {
+  absl::StatusOr<Discovered> found = Discover();
+  if (!AllOk(found.status())) return 1;
+  const NodeLayout layout = found->layout;
+
+  absl::StatusOr<ex::Backend> backend = ex::MakeBackend(a.backend);
+  if (!AllOk(backend.status())) return 1;
+  MeasureOptions measure_options;
+  absl::StatusOr<Sweep> sweep = MakeSweep(a, layout, backend->device->is_gpu(), &measure_options);
+  if (!AllOk(sweep.status())) return 1;
+  if (sweep->points.empty()) {
+    if (Rank() == 0) std::fprintf(stderr, "moeplan-profile: nothing to measure (see --only)\n");
+    return 1;
+  }
+
+  // Node-major ranks, whatever order the launcher used (the planner's ranks
+  // fill node 0 first).
+  absl::StatusOr<std::unique_ptr<ex::Communicator>> world =
+      backend->world->Split(0, found->node * layout.ranks_per_node + found->local);
+  if (!AllOk(world.status())) return 1;
+  absl::StatusOr<std::unique_ptr<Profiler>> profiler =
+      Profiler::Create(&*backend, world->get(), layout, measure_options);
+  if (!AllOk(profiler.status())) return 1;
+
+  v1::ProfileRun run;
+  const std::string partial = a.out + ".partial";
+  std::FILE* out = nullptr;
+  absl::Status open_status;
   if (Rank() == 0) {
-    progress.Update(done, "done");
+    run = RunRecord(a, *found, measure_options, *backend->device);
+    out = std::fopen(partial.c_str(), "w");
+    if (out == nullptr)
+      open_status =
+          absl::PermissionDeniedError(Cat(partial, ": cannot write: ", std::strerror(errno)));
+  }
+  if (!AllOk(open_status)) return 1;
+  if (Rank() == 0) {
+    std::fprintf(
+        stderr,
+        "moeplan-profile: %d ranks on %d node(s) x %d, backend %s, %zu points (%zu left out)\n",
+        layout.ranks(), layout.nodes, layout.ranks_per_node, a.backend.c_str(),
+        sweep->points.size(), sweep->skipped.size());
+    for (const std::string& s : sweep->skipped)
+      std::fprintf(stderr, "moeplan-profile: left out %s\n", s.c_str());
+  }
+
+  const size_t done = MeasureSweep(a, *sweep, **profiler, run, out, partial);
+  if (Rank() == 0) {
     if (std::fclose(out) != 0 || std::rename(partial.c_str(), a.out.c_str()) != 0) {
       std::fprintf(stderr, "moeplan-profile: %s: %s (samples kept in %s)\n", a.out.c_str(),
                    std::strerror(errno), partial.c_str());
@@ -398,14 +384,13 @@ int Run(const Args& a) {
 }  // namespace
 }  // namespace moeplan::profiler
 
-int main(int argc, char** argv) {
-  MPI_Init(&argc, &argv);
-  moeplan::profiler::Args a;
-  CLI::App app{
-      "Measures this cluster for moeplan calibrate: every collective on every group shape the "
-      "planner uses (all sibling groups at once), SAA, a GEMM grid and the memory-bound kernels, "
-      "on the executor's own primitives. Launch with mpirun/srun, one rank per GPU or CPU slot. "
-      "Writes JSON Lines (moeplan.v1.ProfileSample)."};
+namespace moeplan::profiler {
+namespace {
+
+// What is measured: the output, the backend, the sizes, the repetitions and
+// the parts.
+void AddSweepFlags(CLI::App& app, Args* args) {
+  Args& a = *args;
   app.add_option("--out", a.out, "samples file to write (JSON Lines)")->required();
   app.add_flag("--quick", a.quick,
                "a short sweep for CI: 4 KiB..1 MiB by 4x, 5 repetitions, 3^3 GEMM grid "
@@ -456,6 +441,11 @@ int main(int argc, char** argv) {
          "per-rank buffer memory one point may take; larger points are left out (auto: half the "
          "host's memory over its ranks), e.g. 2GiB; 0: auto")
       ->transform(size_units);
+}
+
+// --check, in context, rounds and the watchdog.
+void AddModeFlags(CLI::App& app, Args* args) {
+  Args& a = *args;
   app.add_flag("--check", a.check,
                "measure only the few points moeplan profile-check compares with a profile "
                "(GEMMs, memory kernels, each link level, an AlltoAll per group shape; well under "
@@ -475,19 +465,34 @@ int main(int argc, char** argv) {
                  "and exits 3, and mpirun stops the job (0: off)")
       ->check(CLI::Range(0.0, 86400.0))
       ->capture_default_str();
+}
+
+void AddFlags(CLI::App& app, Args* a) {
+  AddSweepFlags(app, a);
+  AddModeFlags(app, a);
+}
+
+}  // namespace
+}  // namespace moeplan::profiler
+
+int main(int argc, char** argv) {
+  MPI_Init(&argc, &argv);
+  moeplan::profiler::Args a;
+  CLI::App app{
+      "Measures this cluster for moeplan calibrate: every collective on every group shape the "
+      "planner uses (all sibling groups at once), SAA, a GEMM grid and the memory-bound kernels, "
+      "on the executor's own primitives. Launch with mpirun/srun, one rank per GPU or CPU slot. "
+      "Writes JSON Lines (moeplan.v1.ProfileSample)."};
+  moeplan::profiler::AddFlags(app, &a);
   int rc = 0;
   try {
     app.parse(argc, argv);
-    int rank = 0;
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-    moeplan::Watchdog::Start("moeplan-profile", rank,
+    moeplan::Watchdog::Start("moeplan-profile", moeplan::executor::WorldRank(),
                              std::chrono::milliseconds(static_cast<int64_t>(a.watchdog_s * 1000)));
     rc = moeplan::profiler::Run(a);
     moeplan::Watchdog::Stop();
   } catch (const CLI::ParseError& e) {
-    int rank = 0;
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-    rc = rank == 0 ? app.exit(e) : e.get_exit_code();
+    rc = moeplan::executor::WorldRank() == 0 ? app.exit(e) : e.get_exit_code();
   }
   MPI_Finalize();
   return rc;

@@ -22,6 +22,7 @@
 #include "moeplan/calibration/profiles.h"
 #include "moeplan/executor/backends.h"
 #include "moeplan/executor/interpreter.h"
+#include "moeplan/executor/mpi_job.h"
 #include "moeplan/executor/runner.h"
 #include "moeplan/planner/cost_model.h"
 #include "moeplan/planner/planner.h"
@@ -94,10 +95,7 @@ std::tuple<int, int> InitMpi() {
       if (MpiUp()) MPI_Finalize();
     });
   }
-  int rank = 0, size = 1;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  MPI_Comm_size(MPI_COMM_WORLD, &size);
-  return {rank, size};
+  return {ex::WorldRank(), ex::WorldSize()};
 }
 
 // Every rank holds the same `values` (named by `names`); an error naming the
@@ -136,24 +134,9 @@ void Agree(const std::vector<int64_t>& values, const std::vector<std::string>& n
   Check(s);
 }
 
-// A local failure on any rank fails every rank (with the first failing
-// rank's message where it is this rank's, else a pointer to it).
-absl::Status AgreeOnStatus(const absl::Status& local) {
-  int rank = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  int bad = local.ok() ? -1 : rank;
-  MPI_Allreduce(MPI_IN_PLACE, &bad, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-  if (bad < 0) return absl::OkStatus();
-  if (!local.ok()) return local;
-  return absl::AbortedError(Cat("rank ", bad, " failed (its error is printed there)"));
-}
-
 // Ends the whole MPI job (an uncaught Python exception on one rank would
 // otherwise leave the others waiting in a collective).
-void Abort(int code) {
-  if (MpiUp()) MPI_Abort(MPI_COMM_WORLD, code);
-  std::_Exit(code);
-}
+void Abort(int code) { ex::AbortJob(code); }
 
 // Rank `root`'s bytes on every rank (collective).
 py::bytes Broadcast(const std::string& data, int root) {
@@ -242,7 +225,7 @@ class Layer {
   Layer(const std::string& layer_json, const std::string& schedule) {
     if (!MpiUp()) InitMpi();
     py::gil_scoped_release nogil;
-    Check(AgreeOnStatus(Parse(layer_json, schedule)));
+    Check(ex::AgreeOnStatus(Parse(layer_json, schedule)));
     Build();
   }
 
@@ -336,16 +319,15 @@ class Layer {
                       {"tokens", "model_dim", "hidden_dim", "num_experts", "top_k", "schedule",
                        "parallel.mp", "parallel.ep", "parallel.esp", "capacity_factor"},
                       "moeplan.torch.MoE"));
-    int size = 1;
-    MPI_Comm_size(MPI_COMM_WORLD, &size);
-    Check(AgreeOnStatus(ex::PlanLayerRun(layer_, options_.schedule, size, 1, nullptr).status()));
+    Check(ex::AgreeOnStatus(
+        ex::PlanLayerRun(layer_, options_.schedule, ex::WorldSize(), 1, nullptr).status()));
     absl::StatusOr<ex::Backend> backend = ex::MakeBackend("mpi");  // duplicates the world
-    Check(AgreeOnStatus(backend.status()));
+    Check(ex::AgreeOnStatus(backend.status()));
     backend_ = *std::move(backend);
     // The runner's groups are split collectively; ranks agree on it too.
     absl::StatusOr<std::unique_ptr<ex::MoeLayerRunner>> r = ex::MoeLayerRunner::Create(
         layer_, options_, backend_.device.get(), backend_.kernels.get(), backend_.world.get());
-    Check(AgreeOnStatus(r.status()));
+    Check(ex::AgreeOnStatus(r.status()));
     runner_ = *std::move(r);
     t_ = runner_->Tensors();
   }
@@ -356,10 +338,7 @@ class Layer {
     if (!s.ok()) {
       // A rank failing inside a collective leaves its peers waiting in it:
       // nothing in this process can recover, so the job ends here, named.
-      int rank = 0;
-      MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-      std::fprintf(stderr, "moeplan.torch: rank %d: %s\n", rank, std::string(s.message()).c_str());
-      MPI_Abort(MPI_COMM_WORLD, 3);
+      ex::AbortJob("moeplan.torch", s, 3);
     }
   }
 
