@@ -1,0 +1,216 @@
+// The codec of layouts (docs/layouts.md): --layout specs, layouts, memory
+// and search options, candidates.
+#include "moeplan/proto/convert.h"
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "convert_internal.h"
+#include "moeplan/base/status.h"
+#include "moeplan/base/strings.h"
+
+namespace moeplan::proto {
+
+namespace p = ::moeplan::planner;
+
+absl::StatusOr<v1::Layout> LayoutFromSpec(std::string_view spec) {
+  v1::Layout l;
+  static constexpr std::string_view kKeys =
+      "dp, tp, pp, ep, esp, microbatches, zero, family, pipeline, v, recompute";
+  std::vector<std::string> seen;
+  size_t begin = 0;
+  while (begin <= spec.size()) {
+    const size_t end = std::min(spec.find(',', begin), spec.size());
+    const std::string item(spec.substr(begin, end - begin));
+    begin = end + 1;
+    const size_t eq = item.find('=');
+    if (eq == std::string::npos || eq == 0) {
+      return absl::InvalidArgumentError(
+          Cat("--layout: expected key=value, got '", item, "' (keys: ", kKeys, ")"));
+    }
+    const std::string key = item.substr(0, eq), value = item.substr(eq + 1);
+    if (std::find(seen.begin(), seen.end(), key) != seen.end()) {
+      return absl::InvalidArgumentError(Cat("--layout: '", key, "' given twice"));
+    }
+    seen.push_back(key);
+    if (key == "family") {
+      l.set_family(value);
+      continue;
+    }
+    if (key == "pipeline") {
+      l.set_pipeline(value);
+      continue;
+    }
+    int n = 0;
+    const auto [ptr, ec] = std::from_chars(value.data(), value.data() + value.size(), n);
+    if (ec != std::errc() || ptr != value.data() + value.size()) {
+      return absl::InvalidArgumentError(
+          Cat("--layout: ", key, " must be an integer (got '", value, "')"));
+    }
+    if (key == "dp") {
+      l.set_dp(n);
+    } else if (key == "tp") {
+      l.set_tp(n);
+    } else if (key == "pp") {
+      l.set_pp(n);
+    } else if (key == "ep") {
+      l.set_ep(n);
+    } else if (key == "esp") {
+      l.set_esp(n);
+    } else if (key == "microbatches") {
+      l.set_microbatches(n);
+    } else if (key == "zero") {
+      l.set_zero_stage(n);
+    } else if (key == "v") {
+      l.set_virtual_stages(n);
+    } else if (key == "recompute") {
+      if (n != 0 && n != 1) {
+        return absl::InvalidArgumentError(Cat("--layout: recompute must be 0 or 1 (got ", n, ")"));
+      }
+      l.set_recompute(n == 1);
+    } else {
+      return absl::InvalidArgumentError(
+          Cat("--layout: unknown key '", key, "' (keys: ", kKeys, ")"));
+    }
+  }
+  for (std::string_view need : {"dp", "tp", "pp", "ep", "esp"}) {
+    if (std::find(seen.begin(), seen.end(), need) == seen.end()) {
+      return absl::InvalidArgumentError(Cat("--layout: ", need, "= is required"));
+    }
+  }
+  return l;
+}
+
+absl::StatusOr<p::Layout> LayoutFromProto(const v1::Layout& m) {
+  p::Layout l;
+  l.dp = m.dp();
+  l.tp = m.tp();
+  l.pp = m.pp();
+  l.ep = m.ep();
+  l.esp = m.esp();
+  l.microbatches = m.microbatches();
+  l.zero_stage = m.zero_stage();
+  l.virtual_stages = m.virtual_stages() == 0 ? 1 : m.virtual_stages();
+  l.recompute = m.recompute();
+  if (m.family().empty()) {
+    l.family = p::InferFamily(l);
+  } else if (!p::ParseFamily(m.family(), &l.family)) {
+    return absl::InvalidArgumentError(
+        Cat("layout.family: must be dpmoe, ppmoe or parm (got '", m.family(), "')"));
+  }
+  if (m.pipeline().empty()) {
+    l.pipeline =
+        l.virtual_stages > 1 ? p::PipelineSchedule::kInterleaved : p::PipelineSchedule::k1F1B;
+  } else if (!p::ParsePipelineSchedule(m.pipeline(), &l.pipeline)) {
+    return absl::InvalidArgumentError(
+        Cat("layout.pipeline: must be gpipe, 1f1b or interleaved (got '", m.pipeline(), "')"));
+  }
+  return l;
+}
+
+v1::Layout LayoutToProto(const p::Layout& l, int64_t micro_batch_size) {
+  v1::Layout o;
+  o.set_dp(l.dp);
+  o.set_tp(l.tp);
+  o.set_pp(l.pp);
+  o.set_ep(l.ep);
+  o.set_esp(l.esp);
+  o.set_microbatches(l.microbatches);
+  o.set_zero_stage(l.zero_stage);
+  o.set_family(std::string(p::FamilyName(l.family)));
+  o.set_pipeline(std::string(p::PipelineScheduleName(l.pipeline)));
+  o.set_virtual_stages(l.virtual_stages);
+  o.set_recompute(l.recompute);
+  o.set_micro_batch_size(static_cast<int32_t>(micro_batch_size));
+  return o;
+}
+
+p::MemoryOptions MemoryFromProto(const v1::MemoryOptions& m) {
+  p::MemoryOptions o;
+  if (m.has_param_bytes()) o.param_bytes = m.param_bytes();
+  if (m.has_grad_bytes()) o.grad_bytes = m.grad_bytes();
+  if (m.has_optimizer_bytes()) o.optimizer_bytes = m.optimizer_bytes();
+  if (m.has_gpu_memory_gib()) o.gpu_memory_bytes = m.gpu_memory_gib() * 1024.0 * 1024.0 * 1024.0;
+  return o;
+}
+
+absl::StatusOr<p::SearchOptions> SearchFromProto(const v1::SearchOptions& m) {
+  p::SearchOptions o;
+  if (m.has_top()) o.top = m.top();
+  if (m.has_gpus()) o.gpus = m.gpus();
+  for (const std::string& f : m.families()) {
+    p::Family fam;
+    if (!p::ParseFamily(f, &fam)) {
+      return absl::InvalidArgumentError(
+          Cat("search.families: each must be dpmoe, ppmoe or parm (got '", f, "')"));
+    }
+    if (std::find(o.families.begin(), o.families.end(), fam) != o.families.end()) {
+      return absl::InvalidArgumentError(Cat("search.families: each may be listed once (", f, ")"));
+    }
+    o.families.push_back(fam);
+  }
+  for (const std::string& name : m.pipelines()) {
+    p::PipelineSchedule ps;
+    if (!p::ParsePipelineSchedule(name, &ps)) {
+      return absl::InvalidArgumentError(
+          Cat("search.pipelines: each must be gpipe, 1f1b or interleaved (got '", name, "')"));
+    }
+    if (std::find(o.pipelines.begin(), o.pipelines.end(), ps) != o.pipelines.end()) {
+      return absl::InvalidArgumentError(
+          Cat("search.pipelines: each may be listed once (", name, ")"));
+    }
+    o.pipelines.push_back(ps);
+  }
+  o.zero_stages.assign(m.zero_stages().begin(), m.zero_stages().end());
+  if (m.has_max_microbatches()) o.max_microbatches = m.max_microbatches();
+  if (!m.virtual_stages().empty()) {
+    o.virtual_stages.assign(m.virtual_stages().begin(), m.virtual_stages().end());
+  }
+  o.exhaustive = m.exhaustive();
+  MOEPLAN_RETURN_IF_ERROR(p::ValidateSearchOptions(o));
+  return o;
+}
+
+void CandidateToProto(const p::LayoutCandidate& c, int rank, v1::LayoutCandidate* o) {
+  *o->mutable_layout() = LayoutToProto(c.layout, c.micro_batch_size);
+  o->set_family(std::string(p::FamilyName(c.layout.family)));
+  o->set_feasible(c.feasible);
+  o->set_infeasible_reason(c.infeasible_reason);
+  o->set_iteration_us(c.iteration_us);
+  o->set_tokens_per_s_per_gpu(c.tokens_per_s_per_gpu);
+  o->set_memory_bytes_per_gpu(std::round(c.memory.total));
+  v1::MemoryBreakdown* m = o->mutable_memory();
+  auto b = [](double x) { return std::round(x); };
+  m->set_params_bytes(b(c.memory.params));
+  m->set_grads_bytes(b(c.memory.grads));
+  m->set_optimizer_bytes(b(c.memory.optimizer));
+  m->set_activations_bytes(b(c.memory.activations));
+  m->set_capacity_buffer_bytes(b(c.memory.capacity_buffers));
+  m->set_total_bytes(b(c.memory.total));
+  m->set_limit_bytes(b(c.memory.limit));
+  m->set_in_flight_microbatches(c.memory.in_flight);
+  m->set_activation_bytes_per_microbatch(b(c.memory.activation_per_microbatch));
+  m->set_stage(c.memory.stage);
+  o->set_variant(std::string(p::VariantName(c.variant)));
+  o->set_schedule(ScheduleToProto(c.schedule));
+  o->set_alltoall(AllToAllAlgoToProto(c.algo));
+  o->set_compute_us(c.compute_us);
+  for (const p::CandidateTerm& t : c.exposed_comm) {
+    v1::TermTime* tt = o->add_exposed_comm();
+    tt->set_term(std::string(p::TermName(t.term)));
+    tt->set_us(t.us);
+  }
+  o->set_grad_sync_us(c.grad_sync_us);
+  o->set_optimizer_us(c.optimizer_us);
+  o->set_bubble_us(c.bubble_us);
+  o->set_bubble_fraction(c.bubble_fraction);
+  o->set_stage_forward_us(c.stage_forward_us);
+  o->set_stage_backward_us(c.stage_backward_us);
+  o->set_rank(rank);
+}
+
+}  // namespace moeplan::proto

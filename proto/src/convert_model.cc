@@ -1,0 +1,236 @@
+// The codec of whole models (docs/model.md): configs, options, plans.
+#include "moeplan/proto/convert.h"
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "convert_internal.h"
+#include "moeplan/base/status.h"
+#include "moeplan/base/strings.h"
+
+namespace moeplan::proto {
+
+namespace p = ::moeplan::planner;
+
+using internal::FromWire;
+using internal::ToWire;
+using internal::AddCriticalTerms;
+using internal::AddOpTimings;
+using internal::kAlgos;
+using internal::kGates;
+using internal::kSchedules;
+using internal::kVariants;
+
+v1::OverlapVariant VariantToProto(p::Variant v) {
+  return ToWire(kVariants, v, v1::OVERLAP_VARIANT_UNSPECIFIED);
+}
+v1::AllToAllAlgorithm AllToAllAlgoToProto(p::AllToAllAlgo a) {
+  return ToWire(kAlgos, a, v1::ALLTOALL_ALGORITHM_UNSPECIFIED);
+}
+std::string_view AllToAllAlgoLabel(v1::AllToAllAlgorithm a) {
+  const p::AllToAllAlgo* out = FromWire(kAlgos, a);
+  return out != nullptr ? p::AllToAllAlgoName(*out) : "unspecified";
+}
+
+absl::StatusOr<p::ModelConfig> ModelFromProto(const v1::ModelConfig& m) {
+  if (m.schema_version() > 1) {
+    return absl::InvalidArgumentError(
+        Cat("schema_version: must be 1 (got ", m.schema_version(), ")"));
+  }
+  MOEPLAN_RETURN_IF_ERROR(CheckName(m.name()));
+  p::ModelConfig out;
+  out.name = m.name();
+  out.num_layers = m.num_layers();
+  out.hidden_size = m.hidden_size();
+  out.num_attention_heads = m.num_attention_heads();
+  out.ffn_hidden_size = m.ffn_hidden_size();
+  out.seq_length = m.seq_length();
+  out.micro_batch_size = m.micro_batch_size();
+  out.vocab_size = m.has_vocab_size() ? m.vocab_size() : 0;
+  out.bytes_per_element = m.has_bytes_per_element() ? m.bytes_per_element() : 2;
+  const v1::MoeConfig& moe = m.moe();
+  out.moe.layer_freq = moe.layer_freq();
+  out.moe.num_experts = moe.num_experts();
+  out.moe.top_k = moe.top_k();
+  out.moe.capacity_factor = moe.capacity_factor();
+  out.moe.expert_ffn_hidden_size = moe.expert_ffn_hidden_size();
+  out.moe.shared_expert_ffn_hidden_size =
+      moe.has_shared_expert_ffn_hidden_size() ? moe.shared_expert_ffn_hidden_size() : 0;
+  const p::Gate* gate = FromWire(kGates, moe.gate());
+  if (gate == nullptr) {
+    return absl::InvalidArgumentError(
+        Cat("moe.gate: must be GATE_TOP_K, GATE_SWITCH or GATE_BATCH_PRIORITIZED (got ",
+            static_cast<int>(moe.gate()), ")"));
+  }
+  out.moe.gate = *gate;
+  MOEPLAN_ASSIGN_OR_RETURN(out.parallel, ParallelFromProto(m.parallel()));
+  out.global_batch_size = m.has_global_batch_size() ? m.global_batch_size() : 0;
+  return out;
+}
+
+v1::ModelConfig ModelToProto(const p::ModelConfig& m) {
+  v1::ModelConfig out;
+  out.set_schema_version(1);
+  out.set_name(m.name);
+  out.set_num_layers(m.num_layers);
+  out.set_hidden_size(static_cast<int32_t>(m.hidden_size));
+  out.set_num_attention_heads(static_cast<int32_t>(m.num_attention_heads));
+  out.set_ffn_hidden_size(static_cast<int32_t>(m.ffn_hidden_size));
+  out.set_seq_length(static_cast<int32_t>(m.seq_length));
+  out.set_micro_batch_size(static_cast<int32_t>(m.micro_batch_size));
+  out.set_vocab_size(static_cast<int32_t>(m.vocab_size));
+  out.set_bytes_per_element(m.bytes_per_element);
+  v1::MoeConfig* moe = out.mutable_moe();
+  moe->set_layer_freq(m.moe.layer_freq);
+  moe->set_num_experts(static_cast<int32_t>(m.moe.num_experts));
+  moe->set_top_k(static_cast<int32_t>(m.moe.top_k));
+  moe->set_capacity_factor(m.moe.capacity_factor);
+  moe->set_expert_ffn_hidden_size(static_cast<int32_t>(m.moe.expert_ffn_hidden_size));
+  moe->set_shared_expert_ffn_hidden_size(static_cast<int32_t>(m.moe.shared_expert_ffn_hidden_size));
+  moe->set_gate(ToWire(kGates, m.moe.gate, v1::GATE_UNSPECIFIED));
+  v1::ParallelLayout* par = out.mutable_parallel();
+  par->set_mp(m.parallel.mp);
+  par->set_ep(m.parallel.ep);
+  par->set_esp(m.parallel.esp);
+  par->set_dp(m.parallel.dp);
+  par->set_pp(m.parallel.pp);
+  if (m.global_batch_size > 0) out.set_global_batch_size(static_cast<int32_t>(m.global_batch_size));
+  return out;
+}
+
+absl::StatusOr<p::ModelPlanOptions> ModelOptionsFromProto(const v1::ModelPlanOptions& m) {
+  p::ModelPlanOptions o;
+  for (int i = 0; i < m.variants_size(); ++i) {
+    const p::Variant* v = FromWire(kVariants, m.variants(i));
+    if (v == nullptr) {
+      return absl::InvalidArgumentError(Cat("options.variants[", i,
+                                            "]: must be an OVERLAP_VARIANT_* value other than "
+                                            "UNSPECIFIED (got ",
+                                            static_cast<int>(m.variants(i)), ")"));
+    }
+    o.variants.push_back(*v);
+  }
+  for (int i = 0; i < m.schedules_size(); ++i) {
+    const p::Schedule* s = FromWire(kSchedules, m.schedules(i));
+    if (s == nullptr) {
+      return absl::InvalidArgumentError(Cat(
+          "options.schedules[", i, "]: must be SCHEDULE_DEFAULT, SCHEDULE_S1 or SCHEDULE_S2 (got ",
+          static_cast<int>(m.schedules(i)), ")"));
+    }
+    o.schedules.push_back(*s);
+  }
+  for (int i = 0; i < m.alltoall_algorithms_size(); ++i) {
+    const p::AllToAllAlgo* a = FromWire(kAlgos, m.alltoall_algorithms(i));
+    if (a == nullptr) {
+      return absl::InvalidArgumentError(
+          Cat("options.alltoall_algorithms[", i,
+              "]: must be ALLTOALL_ALGORITHM_LINEAR or ALLTOALL_ALGORITHM_HIERARCHICAL (got ",
+              static_cast<int>(m.alltoall_algorithms(i)), ")"));
+    }
+    o.algos.push_back(*a);
+  }
+  if (m.has_bucket_bytes()) o.bucket_bytes = m.bucket_bytes();
+  if (m.has_partition_max_k()) o.max_partitions = m.partition_max_k();
+  if (m.has_partition_groups()) o.partition_groups = m.partition_groups();
+  if (m.has_partition_max_span()) o.max_span = m.partition_max_span();
+  if (m.tutel_degrees_size() > 0)
+    o.tutel_degrees.assign(m.tutel_degrees().begin(), m.tutel_degrees().end());
+  if (absl::Status s = p::ValidateModelPlanOptions(o); !s.ok()) {
+    static constexpr std::pair<std::string_view, std::string_view> kNames[] = {
+        {"max_partitions", "partition_max_k"},
+        {"max_span", "partition_max_span"},
+        {"algos", "alltoall_algorithms"},
+    };
+    std::string msg(View(s.message()));
+    for (const auto& [from, to] : kNames) {
+      if (msg.rfind(from, 0) == 0) msg = Cat(to, msg.substr(from.size()));
+    }
+    return absl::InvalidArgumentError(Cat("options.", msg));
+  }
+  return o;
+}
+
+void ModelPlanToProto(const p::ModelPlan& plan, const p::ModelConfig& model,
+                      const p::ClusterProfile& profile, bool include_timeline,
+                      v1::PlanModelResponse* out) {
+  out->Clear();
+  out->set_profile_name(profile.name);
+  out->set_profile_version(profile.version);
+  *out->mutable_model() = ModelToProto(model);
+  out->set_ranks(model.parallel.TotalRanks());
+  out->set_gpus(model.parallel.TotalRanks());
+  out->set_global_batch_size(static_cast<int32_t>(model.GlobalBatch()));
+  out->set_moe_layers(plan.moe_layers);
+  out->set_params_per_rank(plan.params_per_rank);
+  const p::VariantPlan* none = plan.Find(p::Variant::kNone);
+  const p::VariantPlan* tutel = plan.Find(p::Variant::kTutel);
+  for (const p::VariantPlan& v : plan.variants) {
+    v1::VariantPlan* o = out->add_variants();
+    o->set_name(std::string(p::VariantName(v.variant)));
+    o->set_iteration_us(v.iteration_us());
+    o->set_forward_us(v.sim.forward_end_us);
+    o->set_backward_us(v.sim.makespan_us - v.sim.forward_end_us);
+    o->set_compute_us(v.sim.compute_busy_us);
+    o->set_comm_us(v.sim.comm_busy_us);
+    o->set_hidden_comm_us(v.sim.hidden_comm_us);
+    o->set_exposed_comm_us(v.sim.exposed_comm_us);
+    if (none != nullptr && v.iteration_us() > 0) {
+      o->set_speedup_over_none(none->iteration_us() / v.iteration_us());
+    }
+    if (tutel != nullptr && v.iteration_us() > 0) {
+      o->set_speedup_over_tutel(tutel->iteration_us() / v.iteration_us());
+    }
+    o->set_tutel_degree(v.tutel_degree);
+    o->set_schedule(ScheduleToProto(v.schedule));
+    o->set_alltoall(AllToAllAlgoToProto(v.algo));
+    for (const p::MoeLayerChoice& l : v.layers) {
+      v1::MoeLayerPlan* lo = o->add_layers();
+      lo->set_block(l.block);
+      lo->set_schedule(ScheduleToProto(l.schedule));
+      lo->set_alltoall(AllToAllAlgoToProto(l.algo));
+      lo->set_partitions(l.partitions);
+    }
+    for (const p::PartitionRange& r : v.partitions) {
+      v1::PartitionRange* ro = o->add_partition_ranges();
+      ro->set_first_op(r.first_op);
+      ro->set_last_op(r.last_op);
+      ro->set_k(r.k);
+      ro->set_us(r.us);
+    }
+    for (const p::DwPlacement& d : v.dw) {
+      v1::DwPlacement* dwo = o->add_dw_placements();
+      dwo->set_alltoall(d.alltoall);
+      dwo->set_alltoall_us(d.alltoall_us);
+      for (const std::string& n : d.dw_ops) dwo->add_dw_ops(n);
+      dwo->set_dw_us(d.dw_us);
+    }
+    for (const p::VariantAlternative& a : v.alternatives) {
+      v1::VariantAlternative* ao = o->add_alternatives();
+      ao->set_schedule(ScheduleToProto(a.schedule));
+      ao->set_alltoall(AllToAllAlgoToProto(a.algo));
+      ao->set_tutel_degree(a.tutel_degree);
+      ao->set_iteration_us(a.iteration_us);
+    }
+    AddCriticalTerms(v.sim, o->mutable_critical_terms());
+    o->set_inter_node_bytes(v.sim.inter_node_bytes);
+    o->set_num_ops(v.graph.size());
+    if (include_timeline) AddOpTimings(v.graph, v.sim, o->mutable_ops());
+  }
+  if (!plan.variants.empty()) {
+    out->set_best_variant(
+        std::string(p::VariantName(plan.variants[static_cast<size_t>(plan.best)].variant)));
+  }
+  v1::AllToAllCrossover* c = out->mutable_alltoall_crossover();
+  c->set_applies(plan.crossover.applies);
+  c->set_bytes(plan.crossover.bytes);
+  c->set_ranks_per_node(plan.crossover.ranks_per_node);
+  c->set_hierarchical_faster_from_ranks(plan.crossover.faster_from_ranks);
+  c->set_linear_us(plan.crossover.linear_us);
+  c->set_hierarchical_us(plan.crossover.hierarchical_us);
+}
+
+}  // namespace moeplan::proto
