@@ -8,9 +8,9 @@
 
 #include "moeplan/base/status.h"
 #include "moeplan/base/strings.h"
-#include "moeplan/proto/convert.h"
 #include "moeplan/planner/layout_planner.h"
 #include "moeplan/planner/limits.h"
+#include "moeplan/proto/convert.h"
 
 namespace moeplan::requests {
 
