@@ -44,6 +44,9 @@ fi
 BUILD_DIR="${BUILD_DIR:-build}"
 export CCACHE_DIR="${CCACHE_DIR:-$HOME/.cache/ccache}"
 export CCACHE_BASEDIR="${CCACHE_BASEDIR:-$PWD}"  # cache hits across clones
+# ...which -g defeats unless the working directory stays out of the hash: with
+# it in, a clone in another folder (CI's, a worktree) missed on every file.
+export CCACHE_NOHASHDIR="${CCACHE_NOHASHDIR:-1}"
 JOBS="${JOBS:-$(nproc)}"
 cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo "$@" >/dev/null
 # BUILD_TARGETS: build only these (space-separated); default everything.
