@@ -15,7 +15,7 @@ PACKAGES=(
   libboost-dev libeigen3-dev libabsl-dev
   libprotobuf-dev protobuf-compiler libgrpc++-dev protobuf-compiler-grpc
   libgtest-dev libgmock-dev libbenchmark-dev
-  libfmt-dev libspdlog-dev libcli11-dev zlib1g-dev
+  libfmt-dev libspdlog-dev libcli11-dev zlib1g-dev rapidjson-dev
   libopenmpi-dev openmpi-bin
   python3 python3-grpcio python3-protobuf
   gnuplot-nox iproute2 openssl
