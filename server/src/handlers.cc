@@ -281,9 +281,8 @@ absl::Status Handlers::Impl::DoPlanModel(const CallContext& ctx, const v1::PlanM
   const std::string key = PlanCacheKey(
       entry->message.name(), entry->message.version(),
       Cat("model", std::string_view("\0", 1), canonical.SerializeAsString(), inline_bytes));
-  if (PlanCache::Value hit = cache_.Get(key)) {
+  if (cache_.GetInto(key, resp)) {
     *cache_state = "hit";
-    resp->CopyFrom(*hit);
     return absl::OkStatus();
   }
   *cache_state = "miss";
@@ -311,7 +310,7 @@ absl::Status Handlers::Impl::DoPlanModel(const CallContext& ctx, const v1::PlanM
     resp->Clear();
     return s;
   }
-  cache_.Put(key, std::make_shared<const v1::PlanModelResponse>(*resp));
+  cache_.Put(key, *resp);
   return absl::OkStatus();
 }
 
@@ -338,9 +337,8 @@ absl::Status Handlers::Impl::DoPlanLayer(const CallContext& ctx, const v1::PlanL
   const std::string key = PlanCacheKey(
       entry->message.name(), entry->message.version(),
       Cat("layer", std::string_view("\0", 1), canonical.SerializeAsString(), inline_bytes));
-  if (PlanCache::Value hit = cache_.Get(key)) {
+  if (cache_.GetInto(key, resp)) {
     *cache_state = "hit";
-    resp->CopyFrom(*hit);
     return absl::OkStatus();
   }
   *cache_state = "miss";
@@ -357,7 +355,7 @@ absl::Status Handlers::Impl::DoPlanLayer(const CallContext& ctx, const v1::PlanL
     resp->Clear();
     return s;
   }
-  cache_.Put(key, std::make_shared<const v1::PlanLayerResponse>(*resp));
+  cache_.Put(key, *resp);
   return absl::OkStatus();
 }
 

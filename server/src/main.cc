@@ -2,6 +2,7 @@
 // [--threads N] [--cache-entries N] ... (--help lists them)
 // Serves until SIGTERM or SIGINT, then drains in-flight calls and exits 0.
 #include <fmt/format.h>
+#include <malloc.h>
 #include <pthread.h>
 #include <signal.h>
 
@@ -10,6 +11,7 @@
 #include <cstdio>
 #include <memory>
 #include <string>
+#include <thread>
 
 #include "absl/synchronization/mutex.h"
 #include "moeplan/base/strings.h"
@@ -142,9 +144,34 @@ int Serve(const server::ServerOptions& options, int drain_ms) {
   return 0;
 }
 
+// glibc's allocator, set for a server whose memory is a bounded cache plus a
+// working set (docs/service.md "Memory"); before any thread starts:
+// - blocks of 128 KiB and more are mapped and unmapped on their own. Left to
+//   itself, glibc raises this threshold to the largest block freed (up to
+//   32 MiB), after which each multi-MiB response buffer is carved from an
+//   arena and its pages stay with the process after it is freed;
+// - at most 2 arenas: each thread that allocates under contention gets one,
+//   and every arena keeps its free pages.
+void TuneAllocator() {
+  mallopt(M_MMAP_THRESHOLD, 128 << 10);
+  mallopt(M_ARENA_MAX, 2);
+}
+
+// A response's parsed form is many small blocks; freed, they leave whole free
+// pages inside the arenas that only malloc_trim hands back. Every 2 s.
+void StartTrimmer() {
+  std::thread([] {
+    for (;;) {
+      std::this_thread::sleep_for(std::chrono::seconds(2));
+      malloc_trim(0);
+    }
+  }).detach();
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
+  TuneAllocator();
   Flags flags;
   CLI::App app{"moeplan-server: the moeplan planner over gRPC (moeplan.v1.Planner)"};
   AddServingOptions(app, &flags);
@@ -158,6 +185,7 @@ int main(int argc, char** argv) {
     return app.exit(e);
   }
   ApplyFlags(&flags);
+  StartTrimmer();
   // Debian's abseil checks every absl::Mutex acquisition for lock-order cycles
   // (~3% of server CPU under load); the server's locking is flat.
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);

@@ -1,5 +1,8 @@
 #include "moeplan/server/plan_cache.h"
 
+#include <google/protobuf/io/coded_stream.h>
+#include <google/protobuf/io/zero_copy_stream_impl_lite.h>
+
 #include "moeplan/base/strings.h"
 
 namespace moeplan::server {
@@ -29,9 +32,38 @@ PlanCache::Value PlanCache::Get(const std::string& key) {
   return it->second->value;
 }
 
+size_t PlanCache::EntryBytes(size_t key_bytes, size_t value_bytes) {
+  // The list node (an Entry and two links), the index slot, the shared
+  // string's control block; small next to any response, but counted.
+  constexpr size_t kBookkeeping = sizeof(Entry) + 2 * sizeof(void*) +
+                                  sizeof(std::string_view) + sizeof(void*) + 64;
+  return key_bytes + value_bytes + kBookkeeping;
+}
+
+bool PlanCache::GetInto(const std::string& key, google::protobuf::Message* response) {
+  const Value hit = Get(key);
+  if (hit == nullptr) return false;
+  if (response->ParseFromString(*hit)) return true;
+  response->Clear();
+  return false;
+}
+
+void PlanCache::Put(const std::string& key, const google::protobuf::Message& response) {
+  if (capacity_ == 0 || capacity_bytes_ == 0) return;
+  std::string bytes;
+  {
+    google::protobuf::io::StringOutputStream out(&bytes);
+    google::protobuf::io::CodedOutputStream coded(&out);
+    coded.SetSerializationDeterministic(true);
+    if (!response.SerializeToCodedStream(&coded)) return;
+  }
+  bytes.shrink_to_fit();  // hold what is counted, not the growth slack
+  Put(key, std::make_shared<const std::string>(std::move(bytes)));
+}
+
 void PlanCache::Put(const std::string& key, Value value) {
   if (capacity_ == 0 || capacity_bytes_ == 0 || value == nullptr) return;
-  const size_t bytes = key.size() + value->ByteSizeLong();
+  const size_t bytes = EntryBytes(key.size(), value->size());
   std::lock_guard<std::mutex> lock(mu_);
   if (auto it = index_.find(std::string_view(key)); it != index_.end()) {
     const auto node = it->second;
