@@ -10,8 +10,14 @@
 #   - moeplan-loadgen, uncached PlanLayer, UNCACHED_CLIENTS (32);
 #     both against profile "soak", so that every put below invalidates their
 #     cache entries;
-#   - a writer (Python client): a new version of "soak" every PUT_EVERY_S (2 s)
-#     and REPORTS_PER_S (20) ReportMeasurement calls per second;
+#   - a writer (Python client): a new version of "soak" every PUT_EVERY_S (2 s),
+#     REPORTS_PER_S (20) ReportMeasurement calls per second, and a RefitProfile
+#     every REFIT_EVERY_S (5 s), whose version the next put builds on;
+#   - a modeller (Python client): PlanModel searches and timelines of distinct
+#     models (each response new to the cache, up to 15 MB), back to back;
+#   - examples/train_gpt_moe.py on 4 MPI ranks with --server, run after run
+#     (planned by the server, reporting its measured ops), when moeplan.torch
+#     is built (TORCH=0 leaves it out);
 #   - the server's RSS sampled every second.
 # Then WORST_CLIENTS (64) threads send worst-case PlanModel requests for
 # WORST_S (10 s: exhaustive layout searches of 4,096 GPUs with up to 4,096
@@ -21,7 +27,8 @@
 # Passes (exit 0) when no call failed in the soak (worst-case requests may be
 # refused with RESOURCE_EXHAUSTED or DEADLINE_EXCEEDED, never anything else),
 # the RSS grew less than RSS_LIMIT_PCT (10) % from the end of the warm-up (WARMUP_S, 60 s; a
-# tenth of DURATION when shorter) to the end, the cached calls during the
+# third of DURATION when shorter) to the end and never passed the cache bound
+# (CACHE_MIB, 256) + 100 MiB during the soak, the cached calls during the
 # burst were all answered, and the server stops with exit 0 on SIGTERM.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -35,6 +42,8 @@ REPORTS_PER_S=${REPORTS_PER_S:-20}
 WORST_CLIENTS=${WORST_CLIENTS:-64}
 WORST_S=${WORST_S:-10}
 RSS_LIMIT_PCT=${RSS_LIMIT_PCT:-10}
+REFIT_EVERY_S=${REFIT_EVERY_S:-5}
+CACHE_MIB=${CACHE_MIB:-256}
 BUILD_DIR=${BUILD_DIR:-build}
 # A short run warms up for a third of it (the plan cache fills, the
 # allocator's arenas settle), a long one for WARMUP_S.
@@ -63,6 +72,7 @@ trap cleanup EXIT
 
 mkdir -p "$tmp/data"
 "$server_bin" --listen 127.0.0.1:0 --data-dir "$tmp/data" --no-request-log --max-plan-seconds 5 \
+  --cache-mib "$CACHE_MIB" \
   >"$tmp/server.out" 2>"$tmp/server.err" &
 server_pid=$!
 addr=""
@@ -105,20 +115,20 @@ cached_pid=$!
 "$loadgen_bin" "${common[@]}" --mode uncached --clients "$UNCACHED_CLIENTS" >"$tmp/uncached.json" 2>"$tmp/uncached.err" &
 uncached_pid=$!
 
-# The writer: puts and measurement reports for DURATION seconds.
-py "$addr" "$DURATION" "$PUT_EVERY_S" "$REPORTS_PER_S" >"$tmp/writer.json" <<'EOF'
+# The writer: puts, measurement reports and refits for DURATION seconds.
+py "$addr" "$DURATION" "$PUT_EVERY_S" "$REPORTS_PER_S" "$REFIT_EVERY_S" >"$tmp/writer.json" <<'EOF' &
 import json, sys, time
 sys.path.insert(0, "client/python")
 from moeplan_client import PlannerClient, PlannerError
-addr, duration, put_every, reports_per_s = sys.argv[1], float(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4])
+addr, (duration, put_every, reports_per_s, refit_every) = sys.argv[1], map(float, sys.argv[2:6])
 with open("examples/gpt2-moe-layer.json") as f:
     layer = json.load(f)
-puts = reports = 0
+puts = reports = refits = 0
 errors = []
 with PlannerClient(addr, timeout_s=10.0) as c:
     profile = c.get_profile("soak")
     start = time.monotonic()
-    next_put = start + put_every
+    next_put, next_refit = start + put_every, start + refit_every
     while time.monotonic() - start < duration:
         now = time.monotonic()
         try:
@@ -128,16 +138,81 @@ with PlannerClient(addr, timeout_s=10.0) as c:
                 c.put_profile(profile)
                 puts += 1
                 next_put += put_every
-            c.report_measurement("soak", 1, layer, "s2", {"fwd.gate": 25.0 + reports % 7}, 9000.0)
+            if now >= next_refit:
+                profile = c.refit_profile("soak")["profile"]
+                refits += 1
+                next_refit += refit_every
+            c.report_measurement("soak", profile["version"], layer, "s2",
+                                 {"fwd.gate": 25.0 + reports % 7}, 9000.0)
             reports += 1
         except PlannerError as e:
             errors.append(f"{e.code}: {e.message}")
         time.sleep(1.0 / reports_per_s)
-print(json.dumps({"puts": puts, "reports": reports, "errors": len(errors), "first_error": errors[:1]}))
+print(json.dumps({"puts": puts, "reports": reports, "refits": refits, "errors": len(errors),
+                  "first_error": errors[:1]}))
 EOF
+writer_pid=$!
+
+# The modeller: whole-model searches and timelines, each request a new one.
+py "$addr" "$DURATION" >"$tmp/models.json" <<'EOF' &
+import json, sys, time
+sys.path.insert(0, "client/python")
+from moeplan_client import PlannerClient, PlannerError
+addr, duration = sys.argv[1], float(sys.argv[2])
+with open("examples/models/gpt3-medium-moe.json") as f:
+    model = json.load(f)
+searches = timelines = 0
+errors = []
+with PlannerClient(addr, timeout_s=60.0) as c:
+    start, i = time.monotonic(), 0
+    while time.monotonic() - start < duration:
+        i += 1
+        try:
+            if i % 2:
+                c.plan_model(dict(model, global_batch_size=256 + 32 * (i % 64)), profile="soak",
+                             search={"gpus": 16, "max_microbatches": 8, "top": 3})
+                searches += 1
+            else:
+                c.plan_model(dict(model, num_layers=24 + 2 * (i % 96)), profile="soak",
+                             include_timeline=True)
+                timelines += 1
+        except PlannerError as e:
+            errors.append(f"{e.code}: {e.message}")
+print(json.dumps({"searches": searches, "timelines": timelines, "errors": len(errors),
+                  "first_error": errors[:1]}))
+EOF
+models_pid=$!
+
+# The PyTorch example against the server, run after run, while the soak lasts.
+torch_pid=""
+if [[ ${TORCH:-1} != 0 ]] && PYTHONPATH=$stubs /usr/bin/python3 -c "import moeplan.torch" 2>/dev/null; then
+  (
+    export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+    export OMPI_MCA_rmaps_base_oversubscribe=1 OMPI_MCA_btl_vader_single_copy_mechanism=none
+    export PYTHONPATH=$stubs
+    end=$((SECONDS + DURATION)) runs=0 failed=0
+    while ((SECONDS < end)); do
+      if timeout 300 mpirun -np 4 /usr/bin/python3 examples/train_gpt_moe.py --no-progress \
+          --server "$addr" --require-server --profile cpu-testbed-2x2 --steps 4 --warmup 1 \
+          >"$tmp/torch.out" 2>"$tmp/torch.err" </dev/null; then
+        runs=$((runs + 1))
+      else
+        failed=$((failed + 1))
+        tail -3 "$tmp/torch.err" >&2
+      fi
+    done
+    echo "{\"runs\": $runs, \"errors\": $failed}"
+  ) >"$tmp/torch.json" &
+  torch_pid=$!
+else
+  echo '{"skipped": "moeplan.torch is not built (or TORCH=0)", "errors": 0}' >"$tmp/torch.json"
+fi
 
 cached_rc=0; wait "$cached_pid" || cached_rc=$?
 uncached_rc=0; wait "$uncached_pid" || uncached_rc=$?
+wait "$writer_pid" || true
+wait "$models_pid" || true
+[[ -z $torch_pid ]] || wait "$torch_pid" || true
 # Where the soak ends and the burst begins, on the sampler's clock.
 soak_end=$(awk -v a="$(date +%s.%N)" -v b="$t0" 'BEGIN{printf "%.1f", a-b}')
 
@@ -196,11 +271,11 @@ wait "$server_pid" || server_rc=$?
 server_pid=""
 
 # Verdict.
-/usr/bin/python3 - "$tmp" "$WARMUP_S" "$DURATION" "$cached_rc" "$uncached_rc" "$server_rc" "$soak_end" "$RSS_LIMIT_PCT" <<'EOF'
+/usr/bin/python3 - "$tmp" "$WARMUP_S" "$DURATION" "$cached_rc" "$uncached_rc" "$server_rc" "$soak_end" "$RSS_LIMIT_PCT" "$CACHE_MIB" <<'EOF'
 import json, sys
 tmp, warmup, duration = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 cached_rc, uncached_rc, server_rc = map(int, sys.argv[4:7])
-soak_end, rss_limit = float(sys.argv[7]), float(sys.argv[8])
+soak_end, rss_limit, cache_mib = float(sys.argv[7]), float(sys.argv[8]), float(sys.argv[9])
 def load(name):
     try:
         with open(f"{tmp}/{name}") as f:
@@ -208,6 +283,7 @@ def load(name):
     except (OSError, ValueError, IndexError):
         return {}
 cached, uncached, writer, worst = load("cached.json"), load("uncached.json"), load("writer.json"), load("worst.json")
+models, torch = load("models.json"), load("torch.json")
 rss = [(float(l.split()[0]), int(l.split()[1])) for l in open(f"{tmp}/rss")
        if len(l.split()) == 2 and l.split()[1] != "0"]
 soak = [kib for t, kib in rss if t <= soak_end]
@@ -224,8 +300,16 @@ for name, r, rc in (("cached", cached, cached_rc), ("uncached", uncached, uncach
     ok &= rc == 0 and errs == 0
 print(f"  writer    {writer.get('puts', '?')} profile puts (each invalidating the plans), {writer.get('reports', '?')} measurement reports, errors {writer.get('errors', '?')} {writer.get('first_error', '')}")
 ok &= writer.get("errors") == 0
-print(f"  RSS       {base / 1024:.1f} MiB after the {warmup} s warm-up, at most {end_max / 1024:.1f} MiB to the end: growth {growth:.1f} % (limit {rss_limit:g} %)")
-ok &= growth < rss_limit
+print(f"  writer    {writer.get('refits', '?')} refits (each a new version)")
+print(f"  modeller  {models.get('searches', '?')} PlanModel searches, {models.get('timelines', '?')} timelines, errors {models.get('errors', '?')} {models.get('first_error', '')}")
+ok &= models.get("errors") == 0
+print(f"  pytorch   {torch.get('skipped') or str(torch.get('runs', '?')) + ' runs of examples/train_gpt_moe.py on 4 ranks'}, errors {torch.get('errors', '?')}")
+ok &= torch.get("errors") == 0
+soak_peak = max(soak, default=0)
+bound = cache_mib + 100
+print(f"  RSS       {base / 1024:.1f} MiB after the {warmup} s warm-up, at most {end_max / 1024:.1f} MiB to the end: growth {growth:.1f} % (limit {rss_limit:g} %); "
+      f"soak peak {soak_peak / 1024:.1f} MiB (limit: --cache-mib {cache_mib:g} + 100 = {bound:g} MiB)")
+ok &= growth < rss_limit and soak_peak / 1024 <= bound
 codes = worst.get("worst_codes", {})
 print(f"  burst     worst-case answers {codes}; cached plans meanwhile: {worst.get('cheap_calls')} answered, "
       f"{worst.get('cheap_failed')} failed, p50 {worst.get('cheap_p50_ms')} ms, p99 {worst.get('cheap_p99_ms')} ms, max {worst.get('cheap_max_ms')} ms; peak RSS {peak / 1024:.1f} MiB")

@@ -9,6 +9,11 @@ cd "$(dirname "$0")/.."
 JOBS="${JOBS:-$(nproc)}"
 
 bash scripts/setup.sh
+# No merge left half-done: a conflict marker at the start of a line in any tracked file.
+if git grep -nE '^(<<<<<<<|>>>>>>>)( |$)|^=======$' -- . ':!*.rst'; then
+  echo "test.sh: error: merge conflict markers above" >&2
+  exit 1
+fi
 # The docs site (scripts/docs.sh): a strict MkDocs build and LinkChecker over it; any broken
 # link or #anchor in README.md, docs/ or a folder README fails here. Then the checker's own
 # fixtures: a broken link and a broken anchor must fail it.
