@@ -191,14 +191,21 @@ class ModelOps final : public OpHandler {
   // Allocates the scratch Size counted and fills its inputs.
   absl::Status Allocate(uint64_t seed) {
     // Inputs hold seeded values: GEMMs on finite, non-denormal numbers (what
-    // training sees); outputs (tensor 0) are only written.
+    // training sees); outputs (tensor 0) are only written. Staged on the host
+    // a slice at a time, so filling adds little to the memory the limit counted.
+    constexpr size_t kSlice = size_t{1} << 20;  // elements
     auto make = [&](DeviceBuffer* buf, int64_t elems, uint32_t tensor) -> absl::Status {
-      MOEPLAN_ASSIGN_OR_RETURN(*buf, DeviceBuffer::Make(dev_, static_cast<size_t>(elems) * es_));
+      const size_t n = static_cast<size_t>(elems);
+      MOEPLAN_ASSIGN_OR_RETURN(*buf, DeviceBuffer::Make(dev_, n * es_));
       if (tensor == 0) return absl::OkStatus();
-      std::vector<float> host(static_cast<size_t>(elems));
-      for (size_t i = 0; i < host.size(); ++i) host[i] = SeededValue(seed, tensor, i, 0.1f);
+      std::vector<float> host;
       std::vector<uint16_t> half;
-      return UploadAs(*dev_, buf->data(), host, dt_, &half);
+      for (size_t at = 0; at < n; at += kSlice) {
+        host.resize(std::min(kSlice, n - at));
+        for (size_t i = 0; i < host.size(); ++i) host[i] = SeededValue(seed, tensor, at + i, 0.1f);
+        MOEPLAN_RETURN_IF_ERROR(UploadAs(*dev_, buf->as<char>() + at * es_, host, dt_, &half));
+      }
+      return absl::OkStatus();
     };
     constexpr uint32_t kScratch = 0x5c000;
     MOEPLAN_RETURN_IF_ERROR(make(&a_, elems_[0], kScratch + 1));
