@@ -4,10 +4,13 @@
 // scratch memory. Like the layer runner, it holds no schedule of its own.
 #include "moeplan/executor/model_runner.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <array>
 #include <cmath>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "moe_layer.h"
@@ -145,8 +148,9 @@ class ModelOps final : public OpHandler {
     return c->Wait(comm);
   }
 
-  // Sizes and fills the scratch memory from the dense ops this rank runs.
-  absl::Status Init(const planner::OpGraph& plan, uint64_t seed) {
+  // Sizes the scratch memory from the dense ops this rank runs (nothing
+  // allocated yet: ScratchBytes() is then what Allocate will take).
+  void Size(const planner::OpGraph& plan) {
     int64_t a = 1, b = 1, c = 1;
     std::vector<std::pair<int64_t, int64_t>> comm(planner::kNumExecGroups, {1, 1});
     for (planner::OpId id = 0; id < plan.size(); ++id) {
@@ -169,32 +173,51 @@ class ModelOps final : public OpHandler {
         recv = std::max(recv, gathers ? x.count * r : x.count);
       }
     }
-    // Inputs hold seeded values: GEMMs on finite, non-denormal numbers (what
-    // training sees); outputs (tensor 0) are only written.
-    auto make = [&](DeviceBuffer* buf, int64_t elems, uint32_t tensor) -> absl::Status {
-      MOEPLAN_ASSIGN_OR_RETURN(*buf, DeviceBuffer::Make(dev_, static_cast<size_t>(elems) * es_));
-      if (tensor == 0) return absl::OkStatus();
-      std::vector<float> host(static_cast<size_t>(elems));
-      for (size_t i = 0; i < host.size(); ++i) host[i] = SeededValue(seed, tensor, i, 0.1f);
-      std::vector<uint16_t> half;
-      return UploadAs(*dev_, buf->data(), host, dt_, &half);
-    };
-    constexpr uint32_t kScratch = 0x5c000;
-    MOEPLAN_RETURN_IF_ERROR(make(&a_, a, kScratch + 1));
-    MOEPLAN_RETURN_IF_ERROR(make(&b_, b, kScratch + 2));
-    MOEPLAN_RETURN_IF_ERROR(make(&c_, c, 0));
+    elems_ = {a, b, c};
     for (size_t g = 0; g < comm.size(); ++g) {
       if (groups_->Of(static_cast<ExecGroup>(g)) == nullptr) continue;
-      MOEPLAN_RETURN_IF_ERROR(make(&comm_[g].send, comm[g].first, kScratch + 10 + g));
-      MOEPLAN_RETURN_IF_ERROR(make(&comm_[g].recv, comm[g].second, 0));
+      elems_.push_back(comm[g].first);
+      elems_.push_back(comm[g].second);
     }
-    return dev_->Synchronize();
   }
 
+  // What Allocate takes: every scratch buffer Size counted.
   size_t ScratchBytes() const {
-    size_t n = a_.bytes() + b_.bytes() + c_.bytes();
-    for (const Scratch& s : comm_) n += s.send.bytes() + s.recv.bytes();
+    size_t n = 0;
+    for (int64_t e : elems_) n += static_cast<size_t>(e) * es_;
     return n;
+  }
+
+  // Allocates the scratch Size counted and fills its inputs.
+  absl::Status Allocate(uint64_t seed) {
+    // Inputs hold seeded values: GEMMs on finite, non-denormal numbers (what
+    // training sees); outputs (tensor 0) are only written. Staged on the host
+    // a slice at a time, so filling adds little to the memory the limit counted.
+    constexpr size_t kSlice = size_t{1} << 20;  // elements
+    auto make = [&](DeviceBuffer* buf, int64_t elems, uint32_t tensor) -> absl::Status {
+      const size_t n = static_cast<size_t>(elems);
+      MOEPLAN_ASSIGN_OR_RETURN(*buf, DeviceBuffer::Make(dev_, n * es_));
+      if (tensor == 0) return absl::OkStatus();
+      std::vector<float> host;
+      std::vector<uint16_t> half;
+      for (size_t at = 0; at < n; at += kSlice) {
+        host.resize(std::min(kSlice, n - at));
+        for (size_t i = 0; i < host.size(); ++i) host[i] = SeededValue(seed, tensor, at + i, 0.1f);
+        MOEPLAN_RETURN_IF_ERROR(UploadAs(*dev_, buf->as<char>() + at * es_, host, dt_, &half));
+      }
+      return absl::OkStatus();
+    };
+    constexpr uint32_t kScratch = 0x5c000;
+    MOEPLAN_RETURN_IF_ERROR(make(&a_, elems_[0], kScratch + 1));
+    MOEPLAN_RETURN_IF_ERROR(make(&b_, elems_[1], kScratch + 2));
+    MOEPLAN_RETURN_IF_ERROR(make(&c_, elems_[2], 0));
+    size_t next = 3;
+    for (size_t g = 0; g < comm_.size(); ++g) {
+      if (groups_->Of(static_cast<ExecGroup>(g)) == nullptr) continue;
+      MOEPLAN_RETURN_IF_ERROR(make(&comm_[g].send, elems_[next++], kScratch + 10 + g));
+      MOEPLAN_RETURN_IF_ERROR(make(&comm_[g].recv, elems_[next++], 0));
+    }
+    return dev_->Synchronize();
   }
 
   std::vector<std::unique_ptr<internal::MoeLayerOps>> layers_;
@@ -208,10 +231,87 @@ class ModelOps final : public OpHandler {
   Kernels* k_;
   DType dt_;
   size_t es_;
+  std::vector<int64_t> elems_;  // Size's counts: a, b, c, then send, recv per group
   DeviceBuffer a_, b_, c_;
   std::array<Scratch, planner::kNumExecGroups> comm_;
 };
 
+
+// One MoE layer instance of a model's plan (OpGraph::layers(), instance i + 1):
+// its layer config and options, and whether this rank's stage runs it.
+struct Instance {
+  bool mine = false;
+  int block = 0;
+  planner::LayerConfig layer;
+  RunOptions options;
+};
+
+std::vector<Instance> InstancesOf(const planner::ModelConfig& model, const planner::OpGraph& plan,
+                                  const RunOptions& options, int stage) {
+  const std::span<const planner::ExecLayer> layers = plan.layers();
+  std::vector<Instance> out(layers.size());
+  for (planner::OpId id = 0; id < plan.size(); ++id) {
+    const int16_t layer = plan.exec(id).layer;
+    if (layer > 0 && static_cast<size_t>(layer) <= layers.size() &&
+        planner::RunsOnStage(plan, id, stage)) {
+      out[static_cast<size_t>(layer) - 1].mine = true;
+    }
+  }
+  for (size_t i = 0; i < layers.size(); ++i) {
+    const planner::ExecLayer& l = layers[i];
+    Instance& in = out[i];
+    in.block = l.block;
+    in.layer = model.MoeLayer();
+    in.layer.batch_size = 1;
+    in.layer.seq_len = l.tokens;
+    in.layer.bytes_per_element = static_cast<int>(SizeOf(options.dtype));
+    in.options = options;
+    in.options.plan_name = Cat(model.name, "'s MoE layers up to block ", l.block,
+                               l.part >= 0 ? Cat(" piece ", l.part) : std::string(),
+                               l.mb >= 0 ? Cat(" of micro-batch ", l.mb) : std::string());
+  }
+  return out;
+}
+
+// Refuses a model whose buffers on this rank add up to more than
+// options.memory_limit_bytes, before any is allocated; on success each
+// instance's limit is what the scratch and the instances before it leave.
+absl::Status CheckMemory(const std::string& model_name, const planner::OpGraph& plan,
+                         std::vector<Instance>& instances, size_t scratch,
+                         const RunOptions& options, const RankGroups* groups) {
+  if (options.memory_limit_bytes == 0) return absl::OkStatus();
+  size_t moe = 0;
+  int count = 0;
+  std::vector<size_t> planned(instances.size(), 0);
+  for (size_t i = 0; i < instances.size(); ++i) {
+    const Instance& in = instances[i];
+    if (!in.mine) continue;
+    MOEPLAN_ASSIGN_OR_RETURN(planned[i], internal::MoeLayerOps::PlannedBytes(
+                                             in.layer, plan, static_cast<int>(i + 1), in.block,
+                                             in.options, groups));
+    moe += planned[i];
+    ++count;
+  }
+  const size_t limit = options.memory_limit_bytes;
+  if (scratch + moe > limit) {
+    constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+    return absl::ResourceExhaustedError(Cat(
+        "memory: ", model_name, " needs ", scratch + moe, " bytes per rank (",
+        fmt::format("{:.3f}", (scratch + moe) / kGiB), " GiB: ", scratch,
+        " of dense scratch and communication buffers, ", moe, " in ", count,
+        " MoE layer instance(s)), over the ", limit, " bytes (", fmt::format("{:.3f}", limit / kGiB),
+        " GiB) it may use (", options.memory_limit_source,
+        "); nothing was allocated: lower micro_batch_size, seq_length, hidden_size, "
+        "ffn_hidden_size or vocab_size, or use more ranks"));
+  }
+  size_t used = scratch;
+  for (size_t i = 0; i < instances.size(); ++i) {
+    if (!instances[i].mine) continue;
+    instances[i].options.memory_limit_bytes = limit - used;  // > 0: the sum fits
+    used += planned[i];
+  }
+  return absl::OkStatus();
+}
 }  // namespace
 
 class ModelRunner::Impl {
@@ -255,45 +355,23 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> ModelRunner::Create(const planner::
   MOEPLAN_RETURN_IF_ERROR(impl->groups->AddDataParallel(
       model.parallel.mp, std::max(1, model.parallel.ep * model.parallel.esp)));
   impl->ops = std::make_unique<ModelOps>(impl->groups.get(), device, kernels, options.dtype);
-  MOEPLAN_RETURN_IF_ERROR(impl->ops->Init(plan, options.seed));
-  size_t used = impl->ops->ScratchBytes();
-  const std::span<const planner::ExecLayer> layers = plan.layers();
-  // The instances this rank's ops use (a pipeline stage's own).
-  std::vector<uint8_t> mine(layers.size() + 1, 0);
-  for (planner::OpId id = 0; id < plan.size(); ++id) {
-    const int16_t layer = plan.exec(id).layer;
-    if (layer > 0 && static_cast<size_t>(layer) <= layers.size() &&
-        planner::RunsOnStage(plan, id, impl->groups->stage())) {
-      mine[static_cast<size_t>(layer)] = 1;
-    }
-  }
-  for (size_t i = 0; i < layers.size(); ++i) {
-    if (!mine[i + 1]) {
+  impl->ops->Size(plan);
+  std::vector<Instance> instances = InstancesOf(model, plan, options, impl->groups->stage());
+  // Every buffer is added up before the first is allocated (docs/executor.md
+  // "Whole models"): dense scratch, communication buffers, each MoE instance.
+  MOEPLAN_RETURN_IF_ERROR(CheckMemory(model.name, plan, instances, impl->ops->ScratchBytes(),
+                                      options, impl->groups.get()));
+  MOEPLAN_RETURN_IF_ERROR(impl->ops->Allocate(options.seed));
+  for (size_t i = 0; i < instances.size(); ++i) {
+    if (!instances[i].mine) {
       impl->ops->layers_.push_back(nullptr);
       continue;
     }
-    const planner::ExecLayer& l = layers[i];
-    planner::LayerConfig layer = moe;
-    layer.batch_size = 1;
-    layer.seq_len = l.tokens;
-    layer.bytes_per_element = static_cast<int>(SizeOf(options.dtype));
-    RunOptions o = options;
-    o.plan_name = Cat(model.name, "'s MoE layers up to block ", l.block,
-                      l.part >= 0 ? Cat(" piece ", l.part) : std::string(),
-                      l.mb >= 0 ? Cat(" of micro-batch ", l.mb) : std::string());
-    if (options.memory_limit_bytes > 0) {
-      if (used >= options.memory_limit_bytes) {
-        return absl::ResourceExhaustedError(
-            Cat("memory: ", o.plan_name, " need more than the ", options.memory_limit_bytes >> 20,
-                " MiB per rank it may use (", options.memory_limit_source, ")"));
-      }
-      o.memory_limit_bytes = options.memory_limit_bytes - used;
-    }
+    const Instance& in = instances[i];
     MOEPLAN_ASSIGN_OR_RETURN(
         std::unique_ptr<internal::MoeLayerOps> ops,
-        internal::MoeLayerOps::Create(layer, plan, static_cast<int>(i + 1), l.block, o,
-                                      impl->groups.get(), device, kernels));
-    used += ops->AllocatedBytes();
+        internal::MoeLayerOps::Create(in.layer, plan, static_cast<int>(i + 1), in.block,
+                                      in.options, impl->groups.get(), device, kernels));
     impl->ops->layers_.push_back(std::move(ops));
   }
   MOEPLAN_ASSIGN_OR_RETURN(impl->interpreter,

@@ -106,6 +106,23 @@ absl::StatusOr<std::unique_ptr<MoeLayerOps>> MoeLayerOps::Create(
   return ops;
 }
 
+absl::StatusOr<size_t> MoeLayerOps::PlannedBytes(const planner::LayerConfig& layer,
+                                                  const planner::OpGraph& plan, int instance,
+                                                  int block, const RunOptions& options,
+                                                  const RankGroups* groups) {
+  // Init's sizing steps without its allocation (no device, no kernels used).
+  MoeLayerOps ops(layer, options, groups, nullptr, nullptr);
+  ops.SetDimensions();
+  ops.ResolveAliases(plan, block);
+  for (Buf b : {Buf::kX, Buf::kY, Buf::kDy, Buf::kDx}) ops.Need(b, ops.S_ * ops.M_);
+  ops.Need(Buf::kGateGrad, ops.M_ * ops.E_, /*f32=*/true);
+  MOEPLAN_RETURN_IF_ERROR(ops.SizeAndRoute(plan, instance).status());
+  Estimate need;
+  // Dropless: the expert side follows the routing; its token side is the floor.
+  MOEPLAN_RETURN_IF_ERROR(ops.Allocate(true, !ops.dropless_, &need));
+  return need.total;
+}
+
 void MoeLayerOps::Need(Buf b, int64_t elems, bool f32) {
   if (b == Buf::kNone) return;
   const size_t r = Root(b);

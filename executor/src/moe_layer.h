@@ -43,6 +43,13 @@ class MoeLayerOps final : public OpHandler {
       const planner::LayerConfig& layer, const planner::OpGraph& plan, int instance, int block,
       const RunOptions& options, const RankGroups* groups, Device* device, Kernels* kernels);
 
+  // The bytes Create would allocate for the same arguments (a dropless
+  // layer: its token side, the expert side following its routing), without
+  // allocating or communicating: what a whole model adds up first.
+  static absl::StatusOr<size_t> PlannedBytes(const planner::LayerConfig& layer,
+                                             const planner::OpGraph& plan, int instance, int block,
+                                             const RunOptions& options, const RankGroups* groups);
+
   Communicator* CommOf(const planner::OpExec& exec) const override {
     return groups_->Of(exec.group);
   }

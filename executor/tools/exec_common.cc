@@ -73,7 +73,7 @@ void Abort(const absl::Status& s) { executor::AbortJob(kProgram, s); }
 void SetMemoryLimit(const Args& a, executor::Device& device, executor::RunOptions* opt) {
   if (a.max_memory_gib > 0) {
     opt->memory_limit_bytes = static_cast<size_t>(a.max_memory_gib * 1024.0 * 1024.0 * 1024.0);
-    opt->memory_limit_source = "--max-memory-gib";
+    opt->memory_limit_source = Cat("--max-memory-gib ", a.max_memory_gib);
   } else if (absl::StatusOr<size_t> free = device.FreeBytes(); free.ok()) {
     if (device.is_gpu()) {
       opt->memory_limit_bytes = *free;

@@ -4,8 +4,12 @@ and `dense_parameters`, the parameters to average over data-parallel ranks."""
 
 from __future__ import annotations
 
+import collections
+import itertools
 import math
+import os
 import statistics
+import threading
 from typing import Any, Dict, List, Optional, Tuple
 
 import torch
@@ -23,15 +27,54 @@ __all__ = ["MoE", "dense_parameters", "SCHEDULES", "GATES"]
 SCHEDULES = moeplan_schedules.SCHEDULES + (moeplan_schedules.AUTO,)
 GATES = ("topk", "switch")
 
+# Runners kept per layer (token shapes), least recently used evicted first.
+DEFAULT_MAX_RUNNERS = 8
+# Seconds a rank waits for the others to begin the same forward or backward.
+DEFAULT_TIMEOUT_S = 300.0
+
+# One lock for every MoE layer of the process: a layer's calls share its
+# buffers, and every layer's steps begin with a collective on MPI_COMM_WORLD,
+# which two threads must not enter at once. Calls from several threads are
+# serialized, not ordered: see "Threads" in pytorch/README.md.
+_LOCK = threading.RLock()
+_LAYER_IDS = itertools.count()  # construction order: the same on every rank
+_FORWARD, _BACKWARD = 0, 1
+_ORDER_RULE = ("every rank must run the same forwards and backwards of the same layers in the "
+               "same order (did a rank skip a backward(), or call the layers in another order, "
+               "e.g. from threads?)")
+_SHAPE_RULE = "every rank must call it with the same shape"
+_ENV_RULES = {"an integer >= 1": lambda v: v >= 1,
+              "a number of seconds >= 0 (0: no limit)": lambda v: math.isfinite(v) and v >= 0}
+
+
+def _positive_int(value: Any, name: str) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"{name}: must be an integer >= 1 (got {value!r})")
+    return value
+
+
+def _env_number(name: str, default: Any, parse, rule: str) -> Any:
+    text = os.environ.get(name)
+    if text is None:
+        return default
+    try:
+        value = parse(text)
+    except ValueError:
+        value = None
+    if value is None or not _ENV_RULES[rule](value):
+        raise ValueError(f"{name}: must be {rule} (got {text!r})")
+    return value
+
 
 class _MoEFunction(torch.autograd.Function):
     """One MoE layer on the executor: forward runs the plan's forward ops,
     backward its backward ops on what the forward left in the buffers."""
 
     @staticmethod
-    def forward(ctx, x, gate_weight, w1, w2, layer, expert_scale):
+    def forward(ctx, x, gate_weight, w1, w2, layer, expert_scale, moe, batch):
         y = layer.forward(x, gate_weight, w1, w2)
         ctx.layer = layer
+        ctx.moe, ctx.batch = moe, batch
         ctx.expert_scale = expert_scale
         ctx.generation = layer.forwards
         ctx.save_for_backward(x, gate_weight, w1, w2)
@@ -41,16 +84,18 @@ class _MoEFunction(torch.autograd.Function):
     def backward(ctx, dy):
         layer = ctx.layer
         x, gate_weight, w1, w2 = ctx.saved_tensors
-        if layer.forwards != ctx.generation:
-            # Another forward of this shape ran since (gradient accumulation
-            # over several forwards, or checkpointing): its buffers hold that
-            # one, so this forward is run again first.
-            layer.forward(x, gate_weight, w1, w2)
-        dx, dgate, dw1, dw2 = layer.backward(dy.contiguous())
+        with _LOCK:
+            ctx.moe._agree_step(_BACKWARD, x.shape[0], ctx.batch)
+            if layer.forwards != ctx.generation:
+                # Another forward of this shape ran since (gradient accumulation
+                # over several forwards, checkpointing, or another thread): its
+                # buffers hold that one, so this forward is run again first.
+                layer.forward(x, gate_weight, w1, w2)
+            dx, dgate, dw1, dw2 = layer.backward(dy.contiguous())
         if ctx.expert_scale != 1.0:
             dw1.mul_(ctx.expert_scale)
             dw2.mul_(ctx.expert_scale)
-        return dx, dgate, dw1, dw2, None, None
+        return dx, dgate, dw1, dw2, None, None, None, None
 
 
 class MoE(nn.Module):
@@ -75,6 +120,14 @@ class MoE(nn.Module):
             1/dp, so they match dense gradients averaged over the data-parallel
             ranks (DistributedDataParallel, or an all_reduce divided by the world
             size); "sum" leaves the sum over the dp groups' losses.
+        max_runners: runners (one per token shape, each with its buffers, lane
+            threads and communicators) kept; the least recently used is freed
+            when a new shape would exceed it. Default: $MOEPLAN_TORCH_MAX_RUNNERS,
+            else 8.
+        timeout_s: how long a rank waits, at the start of each forward and
+            backward, for the other ranks to begin the same one before it ends
+            the job naming the call (0: no limit). Default:
+            $MOEPLAN_TORCH_TIMEOUT_S, else 300.
 
     Parameters: gate_weight [M, E] (replicated: average its gradient with the
     dense ones), w1 [E/ep, M, H/esp] and w2 [E/ep, H/esp, M] (this rank's expert
@@ -86,7 +139,8 @@ class MoE(nn.Module):
                  top_k: Optional[int] = None,
                  capacity_factor: float = 1.0, gate: str = "topk", mp: int = 1,
                  ep: Optional[int] = None, esp: int = 1, schedule: str = "default",
-                 planner: Optional[Planner] = None, seed: int = 0, expert_grad: str = "mean"):
+                 planner: Optional[Planner] = None, seed: int = 0, expert_grad: str = "mean",
+                 max_runners: Optional[int] = None, timeout_s: Optional[float] = None):
         super().__init__()
         rank, size = world()
         if gate not in GATES:
@@ -135,6 +189,18 @@ class MoE(nn.Module):
                              f"MP group); got mp={mp}, esp={esp}")
         if expert_grad not in ("mean", "sum"):
             raise ValueError(f"MoE.expert_grad: must be 'mean' or 'sum' (got {expert_grad!r})")
+        if max_runners is None:
+            max_runners = _env_number("MOEPLAN_TORCH_MAX_RUNNERS", DEFAULT_MAX_RUNNERS, int,
+                                      "an integer >= 1")
+        self.max_runners = _positive_int(max_runners, "MoE.max_runners")
+        if timeout_s is None:
+            timeout_s = _env_number("MOEPLAN_TORCH_TIMEOUT_S", DEFAULT_TIMEOUT_S, float,
+                                    "a number of seconds >= 0 (0: no limit)")
+        if (not isinstance(timeout_s, (int, float)) or isinstance(timeout_s, bool)
+                or not math.isfinite(timeout_s) or timeout_s < 0):
+            raise ValueError(f"MoE.timeout_s: must be a number of seconds >= 0 (0: no limit) "
+                             f"(got {timeout_s!r})")
+        self.timeout_s = float(timeout_s)
         self.model_dim, self.hidden_dim, self.num_experts = model_dim, hidden_dim, num_experts
         self.top_k, self.capacity_factor, self.gate = top_k, float(capacity_factor), gate
         self.mp, self.ep, self.esp, self.dp = mp, ep, esp, size // mp
@@ -167,8 +233,13 @@ class MoE(nn.Module):
         self.w2.moeplan_expert = True
 
         # Per (tokens, batch): the runner, its schedule, its LayerConfig and the
-        # "auto" answer; a forward of a known shape looks nothing else up.
-        self._shapes: Dict[Tuple[int, int], Tuple[Any, str, Dict[str, Any], Any]] = {}
+        # "auto" answer; a forward of a known shape looks nothing else up. At
+        # most max_runners, least recently used first (an evicted runner's
+        # threads and memory go when the last autograd graph holding it does).
+        self._shapes: Dict[Tuple[int, int], Tuple[Any, str, Dict[str, Any], Any]] = \
+            collections.OrderedDict()
+        self._layer_id = next(_LAYER_IDS)
+        self._calls = 0  # forwards and backwards begun, checked against the other ranks
         self._last_runner = None
         self.last_plan: Optional[Dict[str, Any]] = None  # the "auto" answer of the last shape
         self.last_schedule: Optional[str] = None
@@ -203,9 +274,25 @@ class MoE(nn.Module):
                 "bytes_per_element": 4,
                 "parallel": {"mp": self.mp, "ep": self.ep, "esp": self.esp}}
 
+    def _agree_step(self, phase: int, tokens: int, batch: int) -> None:
+        """Every rank begins the same call of this layer (collective; under _LOCK)."""
+        call = self._calls
+        self._calls += 1
+        if self.world_size == 1:
+            return
+        what = (f"moeplan.torch.MoE layer {self._layer_id} "
+                f"{'backward' if phase == _BACKWARD else 'forward'} (call {call} on rank "
+                f"{self.rank})")
+        _C.agree([self._layer_id, call, phase, tokens, batch],
+                 ["layer (construction order)", "call", "phase (0 forward, 1 backward)",
+                  "tokens", "batch"], what,
+                 rules=[_ORDER_RULE] * 3 + [_SHAPE_RULE] * 2, timeout_s=self.timeout_s)
+
     def _layer_for(self, tokens: int, batch: int):
         entry = self._shapes.get((tokens, batch))
-        if entry is None:
+        if entry is not None:
+            self._shapes.move_to_end((tokens, batch))
+        else:
             config = self.layer_config(tokens, batch)
             schedule, answer = self.schedule, None
             if schedule == moeplan_schedules.AUTO:
@@ -213,6 +300,8 @@ class MoE(nn.Module):
                 schedule = answer["schedule"]
             entry = (_C.Layer(canonical_json(config), schedule), schedule, config, answer)
             self._shapes[(tokens, batch)] = entry
+            while len(self._shapes) > self.max_runners:
+                self._shapes.popitem(last=False)
         runner, self.last_schedule, self.last_layer, answer = entry
         if answer is not None:
             self.last_plan = answer
@@ -239,13 +328,14 @@ class MoE(nn.Module):
             if p.dtype != torch.float32 or p.device.type != "cpu":
                 raise TypeError(f"MoE: parameters must stay float32 on the CPU, got {p.dtype} "
                                 f"on {p.device}")
-        if self.world_size > 1:
-            # A rank with another shape would wait in another collective.
-            _C.agree([tokens, batch], ["tokens", "batch"], "moeplan.torch.MoE forward")
-        layer = self._layer_for(tokens, batch)
         scale = 1.0 / self.dp if self.expert_grad == "mean" else 1.0
-        y = _MoEFunction.apply(x.reshape(tokens, self.model_dim), self.gate_weight, self.w1,
-                               self.w2, layer, scale)
+        with _LOCK:
+            # A rank with another shape, or in another call, would wait in
+            # another collective: every rank checks first.
+            self._agree_step(_FORWARD, tokens, batch)
+            layer = self._layer_for(tokens, batch)
+            y = _MoEFunction.apply(x.reshape(tokens, self.model_dim), self.gate_weight, self.w1,
+                                   self.w2, layer, scale, self, batch)
         return y.reshape(x.shape)
 
     # ---- measured times -------------------------------------------------------------
@@ -258,7 +348,9 @@ class MoE(nn.Module):
             return
         layer = self._last_runner
         total = 0.0
-        for name, _phase, start, end in layer.timings(over_ranks=True):
+        with _LOCK:
+            timings = layer.timings(over_ranks=True)
+        for name, _phase, start, end in timings:
             self._times.setdefault(name, []).append(end - start)
             total = max(total, end)
         self._totals.append(total)

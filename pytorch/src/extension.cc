@@ -8,10 +8,12 @@
 #include <mpi.h>
 #include <torch/extension.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <string>
+#include <thread>
 #include <tuple>
 #include <vector>
 
@@ -98,10 +100,47 @@ std::tuple<int, int> InitMpi() {
   return {ex::WorldRank(), ex::WorldSize()};
 }
 
+// An MPI_MAX Allreduce of `v` over MPI_COMM_WORLD that waits at most
+// `timeout_s` (0: as long as it takes) for the other ranks to join. A rank
+// that never joins (it skipped a backward(), called the layers in another
+// order, or stopped) would leave this one waiting forever, and a started
+// collective cannot be withdrawn: past the deadline the job ends (AbortJob),
+// with one line naming this rank and `what` it waited in.
+void AllreduceMaxWithin(std::vector<int64_t>& v, double timeout_s, std::string_view what) {
+  MPI_Request req = MPI_REQUEST_NULL;
+  MPI_Iallreduce(MPI_IN_PLACE, v.data(), static_cast<int>(v.size()), MPI_INT64_T, MPI_MAX,
+                 MPI_COMM_WORLD, &req);
+  const auto start = std::chrono::steady_clock::now();
+  for (int polls = 0;; ++polls) {
+    int done = 0;
+    MPI_Test(&req, &done, MPI_STATUS_IGNORE);
+    if (done) return;
+    const std::chrono::duration<double> waited = std::chrono::steady_clock::now() - start;
+    if (timeout_s > 0 && waited.count() > timeout_s) {
+      ex::AbortJob("moeplan.torch",
+                   absl::DeadlineExceededError(Cat(
+                       what, ": waited ", timeout_s,
+                       " s for the other ranks to begin the same call; some rank is elsewhere (it "
+                       "skipped a backward(), called the layers in another order, or stopped): "
+                       "ending the job (MOEPLAN_TORCH_TIMEOUT_S sets the wait, 0 waits forever)")),
+                   3);
+    }
+    // Spin briefly (the usual case: the peers are a moment behind), then poll.
+    if (polls < 1000) {
+      std::this_thread::yield();
+    } else {
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+  }
+}
+
 // Every rank holds the same `values` (named by `names`); an error naming the
-// first that differs and its range over the ranks otherwise, on every rank.
+// first that differs, its range over the ranks and its rule (`rules[i]`; by
+// default that every rank calls with the same shape) otherwise, on every rank.
+// `timeout_s`: AllreduceMaxWithin's.
 absl::Status AgreeOnValues(const std::vector<int64_t>& values,
-                           const std::vector<std::string>& names, std::string_view what) {
+                           const std::vector<std::string>& names, std::string_view what,
+                           const std::vector<std::string>& rules = {}, double timeout_s = 0) {
   // One MPI_MAX over (v, -v): the largest and the smallest value of each.
   const size_t n = values.size();
   std::vector<int64_t> both(2 * n);
@@ -109,13 +148,13 @@ absl::Status AgreeOnValues(const std::vector<int64_t>& values,
     both[i] = values[i];
     both[n + i] = -values[i];
   }
-  MPI_Allreduce(MPI_IN_PLACE, both.data(), static_cast<int>(both.size()), MPI_INT64_T, MPI_MAX,
-                MPI_COMM_WORLD);
+  AllreduceMaxWithin(both, timeout_s, what);
   for (size_t i = 0; i < n; ++i) {
     if (both[i] != -both[n + i]) {
-      return absl::InvalidArgumentError(Cat(what, ": ", names[i], " differs between ranks (from ",
-                                            -both[n + i], " to ", both[i],
-                                            "); every rank must call it with the same shape"));
+      return absl::InvalidArgumentError(
+          Cat(what, ": ", names[i], " differs between ranks (from ", -both[n + i], " to ",
+              both[i], "); ",
+              i < rules.size() ? rules[i] : "every rank must call it with the same shape"));
     }
   }
   return absl::OkStatus();
@@ -123,13 +162,16 @@ absl::Status AgreeOnValues(const std::vector<int64_t>& values,
 
 // The same for Python callers: ValueError on every rank when they differ.
 void Agree(const std::vector<int64_t>& values, const std::vector<std::string>& names,
-           const std::string& what) {
+           const std::string& what, const std::vector<std::string>& rules, double timeout_s) {
   if (values.size() != names.size()) throw py::value_error("agree: one name per value");
+  if (!rules.empty() && rules.size() != names.size()) {
+    throw py::value_error("agree: one rule per value, or none");
+  }
   if (!MpiUp()) InitMpi();
   absl::Status s;
   {
     py::gil_scoped_release nogil;
-    s = AgreeOnValues(values, names, what);
+    s = AgreeOnValues(values, names, what, rules, timeout_s);
   }
   Check(s);
 }
@@ -373,7 +415,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("broadcast", &ext::Broadcast, py::arg("data"), py::arg("root") = 0,
         "Rank root's bytes on every rank of MPI_COMM_WORLD (collective).");
   m.def("agree", &ext::Agree, py::arg("values"), py::arg("names"), py::arg("what"),
-        "Collective: ValueError on every rank unless every rank passed the same values.");
+        py::arg("rules") = std::vector<std::string>{}, py::arg("timeout_s") = 0.0,
+        "Collective: ValueError on every rank unless every rank passed the same values (naming "
+        "the first that differs and its rule); a rank that waits more than timeout_s (> 0) for "
+        "the others to join ends the job.");
   m.def("abort", &ext::Abort, py::arg("code"), "MPI_Abort: ends every rank of the job.");
   m.def("all_true", &ext::AllTrue, py::arg("value"),
         "Whether value is true on every rank of MPI_COMM_WORLD (collective).");

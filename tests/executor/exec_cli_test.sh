@@ -302,8 +302,31 @@ expect_cli_error "plan and model" "--model excludes --plan" --plan "$TMP/saved.j
 expect_cli_error "variant without a model" "--variant: needs --model or --plan" --layer "$LAYER" --variant dw
 # Memory is added up before anything is allocated: refused naming the largest tensor.
 expect_error "memory over the limit" 4 \
-  "memory: the default schedule needs .* GiB per rank, over the 0.00 GiB it may use (--max-memory-gib); the largest tensor is" \
+  "memory: the default schedule needs .* GiB per rank, over the 0.00 GiB it may use (--max-memory-gib 0.0001); the largest tensor is" \
   --layer "$LAYER" --schedule default --max-memory-gib 0.0001
+# A whole model counts every buffer, not only the MoE layers': a vocabulary of
+# 200k makes the dense scratch (embedding and output GEMMs) about 100 MiB per
+# rank, over a 0.01 GiB limit. Refused naming the flag and the bytes, with
+# nothing allocated past the limit: each rank's peak RSS stays within 20 MiB of
+# a normal tiny-model run's (both under /usr/bin/time -f %M, per rank, in KiB).
+sed 's/"vocab_size": 256/"vocab_size": 200000/' "$MODEL" >"$TMP/bigvocab.json"
+expect_error "whole model over the memory limit" 4 \
+  "memory: tiny-model-4 needs [0-9]* bytes per rank (.*), over the [0-9]* bytes (0.010 GiB) it may use (--max-memory-gib 0.01); nothing was allocated" \
+  --model "$TMP/bigvocab.json" --variant none --iters 1 --warmup 0 --max-memory-gib 0.01
+peak_kib() {  # the largest per-rank peak RSS, in KiB, of moeplan-exec ARGS on 4 ranks
+  timeout 120 mpirun -np 4 /usr/bin/time -f "peak-kib %M" "$EXEC" "$@" >/dev/null 2>"$TMP/peak.err"
+  local rc=$?
+  grep '^peak-kib ' "$TMP/peak.err" | awk '{ if ($2 > m) m = $2 } END { print m + 0 }'
+  return $rc
+}
+if [ -x /usr/bin/time ]; then
+  normal=$(peak_kib --model "$MODEL" --variant none --iters 1 --warmup 0 --max-memory-gib 0.01) ||
+    bad "tiny model within 0.01 GiB failed: $(cat "$TMP/peak.err")"
+  refused=$(peak_kib --model "$TMP/bigvocab.json" --variant none --iters 1 --warmup 0 \
+    --max-memory-gib 0.01) && bad "the 200k-vocabulary model ran within 0.01 GiB"
+  [ "$refused" -le $((normal + 20480)) ] ||
+    bad "memory refused only after allocating: peak $refused KiB per rank, a normal run $normal KiB"
+fi
 
 # 3. A rank that stalls (SIGSTOP) or dies (SIGKILL) mid-run: the job ends
 # non-zero within a bounded time, never hangs. A stall is caught by the other
