@@ -12,6 +12,7 @@
 #include "fit_internal.h"
 #include "moeplan/base/status.h"
 #include "moeplan/base/strings.h"
+#include "moeplan/calibration/report_bounds.h"
 #include "validation_internal.h"
 
 namespace moeplan::calibration {
@@ -80,7 +81,8 @@ std::string_view OpBaseName(std::string_view name) {
 }
 
 absl::StatusOr<std::vector<v1::OpContext>> FitOpContexts(const std::vector<ValidationInput>& inputs,
-                                                         const OpContextOptions& o) {
+                                                         const OpContextOptions& o,
+                                                         std::vector<OpContextRejection>* rejected) {
   if (inputs.empty())
     return absl::InvalidArgumentError("op contexts: no measured configs to fit on");
   if (o.min_samples < 2 || o.line_min_distinct < 2 || !(o.min_span >= 1.0) || o.bootstrap < 0) {
@@ -113,10 +115,29 @@ absl::StatusOr<std::vector<v1::OpContext>> FitOpContexts(const std::vector<Valid
   std::vector<v1::OpContext> out;
   std::mt19937_64 rng(o.seed);
   for (const auto& [key, pts] : groups) {
-    if (static_cast<int>(pts.size()) < o.min_samples) continue;
+    const int n = static_cast<int>(pts.size());
+    if (n < o.min_samples) {
+      if (rejected != nullptr) {
+        rejected->push_back(
+            {key.first, key.second, n, fmt::format("fewer than the {} a fit needs", o.min_samples)});
+      }
+      continue;
+    }
     const bool line = UseLine(pts, o);
     const Line fit = FitOne(pts, line, o.tolerance);
-    if (!(fit.scale > 0.0 && fit.scale <= 100.0) || !(fit.offset >= 0.0)) continue;
+    // Bounded from both sides (report_bounds.h): a correction that makes an
+    // op 100 times faster or slower than the profile's own model is not one.
+    if (!(fit.scale >= kMinContextScale && fit.scale <= kMaxContextScale) ||
+        !(fit.offset >= 0.0)) {
+      if (rejected != nullptr) {
+        rejected->push_back(
+            {key.first, key.second, n,
+             fmt::format("its fit (scale {:g}, offset {:g} us) is out of bounds: the scale must "
+                         "lie in [{:g}, {:g}] and the offset be >= 0",
+                         fit.scale, fit.offset, kMinContextScale, kMaxContextScale)});
+      }
+      continue;
+    }
     v1::OpContext c;
     c.set_op(key.first);
     c.set_resource(key.second);
