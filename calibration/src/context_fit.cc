@@ -55,6 +55,28 @@ bool UseLine(const std::vector<Obs>& pts, const OpContextOptions& o) {
   return static_cast<int>(xs.size()) >= o.line_min_distinct && xs.back() >= o.min_span * xs.front();
 }
 
+// The scale refitted on resamples of the instances (the same model choice):
+// the half-width of its central 95 % in % of the scale.
+double ScaleCiPct(const std::vector<Obs>& pts, bool line, double scale, const OpContextOptions& o,
+                  std::mt19937_64& rng) {
+  std::vector<double> scales;
+  std::vector<Obs> re(pts.size());
+  std::uniform_int_distribution<size_t> pick(0, pts.size() - 1);
+  for (int b = 0; b < o.bootstrap; ++b) {
+    for (Obs& r : re) r = pts[pick(rng)];
+    // A line needs two distinct predicted durations; a resample without
+    // them says nothing about the line's scale.
+    if (line && internal::DistinctSizes(re) < 2) continue;
+    scales.push_back(FitOne(re, line, o.tolerance).scale);
+  }
+  if (scales.empty()) scales.push_back(scale);
+  std::sort(scales.begin(), scales.end());
+  const auto at = [&](double q) {
+    return scales[static_cast<size_t>(std::lround(q * static_cast<double>(scales.size() - 1)))];
+  };
+  return (at(0.975) - at(0.025)) / 2.0 / scale * 100.0;
+}
+
 }  // namespace
 
 std::string_view OpBaseName(std::string_view name) {
@@ -150,26 +172,7 @@ absl::StatusOr<std::vector<v1::OpContext>> FitOpContexts(const std::vector<Valid
     internal::FillQuality(obs, o.tolerance, &q);
     c.set_r_squared(q.r_squared);
     c.set_max_error_pct(q.max_rel_err * 100.0);
-    if (o.bootstrap > 0) {
-      // The scale refitted on resamples of the instances (the same model
-      // choice): the half-width of its central 95 % in % of the scale.
-      std::vector<double> scales;
-      std::vector<Obs> re(pts.size());
-      std::uniform_int_distribution<size_t> pick(0, pts.size() - 1);
-      for (int b = 0; b < o.bootstrap; ++b) {
-        for (Obs& r : re) r = pts[pick(rng)];
-        // A line needs two distinct predicted durations; a resample without
-        // them says nothing about the line's scale.
-        if (line && internal::DistinctSizes(re) < 2) continue;
-        scales.push_back(FitOne(re, line, o.tolerance).scale);
-      }
-      if (scales.empty()) scales.push_back(fit.scale);
-      std::sort(scales.begin(), scales.end());
-      const auto at = [&](double q) {
-        return scales[static_cast<size_t>(std::lround(q * static_cast<double>(scales.size() - 1)))];
-      };
-      c.set_scale_ci_pct((at(0.975) - at(0.025)) / 2.0 / fit.scale * 100.0);
-    }
+    if (o.bootstrap > 0) c.set_scale_ci_pct(ScaleCiPct(pts, line, fit.scale, o, rng));
     out.push_back(std::move(c));
   }
   return out;
