@@ -102,9 +102,9 @@ std::string_view OpBaseName(std::string_view name) {
   }
 }
 
-absl::StatusOr<std::vector<v1::OpContext>> FitOpContexts(const std::vector<ValidationInput>& inputs,
-                                                         const OpContextOptions& o,
-                                                         std::vector<OpContextRejection>* rejected) {
+absl::StatusOr<std::vector<v1::OpContext>> FitOpContexts(
+    const std::vector<ValidationInput>& inputs, const OpContextOptions& o,
+    std::vector<OpContextRejection>* rejected) {
   if (inputs.empty())
     return absl::InvalidArgumentError("op contexts: no measured configs to fit on");
   if (o.min_samples < 2 || o.line_min_distinct < 2 || !(o.min_span >= 1.0) || o.bootstrap < 0) {
@@ -140,8 +140,8 @@ absl::StatusOr<std::vector<v1::OpContext>> FitOpContexts(const std::vector<Valid
     const int n = static_cast<int>(pts.size());
     if (n < o.min_samples) {
       if (rejected != nullptr) {
-        rejected->push_back(
-            {key.first, key.second, n, fmt::format("fewer than the {} a fit needs", o.min_samples)});
+        rejected->push_back({key.first, key.second, n,
+                             fmt::format("fewer than the {} a fit needs", o.min_samples)});
       }
       continue;
     }
@@ -149,8 +149,7 @@ absl::StatusOr<std::vector<v1::OpContext>> FitOpContexts(const std::vector<Valid
     const Line fit = FitOne(pts, line, o.tolerance);
     // Bounded from both sides (report_bounds.h): a correction that makes an
     // op 100 times faster or slower than the profile's own model is not one.
-    if (!(fit.scale >= kMinContextScale && fit.scale <= kMaxContextScale) ||
-        !(fit.offset >= 0.0)) {
+    if (!(fit.scale >= kMinContextScale && fit.scale <= kMaxContextScale) || !(fit.offset >= 0.0)) {
       if (rejected != nullptr) {
         rejected->push_back(
             {key.first, key.second, n,

@@ -5,8 +5,8 @@
 
 #include <algorithm>
 #include <cmath>
-#include <map>
 #include <iterator>
+#include <map>
 #include <set>
 #include <string>
 #include <utility>
@@ -227,8 +227,8 @@ absl::StatusOr<ValidationInput> UsableRun(const v1::ReportMeasurementRequest& r,
 }
 
 Reported ReportedRuns(const std::vector<v1::ReportMeasurementRequest>& reports,
-                      const p::ClusterProfile& profile, const p::CostModel& cost,
-                      double min_op_us, std::vector<std::string>* skipped) {
+                      const p::ClusterProfile& profile, const p::CostModel& cost, double min_op_us,
+                      std::vector<std::string>* skipped) {
   Reported out;
   for (size_t i = 0; i < reports.size(); ++i) {
     const v1::ReportMeasurementRequest& r = reports[i];
@@ -302,9 +302,8 @@ absl::Status NothingFitted(const v1::ClusterProfile& profile,
   }
   std::vector<const OpContextRejection*> order;
   for (const OpContextRejection& r : rejected) order.push_back(&r);
-  std::stable_sort(order.begin(), order.end(), [&](const auto* a, const auto* b) {
-    return reported[a->op] > reported[b->op];
-  });
+  std::stable_sort(order.begin(), order.end(),
+                   [&](const auto* a, const auto* b) { return reported[a->op] > reported[b->op]; });
   std::string why;
   for (size_t i = 0; i < order.size() && i < 3; ++i) {
     const OpContextRejection& r = *order[i];
@@ -314,13 +313,18 @@ absl::Status NothingFitted(const v1::ClusterProfile& profile,
                        r.instances, r.why);
   }
   if (order.size() > 3) why += fmt::format("; and {} more", order.size() - 3);
+  const bool too_few =
+      std::any_of(rejected.begin(), rejected.end(),
+                  [](const OpContextRejection& r) { return r.why.starts_with("fewer"); });
   return absl::FailedPreconditionError(fmt::format(
-      "refit of {}: no op could be corrected from the {} reported runs ({} usable): {}{}; report "
-      "more runs",
+      "refit of {}: no op could be corrected from the {} reported runs ({} usable): {}{}; {}",
       profile.name(), reports.size(), reports.size() - out.skipped.size(), why,
       out.skipped.empty() ? ""
                           : fmt::format(" (dropped with {} skipped reports, first: {})",
-                                        out.skipped.size(), out.skipped[0])));
+                                        out.skipped.size(), out.skipped[0]),
+      too_few ? "report more runs"
+              : "the runs and the profile's own model disagree beyond any correction: check the "
+                "reports, or re-measure the profile"));
 }
 
 }  // namespace
@@ -335,8 +339,7 @@ absl::StatusOr<RefitResult> RefitFromReports(
   base.mutable_context()->clear_ops_fitted_on();
   MOEPLAN_ASSIGN_OR_RETURN(const p::ClusterProfile base_profile, proto::ProfileFromProto(base));
   MOEPLAN_ASSIGN_OR_RETURN(const p::CostModel base_cost, p::CostModel::Create(base_profile));
-  const Reported runs =
-      ReportedRuns(reports, base_profile, base_cost, MinOpUs(base), &out.skipped);
+  const Reported runs = ReportedRuns(reports, base_profile, base_cost, MinOpUs(base), &out.skipped);
   const std::vector<ValidationInput>& inputs = runs.inputs;
   if (inputs.empty()) {
     return absl::FailedPreconditionError(

@@ -21,9 +21,9 @@ double MinOpUs(const v1::ClusterProfile& p) {
   take(p.links().inter().alpha_us());
   take(p.gemm().launch_overhead_us());
   take(p.memory().launch_overhead_us());
-  for (const v1::MemoryModel* m : {&p.kernels().order(), &p.kernels().iorder(),
-                                   &p.kernels().route(), &p.activation().forward(),
-                                   &p.activation().backward()}) {
+  for (const v1::MemoryModel* m :
+       {&p.kernels().order(), &p.kernels().iorder(), &p.kernels().route(),
+        &p.activation().forward(), &p.activation().backward()}) {
     take(m->launch_overhead_us());
   }
   return std::max(kMinOpUs, alpha / 10.0);

@@ -235,8 +235,7 @@ TEST(RefitTest, CorrectionsAreBoundedFromBelowAndAbove) {
     SCOPED_TRACE(factor);
     std::vector<ValidationInput> inputs;
     for (const v1::ReportMeasurementRequest& r : FourRuns(lab)) {
-      absl::StatusOr<ValidationInput> in =
-          ReportedRun(Scaled(r, factor, factor), cp, cost, "run");
+      absl::StatusOr<ValidationInput> in = ReportedRun(Scaled(r, factor, factor), cp, cost, "run");
       ASSERT_TRUE(in.ok()) << in.status();
       inputs.push_back(*std::move(in));
     }

@@ -66,9 +66,7 @@ class ReportBoundsTest : public ::testing::Test {
     v1::ReportMeasurementResponse resp;
     return handlers_->ReportMeasurement(call_, r, &resp);
   }
-  bool LogExists() const {
-    return std::filesystem::exists(dir_ + "/measurements/a100-8x8.jsonl");
-  }
+  bool LogExists() const { return std::filesystem::exists(dir_ + "/measurements/a100-8x8.jsonl"); }
 
   std::string dir_;
   std::unique_ptr<ProfileStore> store_;
