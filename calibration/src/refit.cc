@@ -300,17 +300,23 @@ absl::Status NothingFitted(const v1::ClusterProfile& profile,
   for (const v1::ReportMeasurementRequest& r : reports) {
     for (const v1::MeasuredOp& op : r.ops()) ++reported[std::string(OpBaseName(op.name()))];
   }
+  std::map<std::string, int> kept;  // instances that reached the fit, over resources
   std::vector<const OpContextRejection*> order;
-  for (const OpContextRejection& r : rejected) order.push_back(&r);
+  for (const OpContextRejection& r : rejected) {
+    kept[r.op] += r.instances;
+    order.push_back(&r);
+  }
   std::stable_sort(order.begin(), order.end(),
                    [&](const auto* a, const auto* b) { return reported[a->op] > reported[b->op]; });
   std::string why;
   for (size_t i = 0; i < order.size() && i < 3; ++i) {
     const OpContextRejection& r = *order[i];
     const int n = reported[r.op];
-    why += fmt::format("{}op {} ({}) was reported {} times; {} were dropped, leaving {}: {}",
-                       i == 0 ? "" : "; ", r.op, r.resource, n, std::max(0, n - r.instances),
-                       r.instances, r.why);
+    const int elsewhere = kept[r.op] - r.instances;  // the same op on other resources
+    why += fmt::format(
+        "{}op {} ({}) was reported {} times; {} were dropped, leaving {}{}: {}", i == 0 ? "" : "; ",
+        r.op, r.resource, n, std::max(0, n - kept[r.op]), r.instances,
+        elsewhere > 0 ? fmt::format(" (and {} on other resources)", elsewhere) : "", r.why);
   }
   if (order.size() > 3) why += fmt::format("; and {} more", order.size() - 3);
   const bool too_few =

@@ -303,6 +303,16 @@ TEST(RefitTest, OpsLongerThanTheirRunAreRefused) {
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(s.message(), HasSubstr("ops: the 2 ops on the compute stream run one after another"));
   EXPECT_THAT(s.message(), HasSubstr("(got 120 us of ops, total_us 100)"));
+  // Pipeline stages run on different ranks at once: 60 µs on each of two
+  // stages in a run of 100 is fine, 120 on one of them is not.
+  v1::ReportMeasurementRequest staged = two;
+  staged.mutable_ops(0)->set_name("s0.mb0.fwd.a");
+  staged.mutable_ops(1)->set_name("s1.mb0.fwd.a");
+  EXPECT_TRUE(CheckReportedTimes(staged, 1.0, res).ok());
+  staged.mutable_ops(1)->set_name("s0.mb1.fwd.a");
+  s = CheckReportedTimes(staged, 1.0, res);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("the 2 ops on the compute stream of pipeline stage s0 run"));
   // Ops on links may overlap each other: 120 µs of them in 100 is fine.
   EXPECT_TRUE(CheckReportedTimes(two, 1.0, {{"fwd.a", "compute"}}).ok());
   EXPECT_TRUE(CheckReportedTimes(FourRuns(lab)[0], MinOpUs(lab), {}).ok());

@@ -43,9 +43,9 @@ double MinOpUs(const v1::ClusterProfile& profile);
 // total (+kTotalTolerance), and the ops held on the compute resource alone
 // (resource "compute" in `resources`, op name -> the planner's resource; a
 // name not found is looked up by its OpBaseName) sum to at most the total
-// (+kTotalTolerance). InvalidArgument naming the op and the total, as
-// `ops[i].duration_us: ...` or `ops: ...`. `total_us` must already be finite
-// and > 0.
+// (+kTotalTolerance), per pipeline stage ("s1." in front: stages run on
+// different ranks at once, each on a compute stream of its own). InvalidArgument naming the op and
+// the total, as `ops[i].duration_us: ...` or `ops: ...`. `total_us` must already be finite and > 0.
 absl::Status CheckReportedTimes(const v1::ReportMeasurementRequest& report, double min_op_us,
                                 const std::map<std::string, std::string>& resources);
 
