@@ -12,6 +12,7 @@
 #include "fit_internal.h"
 #include "moeplan/base/status.h"
 #include "moeplan/base/strings.h"
+#include "moeplan/calibration/report_bounds.h"
 #include "validation_internal.h"
 
 namespace moeplan::calibration {
@@ -54,6 +55,28 @@ bool UseLine(const std::vector<Obs>& pts, const OpContextOptions& o) {
   return static_cast<int>(xs.size()) >= o.line_min_distinct && xs.back() >= o.min_span * xs.front();
 }
 
+// The scale refitted on resamples of the instances (the same model choice):
+// the half-width of its central 95 % in % of the scale.
+double ScaleCiPct(const std::vector<Obs>& pts, bool line, double scale, const OpContextOptions& o,
+                  std::mt19937_64& rng) {
+  std::vector<double> scales;
+  std::vector<Obs> re(pts.size());
+  std::uniform_int_distribution<size_t> pick(0, pts.size() - 1);
+  for (int b = 0; b < o.bootstrap; ++b) {
+    for (Obs& r : re) r = pts[pick(rng)];
+    // A line needs two distinct predicted durations; a resample without
+    // them says nothing about the line's scale.
+    if (line && internal::DistinctSizes(re) < 2) continue;
+    scales.push_back(FitOne(re, line, o.tolerance).scale);
+  }
+  if (scales.empty()) scales.push_back(scale);
+  std::sort(scales.begin(), scales.end());
+  const auto at = [&](double q) {
+    return scales[static_cast<size_t>(std::lround(q * static_cast<double>(scales.size() - 1)))];
+  };
+  return (at(0.975) - at(0.025)) / 2.0 / scale * 100.0;
+}
+
 }  // namespace
 
 std::string_view OpBaseName(std::string_view name) {
@@ -79,8 +102,9 @@ std::string_view OpBaseName(std::string_view name) {
   }
 }
 
-absl::StatusOr<std::vector<v1::OpContext>> FitOpContexts(const std::vector<ValidationInput>& inputs,
-                                                         const OpContextOptions& o) {
+absl::StatusOr<std::vector<v1::OpContext>> FitOpContexts(
+    const std::vector<ValidationInput>& inputs, const OpContextOptions& o,
+    std::vector<OpContextRejection>* rejected) {
   if (inputs.empty())
     return absl::InvalidArgumentError("op contexts: no measured configs to fit on");
   if (o.min_samples < 2 || o.line_min_distinct < 2 || !(o.min_span >= 1.0) || o.bootstrap < 0) {
@@ -113,10 +137,28 @@ absl::StatusOr<std::vector<v1::OpContext>> FitOpContexts(const std::vector<Valid
   std::vector<v1::OpContext> out;
   std::mt19937_64 rng(o.seed);
   for (const auto& [key, pts] : groups) {
-    if (static_cast<int>(pts.size()) < o.min_samples) continue;
+    const int n = static_cast<int>(pts.size());
+    if (n < o.min_samples) {
+      if (rejected != nullptr) {
+        rejected->push_back({key.first, key.second, n,
+                             fmt::format("fewer than the {} a fit needs", o.min_samples)});
+      }
+      continue;
+    }
     const bool line = UseLine(pts, o);
     const Line fit = FitOne(pts, line, o.tolerance);
-    if (!(fit.scale > 0.0 && fit.scale <= 100.0) || !(fit.offset >= 0.0)) continue;
+    // Bounded from both sides (report_bounds.h): a correction that makes an
+    // op 100 times faster or slower than the profile's own model is not one.
+    if (!(fit.scale >= kMinContextScale && fit.scale <= kMaxContextScale) || !(fit.offset >= 0.0)) {
+      if (rejected != nullptr) {
+        rejected->push_back(
+            {key.first, key.second, n,
+             fmt::format("its fit (scale {:g}, offset {:g} us) is out of bounds: the scale must "
+                         "lie in [{:g}, {:g}] and the offset be >= 0",
+                         fit.scale, fit.offset, kMinContextScale, kMaxContextScale)});
+      }
+      continue;
+    }
     v1::OpContext c;
     c.set_op(key.first);
     c.set_resource(key.second);
@@ -129,26 +171,7 @@ absl::StatusOr<std::vector<v1::OpContext>> FitOpContexts(const std::vector<Valid
     internal::FillQuality(obs, o.tolerance, &q);
     c.set_r_squared(q.r_squared);
     c.set_max_error_pct(q.max_rel_err * 100.0);
-    if (o.bootstrap > 0) {
-      // The scale refitted on resamples of the instances (the same model
-      // choice): the half-width of its central 95 % in % of the scale.
-      std::vector<double> scales;
-      std::vector<Obs> re(pts.size());
-      std::uniform_int_distribution<size_t> pick(0, pts.size() - 1);
-      for (int b = 0; b < o.bootstrap; ++b) {
-        for (Obs& r : re) r = pts[pick(rng)];
-        // A line needs two distinct predicted durations; a resample without
-        // them says nothing about the line's scale.
-        if (line && internal::DistinctSizes(re) < 2) continue;
-        scales.push_back(FitOne(re, line, o.tolerance).scale);
-      }
-      if (scales.empty()) scales.push_back(fit.scale);
-      std::sort(scales.begin(), scales.end());
-      const auto at = [&](double q) {
-        return scales[static_cast<size_t>(std::lround(q * static_cast<double>(scales.size() - 1)))];
-      };
-      c.set_scale_ci_pct((at(0.975) - at(0.025)) / 2.0 / fit.scale * 100.0);
-    }
+    if (o.bootstrap > 0) c.set_scale_ci_pct(ScaleCiPct(pts, line, fit.scale, o, rng));
     out.push_back(std::move(c));
   }
   return out;

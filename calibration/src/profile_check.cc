@@ -64,11 +64,17 @@ struct Measured {
   std::vector<double> medians;
 };
 
+// A sample the check can judge with: a finite, positive median and no wrong
+// elements (the profiler's correctness check; calibrate refuses them too).
+bool Valid(const v1::ProfileSample& s) {
+  return s.median_us() > 0.0 && std::isfinite(s.median_us()) && s.wrong_elements() == 0;
+}
+
 std::vector<Measured> GroupRounds(const std::vector<v1::ProfileSample>& samples) {
   std::map<std::string, size_t> index;  // point label -> its entry
   std::vector<Measured> points;
   for (const v1::ProfileSample& s : samples) {
-    if (!(s.median_us() > 0.0)) continue;
+    if (!Valid(s)) continue;
     std::string label = internal::PointLabel(s);
     const auto [it, first] = index.try_emplace(label, points.size());
     if (first) points.push_back({&s, std::move(label), {}});
@@ -150,6 +156,17 @@ absl::StatusOr<std::map<std::string, std::vector<Point>>> CompareTerms(
     if (!(predicted->us > 0.0)) continue;
     ++compared;
     terms[predicted->term].push_back({predicted->label, measured / predicted->us, spread});
+  }
+  if (compared < kMinCheckPoints) {
+    int wrong = 0;
+    for (const v1::ProfileSample& s : samples) wrong += s.wrong_elements() != 0 ? 1 : 0;
+    int valid = 0;
+    for (const v1::ProfileSample& s : samples) valid += Valid(s) ? 1 : 0;
+    return absl::InvalidArgumentError(fmt::format(
+        "samples: profile-check needs at least {} valid points to judge a profile (got {} valid "
+        "of {} samples, {} compared; {} with wrong elements, {} without a finite median > 0)",
+        kMinCheckPoints, valid, samples.size(), compared, wrong,
+        samples.size() - static_cast<size_t>(valid) - static_cast<size_t>(wrong)));
   }
   if (against_reference == compared) {
     notes->push_back(

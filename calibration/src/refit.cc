@@ -4,7 +4,9 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 #include <iterator>
+#include <map>
 #include <set>
 #include <string>
 #include <utility>
@@ -12,6 +14,7 @@
 
 #include "moeplan/base/status.h"
 #include "moeplan/base/strings.h"
+#include "moeplan/calibration/report_bounds.h"
 #include "moeplan/planner/model_planner.h"
 #include "moeplan/planner/planner.h"
 #include "moeplan/proto/convert.h"
@@ -193,8 +196,38 @@ struct Reported {
   int layers = 0, models = 0;
 };
 
+// The planner's resource of every predicted op of a reported run, by name.
+std::map<std::string, std::string> PredictedResources(const ValidationInput& in) {
+  std::map<std::string, std::string> out;
+  auto add = [&](const auto& ops) {
+    for (const v1::OpTiming& op : ops) {
+      out.emplace(op.name(), op.resource());
+      out.emplace(std::string(OpBaseName(op.name())), op.resource());
+    }
+  };
+  for (const v1::CandidatePlan& c : in.predicted) add(c.ops());
+  for (const v1::VariantPlan& v : in.predicted_variants) add(v.ops());
+  return out;
+}
+
+// The run as a validation input when it plans and its times are within the
+// physical bounds (report_bounds.h; the server checks them when a report
+// arrives, but a log may hold reports stored before it did).
+absl::StatusOr<ValidationInput> UsableRun(const v1::ReportMeasurementRequest& r,
+                                          const p::ClusterProfile& profile,
+                                          const p::CostModel& cost, double min_op_us,
+                                          std::string name) {
+  if (!std::isfinite(r.total_us()) || !(r.total_us() > 0.0)) {
+    return absl::InvalidArgumentError(
+        Cat("total_us: must be finite and > 0 (got ", r.total_us(), ")"));
+  }
+  MOEPLAN_ASSIGN_OR_RETURN(ValidationInput in, ReportedRun(r, profile, cost, std::move(name)));
+  MOEPLAN_RETURN_IF_ERROR(CheckReportedTimes(r, min_op_us, PredictedResources(in)));
+  return in;
+}
+
 Reported ReportedRuns(const std::vector<v1::ReportMeasurementRequest>& reports,
-                      const p::ClusterProfile& profile, const p::CostModel& cost,
+                      const p::ClusterProfile& profile, const p::CostModel& cost, double min_op_us,
                       std::vector<std::string>* skipped) {
   Reported out;
   for (size_t i = 0; i < reports.size(); ++i) {
@@ -204,7 +237,7 @@ Reported ReportedRuns(const std::vector<v1::ReportMeasurementRequest>& reports,
             ? fmt::format("report[{}] {} {}", i, r.model_plan().model().name(), r.variant())
             : fmt::format("report[{}] {} {}", i, r.plan().layer().name(),
                           proto::ScheduleLabel(r.schedule()));
-    absl::StatusOr<ValidationInput> in = ReportedRun(r, profile, cost, name);
+    absl::StatusOr<ValidationInput> in = UsableRun(r, profile, cost, min_op_us, name);
     if (!in.ok()) {
       skipped->push_back(Cat("report ", i, ": ", View(in.status().message())));
       continue;
@@ -256,6 +289,50 @@ std::string RenderRefit(const v1::ClusterProfile& profile, const RefitResult& ou
   return md;
 }
 
+// Why no op could be corrected, op by op and truthfully: how many times each
+// was reported, how many of those were dropped with their reports (or had no
+// positive time), how many were left, and what the fit of those said.
+absl::Status NothingFitted(const v1::ClusterProfile& profile,
+                           const std::vector<v1::ReportMeasurementRequest>& reports,
+                           const RefitResult& out,
+                           const std::vector<OpContextRejection>& rejected) {
+  std::map<std::string, int> reported;
+  for (const v1::ReportMeasurementRequest& r : reports) {
+    for (const v1::MeasuredOp& op : r.ops()) ++reported[std::string(OpBaseName(op.name()))];
+  }
+  std::map<std::string, int> kept;  // instances that reached the fit, over resources
+  std::vector<const OpContextRejection*> order;
+  for (const OpContextRejection& r : rejected) {
+    kept[r.op] += r.instances;
+    order.push_back(&r);
+  }
+  std::stable_sort(order.begin(), order.end(),
+                   [&](const auto* a, const auto* b) { return reported[a->op] > reported[b->op]; });
+  std::string why;
+  for (size_t i = 0; i < order.size() && i < 3; ++i) {
+    const OpContextRejection& r = *order[i];
+    const int n = reported[r.op];
+    const int elsewhere = kept[r.op] - r.instances;  // the same op on other resources
+    why += fmt::format(
+        "{}op {} ({}) was reported {} times; {} were dropped, leaving {}{}: {}", i == 0 ? "" : "; ",
+        r.op, r.resource, n, std::max(0, n - kept[r.op]), r.instances,
+        elsewhere > 0 ? fmt::format(" (and {} on other resources)", elsewhere) : "", r.why);
+  }
+  if (order.size() > 3) why += fmt::format("; and {} more", order.size() - 3);
+  const bool too_few =
+      std::any_of(rejected.begin(), rejected.end(),
+                  [](const OpContextRejection& r) { return r.why.starts_with("fewer"); });
+  return absl::FailedPreconditionError(fmt::format(
+      "refit of {}: no op could be corrected from the {} reported runs ({} usable): {}{}; {}",
+      profile.name(), reports.size(), reports.size() - out.skipped.size(), why,
+      out.skipped.empty() ? ""
+                          : fmt::format(" (dropped with {} skipped reports, first: {})",
+                                        out.skipped.size(), out.skipped[0]),
+      too_few ? "report more runs"
+              : "the runs and the profile's own model disagree beyond any correction: check the "
+                "reports, or re-measure the profile"));
+}
+
 }  // namespace
 
 absl::StatusOr<RefitResult> RefitFromReports(
@@ -268,19 +345,17 @@ absl::StatusOr<RefitResult> RefitFromReports(
   base.mutable_context()->clear_ops_fitted_on();
   MOEPLAN_ASSIGN_OR_RETURN(const p::ClusterProfile base_profile, proto::ProfileFromProto(base));
   MOEPLAN_ASSIGN_OR_RETURN(const p::CostModel base_cost, p::CostModel::Create(base_profile));
-  const Reported runs = ReportedRuns(reports, base_profile, base_cost, &out.skipped);
+  const Reported runs = ReportedRuns(reports, base_profile, base_cost, MinOpUs(base), &out.skipped);
   const std::vector<ValidationInput>& inputs = runs.inputs;
   if (inputs.empty()) {
-    return absl::FailedPreconditionError(Cat(
-        "refit of ", profile.name(), ": none of the ", reports.size(), " reported runs plans on it",
-        out.skipped.empty() ? "" : Cat(" (first: ", out.skipped[0], ")")));
+    return absl::FailedPreconditionError(
+        Cat("refit of ", profile.name(), ": none of the ", reports.size(),
+            " reported runs plans on it within the bounds on measured times",
+            out.skipped.empty() ? "" : Cat(" (first: ", out.skipped[0], ")")));
   }
-  MOEPLAN_ASSIGN_OR_RETURN(out.ops, FitOpContexts(inputs, options));
-  if (out.ops.empty()) {
-    return absl::FailedPreconditionError(Cat("refit of ", profile.name(), ": no op was reported ",
-                                             options.min_samples, " or more times in the ",
-                                             inputs.size(), " runs that plan; report more runs"));
-  }
+  std::vector<OpContextRejection> rejected;
+  MOEPLAN_ASSIGN_OR_RETURN(out.ops, FitOpContexts(inputs, options, &rejected));
+  if (out.ops.empty()) return NothingFitted(profile, reports, out, rejected);
   out.used = static_cast<int>(inputs.size());
   MOEPLAN_ASSIGN_OR_RETURN(out.gap_us, FitGap(runs.used, runs.names, base, out.ops));
   for (v1::OpContext& c : out.ops) c.set_offset_us(c.offset_us() + out.gap_us);

@@ -39,11 +39,21 @@ absl::Status ProfileCheckCmd(const ProfileCheckArgs& a) {
     const std::string command =
         fmt::format("{} {} --check --rounds 3 --backend {} --watchdog-s 120 --out {} 1>&2",
                     launcher, ShellQuote(profiler), ShellQuote(backend), ShellQuote(samples_file));
+    // Judge only what this run measures: a check.jsonl an earlier run left in
+    // --out-dir must not stand in for a profiler that wrote nothing.
+    for (const std::string& old : {samples_file, samples_file + ".partial"}) {
+      std::filesystem::remove(old, ec);
+      if (ec) return absl::PermissionDeniedError(Cat("--out-dir: ", old, ": ", ec.message()));
+    }
     fmt::print(stderr, "moeplan profile-check: {}\n", command);
     MOEPLAN_ASSIGN_OR_RETURN(Ran ran, RunCommand(command));
     if (ran.exit_code != 0) {
       return absl::UnavailableError(
           Cat("moeplan-profile --check failed (exit code ", ran.exit_code, "); see above"));
+    }
+    if (!std::filesystem::exists(samples_file, ec)) {
+      return absl::UnavailableError(Cat("moeplan-profile --check exited 0 but wrote no samples (",
+                                        samples_file, " is missing): nothing was measured"));
     }
   }
   MOEPLAN_ASSIGN_OR_RETURN(std::vector<v1::ProfileSample> samples,

@@ -2,6 +2,7 @@
 // PutProfile, ReportMeasurement with the checks a report must pass before it
 // is stored, and RefitProfile with the --refit-every worker. No gRPC here.
 #include <cmath>
+#include <map>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -12,6 +13,7 @@
 #include "moeplan/base/strings.h"
 #include "moeplan/calibration/context_fit.h"
 #include "moeplan/calibration/refit.h"
+#include "moeplan/calibration/report_bounds.h"
 #include "moeplan/planner/model.h"
 #include "moeplan/planner/model_planner.h"
 #include "moeplan/planner/planner.h"
@@ -171,11 +173,14 @@ absl::Status Handlers::Impl::CheckLayerReport(const v1::ReportMeasurementRequest
     return Invalid(Cat("ops: at most one entry per op of the plan (", graph.size(), " ops) (got ",
                        req.ops_size(), ")"));
   }
-  absl::flat_hash_set<std::string> names;
-  for (p::OpId id = 0; id < graph.size(); ++id) names.insert(graph.op(id).Name());
-  return CheckOps(
-      req, [&](const std::string& name) { return names.contains(name); },
-      Cat("the plan's ", p::ScheduleName(*schedule), " schedule"));
+  std::map<std::string, std::string> resources;  // op -> the planner's resource
+  for (p::OpId id = 0; id < graph.size(); ++id) {
+    resources.emplace(graph.op(id).Name(), p::ResourceMaskName(graph.op(id).resources));
+  }
+  MOEPLAN_RETURN_IF_ERROR(CheckOps(
+      req, [&](const std::string& name) { return resources.contains(name); },
+      Cat("the plan's ", p::ScheduleName(*schedule), " schedule")));
+  return calibration::CheckReportedTimes(req, calibration::MinOpUs(entry.message), resources);
 }
 
 absl::Status Handlers::Impl::CheckModelReport(const CallContext& ctx,
@@ -212,15 +217,20 @@ absl::Status Handlers::Impl::CheckModelReport(const CallContext& ctx,
                        " ops) (got ", req.ops_size(), ")"));
   }
   absl::flat_hash_set<std::string> kinds;
-  for (const v1::OpTiming& op : v.ops())
+  std::map<std::string, std::string> resources;  // op and its kind -> the planner's resource
+  for (const v1::OpTiming& op : v.ops()) {
     kinds.insert(std::string(calibration::OpBaseName(op.name())));
-  return CheckOps(
+    resources.emplace(op.name(), op.resource());
+    resources.emplace(std::string(calibration::OpBaseName(op.name())), op.resource());
+  }
+  MOEPLAN_RETURN_IF_ERROR(CheckOps(
       req,
       [&](const std::string& name) {
         const std::string_view kind = calibration::OpBaseName(name);
         return name.size() <= 256 && kinds.contains(absl::string_view(kind.data(), kind.size()));
       },
-      Cat("the model's ", req.variant(), " plan"));
+      Cat("the model's ", req.variant(), " plan")));
+  return calibration::CheckReportedTimes(req, calibration::MinOpUs(entry.message), resources);
 }
 
 absl::Status Handlers::Impl::DoReport(const CallContext& ctx,
@@ -233,16 +243,17 @@ absl::Status Handlers::Impl::DoReport(const CallContext& ctx,
     return Invalid(Cat("profile_version: must be between 1 and the stored version ",
                        entry->message.version(), " (got ", req.profile_version(), ")"));
   }
+  // The total first: the checks on the ops' times hold them against it.
+  if (!std::isfinite(req.total_us()) || req.total_us() <= 0 || req.total_us() > kMaxUs) {
+    return Invalid(
+        Cat("total_us: must be finite, > 0 and <= 3.6e9 (an hour) (got ", req.total_us(), ")"));
+  }
   if (req.has_model_plan()) {
     if (req.has_plan())
       return Invalid("plan: give plan (a layer) or model_plan (a model), not both");
     MOEPLAN_RETURN_IF_ERROR(CheckModelReport(ctx, req, *entry));
   } else {
     MOEPLAN_RETURN_IF_ERROR(CheckLayerReport(req, *entry));
-  }
-  if (!std::isfinite(req.total_us()) || req.total_us() <= 0 || req.total_us() > kMaxUs) {
-    return Invalid(
-        Cat("total_us: must be finite, > 0 and <= 3.6e9 (an hour) (got ", req.total_us(), ")"));
   }
   proto::JsonStyle style;
   style.pretty = false;

@@ -14,6 +14,7 @@
 #include "moeplan/base/strings.h"
 #include "moeplan/calibration/context_fit.h"
 #include "moeplan/calibration/profile_check.h"
+#include "moeplan/calibration/profiles.h"
 #include "moeplan/planner/cost_model.h"
 #include "moeplan/planner/op_graph.h"
 #include "moeplan/planner/profile.h"
@@ -1173,6 +1174,71 @@ TEST(ProfileCheckTest, OneDisturbedRoundDoesNotDecide) {
   EXPECT_FALSE(r->stale);
   for (const DriftRow& row : r->rows) EXPECT_NEAR(row.drift_pct, 0.0, 1e-6) << row.term;
   EXPECT_THAT(r->notes, Contains(HasSubstr("at 7 of 8 points")));
+}
+
+// A check whose samples are all invalid (no positive median, or wrong
+// elements) has nothing to judge with: refused, naming the minimum and how
+// many valid points there were, never "fresh at all 0 points".
+TEST(ProfileCheckTest, TooFewValidPointsAreRefused) {
+  const v1::ClusterProfile p = CalibratedReference();
+  std::vector<v1::ProfileSample> none = CheckSamples(p, 1.0, 1.0);
+  for (v1::ProfileSample& s : none) s.set_median_us(0.0);
+  absl::StatusOr<ProfileCheckResult> r = CheckProfile(p, none, 15.0);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(Msg(r.status()), HasSubstr("at least 3 valid points"));
+  EXPECT_THAT(Msg(r.status()), HasSubstr("got 0 valid of 8 samples"));
+  // Two valid points and the rest wrong (the profiler's element check):
+  // still too few.
+  std::vector<v1::ProfileSample> two = CheckSamples(p, 1.0, 1.0);
+  for (size_t i = 2; i < two.size(); ++i) two[i].set_wrong_elements(1);
+  r = CheckProfile(p, two, 15.0);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(Msg(r.status()), HasSubstr("got 2 valid of 8 samples"));
+  EXPECT_THAT(Msg(r.status()), HasSubstr("6 with wrong elements"));
+}
+
+// The shipped measured built-ins against the samples they were fitted from:
+// fresh, both against their recorded measurements and, without them, against
+// their fitted lines (a profile fitted by an older calibrate, which charged
+// order, i-order and routing at copy speed, was +252 % stale on memory here).
+// A foreign profile, or the machine measured slower, is still stale.
+TEST(ProfileCheckTest, ShippedBuiltinsAreFreshAgainstTheirOwnSamples) {
+  for (const std::string name : {"cpu-testbed-1x4", "cpu-testbed-2x2"}) {
+    SCOPED_TRACE(name);
+    absl::StatusOr<v1::ClusterProfile> p = BuiltinProfile(name);
+    ASSERT_TRUE(p.ok()) << p.status();
+    absl::StatusOr<std::vector<v1::ProfileSample>> samples = ReadSamples(
+        Cat(MOEPLAN_SOURCE_DIR, "/calibration/profiles/measured/", name, "/samples.jsonl"));
+    ASSERT_TRUE(samples.ok()) << samples.status();
+    absl::StatusOr<ProfileCheckResult> r = CheckProfile(*p, *samples, 15.0);
+    ASSERT_TRUE(r.ok()) << r.status();
+    for (const DriftRow& row : r->rows) EXPECT_FALSE(row.stale) << row.term << " " << row.drift_pct;
+    v1::ClusterProfile lines = *p;
+    lines.mutable_provenance()->clear_reference();
+    r = CheckProfile(lines, *samples, 15.0);
+    ASSERT_TRUE(r.ok()) << r.status();
+    for (const DriftRow& row : r->rows) EXPECT_FALSE(row.stale) << row.term << " " << row.drift_pct;
+
+    // Foreign: the memory kernels twice as fast as measured.
+    v1::ClusterProfile fast = lines;
+    fast.mutable_memory()->set_bandwidth_gbytes_per_s(2 * lines.memory().bandwidth_gbytes_per_s());
+    for (v1::MemoryModel* k :
+         {fast.mutable_kernels()->mutable_order(), fast.mutable_kernels()->mutable_iorder(),
+          fast.mutable_kernels()->mutable_route()}) {
+      k->set_bandwidth_gbytes_per_s(2 * k->bandwidth_gbytes_per_s());
+    }
+    r = CheckProfile(fast, *samples, 15.0);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_TRUE(r->stale);
+    // The machine measured 1.5x slower everywhere (+50 % against the recorded
+    // points, within a few % against the lines elsewhere).
+    std::vector<v1::ProfileSample> slower = *samples;
+    for (v1::ProfileSample& s : slower) s.set_median_us(1.5 * s.median_us());
+    r = CheckProfile(*p, slower, 15.0);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_TRUE(r->stale);
+    for (const DriftRow& row : r->rows) EXPECT_GT(row.drift_pct, 40.0) << row.term;
+  }
 }
 
 TEST(ProfileCheckTest, OtherMachineAndLayoutAreNamed) {

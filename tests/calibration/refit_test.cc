@@ -6,10 +6,12 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <map>
 #include <string>
 #include <vector>
 
 #include "moeplan/calibration/profiles.h"
+#include "moeplan/calibration/report_bounds.h"
 #include "moeplan/planner/model_planner.h"
 #include "moeplan/planner/planner.h"
 #include "moeplan/proto/convert.h"
@@ -21,6 +23,7 @@ namespace moeplan::calibration {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 namespace p = ::moeplan::planner;
 
 constexpr double kSlowdown = 2.0;
@@ -178,10 +181,141 @@ TEST(RefitTest, ReportsThatDoNotPlanAreListedAndTooFewAreRefused) {
   reports.resize(2);
   r = RefitFromReports(lab, reports, {}, "t");
   EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_THAT(r.status().message(), HasSubstr("no op was reported 3 or more times"));
+  EXPECT_THAT(r.status().message(), HasSubstr("no op could be corrected from the 2 reported runs"));
+  EXPECT_THAT(r.status().message(),
+              HasSubstr("was reported 2 times; 0 were dropped, leaving 2: fewer than the 3 a fit "
+                        "needs"));
   r = RefitFromReports(lab, {bad}, {}, "t");
   EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(r.status().message(), HasSubstr("none of the 1 reported runs plans on it"));
+}
+
+// Every op of `r` and its total times `ops` and `total`.
+v1::ReportMeasurementRequest Scaled(v1::ReportMeasurementRequest r, double ops, double total) {
+  for (v1::MeasuredOp& op : *r.mutable_ops()) op.set_duration_us(ops * op.duration_us());
+  r.set_total_us(total * r.total_us());
+  return r;
+}
+
+std::vector<v1::ReportMeasurementRequest> FourRuns(const v1::ClusterProfile& prof) {
+  std::vector<v1::ReportMeasurementRequest> out;
+  for (int b : {2, 4, 8, 16}) out.push_back(LayerRun(prof, Layer(b), v1::SCHEDULE_DEFAULT));
+  return out;
+}
+
+// Four runs whose every op took 1e-6 µs were once refitted into a profile
+// that planned a 1,264 µs layer in 0.001 µs: no op completes faster than a
+// launch or latency term, so such runs are skipped, and nothing is fitted.
+TEST(RefitTest, OpsFasterThanPhysicsAreSkippedNotFitted) {
+  const v1::ClusterProfile lab = Lab();
+  std::vector<v1::ReportMeasurementRequest> reports = FourRuns(lab);
+  for (v1::ReportMeasurementRequest& r : reports) {
+    for (v1::MeasuredOp& op : *r.mutable_ops()) op.set_duration_us(1e-6);
+  }
+  absl::StatusOr<RefitResult> r = RefitFromReports(lab, reports, {}, "t");
+  ASSERT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition) << r.status();
+  EXPECT_THAT(r.status().message(), HasSubstr("none of the 4 reported runs plans on it"));
+  EXPECT_THAT(r.status().message(),
+              HasSubstr("report 0: ops[0].duration_us: must be at least 0.3 us"));
+  EXPECT_THAT(r.status().message(), HasSubstr("(got 1e-06 for 'fwd."));
+  // a100-8x8's shortest α is the 3 µs intra link; a profile without any
+  // α still has the timer's floor.
+  EXPECT_DOUBLE_EQ(MinOpUs(lab), 0.3);
+  EXPECT_DOUBLE_EQ(MinOpUs(v1::ClusterProfile()), kMinOpUs);
+}
+
+// A correction is bounded from below as well as above: runs 250 times faster
+// or 200 times slower than the profile's own model correct nothing (the
+// runs are LayerRun's, twice the model, scaled by 1/500 or 100).
+TEST(RefitTest, CorrectionsAreBoundedFromBelowAndAbove) {
+  const v1::ClusterProfile lab = Lab();
+  const p::ClusterProfile cp = *proto::ProfileFromProto(lab);
+  const p::CostModel cost = *p::CostModel::Create(cp);
+  for (double factor : {1.0 / 500.0, 100.0}) {
+    SCOPED_TRACE(factor);
+    std::vector<ValidationInput> inputs;
+    for (const v1::ReportMeasurementRequest& r : FourRuns(lab)) {
+      absl::StatusOr<ValidationInput> in = ReportedRun(Scaled(r, factor, factor), cp, cost, "run");
+      ASSERT_TRUE(in.ok()) << in.status();
+      inputs.push_back(*std::move(in));
+    }
+    absl::StatusOr<std::vector<v1::OpContext>> ops = FitOpContexts(inputs, OpContextOptions{});
+    ASSERT_TRUE(ops.ok()) << ops.status();
+    for (const v1::OpContext& c : *ops) ADD_FAILURE() << c.op() << " scale " << c.scale();
+  }
+}
+
+// Runs 200 times slower than predicted, each op reported 4 times: the refit
+// says what it had and why it fitted nothing, not "no op was reported 3 or
+// more times".
+TEST(RefitTest, NothingFittedSaysWhatWasReportedAndWhy) {
+  const v1::ClusterProfile lab = Lab();
+  std::vector<v1::ReportMeasurementRequest> reports = FourRuns(lab);
+  for (v1::ReportMeasurementRequest& r : reports) r = Scaled(r, 100.0, 100.0);
+  absl::StatusOr<RefitResult> r = RefitFromReports(lab, reports, {}, "t");
+  ASSERT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition) << r.status();
+  EXPECT_THAT(r.status().message(), HasSubstr("no op could be corrected from the 4 reported runs"));
+  EXPECT_THAT(r.status().message(), HasSubstr("was reported 4 times; 0 were dropped, leaving 4: "
+                                              "its fit (scale 200, offset 0 us) is out of bounds"));
+  EXPECT_THAT(r.status().message(), Not(HasSubstr("3 or more times")));
+
+  // Two of the four runs measured ops faster than physics: dropped with
+  // their reports, leaving two instances of every op.
+  reports = FourRuns(lab);
+  for (int i : {1, 3}) reports[i].mutable_ops(0)->set_duration_us(1e-6);
+  r = RefitFromReports(lab, reports, {}, "t");
+  ASSERT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition) << r.status();
+  EXPECT_THAT(r.status().message(),
+              HasSubstr("was reported 4 times; 2 were dropped, leaving 2: fewer than the 3 a fit "
+                        "needs"));
+  EXPECT_THAT(r.status().message(), HasSubstr("dropped with 2 skipped reports, first: report 1: "
+                                              "ops[0].duration_us: must be at least"));
+}
+
+// A report whose ops (100 ms each) exceed its total (1 µs) was stored and
+// fitted as is: no op outlasts the run it is part of, and the ops of the
+// compute stream, which run one after another, cannot add up to more.
+TEST(RefitTest, OpsLongerThanTheirRunAreRefused) {
+  const v1::ClusterProfile lab = Lab();
+  std::vector<v1::ReportMeasurementRequest> reports = FourRuns(lab);
+  for (v1::ReportMeasurementRequest& r : reports) {
+    for (v1::MeasuredOp& op : *r.mutable_ops()) op.set_duration_us(1e5);
+    r.set_total_us(1.0);
+  }
+  absl::StatusOr<RefitResult> r = RefitFromReports(lab, reports, {}, "t");
+  ASSERT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition) << r.status();
+  EXPECT_THAT(r.status().message(),
+              HasSubstr("ops[0].duration_us: an op cannot take longer than the run it is part of, "
+                        "total_us (+10 %) (got 100000 us for 'fwd."));
+  EXPECT_THAT(r.status().message(), HasSubstr("total_us 1)"));
+
+  v1::ReportMeasurementRequest two;
+  two.set_total_us(100.0);
+  for (const char* name : {"fwd.a", "fwd.b.2", "fwd.c"}) {
+    v1::MeasuredOp* op = two.add_ops();
+    op->set_name(name);
+    op->set_duration_us(60.0);
+  }
+  // Two compute ops (one by its base name), one on a link: 120 µs of compute.
+  const std::map<std::string, std::string> res = {
+      {"fwd.a", "compute"}, {"fwd.b", "compute"}, {"fwd.c", "intra"}};
+  absl::Status s = CheckReportedTimes(two, 1.0, res);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("ops: the 2 ops on the compute stream run one after another"));
+  EXPECT_THAT(s.message(), HasSubstr("(got 120 us of ops, total_us 100)"));
+  // Pipeline stages run on different ranks at once: 60 µs on each of two
+  // stages in a run of 100 is fine, 120 on one of them is not.
+  v1::ReportMeasurementRequest staged = two;
+  staged.mutable_ops(0)->set_name("s0.mb0.fwd.a");
+  staged.mutable_ops(1)->set_name("s1.mb0.fwd.a");
+  EXPECT_TRUE(CheckReportedTimes(staged, 1.0, res).ok());
+  staged.mutable_ops(1)->set_name("s0.mb1.fwd.a");
+  s = CheckReportedTimes(staged, 1.0, res);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("the 2 ops on the compute stream of pipeline stage s0 run"));
+  // Ops on links may overlap each other: 120 µs of them in 100 is fine.
+  EXPECT_TRUE(CheckReportedTimes(two, 1.0, {{"fwd.a", "compute"}}).ok());
+  EXPECT_TRUE(CheckReportedTimes(FourRuns(lab)[0], MinOpUs(lab), {}).ok());
 }
 
 }  // namespace

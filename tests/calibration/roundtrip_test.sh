@@ -16,6 +16,31 @@ trap 'rm -rf "$TMP"' EXIT
 fail=0
 bad() { echo "FAIL: $*" >&2; fail=1; }
 
+# 0. profile-check judges only what this run measured, and only with enough of it
+# (no MPI: a profiler that measures nothing, and samples that are all invalid).
+mkdir -p "$TMP/check"
+cp "$SRC/calibration/profiles/measured/cpu-testbed-1x4/samples.jsonl" "$TMP/check/check.jsonl"
+if "$CLI" profile-check --profile cpu-testbed-1x4 --profiler /bin/true --launcher "" \
+    --out-dir "$TMP/check" >"$TMP/check/out.txt" 2>&1; then
+  bad "profile-check judged an earlier run's check.jsonl: $(tail -3 "$TMP/check/out.txt")"
+fi
+grep -q "wrote no samples" "$TMP/check/out.txt" ||
+  bad "profile-check did not say the profiler wrote nothing: $(tail -3 "$TMP/check/out.txt")"
+$PY - "$SRC/calibration/profiles/measured/cpu-testbed-1x4/samples.jsonl" "$TMP/check/zero.jsonl" <<'PYEOF'
+import json, sys
+with open(sys.argv[2], "w") as out:
+    for line in open(sys.argv[1]):
+        s = json.loads(line)
+        s["median_us"] = 0
+        out.write(json.dumps(s) + "\n")
+PYEOF
+if "$CLI" profile-check --profile cpu-testbed-1x4 --samples "$TMP/check/zero.jsonl" \
+    --out-dir "$TMP/check" >"$TMP/check/zero.txt" 2>&1; then
+  bad "profile-check judged samples without a valid point: $(tail -3 "$TMP/check/zero.txt")"
+fi
+grep -q "needs at least 3 valid points" "$TMP/check/zero.txt" ||
+  bad "profile-check did not name its minimum: $(tail -3 "$TMP/check/zero.txt")"
+
 # 1. Profile.
 if ! timeout 300 mpirun -np 4 "$PROFILE_BIN" --quick --out "$TMP/samples.jsonl" 2>"$TMP/profile.err"; then
   bad "moeplan-profile failed: $(tail -5 "$TMP/profile.err")"

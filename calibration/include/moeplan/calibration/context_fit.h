@@ -35,14 +35,25 @@ struct OpContextOptions {
 // "b3.moe.fwd.saa_dispatch.alltoall.2.p1" -> "fwd.saa_dispatch.alltoall".
 std::string_view OpBaseName(std::string_view name);
 
+// An (op base name, resource) FitOpContexts did not correct, and why: too
+// few instances, or a fit outside the bounds of report_bounds.h.
+struct OpContextRejection {
+  std::string op, resource;
+  int instances = 0;  // instances it had to fit on
+  std::string why;    // "fewer than the 3 a fit needs", "its fit (scale ...) is out of bounds: ..."
+};
+
 // For every (op base name, resource) that appears in both the measured and
 // the predicted timelines of `inputs` (ops matched by full name within one
 // candidate of one config, layers and models alike), fits measured = offset + scale * predicted by
-// least squares on relative residuals (offset >= 0). `predicted` must come from the profile the
-// corrections will be added to, without op corrections of its own. Ordered by op name, then
-// resource. InvalidArgument when `inputs` is empty or an option is out of range.
-absl::StatusOr<std::vector<v1::OpContext>> FitOpContexts(const std::vector<ValidationInput>& inputs,
-                                                         const OpContextOptions& options);
+// least squares on relative residuals (offset >= 0, scale within [kMinContextScale,
+// kMaxContextScale] of report_bounds.h; a fit outside them is no correction). `predicted` must
+// come from the profile the corrections will be added to, without op corrections of its own.
+// Ordered by op name, then resource; the groups left uncorrected go to `rejected` (when not
+// null) with their reason. InvalidArgument when `inputs` is empty or an option is out of range.
+absl::StatusOr<std::vector<v1::OpContext>> FitOpContexts(
+    const std::vector<ValidationInput>& inputs, const OpContextOptions& options,
+    std::vector<OpContextRejection>* rejected = nullptr);
 
 // The Markdown table of fitted corrections (op, resource, instances, offset,
 // scale with its 95 % interval, R², max error).

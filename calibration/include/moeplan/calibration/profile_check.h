@@ -37,13 +37,18 @@ struct ProfileCheckResult {
   std::vector<std::string> notes;  // other machine, other time, ...
 };
 
+// The fewest valid points (finite median > 0, no wrong elements, a kind the
+// check compares) a check judges on: a GEMM's or a link's three sizes. With
+// fewer, CheckProfile is InvalidArgument naming how many there were.
+inline constexpr int kMinCheckPoints = 3;
+
 // Compares `samples` (one moeplan-profile run) with the profile's isolated
 // model (its in-context and op corrections aside: the check measures ops
 // alone). A term is stale when its drift exceeds both the threshold and the
 // term's own round-to-round noise: a machine whose points move 30 % between
 // rounds an hour apart cannot tell a 25 % drift from noise. FailedPrecondition when the samples ran
-// on another node layout than the profile describes; InvalidArgument for no samples or a threshold
-// <= 0.
+// on another node layout than the profile describes; InvalidArgument for no samples, fewer than
+// kMinCheckPoints valid points, or a threshold <= 0.
 absl::StatusOr<ProfileCheckResult> CheckProfile(const v1::ClusterProfile& profile,
                                                 const std::vector<v1::ProfileSample>& samples,
                                                 double threshold_pct);
