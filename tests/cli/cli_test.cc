@@ -590,5 +590,83 @@ TEST(CliFlags, SearchOptionsNeedSearch) {
   EXPECT_EQ(r.exit_code, 0) << r.err;
 }
 
+// An output that names an input (the same file by device and inode, through a
+// symbolic link too) is refused before anything runs; the input is kept.
+TEST(CliFlags, AnOutputNeverReplacesAnInput) {
+  TempDir tmp;
+  const std::string layer = tmp.Write("layer.json", Slurp(std::string(MOEPLAN_SOURCE_DIR) + "/" + kGpt2));
+  const std::string model = tmp.Write(
+      "model.json", Slurp(std::string(MOEPLAN_SOURCE_DIR) + "/examples/models/gpt2-s-moe.a100.json"));
+  const std::string grid =
+      tmp.Write("grid.json", Slurp(std::string(MOEPLAN_SOURCE_DIR) + "/examples/parm-grid.json"));
+  const std::string samples = tmp.Write("s.jsonl", "{}\n");
+  const std::string link = tmp.File("link.json");
+  ASSERT_EQ(::symlink(layer.c_str(), link.c_str()), 0);
+  ASSERT_EQ(::mkdir(tmp.File("v").c_str(), 0755), 0);
+  const std::string profile_in_out_dir =
+      tmp.Write("v/refit-profile.json",
+                RunCli("profiles show cpu-testbed-1x4").out);
+  struct Case {
+    std::string args, file, expect;
+  } cases[] = {
+      {"plan-layer --layer " + layer + " --trace " + layer, layer,
+       "--trace: " + layer + " is the input of --layer"},
+      {"plan-layer --layer " + layer + " --trace " + link, layer, "is the input of --layer"},
+      {"plan-model --model " + model + " --trace " + model, model,
+       "--trace: " + model + " is the input of --model"},
+      {"sweep --grid " + grid + " --out " + grid, grid, "--out: " + grid + " is the input of --grid"},
+      {"calibrate --samples " + samples + " --out " + samples, samples,
+       "--out: " + samples + " is the input of --samples"},
+      {"validate --profile " + profile_in_out_dir +
+           " --layers examples/validation/testbed-4-ranks-small.json --holdout 0.5 --launcher false "
+           "--out-dir " +
+           tmp.File("v"),
+       profile_in_out_dir, "is the input of --profile"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.args);
+    const std::string before = Slurp(c.file);
+    CliResult r = RunCli(c.args);
+    EXPECT_NE(r.exit_code, 0);
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+    EXPECT_NE(r.err.find(c.expect), std::string::npos) << r.err;
+    EXPECT_EQ(Slurp(c.file), before) << "the input is kept";
+  }
+  EXPECT_FALSE(std::filesystem::exists(tmp.File("v/report.md")));
+}
+
+// A run that failed under mpirun: the reason listed is the executor's own
+// error line, not the banner mpirun prints after it. The "launcher" here is a
+// script that writes what mpirun writes when a rank exits non-zero.
+TEST(CliFlags, ValidateNamesTheExecutorsErrorNotMpirunsBanner) {
+  TempDir tmp;
+  const std::string launcher = tmp.Write(
+      "fake-mpirun.sh",
+      "echo 'moeplan-exec: rank 2: layer.parallel.ep: must divide num_experts (got 3)' >&2\n"
+      "echo '-------------------------------------------------------' >&2\n"
+      "echo 'Primary job  terminated normally, but 1 process returned' >&2\n"
+      "echo 'a non-zero exit code. Per user-direction, the job has been aborted.' >&2\n"
+      "echo '-------------------------------------------------------' >&2\n"
+      "echo '--------------------------------------------------------------------------' >&2\n"
+      "echo 'mpirun detected that one or more processes exited with non-zero status, thus "
+      "causing' >&2\n"
+      "echo 'the job to be terminated. The first process to do so was:' >&2\n"
+      "echo '' >&2\n"
+      "echo '  Process name: [[1234,1],2]' >&2\n"
+      "echo '  Exit code:    1' >&2\n"
+      "echo '--------------------------------------------------------------------------' >&2\n"
+      "exit 1\n");
+  CliResult r = RunCli("validate --profile cpu-testbed-1x4 --layers "
+                       "examples/validation/testbed-4-ranks-small.json --launcher 'sh " +
+                       launcher + "' --out-dir " + tmp.File("v"));
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("skipped: moeplan-exec: rank 2: layer.parallel.ep: must divide "
+                       "num_experts (got 3)"),
+            std::string::npos)
+      << r.err;
+  EXPECT_EQ(r.err.find("skipped: ---"), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("skipped:   Exit code"), std::string::npos) << r.err;
+}
+
 }  // namespace
 }  // namespace moeplan::testing
