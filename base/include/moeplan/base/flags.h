@@ -72,13 +72,14 @@ inline CLI::Validator FiniteAbove(double lo, double hi = std::numeric_limits<dou
 
 namespace flags_internal {
 
+// `rule` for the help text and most refusals; a value over `hi` that `rule`
+// does not show (an int's limit) is told both bounds.
 inline CLI::Validator Int(int64_t lo, int64_t hi, const std::string& rule) {
   return CLI::Validator(
       [=](std::string& value) -> std::string {
         int64_t n = 0;
-        if (!CLI::detail::lexical_cast(value, n) || n < lo || n > hi) {
-          return "must be " + rule + Got(value);
-        }
+        if (!CLI::detail::lexical_cast(value, n) || n < lo) return "must be " + rule + Got(value);
+        if (n > hi) return fmt::format("must be an integer in [{}, {}]{}", lo, hi, Got(value));
         return std::string();
       },
       rule);
@@ -95,9 +96,8 @@ inline CLI::Validator IntInRange(int64_t lo, int64_t hi) {
 
 // A whole number n >= lo that fits an int (the type of most count flags).
 inline CLI::Validator IntAtLeast(int64_t lo) {
-  return flags_internal::Int(
-      lo, std::numeric_limits<int>::max(),
-      fmt::format("an integer >= {} (and <= {})", lo, std::numeric_limits<int>::max()));
+  return flags_internal::Int(lo, std::numeric_limits<int>::max(),
+                             fmt::format("an integer >= {}", lo));
 }
 
 // A count of at least one (ranks, iterations, threads when given).
