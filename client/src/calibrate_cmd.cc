@@ -64,6 +64,11 @@ absl::Status RefitOnServer(const CalibrateArgs& a) {
 }  // namespace
 
 absl::Status CalibrateCmd(const CalibrateArgs& a) {
+  MOEPLAN_RETURN_IF_ERROR(
+      RefuseOutputOverInput({{"--out", a.out}}, {{"--samples", a.samples},
+                                                 {"--comm-from", a.comm_from},
+                                                 {"--tls-ca", a.from_server.tls_ca_file},
+                                                 {"--token-file", a.from_server.token_file}}));
   if (!a.from_server.address.empty()) return RefitOnServer(a);
   if (a.samples.empty()) {
     return absl::InvalidArgumentError(

@@ -10,6 +10,8 @@
 #include <filesystem>
 #include <string_view>
 
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
 #include "moeplan/base/status.h"
@@ -85,6 +87,80 @@ absl::StatusOr<Ran> RunCommand(const std::string& command) {
   const int status = ::pclose(pipe);
   r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
   return r;
+}
+
+namespace {
+
+// Same file by device and inode when both exist; the same resolved path when
+// neither does yet (an output about to be created next to the input).
+bool SameFile(const std::string& a, const std::string& b) {
+  if (a.empty() || b.empty()) return false;
+  struct stat sa, sb;
+  const bool has_a = ::stat(a.c_str(), &sa) == 0;
+  const bool has_b = ::stat(b.c_str(), &sb) == 0;
+  if (has_a && has_b) return sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+  if (has_a || has_b) return false;
+  std::error_code ea, eb;
+  const std::filesystem::path ca = std::filesystem::weakly_canonical(a, ea);
+  const std::filesystem::path cb = std::filesystem::weakly_canonical(b, eb);
+  return !ea && !eb && ca == cb;
+}
+
+// A line of mpirun's banners: only dashes (at least 8), maybe indented.
+bool IsBannerRule(std::string_view line) {
+  const size_t begin = line.find_first_not_of(" \t");
+  if (begin == std::string_view::npos) return false;
+  line.remove_prefix(begin);
+  while (!line.empty() && (line.back() == ' ' || line.back() == '\t' || line.back() == '\r')) {
+    line.remove_suffix(1);
+  }
+  return line.size() >= 8 && line.find_first_not_of('-') == std::string_view::npos;
+}
+
+bool Blank(std::string_view line) {
+  return line.find_first_not_of(" \t\r") == std::string_view::npos;
+}
+
+}  // namespace
+
+absl::Status RefuseOutputOverInput(const std::vector<NamedPath>& outputs,
+                                   const std::vector<NamedPath>& inputs) {
+  for (const NamedPath& out : outputs) {
+    for (const NamedPath& in : inputs) {
+      if (!SameFile(out.path, in.path)) continue;
+      return absl::InvalidArgumentError(Cat(out.flag, ": ", out.path, " is the input of ", in.flag,
+                                            "; an output never replaces an input (write it "
+                                            "elsewhere)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+std::string FailureReason(std::string_view log, std::string_view program) {
+  const std::vector<absl::string_view> lines =
+      absl::StrSplit(absl::string_view(log.data(), log.size()), '\n');
+  const std::string prefix = Cat(program, ": ");
+  for (absl::string_view l : lines) {
+    if (absl::StartsWith(l, prefix)) return std::string(absl::StripTrailingAsciiWhitespace(l));
+  }
+  std::string outside, banner_first;
+  bool in_banner = false, banner_has_first = false;
+  for (absl::string_view l : lines) {
+    if (IsBannerRule(std::string_view(l.data(), l.size()))) {
+      in_banner = !in_banner;
+      if (in_banner) banner_has_first = false;
+      continue;
+    }
+    if (Blank(std::string_view(l.data(), l.size()))) continue;
+    const std::string line(absl::StripAsciiWhitespace(l));
+    if (!in_banner) {
+      outside = line;
+    } else if (!banner_has_first) {
+      banner_first = line;
+      banner_has_first = true;
+    }
+  }
+  return outside.empty() ? banner_first : outside;
 }
 
 }  // namespace moeplan::client

@@ -76,4 +76,28 @@ struct Ran {
 // command sends it).
 absl::StatusOr<Ran> RunCommand(const std::string& command);
 
+// A file a command reads or writes, and the flag that names it.
+struct NamedPath {
+  std::string_view flag;  // "--trace"
+  std::string path;       // empty: not given
+};
+
+// Refuses an output that would replace one of the command's inputs:
+// InvalidArgument "<output flag>: <path> is the input of <input flag>; ...".
+// Two paths are the same file when both exist with the same device and inode
+// (symbolic links followed, so a link or another spelling is caught), or when
+// neither exists yet and they resolve to the same path. Every command that
+// writes files calls it before it reads or writes anything.
+absl::Status RefuseOutputOverInput(const std::vector<NamedPath>& outputs,
+                                   const std::vector<NamedPath>& inputs);
+
+// Why a program run under a launcher failed, from its stderr `log`: the
+// program's own error line (the first line starting with "<program>: ", as
+// executor::PrintRankError and the program's usage errors write them), else
+// the last line outside mpirun's banners (blocks between lines of dashes),
+// else the first line of the last banner (mpirun's own reason, e.g. too few
+// slots); "" for an empty log. Never a banner's dashes or its "Primary job
+// terminated normally" boilerplate when the program said why.
+std::string FailureReason(std::string_view log, std::string_view program);
+
 }  // namespace moeplan::client

@@ -5,11 +5,13 @@
 #include <fmt/format.h>
 
 #include <CLI/CLI.hpp>
+#include <cstdint>
 #include <cstdio>
 #include <string>
 
 #include "absl/status/status.h"
 #include "commands.h"
+#include "moeplan/base/flags.h"
 #include "moeplan/base/strings.h"
 
 namespace moeplan::client {
@@ -37,12 +39,14 @@ int Fail(const absl::Status& s) {
 // --server and how to reach it: --tls-ca for a server with --tls-cert,
 // --token-file for one with --token-file. Returns the --server option.
 CLI::Option* AddServerOptions(CLI::App* cmd, ClientOptions* o, const std::string& help) {
-  CLI::Option* server = cmd->add_option("--server", o->address, help);
+  CLI::Option* server = cmd->add_option("--server", o->address, help)->check(flags::NonEmpty());
   cmd->add_option("--tls-ca", o->tls_ca_file,
                   "With --server: PEM of the CA that signed the server's certificate (TLS)")
+      ->check(flags::NonEmpty())
       ->needs(server);
   cmd->add_option("--token-file", o->token_file,
                   "With --server: file whose first line is the server's bearer token")
+      ->check(flags::NonEmpty())
       ->needs(server);
   return server;
 }
@@ -51,21 +55,98 @@ CLI::App* AddPlanLayer(CLI::App* app, PlanLayerArgs* a) {
   CLI::App* plan = app->add_subcommand(
       "plan-layer",
       "Simulate default, S1 and S2 for one MoE layer (forward + backward) and rank them");
-  plan->add_option("--layer", a->layer, "Layer config (moeplan.v1.LayerConfig JSON)")->required();
+  plan->add_option("--layer", a->layer, "Layer config (moeplan.v1.LayerConfig JSON)")
+      ->required()
+      ->check(flags::NonEmpty());
   plan->add_option("--cluster", a->cluster,
                    "Built-in profile name (see `moeplan profiles list`) or profile JSON file")
+      ->check(flags::NonEmpty())
       ->capture_default_str();
   plan->add_option("--schedules", a->schedules, "Comma-separated subset of default,s1,s2, or all")
+      ->check(flags::NonEmpty())
       ->capture_default_str();
   plan->add_option("--format", a->format, "Output format")
       ->check(CLI::IsMember({"table", "json"}))
       ->capture_default_str();
   plan->add_option("--trace", a->trace,
-                   "Write a Chrome trace (open in Perfetto / chrome://tracing) to this file");
+                   "Write a Chrome trace (open in Perfetto / chrome://tracing) to this file")
+      ->check(flags::NonEmpty());
   plan->add_flag("--no-timeline", a->no_timeline, "Leave the per-op timelines out of the output");
   AddServerOptions(plan, &a->server,
                    "Plan on a moeplan-server at host:port instead of locally (same output)");
   return plan;
+}
+
+// plan-model's layouts (docs/layouts.md): --search ranks them, --layout
+// evaluates one; the options that tune them need one of the two.
+void AddLayoutOptions(CLI::App* plan, PlanModelArgs* a) {
+  CLI::Option* search =
+      plan->add_flag("--search", a->search,
+                     "Rank every (dp, tp, pp, ep, esp) layout of the GPUs with its ZeRO stage, "
+                     "pipeline schedule and micro-batches (docs/layouts.md)");
+  CLI::Option* layout =
+      plan->add_option(
+              "--layout", a->layout,
+              "Evaluate one layout: dp=..,tp=..,pp=..,ep=..,esp=..[,microbatches=..,zero=..,"
+              "family=dpmoe|ppmoe|parm,pipeline=gpipe|1f1b|interleaved,v=..,recompute=0|1]")
+          ->check(flags::NonEmpty());
+  search->excludes(layout);
+  plan->add_option("--top", a->top, "With --search: candidates to print, best first")
+      ->check(flags::IntInRange(1, 1000))
+      ->needs(search)
+      ->capture_default_str();
+  plan->add_option("--gpus", a->gpus,
+                   "With --search: GPUs to lay out (default: the profile's; more extrapolates "
+                   "its link costs to more nodes)")
+      ->check(flags::IntInRange(1, 1 << 20))
+      ->needs(search);
+  plan->add_option("--families", a->families, "With --search: subset of dpmoe,ppmoe,parm, or all")
+      ->check(flags::NonEmpty())
+      ->needs(search)
+      ->capture_default_str();
+  plan->add_option("--pipelines", a->pipelines,
+                   "With --search: subset of gpipe,1f1b,interleaved, or all")
+      ->check(flags::NonEmpty())
+      ->needs(search)
+      ->capture_default_str();
+  plan->add_option("--zero-stages", a->zero_stages, "With --search: subset of 0,1,2,3, or all")
+      ->check(flags::NonEmpty())
+      ->needs(search)
+      ->capture_default_str();
+  plan->add_option("--max-microbatches", a->max_microbatches,
+                   "With --search: most micro-batches per iteration tried")
+      ->check(flags::IntInRange(1, 4096))
+      ->needs(search)
+      ->capture_default_str();
+  plan->add_flag("--exhaustive", a->exhaustive,
+                 "With --search: simulate every layout that fits instead of stopping at the "
+                 "lower bound (slower; for measured profiles whose small messages cost less "
+                 "per byte than large ones)")
+      ->needs(search);
+  // The memory check sizes layouts: with --search or --layout, never alone,
+  // where it would be ignored.
+  const CLI::Option* memory[] = {
+      plan->add_option("--gpu-memory-gib", a->gpu_memory_gib,
+                       "With --search or --layout: GPU memory for the memory check (default: "
+                       "the profile's gpu_memory_gib; 0: no check)")
+          ->check(flags::FiniteInRange(0.0, 1e6)),
+      plan->add_option("--optimizer-bytes", a->optimizer_bytes,
+                       "With --search or --layout: optimizer state bytes per parameter (Adam's "
+                       "fp32 master + moments)")
+          ->check(flags::FiniteInRange(0.0, 1024.0))
+          ->capture_default_str(),
+      plan->add_option("--grad-bytes", a->grad_bytes,
+                       "With --search or --layout: gradient bytes per parameter")
+          ->check(flags::FiniteInRange(0.0, 1024.0))
+          ->capture_default_str(),
+  };
+  plan->parse_complete_callback([=] {
+    if (search->count() > 0 || layout->count() > 0) return;
+    for (const CLI::Option* o : memory) {
+      if (o->count() > 0)
+        throw CLI::ValidationError(o->get_name(), "only with --search or --layout");
+    }
+  });
 }
 
 CLI::App* AddPlanModel(CLI::App* app, PlanModelArgs* a) {
@@ -74,80 +155,50 @@ CLI::App* AddPlanModel(CLI::App* app, PlanModelArgs* a) {
       "Simulate a whole model (forward + backward + gradient sync) under every overlap variant "
       "(none, tutel, dw, partition, lancet), each with every MoE schedule and AlltoAll "
       "algorithm, and compare them");
-  plan->add_option("--model", a->model, "Model config (moeplan.v1.ModelConfig JSON)")->required();
+  plan->add_option("--model", a->model, "Model config (moeplan.v1.ModelConfig JSON)")
+      ->required()
+      ->check(flags::NonEmpty());
   plan->add_option("--cluster", a->cluster,
                    "Built-in profile name (see `moeplan profiles list`) or profile JSON file")
+      ->check(flags::NonEmpty())
       ->capture_default_str();
   plan->add_option("--variants", a->variants,
                    "Comma-separated subset of none,tutel,dw,partition,lancet, or all")
+      ->check(flags::NonEmpty())
       ->capture_default_str();
   plan->add_option("--schedules", a->schedules,
                    "MoE schedules to try: subset of default,s1,s2, or all (s1/s2 need mp > 1)")
+      ->check(flags::NonEmpty())
       ->capture_default_str();
   plan->add_option("--alltoall", a->alltoall,
                    "AlltoAll algorithms to try: linear, 2dh (hierarchical), or all")
+      ->check(flags::NonEmpty())
       ->capture_default_str();
   plan->add_option("--bucket-mb", a->bucket_mb, "DDP gradient bucket size in MiB")
+      ->check(flags::FiniteAbove(0.0, 1048576.0))
       ->capture_default_str();
   plan->add_option("--partition-max-k", a->partition_max_k,
                    "Most micro-batches a partitioned range is split into (Lancet's rho)")
-      ->check(CLI::Range(1, 64))
+      ->check(flags::IntInRange(1, 64))
       ->capture_default_str();
   plan->add_option("--partition-groups", a->partition_groups,
                    "Groups of dense ops between two MoE layers (Lancet's gamma)")
-      ->check(CLI::Range(1, 64))
+      ->check(flags::IntInRange(1, 64))
       ->capture_default_str();
   plan->add_option("--partition-max-span", a->partition_max_span,
                    "Longest range in groups (Lancet's iota); 0: the span between two MoE layers")
-      ->check(CLI::Range(0, 1024))
+      ->check(flags::IntInRange(0, 1024))
       ->capture_default_str();
   plan->add_option("--format", a->format, "Output format")
       ->check(CLI::IsMember({"table", "json"}))
       ->capture_default_str();
   plan->add_option("--trace", a->trace,
-                   "Write a Chrome trace (one process per variant, one track per resource)");
+                   "Write a Chrome trace (one process per variant, one track per resource)")
+      ->check(flags::NonEmpty());
   plan->add_flag("--timeline", a->timeline, "Include every op's timing in the JSON output");
   AddServerOptions(plan, &a->server,
                    "Plan on a moeplan-server at host:port instead of locally (same output)");
-  CLI::Option* search =
-      plan->add_flag("--search", a->search,
-                     "Rank every (dp, tp, pp, ep, esp) layout of the GPUs with its ZeRO stage, "
-                     "pipeline schedule and micro-batches (docs/layouts.md)");
-  CLI::Option* layout = plan->add_option(
-      "--layout", a->layout,
-      "Evaluate one layout: dp=..,tp=..,pp=..,ep=..,esp=..[,microbatches=..,zero=..,"
-      "family=dpmoe|ppmoe|parm,pipeline=gpipe|1f1b|interleaved,v=..,recompute=0|1]");
-  search->excludes(layout);
-  plan->add_option("--top", a->top, "With --search: candidates to print, best first")
-      ->check(CLI::Range(1, 1000))
-      ->capture_default_str();
-  plan->add_option("--gpus", a->gpus,
-                   "With --search: GPUs to lay out (default: the profile's; more extrapolates "
-                   "its link costs to more nodes)")
-      ->check(CLI::Range(1, 1 << 20));
-  plan->add_option("--families", a->families, "With --search: subset of dpmoe,ppmoe,parm, or all")
-      ->capture_default_str();
-  plan->add_option("--pipelines", a->pipelines,
-                   "With --search: subset of gpipe,1f1b,interleaved, or all")
-      ->capture_default_str();
-  plan->add_option("--zero-stages", a->zero_stages, "With --search: subset of 0,1,2,3, or all")
-      ->capture_default_str();
-  plan->add_option("--max-microbatches", a->max_microbatches,
-                   "With --search: most micro-batches per iteration tried")
-      ->check(CLI::Range(1, 4096))
-      ->capture_default_str();
-  plan->add_flag("--exhaustive", a->exhaustive,
-                 "With --search: simulate every layout that fits instead of stopping at the "
-                 "lower bound (slower; for measured profiles whose small messages cost less "
-                 "per byte than large ones)");
-  plan->add_option("--gpu-memory-gib", a->gpu_memory_gib,
-                   "GPU memory for the memory check (default: the profile's gpu_memory_gib; "
-                   "0: no check)");
-  plan->add_option("--optimizer-bytes", a->optimizer_bytes,
-                   "Optimizer state bytes per parameter (Adam's fp32 master + moments)")
-      ->capture_default_str();
-  plan->add_option("--grad-bytes", a->grad_bytes, "Gradient bytes per parameter")
-      ->capture_default_str();
+  AddLayoutOptions(plan, a);
   return plan;
 }
 
@@ -155,12 +206,18 @@ CLI::App* AddSweep(CLI::App* app, SweepArgs* a) {
   CLI::App* sweep = app->add_subcommand(
       "sweep",
       "Plan every config of a grid (cartesian product of lists) and summarise the choices");
-  sweep->add_option("--grid", a->grid, "Grid file (moeplan.v1.LayerGrid JSON)")->required();
+  sweep->add_option("--grid", a->grid, "Grid file (moeplan.v1.LayerGrid JSON)")
+      ->required()
+      ->check(flags::NonEmpty());
   sweep->add_option("--cluster", a->cluster, "Built-in profile name or profile JSON file")
+      ->check(flags::NonEmpty())
       ->capture_default_str();
   sweep->add_option("--schedules", a->schedules, "Comma-separated subset of default,s1,s2, or all")
+      ->check(flags::NonEmpty())
       ->capture_default_str();
-  sweep->add_option("--out", a->out, "CSV file to write (one row per config)")->required();
+  sweep->add_option("--out", a->out, "CSV file to write (one row per config)")
+      ->required()
+      ->check(flags::NonEmpty());
   sweep->add_flag("--skip-invalid", a->skip_invalid,
                   "Skip configs that fail validation (counted in the summary) instead of failing");
   return sweep;
@@ -184,13 +241,17 @@ void AddProfiles(CLI::App* app, ProfilesCli* a) {
   CLI::App* list = profiles->add_subcommand("list", "List the profiles");
   AddServerOptions(list, &a->server, "List a moeplan-server's profiles (host:port)");
   a->show = profiles->add_subcommand("show", "Print a profile (name or file) as JSON");
-  a->show->add_option("name", a->name, "Profile name or file")->required();
+  a->show->add_option("name", a->name, "Profile name or file")
+      ->required()
+      ->check(flags::NonEmpty());
   AddServerOptions(a->show, &a->server, "Ask a moeplan-server (host:port)");
   a->get = profiles->add_subcommand("get", "Print a profile as JSON (same as show)");
-  a->get->add_option("name", a->name, "Profile name or file")->required();
+  a->get->add_option("name", a->name, "Profile name or file")->required()->check(flags::NonEmpty());
   AddServerOptions(a->get, &a->server, "Ask a moeplan-server (host:port)");
   a->put = profiles->add_subcommand("put", "Store a profile file on a moeplan-server");
-  a->put->add_option("file", a->file, "Profile JSON (moeplan.v1.ClusterProfile)")->required();
+  a->put->add_option("file", a->file, "Profile JSON (moeplan.v1.ClusterProfile)")
+      ->required()
+      ->check(flags::NonEmpty());
   AddServerOptions(a->put, &a->server, "The moeplan-server (host:port)")->required();
 }
 
@@ -200,49 +261,60 @@ CLI::App* AddCalibrate(CLI::App* app, CalibrateArgs* a) {
       "Fit a measured cluster profile (alpha-beta per collective and link, GEMM efficiency, "
       "memory bandwidth) from moeplan-profile samples and report how well each fit holds");
   CLI::Option* samples =
-      calibrate->add_option("--samples", a->samples, "Samples from moeplan-profile (JSON Lines)");
-  calibrate->add_option("--out", a->out,
-                        "Profile JSON to write (with --from-server: a copy of the new version)");
+      calibrate->add_option("--samples", a->samples, "Samples from moeplan-profile (JSON Lines)")
+          ->check(flags::NonEmpty());
+  calibrate
+      ->add_option("--out", a->out,
+                   "Profile JSON to write (with --from-server: a copy of the new version)")
+      ->check(flags::NonEmpty());
   CLI::Option* from_server =
       calibrate
           ->add_option("--from-server", a->from_server.address,
                        "Instead of --samples: refit --profile on this moeplan-server from the "
                        "measurements jobs reported to it (in-context op corrections on top of "
                        "the profile's own fits); the server stores the next version")
+          ->check(flags::NonEmpty())
           ->excludes(samples);
   calibrate->add_option("--profile", a->profile, "With --from-server: the stored profile's name")
+      ->check(flags::NonEmpty())
       ->needs(from_server);
   calibrate
       ->add_option("--tls-ca", a->from_server.tls_ca_file,
                    "With --from-server: PEM of the CA that signed the server's certificate (TLS)")
+      ->check(flags::NonEmpty())
       ->needs(from_server);
   calibrate
       ->add_option("--token-file", a->from_server.token_file,
                    "With --from-server: file whose first line is the server's bearer token")
+      ->check(flags::NonEmpty())
       ->needs(from_server);
-  calibrate->add_option("--name", a->name, "Profile name (default: the --out file's stem)");
+  calibrate->add_option("--name", a->name, "Profile name (default: the --out file's stem)")
+      ->check(flags::NonEmpty());
   calibrate->add_option("--comment", a->comment, "Free text added to the profile's comment");
   calibrate
       ->add_option("--version", a->version,
                    "Profile version: bump it when re-calibrating a profile of the same name, so "
                    "servers and clients see the numbers changed")
-      ->check(CLI::Range(1u, 1000000u))
+      ->check(flags::IntInRange(1, 1000000))
       ->capture_default_str();
   calibrate
       ->add_option("--tolerance", a->tolerance_pct,
                    "Relative error (%) under which a fit counts as holding")
+      ->check(flags::FiniteAbove(0.0, 1e6))
       ->capture_default_str();
   calibrate
       ->add_option("--repeat-tolerance", a->repeat_tolerance_pct,
                    "Samples of several rounds (moeplan-profile --rounds): a point whose rounds' "
                    "medians differ by more than this (%) is listed in the fit report")
-      ->check(CLI::Range(0.0, 1e6))
+      ->check(flags::FiniteInRange(0.0, 1e6))
       ->capture_default_str();
-  calibrate->add_option(
-      "--comm-from", a->comm_from,
-      "Samples of one rank (one GPU measures no link): take the links, collective fits, "
-      "in-context costs and node layout from this profile (built-in name or file) and fit only "
-      "GEMM and memory");
+  calibrate
+      ->add_option(
+          "--comm-from", a->comm_from,
+          "Samples of one rank (one GPU measures no link): take the links, collective fits, "
+          "in-context costs and node layout from this profile (built-in name or file) and fit only "
+          "GEMM and memory")
+      ->check(flags::NonEmpty());
   return calibrate;
 }
 
@@ -252,21 +324,26 @@ CLI::App* AddValidate(CLI::App* app, ValidateArgs* a) {
       "Run moeplan-exec (under mpirun) on every config of a grid and schedule (or every model "
       "and overlap variant), predict the same with the planner, and report the error (Markdown "
       "+ PNG scatter plot)");
-  validate->add_option("--profile", a->profile, "Profile to validate (name or file)")->required();
+  validate->add_option("--profile", a->profile, "Profile to validate (name or file)")
+      ->required()
+      ->check(flags::NonEmpty());
   CLI::Option* layers =
-      validate->add_option("--layers", a->layers, "Layer grid (moeplan.v1.LayerGrid JSON)");
+      validate->add_option("--layers", a->layers, "Layer grid (moeplan.v1.LayerGrid JSON)")
+          ->check(flags::NonEmpty());
   validate
       ->add_option("--models", a->models,
                    "Whole models instead (moeplan.v1.ModelGrid JSON): each run with "
                    "moeplan-exec --model --variant all")
+      ->check(flags::NonEmpty())
       ->excludes(layers);
-  validate->add_option("--ranks", a->ranks,
-                       "Ranks to launch (default: the profile's nodes x GPUs)");
+  validate->add_option("--ranks", a->ranks, "Ranks to launch (default: the profile's nodes x GPUs)")
+      ->check(flags::PositiveInt());
   validate
       ->add_option("--launcher", a->launcher,
                    "Shell text that launches moeplan-exec; {ranks} is replaced")
       ->capture_default_str();
-  validate->add_option("--exec", a->exec, "moeplan-exec binary (default: next to moeplan)");
+  validate->add_option("--exec", a->exec, "moeplan-exec binary (default: next to moeplan)")
+      ->check(flags::NonEmpty());
   validate
       ->add_option("--backend", a->backend,
                    "moeplan-exec's backend: mpi (CPU, host buffers) or nccl (GPU; the profile "
@@ -274,16 +351,20 @@ CLI::App* AddValidate(CLI::App* app, ValidateArgs* a) {
       ->check(CLI::IsMember({"mpi", "nccl"}))
       ->capture_default_str();
   validate->add_option("--iters", a->iters, "Timed iterations per schedule or variant")
+      ->check(flags::IntInRange(1, 1000000))
       ->capture_default_str();
   validate
       ->add_option("--skew", a->skew,
                    "moeplan-exec --skew: bias every config's gate by a Zipf law of this exponent "
                    "(0: none); dropless configs are predicted at their measured heaviest-rank load")
-      ->check(CLI::Range(0.0, 16.0))
+      ->check(flags::FiniteInRange(0.0, 16.0))
       ->capture_default_str();
-  validate->add_option("--warmup", a->warmup, "Untimed iterations first")->capture_default_str();
+  validate->add_option("--warmup", a->warmup, "Untimed iterations first")
+      ->check(flags::IntInRange(0, 1000000))
+      ->capture_default_str();
   validate
       ->add_option("--out-dir", a->out_dir, "Directory for report.md, plot.png and the runs' files")
+      ->check(flags::NonEmpty())
       ->capture_default_str();
   validate->add_flag("--json", a->json, "Print the summary as JSON (moeplan.v1.ValidationSummary)");
   validate
@@ -291,13 +372,17 @@ CLI::App* AddValidate(CLI::App* app, ValidateArgs* a) {
                    "Hold out this fraction of the configs (of each layout): fit in-context op "
                    "corrections on the rest, report the error on both parts, and write the "
                    "refitted profile to OUT_DIR/refit-profile.json (0: no split)")
-      ->check(CLI::Range(0.0, 0.9))
+      ->check(flags::FiniteInRange(0.0, 0.9))
       ->capture_default_str();
-  validate->add_option("--seed", a->seed, "Seed of the --holdout split")->capture_default_str();
-  validate->add_option(
-      "--from-runs", a->from_runs,
-      "Re-predict the moeplan-exec reports of an earlier --out-dir (DIR/exec/NNN.json, same grid) "
-      "instead of running moeplan-exec");
+  validate->add_option("--seed", a->seed, "Seed of the --holdout split")
+      ->check(flags::IntInRange(0, INT64_MAX))
+      ->capture_default_str();
+  validate
+      ->add_option("--from-runs", a->from_runs,
+                   "Re-predict the moeplan-exec reports of an earlier --out-dir "
+                   "(DIR/exec/NNN.json, same grid) "
+                   "instead of running moeplan-exec")
+      ->check(flags::NonEmpty());
   return validate;
 }
 
@@ -307,20 +392,28 @@ CLI::App* AddProfileCheck(CLI::App* app, ProfileCheckArgs* a) {
       "Re-measure a few points (GEMMs, memory kernels, each link level, an AlltoAll per group "
       "shape; under a minute) with moeplan-profile --check under mpirun, and report how far each "
       "cost-model term has drifted from the profile; exit 1 beyond the threshold (stale)");
-  check->add_option("--profile", a->profile, "Profile to check (name or file)")->required();
-  check->add_option("--ranks", a->ranks, "Ranks to launch (default: the profile's nodes x GPUs)");
+  check->add_option("--profile", a->profile, "Profile to check (name or file)")
+      ->required()
+      ->check(flags::NonEmpty());
+  check->add_option("--ranks", a->ranks, "Ranks to launch (default: the profile's nodes x GPUs)")
+      ->check(flags::PositiveInt());
   check
       ->add_option("--launcher", a->launcher,
                    "Shell text that launches moeplan-profile; {ranks} is replaced")
       ->capture_default_str();
-  check->add_option("--profiler", a->profiler, "moeplan-profile binary (default: next to moeplan)");
-  check->add_option("--samples", a->samples,
-                    "Compare these moeplan-profile samples instead of measuring");
+  check->add_option("--profiler", a->profiler, "moeplan-profile binary (default: next to moeplan)")
+      ->check(flags::NonEmpty());
+  check
+      ->add_option("--samples", a->samples,
+                   "Compare these moeplan-profile samples instead of measuring")
+      ->check(flags::NonEmpty());
   check->add_option("--out-dir", a->out_dir, "Where check.jsonl (the samples taken) goes")
+      ->check(flags::NonEmpty())
       ->capture_default_str();
   check
       ->add_option("--threshold-pct", a->threshold_pct,
                    "A term whose median drift exceeds this (in %) makes the profile stale")
+      ->check(flags::FiniteAbove(0.0, 1e6))
       ->capture_default_str();
   return check;
 }

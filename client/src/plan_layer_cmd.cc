@@ -63,6 +63,11 @@ absl::Status PlanOnServer(const ClientOptions& server, const std::string& cluste
 }  // namespace
 
 absl::Status PlanLayerCmd(const PlanLayerArgs& a) {
+  MOEPLAN_RETURN_IF_ERROR(
+      RefuseOutputOverInput({{"--trace", a.trace}}, {{"--layer", a.layer},
+                                                     {"--cluster", a.cluster},
+                                                     {"--tls-ca", a.server.tls_ca_file},
+                                                     {"--token-file", a.server.token_file}}));
   MOEPLAN_ASSIGN_OR_RETURN(std::vector<p::Schedule> schedules, ParseSchedules(a.schedules));
   v1::PlanLayerRequest request;
   MOEPLAN_RETURN_IF_ERROR(proto::ReadJsonFile(a.layer, request.mutable_layer()));

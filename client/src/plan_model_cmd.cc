@@ -77,10 +77,7 @@ absl::StatusOr<v1::ModelPlanOptions> OptionsFromFlags(const PlanModelArgs& a) {
                            ParseNameList<p::AllToAllAlgo>("--alltoall", "algorithm", a.alltoall,
                                                           p::ParseAllToAllAlgo, "linear, 2dh"));
   for (p::AllToAllAlgo x : algos) o.add_alltoall_algorithms(proto::AllToAllAlgoToProto(x));
-  if (!(a.bucket_mb > 0.0) || !std::isfinite(a.bucket_mb) || a.bucket_mb > 1048576.0) {
-    return absl::InvalidArgumentError(
-        Cat("--bucket-mb: must be > 0 and <= 1048576 (got ", a.bucket_mb, ")"));
-  }
+  // --bucket-mb is finite and in (0, 1048576] (main.cc, flags::FiniteAbove).
   o.set_bucket_bytes(std::max<int64_t>(1, std::llround(a.bucket_mb * 1024.0 * 1024.0)));
   o.set_partition_max_k(a.partition_max_k);
   o.set_partition_groups(a.partition_groups);
@@ -139,6 +136,11 @@ absl::Status SearchFromFlags(const PlanModelArgs& a, v1::PlanModelRequest* reque
 }  // namespace
 
 absl::Status PlanModelCmd(const PlanModelArgs& a) {
+  MOEPLAN_RETURN_IF_ERROR(
+      RefuseOutputOverInput({{"--trace", a.trace}}, {{"--model", a.model},
+                                                     {"--cluster", a.cluster},
+                                                     {"--tls-ca", a.server.tls_ca_file},
+                                                     {"--token-file", a.server.token_file}}));
   v1::PlanModelRequest request;
   MOEPLAN_ASSIGN_OR_RETURN(*request.mutable_options(), OptionsFromFlags(a));
   if (a.search || !a.layout.empty()) {

@@ -25,10 +25,14 @@ absl::Status ProfileCheckCmd(const ProfileCheckArgs& a) {
     return absl::InvalidArgumentError(
         Cat("--threshold-pct: must be > 0 (got ", a.threshold_pct, ")"));
   }
+  const std::string samples_file = (std::filesystem::path(a.out_dir) / "check.jsonl").string();
+  if (a.samples.empty()) {
+    MOEPLAN_RETURN_IF_ERROR(RefuseOutputOverInput(
+        {{"--out-dir", samples_file}}, {{"--profile", a.profile}, {"--profiler", a.profiler}}));
+  }
   std::error_code ec;
   std::filesystem::create_directories(a.out_dir, ec);
   if (ec) return absl::PermissionDeniedError(Cat("--out-dir: ", a.out_dir, ": ", ec.message()));
-  const std::string samples_file = (std::filesystem::path(a.out_dir) / "check.jsonl").string();
   if (a.samples.empty()) {
     const int ranks = a.ranks > 0 ? a.ranks : profile.nodes() * profile.gpus_per_node();
     const std::string backend =

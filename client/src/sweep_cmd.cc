@@ -23,6 +23,8 @@ namespace moeplan::client {
 namespace p = ::moeplan::planner;
 
 absl::Status SweepCmd(const SweepArgs& a) {
+  MOEPLAN_RETURN_IF_ERROR(
+      RefuseOutputOverInput({{"--out", a.out}}, {{"--grid", a.grid}, {"--cluster", a.cluster}}));
   SweepOptions options;
   MOEPLAN_ASSIGN_OR_RETURN(options.schedules, ParseSchedules(a.schedules));
   options.skip_invalid = a.skip_invalid;

@@ -48,14 +48,34 @@ namespace p = ::moeplan::planner;
 
 namespace {
 
-// The last non-empty line of a log: what moeplan-exec said before it stopped.
-std::string LastLine(const std::string& path) {
+// What moeplan-exec said before it stopped: its own error line in the log,
+// not the banner mpirun prints after it (FailureReason).
+std::string ExecFailure(const std::string& path) {
   absl::StatusOr<std::string> text = proto::ReadFile(path);
-  if (!text.ok()) return "";
-  std::string s = *text;
-  while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.pop_back();
-  const size_t at = s.rfind('\n');
-  return at == std::string::npos ? s : s.substr(at + 1);
+  return text.ok() ? FailureReason(*text, "moeplan-exec") : "";
+}
+
+// Every file validate writes under --out-dir for `configs` configs must not be
+// one it reads (--profile, the grid, --exec).
+absl::Status RefuseOutputsOverInputs(const ValidateArgs& a, size_t configs) {
+  const fs::path dir(a.out_dir);
+  std::vector<NamedPath> outputs;
+  for (const char* name : {"report.md", "plot.png", "plot.dat", "plot.gp"}) {
+    outputs.push_back({"--out-dir", (dir / name).string()});
+  }
+  if (a.holdout > 0.0) outputs.push_back({"--out-dir", (dir / "refit-profile.json").string()});
+  for (size_t i = 0; i < configs; ++i) {
+    const std::string stem = fmt::format("{:03d}", i);
+    outputs.push_back({"--out-dir", (dir / "configs" / (stem + ".json")).string()});
+    outputs.push_back({"--out-dir", (dir / "logs" / (stem + ".log")).string()});
+    if (a.from_runs.empty()) {
+      outputs.push_back({"--out-dir", (dir / "exec" / (stem + ".json")).string()});
+    }
+  }
+  return RefuseOutputOverInput(outputs, {{"--profile", a.profile},
+                                         {"--layers", a.layers},
+                                         {"--models", a.models},
+                                         {"--exec", a.exec}});
 }
 
 bool HaveGnuplot() { return std::system("command -v gnuplot >/dev/null 2>&1") == 0; }
@@ -151,7 +171,7 @@ absl::StatusOr<ConfigRun> RunConfig(const ValidateArgs& a, const Setup& setup,
     // A run that succeeded but whose report does not read says why.
     std::string why = ran.exit_code == 0
                           ? Cat("its report does not read: ", View(m.status().message()))
-                          : LastLine(log_file);
+                          : ExecFailure(log_file);
     if (why.empty()) why = Cat("exit code ", ran.exit_code);
     fmt::print(stderr, "moeplan validate:   skipped: {}\n", why);
     return ConfigRun{std::nullopt, fmt::format("{}: {} (log: {})", name, why, log_file)};
@@ -354,6 +374,7 @@ absl::Status ValidateCmd(const ValidateArgs& a) {
   const std::string& grid_file = a.layers.empty() ? a.models : a.layers;
   MOEPLAN_ASSIGN_OR_RETURN(std::unique_ptr<ValidationSubject> subject,
                            a.layers.empty() ? ModelSubject(a.models) : LayerSubject(a.layers));
+  MOEPLAN_RETURN_IF_ERROR(RefuseOutputsOverInputs(a, subject->size()));
   MOEPLAN_ASSIGN_OR_RETURN(Setup setup, Prepare(a, profile.message));
 
   std::vector<calibration::ValidationInput> inputs;

@@ -16,6 +16,7 @@
 #include <cstdint>
 
 #include "exec_common.h"
+#include "moeplan/base/flags.h"
 #include "moeplan/base/watchdog.h"
 #include "moeplan/executor/mpi_job.h"
 
@@ -33,7 +34,8 @@ struct Flags {
 void AddInputFlags(CLI::App& app, Args* args, Flags* out) {
   Args& a = *args;
   Flags& f = *out;
-  f.layer = app.add_option("--layer", a.layer, "layer config (JSON, moeplan.v1.LayerConfig)");
+  f.layer = app.add_option("--layer", a.layer, "layer config (JSON, moeplan.v1.LayerConfig)")
+                ->check(flags::NonEmpty());
   f.model = app.add_option(
       "--model", a.model,
       "a whole model instead of a layer (JSON, moeplan.v1.ModelConfig; parallel.pp 1, mp*dp "
@@ -42,13 +44,15 @@ void AddInputFlags(CLI::App& app, Args* args, Flags* out) {
       "the planner plans it (linear AlltoAll) and reports predicted and measured timelines in "
       "plan-model's shape (moeplan.v1.ExecModelReport); --schedule, --skew, --check and "
       "--report-to are for layers");
+  f.model->check(flags::NonEmpty());
   f.model->excludes(f.layer);
   f.plan =
       app.add_option("--plan", a.plan,
                      "a whole-model plan saved by `moeplan plan-model --format json` "
                      "(moeplan.v1.PlanModelResponse, which holds its model): runs its variants "
                      "as it planned them, checked to be the plan --profile (default: the plan's "
-                     "own profile) rebuilds; as --model otherwise");
+                     "own profile) rebuilds; as --model otherwise")
+          ->check(flags::NonEmpty());
   f.plan->excludes(f.layer);
   f.plan->excludes(f.model);
   f.layout = app.add_option(
@@ -58,15 +62,18 @@ void AddInputFlags(CLI::App& app, Args* args, Flags* out) {
       "every stage's micro-batches in the pipeline schedule's order with their p2p transfers, "
       "then each stage's gradient buckets and optimizer step; the model's parallel and "
       "micro_batch_size are the layout's");
+  f.layout->check(flags::NonEmpty());
   f.layout->needs(f.model);
   f.variant =
       app.add_option("--variant", a.variant,
                      "with --model: none, tutel, dw, partition, lancet, auto (the planner's "
                      "choice) or all; with --plan: one of the plan's variants, auto (its best) "
                      "or all")
+          ->check(flags::NonEmpty())
           ->capture_default_str();
   f.schedule = app.add_option("--schedule", a.schedule,
                               "default, s1, s2, auto (the planner's choice) or all")
+                   ->check(flags::NonEmpty())
                    ->capture_default_str();
 }
 
@@ -75,14 +82,21 @@ void AddRunFlags(CLI::App& app, Args* args, Flags* out) {
   Args& a = *args;
   Flags& f = *out;
   app.add_option("--backend", a.backend, "mpi (CPU, host buffers) or nccl (GPU)")
+      ->check(flags::NonEmpty())
       ->capture_default_str();
   app.add_option("--dtype", a.dtype,
                  "auto (mpi: f32; nccl: from bytes_per_element), f32 or bf16; the layer's "
                  "bytes_per_element is set to match")
+      ->check(flags::NonEmpty())
       ->capture_default_str();
-  app.add_option("--iters", a.iters, "timed iterations")->capture_default_str();
-  app.add_option("--warmup", a.warmup, "untimed iterations first")->capture_default_str();
+  app.add_option("--iters", a.iters, "timed iterations")
+      ->check(flags::IntInRange(1, 1000000))
+      ->capture_default_str();
+  app.add_option("--warmup", a.warmup, "untimed iterations first")
+      ->check(flags::IntInRange(0, 1000000))
+      ->capture_default_str();
   app.add_option("--seed", a.seed, "seed of inputs, weights and output gradient")
+      ->check(flags::IntInRange(0, INT64_MAX))
       ->capture_default_str();
   f.skew = app.add_option(
                   "--skew", a.skew,
@@ -90,30 +104,34 @@ void AddRunFlags(CLI::App& app, Args* args, Flags* out) {
                   "of popularity rank r gets weight 1/(1+r)^skew, the ranking drawn from --seed); "
                   "the report gives the measured heaviest-rank load over the mean, the planner's "
                   "token_skew (0: unbiased gate)")
-               ->check(CLI::Range(0.0, 16.0))
+               ->check(flags::FiniteInRange(0.0, 16.0))
                ->capture_default_str();
   app.add_option("--max-memory-gib", a.max_memory_gib,
                  "Memory one rank's buffers may take; over it the run is refused before anything "
                  "is allocated (0: the GPU's free memory, or the host's available memory divided "
                  "by its ranks)")
-      ->check(CLI::Range(0.0, 1e6))
+      ->check(flags::FiniteInRange(0.0, 1e6))
       ->capture_default_str();
   f.profile =
       app.add_option("--profile", a.profile, "profile for the prediction and --schedule auto")
+          ->check(flags::NonEmpty())
           ->capture_default_str();
   app.add_option("--watchdog-s", a.watchdog_s,
                  "a rank that begins no new op for this long (a peer died or stalled) prints the "
                  "op it waits in and exits 3, and mpirun stops the job (0: off)")
-      ->check(CLI::Range(0.0, 86400.0))
+      ->check(flags::FiniteInRange(0.0, 86400.0))
       ->capture_default_str();
   f.report_to =
       app.add_option("--report-to", a.report_to,
                      "moeplan-server address (host:port or unix:PATH): rank 0 sends every measured "
                      "schedule's op timeline with ReportMeasurement against --profile, for in-job "
-                     "refits; a failed report exits 1 after the report is printed");
-  app.add_option("--tls-ca", a.tls_ca, "with --report-to: CA of the server's TLS certificate");
+                     "refits; a failed report exits 1 after the report is printed")
+          ->check(flags::NonEmpty());
+  app.add_option("--tls-ca", a.tls_ca, "with --report-to: CA of the server's TLS certificate")
+      ->check(flags::NonEmpty());
   app.add_option("--token-file", a.token_file,
-                 "with --report-to: file whose first line is the server's bearer token");
+                 "with --report-to: file whose first line is the server's bearer token")
+      ->check(flags::NonEmpty());
   f.check = app.add_flag("--check", a.check,
                          "also run every schedule the layout allows on the same inputs and compare "
                          "outputs, gradients and routing with the default's (exit 1 on mismatch)");

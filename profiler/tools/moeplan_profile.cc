@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "fmt/format.h"
+#include "moeplan/base/flags.h"
 #include "moeplan/base/status.h"
 #include "moeplan/base/strings.h"
 #include "moeplan/base/watchdog.h"
@@ -391,56 +392,73 @@ namespace {
 // the parts.
 void AddSweepFlags(CLI::App& app, Args* args) {
   Args& a = *args;
-  app.add_option("--out", a.out, "samples file to write (JSON Lines)")->required();
+  app.add_option("--out", a.out, "samples file to write (JSON Lines)")
+      ->required()
+      ->check(flags::NonEmpty());
   app.add_flag("--quick", a.quick,
                "a short sweep for CI: 4 KiB..1 MiB by 4x, 5 repetitions, 3^3 GEMM grid "
                "(ignores the size and repetition flags)");
   app.add_option("--backend", a.backend, "mpi (CPU, host buffers) or nccl (GPU)")
+      ->check(flags::NonEmpty())
       ->capture_default_str();
   app.add_option("--dtype", a.dtype,
                  "element type of the GEMM and memory kernels: auto (mpi: f32, nccl: bf16), f32, "
                  "bf16; collectives always move f32")
+      ->check(flags::NonEmpty())
       ->capture_default_str();
   // Sizes: CLI11's AsSizeValue (KiB/MiB/GiB, and KB/MB/GB as powers of 1024).
   const CLI::AsSizeValue size_units(/*kb_is_1000=*/false);
   app.add_option("--min-bytes", a.min_bytes, "smallest message (n of profile.proto), e.g. 1KiB")
       ->transform(size_units)
+      ->check(flags::IntInRange(1, int64_t{1} << 40))
       ->capture_default_str();
   app.add_option("--max-bytes", a.max_bytes, "largest message, e.g. 256MiB")
       ->transform(size_units)
+      ->check(flags::IntInRange(1, int64_t{1} << 40))
       ->capture_default_str();
   app.add_option("--size-step", a.size_step, "multiply the message size by this")
+      ->check(flags::IntInRange(2, 1024))
       ->capture_default_str();
-  app.add_option("--iters", a.iters, "timed repetitions per point, at most")->capture_default_str();
+  app.add_option("--iters", a.iters, "timed repetitions per point, at most")
+      ->check(flags::IntInRange(1, 1000000))
+      ->capture_default_str();
   app.add_option("--warmup", a.warmup, "untimed repetitions per point (>= 1; the first is checked)")
+      ->check(flags::IntInRange(1, 1000000))
       ->capture_default_str();
   app.add_option("--budget", a.budget_s,
                  "seconds of timed repetitions per point: slow points run fewer repetitions (>= 3)")
+      ->check(flags::FiniteAbove(0.0, 3600.0))
       ->capture_default_str();
   app.add_option("--only", a.parts,
                  "parts to measure: collectives, alltoallv (uneven AlltoAll), saa, gemm, memory")
       ->delimiter(',')
+      ->check(flags::NonEmpty())
       ->capture_default_str();
   app.add_option("--alltoallv-loads", a.alltoallv_loads,
                  "uneven AlltoAll: the heaviest rank's received bytes over the mean, each > 1 "
                  "(a group of r ranks measures the loads <= r)")
       ->delimiter(',')
+      ->check(flags::FiniteAbove(1.0, 1e6))
       ->capture_default_str();
   app.add_option("--gemm-sizes", a.gemm_sizes,
                  "GEMM grid axis (m, n and k), e.g. 16,64,256,1024,4096")
-      ->delimiter(',');
+      ->delimiter(',')
+      ->check(flags::IntInRange(1, 1 << 20));
   app.add_option("--gemm-max-gflop", a.gemm_max_gflop,
-                 "skip GEMMs above this many GFLOP (default: 4 on CPUs, none on GPUs)");
+                 "skip GEMMs above this many GFLOP (default: 4 on CPUs, none on GPUs)")
+      ->check(flags::FiniteInRange(0.0, 1e9));
   app.add_option("--memory-tokens", a.memory_tokens,
                  "tokens per memory-bound kernel point, of 1024 f32 values each (default: "
                  "256,1024,4096,16384 on CPUs; 1024,4096,16384,65536,131072 on GPUs, past their "
                  "L2 cache)")
-      ->delimiter(',');
+      ->delimiter(',')
+      ->check(flags::IntInRange(1, 1 << 30));
   app.add_option(
          "--max-point-memory", a.max_point_memory,
          "per-rank buffer memory one point may take; larger points are left out (auto: half the "
          "host's memory over its ranks), e.g. 2GiB; 0: auto")
-      ->transform(size_units);
+      ->transform(size_units)
+      ->check(flags::IntInRange(0, INT64_MAX));
 }
 
 // --check, in context, rounds and the watchdog.
@@ -453,17 +471,18 @@ void AddModeFlags(CLI::App& app, Args* args) {
   app.add_option("--context-ms", a.context_ms,
                  "also measure every collective and SAA point in context: after this many ms of "
                  "compute on every rank, timed as moeplan-exec times an op (0: isolated only)")
+      ->check(flags::FiniteInRange(0.0, 60000.0))
       ->capture_default_str();
   app.add_option("--rounds", a.rounds,
                  "measure every point this many times, each round in its own shuffled order, so "
                  "slow drifts of the machine spread over all kinds of points; calibrate fits the "
                  "median round and reports how far the fits move from round to round")
-      ->check(CLI::Range(1, 100))
+      ->check(flags::IntInRange(1, 100))
       ->capture_default_str();
   app.add_option("--watchdog-s", a.watchdog_s,
                  "a rank stuck this long in one sample (a peer died or stalled) prints the sample "
                  "and exits 3, and mpirun stops the job (0: off)")
-      ->check(CLI::Range(0.0, 86400.0))
+      ->check(flags::FiniteInRange(0.0, 86400.0))
       ->capture_default_str();
 }
 

@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "absl/synchronization/mutex.h"
+#include "moeplan/base/flags.h"
 #include "moeplan/base/strings.h"
 #include "moeplan/server/server.h"
 
@@ -38,24 +39,30 @@ void AddServingOptions(CLI::App& app, Flags* f) {
   server::ServerOptions& options = f->options;
   app.add_option("--listen", options.listen,
                  "host:port to listen on (port 0: any free port); loopback unless --allow-public")
+      ->check(moeplan::flags::NonEmpty())
       ->capture_default_str();
   app.add_flag("--allow-public", options.allow_public,
                "Allow listening on a non-loopback address; needs --tls-cert, --tls-key and "
                "--token-file");
   app.add_option("--tls-cert", options.tls_cert_file,
-                 "PEM certificate chain: serve over TLS (with --tls-key)");
-  app.add_option("--tls-key", options.tls_key_file, "PEM private key of --tls-cert");
+                 "PEM certificate chain: serve over TLS (with --tls-key)")
+      ->check(moeplan::flags::NonEmpty());
+  app.add_option("--tls-key", options.tls_key_file, "PEM private key of --tls-cert")
+      ->check(moeplan::flags::NonEmpty());
   app.add_option(
-      "--token-file", options.token_file,
-      "File whose first line is the bearer token PutProfile, ReportMeasurement and "
-      "RefitProfile need (metadata 'authorization: Bearer <token>'; at least 16 characters)");
+         "--token-file", options.token_file,
+         "File whose first line is the bearer token PutProfile, ReportMeasurement and "
+         "RefitProfile need (metadata 'authorization: Bearer <token>'; at least 16 characters)")
+      ->check(moeplan::flags::NonEmpty());
   app.add_flag("--token-for-reads", options.token_for_reads,
                "Require the token for every RPC, reads included");
   app.add_option("--data-dir", options.data_dir, "Directory for stored profiles and measurements")
-      ->required();
+      ->required()
+      ->check(moeplan::flags::NonEmpty());
   app.add_option("--threads", options.threads,
                  "Cap on the threads that run requests (synchronous gRPC API); 0: gRPC's callback "
                  "API on its own pool, the fastest")
+      ->check(moeplan::flags::IntInRange(0, 4096))
       ->capture_default_str();
 }
 
@@ -63,36 +70,38 @@ void AddServingOptions(CLI::App& app, Flags* f) {
 void AddLimitOptions(CLI::App& app, Flags* f) {
   server::ServerOptions& options = f->options;
   app.add_option("--cache-entries", options.cache_entries, "Plan cache size (0 disables it)")
+      ->check(moeplan::flags::IntInRange(0, 100000000))
       ->capture_default_str();
   f->cache_mib = options.cache_bytes >> 20;
   app.add_option("--cache-mib", f->cache_mib,
                  "Plan cache bound in MiB (keys plus serialised responses; 0 disables it)")
-      ->check(CLI::Range(size_t{0}, size_t{1} << 20))
+      ->check(moeplan::flags::IntInRange(0, 1 << 20))
       ->capture_default_str();
   f->max_message_mib = options.handlers.max_response_bytes >> 20;
   app.add_option("--max-message-mib", f->max_message_mib,
                  "Largest response in MiB (a larger one is refused RESOURCE_EXHAUSTED, never "
                  "cached); the bundled clients accept this much")
-      ->check(CLI::Range(size_t{1}, size_t{2047}))
+      ->check(moeplan::flags::IntInRange(1, 2047))
       ->capture_default_str();
   app.add_option("--max-model-plans", options.handlers.max_model_plans,
                  "Uncached PlanModel calls (whole models, layouts, searches) run at once; one more "
                  "is refused RESOURCE_EXHAUSTED (0: the machine's hardware threads)")
-      ->check(CLI::Range(0, 4096))
+      ->check(moeplan::flags::IntInRange(0, 4096))
       ->capture_default_str();
   f->max_plan_seconds = options.handlers.max_plan_time.count() / 1000.0;
   app.add_option("--max-plan-seconds", f->max_plan_seconds,
                  "Longest one plan may run before it is stopped DEADLINE_EXCEEDED (the call's own "
                  "deadline applies when earlier)")
-      ->check(CLI::Range(0.001, 86400.0))
+      ->check(moeplan::flags::FiniteInRange(0.001, 86400.0))
       ->capture_default_str();
   app.add_option("--refit-every", options.handlers.refit_every,
                  "Refit a stored profile from its reported measurements after every N reported "
                  "against it (as RefitProfile, in the background; 0: only when asked)")
-      ->check(CLI::Range(0, 1 << 30))
+      ->check(moeplan::flags::IntInRange(0, 1 << 30))
       ->capture_default_str();
   app.add_option("--drain-ms", f->drain_ms,
                  "On SIGTERM/SIGINT, how long in-flight calls may finish")
+      ->check(moeplan::flags::IntInRange(0, 3600000))
       ->capture_default_str();
   app.add_flag("--no-request-log", f->quiet, "Do not log one line per request on stderr");
 }

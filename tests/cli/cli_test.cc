@@ -415,7 +415,6 @@ std::vector<BadModelCase> BadModelCases() {
       {"bad_variant", Model("", ""), "--variants none,fast", "--variants: unknown variant 'fast'"},
       {"2dh_inside_node", Model("\"ep\": 64", "\"ep\": 8"), "--alltoall 2dh",
        "--alltoall: 2dh needs an EP group that spans nodes"},
-      {"bad_bucket", Model("", ""), "--bucket-mb 0", "--bucket-mb: must be > 0"},
   };
 }
 
@@ -450,6 +449,223 @@ TEST(PlanModelCli, S1AndS2InsideLancetWithTensorParallelism) {
   CliResult r = RunCli("plan-model --model examples/models/fine-grained-moe.json --variants lancet");
   ASSERT_EQ(r.exit_code, 0) << r.err;
   for (const char* s : {"default/", "s1/", "s2/"}) EXPECT_NE(r.out.find(s), std::string::npos) << s;
+}
+
+// Issue 35, class 7: a numeric flag takes only finite values in its range. NaN
+// compares false with every bound, so a check written as `x < lo` let it
+// through and a NaN or negative value fell back to a default without a word.
+// Each is refused on one line naming the flag and the rule, before anything
+// runs (the --launcher `false` would make a validate that got as far as
+// running fail differently, naming no flag).
+TEST(CliFlags, NumbersMustBeFiniteAndInRange) {
+  TempDir tmp;
+  const std::string out = " --out-dir " + tmp.File("out") + " --launcher false";
+  const std::string model = "plan-model --model examples/models/gpt2-s-moe.a100.json --search";
+  const std::string validate =
+      "validate --profile cpu-testbed-1x4 --layers examples/validation/testbed-4-ranks-small.json" +
+      out;
+  const std::string check = "profile-check --profile cpu-testbed-1x4" + out;
+  struct Case {
+    std::string args, flag;
+  } cases[] = {
+      {model + " --gpu-memory-gib nan", "--gpu-memory-gib"},
+      {model + " --gpu-memory-gib -1", "--gpu-memory-gib"},
+      {model + " --gpu-memory-gib inf", "--gpu-memory-gib"},
+      {model + " --optimizer-bytes nan", "--optimizer-bytes"},
+      {"plan-model --model examples/models/gpt2-s-moe.a100.json --bucket-mb nan", "--bucket-mb"},
+      {"plan-model --model examples/models/gpt2-s-moe.a100.json --bucket-mb -5", "--bucket-mb"},
+      {"plan-model --model examples/models/gpt2-s-moe.a100.json --bucket-mb 0", "--bucket-mb"},
+      {validate + " --skew nan", "--skew"},
+      {validate + " --ranks 0", "--ranks"},
+      {validate + " --ranks -3", "--ranks"},
+      {validate + " --iters 0", "--iters"},
+      {validate + " --holdout nan", "--holdout"},
+      {check + " --ranks 0", "--ranks"},
+      {check + " --ranks -3", "--ranks"},
+      {check + " --threshold-pct nan", "--threshold-pct"},
+      {"calibrate --samples x.jsonl --out " + tmp.File("p.json") + " --tolerance nan",
+       "--tolerance"},
+      {"calibrate --samples x.jsonl --out " + tmp.File("p.json") + " --repeat-tolerance nan",
+       "--repeat-tolerance"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.args);
+    CliResult r = RunCli(c.args);
+    EXPECT_NE(r.exit_code, 0);
+    EXPECT_EQ(r.out, "");
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+    EXPECT_NE(r.err.find(c.flag + ": must be"), std::string::npos) << r.err;
+  }
+  EXPECT_FALSE(std::filesystem::exists(tmp.File("out"))) << "nothing written";
+  EXPECT_FALSE(std::filesystem::exists(tmp.File("p.json"))) << "nothing written";
+}
+
+// The other programs' numeric flags go through the same validators
+// (moeplan/base/flags.h). Their usage errors come before any MPI work.
+TEST(CliFlags, OtherProgramsRefuseNanToo) {
+  const std::string build = std::filesystem::path(MOEPLAN_CLI).parent_path().parent_path();
+  struct Case {
+    std::string binary, args, flag;
+  } cases[] = {
+      {"executor/moeplan-exec", "--layer examples/exec/exec-small.json --max-memory-gib nan",
+       "--max-memory-gib"},
+      {"executor/moeplan-exec", "--layer examples/exec/exec-small.json --skew nan", "--skew"},
+      {"executor/moeplan-exec", "--layer examples/exec/exec-small.json --iters 0", "--iters"},
+      {"profiler/moeplan-profile", "--out /nonexistent/s.jsonl --budget nan", "--budget"},
+      {"profiler/moeplan-profile", "--out /nonexistent/s.jsonl --context-ms -1", "--context-ms"},
+      {"server/moeplan-server", "--data-dir /nonexistent --max-plan-seconds nan",
+       "--max-plan-seconds"},
+      {"server/moeplan-server", "--data-dir /nonexistent --drain-ms -1", "--drain-ms"},
+  };
+  int ran = 0;
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.binary + " " + c.args);
+    const std::string binary = build + "/" + c.binary;
+    if (!std::filesystem::exists(binary)) continue;  // not built in this tree
+    ++ran;
+    TempDir tmp;
+    const std::string cmd = "cd '" MOEPLAN_SOURCE_DIR "' && '" + binary + "' " + c.args + " >'" +
+                            tmp.File("out") + "' 2>'" + tmp.File("err") + "'";
+    const int status = std::system(cmd.c_str());
+    ASSERT_TRUE(WIFEXITED(status));
+    EXPECT_NE(WEXITSTATUS(status), 0);
+    const std::string err = Slurp(tmp.File("err"));
+    EXPECT_NE(err.find(c.flag + ": must be"), std::string::npos) << err;
+  }
+  if (ran == 0) GTEST_SKIP() << "moeplan-exec, moeplan-profile and moeplan-server are not built";
+}
+
+// Issue 35, class 9: options that would be ignored, or would overwrite an
+// input, are refused naming the option; nothing is written.
+TEST(CliFlags, EmptyPathsAndNamesAreRefused) {
+  TempDir tmp;
+  const std::string layer = std::string("plan-layer --layer ") + kGpt2;
+  const std::string model = "plan-model --model examples/models/gpt2-s-moe.a100.json";
+  struct Case {
+    std::string args, expect;
+  } cases[] = {
+      {layer + " --trace ''", "--trace: must not be empty"},
+      {model + " --trace ''", "--trace: must not be empty"},
+      {model + " --layout ''", "--layout: must not be empty"},
+      {layer + " --cluster ''", "--cluster: must not be empty"},
+      {layer + " --server ''", "--server: must not be empty"},
+      {"sweep --grid examples/parm-grid.json --out ''", "--out: must not be empty"},
+      {"calibrate --samples x.jsonl --out " + tmp.File("p.json") + " --name ''",
+       "--name: must not be empty"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.args);
+    CliResult r = RunCli(c.args);
+    EXPECT_NE(r.exit_code, 0);
+    EXPECT_EQ(r.out, "");
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+    EXPECT_NE(r.err.find(c.expect), std::string::npos) << r.err;
+  }
+}
+
+TEST(CliFlags, SearchOptionsNeedSearch) {
+  const std::string model = "plan-model --model examples/models/gpt2-s-moe.a100.json";
+  for (const std::string flag :
+       {"--top 3", "--gpus 64", "--families dpmoe", "--pipelines 1f1b", "--zero-stages 1",
+        "--max-microbatches 8", "--exhaustive"}) {
+    SCOPED_TRACE(flag);
+    CliResult r = RunCli(model + " " + flag);
+    EXPECT_NE(r.exit_code, 0);
+    EXPECT_EQ(r.out, "");
+    const std::string name = flag.substr(0, flag.find(' '));
+    EXPECT_NE(r.err.find(name), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("--search"), std::string::npos) << r.err;
+  }
+  // The memory options mean something with --search or --layout, not alone.
+  for (const std::string flag : {"--gpu-memory-gib 40", "--optimizer-bytes 8", "--grad-bytes 2"}) {
+    SCOPED_TRACE(flag);
+    CliResult r = RunCli(model + " " + flag);
+    EXPECT_NE(r.exit_code, 0);
+    EXPECT_EQ(r.out, "");
+    EXPECT_NE(r.err.find(flag.substr(0, flag.find(' ')) + ": only with --search or --layout"),
+              std::string::npos)
+        << r.err;
+  }
+  CliResult r = RunCli(model + " --search --top 2 --gpu-memory-gib 40");
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+}
+
+// An output that names an input (the same file by device and inode, through a
+// symbolic link too) is refused before anything runs; the input is kept.
+TEST(CliFlags, AnOutputNeverReplacesAnInput) {
+  TempDir tmp;
+  const std::string layer = tmp.Write("layer.json", Slurp(std::string(MOEPLAN_SOURCE_DIR) + "/" + kGpt2));
+  const std::string model = tmp.Write(
+      "model.json", Slurp(std::string(MOEPLAN_SOURCE_DIR) + "/examples/models/gpt2-s-moe.a100.json"));
+  const std::string grid =
+      tmp.Write("grid.json", Slurp(std::string(MOEPLAN_SOURCE_DIR) + "/examples/parm-grid.json"));
+  const std::string samples = tmp.Write("s.jsonl", "{}\n");
+  const std::string link = tmp.File("link.json");
+  ASSERT_EQ(::symlink(layer.c_str(), link.c_str()), 0);
+  ASSERT_EQ(::mkdir(tmp.File("v").c_str(), 0755), 0);
+  const std::string profile_in_out_dir =
+      tmp.Write("v/refit-profile.json",
+                RunCli("profiles show cpu-testbed-1x4").out);
+  struct Case {
+    std::string args, file, expect;
+  } cases[] = {
+      {"plan-layer --layer " + layer + " --trace " + layer, layer,
+       "--trace: " + layer + " is the input of --layer"},
+      {"plan-layer --layer " + layer + " --trace " + link, layer, "is the input of --layer"},
+      {"plan-model --model " + model + " --trace " + model, model,
+       "--trace: " + model + " is the input of --model"},
+      {"sweep --grid " + grid + " --out " + grid, grid, "--out: " + grid + " is the input of --grid"},
+      {"calibrate --samples " + samples + " --out " + samples, samples,
+       "--out: " + samples + " is the input of --samples"},
+      {"validate --profile " + profile_in_out_dir +
+           " --layers examples/validation/testbed-4-ranks-small.json --holdout 0.5 --launcher false "
+           "--out-dir " +
+           tmp.File("v"),
+       profile_in_out_dir, "is the input of --profile"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.args);
+    const std::string before = Slurp(c.file);
+    CliResult r = RunCli(c.args);
+    EXPECT_NE(r.exit_code, 0);
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+    EXPECT_NE(r.err.find(c.expect), std::string::npos) << r.err;
+    EXPECT_EQ(Slurp(c.file), before) << "the input is kept";
+  }
+  EXPECT_FALSE(std::filesystem::exists(tmp.File("v/report.md")));
+}
+
+// A run that failed under mpirun: the reason listed is the executor's own
+// error line, not the banner mpirun prints after it. The "launcher" here is a
+// script that writes what mpirun writes when a rank exits non-zero.
+TEST(CliFlags, ValidateNamesTheExecutorsErrorNotMpirunsBanner) {
+  TempDir tmp;
+  const std::string launcher = tmp.Write(
+      "fake-mpirun.sh",
+      "echo 'moeplan-exec: rank 2: layer.parallel.ep: must divide num_experts (got 3)' >&2\n"
+      "echo '-------------------------------------------------------' >&2\n"
+      "echo 'Primary job  terminated normally, but 1 process returned' >&2\n"
+      "echo 'a non-zero exit code. Per user-direction, the job has been aborted.' >&2\n"
+      "echo '-------------------------------------------------------' >&2\n"
+      "echo '--------------------------------------------------------------------------' >&2\n"
+      "echo 'mpirun detected that one or more processes exited with non-zero status, thus "
+      "causing' >&2\n"
+      "echo 'the job to be terminated. The first process to do so was:' >&2\n"
+      "echo '' >&2\n"
+      "echo '  Process name: [[1234,1],2]' >&2\n"
+      "echo '  Exit code:    1' >&2\n"
+      "echo '--------------------------------------------------------------------------' >&2\n"
+      "exit 1\n");
+  CliResult r = RunCli("validate --profile cpu-testbed-1x4 --layers "
+                       "examples/validation/testbed-4-ranks-small.json --launcher 'sh " +
+                       launcher + "' --out-dir " + tmp.File("v"));
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("skipped: moeplan-exec: rank 2: layer.parallel.ep: must divide "
+                       "num_experts (got 3)"),
+            std::string::npos)
+      << r.err;
+  EXPECT_EQ(r.err.find("skipped: ---"), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("skipped:   Exit code"), std::string::npos) << r.err;
 }
 
 }  // namespace
