@@ -12,6 +12,7 @@
 #include <mpi.h>
 
 #include <CLI/CLI.hpp>
+#include <fmt/format.h>
 #include <chrono>
 #include <cstdint>
 
@@ -171,6 +172,11 @@ int main(int argc, char** argv) {
       "-np P, P = mp*dp ranks) and prints per-op times: median over iterations of the max over "
       "ranks, next to the planner's op names and prediction."};
   const moeplan::exec::Flags f = moeplan::exec::AddFlags(app, &a);
+  // One line naming the program, as moeplan and moeplan-server print: what
+  // moeplan validate / profile-check quote as the reason a run failed.
+  app.failure_message([](const CLI::App*, const CLI::Error& e) {
+    return fmt::format("moeplan-exec: error: {} (see --help)\n", e.what());
+  });
   int rc = 0;
   try {
     app.parse(argc, argv);

@@ -503,6 +503,11 @@ int main(int argc, char** argv) {
       "on the executor's own primitives. Launch with mpirun/srun, one rank per GPU or CPU slot. "
       "Writes JSON Lines (moeplan.v1.ProfileSample)."};
   moeplan::profiler::AddFlags(app, &a);
+  // One line naming the program, as moeplan and moeplan-server print: what
+  // moeplan validate / profile-check quote as the reason a run failed.
+  app.failure_message([](const CLI::App*, const CLI::Error& e) {
+    return fmt::format("moeplan-profile: error: {} (see --help)\n", e.what());
+  });
   int rc = 0;
   try {
     app.parse(argc, argv);
