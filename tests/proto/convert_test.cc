@@ -65,6 +65,16 @@ TEST(ProfileFromProto, NamesMissingAndBadFields) {
   EXPECT_EQ(Msg(ProfileFromProto(neg).status()).rfind("links.inter.alpha_us: ", 0), 0u);
 }
 
+// A profile's name is echoed bounded and escaped (issue 35).
+TEST(ProfileFromProto, EchoesABoundedEscapedName) {
+  v1::ClusterProfile p = *calibration::BuiltinProfile("a100-8x8");
+  p.set_name("\x1b[2J" + std::string(100 * 1024, 'A'));
+  const std::string msg = Msg(ProfileFromProto(p).status());
+  EXPECT_LT(msg.size(), 200u) << msg;
+  EXPECT_EQ(msg.rfind("name: must match [a-z0-9._-]+ (got '\\x1b[2JAAA", 0), 0u) << msg;
+  EXPECT_NE(msg.find("'... (102404 bytes))"), std::string::npos) << msg;
+}
+
 // A user's value is echoed in an error as a bounded, escaped prefix: a 100 KB
 // value in a header-sized gRPC status would be lost as "received initial
 // metadata size exceeds limit" (issue 35).
