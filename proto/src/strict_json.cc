@@ -215,6 +215,13 @@ std::string SyntaxError(std::string_view json, const rapidjson::Reader& reader,
                                                  "after the last element)");
     }
   }
+  if (at == '/' && off + 1 < json.size() && (json[off + 1] == '/' || json[off + 1] == '*')) {
+    return Position(json, off) + WithPath(h.Path(true), "invalid JSON: a comment (JSON has none)");
+  }
+  if (at == '\'') {
+    return Position(json, off) +
+           WithPath(h.Path(true), "invalid JSON: a single quote (JSON quotes with \")");
+  }
   std::string what = code == rapidjson::kParseErrorStringInvalidEncoding
                          ? "invalid UTF-8 in a string"
                          : rapidjson::GetParseError_En(code);

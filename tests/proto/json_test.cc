@@ -128,6 +128,10 @@ TEST(StrictJson, RefusesWhatJsonIsNot) {
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << bad;
     EXPECT_EQ(Msg(s).rfind("column ", 0), 0u) << bad << ": " << Msg(s);
   }
+  EXPECT_EQ(Msg(ParseJson("{\"top_k\": 1 /* one */}", &l)),
+            "column 13: invalid JSON: a comment (JSON has none)");
+  EXPECT_EQ(Msg(ParseJson("{'top_k': 1}", &l)),
+            "column 2: invalid JSON: a single quote (JSON quotes with \")");
   std::string deep(200, '[');
   EXPECT_EQ(Msg(ParseJson("{\"name\": " + deep, &l)),
             "column 109: nested deeper than 100 arrays and objects");
