@@ -166,11 +166,11 @@ absl::Status CheckIdentity(const ClusterProfile& p) {
   for (char ch : p.name) {
     const bool ok =
         (ch >= 'a' && ch <= 'z') || (ch >= '0' && ch <= '9') || ch == '.' || ch == '_' || ch == '-';
-    if (!ok) return Bad("name", "must match [a-z0-9._-]+", Cat("\"", p.name, "\""));
+    if (!ok) return Bad("name", "must match [a-z0-9._-]+", Quoted(p.name));
   }
   if (p.name.size() > 64) return Bad("name", "must be at most 64 characters", Cat(p.name.size()));
   if (!((p.name[0] >= 'a' && p.name[0] <= 'z') || (p.name[0] >= '0' && p.name[0] <= '9'))) {
-    return Bad("name", "must start with [a-z0-9] (it names a file)", Cat("\"", p.name, "\""));
+    return Bad("name", "must start with [a-z0-9] (it names a file)", Quoted(p.name));
   }
   if (p.source == ProfileSource::kUnspecified) {
     return Bad("source", "must be PROFILE_SOURCE_MEASURED or PROFILE_SOURCE_SPEC", "unset");

@@ -37,11 +37,19 @@ absl::StatusOr<p::ParallelLayout> ParallelFromProto(const v1::ParallelLayout& pa
 }
 
 // Names are labels copied into every row, config and log line that mentions
-// them: bounded, so that a name cannot multiply into gigabytes.
+// them: bounded, so that a name cannot multiply into gigabytes, and free of
+// control characters, which would reach a terminal (escaped in JSON, "\u001b",
+// they are valid JSON; a binary request needs no escape at all).
 absl::Status CheckName(const std::string& name) {
-  if (name.size() <= kMaxNameBytes) return absl::OkStatus();
-  return absl::InvalidArgumentError(
-      Cat("name: must be at most ", kMaxNameBytes, " bytes (got ", name.size(), ")"));
+  if (name.size() > kMaxNameBytes) {
+    return absl::InvalidArgumentError(
+        Cat("name: must be at most ", kMaxNameBytes, " bytes (got ", name.size(), ")"));
+  }
+  if (FindControlCharacter(name) != std::string::npos) {
+    return absl::InvalidArgumentError(
+        Cat("name: must not contain control characters (got ", Quoted(name), ")"));
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<p::LayerConfig> LayerFromProto(const v1::LayerConfig& m) {

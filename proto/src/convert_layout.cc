@@ -30,11 +30,11 @@ absl::StatusOr<v1::Layout> LayoutFromSpec(std::string_view spec) {
     const size_t eq = item.find('=');
     if (eq == std::string::npos || eq == 0) {
       return absl::InvalidArgumentError(
-          Cat("--layout: expected key=value, got '", item, "' (keys: ", kKeys, ")"));
+          Cat("--layout: expected key=value, got ", Quoted(item), " (keys: ", kKeys, ")"));
     }
     const std::string key = item.substr(0, eq), value = item.substr(eq + 1);
     if (std::find(seen.begin(), seen.end(), key) != seen.end()) {
-      return absl::InvalidArgumentError(Cat("--layout: '", key, "' given twice"));
+      return absl::InvalidArgumentError(Cat("--layout: ", Quoted(key), " given twice"));
     }
     seen.push_back(key);
     if (key == "family") {
@@ -49,7 +49,7 @@ absl::StatusOr<v1::Layout> LayoutFromSpec(std::string_view spec) {
     const auto [ptr, ec] = std::from_chars(value.data(), value.data() + value.size(), n);
     if (ec != std::errc() || ptr != value.data() + value.size()) {
       return absl::InvalidArgumentError(
-          Cat("--layout: ", key, " must be an integer (got '", value, "')"));
+          Cat("--layout: ", key, " must be an integer (got ", Quoted(value), ")"));
     }
     if (key == "dp") {
       l.set_dp(n);
@@ -74,7 +74,7 @@ absl::StatusOr<v1::Layout> LayoutFromSpec(std::string_view spec) {
       l.set_recompute(n == 1);
     } else {
       return absl::InvalidArgumentError(
-          Cat("--layout: unknown key '", key, "' (keys: ", kKeys, ")"));
+          Cat("--layout: unknown key ", Quoted(key), " (keys: ", kKeys, ")"));
     }
   }
   for (std::string_view need : {"dp", "tp", "pp", "ep", "esp"}) {
@@ -100,14 +100,14 @@ absl::StatusOr<p::Layout> LayoutFromProto(const v1::Layout& m) {
     l.family = p::InferFamily(l);
   } else if (!p::ParseFamily(m.family(), &l.family)) {
     return absl::InvalidArgumentError(
-        Cat("layout.family: must be dpmoe, ppmoe or parm (got '", m.family(), "')"));
+        Cat("layout.family: must be dpmoe, ppmoe or parm (got ", Quoted(m.family()), ")"));
   }
   if (m.pipeline().empty()) {
     l.pipeline =
         l.virtual_stages > 1 ? p::PipelineSchedule::kInterleaved : p::PipelineSchedule::k1F1B;
   } else if (!p::ParsePipelineSchedule(m.pipeline(), &l.pipeline)) {
-    return absl::InvalidArgumentError(
-        Cat("layout.pipeline: must be gpipe, 1f1b or interleaved (got '", m.pipeline(), "')"));
+    return absl::InvalidArgumentError(Cat(
+        "layout.pipeline: must be gpipe, 1f1b or interleaved (got ", Quoted(m.pipeline()), ")"));
   }
   return l;
 }
@@ -146,22 +146,23 @@ absl::StatusOr<p::SearchOptions> SearchFromProto(const v1::SearchOptions& m) {
     p::Family fam;
     if (!p::ParseFamily(f, &fam)) {
       return absl::InvalidArgumentError(
-          Cat("search.families: each must be dpmoe, ppmoe or parm (got '", f, "')"));
+          Cat("search.families: each must be dpmoe, ppmoe or parm (got ", Quoted(f), ")"));
     }
     if (std::find(o.families.begin(), o.families.end(), fam) != o.families.end()) {
-      return absl::InvalidArgumentError(Cat("search.families: each may be listed once (", f, ")"));
+      return absl::InvalidArgumentError(
+          Cat("search.families: each may be listed once (got ", Quoted(f), " twice)"));
     }
     o.families.push_back(fam);
   }
   for (const std::string& name : m.pipelines()) {
     p::PipelineSchedule ps;
     if (!p::ParsePipelineSchedule(name, &ps)) {
-      return absl::InvalidArgumentError(
-          Cat("search.pipelines: each must be gpipe, 1f1b or interleaved (got '", name, "')"));
+      return absl::InvalidArgumentError(Cat(
+          "search.pipelines: each must be gpipe, 1f1b or interleaved (got ", Quoted(name), ")"));
     }
     if (std::find(o.pipelines.begin(), o.pipelines.end(), ps) != o.pipelines.end()) {
       return absl::InvalidArgumentError(
-          Cat("search.pipelines: each may be listed once (", name, ")"));
+          Cat("search.pipelines: each may be listed once (got ", Quoted(name), " twice)"));
     }
     o.pipelines.push_back(ps);
   }

@@ -12,11 +12,37 @@
 #include <sstream>
 #include <vector>
 
+#include "moeplan/base/status.h"
 #include "moeplan/base/strings.h"
+#include "strict_json.h"
 
 namespace moeplan::proto {
 
 namespace {
+
+// Protobuf echoes a value whole ('invalid value "<100 KB>" for type
+// TYPE_INT32'), escapes and all: each quoted value is cut to kQuotedBytes and
+// escaped, like every echo of a user's value (base's Quoted), the rest escaped.
+std::string BoundQuotedValues(std::string_view text) {
+  std::string out;
+  size_t i = 0;
+  while (i < text.size()) {
+    const size_t open = text.find('"', i);
+    if (open == std::string_view::npos) {
+      out += Printable(text.substr(i), 256);
+      break;
+    }
+    out += Printable(text.substr(i, open - i), 256);
+    size_t close = text.find('"', open + 1);
+    if (close == std::string_view::npos) close = text.size();
+    const std::string_view value = text.substr(open + 1, close - open - 1);
+    out += '"';
+    out += Printable(value, kQuotedBytes);
+    out += '"';
+    i = close + 1;
+  }
+  return out;
+}
 
 // Protobuf 3.21 reports "(parent.path) field: what", "(path): what" or
 // "field: what"; say it as "path.field: what" like the planner's validation, with
@@ -58,6 +84,8 @@ std::string NormalizeJsonError(std::string_view raw, std::string_view type_name)
       rest = std::string(kUnknown);
     }
   }
+  path = Printable(path, 128);
+  rest = BoundQuotedValues(rest);
   if (rest == kUnknown) return Cat(path, ": unknown field (not in ", type_name, ")");
   if (!path.empty()) return Cat(path, ": ", rest);
   return Cat("invalid JSON: ", rest);
@@ -67,6 +95,9 @@ std::string NormalizeJsonError(std::string_view raw, std::string_view type_name)
 
 absl::Status ParseJson(std::string_view json, google::protobuf::Message* msg) {
   msg->Clear();
+  // Protobuf's parser is lenient (repeated keys, trailing commas, raw control
+  // characters): the syntax is checked strictly first, for every input.
+  MOEPLAN_RETURN_IF_ERROR(internal::CheckStrictJson(json));
   google::protobuf::util::JsonParseOptions options;
   options.ignore_unknown_fields = false;
   const auto status = google::protobuf::util::JsonStringToMessage(

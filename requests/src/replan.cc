@@ -18,8 +18,8 @@ absl::StatusOr<v1::PlanModelRequest> PinnedModelRequest(const v1::ModelConfig& m
                                                         const v1::VariantPlan& ran) {
   p::Variant variant;
   if (!p::ParseVariant(ran.name(), &variant)) {
-    return absl::InvalidArgumentError(
-        Cat("variant: must be none, tutel, dw, partition or lancet (got '", ran.name(), "')"));
+    return absl::InvalidArgumentError(Cat(
+        "variant: must be none, tutel, dw, partition or lancet (got ", Quoted(ran.name()), ")"));
   }
   v1::PlanModelRequest req;
   *req.mutable_model() = model;

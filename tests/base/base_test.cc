@@ -135,5 +135,33 @@ TEST(Strings, PrintableEscapesControlBytesAndCuts) {
   EXPECT_EQ(Printable(std::string_view("a\0b", 3)), "a\\x00b");
 }
 
+TEST(Strings, PrintableCutsAtACharacterBoundary) {
+  EXPECT_EQ(Printable("ab\xc3\xa9", 3), "ab...(4 bytes)");  // "abé" keeps no half of the é
+  EXPECT_EQ(Printable("ab\xc3\xa9", 4), "ab\xc3\xa9");
+}
+
+// The one way an error echoes a user's value (issue 35): bounded, escaped, quoted.
+TEST(Strings, QuotedBoundsAndEscapesAValue) {
+  EXPECT_EQ(Quoted("dpmoe"), "'dpmoe'");
+  EXPECT_EQ(Quoted(""), "''");
+  EXPECT_EQ(Quoted("a\x1b[31m\n"), "'a\\x1b[31m\\x0a'");
+  EXPECT_EQ(Quoted(std::string(100 * 1024, 'x')),
+            "'" + std::string(64, 'x') + "'... (102400 bytes)");
+  EXPECT_EQ(Quoted(std::string(64, 'x')), "'" + std::string(64, 'x') + "'");
+  EXPECT_EQ(Quoted(std::string(63, 'x') + "\xc3\xa9"),
+            "'" + std::string(63, 'x') + "'... (65 bytes)");
+  EXPECT_EQ(Quoted("abcdef", 2), "'ab'... (6 bytes)");
+}
+
+TEST(Strings, FindControlCharacterFindsC0DelAndC1) {
+  EXPECT_EQ(FindControlCharacter("plain name, \xc3\xa9t\xc3\xa9 1.2"), std::string_view::npos);
+  EXPECT_EQ(FindControlCharacter("a\x1b[31m"), 1u);
+  EXPECT_EQ(FindControlCharacter(std::string_view("ab\0", 3)), 2u);
+  EXPECT_EQ(FindControlCharacter("tab\there"), 3u);
+  EXPECT_EQ(FindControlCharacter("del\x7f"), 3u);
+  EXPECT_EQ(FindControlCharacter("csi\xc2\x9b[31m"), 3u);  // U+009B, the 8-bit CSI
+  EXPECT_EQ(FindControlCharacter("nbsp\xc2\xa0"), std::string_view::npos);
+}
+
 }  // namespace
 }  // namespace moeplan

@@ -65,5 +65,73 @@ TEST(ProfileFromProto, NamesMissingAndBadFields) {
   EXPECT_EQ(Msg(ProfileFromProto(neg).status()).rfind("links.inter.alpha_us: ", 0), 0u);
 }
 
+// A profile's name is echoed bounded and escaped (issue 35).
+TEST(ProfileFromProto, EchoesABoundedEscapedName) {
+  v1::ClusterProfile p = *calibration::BuiltinProfile("a100-8x8");
+  p.set_name("\x1b[2J" + std::string(100 * 1024, 'A'));
+  const std::string msg = Msg(ProfileFromProto(p).status());
+  EXPECT_LT(msg.size(), 200u) << msg;
+  EXPECT_EQ(msg.rfind("name: must match [a-z0-9._-]+ (got '\\x1b[2JAAA", 0), 0u) << msg;
+  EXPECT_NE(msg.find("'... (102404 bytes))"), std::string::npos) << msg;
+}
+
+// A user's value is echoed in an error as a bounded, escaped prefix: a 100 KB
+// value in a header-sized gRPC status would be lost as "received initial
+// metadata size exceeds limit" (issue 35).
+TEST(Errors, EchoABoundedPrefixOfAUserValue) {
+  const std::string big(100 * 1024, 'f');
+  const std::string quoted = std::string("'") + std::string(64, 'f') + "'... (102400 bytes)";
+  v1::Layout layout;
+  layout.set_family(big);
+  EXPECT_EQ(Msg(LayoutFromProto(layout).status()),
+            "layout.family: must be dpmoe, ppmoe or parm (got " + quoted + ")");
+  layout.clear_family();
+  layout.set_pipeline(big);
+  EXPECT_EQ(Msg(LayoutFromProto(layout).status()),
+            "layout.pipeline: must be gpipe, 1f1b or interleaved (got " + quoted + ")");
+  v1::SearchOptions search;
+  search.add_families("parm");
+  search.add_families(big);
+  EXPECT_EQ(Msg(SearchFromProto(search).status()),
+            "search.families: each must be dpmoe, ppmoe or parm (got " + quoted + ")");
+  search.clear_families();
+  search.add_pipelines(big);
+  EXPECT_EQ(Msg(SearchFromProto(search).status()),
+            "search.pipelines: each must be gpipe, 1f1b or interleaved (got " + quoted + ")");
+  search.clear_pipelines();
+  search.add_pipelines("1f1b");
+  search.add_pipelines("1f1b");
+  EXPECT_EQ(Msg(SearchFromProto(search).status()),
+            "search.pipelines: each may be listed once (got '1f1b' twice)");
+  const std::string spec = Msg(LayoutFromSpec("dp=1,family" + big).status());
+  EXPECT_LT(spec.size(), 200u) << spec;
+  EXPECT_NE(spec.find("'... (102406 bytes) (keys: "), std::string::npos) << spec;
+  EXPECT_EQ(Msg(LayoutFromSpec("dp=1,dp=\x1b[2J").status()), "--layout: 'dp' given twice");
+  EXPECT_EQ(Msg(LayoutFromSpec("dp=\x1b[2J").status()),
+            "--layout: dp must be an integer (got '\\x1b[2J')");
+}
+
+// Names reach tables, progress lines and reports: a control character, even
+// one escaped in JSON ("\u001b"), would reach a terminal (issue 35).
+TEST(Names, RefuseControlCharacters) {
+  v1::LayerConfig l = Layer(kLayer);
+  for (const char* bad : {"a\x1b[31mred", "two\nlines", "bell\x07", "del\x7f", "c1\xc2\x9b"}) {
+    l.set_name(bad);
+    absl::Status s = LayerFromProto(l).status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_EQ(Msg(s).rfind("name: must not contain control characters (got '", 0), 0u) << Msg(s);
+    EXPECT_EQ(Msg(s).find_first_of("\x1b\n\x07\x7f"), std::string::npos) << Msg(s);
+  }
+  l.set_name("a\x1b[31m");
+  EXPECT_EQ(Msg(LayerFromProto(l).status()),
+            "name: must not contain control characters (got 'a\\x1b[31m')");
+  l.set_name("ünïcode name, with spaces: fine");
+  EXPECT_TRUE(LayerFromProto(l).ok());
+  v1::ModelConfig m;
+  m.set_name("m\x1b]0;title\x07");
+  EXPECT_EQ(Msg(ModelFromProto(m).status()).rfind("name: must not contain control characters", 0),
+            0u);
+}
+
 }  // namespace
 }  // namespace moeplan::proto

@@ -57,8 +57,100 @@ TEST(ParseJson, SyntaxErrorsAreOneLine) {
   v1::LayerConfig l;
   absl::Status s = ParseJson("{\"batch_size\": 8", &l);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(Msg(s).rfind("invalid JSON: ", 0), 0u) << Msg(s);
+  EXPECT_EQ(Msg(s), "column 17: invalid JSON: missing a comma or '}' after an object member");
   EXPECT_EQ(Msg(s).find('\n'), std::string::npos);
+}
+
+// One strict syntax pass runs before protobuf's parser, which kept the last of
+// a repeated key, took trailing commas and let raw control characters through
+// (issue 35). Errors name the line (left out for one-line text, such as a
+// JSON Lines line) and column, then the field.
+TEST(StrictJson, RefusesARepeatedKeyAtAnyDepth) {
+  v1::LayerConfig l;
+  EXPECT_EQ(Msg(ParseJson("{\"batch_size\": 8,\n  \"batch_size\": 16}", &l)),
+            "line 2, column 3: batch_size: duplicate key (a key may appear once per object)");
+  EXPECT_EQ(l.batch_size(), 0) << "a failed parse leaves the message cleared";
+  EXPECT_EQ(Msg(ParseJson(R"({"parallel": {"mp": 2, "mp": 4}})", &l)),
+            "column 24: parallel.mp: duplicate key (a key may appear once per object)");
+  EXPECT_EQ(Msg(ParseJson("{\"parallel\": {\"mp\": 2},\n\"parallel\": {\"ep\": 4}}", &l)),
+            "line 2, column 1: parallel: duplicate key (a key may appear once per object)");
+  // Protobuf reads both spellings of a field: together they are one key twice.
+  EXPECT_EQ(Msg(ParseJson(R"({"seq_len": 4, "seqLen": 8})", &l)),
+            "column 16: seqLen: duplicate key (seq_len and seqLen are one field; a key may "
+            "appear once per object)");
+  v1::LayerGrid g;
+  EXPECT_EQ(Msg(ParseJson(R"({"parallel": [{"mp": 1}, {"mp": 2, "ep": 1, "ep": 2}]})", &g)),
+            "column 45: parallel[1].ep: duplicate key (a key may appear once per object)");
+  // The same key in different objects is no repetition.
+  EXPECT_TRUE(ParseJson(R"({"parallel": [{"mp": 1}, {"mp": 2}], "name": "mp"})", &g).ok());
+}
+
+TEST(StrictJson, RefusesTrailingCommas) {
+  v1::LayerConfig l;
+  EXPECT_EQ(Msg(ParseJson("{\"batch_size\": 8,\n}\n", &l)),
+            "line 1, column 17: trailing comma before '}' (JSON allows none after the last "
+            "member)");
+  v1::LayerGrid g;
+  EXPECT_EQ(Msg(ParseJson(R"({"batch_size": [1, 2, ]})", &g)),
+            "column 21: batch_size: trailing comma before ']' (JSON allows none after the last "
+            "element)");
+}
+
+TEST(StrictJson, RefusesRawControlCharactersInStrings) {
+  v1::LayerConfig l;
+  EXPECT_EQ(Msg(ParseJson("{\"batch_size\": 8,\n \"name\": \"a\x1b[31mred\"}", &l)),
+            "line 2, column 12: name: raw control character U+001B in a string (write it as "
+            "\\u001b)");
+  EXPECT_EQ(Msg(ParseJson("{\"name\": \"\x07\"}", &l)),
+            "column 11: name: raw control character U+0007 in a string (write it as \\u0007)");
+  EXPECT_EQ(Msg(ParseJson(std::string_view("{\"name\": \"a\0b\"}", 15), &l)),
+            "column 12: name: raw control character U+0000 in a string (write it as \\u0000)");
+  EXPECT_EQ(Msg(ParseJson("{\"name\": \"a\tb\"}", &l)),
+            "column 12: name: raw control character U+0009 in a string (write it as \\t)");
+  EXPECT_EQ(Msg(ParseJson("{\"name\": \"a\nb\"}", &l)),
+            "line 1, column 12: name: line break in a string (close the string, or write it as "
+            "\\n)");
+  // A NUL after the document is no end of it.
+  EXPECT_EQ(Msg(ParseJson(std::string_view("{\"top_k\": 1}\0{", 14), &l)),
+            "column 13: raw control character U+0000 outside a string");
+  // Escaped, they are JSON; where they would reach a terminal the field's own rule
+  // refuses them (proto::CheckName).
+  EXPECT_TRUE(ParseJson(R"({"name": "a\u001bb"})", &l).ok());
+  EXPECT_EQ(l.name(), std::string("a\x1b") + "b");
+}
+
+TEST(StrictJson, RefusesWhatJsonIsNot) {
+  v1::LayerConfig l;
+  for (const char* bad : {R"({"top_k": 1} // two)", R"({/* c */ "top_k": 1})", R"({'top_k': 1})",
+                          R"({top_k: 1})", R"({"capacity_factor": NaN})", R"({"top_k": 01})",
+                          R"({"top_k": 1} {"top_k": 2})", "", "{\"name\": \"\xff\"}"}) {
+    absl::Status s = ParseJson(bad, &l);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_EQ(Msg(s).rfind("column ", 0), 0u) << bad << ": " << Msg(s);
+  }
+  EXPECT_EQ(Msg(ParseJson("{\"top_k\": 1 /* one */}", &l)),
+            "column 13: invalid JSON: a comment (JSON has none)");
+  EXPECT_EQ(Msg(ParseJson("{'top_k': 1}", &l)),
+            "column 2: invalid JSON: a single quote (JSON quotes with \")");
+  std::string deep(200, '[');
+  EXPECT_EQ(Msg(ParseJson("{\"name\": " + deep, &l)),
+            "column 109: nested deeper than 100 arrays and objects");
+}
+
+// What protobuf's parser says about a value is bounded, escaped and one line.
+TEST(StrictJson, ErrorsEchoABoundedPrefixOfAValue) {
+  v1::LayerConfig l;
+  const std::string big(100 * 1024, 'x');
+  const std::string unknown = Msg(ParseJson("{\"" + big + "\": 1}", &l));
+  EXPECT_LT(unknown.size(), 300u) << unknown;
+  EXPECT_NE(unknown.find("unknown field (not in moeplan.v1.LayerConfig)"), std::string::npos);
+  const std::string value = Msg(ParseJson("{\"batch_size\": \"" + big + "\"}", &l));
+  EXPECT_LT(value.size(), 300u) << value;
+  EXPECT_EQ(value.rfind("batch_size: invalid value", 0), 0u) << value;
+  const std::string twice = Msg(ParseJson("{\"" + big + "\": 1, \"" + big + "\": 2}", &l));
+  EXPECT_LT(twice.size(), 300u) << twice;
+  const std::string esc = Msg(ParseJson("{\"batch_size\": \"\\u001b[31m\"}", &l));
+  EXPECT_EQ(esc.find('\x1b'), std::string::npos) << esc;
 }
 
 TEST(ToJson, RoundTrips) {

@@ -12,6 +12,7 @@
 #include "moeplan/proto/json.h"
 #include "moeplan/requests/answer.h"
 #include "moeplan/requests/grid.h"
+#include "moeplan/requests/replan.h"
 
 namespace moeplan::requests {
 namespace {
@@ -226,6 +227,63 @@ TEST_F(AnswerTest, ATimelineOverTheLimitIsRefusedBeforeItIsBuilt) {
   ASSERT_EQ(out.variants_size(), 1);
   EXPECT_GT(out.variants(0).ops_size(), 50000);
   EXPECT_LE(out.variants(0).ops_size(), planner::kMaxTimelineOps);
+}
+
+// A 100 KB family, families or pipelines value came back whole in the error,
+// too big for a gRPC status (the client saw "received initial metadata size
+// exceeds limit"): the field is named and a bounded prefix echoed (issue 35).
+TEST_F(AnswerTest, ErrorsEchoABoundedPrefixOfAValue) {
+  v1::PlanModelRequest req;
+  ASSERT_TRUE(proto::ReadJsonFile(MOEPLAN_SOURCE_DIR "/examples/models/gpt3-medium-moe.json",
+                                  req.mutable_model())
+                  .ok());
+  const std::string big(100 * 1024, 'p');
+  planner::ModelPlanner planner(*cost_);
+  v1::PlanModelResponse out;
+  req.mutable_search()->add_families(big);
+  std::string msg = Msg(AnswerPlanModel(req, planner, profile_.profile, &out));
+  EXPECT_LT(msg.size(), 200u) << msg;
+  EXPECT_EQ(msg.rfind("search.families: each must be dpmoe, ppmoe or parm (got 'ppp", 0), 0u);
+  EXPECT_NE(msg.find("'... (102400 bytes))"), std::string::npos) << msg;
+  req.mutable_search()->clear_families();
+  req.mutable_search()->add_pipelines(big);
+  msg = Msg(AnswerPlanModel(req, planner, profile_.profile, &out));
+  EXPECT_LT(msg.size(), 200u) << msg;
+  EXPECT_EQ(msg.rfind("search.pipelines: each must be gpipe, 1f1b or interleaved (got 'ppp", 0),
+            0u);
+  req.clear_search();
+  v1::Layout* layout = req.mutable_layout();
+  layout->set_dp(1);
+  layout->set_tp(1);
+  layout->set_pp(1);
+  layout->set_ep(1);
+  layout->set_esp(1);
+  layout->set_family(big);
+  msg = Msg(AnswerPlanModel(req, planner, profile_.profile, &out));
+  EXPECT_LT(msg.size(), 200u) << msg;
+  EXPECT_EQ(msg.rfind("layout.family: must be dpmoe, ppmoe or parm (got 'ppp", 0), 0u) << msg;
+  v1::VariantPlan ran;
+  ran.set_name("\x1b[2J" + big);
+  msg = Msg(PinnedModelRequest(req.model(), ran).status());
+  EXPECT_LT(msg.size(), 200u) << msg;
+  EXPECT_EQ(msg.rfind("variant: must be none, tutel, dw, partition or lancet (got '\\x1b[2Jppp", 0),
+            0u)
+      << msg;
+}
+
+TEST(Names, RefuseControlCharacters) {
+  v1::LayerGrid g;
+  g.set_name("grid\x1b[31m");
+  g.add_batch_size(1);
+  g.add_seq_len(8);
+  g.add_model_dim(8);
+  g.add_hidden_dim(8);
+  g.add_num_experts(2);
+  g.add_top_k(1);
+  g.add_capacity_factor(1);
+  g.add_parallel();
+  EXPECT_EQ(Msg(ExpandGrid(g).status()),
+            "name: must not contain control characters (got 'grid\\x1b[31m')");
 }
 
 }  // namespace
