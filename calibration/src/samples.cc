@@ -177,7 +177,7 @@ absl::Status CheckName(std::string_view name) {
   for (char ch : name) {
     const bool ok =
         (ch >= 'a' && ch <= 'z') || (ch >= '0' && ch <= '9') || ch == '.' || ch == '_' || ch == '-';
-    if (!ok) return Bad("name", Cat("must match [a-z0-9._-]+ (got \"", name, "\")"));
+    if (!ok) return Bad("name", Cat("must match [a-z0-9._-]+ (got ", Quoted(name), ")"));
   }
   return absl::OkStatus();
 }

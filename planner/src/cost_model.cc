@@ -144,8 +144,8 @@ absl::Status CheckContext(const ClusterProfile& p) {
     if (!(c.offset_us >= 0.0 && c.offset_us <= kMaxAlphaUs)) {
       return Bad(Cat(field, ".offset_us"), "must be >= 0 and <= 1e7 (10 s)", Cat(c.offset_us));
     }
-    if (!(c.scale > 0.0 && c.scale <= 100.0)) {
-      return Bad(Cat(field, ".scale"), "must be > 0 and <= 100", Cat(c.scale));
+    if (!(c.scale >= kMinContextScale && c.scale <= kMaxContextScale)) {
+      return Bad(Cat(field, ".scale"), "must be >= 0.01 and <= 100", Cat(c.scale));
     }
     const auto [it, fresh] = seen.try_emplace(Cat(c.op, "/", int{c.resources}), i);
     if (!fresh) {

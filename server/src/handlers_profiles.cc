@@ -132,7 +132,7 @@ absl::Status Handlers::Impl::CheckOps(const v1::ReportMeasurementRequest& req, I
     }
     if (!seen.insert(op.name()).second) {
       return Invalid(
-          Cat("ops[", i, "].name: each op may be reported once (got '", op.name(), "' twice)"));
+          Cat("ops[", i, "].name: each op may be reported once (got ", Quoted(op.name()), " twice)"));
     }
     if (!std::isfinite(op.duration_us()) || op.duration_us() < 0 || op.duration_us() > kMaxUs) {
       return Invalid(Cat("ops[", i,

@@ -467,6 +467,11 @@ std::vector<BadProfileCase> BadProfileCases() {
       {"activation overhead without bandwidth",
        [](ClusterProfile& p) { p.activation.backward.launch_overhead_us = 4; },
        "activation.backward.launch_overhead_us: must be 0 when bandwidth_gbytes_per_s is 0"},
+      // A profile put directly (PutProfile) with a correction no refit may fit
+      // planned a 1,264 us layer in 0.001 us.
+      {"in-context scale below the refit's bound",
+       [](ClusterProfile& p) { p.context.ops = {{"fwd.gate", 1, 0.0, 1e-6}}; },
+       "context.ops[0].scale: must be >= 0.01 and <= 100"},
   };
 }
 

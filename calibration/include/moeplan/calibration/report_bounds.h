@@ -10,17 +10,15 @@
 
 #include "absl/status/status.h"
 #include "moeplan/v1/profile.pb.h"
+#include "moeplan/planner/profile.h"
 #include "moeplan/v1/service.pb.h"
 
 namespace moeplan::calibration {
 
-// An in-context correction's scale (measured / the profile's own cost of an
-// op) lies in [kMinContextScale, kMaxContextScale]: the profile's isolated
-// model was measured on the same machine, so an op 100 times slower or faster
-// in context says the report (or the profile) is wrong, not the context. The
-// shipped testbed refit spans 0.08 to 4.5.
-inline constexpr double kMinContextScale = 0.01;
-inline constexpr double kMaxContextScale = 100.0;
+// An in-context correction's scale lies in [kMinContextScale,
+// kMaxContextScale], the profile rule (planner/profile.h) a refit must meet.
+using planner::kMaxContextScale;
+using planner::kMinContextScale;
 
 // The shortest op duration any timer can report (10 ns, a few clock ticks);
 // MinOpUs never goes below it.

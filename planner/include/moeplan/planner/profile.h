@@ -92,6 +92,14 @@ struct OpContext {
   double scale = 1.0;
 };
 inline constexpr size_t kMaxOpContexts = 4096;
+// An in-context correction's scale (measured / the profile's own cost of an
+// op) lies in [kMinContextScale, kMaxContextScale]: the profile's isolated
+// model was measured on the same machine, so an op 100 times slower or faster
+// in context says the report (or the profile) is wrong, not the context. The
+// shipped testbed refit spans 0.08 to 4.5. A refit never fits outside them, and
+// a profile that carries one is refused.
+inline constexpr double kMinContextScale = 0.01;
+inline constexpr double kMaxContextScale = 100.0;
 
 struct ContextModel {
   // Collectives measured after a compute phase: replace the isolated fit of
