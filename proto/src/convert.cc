@@ -9,6 +9,7 @@
 #include "moeplan/base/status.h"
 #include "moeplan/base/strings.h"
 #include "convert_internal.h"
+#include "moeplan/proto/json.h"
 #include "moeplan/planner/op_graph.h"
 
 namespace moeplan::proto {
@@ -133,6 +134,8 @@ absl::StatusOr<p::ClusterProfile> ProfileFromProto(const v1::ClusterProfile& m) 
     return absl::InvalidArgumentError(
         Cat("schema_version: must be 1 (got ", m.schema_version(), ")"));
   }
+  // Comments, citations and provenance reach tables and report.md.
+  MOEPLAN_RETURN_IF_ERROR(CheckText(m));
   p::ClusterProfile pr;
   pr.name = m.name();
   pr.version = m.version();

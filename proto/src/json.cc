@@ -108,6 +108,10 @@ absl::Status ParseJson(std::string_view json, google::protobuf::Message* msg) {
         NormalizeJsonError(std::string_view(status.message().data(), status.message().size()),
                            msg->GetDescriptor()->full_name()));
   }
+  if (absl::Status s = CheckText(*msg); !s.ok()) {
+    msg->Clear();
+    return s;
+  }
   return absl::OkStatus();
 }
 

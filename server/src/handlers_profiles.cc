@@ -255,6 +255,8 @@ absl::Status Handlers::Impl::DoReport(const CallContext& ctx,
   } else {
     MOEPLAN_RETURN_IF_ERROR(CheckLayerReport(req, *entry));
   }
+  // Stored lines are read back by ParseJson, which refuses control characters.
+  MOEPLAN_RETURN_IF_ERROR(proto::CheckText(req));
   proto::JsonStyle style;
   style.pretty = false;
   style.always_print_primitive_fields = false;

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "moeplan/calibration/profiles.h"
+#include "moeplan/base/strings.h"
 #include "moeplan/proto/json.h"
 
 namespace moeplan::proto {
@@ -71,7 +72,8 @@ TEST(ProfileFromProto, EchoesABoundedEscapedName) {
   p.set_name("\x1b[2J" + std::string(100 * 1024, 'A'));
   const std::string msg = Msg(ProfileFromProto(p).status());
   EXPECT_LT(msg.size(), 200u) << msg;
-  EXPECT_EQ(msg.rfind("name: must match [a-z0-9._-]+ (got '\\x1b[2JAAA", 0), 0u) << msg;
+  EXPECT_EQ(msg.rfind("name: must not contain control characters (got '\\x1b[2JAAA", 0), 0u)
+      << msg;
   EXPECT_NE(msg.find("'... (102404 bytes))"), std::string::npos) << msg;
 }
 
@@ -131,6 +133,35 @@ TEST(Names, RefuseControlCharacters) {
   m.set_name("m\x1b]0;title\x07");
   EXPECT_EQ(Msg(ModelFromProto(m).status()).rfind("name: must not contain control characters", 0),
             0u);
+}
+
+// Free text (a profile's comment, citations, provenance) reaches tables and
+// report.md as names do: an escaped "\u001b" in a file, or a raw byte in a
+// binary request, is refused naming the field, in files and in messages.
+TEST(Text, FreeTextRefusesControlCharacters) {
+  v1::ClusterProfile p = *calibration::BuiltinProfile("cpu-testbed-1x4");
+  ASSERT_TRUE(ProfileFromProto(p).ok());
+  v1::ClusterProfile bad = p;
+  bad.set_comment("measured \x1b[2J here");
+  EXPECT_EQ(Msg(ProfileFromProto(bad).status()),
+            "comment: must not contain control characters (got 'measured \\x1b[2J here')");
+  bad = p;
+  bad.mutable_provenance()->add_hosts("node\a1");
+  const std::string at = Cat("provenance.hosts[", p.provenance().hosts_size(), "]");
+  EXPECT_EQ(Msg(ProfileFromProto(bad).status()).rfind(at + ": must not contain control", 0), 0u)
+      << Msg(ProfileFromProto(bad).status());
+
+  absl::StatusOr<std::string> json = ToJson(p);
+  ASSERT_TRUE(json.ok());
+  std::string text = *json;
+  const size_t comment = text.find("\"comment\": \"");
+  ASSERT_NE(comment, std::string::npos);
+  text.insert(comment + 12, "\\u001b[31m");
+  v1::ClusterProfile back;
+  EXPECT_EQ(Msg(ParseJson(text, &back)).rfind("comment: must not contain control characters", 0),
+            0u)
+      << Msg(ParseJson(text, &back));
+  EXPECT_EQ(back.ByteSizeLong(), 0u);  // nothing half-read
 }
 
 }  // namespace

@@ -113,10 +113,11 @@ TEST(StrictJson, RefusesRawControlCharactersInStrings) {
   // A NUL after the document is no end of it.
   EXPECT_EQ(Msg(ParseJson(std::string_view("{\"top_k\": 1}\0{", 14), &l)),
             "column 13: raw control character U+0000 outside a string");
-  // Escaped, they are JSON; where they would reach a terminal the field's own rule
-  // refuses them (proto::CheckName).
-  EXPECT_TRUE(ParseJson(R"({"name": "a\u001bb"})", &l).ok());
-  EXPECT_EQ(l.name(), std::string("a\x1b") + "b");
+  // Escaped, they are JSON, but no string field may hold them (CheckText): they
+  // would reach a terminal all the same.
+  EXPECT_EQ(Msg(ParseJson(R"({"name": "a\u001bb"})", &l)),
+            "name: must not contain control characters (got 'a\\x1bb')");
+  EXPECT_EQ(l.ByteSizeLong(), 0u);
 }
 
 TEST(StrictJson, RefusesWhatJsonIsNot) {

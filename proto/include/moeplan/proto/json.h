@@ -15,7 +15,15 @@ namespace moeplan::proto {
 // Parses `json` into `msg` (cleared first). InvalidArgument on syntax errors,
 // unknown fields, wrong types and out-of-range numbers, e.g.
 // "parallel.bogus: Cannot find field.".
+// Every string field is then checked by CheckText.
 absl::Status ParseJson(std::string_view json, google::protobuf::Message* msg);
+
+// No string field of `msg`, at any depth, holds a control character (C0, DEL,
+// C1): names, comments, hosts and notes reach terminals, tables and report.md,
+// and "\u001b" is valid JSON, as is any byte in a binary request. Errors name
+// the field: "comment: must not contain control characters (got 'a\x1b[2J')".
+// The server checks what it is sent with it before storing anything.
+absl::Status CheckText(const google::protobuf::Message& msg);
 
 // Reads and parses a file; errors are prefixed with the path. NotFound when the
 // file does not exist.
