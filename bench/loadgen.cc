@@ -50,6 +50,7 @@
 #include <grpcpp/generic/generic_stub.h>
 
 #include "absl/synchronization/mutex.h"
+#include "moeplan/base/flags.h"
 #include "moeplan/proto/json.h"
 #include "moeplan/v1/service.grpc.pb.h"
 
@@ -458,45 +459,49 @@ int main(int argc, char** argv) {
   app.add_option("--server", cfg.server, "host:port of moeplan-server")->required();
   app.add_option("--clients", cfg.clients, "Calls kept outstanding at all times")
       ->capture_default_str()
-      ->check(CLI::Range(1, 100000));
+      ->check(moeplan::flags::IntInRange(1, 100000));
   app.add_option("--channels", cfg.channels,
                  "gRPC channels, each its own TCP connection; calls are spread over them "
                  "round-robin (capped at --clients)")
       ->capture_default_str()
-      ->check(CLI::Range(1, 1024));
+      ->check(moeplan::flags::IntInRange(1, 1024));
   app.add_option("--threads", cfg.threads,
                  "Completion-queue polling threads, one CQ each (0: min(channels, 2))")
       ->capture_default_str()
-      ->check(CLI::Range(0, 64));
+      ->check(moeplan::flags::IntInRange(0, 64));
   app.add_option("--duration-s", cfg.duration_s, "Measured seconds")
       ->capture_default_str()
-      ->check(CLI::Range(0.1, 86400.0));
+      ->check(moeplan::flags::FiniteInRange(0.1, 86400.0));
   app.add_option("--warmup-s", cfg.warmup_s, "Unmeasured seconds before the window")
       ->capture_default_str()
-      ->check(CLI::Range(0.0, 3600.0));
+      ->check(moeplan::flags::FiniteInRange(0.0, 3600.0));
   app.add_option("--mode", cfg.mode,
                  "cached: one request repeated; uncached: every request differs; check: the "
                  "health service's empty Check, gRPC's own cost")
       ->capture_default_str()
       ->check(CLI::IsMember({"cached", "uncached", "check"}));
-  app.add_option("--layer", cfg.layer_path, "LayerConfig JSON")->capture_default_str();
-  app.add_option("--profile", cfg.profile, "Profile name")->capture_default_str();
+  app.add_option("--layer", cfg.layer_path, "LayerConfig JSON")
+      ->capture_default_str()
+      ->check(moeplan::flags::NonEmpty());
+  app.add_option("--profile", cfg.profile, "Profile name")
+      ->capture_default_str()
+      ->check(moeplan::flags::NonEmpty());
   app.add_option("--server-pid", cfg.server_pid, "Report this process's RSS over the window")
-      ->check(CLI::PositiveNumber);
+      ->check(moeplan::flags::PositiveInt());
   app.add_flag("--json", cfg.json, "Print one JSON object instead of text");
   app.add_option("--deadline-ms", cfg.deadline_ms, "Per-call deadline")
       ->capture_default_str()
-      ->check(CLI::Range(1, 3600000));
+      ->check(moeplan::flags::IntInRange(1, 3600000));
   app.add_flag("--include-timeline", cfg.include_timeline, "Ask for candidates[].ops too");
   app.add_option("--uncached-offset", cfg.uncached_offset,
                  "uncached: start of the batch_size sequence (default random), so that "
                  "successive runs against one server do not revisit each other's entries")
-      ->check(CLI::NonNegativeNumber);
+      ->check(moeplan::flags::IntAtLeast(0));
   app.add_option("--rate", cfg.rate,
                  "Open loop: calls per second in all, sent on schedule with at most --clients "
                  "outstanding; latency from the scheduled time (0: closed loop)")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(moeplan::flags::FiniteAtLeast(0.0));
   app.failure_message([](const CLI::App*, const CLI::Error& e) {
     return fmt::format("moeplan-loadgen: error: {} (see --help)\n", e.what());
   });
