@@ -254,10 +254,30 @@ absl::StatusOr<double> LayoutPlanner::Impl::Bound(const ModelConfig& model, cons
   return std::max(pr.makespan_us, load);
 }
 
+absl::Status LayoutPlanner::Impl::CheckChunks(const ModelConfig& model, const Layout& l,
+                                              int64_t mbs) {
+  const int v = std::max(1, l.virtual_stages);
+  for (int st = 0; st < l.pp; ++st) {
+    for (int c = 0; c < v; ++c) {
+      const StageOptions so = ChunkOptions(model, l, st, c);
+      const ChunkKey key = KeyOf(model, l, mbs, so, /*zero=*/0);  // the estimate reads no ZeRO
+      auto it = checked.find(key);
+      if (it == checked.end()) {
+        ModelPlanOptions opt = plan_options;
+        if (l.family == Family::kDpMoe) opt.schedules = {Schedule::kDefault};
+        it = checked.emplace(key, planner.CheckStage(ModelForLayout(model, l, mbs), opt, so)).first;
+      }
+      if (!it->second.ok()) return it->second;
+    }
+  }
+  return absl::OkStatus();
+}
+
 void LayoutPlanner::Impl::Begin(const ModelConfig& model, const ModelPlanOptions& options) {
   // The caches hold chunks of one (model, options); a new call starts afresh.
   cache.clear();
   bounds.clear();
+  checked.clear();
   plan_options = options;
 }
 

@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "moeplan/planner/layout_planner.h"
 #include "moeplan/planner/pipeline.h"
@@ -59,6 +60,8 @@ struct LayoutPlanner::Impl {
   ModelPlan plan;
   absl::flat_hash_map<ChunkKey, ChunkTimes> cache;
   absl::flat_hash_map<ChunkKey, ModelPlanner::StageBound> bounds;
+  // Chunks checked against the plan's max_plan_bytes (ModelPlanner::CheckStage).
+  absl::flat_hash_map<ChunkKey, absl::Status> checked;
   OpGraph pipe_graph;
   Simulator pipe_sim;
   SimResult pipe_result;
@@ -80,6 +83,9 @@ struct LayoutPlanner::Impl {
   // The candidate's time breakdown from its busiest stage's chunks.
   void Breakdown(const Layout& l, const PipelineSpec& spec, const PipelineResult& pr,
                  const std::vector<ChunkTimes>& chunks, LayoutCandidate* out) const;
+  // OK when every chunk's plan stays within the plan's max_plan_bytes, else
+  // the first chunk's ResourceExhausted (ModelPlanner::CheckStage), cached.
+  absl::Status CheckChunks(const ModelConfig& model, const Layout& l, int64_t mbs);
   // A lower bound on the layout's iteration time (never above Run's).
   absl::StatusOr<double> Bound(const ModelConfig& model, const Layout& l, int64_t mbs);
   // The caches hold chunks of one (model, options); a new call starts afresh.

@@ -116,8 +116,8 @@ bool FitsSomeWay(const ModelConfig& model, int64_t mbs, const MemoryOptions& mem
 // Every (layout, zero, pipeline, v, m) candidate that fits memory.
 absl::Status EnumerateCandidates(const ModelConfig& model, std::span<const Layout> layouts,
                                  const SearchOptions& options, const Axes& axes,
-                                 const MemoryOptions& mem, SearchStats* st,
-                                 std::vector<Pending>* pending) {
+                                 const MemoryOptions& mem, const Deadline& deadline,
+                                 SearchStats* st, std::vector<Pending>* pending) {
   const int64_t global = model.GlobalBatch();
   for (const Layout& base : layouts) {
     const int64_t per_replica = global / base.dp;
@@ -136,6 +136,10 @@ absl::Status EnumerateCandidates(const ModelConfig& model, std::span<const Layou
             if (ps == PipelineSchedule::kInterleaved &&
                 (base.pp < 2 || m % base.pp != 0 || model.num_layers % (base.pp * v) != 0)) {
               continue;
+            }
+            // Enumeration alone can take seconds on the largest searches.
+            if (st->enumerated % 1024 == 0) {
+              MOEPLAN_RETURN_IF_ERROR(deadline.Check("search"));
             }
             if (++st->enumerated > kMaxSearchCandidates) {
               return absl::ResourceExhaustedError(
@@ -161,6 +165,22 @@ absl::Status EnumerateCandidates(const ModelConfig& model, std::span<const Layou
   return absl::OkStatus();
 }
 
+// Bounding every candidate simulates its pipeline once: refused up front
+// when that adds up to more than kMaxSearchSteps.
+absl::Status CheckSearchSteps(std::span<const Pending> pending) {
+  int64_t steps = 0, most = 0;
+  for (const Pending& c : pending) {
+    steps += PipelineSteps(c.layout);
+    most = std::max(most, PipelineSteps(c.layout));
+  }
+  if (steps <= kMaxSearchSteps) return absl::OkStatus();
+  return absl::ResourceExhaustedError(
+      Cat("search: bounding the ", pending.size(), " candidates that fit memory would simulate ",
+          steps, " pipeline steps (up to ", most, " each), over the limit of ", kMaxSearchSteps,
+          "; lower search.max_microbatches or search.gpus, or narrow search.pipelines, "
+          "search.families or search.zero_stages"));
+}
+
 // Lower bounds: the pipeline simulated with each chunk's compute alone (no
 // communication, tails or p2p). Simulated times only grow with op costs, so
 // no candidate can beat its bound; candidates are evaluated in bound order
@@ -168,9 +188,29 @@ absl::Status EnumerateCandidates(const ModelConfig& model, std::span<const Layou
 absl::Status Rank(LayoutPlanner::Impl& s, const ModelConfig& model, const SearchOptions& options,
                   const ModelPlanOptions& plan, const MemoryOptions& mem,
                   std::vector<Pending>& pending, std::vector<LayoutCandidate>* out) {
+  // Candidates whose stage plans would hold more than max_plan_bytes are
+  // skipped before anything is built for them; if none is left, the search
+  // says why rather than "no layout fits".
+  size_t kept = 0;
+  absl::Status first_over;
   for (Pending& c : pending) {
     MOEPLAN_RETURN_IF_ERROR(plan.deadline.Check("search"));
+    if (absl::Status over = s.CheckChunks(model, c.layout, c.mbs); !over.ok()) {
+      if (over.code() != absl::StatusCode::kResourceExhausted) return over;
+      ++s.stats->over_memory;
+      if (first_over.ok()) first_over = over;
+      continue;
+    }
     MOEPLAN_ASSIGN_OR_RETURN(c.bound, s.Bound(model, c.layout, c.mbs));
+    pending[kept++] = c;
+  }
+  pending.resize(kept);
+  if (pending.empty() && !first_over.ok()) {
+    return absl::ResourceExhaustedError(
+        Cat("search: every one of the ", s.stats->over_memory,
+            " candidates that fit GPU memory would plan a stage over the memory bound; lower "
+            "--gpus or --max-microbatches, or raise max_plan_bytes (first: ",
+            View(first_over.message()), ")"));
   }
   std::stable_sort(pending.begin(), pending.end(),
                    [](const Pending& a, const Pending& b) { return a.bound < b.bound; });
@@ -230,7 +270,8 @@ absl::Status LayoutPlanner::Search(const ModelConfig& model, const SearchOptions
   const std::vector<Layout> layouts = EnumerateLayouts(model, families, gpus, cluster);
   std::vector<Pending> pending;
   MOEPLAN_RETURN_IF_ERROR(
-      EnumerateCandidates(model, layouts, options, axes, mem, &out->stats, &pending));
+      EnumerateCandidates(model, layouts, options, axes, mem, plan.deadline, &out->stats, &pending));
+  MOEPLAN_RETURN_IF_ERROR(CheckSearchSteps(pending));
   MOEPLAN_RETURN_IF_ERROR(Rank(s, model, options, plan, mem, pending, &out->candidates));
   s.stats = nullptr;
   return absl::OkStatus();

@@ -61,6 +61,9 @@ absl::Status ValidateModelPlanOptions(const ModelPlanOptions& o) {
     return Bad("max_span", "must be between 0 (the span between two MoE layers) and 1024",
                Cat(o.max_span));
   }
+  if (o.max_plan_bytes < (int64_t{1} << 20) || o.max_plan_bytes > (int64_t{1} << 40)) {
+    return Bad("max_plan_bytes", "must be between 1 MiB and 2^40", Cat(o.max_plan_bytes));
+  }
   if (o.tutel_degrees.empty()) return Bad("tutel_degrees", "must not be empty", "[]");
   for (int r : o.tutel_degrees) {
     if (r < 1 || r > 64) return Bad("tutel_degrees", "each must be between 1 and 64", Cat(r));
@@ -157,6 +160,11 @@ absl::Status ModelPlanner::StageComputeBound(const ModelConfig& model,
                                              const ModelPlanOptions& options,
                                              const StageOptions& stage, StageBound* bound) {
   return Run(model, options, stage, nullptr, bound);
+}
+
+absl::Status ModelPlanner::CheckStage(const ModelConfig& model, const ModelPlanOptions& options,
+                                      const StageOptions& stage) {
+  return Run(model, options, stage, nullptr, nullptr);
 }
 
 namespace {
@@ -345,6 +353,9 @@ absl::Status ModelPlanner::Run(const ModelConfig& model, const ModelPlanOptions&
 
   s.BuildUnits();
   s.ResetPieces();
+  // Before any graph is built: what the plan would hold, against the bound.
+  MOEPLAN_RETURN_IF_ERROR(s.CheckFootprint(schedules, algos, variants, bound != nullptr));
+  if (out == nullptr && bound == nullptr) return absl::OkStatus();
   if (bound != nullptr) {
     ComputeBound(s, schedules, algos, bound);
     return absl::OkStatus();

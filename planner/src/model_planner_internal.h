@@ -13,6 +13,7 @@
 #include <array>
 #include <cstdint>
 #include <limits>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -218,6 +219,14 @@ struct ModelPlanner::Impl {
   int64_t DenseParamsPerRank() const;
   int64_t ExpertParamsPerRank() const;
   int64_t ParamsPerRank() const { return DenseParamsPerRank() + ExpertParamsPerRank(); }
+
+  // ---- Memory bound (model_footprint.cc) ----
+  // The plan's graphs and reachability matrix estimated from the units (for
+  // every schedule and algorithm to try; `bound_only`: StageComputeBound's
+  // unsplit graphs), against opt.max_plan_bytes: ResourceExhausted over it.
+  absl::Status CheckFootprint(std::span<const Schedule> schedules,
+                              std::span<const AllToAllAlgo> algos,
+                              std::span<const Variant> variants, bool bound_only);
 
   // ---- Operator partition (model_partition.cc) ----
   void BuildBounds();

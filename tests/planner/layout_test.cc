@@ -98,6 +98,30 @@ TEST(Pipeline, OneFOneBBubbleIsTheClosedForm) {
   }
 }
 
+// InFlightMicrobatches is computed in closed form (the search asks it for
+// every stage of every candidate); it must be the peak of the order itself.
+TEST(Pipeline, InFlightIsThePeakOfTheOrder) {
+  for (PipelineSchedule ps : kAllPipelineSchedules) {
+    for (int p : {1, 2, 3, 4, 8}) {
+      for (int v : {1, 2, 3}) {
+        for (int m : {1, 2, 3, 4, 5, 8, 12, 16, 24}) {
+          if (ps == PipelineSchedule::kInterleaved && v > 1 && (p < 2 || m % p != 0)) continue;
+          for (int s = 0; s < p; ++s) {
+            int held = 0, peak = 0;
+            for (const PipeStep& st : PipelineOrder(ps, p, v, m, s)) {
+              held += st.forward ? 1 : -1;
+              peak = std::max(peak, held);
+            }
+            EXPECT_EQ(InFlightMicrobatches(ps, p, v, m, s), static_cast<double>(peak) / v)
+                << PipelineScheduleName(ps) << " p=" << p << " v=" << v << " m=" << m
+                << " s=" << s;
+          }
+        }
+      }
+    }
+  }
+}
+
 TEST(Pipeline, GpipeHasTheSameBubbleAndHoldsEveryMicroBatch) {
   OpGraph g;
   Simulator sim;
@@ -371,6 +395,75 @@ TEST(Search, SkipsAndCountsCandidatesOverTheStepLimit) {
   EXPECT_EQ(r.stats.over_limit, 1);
   EXPECT_EQ(r.stats.enumerated,
             r.stats.pruned_memory + r.stats.pruned_bound + r.stats.simulated + r.stats.over_limit);
+}
+
+// The search of issue 35: 1,024 blocks, 16,384 experts, a global batch of
+// 2^24 on 65,536 GPUs with up to 1,024 micro-batches. Every candidate fits
+// (no memory check), and bounding them would simulate billions of pipeline
+// steps; it used to grow past 2 GB and abort on std::bad_alloc. It is refused
+// after enumeration, before the first bound.
+TEST(Search, AHugeSearchIsRefusedBeforeBounding) {
+  ModelConfig m = EightBlocks();
+  m.num_layers = 1024;
+  m.moe.layer_freq = 1;
+  m.moe.num_experts = 16384;
+  m.micro_batch_size = 1;
+  m.global_batch_size = int64_t{1} << 24;
+  LayoutPlanner lp(RoundNumberModel());
+  SearchOptions so;
+  so.gpus = 65536;
+  so.max_microbatches = 1024;
+  MemoryOptions no_check;
+  no_check.gpu_memory_bytes = 0;
+  LayoutSearchResult r;
+  const absl::Status s = lp.Search(m, so, {}, no_check, &r);
+  ASSERT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+  EXPECT_EQ(std::string(s.message()).rfind("search: bounding the ", 0), 0u) << s;
+  EXPECT_NE(std::string(s.message()).find("over the limit of 268435456; lower "
+                                          "search.max_microbatches or search.gpus"),
+            std::string::npos)
+      << s;
+  EXPECT_EQ(r.stats.simulated, 0);
+}
+
+// Stages over the plan's memory bound are skipped and counted, never built;
+// when every candidate is, the search says so instead of "no layout fits".
+TEST(Search, SkipsCandidatesOverThePlanMemoryBound) {
+  const ModelConfig m = EightBlocks();
+  LayoutPlanner lp(RoundNumberModel());
+  SearchOptions so;
+  so.top = 1000;
+  so.zero_stages = {0};
+  MemoryOptions no_check;
+  no_check.gpu_memory_bytes = 0;
+  ModelPlanOptions plan;
+  plan.variants = {Variant::kNone};
+  LayoutSearchResult all;
+  ASSERT_TRUE(lp.Search(m, so, plan, no_check, &all).ok());
+  EXPECT_EQ(all.stats.over_memory, 0);
+  // 1 MiB holds some stages of this model, not all.
+  plan.max_plan_bytes = int64_t{1} << 20;
+  LayoutSearchResult r;
+  ASSERT_TRUE(lp.Search(m, so, plan, no_check, &r).ok());
+  EXPECT_GT(r.stats.over_memory, 0);
+  EXPECT_FALSE(r.candidates.empty());
+  EXPECT_LT(r.stats.simulated, all.stats.simulated);
+  EXPECT_EQ(r.stats.enumerated, r.stats.pruned_memory + r.stats.pruned_bound +
+                                    r.stats.simulated + r.stats.over_limit + r.stats.over_memory);
+  // The layouts left rank as they did in the unbounded search.
+  for (const LayoutCandidate& c : r.candidates) {
+    const auto same = std::find_if(all.candidates.begin(), all.candidates.end(),
+                                   [&](const LayoutCandidate& a) {
+                                     return a.layout.pp == c.layout.pp && a.layout.dp == c.layout.dp &&
+                                            a.layout.tp == c.layout.tp &&
+                                            a.layout.ep == c.layout.ep &&
+                                            a.layout.family == c.layout.family &&
+                                            a.layout.microbatches == c.layout.microbatches &&
+                                            a.layout.pipeline == c.layout.pipeline &&
+                                            a.layout.virtual_stages == c.layout.virtual_stages;
+                                   });
+    if (same != all.candidates.end()) EXPECT_DOUBLE_EQ(same->iteration_us, c.iteration_us);
+  }
 }
 
 TEST(Search, ReturnsFeasibleLayoutsAndBeatsEveryFixedOne) {

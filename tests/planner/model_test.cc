@@ -365,6 +365,61 @@ TEST(ModelGraph, AlternativesCoverEverySchedule) {
   EXPECT_DOUBLE_EQ(lancet.alternatives.front().iteration_us, lancet.iteration_us());
 }
 
+// ---- The memory bound (docs/model.md "Memory bound") ----
+
+// 1,024 MoE blocks with S1/S2 over an EP group of 4,096: each SAA has a step
+// per peer, so one stage graph would be ~10^8 ops and dW placement's
+// reachability (backward ops squared) far more; before the bound this
+// allocated until std::bad_alloc. The estimate refuses it from the units,
+// before any graph is built.
+ModelConfig HugeStage() {
+  ModelConfig m = SmallModel(8);
+  m.num_layers = 1024;
+  m.moe.layer_freq = 1;
+  m.moe.num_experts = 4096;
+  m.micro_batch_size = 1;
+  m.parallel = {.mp = 8, .ep = 4096, .esp = 8, .dp = 4096, .pp = 1};
+  return m;
+}
+
+TEST(ModelMemory, AStageOverTheBoundIsRefusedBeforeItIsBuilt) {
+  ModelPlanner planner(RoundNumberModel());
+  ModelPlan plan;
+  const absl::Status s = planner.PlanStage(HugeStage(), {}, StageOptions{}, &plan);
+  ASSERT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+  EXPECT_EQ(std::string(s.message()).rfind("max_plan_bytes: a plan of 1024 blocks would hold ~", 0),
+            0u)
+      << s;
+  EXPECT_NE(std::string(s.message()).find("over the bound of 512 MiB"), std::string::npos) << s;
+  // The search's lower bound builds unsplit graphs of every schedule: refused too.
+  ModelPlanner::StageBound b;
+  EXPECT_EQ(planner.StageComputeBound(HugeStage(), {}, StageOptions{}, &b).code(),
+            absl::StatusCode::kResourceExhausted);
+  // The planner is still usable afterwards.
+  EXPECT_TRUE(planner.Plan(SmallModel(2), {}, &plan).ok());
+}
+
+TEST(ModelMemory, TheBoundIsAnOptionAndJustUnderItIsRefused) {
+  ModelPlanner planner(RoundNumberModel());
+  ModelPlan plan;
+  ModelPlanOptions o;
+  ASSERT_TRUE(planner.Plan(SmallModel(2), o, &plan).ok());
+  ASSERT_TRUE(planner.CheckStage(SmallModel(2), o, StageOptions{}).ok());
+  // The small model's estimate is a few MiB: a 1 MiB bound refuses it, the
+  // same answer from CheckStage (nothing built) and Plan.
+  o.max_plan_bytes = int64_t{1} << 20;
+  const absl::Status check = planner.CheckStage(SmallModel(2), o, StageOptions{});
+  ASSERT_EQ(check.code(), absl::StatusCode::kResourceExhausted) << check;
+  EXPECT_EQ(planner.Plan(SmallModel(2), o, &plan), check);
+  // Fewer variants hold fewer graphs and no reachability matrix.
+  o.variants = {Variant::kNone};
+  o.max_plan_bytes = 2 << 20;
+  EXPECT_TRUE(planner.Plan(SmallModel(2), o, &plan).ok());
+  o.max_plan_bytes = (int64_t{1} << 20) - 1;
+  EXPECT_EQ(ValidateModelPlanOptions(o).message(),
+            "max_plan_bytes: must be between 1 MiB and 2^40 (got 1048575)");
+}
+
 TEST(ModelGraph, RejectsBadConfigsNamingTheField) {
   const ClusterShape c{4, 8};
   struct Case {

@@ -63,6 +63,9 @@ absl::Status ValidateSearchOptions(const SearchOptions& options);
 struct SearchStats {
   int64_t enumerated = 0, pruned_memory = 0, pruned_bound = 0, simulated = 0;
   int64_t over_limit = 0;  // enumerated with more than kMaxPipelineSteps: skipped
+  // Fit GPU memory but a stage's plan would hold more than the plan's
+  // max_plan_bytes (ModelPlanner::CheckStage): skipped, never bounded.
+  int64_t over_memory = 0;
   int64_t stage_plans = 0, stage_cache_hits = 0;
 };
 

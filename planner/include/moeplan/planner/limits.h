@@ -30,6 +30,13 @@ inline constexpr int64_t kMaxProgramOps = int64_t{1} << 20;
 // searches of the examples enumerate ~10,000.
 inline constexpr int64_t kMaxSearchCandidates = int64_t{1} << 18;
 
+// Pipeline steps one layout search may simulate to bound its candidates: the
+// sum over the candidates that fit memory of their PipelineSteps, checked
+// before the first is bounded. Each candidate's bound is one pipeline
+// simulation (~30-100 ns a step), so this caps the bounding at tens of
+// seconds; the examples' searches need under 2^22.
+inline constexpr int64_t kMaxSearchSteps = int64_t{1} << 28;
+
 // Op timings one response may carry (include_timeline): a timing is ~100
 // bytes of protobuf and ~300 of JSON.
 inline constexpr int64_t kMaxTimelineOps = int64_t{1} << 18;

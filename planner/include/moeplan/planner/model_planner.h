@@ -42,6 +42,13 @@ struct ModelPlanOptions {
   int partition_groups = 5;         // gamma: groups of dense ops between two MoE layers
   int max_span = 0;                 // iota, in groups; 0: the span between two MoE layers
   std::vector<int> tutel_degrees = {1, 2, 4, 8};
+  // Memory one plan (or stage) may hold, in bytes: its op graphs and their
+  // simulations (the largest graph times the graphs held at once) and dW
+  // placement's reachability matrix (backward ops squared, in bits),
+  // estimated from the stage's units before any graph is built (docs/model.md
+  // "Memory bound"). Over it the plan is ResourceExhausted naming
+  // max_plan_bytes; between 1 MiB and 2^40.
+  int64_t max_plan_bytes = int64_t{512} << 20;
   // Checked between simulated candidates (DeadlineExceeded once passed).
   Deadline deadline;
 };
@@ -167,12 +174,20 @@ class ModelPlanner {
   };
   absl::Status StageComputeBound(const ModelConfig& model, const ModelPlanOptions& options,
                                  const StageOptions& stage, StageBound* bound);
+  // Whether PlanStage would stay within options.max_plan_bytes, estimated
+  // from the stage's units without building a graph: OK, or the
+  // ResourceExhausted PlanStage would return (the layout search skips such
+  // stages before bounding them). Options are checked like PlanStage's.
+  absl::Status CheckStage(const ModelConfig& model, const ModelPlanOptions& options,
+                          const StageOptions& stage);
 
   // The planner's state and work, private to the library
   // (planner/src/model_planner_internal.h).
   struct Impl;
 
  private:
+  // Plans into `out`, or bounds into `bound`, or (both null) only checks the
+  // memory bound.
   absl::Status Run(const ModelConfig& model, const ModelPlanOptions& options,
                    const StageOptions& stage, ModelPlan* out, StageBound* bound);
   std::unique_ptr<Impl> impl_;
