@@ -260,7 +260,7 @@ sed 's/"top_k": 2/"top_k": 2, "dropless": true/' "$LAYER" >"$TMP/dropless.json"
 expect_error "dropless under s1" 4 "dropless: the executor runs dropless layers (an irregular AlltoAll) under the default schedule only" --layer "$TMP/dropless.json" --schedule s1
 expect_error "missing file" 4 "no-such-file.json" --layer "$TMP/no-such-file.json"
 expect_error "bad schedule" 4 "--schedule: must be" --layer "$LAYER" --schedule s3
-expect_error "bad iters" 4 "--iters: must be >= 1" --layer "$LAYER" --iters 0
+expect_error "bad iters" 4 "^moeplan-exec: error: --iters: must be an integer in .1, 1000000. (got 0)" --layer "$LAYER" --iters 0
 expect_error "bf16 on mpi" 4 "--dtype: the mpi backend computes in f32" --layer "$LAYER" --dtype bf16
 expect_error "nccl without GPU" 4 "nccl" --layer "$LAYER" --backend nccl
 expect_error "unknown profile" 4 "^moeplan-exec: --profile: .*nosuch" --layer "$LAYER" --profile nosuch
@@ -334,7 +334,7 @@ fi
 # a death by mpirun itself.
 interrupt() {  # name, signal, pattern in stderr
   local name=$1 sig=$2 pattern=$3
-  timeout 120 mpirun -np 4 "$EXEC" --layer "$LAYER" --schedule s2 --iters 100000000 --warmup 0 \
+  timeout 120 mpirun -np 4 "$EXEC" --layer "$LAYER" --schedule s2 --iters 1000000 --warmup 0 \
     --watchdog-s 5 >"$TMP/int.out" 2>"$TMP/int.err" &
   local tpid=$! mpid="" ranks="" _
   for _ in $(seq 1 200); do  # the ranks: children of mpirun, child of timeout

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "absl/hash/hash.h"
+#include "moeplan/base/format.h"
 #include "moeplan/planner/schedules.h"
 #include "test_profile.h"
 
@@ -390,7 +391,9 @@ TEST(ModelMemory, AStageOverTheBoundIsRefusedBeforeItIsBuilt) {
   EXPECT_EQ(std::string(s.message()).rfind("max_plan_bytes: a plan of 1024 blocks would hold ~", 0),
             0u)
       << s;
-  EXPECT_NE(std::string(s.message()).find("over the bound of 512 MiB"), std::string::npos) << s;
+  const std::string bound = FormatBytes(static_cast<double>(ModelPlanOptions{}.max_plan_bytes));
+  EXPECT_NE(std::string(s.message()).find("over the bound of " + bound + ";"), std::string::npos)
+      << s;
   // The search's lower bound builds unsplit graphs of every schedule: refused too.
   ModelPlanner::StageBound b;
   EXPECT_EQ(planner.StageComputeBound(HugeStage(), {}, StageOptions{}, &b).code(),

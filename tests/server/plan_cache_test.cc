@@ -127,7 +127,9 @@ TEST(PlanCache, HoldsNoMoreMemoryThanItCounts) {
   cache.Put(key, response);
   const size_t after = held();
   ASSERT_EQ(cache.size(), 1u);
-  EXPECT_LE(after - before, cache.bytes() + 4096)
+  // Up to the allocator's rounding: a block of 128 KiB or more is mapped in
+  // whole 4 KiB pages, and small blocks carry a header each.
+  EXPECT_LE(after - before, cache.bytes() + 8192)
       << "the cache holds " << after - before << " bytes but counts " << cache.bytes();
   v1::ReportMeasurementRequest back;
   ASSERT_TRUE(cache.GetInto(key, &back));

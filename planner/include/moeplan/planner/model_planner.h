@@ -48,7 +48,7 @@ struct ModelPlanOptions {
   // estimated from the stage's units before any graph is built (docs/model.md
   // "Memory bound"). Over it the plan is ResourceExhausted naming
   // max_plan_bytes; between 1 MiB and 2^40.
-  int64_t max_plan_bytes = int64_t{512} << 20;
+  int64_t max_plan_bytes = int64_t{2} << 30;
   // Checked between simulated candidates (DeadlineExceeded once passed).
   Deadline deadline;
 };
