@@ -105,38 +105,49 @@ std::string_view OpBaseName(std::string_view name) {
 absl::StatusOr<std::vector<v1::OpContext>> FitOpContexts(
     const std::vector<ValidationInput>& inputs, const OpContextOptions& o,
     std::vector<OpContextRejection>* rejected) {
-  if (inputs.empty())
+  OpContextSamples samples;
+  for (const ValidationInput& in : inputs) MOEPLAN_RETURN_IF_ERROR(samples.Add(in));
+  return samples.Fit(o, rejected);
+}
+
+absl::Status OpContextSamples::Add(const ValidationInput& in) {
+  MOEPLAN_ASSIGN_OR_RETURN(const std::vector<internal::Timeline> measured,
+                           internal::TimelinesOf(in, true));
+  MOEPLAN_ASSIGN_OR_RETURN(const std::vector<internal::Timeline> predicted,
+                           internal::TimelinesOf(in, false));
+  for (const internal::Timeline& m : measured) {
+    const internal::Timeline* pred = internal::Find(predicted, m.candidate);
+    if (pred == nullptr) continue;
+    std::map<std::string_view, const v1::OpTiming*> by_name;
+    for (const v1::OpTiming& op : *pred->ops) by_name.emplace(op.name(), &op);
+    for (const v1::OpTiming& op : *m.ops) {
+      const auto it = by_name.find(op.name());
+      if (it == by_name.end()) continue;
+      const double x = it->second->end_us() - it->second->start_us();
+      const double t = op.end_us() - op.start_us();
+      if (!(x > 0.0) || !(t > 0.0) || !std::isfinite(x) || !std::isfinite(t)) continue;
+      groups_[{std::string(OpBaseName(op.name())), it->second->resource()}].push_back({x, t});
+    }
+  }
+  ++inputs_;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<v1::OpContext>> OpContextSamples::Fit(
+    const OpContextOptions& o, std::vector<OpContextRejection>* rejected) const {
+  if (inputs_ == 0)
     return absl::InvalidArgumentError("op contexts: no measured configs to fit on");
   if (o.min_samples < 2 || o.line_min_distinct < 2 || !(o.min_span >= 1.0) || o.bootstrap < 0) {
     return absl::InvalidArgumentError(
         "op contexts: min_samples and line_min_distinct must be >= 2, min_span >= 1, "
         "bootstrap >= 0");
   }
-  // (op, resource) -> (predicted, measured) per instance.
-  std::map<std::pair<std::string, std::string>, std::vector<Obs>> groups;
-  for (const ValidationInput& in : inputs) {
-    MOEPLAN_ASSIGN_OR_RETURN(const std::vector<internal::Timeline> measured,
-                             internal::TimelinesOf(in, true));
-    MOEPLAN_ASSIGN_OR_RETURN(const std::vector<internal::Timeline> predicted,
-                             internal::TimelinesOf(in, false));
-    for (const internal::Timeline& m : measured) {
-      const internal::Timeline* pred = internal::Find(predicted, m.candidate);
-      if (pred == nullptr) continue;
-      std::map<std::string_view, const v1::OpTiming*> by_name;
-      for (const v1::OpTiming& op : *pred->ops) by_name.emplace(op.name(), &op);
-      for (const v1::OpTiming& op : *m.ops) {
-        const auto it = by_name.find(op.name());
-        if (it == by_name.end()) continue;
-        const double x = it->second->end_us() - it->second->start_us();
-        const double t = op.end_us() - op.start_us();
-        if (!(x > 0.0) || !(t > 0.0) || !std::isfinite(x) || !std::isfinite(t)) continue;
-        groups[{std::string(OpBaseName(op.name())), it->second->resource()}].push_back({x, t, 0.0});
-      }
-    }
-  }
   std::vector<v1::OpContext> out;
   std::mt19937_64 rng(o.seed);
-  for (const auto& [key, pts] : groups) {
+  for (const auto& [key, points] : groups_) {
+    std::vector<Obs> pts;
+    pts.reserve(points.size());
+    for (const Point& p : points) pts.push_back({p.predicted_us, p.measured_us, 0.0});
     const int n = static_cast<int>(pts.size());
     if (n < o.min_samples) {
       if (rejected != nullptr) {

@@ -38,8 +38,30 @@ void SetOps(const v1::ReportMeasurementRequest& r, Plan* plan) {
   }
 }
 
+// Empties a repeated field and frees its elements (clear_*() keeps them
+// allocated for reuse, which a refit holding thousands of runs cannot afford).
+template <typename T>
+void Release(google::protobuf::RepeatedPtrField<T>* field) {
+  google::protobuf::RepeatedPtrField<T>().Swap(field);
+}
+
 absl::Status Under(std::string_view prefix, const absl::Status& s) {
   return absl::Status(s.code(), Cat(prefix, View(s.message())));
+}
+
+// Plans every reported run on the profile, one at a time, and hands each to
+// `fn` whole (its full predicted timeline) before the next is planned.
+template <typename Fn>
+absl::Status ForEachPrediction(const std::vector<const v1::ReportMeasurementRequest*>& reports,
+                               const std::vector<std::string>& names,
+                               const v1::ClusterProfile& message, Fn&& fn) {
+  MOEPLAN_ASSIGN_OR_RETURN(const p::ClusterProfile profile, proto::ProfileFromProto(message));
+  MOEPLAN_ASSIGN_OR_RETURN(const p::CostModel cost, p::CostModel::Create(profile));
+  for (size_t i = 0; i < reports.size(); ++i) {
+    MOEPLAN_ASSIGN_OR_RETURN(ValidationInput in, ReportedRun(*reports[i], profile, cost, names[i]));
+    MOEPLAN_RETURN_IF_ERROR(fn(std::move(in)));
+  }
+  return absl::OkStatus();
 }
 
 // The reported runs' total-time error on one profile, layers and models apart
@@ -51,13 +73,16 @@ struct Errors {
 absl::StatusOr<Errors> Predict(const std::vector<const v1::ReportMeasurementRequest*>& reports,
                                const std::vector<std::string>& names,
                                const v1::ClusterProfile& message) {
-  MOEPLAN_ASSIGN_OR_RETURN(const p::ClusterProfile profile, proto::ProfileFromProto(message));
-  MOEPLAN_ASSIGN_OR_RETURN(const p::CostModel cost, p::CostModel::Create(profile));
   Errors out;
-  for (size_t i = 0; i < reports.size(); ++i) {
-    MOEPLAN_ASSIGN_OR_RETURN(ValidationInput in, ReportedRun(*reports[i], profile, cost, names[i]));
+  MOEPLAN_RETURN_IF_ERROR(ForEachPrediction(reports, names, message, [&](ValidationInput in) {
+    // The error rows read totals only.
+    for (v1::CandidatePlan& c : in.measured) Release(c.mutable_ops());
+    for (v1::CandidatePlan& c : in.predicted) Release(c.mutable_ops());
+    for (v1::VariantPlan& v : in.measured_variants) Release(v.mutable_ops());
+    for (v1::VariantPlan& v : in.predicted_variants) Release(v.mutable_ops());
     (in.IsModel() ? out.models : out.layers).push_back(std::move(in));
-  }
+    return absl::OkStatus();
+  }));
   return out;
 }
 
@@ -87,28 +112,27 @@ absl::StatusOr<double> FitGap(const std::vector<const v1::ReportMeasurementReque
   for (const v1::OpContext& c : ops) corrected.insert({c.op(), c.resource()});
   double gap = 0.0;
   for (int round = 0; round < 3; ++round) {
-    MOEPLAN_ASSIGN_OR_RETURN(const Errors e, Predict(reports, names, WithOps(base, ops, gap)));
     double num = 0.0, den = 0.0;
-    for (const std::vector<ValidationInput>* kind : {&e.layers, &e.models}) {
-      for (const ValidationInput& in : *kind) {
-        MOEPLAN_ASSIGN_OR_RETURN(const std::vector<internal::Timeline> m,
-                                 internal::TimelinesOf(in, true));
-        MOEPLAN_ASSIGN_OR_RETURN(const std::vector<internal::Timeline> p,
-                                 internal::TimelinesOf(in, false));
-        const internal::Timeline* pred = internal::Find(p, m.front().candidate);
-        if (pred == nullptr || !(m.front().total_us > 0.0)) continue;
-        double n = 0.0;
-        for (const v1::OpTiming& op : *pred->ops) {
-          if (op.critical() &&
-              corrected.count({std::string(OpBaseName(op.name())), op.resource()})) {
-            n += 1.0;
+    MOEPLAN_RETURN_IF_ERROR(ForEachPrediction(
+        reports, names, WithOps(base, ops, gap), [&](const ValidationInput& in) -> absl::Status {
+          MOEPLAN_ASSIGN_OR_RETURN(const std::vector<internal::Timeline> m,
+                                   internal::TimelinesOf(in, true));
+          MOEPLAN_ASSIGN_OR_RETURN(const std::vector<internal::Timeline> p,
+                                   internal::TimelinesOf(in, false));
+          const internal::Timeline* pred = internal::Find(p, m.front().candidate);
+          if (pred == nullptr || !(m.front().total_us > 0.0)) return absl::OkStatus();
+          double n = 0.0;
+          for (const v1::OpTiming& op : *pred->ops) {
+            if (op.critical() &&
+                corrected.count({std::string(OpBaseName(op.name())), op.resource()})) {
+              n += 1.0;
+            }
           }
-        }
-        const double w = 1.0 / (m.front().total_us * m.front().total_us);
-        num += w * n * (m.front().total_us - pred->total_us);
-        den += w * n * n;
-      }
-    }
+          const double w = 1.0 / (m.front().total_us * m.front().total_us);
+          num += w * n * (m.front().total_us - pred->total_us);
+          den += w * n * n;
+          return absl::OkStatus();
+        }));
     if (!(den > 0.0)) break;
     const double step = num / den;
     if (gap + step <= 0.0) {
@@ -187,10 +211,11 @@ absl::StatusOr<ValidationInput> ReportedRun(const v1::ReportMeasurementRequest& 
 
 namespace {
 
-// The reported runs that plan on the profile, each as a validation input with
-// its report and its name; the others are skipped with their reason.
+// The reported runs that plan on the profile, their measured against their
+// predicted op durations gathered for the fit, each with its report and its
+// name; the others are skipped with their reason.
 struct Reported {
-  std::vector<ValidationInput> inputs;
+  OpContextSamples samples;
   std::vector<const v1::ReportMeasurementRequest*> used;
   std::vector<std::string> names;
   int layers = 0, models = 0;
@@ -226,24 +251,30 @@ absl::StatusOr<ValidationInput> UsableRun(const v1::ReportMeasurementRequest& r,
   return in;
 }
 
-Reported ReportedRuns(const std::vector<v1::ReportMeasurementRequest>& reports,
-                      const p::ClusterProfile& profile, const p::CostModel& cost, double min_op_us,
-                      std::vector<std::string>* skipped) {
+// Runs are planned one at a time and only their op durations kept: a refit's
+// memory is its reports, not their plans (a whole model's timeline holds
+// thousands of ops). Each report's ops are released once gathered; what is
+// planned again later (the time between ops, the error rows) reads each
+// report's plan and total.
+absl::StatusOr<Reported> ReportedRuns(std::vector<v1::ReportMeasurementRequest>& reports,
+                                      const p::ClusterProfile& profile, const p::CostModel& cost,
+                                      double min_op_us, std::vector<std::string>* skipped) {
   Reported out;
   for (size_t i = 0; i < reports.size(); ++i) {
-    const v1::ReportMeasurementRequest& r = reports[i];
+    v1::ReportMeasurementRequest& r = reports[i];
     const std::string name =
         r.has_model_plan()
             ? fmt::format("report[{}] {} {}", i, r.model_plan().model().name(), r.variant())
             : fmt::format("report[{}] {} {}", i, r.plan().layer().name(),
                           proto::ScheduleLabel(r.schedule()));
     absl::StatusOr<ValidationInput> in = UsableRun(r, profile, cost, min_op_us, name);
+    Release(r.mutable_ops());
     if (!in.ok()) {
       skipped->push_back(Cat("report ", i, ": ", View(in.status().message())));
       continue;
     }
     (in->IsModel() ? out.models : out.layers) += 1;
-    out.inputs.push_back(*std::move(in));
+    MOEPLAN_RETURN_IF_ERROR(out.samples.Add(*in));
     out.used.push_back(&r);
     out.names.push_back(name);
   }
@@ -292,14 +323,18 @@ std::string RenderRefit(const v1::ClusterProfile& profile, const RefitResult& ou
 // Why no op could be corrected, op by op and truthfully: how many times each
 // was reported, how many of those were dropped with their reports (or had no
 // positive time), how many were left, and what the fit of those said.
-absl::Status NothingFitted(const v1::ClusterProfile& profile,
-                           const std::vector<v1::ReportMeasurementRequest>& reports,
-                           const RefitResult& out,
-                           const std::vector<OpContextRejection>& rejected) {
+// How many times each op (by base name) was reported.
+std::map<std::string, int> ReportedOps(const std::vector<v1::ReportMeasurementRequest>& reports) {
   std::map<std::string, int> reported;
   for (const v1::ReportMeasurementRequest& r : reports) {
     for (const v1::MeasuredOp& op : r.ops()) ++reported[std::string(OpBaseName(op.name()))];
   }
+  return reported;
+}
+
+absl::Status NothingFitted(const v1::ClusterProfile& profile, size_t reports,
+                           std::map<std::string, int> reported, const RefitResult& out,
+                           const std::vector<OpContextRejection>& rejected) {
   std::map<std::string, int> kept;  // instances that reached the fit, over resources
   std::vector<const OpContextRejection*> order;
   for (const OpContextRejection& r : rejected) {
@@ -324,7 +359,7 @@ absl::Status NothingFitted(const v1::ClusterProfile& profile,
                   [](const OpContextRejection& r) { return r.why.starts_with("fewer"); });
   return absl::FailedPreconditionError(fmt::format(
       "refit of {}: no op could be corrected from the {} reported runs ({} usable): {}{}; {}",
-      profile.name(), reports.size(), reports.size() - out.skipped.size(), why,
+      profile.name(), reports, reports - out.skipped.size(), why,
       out.skipped.empty() ? ""
                           : fmt::format(" (dropped with {} skipped reports, first: {})",
                                         out.skipped.size(), out.skipped[0]),
@@ -335,9 +370,10 @@ absl::Status NothingFitted(const v1::ClusterProfile& profile,
 
 }  // namespace
 
-absl::StatusOr<RefitResult> RefitFromReports(
-    const v1::ClusterProfile& profile, const std::vector<v1::ReportMeasurementRequest>& reports,
-    const OpContextOptions& options, std::string_view source) {
+absl::StatusOr<RefitResult> RefitFromReports(const v1::ClusterProfile& profile,
+                                             std::vector<v1::ReportMeasurementRequest> reports,
+                                             const OpContextOptions& options,
+                                             std::string_view source) {
   RefitResult out;
   // The profile's own model, without corrections: what the new ones correct.
   v1::ClusterProfile base = profile;
@@ -345,18 +381,24 @@ absl::StatusOr<RefitResult> RefitFromReports(
   base.mutable_context()->clear_ops_fitted_on();
   MOEPLAN_ASSIGN_OR_RETURN(const p::ClusterProfile base_profile, proto::ProfileFromProto(base));
   MOEPLAN_ASSIGN_OR_RETURN(const p::CostModel base_cost, p::CostModel::Create(base_profile));
-  const Reported runs = ReportedRuns(reports, base_profile, base_cost, MinOpUs(base), &out.skipped);
-  const std::vector<ValidationInput>& inputs = runs.inputs;
-  if (inputs.empty()) {
+  // How many times each op was reported (for NothingFitted): counted before
+  // the reports' ops are released.
+  std::map<std::string, int> reported = ReportedOps(reports);
+  MOEPLAN_ASSIGN_OR_RETURN(
+      const Reported runs,
+      ReportedRuns(reports, base_profile, base_cost, MinOpUs(base), &out.skipped));
+  if (runs.samples.inputs() == 0) {
     return absl::FailedPreconditionError(
         Cat("refit of ", profile.name(), ": none of the ", reports.size(),
             " reported runs plans on it within the bounds on measured times",
             out.skipped.empty() ? "" : Cat(" (first: ", out.skipped[0], ")")));
   }
   std::vector<OpContextRejection> rejected;
-  MOEPLAN_ASSIGN_OR_RETURN(out.ops, FitOpContexts(inputs, options, &rejected));
-  if (out.ops.empty()) return NothingFitted(profile, reports, out, rejected);
-  out.used = static_cast<int>(inputs.size());
+  MOEPLAN_ASSIGN_OR_RETURN(out.ops, runs.samples.Fit(options, &rejected));
+  if (out.ops.empty()) {
+    return NothingFitted(profile, reports.size(), std::move(reported), out, rejected);
+  }
+  out.used = runs.samples.inputs();
   MOEPLAN_ASSIGN_OR_RETURN(out.gap_us, FitGap(runs.used, runs.names, base, out.ops));
   for (v1::OpContext& c : out.ops) c.set_offset_us(c.offset_us() + out.gap_us);
   out.profile = WithOps(profile, out.ops, 0.0);

@@ -54,6 +54,10 @@ struct PlanModelArgs {
   double gpu_memory_gib = -1.0;  // < 0: the profile's
   double optimizer_bytes = 12.0;
   double grad_bytes = 4.0;
+  // The plan's time limit, locally as on a server (--max-plan-seconds there,
+  // 60 s by default): a search of a huge model ends in an error, not an
+  // afternoon.
+  double max_plan_seconds = 60.0;
 };
 // Plans a whole model (docs/model.md), locally or on a moeplan-server, and
 // prints the variants as a table or JSON, the same bytes either way; writes the

@@ -189,6 +189,11 @@ CLI::App* AddPlanModel(CLI::App* app, PlanModelArgs* a) {
                    "Longest range in groups (Lancet's iota); 0: the span between two MoE layers")
       ->check(flags::IntInRange(0, 1024))
       ->capture_default_str();
+  plan->add_option("--max-plan-seconds", a->max_plan_seconds,
+                   "Longest the plan (or the search) may run before it is stopped with an error, "
+                   "as moeplan-server's flag of that name; with --server, the call's deadline")
+      ->check(flags::FiniteInRange(0.001, 86400.0))
+      ->capture_default_str();
   plan->add_option("--format", a->format, "Output format")
       ->check(CLI::IsMember({"table", "json"}))
       ->capture_default_str();

@@ -175,6 +175,12 @@ std::string FormatLayoutTable(const v1::ModelConfig& m, const v1::PlanModelRespo
                      "(pp*v*microbatches*2; lower --max-microbatches)\n",
                      s.over_limit(), planner::kMaxPipelineSteps);
     }
+    if (s.over_memory() > 0) {
+      fmt::format_to(w,
+                     "search: {} candidates skipped: a stage plan would hold more than the plan "
+                     "memory bound (lower --gpus or --max-microbatches)\n",
+                     s.over_memory());
+    }
   }
   if (plan.candidates_size() == 0) {
     fmt::format_to(w, "no layout fits: every candidate was pruned by memory\n");

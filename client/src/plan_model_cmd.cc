@@ -157,7 +157,8 @@ absl::Status PlanModelCmd(const PlanModelArgs& a) {
   v1::ClusterProfile profile_message;
   if (!a.server.address.empty()) {
     ClientOptions options = a.server;
-    options.timeout = std::chrono::seconds(60);
+    options.timeout = std::chrono::duration_cast<std::chrono::milliseconds>(
+        std::chrono::duration<double>(a.max_plan_seconds));
     MOEPLAN_ASSIGN_OR_RETURN(std::unique_ptr<PlannerClient> connected,
                              PlannerClient::Connect(options));
     PlannerClient& client = *connected;
@@ -178,7 +179,11 @@ absl::Status PlanModelCmd(const PlanModelArgs& a) {
                              calibration::LoadProfile(a.cluster));
     MOEPLAN_ASSIGN_OR_RETURN(p::CostModel cost, p::CostModel::Create(profile.profile));
     p::ModelPlanner planner(cost);
-    absl::Status s = requests::AnswerPlanModel(request, planner, profile.profile, &response);
+    const p::Deadline deadline{std::chrono::steady_clock::now() +
+                               std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                   std::chrono::duration<double>(a.max_plan_seconds))};
+    absl::Status s =
+        requests::AnswerPlanModel(request, planner, profile.profile, &response, deadline);
     if (!s.ok()) return InFile(a.model, s);
     profile_message = std::move(profile.message);
   }

@@ -7,8 +7,8 @@ namespace moeplan::planner {
 absl::Status Deadline::Check(std::string_view what) const {
   if (!Passed()) return absl::OkStatus();
   return absl::DeadlineExceededError(
-      Cat(what, ": the plan ran past its time limit (the call's deadline or the server's "
-                "--max-plan-seconds) and was stopped"));
+      Cat(what, ": the plan ran past its time limit (--max-plan-seconds, or the call's "
+                "deadline) and was stopped; raise the limit, or narrow the search"));
 }
 
 }  // namespace moeplan::planner

@@ -95,6 +95,7 @@ absl::Status AnswerLayouts(const p::ModelConfig& model, const v1::PlanModelReque
   st->set_enumerated(r.stats.enumerated);
   st->set_pruned_memory(r.stats.pruned_memory);
   st->set_over_limit(r.stats.over_limit);
+  st->set_over_memory(r.stats.over_memory);
   st->set_pruned_bound(r.stats.pruned_bound);
   st->set_simulated(r.stats.simulated);
   st->set_stage_plans(r.stats.stage_plans);

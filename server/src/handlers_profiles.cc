@@ -1,6 +1,7 @@
 // The profile store's RPCs (handlers_internal.h): ListProfiles, GetProfile,
 // PutProfile, ReportMeasurement with the checks a report must pass before it
 // is stored, and RefitProfile with the --refit-every worker. No gRPC here.
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <mutex>
@@ -280,29 +281,38 @@ absl::Status Handlers::Impl::DoRefit(const std::string& name, std::string_view s
             "' is read-only: put a copy under another name (moeplan profiles put) and report "
             "against that"));
   }
-  MOEPLAN_ASSIGN_OR_RETURN(const std::vector<std::string> lines, store_.ReadMeasurements(name));
-  if (lines.empty()) {
+  MOEPLAN_ASSIGN_OR_RETURN(
+      ProfileStore::Measurements log,
+      store_.ReadMeasurements(name, static_cast<size_t>(std::max(1, options_.refit_window))));
+  if (log.lines.empty()) {
     return absl::FailedPreconditionError(
         Cat("profile_name: no measurements have been reported against '", name, "'"));
   }
-  std::vector<v1::ReportMeasurementRequest> reports(lines.size());
-  for (size_t i = 0; i < lines.size(); ++i) {
+  const uint64_t first = log.total - log.lines.size() + 1;  // 1-based line of lines[0]
+  std::vector<v1::ReportMeasurementRequest> reports(log.lines.size());
+  for (size_t i = 0; i < log.lines.size(); ++i) {
     // Stored by DoReport, so they parse; a line that does not is data loss.
-    if (absl::Status s = proto::ParseJson(lines[i], &reports[i]); !s.ok()) {
-      return absl::DataLossError(
-          Cat("measurement ", i + 1, " of '", name, "' does not parse: ", View(s.message())));
+    if (absl::Status s = proto::ParseJson(log.lines[i], &reports[i]); !s.ok()) {
+      return absl::DataLossError(Cat("measurement ", first + i, " of '", name,
+                                     "' does not parse: ", View(s.message())));
     }
+    std::string().swap(log.lines[i]);  // the parsed report is all a refit needs
   }
+  const std::string fitted_on =
+      log.lines.size() == log.total
+          ? Cat(log.total, " measurements")
+          : Cat("the newest ", log.lines.size(), " of ", log.total, " measurements (--refit-window)");
   MOEPLAN_ASSIGN_OR_RETURN(
       calibration::RefitResult r,
-      calibration::RefitFromReports(entry->message, reports, calibration::OpContextOptions{},
-                                    Cat(source, ", ", lines.size(), " measurements")));
+      calibration::RefitFromReports(entry->message, std::move(reports),
+                                    calibration::OpContextOptions{},
+                                    Cat(source, ", ", fitted_on)));
   absl::StatusOr<std::shared_ptr<const ProfileEntry>> stored = store_.Put(r.profile);
   if (!stored.ok()) return Under("profile.", stored.status());
   cache_.EraseProfile(name);
   *resp->mutable_profile() = (*stored)->message;
   resp->set_report(std::move(r.report));
-  resp->set_measurements(lines.size());
+  resp->set_measurements(log.total);
   resp->set_used(static_cast<uint64_t>(r.used));
   return absl::OkStatus();
 }

@@ -99,6 +99,11 @@ void AddLimitOptions(CLI::App& app, Flags* f) {
                  "against it (as RefitProfile, in the background; 0: only when asked)")
       ->check(moeplan::flags::IntInRange(0, 1 << 30))
       ->capture_default_str();
+  app.add_option("--refit-window", options.handlers.refit_window,
+                 "A refit fits on a profile's newest N reported measurements (older ones stay "
+                 "stored); bounds a refit's memory and time as the log grows")
+      ->check(moeplan::flags::IntInRange(1, 1000000))
+      ->capture_default_str();
   app.add_option("--drain-ms", f->drain_ms,
                  "On SIGTERM/SIGINT, how long in-flight calls may finish")
       ->check(moeplan::flags::IntInRange(0, 3600000))

@@ -10,6 +10,9 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <deque>
+#include <fstream>
+#include <iterator>
 #include <filesystem>
 #include <system_error>
 
@@ -246,23 +249,28 @@ absl::StatusOr<std::shared_ptr<const ProfileEntry>> ProfileStore::Put(
   return *entry;
 }
 
-absl::StatusOr<std::vector<std::string>> ProfileStore::ReadMeasurements(
-    std::string_view profile_name) const {
+absl::StatusOr<ProfileStore::Measurements> ProfileStore::ReadMeasurements(
+    std::string_view profile_name, size_t newest) const {
   // Appends hold write_mu_ until their line is whole: no torn last line here.
   std::lock_guard<std::mutex> write_lock(write_mu_);
   const std::string path = MeasurementPath(profile_name);
+  Measurements out;
   std::error_code ec;
-  if (!std::filesystem::exists(path, ec)) return std::vector<std::string>{};
-  MOEPLAN_ASSIGN_OR_RETURN(const std::string text, proto::ReadFile(path));
-  std::vector<std::string> lines;
-  size_t begin = 0;
-  while (begin < text.size()) {
-    size_t end = text.find('\n', begin);
-    if (end == std::string::npos) end = text.size();
-    if (end > begin) lines.emplace_back(text.substr(begin, end - begin));
-    begin = end + 1;
+  if (!std::filesystem::exists(path, ec) || newest == 0) return out;
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::InternalError(Cat(path, ": cannot open: ", std::strerror(errno)));
+  std::deque<std::string> window;
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.empty()) continue;
+    ++out.total;
+    if (window.size() == newest) window.pop_front();
+    window.push_back(std::move(line));
+    line.clear();
   }
-  return lines;
+  if (in.bad()) return absl::InternalError(Cat(path, ": read failed: ", std::strerror(errno)));
+  out.lines.assign(std::make_move_iterator(window.begin()), std::make_move_iterator(window.end()));
+  return out;
 }
 
 absl::StatusOr<uint64_t> ProfileStore::AppendMeasurement(const std::string& profile_name,

@@ -445,6 +445,27 @@ TEST(PlanModelCli, TableJsonAndTrace) {
   }
 }
 
+// Issue 35's huge search (1,024 blocks, 16,384 experts, 65,536 GPUs, up to
+// 1,024 micro-batches), a legal one that takes minutes here: stopped at
+// --max-plan-seconds with one line naming the limit, nothing on stdout.
+TEST(PlanModelCli, ASearchPastItsTimeLimitEndsInAnError) {
+  TempDir tmp;
+  const std::string model = tmp.Write("huge.json", R"({
+    "num_layers": 1024, "hidden_size": 1024, "num_attention_heads": 16,
+    "ffn_hidden_size": 4096, "seq_length": 2048, "micro_batch_size": 1,
+    "global_batch_size": 16777216, "vocab_size": 50304,
+    "moe": {"layer_freq": 1, "num_experts": 16384, "top_k": 2, "expert_ffn_hidden_size": 4096,
+            "capacity_factor": 1.0, "gate": "GATE_TOP_K"}})");
+  CliResult r = RunCli("plan-model --model " + model +
+                       " --search --gpus 65536 --max-microbatches 1024 --max-plan-seconds 2");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_EQ(r.out, "");
+  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+  EXPECT_NE(r.err.find("search: the plan ran past its time limit (--max-plan-seconds"),
+            std::string::npos)
+      << r.err;
+}
+
 TEST(PlanModelCli, S1AndS2InsideLancetWithTensorParallelism) {
   CliResult r = RunCli("plan-model --model examples/models/fine-grained-moe.json --variants lancet");
   ASSERT_EQ(r.exit_code, 0) << r.err;

@@ -7,6 +7,7 @@
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -56,12 +57,13 @@ class ServerTest : public ::testing::Test {
     server_.reset();
     std::filesystem::remove_all(dir_);
   }
-  void StartServer(int refit_every = 0) {
+  void StartServer(int refit_every = 0, int refit_window = 1000) {
     ServerOptions options;
     options.listen = "127.0.0.1:0";
     options.data_dir = dir_;
     options.handlers.log_requests = false;
     options.handlers.refit_every = refit_every;
+    options.handlers.refit_window = refit_window;
     ProfileStore::OpenReport report;
     absl::StatusOr<std::unique_ptr<PlannerServer>> s = PlannerServer::Start(options, &report);
     ASSERT_TRUE(s.ok()) << s.status();
@@ -465,6 +467,33 @@ TEST_F(ServerTest, RefitProfileStoresTheNextVersionFromReportedRuns) {
   absl::StatusOr<v1::RefitProfileResponse> again = refit("lab");
   ASSERT_TRUE(again.ok()) << again.status();
   EXPECT_EQ(again->profile().version(), 3u);
+}
+
+// --refit-window: a refit fits on the newest reports only and says so; the
+// older ones stay in the log.
+TEST_F(ServerTest, RefitFitsOnTheNewestReportsOfItsWindow) {
+  client_.reset();
+  server_.reset();
+  StartServer(/*refit_every=*/0, /*refit_window=*/3);
+  v1::ClusterProfile lab = *calibration::BuiltinProfile("a100-8x8");
+  lab.set_name("lab");
+  ASSERT_TRUE(client_->PutProfile(lab).ok());
+  // Five reports, all usable: without the window all five would be used.
+  for (int b : {2, 8, 4, 2, 8}) {
+    ASSERT_TRUE(client_->ReportMeasurement(SlowRun(*client_, "lab", b)).ok());
+  }
+  v1::RefitProfileRequest req;
+  req.set_profile_name("lab");
+  absl::StatusOr<v1::RefitProfileResponse> r = client_->RefitProfile(req);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->measurements(), 5u);
+  EXPECT_EQ(r->used(), 3u);
+  EXPECT_NE(r->profile().context().ops_fitted_on().find(
+                "the newest 3 of 5 measurements (--refit-window)"),
+            std::string::npos)
+      << r->profile().context().ops_fitted_on();
+  const std::string log = *proto::ReadFile(dir_ + "/measurements/lab.jsonl");
+  EXPECT_EQ(std::count(log.begin(), log.end(), '\n'), 5) << "every report stays stored";
 }
 
 TEST_F(ServerTest, RefitEveryNReportsRunsInTheBackground) {

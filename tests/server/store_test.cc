@@ -118,6 +118,27 @@ TEST_F(StoreTest, TornMeasurementLineIsCutAndCountsResume) {
             "{\"a\":1}\n{\"a\":2}\n{\"a\":4}\n");
 }
 
+// A refit reads a window of the log: the newest lines, oldest first, and
+// how many the log holds in all.
+TEST_F(StoreTest, ReadMeasurementsReturnsTheNewestLinesAndTheTotal) {
+  ProfileStore::OpenReport report;
+  auto store = Open(&report);
+  absl::StatusOr<ProfileStore::Measurements> none = store->ReadMeasurements("lab", 2);
+  ASSERT_TRUE(none.ok()) << none.status();
+  EXPECT_TRUE(none->lines.empty());
+  EXPECT_EQ(none->total, 0u);
+  for (int i = 1; i <= 5; ++i) ASSERT_TRUE(store->AppendMeasurement("lab", Cat("{\"a\":", i, "}")).ok());
+  absl::StatusOr<ProfileStore::Measurements> two = store->ReadMeasurements("lab", 2);
+  ASSERT_TRUE(two.ok()) << two.status();
+  EXPECT_EQ(two->lines, (std::vector<std::string>{"{\"a\":4}", "{\"a\":5}"}));
+  EXPECT_EQ(two->total, 5u);
+  absl::StatusOr<ProfileStore::Measurements> all = store->ReadMeasurements("lab", 100);
+  ASSERT_TRUE(all.ok()) << all.status();
+  ASSERT_EQ(all->lines.size(), 5u);
+  EXPECT_EQ(all->lines.front(), "{\"a\":1}");
+  EXPECT_EQ(all->total, 5u);
+}
+
 TEST_F(StoreTest, PutIsDurableAndVersioned) {
   ProfileStore::OpenReport report;
   auto store = Open(&report);

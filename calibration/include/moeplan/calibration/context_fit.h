@@ -5,7 +5,9 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
+#include <utility>
 #include <string_view>
 #include <vector>
 
@@ -54,6 +56,28 @@ struct OpContextRejection {
 absl::StatusOr<std::vector<v1::OpContext>> FitOpContexts(
     const std::vector<ValidationInput>& inputs, const OpContextOptions& options,
     std::vector<OpContextRejection>* rejected = nullptr);
+
+// What FitOpContexts fits on, gathered input by input: each matched op's
+// predicted and measured duration (16 bytes) under its (op base name,
+// resource), so that a caller with many runs (a refit) need not hold them all.
+class OpContextSamples {
+ public:
+  // The ops of `in` matched as FitOpContexts matches them; ops without a
+  // positive, finite duration on both sides are left out.
+  absl::Status Add(const ValidationInput& in);
+  int inputs() const { return inputs_; }
+  // FitOpContexts on every input added. InvalidArgument when none was, or an
+  // option is out of range.
+  absl::StatusOr<std::vector<v1::OpContext>> Fit(const OpContextOptions& options,
+                                                 std::vector<OpContextRejection>* rejected) const;
+
+ private:
+  struct Point {
+    double predicted_us, measured_us;
+  };
+  std::map<std::pair<std::string, std::string>, std::vector<Point>> groups_;
+  int inputs_ = 0;
+};
 
 // The Markdown table of fitted corrections (op, resource, instances, offset,
 // scale with its 95 % interval, R², max error).

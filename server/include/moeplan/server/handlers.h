@@ -60,6 +60,10 @@ struct HandlerOptions {
   // profile, that profile is refitted (as RefitProfile) on a background
   // thread; 0: only when asked.
   int refit_every = 0;
+  // A refit fits on the newest `refit_window` reports of a profile's log (the
+  // older ones stay stored): what bounds a refit's memory and time as the log
+  // grows, and lets a changed cluster outgrow its old measurements.
+  int refit_window = 1000;
 };
 
 class Handlers {

@@ -68,8 +68,15 @@ class ProfileStore {
   // fsyncs it. Returns how many measurements that profile now has.
   absl::StatusOr<uint64_t> AppendMeasurement(const std::string& profile_name,
                                              std::string_view line);
-  // The profile's measurement log, one line each (none: empty).
-  absl::StatusOr<std::vector<std::string>> ReadMeasurements(std::string_view profile_name) const;
+  // The newest `newest` lines of the profile's measurement log (all when it
+  // holds fewer; none: empty), oldest first, and how many lines it holds in
+  // all. Read line by line: memory holds the lines returned, not the log.
+  struct Measurements {
+    std::vector<std::string> lines;
+    uint64_t total = 0;
+  };
+  absl::StatusOr<Measurements> ReadMeasurements(std::string_view profile_name,
+                                                size_t newest) const;
 
   const std::string& data_dir() const { return data_dir_; }
 
