@@ -1,7 +1,8 @@
 // The server's request handlers (moeplan/server/handlers.h) called in-process,
 // as moeplan-server calls them for every RPC, with arbitrary requests. Byte 0
 // picks the method (byte % 6: PlanLayer, PlanModel, ListProfiles, GetProfile,
-// PutProfile, ReportMeasurement) and the encoding (>= 0x80: binary protobuf,
+// PutProfile, ReportMeasurement; a report against a100-8x8 goes to a stored
+// copy three times and is refitted, RefitProfile) and the encoding (>= 0x80: binary protobuf,
 // which reaches what JSON cannot say; else JSON); the rest is the request.
 // Reads share one store and plan cache; a write gets a fresh store in a fresh
 // directory, so each input replays alone. A handler must answer every input
@@ -14,6 +15,7 @@
 #include <string>
 
 #include "fuzz_util.h"
+#include "moeplan/calibration/profiles.h"
 #include "moeplan/proto/json.h"
 #include "moeplan/server/handlers.h"
 
@@ -127,8 +129,34 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         } else {
           v1::ReportMeasurementRequest req;
           if (Decode(binary, bytes, &req)) {
+            // Against a stored copy of the built-in it names, three times
+            // (the fewest instances a correction fits on), then refitted:
+            // the refit reads back what the server stored and fits on it.
+            const bool copy = req.profile_name() == "a100-8x8";
+            if (copy) {
+              v1::PutProfileRequest put;
+              *put.mutable_profile() = *calibration::BuiltinProfile("a100-8x8");
+              put.mutable_profile()->set_name("fuzz-copy");
+              v1::PutProfileResponse put_resp;
+              if (!w.PutProfile(call, put, &put_resp).ok()) std::abort();
+              req.set_profile_name("fuzz-copy");
+            }
             v1::ReportMeasurementResponse resp;
-            (void)w.ReportMeasurement(call, req, &resp);
+            bool stored = true;
+            for (int i = 0; i < (copy ? 3 : 1) && stored; ++i) {
+              stored = w.ReportMeasurement(call, req, &resp).ok();
+            }
+            if (copy && stored) {
+              v1::RefitProfileRequest refit;
+              refit.set_profile_name("fuzz-copy");
+              v1::RefitProfileResponse refit_resp;
+              const absl::Status s = w.RefitProfile(call, refit, &refit_resp);
+              // An acknowledged refit is the version the store now serves.
+              if (s.ok() && (*store)->Get("fuzz-copy")->message.version() !=
+                                refit_resp.profile().version()) {
+                std::abort();
+              }
+            }
           }
         }
       }
