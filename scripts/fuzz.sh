@@ -101,7 +101,7 @@ run() {
   if "$OUT/fuzz/fuzz_$h" "$dir" -dict="$DICT" -max_total_time="$SECONDS_EACH" \
       -rss_limit_mb="${FUZZ_RSS_MB:-2048}" -timeout="${FUZZ_TIMEOUT_S:-10}" -max_len=16384 \
       -print_final_stats=1 -artifact_prefix="$OUT/artifacts/$h-" >"$OUT/artifacts/$h.log" 2>&1; then
-    echo "fuzz: $h: $(grep -E '^stat::number_of_executed_units' "$OUT/artifacts/$h.log" | awk '{print $2}') runs in ${SECONDS_EACH} s, corpus $(ls "$dir" | wc -l), no finding"
+    echo "fuzz: $h: $(grep -aE '^stat::number_of_executed_units' "$OUT/artifacts/$h.log" | awk '{print $2}') runs in ${SECONDS_EACH} s, corpus $(ls "$dir" | wc -l), no finding"
   else
     tail -60 "$OUT/artifacts/$h.log" >&2
     echo "fuzz: $h FOUND something; replay: $OUT/fuzz/fuzz_$h $(ls -t "$OUT"/artifacts/"$h"-* 2>/dev/null | head -1)" >&2
