@@ -320,9 +320,6 @@ std::string RenderRefit(const v1::ClusterProfile& profile, const RefitResult& ou
   return md;
 }
 
-// Why no op could be corrected, op by op and truthfully: how many times each
-// was reported, how many of those were dropped with their reports (or had no
-// positive time), how many were left, and what the fit of those said.
 // How many times each op (by base name) was reported.
 std::map<std::string, int> ReportedOps(const std::vector<v1::ReportMeasurementRequest>& reports) {
   std::map<std::string, int> reported;
@@ -332,6 +329,10 @@ std::map<std::string, int> ReportedOps(const std::vector<v1::ReportMeasurementRe
   return reported;
 }
 
+// Why no op could be corrected, op by op and truthfully: how many times each
+// was reported (`reported`, ReportedOps), how many of those were dropped with
+// their reports (or had no positive time), how many were left, and what the
+// fit of those said.
 absl::Status NothingFitted(const v1::ClusterProfile& profile, size_t reports,
                            std::map<std::string, int> reported, const RefitResult& out,
                            const std::vector<OpContextRejection>& rejected) {

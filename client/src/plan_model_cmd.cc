@@ -155,10 +155,10 @@ absl::Status PlanModelCmd(const PlanModelArgs& a) {
   request.set_include_timeline(a.timeline || !a.trace.empty());
   v1::PlanModelResponse response;
   v1::ClusterProfile profile_message;
+  const std::chrono::duration<double> limit(a.max_plan_seconds);
   if (!a.server.address.empty()) {
     ClientOptions options = a.server;
-    options.timeout = std::chrono::duration_cast<std::chrono::milliseconds>(
-        std::chrono::duration<double>(a.max_plan_seconds));
+    options.timeout = std::chrono::duration_cast<std::chrono::milliseconds>(limit);
     MOEPLAN_ASSIGN_OR_RETURN(std::unique_ptr<PlannerClient> connected,
                              PlannerClient::Connect(options));
     PlannerClient& client = *connected;
@@ -179,9 +179,9 @@ absl::Status PlanModelCmd(const PlanModelArgs& a) {
                              calibration::LoadProfile(a.cluster));
     MOEPLAN_ASSIGN_OR_RETURN(p::CostModel cost, p::CostModel::Create(profile.profile));
     p::ModelPlanner planner(cost);
-    const p::Deadline deadline{std::chrono::steady_clock::now() +
-                               std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                                   std::chrono::duration<double>(a.max_plan_seconds))};
+    const p::Deadline deadline{
+        std::chrono::steady_clock::now() +
+        std::chrono::duration_cast<std::chrono::steady_clock::duration>(limit)};
     absl::Status s =
         requests::AnswerPlanModel(request, planner, profile.profile, &response, deadline);
     if (!s.ok()) return InFile(a.model, s);

@@ -256,7 +256,7 @@ absl::StatusOr<ProfileStore::Measurements> ProfileStore::ReadMeasurements(
   const std::string path = MeasurementPath(profile_name);
   Measurements out;
   std::error_code ec;
-  if (!std::filesystem::exists(path, ec) || newest == 0) return out;
+  if (!std::filesystem::exists(path, ec)) return out;
   std::ifstream in(path, std::ios::binary);
   if (!in) return absl::InternalError(Cat(path, ": cannot open: ", std::strerror(errno)));
   std::deque<std::string> window;
@@ -264,6 +264,7 @@ absl::StatusOr<ProfileStore::Measurements> ProfileStore::ReadMeasurements(
   while (std::getline(in, line)) {
     if (line.empty()) continue;
     ++out.total;
+    if (newest == 0) continue;  // counted, not kept
     if (window.size() == newest) window.pop_front();
     window.push_back(std::move(line));
     line.clear();

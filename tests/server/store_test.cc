@@ -137,6 +137,10 @@ TEST_F(StoreTest, ReadMeasurementsReturnsTheNewestLinesAndTheTotal) {
   ASSERT_EQ(all->lines.size(), 5u);
   EXPECT_EQ(all->lines.front(), "{\"a\":1}");
   EXPECT_EQ(all->total, 5u);
+  absl::StatusOr<ProfileStore::Measurements> count = store->ReadMeasurements("lab", 0);
+  ASSERT_TRUE(count.ok()) << count.status();
+  EXPECT_TRUE(count->lines.empty());
+  EXPECT_EQ(count->total, 5u) << "counted, not kept";
 }
 
 TEST_F(StoreTest, PutIsDurableAndVersioned) {
