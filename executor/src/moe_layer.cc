@@ -101,6 +101,12 @@ namespace internal {
 absl::StatusOr<std::unique_ptr<MoeLayerOps>> MoeLayerOps::Create(
     const planner::LayerConfig& layer, const planner::OpGraph& plan, int instance, int block,
     const RunOptions& options, const RankGroups* groups, Device* device, Kernels* kernels) {
+  if (layer.gated_linear_unit) {
+    // Planned, not yet executable: the kernels run GELU experts.
+    return absl::UnimplementedError(
+        "gated_linear_unit: the executor's experts are GELU FFNs; SwiGLU experts are planned "
+        "but not run");
+  }
   std::unique_ptr<MoeLayerOps> ops(new MoeLayerOps(layer, options, groups, device, kernels));
   MOEPLAN_RETURN_IF_ERROR(ops->Init(plan, instance, block));
   return ops;

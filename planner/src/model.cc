@@ -43,6 +43,117 @@ std::string ModelField(std::string_view msg) {
   return std::string(msg);
 }
 
+constexpr int kMaxMtpLayers = 16;
+
+absl::Status ValidateAttention(const ModelConfig& m) {
+  const std::string heads = Cat("num_attention_heads=", m.num_attention_heads);
+  if (m.kv_channels != 0) {
+    MOEPLAN_RETURN_IF_ERROR(CheckDim("kv_channels", m.kv_channels));
+  } else if (!m.multi_latent_attention) {
+    MOEPLAN_RETURN_IF_ERROR(Divides(
+        "num_attention_heads", "hidden_size (or set kv_channels, the head size)",
+        m.num_attention_heads, m.hidden_size, Cat(heads, ", hidden_size=", m.hidden_size)));
+  }
+  if (m.num_query_groups != 0) {
+    MOEPLAN_RETURN_IF_ERROR(CheckDim("num_query_groups", m.num_query_groups));
+    MOEPLAN_RETURN_IF_ERROR(Divides("num_query_groups",
+                                    "num_attention_heads (each key/value head serves a group)",
+                                    m.num_query_groups, m.num_attention_heads,
+                                    Cat("num_query_groups=", m.num_query_groups, ", ", heads)));
+  }
+  if (!m.multi_latent_attention) return absl::OkStatus();
+  if (m.num_query_groups != 0) {
+    return Bad("num_query_groups", "must be unset with multi_latent_attention",
+               Cat(m.num_query_groups));
+  }
+  if (m.kv_channels != 0) {
+    return Bad("kv_channels",
+               "must be unset with multi_latent_attention (its head sizes are qk_head_dim, "
+               "qk_pos_emb_head_dim and v_head_dim)",
+               Cat(m.kv_channels));
+  }
+  const MlaSpec& a = m.mla;
+  if (a.q_lora_rank != 0) {
+    MOEPLAN_RETURN_IF_ERROR(CheckDim("multi_latent_attention.q_lora_rank", a.q_lora_rank));
+  }
+  MOEPLAN_RETURN_IF_ERROR(CheckDim("multi_latent_attention.kv_lora_rank", a.kv_lora_rank));
+  MOEPLAN_RETURN_IF_ERROR(CheckDim("multi_latent_attention.qk_head_dim", a.qk_head_dim));
+  if (a.qk_pos_emb_head_dim < 0 || a.qk_pos_emb_head_dim > internal::kMaxDim) {
+    return Bad("multi_latent_attention.qk_pos_emb_head_dim",
+               Cat("must be between 0 and ", internal::kMaxDim), Cat(a.qk_pos_emb_head_dim));
+  }
+  return CheckDim("multi_latent_attention.v_head_dim", a.v_head_dim);
+}
+
+// The MoE layers' pattern, experts and routing (the layer rules on one rank
+// are ValidateModelMoeLayer's).
+absl::Status ValidateMoeRouting(const ModelConfig& m) {
+  const MoeSpec& e = m.moe;
+  if (!e.layer_pattern.empty()) {
+    if (e.layer_freq != 0) {
+      return Bad("moe.layer_freq", "must be unset (0) when moe.layer_pattern is given",
+                 Cat(e.layer_freq));
+    }
+    if (static_cast<int>(e.layer_pattern.size()) != m.num_layers) {
+      return Bad("moe.layer_pattern", "must have one entry per layer (num_layers)",
+                 Cat(e.layer_pattern.size(), " entries, num_layers=", m.num_layers));
+    }
+    if (m.NumMoeLayers() == 0) {
+      return Bad("moe.layer_pattern", "must mark at least one MoE layer (1)", "all 0");
+    }
+  } else if (e.layer_freq < 1 || e.layer_freq > kMaxLayers) {
+    return Bad("moe.layer_freq", Cat("must be between 1 and ", kMaxLayers), Cat(e.layer_freq));
+  }
+  MOEPLAN_RETURN_IF_ERROR(CheckDim("moe.num_experts", e.num_experts));
+  MOEPLAN_RETURN_IF_ERROR(CheckDim("moe.expert_ffn_hidden_size", e.expert_ffn_hidden_size));
+  if (e.shared_expert_ffn_hidden_size != 0) {
+    MOEPLAN_RETURN_IF_ERROR(
+        CheckDim("moe.shared_expert_ffn_hidden_size", e.shared_expert_ffn_hidden_size));
+    if (e.num_shared_experts < 1 || e.num_shared_experts > 64) {
+      return Bad("moe.num_shared_experts", "must be between 1 and 64 with a shared expert size",
+                 Cat(e.num_shared_experts));
+    }
+  } else if (e.num_shared_experts != 0) {
+    return Bad("moe.num_shared_experts", "needs moe.shared_expert_ffn_hidden_size (their size)",
+               Cat(e.num_shared_experts));
+  }
+  if (e.shared_expert_gate && e.shared_expert_ffn_hidden_size == 0) {
+    return Bad("moe.shared_expert_gate", "needs a shared expert (moe.shared_expert_ffn_hidden_size)",
+               "true");
+  }
+  if (e.gate == Gate::kSwitch && e.top_k != 1) {
+    return Bad("moe.top_k", "must be 1 with the switch gate", Cat(e.top_k));
+  }
+  if (e.router_num_groups != 0) {
+    const std::string got =
+        Cat("router_num_groups=", e.router_num_groups, ", num_experts=", e.num_experts);
+    MOEPLAN_RETURN_IF_ERROR(CheckDim("moe.router_num_groups", e.router_num_groups));
+    MOEPLAN_RETURN_IF_ERROR(Divides("moe.router_num_groups", "moe.num_experts",
+                                    e.router_num_groups, e.num_experts, got));
+    if (e.router_group_topk < 1 || e.router_group_topk > e.router_num_groups) {
+      return Bad("moe.router_group_topk", "must be between 1 and moe.router_num_groups",
+                 Cat("router_group_topk=", e.router_group_topk,
+                     ", router_num_groups=", e.router_num_groups));
+    }
+    const int64_t reachable = e.router_group_topk * (e.num_experts / e.router_num_groups);
+    if (e.top_k > reachable) {
+      return Bad("moe.top_k",
+                 "must be <= the experts of router_group_topk groups "
+                 "(router_group_topk * num_experts / router_num_groups)",
+                 Cat("top_k=", e.top_k, ", reachable=", reachable));
+    }
+  }
+  if (e.dropless && e.capacity_factor != 0.0) {
+    return Bad("moe.capacity_factor", "must be unset with moe.dropless (no capacity)",
+               Cat(e.capacity_factor));
+  }
+  if (e.router_force_load_balancing && e.token_skew != 1.0) {
+    return Bad("moe.token_skew", "must be unset or 1 with moe.router_force_load_balancing",
+               Cat(e.token_skew));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 std::string_view GateName(Gate g) {
@@ -57,6 +168,29 @@ std::string_view GateName(Gate g) {
   return "unknown";
 }
 
+std::string_view NormalizationName(Normalization n) {
+  return n == Normalization::kRmsNorm ? "RMSNorm" : "LayerNorm";
+}
+
+std::string_view PositionEmbeddingName(PositionEmbedding p) {
+  switch (p) {
+    case PositionEmbedding::kLearnedAbsolute:
+      return "learned_absolute";
+    case PositionEmbedding::kRope:
+      return "rope";
+    case PositionEmbedding::kNone:
+      return "none";
+  }
+  return "unknown";
+}
+
+int ModelConfig::NumMoeLayers() const {
+  if (moe.layer_pattern.empty()) return (num_layers + moe.layer_freq - 1) / moe.layer_freq;
+  int n = 0;
+  for (uint8_t v : moe.layer_pattern) n += v != 0;
+  return n;
+}
+
 LayerConfig ModelConfig::MoeLayer() const {
   LayerConfig l;
   l.name = name;
@@ -68,6 +202,9 @@ LayerConfig ModelConfig::MoeLayer() const {
   l.top_k = moe.top_k;
   l.capacity_factor = moe.capacity_factor;
   l.bytes_per_element = bytes_per_element;
+  l.dropless = moe.dropless;
+  l.token_skew = moe.token_skew;
+  l.gated_linear_unit = gated_linear_unit;
   l.parallel = parallel;
   return l;
 }
@@ -82,21 +219,16 @@ absl::Status ValidateModelShape(const ModelConfig& m) {
   MOEPLAN_RETURN_IF_ERROR(CheckDim("seq_length", m.seq_length));
   MOEPLAN_RETURN_IF_ERROR(CheckDim("micro_batch_size", m.micro_batch_size));
   if (m.vocab_size != 0) MOEPLAN_RETURN_IF_ERROR(CheckDim("vocab_size", m.vocab_size));
-  MOEPLAN_RETURN_IF_ERROR(Divides("num_attention_heads", "hidden_size", m.num_attention_heads,
-                                  m.hidden_size,
-                                  Cat("num_attention_heads=", m.num_attention_heads,
-                                      ", hidden_size=", m.hidden_size)));
-  if (m.moe.layer_freq < 1 || m.moe.layer_freq > kMaxLayers) {
-    return Bad("moe.layer_freq", Cat("must be between 1 and ", kMaxLayers), Cat(m.moe.layer_freq));
+  MOEPLAN_RETURN_IF_ERROR(ValidateAttention(m));
+  MOEPLAN_RETURN_IF_ERROR(ValidateMoeRouting(m));
+  if (m.mtp_num_layers < 0 || m.mtp_num_layers > kMaxMtpLayers) {
+    return Bad("mtp_num_layers", Cat("must be between 0 and ", kMaxMtpLayers),
+               Cat(m.mtp_num_layers));
   }
-  MOEPLAN_RETURN_IF_ERROR(CheckDim("moe.num_experts", m.moe.num_experts));
-  MOEPLAN_RETURN_IF_ERROR(CheckDim("moe.expert_ffn_hidden_size", m.moe.expert_ffn_hidden_size));
-  if (m.moe.shared_expert_ffn_hidden_size != 0) {
-    MOEPLAN_RETURN_IF_ERROR(
-        CheckDim("moe.shared_expert_ffn_hidden_size", m.moe.shared_expert_ffn_hidden_size));
-  }
-  if (m.moe.gate == Gate::kSwitch && m.moe.top_k != 1) {
-    return Bad("moe.top_k", "must be 1 with the switch gate", Cat(m.moe.top_k));
+  if (m.mtp_num_layers > 0 && m.vocab_size == 0) {
+    return Bad("mtp_num_layers",
+               "needs vocab_size (each depth embeds the next tokens and predicts them)",
+               Cat(m.mtp_num_layers));
   }
   if (m.global_batch_size < 0 || m.global_batch_size > (int64_t{1} << 24)) {
     return Bad("global_batch_size", "must be between 0 (micro_batch_size * parallel.dp) and 2^24",

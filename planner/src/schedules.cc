@@ -66,32 +66,36 @@ class Kernels {
   // A local split copies its slice: read + write.
   double Split(double slice_bytes) const { return c_.MemoryBoundUs(2.0 * slice_bytes); }
 
-  // Expert FFN shard on `rows` tokens per local expert: [rows x M]·[M x H'] and
-  // [rows x H']·[H' x M] for each of E / ep local experts, plus the activation.
+  // Expert FFN shard on `rows` tokens per local expert: [rows x M]·[M x gH'] and
+  // [rows x H']·[H' x M] for each of E / ep local experts, plus the activation
+  // (g = 2 with a gated linear unit: the first GEMM projects to gate and up,
+  // silu(gate) * up reads both and writes H').
   int64_t LocalExperts() const { return l_.num_experts / l_.parallel.ep; }
   int64_t Shard() const { return l_.hidden_dim / l_.parallel.esp; }
+  int64_t Glu() const { return l_.gated_linear_unit ? 2 : 1; }
   double ActBytes(int64_t rows) const {
     return static_cast<double>(LocalExperts()) * rows * Shard() * b_;
   }
   double ExpertFwd(int64_t rows) const {
     const int64_t h = Shard(), m = l_.model_dim;
-    return LocalExperts() * (c_.GemmUs(rows, h, m) + c_.GemmUs(rows, m, h)) +
-           c_.ActivationUs(2.0 * ActBytes(rows), /*backward=*/false);
+    return LocalExperts() * (c_.GemmUs(rows, Glu() * h, m) + c_.GemmUs(rows, m, h)) +
+           c_.ActivationUs((1.0 + Glu()) * ActBytes(rows), /*backward=*/false);
   }
-  // Input gradients: the two GEMMs transposed, and the activation backward.
+  // Input gradients: the two GEMMs transposed, and the activation backward
+  // (reads its input and the output gradient, writes the input gradient).
   double ExpertDx(int64_t rows) const {
     const int64_t h = Shard(), m = l_.model_dim;
-    return LocalExperts() * (c_.GemmUs(rows, h, m) + c_.GemmUs(rows, m, h)) +
-           c_.ActivationUs(3.0 * ActBytes(rows), /*backward=*/true);
+    return LocalExperts() * (c_.GemmUs(rows, h, m) + c_.GemmUs(rows, m, Glu() * h)) +
+           c_.ActivationUs((1.0 + 2.0 * Glu()) * ActBytes(rows), /*backward=*/true);
   }
-  // Weight gradients: dW2 = A^T·dY [H' x M], dW1 = X^T·dA [M x H'], reducing over rows.
+  // Weight gradients: dW2 = A^T·dY [H' x M], dW1 = X^T·dA [M x gH'], reducing over rows.
   double ExpertDw(int64_t rows) const {
     const int64_t h = Shard(), m = l_.model_dim;
-    return LocalExperts() * (c_.GemmUs(h, m, rows) + c_.GemmUs(m, h, rows));
+    return LocalExperts() * (c_.GemmUs(h, m, rows) + c_.GemmUs(m, Glu() * h, rows));
   }
   double ExpertBytes(int64_t rows) const {
     return static_cast<double>(LocalExperts()) * rows * l_.model_dim * b_ * 2.0 +
-           2.0 * ActBytes(rows);
+           (1.0 + Glu()) * ActBytes(rows);
   }
   // Dropless token skew scales the heaviest rank's expert-side rows (a padded
   // buffer holds T rows however the tokens were routed).

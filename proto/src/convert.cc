@@ -71,6 +71,7 @@ absl::StatusOr<p::LayerConfig> LayerFromProto(const v1::LayerConfig& m) {
   l.bytes_per_element = m.has_bytes_per_element() ? m.bytes_per_element() : 2;
   l.token_skew = m.has_token_skew() ? m.token_skew() : 1.0;
   l.dropless = m.dropless();
+  l.gated_linear_unit = m.gated_linear_unit();
   MOEPLAN_ASSIGN_OR_RETURN(l.parallel, ParallelFromProto(m.parallel()));
   return l;
 }
@@ -89,6 +90,7 @@ v1::LayerConfig LayerToProto(const p::LayerConfig& l) {
   m.set_bytes_per_element(l.bytes_per_element);
   m.set_token_skew(l.token_skew);
   m.set_dropless(l.dropless);
+  m.set_gated_linear_unit(l.gated_linear_unit);
   v1::ParallelLayout* par = m.mutable_parallel();
   par->set_mp(l.parallel.mp);
   par->set_ep(l.parallel.ep);

@@ -54,12 +54,36 @@ absl::StatusOr<p::ModelConfig> ModelFromProto(const v1::ModelConfig& m) {
   out.bytes_per_element = m.has_bytes_per_element() ? m.bytes_per_element() : 2;
   const v1::MoeConfig& moe = m.moe();
   out.moe.layer_freq = moe.layer_freq();
+  for (int i = 0; i < moe.layer_pattern_size(); ++i) {
+    const int32_t v = moe.layer_pattern(i);
+    if (v != 0 && v != 1) {
+      return absl::InvalidArgumentError(
+          Cat("moe.layer_pattern[", i, "]: must be 0 (dense) or 1 (MoE) (got ", v, ")"));
+    }
+    out.moe.layer_pattern.push_back(static_cast<uint8_t>(v));
+  }
   out.moe.num_experts = moe.num_experts();
   out.moe.top_k = moe.top_k();
   out.moe.capacity_factor = moe.capacity_factor();
   out.moe.expert_ffn_hidden_size = moe.expert_ffn_hidden_size();
   out.moe.shared_expert_ffn_hidden_size =
       moe.has_shared_expert_ffn_hidden_size() ? moe.shared_expert_ffn_hidden_size() : 0;
+  out.moe.num_shared_experts = moe.has_num_shared_experts()
+                                   ? moe.num_shared_experts()
+                                   : (out.moe.shared_expert_ffn_hidden_size > 0 ? 1 : 0);
+  out.moe.shared_expert_gate = moe.shared_expert_gate();
+  out.moe.router_num_groups = moe.has_router_num_groups() ? moe.router_num_groups() : 0;
+  out.moe.router_group_topk = moe.has_router_group_topk() ? moe.router_group_topk() : 0;
+  if (moe.has_router_num_groups() != moe.has_router_group_topk()) {
+    return absl::InvalidArgumentError(
+        Cat(moe.has_router_num_groups() ? "moe.router_group_topk" : "moe.router_num_groups",
+            ": must be set with ",
+            moe.has_router_num_groups() ? "moe.router_num_groups" : "moe.router_group_topk",
+            " (group-limited routing needs both) (got unset)"));
+  }
+  out.moe.dropless = moe.dropless();
+  out.moe.token_skew = moe.has_token_skew() ? moe.token_skew() : 1.0;
+  out.moe.router_force_load_balancing = moe.router_force_load_balancing();
   const p::Gate* gate = FromWire(kGates, moe.gate());
   if (gate == nullptr) {
     return absl::InvalidArgumentError(
@@ -69,6 +93,44 @@ absl::StatusOr<p::ModelConfig> ModelFromProto(const v1::ModelConfig& m) {
   out.moe.gate = *gate;
   MOEPLAN_ASSIGN_OR_RETURN(out.parallel, ParallelFromProto(m.parallel()));
   out.global_batch_size = m.has_global_batch_size() ? m.global_batch_size() : 0;
+  out.num_query_groups = m.has_num_query_groups() ? m.num_query_groups() : 0;
+  out.kv_channels = m.has_kv_channels() ? m.kv_channels() : 0;
+  out.gated_linear_unit = m.gated_linear_unit();
+  out.multi_latent_attention = m.has_multi_latent_attention();
+  if (out.multi_latent_attention) {
+    const v1::MultiLatentAttention& a = m.multi_latent_attention();
+    out.mla.q_lora_rank = a.has_q_lora_rank() ? a.q_lora_rank() : 0;
+    out.mla.kv_lora_rank = a.kv_lora_rank();
+    out.mla.qk_head_dim = a.qk_head_dim();
+    out.mla.qk_pos_emb_head_dim = a.qk_pos_emb_head_dim();
+    out.mla.v_head_dim = a.v_head_dim();
+  }
+  out.untie_embeddings_and_output_weights = m.untie_embeddings_and_output_weights();
+  out.mtp_num_layers = m.has_mtp_num_layers() ? m.mtp_num_layers() : 0;
+  out.add_qkv_bias = m.add_qkv_bias();
+  if (m.normalization().empty() || m.normalization() == "LayerNorm") {
+    out.normalization = p::Normalization::kLayerNorm;
+  } else if (m.normalization() == "RMSNorm") {
+    out.normalization = p::Normalization::kRmsNorm;
+  } else {
+    return absl::InvalidArgumentError(
+        Cat("normalization: must be \"LayerNorm\" or \"RMSNorm\" (got ",
+            "\"", Printable(m.normalization()), "\")"));
+  }
+  out.qk_layernorm = m.qk_layernorm();
+  out.add_bias_linear = m.has_add_bias_linear() ? m.add_bias_linear() : true;
+  const std::string& pe = m.position_embedding_type();
+  if (pe.empty() || pe == "learned_absolute") {
+    out.position_embedding_type = p::PositionEmbedding::kLearnedAbsolute;
+  } else if (pe == "rope") {
+    out.position_embedding_type = p::PositionEmbedding::kRope;
+  } else if (pe == "none") {
+    out.position_embedding_type = p::PositionEmbedding::kNone;
+  } else {
+    return absl::InvalidArgumentError(
+        Cat("position_embedding_type: must be \"learned_absolute\", \"rope\" or \"none\" (got \"",
+            Printable(pe), "\")"));
+  }
   return out;
 }
 
@@ -92,6 +154,21 @@ v1::ModelConfig ModelToProto(const p::ModelConfig& m) {
   moe->set_expert_ffn_hidden_size(static_cast<int32_t>(m.moe.expert_ffn_hidden_size));
   moe->set_shared_expert_ffn_hidden_size(static_cast<int32_t>(m.moe.shared_expert_ffn_hidden_size));
   moe->set_gate(ToWire(kGates, m.moe.gate, v1::GATE_UNSPECIFIED));
+  if (!m.moe.layer_pattern.empty()) {
+    moe->clear_layer_freq();
+    for (uint8_t v : m.moe.layer_pattern) moe->add_layer_pattern(v);
+  }
+  if (m.moe.shared_expert_ffn_hidden_size > 0) {
+    moe->set_num_shared_experts(static_cast<int32_t>(m.moe.num_shared_experts));
+  }
+  moe->set_shared_expert_gate(m.moe.shared_expert_gate);
+  if (m.moe.router_num_groups > 0) {
+    moe->set_router_num_groups(static_cast<int32_t>(m.moe.router_num_groups));
+    moe->set_router_group_topk(static_cast<int32_t>(m.moe.router_group_topk));
+  }
+  moe->set_dropless(m.moe.dropless);
+  if (m.moe.token_skew != 1.0) moe->set_token_skew(m.moe.token_skew);
+  moe->set_router_force_load_balancing(m.moe.router_force_load_balancing);
   v1::ParallelLayout* par = out.mutable_parallel();
   par->set_mp(m.parallel.mp);
   par->set_ep(m.parallel.ep);
@@ -99,6 +176,24 @@ v1::ModelConfig ModelToProto(const p::ModelConfig& m) {
   par->set_dp(m.parallel.dp);
   par->set_pp(m.parallel.pp);
   if (m.global_batch_size > 0) out.set_global_batch_size(static_cast<int32_t>(m.global_batch_size));
+  if (m.num_query_groups > 0) out.set_num_query_groups(static_cast<int32_t>(m.num_query_groups));
+  if (m.kv_channels > 0) out.set_kv_channels(static_cast<int32_t>(m.kv_channels));
+  out.set_gated_linear_unit(m.gated_linear_unit);
+  if (m.multi_latent_attention) {
+    v1::MultiLatentAttention* a = out.mutable_multi_latent_attention();
+    if (m.mla.q_lora_rank > 0) a->set_q_lora_rank(static_cast<int32_t>(m.mla.q_lora_rank));
+    a->set_kv_lora_rank(static_cast<int32_t>(m.mla.kv_lora_rank));
+    a->set_qk_head_dim(static_cast<int32_t>(m.mla.qk_head_dim));
+    a->set_qk_pos_emb_head_dim(static_cast<int32_t>(m.mla.qk_pos_emb_head_dim));
+    a->set_v_head_dim(static_cast<int32_t>(m.mla.v_head_dim));
+  }
+  out.set_untie_embeddings_and_output_weights(m.untie_embeddings_and_output_weights);
+  if (m.mtp_num_layers > 0) out.set_mtp_num_layers(m.mtp_num_layers);
+  out.set_add_qkv_bias(m.add_qkv_bias);
+  out.set_normalization(std::string(p::NormalizationName(m.normalization)));
+  out.set_qk_layernorm(m.qk_layernorm);
+  out.set_add_bias_linear(m.add_bias_linear);
+  out.set_position_embedding_type(std::string(p::PositionEmbeddingName(m.position_embedding_type)));
   return out;
 }
 

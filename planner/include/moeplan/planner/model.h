@@ -8,6 +8,7 @@
 #include <string>
 #include <string_view>
 #include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "moeplan/planner/types.h"
@@ -21,14 +22,43 @@ enum class Gate : uint8_t { kTopK = 0, kSwitch = 1, kBatchPrioritized = 2 };
 std::string_view GateName(Gate g);  // "top_k", "switch", "batch_prioritized"
 
 struct MoeSpec {
-  int layer_freq = 1;  // block i is an MoE block iff i % layer_freq == 0 (Megatron-LM)
+  // Block i is an MoE block iff i % layer_freq == 0 (Megatron-LM), unless
+  // layer_pattern is given: one entry per block, 1 for MoE (layer_freq 0).
+  int layer_freq = 1;
+  std::vector<uint8_t> layer_pattern;
   int64_t num_experts = 0;
   int64_t top_k = 1;
-  double capacity_factor = 1.0;
+  double capacity_factor = 1.0;  // 0 when dropless
   int64_t expert_ffn_hidden_size = 0;
-  int64_t shared_expert_ffn_hidden_size = 0;  // 0: no shared expert
+  int64_t shared_expert_ffn_hidden_size = 0;  // each shared expert's; 0: none
+  int64_t num_shared_experts = 0;             // 1 when a size is given and this is not
+  bool shared_expert_gate = false;            // a sigmoid gate scales their output (Qwen2)
+  int64_t router_num_groups = 0;              // group-limited routing; 0: none
+  int64_t router_group_topk = 0;
+  bool dropless = false;
+  double token_skew = 1.0;
+  bool router_force_load_balancing = false;
   Gate gate = Gate::kTopK;
+
+  // Every shared expert's FFN size together (Megatron-LM's
+  // moe_shared_expert_intermediate_size).
+  int64_t SharedFfnSize() const { return num_shared_experts * shared_expert_ffn_hidden_size; }
 };
+
+// Multi-head latent attention (DeepSeek-V2/V3). q_lora_rank 0: queries are
+// projected from the hidden state directly.
+struct MlaSpec {
+  int64_t q_lora_rank = 0;
+  int64_t kv_lora_rank = 0;
+  int64_t qk_head_dim = 0;
+  int64_t qk_pos_emb_head_dim = 0;
+  int64_t v_head_dim = 0;
+};
+
+enum class Normalization : uint8_t { kLayerNorm = 0, kRmsNorm = 1 };
+std::string_view NormalizationName(Normalization n);  // "LayerNorm", "RMSNorm"
+enum class PositionEmbedding : uint8_t { kLearnedAbsolute = 0, kRope = 1, kNone = 2 };
+std::string_view PositionEmbeddingName(PositionEmbedding p);  // "learned_absolute", "rope", "none"
 
 // One transformer as Megatron-LM users describe it. Sizes are element counts.
 struct ModelConfig {
@@ -44,14 +74,40 @@ struct ModelConfig {
   MoeSpec moe;
   ParallelLayout parallel;
   int64_t global_batch_size = 0;  // sequences per iteration; 0: micro_batch_size * parallel.dp
+  int64_t num_query_groups = 0;   // key/value heads (GQA); 0: num_attention_heads
+  int64_t kv_channels = 0;        // head size; 0: hidden_size / num_attention_heads
+  bool gated_linear_unit = false;  // SwiGLU FFNs (dense and experts)
+  bool multi_latent_attention = false;
+  MlaSpec mla;  // when multi_latent_attention
+  bool untie_embeddings_and_output_weights = false;
+  int mtp_num_layers = 0;
+  bool add_qkv_bias = false;
+  Normalization normalization = Normalization::kLayerNorm;
+  bool qk_layernorm = false;
+  bool add_bias_linear = true;
+  PositionEmbedding position_embedding_type = PositionEmbedding::kLearnedAbsolute;
 
-  bool IsMoeBlock(int block) const { return block % moe.layer_freq == 0; }
-  int NumMoeLayers() const { return (num_layers + moe.layer_freq - 1) / moe.layer_freq; }
+  bool IsMoeBlock(int block) const {
+    if (!moe.layer_pattern.empty()) {
+      return block >= 0 && block < static_cast<int>(moe.layer_pattern.size()) &&
+             moe.layer_pattern[static_cast<size_t>(block)] != 0;
+    }
+    return block % moe.layer_freq == 0;
+  }
+  int NumMoeLayers() const;
   // The MoE layer every MoE block runs (a LayerConfig for the schedule builders).
   LayerConfig MoeLayer() const;
   int64_t GlobalBatch() const {
     return global_batch_size > 0 ? global_batch_size : micro_batch_size * parallel.dp;
   }
+  int64_t QueryGroups() const {
+    return num_query_groups > 0 ? num_query_groups : num_attention_heads;
+  }
+  int64_t HeadDim() const {
+    return kv_channels > 0 ? kv_channels : hidden_size / num_attention_heads;
+  }
+  // The FFNs' first GEMM's output over the FFN size: 2 with a gated linear unit.
+  int64_t FfnInputFactor() const { return gated_linear_unit ? 2 : 1; }
 };
 
 // Field rules, errors InvalidArgument "<json field>: <rule> (got ...)" with the
@@ -85,21 +141,37 @@ RankParams BlockParams(const ModelConfig& model, int block);
 
 template <typename H>
 H AbslHashValue(H h, const MoeSpec& s) {
-  const auto& [layer_freq, num_experts, top_k, capacity_factor, expert_ffn_hidden_size,
-               shared_expert_ffn_hidden_size, gate] = s;
-  return H::combine(std::move(h), layer_freq, num_experts, top_k, capacity_factor,
-                    expert_ffn_hidden_size, shared_expert_ffn_hidden_size,
-                    static_cast<uint8_t>(gate));
+  const auto& [layer_freq, layer_pattern, num_experts, top_k, capacity_factor,
+               expert_ffn_hidden_size, shared_expert_ffn_hidden_size, num_shared_experts,
+               shared_expert_gate, router_num_groups, router_group_topk, dropless, token_skew,
+               router_force_load_balancing, gate] = s;
+  return H::combine(std::move(h), layer_freq, layer_pattern, num_experts, top_k, capacity_factor,
+                    expert_ffn_hidden_size, shared_expert_ffn_hidden_size, num_shared_experts,
+                    shared_expert_gate, router_num_groups, router_group_topk, dropless,
+                    token_skew, router_force_load_balancing, static_cast<uint8_t>(gate));
+}
+
+template <typename H>
+H AbslHashValue(H h, const MlaSpec& s) {
+  const auto& [q_lora_rank, kv_lora_rank, qk_head_dim, qk_pos_emb_head_dim, v_head_dim] = s;
+  return H::combine(std::move(h), q_lora_rank, kv_lora_rank, qk_head_dim, qk_pos_emb_head_dim,
+                    v_head_dim);
 }
 
 template <typename H>
 H AbslHashValue(H h, const ModelConfig& m) {
   const auto& [name, num_layers, hidden_size, num_attention_heads, ffn_hidden_size, seq_length,
-               micro_batch_size, vocab_size, bytes_per_element, moe, parallel,
-               global_batch_size] = m;
+               micro_batch_size, vocab_size, bytes_per_element, moe, parallel, global_batch_size,
+               num_query_groups, kv_channels, gated_linear_unit, multi_latent_attention, mla,
+               untie_embeddings_and_output_weights, mtp_num_layers, add_qkv_bias, normalization,
+               qk_layernorm, add_bias_linear, position_embedding_type] = m;
   return H::combine(std::move(h), name, num_layers, hidden_size, num_attention_heads,
                     ffn_hidden_size, seq_length, micro_batch_size, vocab_size, bytes_per_element,
-                    moe, parallel, global_batch_size);
+                    moe, parallel, global_batch_size, num_query_groups, kv_channels,
+                    gated_linear_unit, multi_latent_attention, mla,
+                    untie_embeddings_and_output_weights, mtp_num_layers, add_qkv_bias,
+                    static_cast<uint8_t>(normalization), qk_layernorm, add_bias_linear,
+                    static_cast<uint8_t>(position_embedding_type));
 }
 
 }  // namespace moeplan::planner

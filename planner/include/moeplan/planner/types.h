@@ -47,6 +47,9 @@ struct LayerConfig {
   // get exactly what was routed to them (irregular AlltoAll); capacity_factor
   // is unused.
   bool dropless = false;
+  // SwiGLU experts: the first GEMM projects to 2 x hidden_dim (gate and up),
+  // silu(gate) * up brings it back to hidden_dim.
+  bool gated_linear_unit = false;
   ParallelLayout parallel;
 };
 
