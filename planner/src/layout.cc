@@ -47,11 +47,21 @@ absl::Status ValidateDegrees(const ModelConfig& m, const Layout& l, const Cluste
   if (m.vocab_size > 0) {
     MOEPLAN_RETURN_IF_ERROR(MustDivide("layout.tp", "vocab_size", l.tp, m.vocab_size));
   }
-  if (m.moe.shared_expert_ffn_hidden_size > 0) {
-    MOEPLAN_RETURN_IF_ERROR(MustDivide("layout.tp", "moe.shared_expert_ffn_hidden_size", l.tp,
-                                       m.moe.shared_expert_ffn_hidden_size));
+  if (m.moe.SharedFfnSize() > 0) {
+    MOEPLAN_RETURN_IF_ERROR(MustDivide("layout.tp",
+                                       "the shared experts' size (moe.num_shared_experts * "
+                                       "moe.shared_expert_ffn_hidden_size)",
+                                       l.tp, m.moe.SharedFfnSize()));
   }
-  MOEPLAN_RETURN_IF_ERROR(MustDivide("layout.pp", "num_layers", l.pp, m.num_layers));
+  if (m.num_query_groups > 0) {
+    MOEPLAN_RETURN_IF_ERROR(MustDivide("layout.tp", "num_query_groups (Megatron TP splits the "
+                                       "key/value heads)", l.tp, m.num_query_groups));
+  }
+  if (l.pp > m.num_layers) {
+    // Stages need not hold equal numbers of layers (ChunkOptions), but each
+    // holds one at least.
+    return Bad("layout.pp", Cat("must be <= num_layers (", m.num_layers, ")"), Cat(l.pp));
+  }
   MOEPLAN_RETURN_IF_ERROR(MustDivide("layout.ep", "moe.num_experts", l.ep, m.moe.num_experts));
   MOEPLAN_RETURN_IF_ERROR(
       MustDivide("layout.esp", "moe.expert_ffn_hidden_size", l.esp, m.moe.expert_ffn_hidden_size));
@@ -134,9 +144,10 @@ absl::Status ValidatePipeline(const ModelConfig& m, const Layout& l, int64_t glo
       return Bad("layout.pipeline", "interleaved needs pp >= 2 and virtual_stages >= 2",
                  Cat("pp=", l.pp, ", virtual_stages=", v));
     }
-    if (m.num_layers % (l.pp * v) != 0) {
+    if (l.pp * v > m.num_layers) {
       return Bad("layout.virtual_stages",
-                 Cat("pp*virtual_stages must divide num_layers (", m.num_layers, ")"),
+                 Cat("pp*virtual_stages must be <= num_layers (", m.num_layers,
+                     "): every model chunk holds a layer"),
                  Cat("pp=", l.pp, ", virtual_stages=", v));
     }
     if (l.microbatches % l.pp != 0) {
@@ -245,11 +256,13 @@ namespace internal {
 
 StageOptions ChunkOptions(const ModelConfig& m, const Layout& l, int stage, int chunk) {
   const int v = std::max(1, l.virtual_stages);
-  const int per = m.num_layers / (l.pp * v);
+  // Chunk i of n holds layers [i L / n, (i + 1) L / n): equal when n divides
+  // L, else each chunk floor(L / n) or one more, spread evenly.
+  const int64_t n = int64_t{l.pp} * v, L = m.num_layers;
   const int index = chunk * l.pp + stage;
   StageOptions o;
-  o.first_block = index * per;
-  o.end_block = o.first_block + per;
+  o.first_block = static_cast<int>(index * L / n);
+  o.end_block = static_cast<int>((index + 1) * L / n);
   o.embed = index == 0;
   o.head = index == l.pp * v - 1;
   o.local_dispatch = l.family == Family::kPpMoe;

@@ -79,6 +79,18 @@ MemoryBreakdown StageMemory(const ModelConfig& model, const Layout& l, int64_t m
   // its own E/ep experts when the dispatch is local (PPMoE).
   const double rows = l.family == Family::kPpMoe ? E / l.ep * cap : E * cap;
   const double shard = static_cast<double>(m.moe.expert_ffn_hidden_size) / l.esp;
+  const double glu = static_cast<double>(m.FfnInputFactor());
+  const RankDims dm = DimsOf(m);
+  const double hp = static_cast<double>(dm.heads), qk = static_cast<double>(dm.qk);
+  const double dv = static_cast<double>(dm.v), kvh = static_cast<double>(dm.groups);
+  // What attention keeps per token on a rank, in 2-byte units: Q and K for
+  // the scores, V and the output projection's input (MHA: 8M/t); MLA also
+  // keeps its latents (the norms' and up projections' inputs).
+  double attn_kept = 2.0 * (hp * qk + kvh * qk + kvh * dv + hp * dv);
+  if (m.multi_latent_attention) {
+    attn_kept = 2.0 * (2.0 * hp * qk + 2.0 * hp * dv) +
+                4.0 * static_cast<double>(dm.q_lora + dm.kv_lora + dm.rope);
+  }
   RankParams params;
   double act = 0.0, largest_block = 0.0, buffers = 0.0;
   for (int c = 0; c < v; ++c) {
@@ -86,25 +98,36 @@ MemoryBreakdown StageMemory(const ModelConfig& model, const Layout& l, int64_t m
     const RankParams p = StageParams(m, so);
     params.dense += p.dense;
     params.expert += p.expert;
-    for (int blk = so.first_block; blk < so.end_block; ++blk) {
+    auto add_block = [&](int blk) {
       // Korthikanti et al. 2022 (eq. 2, tensor parallel without sequence
       // parallelism), in 2-byte units: sbh(10 + 24/t) + 5as^2b/t; the MLP's
       // t-split 16sbh/t is replaced by the MoE's own tensors in MoE blocks.
-      double block = S * M * (10.0 + 8.0 / t) + 5.0 * a * L * S / t;
+      // Generalised to other head counts and sizes (attn_kept), gated FFNs
+      // (the first GEMM's output and the activation's: (g + 1) f) and fused
+      // attention (no s^2 term).
+      double block = S * (10.0 * M + attn_kept) + (m.FusedAttention() ? 0.0 : 5.0 * a * L * S / t);
       if (m.IsMoeBlock(blk)) {
-        block += (S * E * 4.0 + rows * (M + 2.0 * shard) * e +
-                  2.0 * S * static_cast<double>(m.moe.shared_expert_ffn_hidden_size) / t * e) /
+        block += (S * E * 4.0 + rows * (M + (1.0 + glu) * shard) * e +
+                  S * static_cast<double>(dm.shared_in + dm.shared) * e) /
                  (e / 2.0);
         buffers = std::max(buffers, 2.0 * rows * M * e);
       } else {
-        block += 16.0 * S * M / t;
+        block += 2.0 * S * static_cast<double>(dm.ffn_in + dm.ffn);
       }
       block *= e / 2.0;
       largest_block = std::max(largest_block, block);
       act += l.recompute ? S * M * e : block;
+    };
+    for (int blk = so.first_block; blk < so.end_block; ++blk) add_block(blk);
+    // The last chunk also runs the MTP depths (blocks num_layers on).
+    if (so.head && m.vocab_size > 0) {
+      for (int d = 0; d < m.mtp_num_layers; ++d) add_block(m.num_layers + d);
     }
     if (m.vocab_size > 0 && so.embed) act += S * M * e;
-    if (m.vocab_size > 0 && so.head) act += S * static_cast<double>(m.vocab_size) / t * (e + 4.0);
+    if (m.vocab_size > 0 && so.head) {
+      // The logits and their fp32 loss, of the main output layer and each MTP depth's.
+      act += (1.0 + m.mtp_num_layers) * S * static_cast<double>(m.vocab_size) / t * (e + 4.0);
+    }
   }
   r.activation_per_microbatch = act;
   r.activations = act * in_flight + (l.recompute ? largest_block : 0.0);

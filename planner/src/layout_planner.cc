@@ -13,6 +13,7 @@
 #include "layout_planner_internal.h"
 #include "moeplan/base/status.h"
 #include "moeplan/base/strings.h"
+#include "moeplan/planner/accounting.h"
 #include "moeplan/planner/layout_memory.h"
 
 namespace moeplan::planner {
@@ -181,7 +182,12 @@ absl::Status LayoutPlanner::Impl::Run(const ModelConfig& model, const Layout& l,
   out->micro_batch_size = mbs;
   out->iteration_us = pr.makespan_us;
   const double tokens = static_cast<double>(model.GlobalBatch()) * model.seq_length;
-  out->tokens_per_s_per_gpu = tokens / (pr.makespan_us * 1e-6) / l.Gpus();
+  const Throughput tp =
+      ThroughputOf(FlopsPerToken(model), tokens, pr.makespan_us, l.Gpus(),
+                   DensePeakTflops(cost.profile(), model.bytes_per_element));
+  out->tokens_per_s_per_gpu = tp.tokens_per_s_per_gpu;
+  out->tflops_per_gpu = tp.tflops_per_gpu;
+  out->mfu = tp.mfu;
   out->bubble_us = pr.bubble_us;
   out->bubble_fraction = pr.makespan_us > 0.0 ? pr.bubble_us / pr.makespan_us : 0.0;
   Breakdown(l, spec, pr, chunks, out);

@@ -59,7 +59,14 @@ std::vector<Layout> EnumerateLayouts(const ModelConfig& model, std::span<const F
   const bool has_parm = std::count(families.begin(), families.end(), Family::kParm) > 0;
   std::vector<Layout> layouts;
   for (int tp : Divisors(g, g)) {
-    for (int pp : Divisors(model.num_layers, gpus / tp)) {
+    // Stages of equal layers (pp | num_layers) and, where the GPUs allow,
+    // uneven ones (pp | gpus / tp: a 61-layer model on 2^k GPUs).
+    std::vector<int> pps = Divisors(model.num_layers, gpus / tp);
+    for (int pp : Divisors(gpus / tp, model.num_layers)) {
+      if (std::find(pps.begin(), pps.end(), pp) == pps.end()) pps.push_back(pp);
+    }
+    std::sort(pps.begin(), pps.end());
+    for (int pp : pps) {
       if (gpus % (tp * pp) != 0) continue;
       const int dp = gpus / (tp * pp);
       for (Family f : families) {
@@ -134,7 +141,7 @@ absl::Status EnumerateCandidates(const ModelConfig& model, std::span<const Layou
             l.pipeline = ps;
             l.virtual_stages = v;
             if (ps == PipelineSchedule::kInterleaved &&
-                (base.pp < 2 || m % base.pp != 0 || model.num_layers % (base.pp * v) != 0)) {
+                (base.pp < 2 || m % base.pp != 0 || base.pp * v > model.num_layers)) {
               continue;
             }
             // Enumeration alone can take seconds on the largest searches.

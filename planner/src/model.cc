@@ -109,8 +109,8 @@ absl::Status ValidateMoeRouting(const ModelConfig& m) {
   if (e.shared_expert_ffn_hidden_size != 0) {
     MOEPLAN_RETURN_IF_ERROR(
         CheckDim("moe.shared_expert_ffn_hidden_size", e.shared_expert_ffn_hidden_size));
-    if (e.num_shared_experts < 1 || e.num_shared_experts > 64) {
-      return Bad("moe.num_shared_experts", "must be between 1 and 64 with a shared expert size",
+    if (e.num_shared_experts < 0 || e.num_shared_experts > 64) {
+      return Bad("moe.num_shared_experts", "must be between 1 and 64 (unset: 1)",
                  Cat(e.num_shared_experts));
     }
   } else if (e.num_shared_experts != 0) {
@@ -170,6 +170,18 @@ std::string_view GateName(Gate g) {
 
 std::string_view NormalizationName(Normalization n) {
   return n == Normalization::kRmsNorm ? "RMSNorm" : "LayerNorm";
+}
+
+std::string_view AttentionBackendName(AttentionBackend a) {
+  switch (a) {
+    case AttentionBackend::kUnfused:
+      return "unfused";
+    case AttentionBackend::kFlash:
+      return "flash";
+    case AttentionBackend::kFused:
+      return "fused";
+  }
+  return "unknown";
 }
 
 std::string_view PositionEmbeddingName(PositionEmbedding p) {
@@ -265,33 +277,24 @@ absl::Status ValidateModel(const ModelConfig& m, const ClusterShape& c) {
                                   Cat(mp, ", num_attention_heads=", m.num_attention_heads)));
   MOEPLAN_RETURN_IF_ERROR(Divides("parallel.mp", "ffn_hidden_size", p.mp, m.ffn_hidden_size,
                                   Cat(mp, ", ffn_hidden_size=", m.ffn_hidden_size)));
-  if (m.moe.shared_expert_ffn_hidden_size != 0) {
-    MOEPLAN_RETURN_IF_ERROR(Divides("parallel.mp", "moe.shared_expert_ffn_hidden_size", p.mp,
-                                    m.moe.shared_expert_ffn_hidden_size,
-                                    Cat(mp, ", shared_expert_ffn_hidden_size=",
-                                        m.moe.shared_expert_ffn_hidden_size)));
+  if (m.moe.SharedFfnSize() != 0) {
+    MOEPLAN_RETURN_IF_ERROR(Divides("parallel.mp",
+                                    "the shared experts' size (moe.num_shared_experts * "
+                                    "moe.shared_expert_ffn_hidden_size)",
+                                    p.mp, m.moe.SharedFfnSize(),
+                                    Cat(mp, ", shared experts' size=", m.moe.SharedFfnSize())));
+  }
+  if (m.num_query_groups != 0) {
+    MOEPLAN_RETURN_IF_ERROR(Divides("parallel.mp",
+                                    "num_query_groups (Megatron TP splits the key/value heads)",
+                                    p.mp, m.num_query_groups,
+                                    Cat(mp, ", num_query_groups=", m.num_query_groups)));
   }
   if (m.vocab_size != 0) {
     MOEPLAN_RETURN_IF_ERROR(Divides("parallel.mp", "vocab_size (the LM head is split by vocab)",
                                     p.mp, m.vocab_size, Cat(mp, ", vocab_size=", m.vocab_size)));
   }
   return absl::OkStatus();
-}
-
-RankParams BlockParams(const ModelConfig& m, int block) {
-  const double M = static_cast<double>(m.hidden_size), t = m.parallel.mp;
-  const double attention = 3 * M * M / t + 3 * M / t + M * M / t + M + 4 * M;
-  RankParams r;
-  if (!m.IsMoeBlock(block)) {
-    const double f = static_cast<double>(m.ffn_hidden_size) / t;
-    r.dense = attention + 2 * M * f + f + M;
-    return r;
-  }
-  r.dense = attention + M * static_cast<double>(m.moe.num_experts) +
-            2 * M * static_cast<double>(m.moe.shared_expert_ffn_hidden_size) / t;
-  r.expert = static_cast<double>(m.moe.num_experts / m.parallel.ep) * 2.0 * M *
-             static_cast<double>(m.moe.expert_ffn_hidden_size / m.parallel.esp);
-  return r;
 }
 
 }  // namespace moeplan::planner

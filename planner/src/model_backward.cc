@@ -30,27 +30,40 @@ class BackwardEmitter {
       : s_(s),
         m_(*s.m),
         detach_(detach),
+        dm_(s.dims),
         S_(m_.micro_batch_size * m_.seq_length),
         Bq_(m_.micro_batch_size),
         M_(m_.hidden_size),
         L_(m_.seq_length),
         t_(m_.parallel.mp),
-        hp_(m_.num_attention_heads / t_),
-        d_(M_ / m_.num_attention_heads),
-        f_(m_.ffn_hidden_size / t_),
-        fs_(m_.moe.shared_expert_ffn_hidden_size / t_),
-        v_(m_.vocab_size / t_),
+        hp_(dm_.heads),
+        f_(dm_.ffn),
+        fs_(dm_.shared),
+        v_(dm_.vocab),
         e_(m_.bytes_per_element),
         sm_(static_cast<double>(S_) * M_ * e_),
         b_(s.cost, &s.g0) {}
 
   void Emit(Deps x) {
-    if (m_.vocab_size > 0 && s_.st.head) x = Head(x);
+    if (m_.vocab_size > 0 && s_.st.head) {
+      // The MTP depths in reverse (each: its output layer, block and input
+      // projection), then the main output layer.
+      for (int d = m_.mtp_num_layers - 1; d >= 0; --d) {
+        x = Head(x, /*mtp=*/true);
+        x = Block(m_.num_layers + d, x);
+        b_.Stamp(m_.num_layers + d, 0);
+        x = Linear("bwd.mtp_proj_dx", "bwd.mtp_proj_dw", 2 * M_, M_ / t_,
+                   2.0 * static_cast<double>(M_) * M_ / t_, x);
+        x = Mem("bwd.mtp_norm", 6.0 * sm_, x);
+        Param(2.0 * Norm(M_), x);
+      }
+      x = Head(x, /*mtp=*/false);
+    }
     for (int blk = s_.end_block - 1; blk >= s_.first_block; --blk) x = Block(blk, x);
     if (m_.vocab_size > 0 && s_.st.embed) {
       b_.Stamp(-1, 0);
       x = Mem("bwd.embed", 3.0 * sm_, x);
-      Param(static_cast<double>(v_) * M_ + static_cast<double>(L_) * M_, x);
+      Param((static_cast<double>(v_) + EmbeddingPositions(m_)) * M_, x);
     }
   }
 
@@ -84,7 +97,9 @@ class BackwardEmitter {
   }
 
   // The loss, LM head and final norm.
-  Deps Head(Deps x) {
+  // `mtp`: an MTP depth's, whose output layer is the main one's (its
+  // gradient adds to the same parameters) and whose norm is its own.
+  Deps Head(Deps x, bool mtp) {
     b_.Stamp(-1, 0);
     x = Mem("bwd.loss", 3.0 * e_ * S_ * v_, x);
     // The tied embedding's gradient completes at bwd.embed (below); a last
@@ -92,11 +107,13 @@ class BackwardEmitter {
     const Deps dx = Gemm("bwd.lm_head_dx", S_, M_, v_, x);
     const Deps dw = Gemm("bwd.lm_head_dw", v_, M_, S_, detach_ ? x : dx, kWeightGrad);
     s_.dw_ops.push_back(dw.a);
-    if (!s_.st.embed) Param(static_cast<double>(v_) * M_, dw);
+    if (!mtp && (!s_.st.embed || m_.untie_embeddings_and_output_weights)) {
+      Param(static_cast<double>(v_) * M_, dw);
+    }
     x = detach_ ? dx : dw;
     if (t_ > 1) x = AllReduce("bwd.lm_head_allreduce", x);
     x = Mem("bwd.ln_f", 3.0 * sm_, x);
-    Param(2.0 * M_, x);
+    Param(Norm(M_), x);
     return x;
   }
 
@@ -113,15 +130,26 @@ class BackwardEmitter {
     b_.Stamp(blk, 0);
     const Deps out_grad = x;
     x = m_.IsMoeBlock(blk) ? MoeBlock(blk, x) : DenseFfn(x);
-    Param(2.0 * M_, x);
+    Param(Norm(M_), x);
     x = Mem("bwd.residual2", 3.0 * sm_, Deps{x.a, out_grad.a});
     return Attention(x);
   }
 
+  double Norm(double width) const {
+    return m_.normalization == Normalization::kRmsNorm ? width : 2.0 * width;
+  }
+  // An activation's backward: reads its input (2x with a gated linear unit)
+  // and the output gradient, writes the input gradient.
+  double ActBackwardBytes(int64_t width) const {
+    return (1.0 + 2.0 * m_.FfnInputFactor()) * e_ * S_ * width;
+  }
+
   Deps DenseFfn(Deps x) {
-    x = Linear("bwd.fc2_dx", "bwd.fc2_dw", f_, M_, static_cast<double>(f_) * M_ + M_, x);
-    x = Mem("bwd.gelu", 3.0 * e_ * S_ * f_, x);
-    x = Linear("bwd.fc1_dx", "bwd.fc1_dw", M_, f_, static_cast<double>(M_) * f_ + f_, x);
+    const double bias = m_.add_bias_linear ? 1.0 : 0.0;
+    x = Linear("bwd.fc2_dx", "bwd.fc2_dw", f_, M_, static_cast<double>(f_) * M_ + bias * M_, x);
+    x = Mem(m_.gated_linear_unit ? "bwd.swiglu" : "bwd.gelu", ActBackwardBytes(f_), x);
+    x = Linear("bwd.fc1_dx", "bwd.fc1_dw", M_, dm_.ffn_in,
+               static_cast<double>(M_) * dm_.ffn_in + bias * dm_.ffn_in, x);
     if (t_ > 1) x = AllReduce("bwd.fc1_allreduce", x);
     return Mem("bwd.ln2", 3.0 * sm_, x);
   }
@@ -132,9 +160,9 @@ class BackwardEmitter {
     b_.Stamp(blk, kMoeScope);
     Deps z = Linear("bwd.shared_fc2_dx", "bwd.shared_fc2_dw", fs_, M_,
                     static_cast<double>(fs_) * M_, out_grad);
-    z = Mem("bwd.shared_act", 3.0 * e_ * S_ * fs_, z);
-    z = Linear("bwd.shared_fc1_dx", "bwd.shared_fc1_dw", M_, fs_, static_cast<double>(M_) * fs_,
-               z);
+    z = Mem("bwd.shared_act", ActBackwardBytes(fs_), z);
+    z = Linear("bwd.shared_fc1_dx", "bwd.shared_fc1_dw", M_, dm_.shared_in,
+               static_cast<double>(M_) * dm_.shared_in, z);
     if (t_ > 1) z = AllReduce("bwd.shared_allreduce", z);
     b_.Stamp(blk, 0);
     return z;
@@ -192,29 +220,78 @@ class BackwardEmitter {
   Deps Attention(Deps x) {
     const Deps mid = x;
     const CostModel& c = s_.cost;
-    x = Linear("bwd.proj_dx", "bwd.proj_dw", M_ / t_, M_, static_cast<double>(M_) * M_ / t_ + M_,
-               x);
-    // Two batched GEMMs of equal work (L x L x d and L x d x L): run as two
-    // of the first shape.
-    x = b_.Compute("bwd.attn_ctx", B, Term::kDense,
-                   c.BatchedGemmUs(Bq_ * hp_, L_, L_, d_) + c.BatchedGemmUs(Bq_ * hp_, L_, d_, L_),
-                   2.0 * e_ * Bq_ * hp_ * (2.0 * L_ * d_ + L_ * L_), x, 0,
-                   DenseGemm(L_, L_, d_, Bq_ * hp_, 2));
-    x = Mem("bwd.softmax", 3.0 * e_ * Bq_ * hp_ * L_ * L_, x);
-    x = b_.Compute("bwd.attn_score", B, Term::kDense, 2.0 * c.BatchedGemmUs(Bq_ * hp_, L_, d_, L_),
-                   2.0 * e_ * Bq_ * hp_ * (2.0 * L_ * d_ + L_ * L_), x, 0,
-                   DenseGemm(L_, d_, L_, Bq_ * hp_, 2));
-    x = Linear("bwd.qkv_dx", "bwd.qkv_dw", M_, 3 * M_ / t_, 3.0 * M_ * M_ / t_ + 3.0 * M_ / t_, x);
+    const int64_t qk = dm_.qk, dv = dm_.v;
+    x = Linear("bwd.proj_dx", "bwd.proj_dw", dm_.attn_out, M_,
+               static_cast<double>(M_) * dm_.attn_out + (m_.add_bias_linear ? M_ : 0), x);
+    if (m_.FusedAttention()) {
+      x = b_.Compute("bwd.flash_attn", B, Term::kDense,
+                     internal::kFlashBackwardRatio * internal::FlashAttentionUs(c, Bq_, hp_, L_, dm_),
+                     2.0 * e_ * Bq_ * hp_ * L_ * (2.0 * qk + 2.0 * dv), x, 0,
+                     DenseGemm(L_, L_, qk, Bq_ * hp_, 5));
+    } else {
+      x = CoreBackward(x);
+    }
+    x = m_.multi_latent_attention ? LatentProjections(x) : QkvProjection(x);
     if (t_ > 1) x = AllReduce("bwd.qkv_allreduce", x);
     x = Mem("bwd.ln1", 3.0 * sm_, x);
-    Param(2.0 * M_, x);
+    Param(Norm(M_), x);
     return Mem("bwd.residual1", 3.0 * sm_, Deps{x.a, mid.a});
+  }
+
+  // The unfused core's backward: context, softmax, scores.
+  Deps CoreBackward(Deps x) {
+    const CostModel& c = s_.cost;
+    const int64_t qk = dm_.qk, dv = dm_.v;
+    // dP = dO V^T (L x L x v) and dV = P^T dO (L x v x L).
+    x = b_.Compute("bwd.attn_ctx", B, Term::kDense,
+                   c.BatchedGemmUs(Bq_ * hp_, L_, L_, dv) + c.BatchedGemmUs(Bq_ * hp_, L_, dv, L_),
+                   2.0 * e_ * Bq_ * hp_ * (2.0 * L_ * dv + L_ * L_), x, 0,
+                   DenseGemm(L_, L_, dv, Bq_ * hp_, 2));
+    x = Mem("bwd.softmax", 3.0 * e_ * Bq_ * hp_ * L_ * L_, x);
+    // dQ = dS K (L x qk x L) and dK = dS^T Q (L x qk x L).
+    x = b_.Compute("bwd.attn_score", B, Term::kDense,
+                   2.0 * c.BatchedGemmUs(Bq_ * hp_, L_, qk, L_),
+                   2.0 * e_ * Bq_ * hp_ * (2.0 * L_ * qk + L_ * L_), x, 0,
+                   DenseGemm(L_, qk, L_, Bq_ * hp_, 2));
+    return x;
+  }
+
+  Deps QkvProjection(Deps x) {
+    if (m_.qk_layernorm) {
+      x = Mem("bwd.qk_norm", 3.0 * e_ * S_ * (hp_ + dm_.groups) * dm_.qk, x);
+      Param(2.0 * Norm(static_cast<double>(dm_.qk)), x);
+    }
+    const double bias = m_.add_qkv_bias || m_.add_bias_linear ? 1.0 : 0.0;
+    return Linear("bwd.qkv_dx", "bwd.qkv_dw", M_, dm_.qkv,
+                  static_cast<double>(M_) * dm_.qkv + bias * dm_.qkv, x);
+  }
+
+  // MLA's up projections (split over TP), then the down projections (whole
+  // on every rank) and their norms; the query and key/value paths join at
+  // the block input's gradient.
+  Deps LatentProjections(Deps x) {
+    Deps q = Linear("bwd.q_up_dx", "bwd.q_up_dw", dm_.q_lora > 0 ? dm_.q_lora : M_, dm_.q_up,
+                    static_cast<double>(dm_.q_lora > 0 ? dm_.q_lora : M_) * dm_.q_up, x);
+    if (dm_.q_lora > 0) {
+      q = Mem("bwd.q_norm", 3.0 * e_ * S_ * dm_.q_lora, q);
+      Param(Norm(static_cast<double>(dm_.q_lora)), q);
+      q = Linear("bwd.q_down_dx", "bwd.q_down_dw", M_, dm_.q_lora,
+                 static_cast<double>(M_) * dm_.q_lora, q);
+    }
+    Deps kv = Linear("bwd.kv_up_dx", "bwd.kv_up_dw", dm_.kv_lora, dm_.kv_up,
+                     static_cast<double>(dm_.kv_lora) * dm_.kv_up, x);
+    kv = Mem("bwd.kv_norm", 3.0 * e_ * S_ * dm_.kv_lora, kv);
+    Param(Norm(static_cast<double>(dm_.kv_lora)), kv);
+    kv = Linear("bwd.kv_down_dx", "bwd.kv_down_dw", M_, dm_.kv_lora + dm_.rope,
+                static_cast<double>(M_) * (dm_.kv_lora + dm_.rope), kv);
+    return Join("bwd.attn_in_join", {q.a, kv.a});
   }
 
   ModelPlanner::Impl& s_;
   const ModelConfig& m_;
   const bool detach_;
-  const int64_t S_, Bq_, M_, L_, t_, hp_, d_, f_, fs_, v_;
+  const RankDims& dm_;
+  const int64_t S_, Bq_, M_, L_, t_, hp_, f_, fs_, v_;
   const double e_, sm_;
   Builder b_;
 };

@@ -42,18 +42,38 @@ void ModelPlanner::Impl::BuildUnits() {
   int prev = -1;
   auto chain = [&](UnitKind k, int block) { return prev = add(k, block, prev); };
   if (m->vocab_size > 0 && st.embed) chain(UnitKind::kEmbed, -1);
-  for (int blk = first_block; blk < end_block; ++blk) {
-    for (UnitKind k : {UnitKind::kLn1, UnitKind::kQkv, UnitKind::kAttnScore, UnitKind::kSoftmax,
-                       UnitKind::kAttnCtx, UnitKind::kProj}) {
-      chain(k, blk);
+  auto block_units = [&](int blk) {
+    chain(UnitKind::kLn1, blk);
+    if (m->multi_latent_attention) {
+      // Queries and the key/value latent from the same input, side by side.
+      const int ln1 = prev;
+      if (m->mla.q_lora_rank > 0) {
+        chain(UnitKind::kQDown, blk);
+        chain(UnitKind::kQNorm, blk);
+      }
+      const int q = chain(UnitKind::kQUp, blk);
+      prev = ln1;
+      chain(UnitKind::kKvDown, blk);
+      chain(UnitKind::kKvNorm, blk);
+      const int kv = chain(UnitKind::kKvUp, blk);
+      prev = add(m->FusedAttention() ? UnitKind::kFlashAttn : UnitKind::kAttnScore, blk, q, kv);
+    } else {
+      chain(UnitKind::kQkv, blk);
+      if (m->qk_layernorm) chain(UnitKind::kQkNorm, blk);
+      chain(m->FusedAttention() ? UnitKind::kFlashAttn : UnitKind::kAttnScore, blk);
     }
+    if (!m->FusedAttention()) {
+      chain(UnitKind::kSoftmax, blk);
+      chain(UnitKind::kAttnCtx, blk);
+    }
+    chain(UnitKind::kProj, blk);
     if (t > 1) chain(UnitKind::kProjAllReduce, blk);
     chain(UnitKind::kResidual1, blk);
     const int ln2 = chain(UnitKind::kLn2, blk);
     if (m->IsMoeBlock(blk)) {
       const int route = chain(UnitKind::kMoeRoute, blk);
       int shared = -1;
-      if (m->moe.shared_expert_ffn_hidden_size > 0) {
+      if (m->moe.SharedFfnSize() > 0) {
         prev = ln2;  // the shared expert reads the layer input, beside the routed experts
         chain(UnitKind::kSharedFc1, blk);
         chain(UnitKind::kSharedAct, blk);
@@ -68,11 +88,23 @@ void ModelPlanner::Impl::BuildUnits() {
       if (t > 1) chain(UnitKind::kFc2AllReduce, blk);
       chain(UnitKind::kResidual2, blk);
     }
-  }
-  if (m->vocab_size > 0 && st.head) {
+  };
+  auto head_units = [&] {
     chain(UnitKind::kLnF, -1);
     chain(UnitKind::kLmHead, -1);
     chain(UnitKind::kLoss, -1);
+  };
+  for (int blk = first_block; blk < end_block; ++blk) block_units(blk);
+  if (m->vocab_size > 0 && st.head) {
+    head_units();
+    // The MTP depths after the last layer, each predicting one token further
+    // with its own block and the shared output layer.
+    for (int d = 0; d < m->mtp_num_layers; ++d) {
+      chain(UnitKind::kMtpNorm, m->num_layers + d);
+      chain(UnitKind::kMtpProj, m->num_layers + d);
+      block_units(m->num_layers + d);
+      head_units();
+    }
   }
 }
 
@@ -81,10 +113,9 @@ Deps ModelPlanner::Impl::BuildUnit(const Unit& u, int k, Builder& b, Deps x,
                                    LayerConfig* piece_layer) {
   const ModelConfig& mm = *m;
   const int64_t s = Tokens(k), q = Seqs(k);
-  const int64_t M = mm.hidden_size, L = mm.seq_length, t = mm.parallel.mp;
-  const int64_t hp = mm.num_attention_heads / t, d = M / mm.num_attention_heads;
-  const int64_t f = mm.ffn_hidden_size / t, fs = mm.moe.shared_expert_ffn_hidden_size / t;
-  const int64_t v = mm.vocab_size / t;
+  const int64_t M = mm.hidden_size, L = mm.seq_length;
+  const RankDims& dm = dims;
+  const int64_t hp = dm.heads, f = dm.ffn, fs = dm.shared, v = dm.vocab;
   const double e = mm.bytes_per_element;
   const double sm = static_cast<double>(s) * M * e;  // one activation, bytes
   const CostModel& c = cost;
@@ -107,17 +138,37 @@ Deps ModelPlanner::Impl::BuildUnit(const Unit& u, int k, Builder& b, Deps x,
     case UnitKind::kLn1:
       return mem("fwd.ln1", 2.0 * sm);
     case UnitKind::kQkv:
-      return gemm("fwd.qkv", s, 3 * M / t, M);
+      return gemm("fwd.qkv", s, dm.qkv, M);
+    case UnitKind::kQkNorm:
+      return mem("fwd.qk_norm", 2.0 * e * s * (hp + dm.groups) * dm.qk);
+    case UnitKind::kQDown:
+      return gemm("fwd.q_down", s, dm.q_lora, M);
+    case UnitKind::kQNorm:
+      return mem("fwd.q_norm", 2.0 * e * s * dm.q_lora);
+    case UnitKind::kQUp:
+      return gemm("fwd.q_up", s, dm.q_up, dm.q_lora > 0 ? dm.q_lora : M);
+    case UnitKind::kKvDown:
+      return gemm("fwd.kv_down", s, dm.kv_lora + dm.rope, M);
+    case UnitKind::kKvNorm:
+      return mem("fwd.kv_norm", 2.0 * e * s * dm.kv_lora);
+    case UnitKind::kKvUp:
+      return gemm("fwd.kv_up", s, dm.kv_up, dm.kv_lora);
     case UnitKind::kAttnScore:
-      return b.Compute("fwd.attn_score", F, Term::kDense, c.BatchedGemmUs(q * hp, L, L, d),
-                       e * q * hp * (2.0 * L * d + L * L), x, 0, DenseGemm(L, L, d, q * hp));
+      return b.Compute("fwd.attn_score", F, Term::kDense, c.BatchedGemmUs(q * hp, L, L, dm.qk),
+                       e * q * hp * (2.0 * L * dm.qk + L * L), x, 0,
+                       DenseGemm(L, L, dm.qk, q * hp));
     case UnitKind::kSoftmax:
       return mem("fwd.softmax", 2.0 * e * q * hp * L * L);
     case UnitKind::kAttnCtx:
-      return b.Compute("fwd.attn_ctx", F, Term::kDense, c.BatchedGemmUs(q * hp, L, d, L),
-                       e * q * hp * (2.0 * L * d + L * L), x, 0, DenseGemm(L, d, L, q * hp));
+      return b.Compute("fwd.attn_ctx", F, Term::kDense, c.BatchedGemmUs(q * hp, L, dm.v, L),
+                       e * q * hp * (L * dm.v + L * L + L * dm.v), x, 0,
+                       DenseGemm(L, dm.v, L, q * hp));
+    case UnitKind::kFlashAttn:
+      return b.Compute("fwd.flash_attn", F, Term::kDense, internal::FlashAttentionUs(c, q, hp, L, dm),
+                       e * q * hp * L * (2.0 * dm.qk + 2.0 * dm.v), x, 0,
+                       DenseGemm(L, L, dm.qk, q * hp, 2));
     case UnitKind::kProj:
-      return gemm("fwd.proj", s, M, M / t);
+      return gemm("fwd.proj", s, M, dm.attn_out);
     case UnitKind::kProjAllReduce:
       return allreduce("fwd.proj_allreduce");
     case UnitKind::kResidual1:
@@ -125,9 +176,11 @@ Deps ModelPlanner::Impl::BuildUnit(const Unit& u, int k, Builder& b, Deps x,
     case UnitKind::kLn2:
       return mem("fwd.ln2", 2.0 * sm);
     case UnitKind::kFc1:
-      return gemm("fwd.fc1", s, f, M);
+      return gemm("fwd.fc1", s, dm.ffn_in, M);
     case UnitKind::kGelu:
-      return mem("fwd.gelu", 2.0 * e * s * f);
+      // GELU reads z and writes a; SwiGLU reads gate and up, writes their product.
+      return mem(mm.gated_linear_unit ? "fwd.swiglu" : "fwd.gelu",
+                 (1.0 + mm.FfnInputFactor()) * e * s * f);
     case UnitKind::kFc2:
       return gemm("fwd.fc2", s, M, f);
     case UnitKind::kFc2AllReduce:
@@ -135,9 +188,9 @@ Deps ModelPlanner::Impl::BuildUnit(const Unit& u, int k, Builder& b, Deps x,
     case UnitKind::kResidual2:
       return mem("fwd.residual2", 3.0 * sm);
     case UnitKind::kSharedFc1:
-      return gemm("fwd.shared_fc1", s, fs, M);
+      return gemm("fwd.shared_fc1", s, dm.shared_in, M);
     case UnitKind::kSharedAct:
-      return mem("fwd.shared_act", 2.0 * e * s * fs);
+      return mem("fwd.shared_act", (1.0 + mm.FfnInputFactor()) * e * s * fs);
     case UnitKind::kSharedFc2:
       return gemm("fwd.shared_fc2", s, M, fs);
     case UnitKind::kSharedAllReduce:
@@ -153,6 +206,10 @@ Deps ModelPlanner::Impl::BuildUnit(const Unit& u, int k, Builder& b, Deps x,
           ctx, b.graph(), {x.a, x.b});
       return {out.a, out.b};
     }
+    case UnitKind::kMtpNorm:
+      return mem("fwd.mtp_norm", 4.0 * sm);
+    case UnitKind::kMtpProj:
+      return gemm("fwd.mtp_proj", s, M / mm.parallel.mp, 2 * M);
     case UnitKind::kLnF:
       return mem("fwd.ln_f", 2.0 * sm);
     case UnitKind::kLmHead:

@@ -101,9 +101,21 @@ RankParams StageParams(const ModelConfig& m, const StageOptions& stage) {
   }
   const double M = static_cast<double>(m.hidden_size);
   const double v = static_cast<double>(m.vocab_size / m.parallel.mp);
-  // A last stage without the embedding holds its own copy of the tied LM head.
-  if (m.vocab_size > 0 && stage.embed) r.dense += v * M + static_cast<double>(m.seq_length) * M;
-  if (m.vocab_size > 0 && stage.head) r.dense += 2 * M + (stage.embed ? 0.0 : v * M);
+  const double norm = m.normalization == Normalization::kRmsNorm ? M : 2.0 * M;
+  if (m.vocab_size > 0 && stage.embed) r.dense += v * M + EmbeddingPositions(m) * M;
+  // The output layer: its own weights when untied; tied, a last stage
+  // without the embedding holds its own copy of it (Megatron-LM).
+  const bool own_head = m.untie_embeddings_and_output_weights || !stage.embed;
+  if (m.vocab_size > 0 && stage.head) {
+    r.dense += norm + (own_head ? v * M : 0.0);
+    // The MTP depths: their norms (embedding, hidden state, output), the
+    // input projection 2M -> M, and a block each.
+    for (int d = 0; d < m.mtp_num_layers; ++d) {
+      const RankParams b = BlockParams(m, m.num_layers + d);
+      r.dense += b.dense + 3.0 * norm + 2.0 * M * M / m.parallel.mp;
+      r.expert += b.expert;
+    }
+  }
   return r;
 }
 
@@ -117,6 +129,7 @@ void ModelPlanner::Impl::Configure(const ModelConfig& model, const ModelPlanOpti
   end_block = stage.end_block < 0 ? model.num_layers
                                   : std::clamp(stage.end_block, first_block, model.num_layers);
   moe_layer = model.MoeLayer();
+  dims = DimsOf(model);
   topo = MakeTopology(model.parallel, cluster);
   mp_shape = topo.mp;
   const int g = cluster.gpus_per_node;

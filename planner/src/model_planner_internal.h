@@ -34,9 +34,19 @@ enum class UnitKind : uint8_t {
   kEmbed,
   kLn1,
   kQkv,
+  kQkNorm,  // qk_layernorm: queries and keys normalised per head
+  // Multi-head latent attention in place of kQkv: down projections (and
+  // their norms), up projections.
+  kQDown,
+  kQNorm,
+  kQUp,
+  kKvDown,
+  kKvNorm,
+  kKvUp,
   kAttnScore,
   kSoftmax,
   kAttnCtx,
+  kFlashAttn,  // attention_backend flash / fused: the three above as one kernel
   kProj,
   kProjAllReduce,
   kResidual1,
@@ -52,6 +62,10 @@ enum class UnitKind : uint8_t {
   kSharedFc2,
   kSharedAllReduce,
   kMoeExchange,
+  // An MTP depth's input: the next tokens' embedding and the hidden state
+  // normalised, concatenated and projected 2M -> M (before its block).
+  kMtpNorm,
+  kMtpProj,
   kLnF,
   kLmHead,
   kLoss,
@@ -67,7 +81,8 @@ inline bool IsSharedExpertUnit(UnitKind k) {
 // The routed experts' units: the MoE schedule's sections.
 inline bool IsRoutedUnit(UnitKind k) { return IsMoeUnit(k) && !IsSharedExpertUnit(k); }
 inline bool IsAttention(UnitKind k) {
-  return k == UnitKind::kAttnScore || k == UnitKind::kSoftmax || k == UnitKind::kAttnCtx;
+  return k == UnitKind::kAttnScore || k == UnitKind::kSoftmax || k == UnitKind::kAttnCtx ||
+         k == UnitKind::kFlashAttn;
 }
 
 // One forward unit; inputs are earlier unit indices (-1: none).
@@ -132,6 +147,17 @@ inline OpExec DenseColl(ExecKind kind, ExecGroup group, double bytes, double byt
 }
 inline constexpr OpExec kJoin = {.kind = ExecKind::kNop};
 
+// A flash / fused attention kernel's forward over `seqs` sequences of L
+// tokens, `heads` heads: the score and context GEMMs on the unmasked half
+// (causal), nothing of L x L written to memory. Its backward recomputes the
+// scores and runs three more products: 2.5x (FlashAttention-2's ratio).
+inline double FlashAttentionUs(const CostModel& c, int64_t seqs, int64_t heads, int64_t L,
+                               const RankDims& d) {
+  return 0.5 * (c.BatchedGemmUs(seqs * heads, L, L, d.qk) +
+                c.BatchedGemmUs(seqs * heads, L, d.v, L));
+}
+inline constexpr double kFlashBackwardRatio = 2.5;
+
 }  // namespace internal
 
 struct ModelPlanner::Impl {
@@ -152,6 +178,7 @@ struct ModelPlanner::Impl {
   int first_block = 0, end_block = 0;
   GroupShape edp_shape;
   LayerConfig moe_layer;
+  RankDims dims;
   Topology topo;
   GroupShape mp_shape, dp_shape;
   std::vector<Unit> units;

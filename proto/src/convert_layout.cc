@@ -183,6 +183,8 @@ void CandidateToProto(const p::LayoutCandidate& c, int rank, v1::LayoutCandidate
   o->set_infeasible_reason(c.infeasible_reason);
   o->set_iteration_us(c.iteration_us);
   o->set_tokens_per_s_per_gpu(c.tokens_per_s_per_gpu);
+  o->set_tflops_per_gpu(c.tflops_per_gpu);
+  o->set_mfu(c.mfu);
   o->set_memory_bytes_per_gpu(std::round(c.memory.total));
   v1::MemoryBreakdown* m = o->mutable_memory();
   auto b = [](double x) { return std::round(x); };

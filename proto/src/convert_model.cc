@@ -11,6 +11,7 @@
 #include "convert_internal.h"
 #include "moeplan/base/status.h"
 #include "moeplan/base/strings.h"
+#include "moeplan/planner/accounting.h"
 
 namespace moeplan::proto {
 
@@ -68,9 +69,12 @@ absl::StatusOr<p::ModelConfig> ModelFromProto(const v1::ModelConfig& m) {
   out.moe.expert_ffn_hidden_size = moe.expert_ffn_hidden_size();
   out.moe.shared_expert_ffn_hidden_size =
       moe.has_shared_expert_ffn_hidden_size() ? moe.shared_expert_ffn_hidden_size() : 0;
-  out.moe.num_shared_experts = moe.has_num_shared_experts()
-                                   ? moe.num_shared_experts()
-                                   : (out.moe.shared_expert_ffn_hidden_size > 0 ? 1 : 0);
+  if (moe.has_num_shared_experts() && moe.num_shared_experts() < 1) {
+    return absl::InvalidArgumentError(Cat(
+        "moe.num_shared_experts: must be between 1 and 64 (unset: 1) (got ",
+        moe.num_shared_experts(), ")"));
+  }
+  out.moe.num_shared_experts = moe.has_num_shared_experts() ? moe.num_shared_experts() : 0;
   out.moe.shared_expert_gate = moe.shared_expert_gate();
   out.moe.router_num_groups = moe.has_router_num_groups() ? moe.router_num_groups() : 0;
   out.moe.router_group_topk = moe.has_router_group_topk() ? moe.router_group_topk() : 0;
@@ -131,6 +135,18 @@ absl::StatusOr<p::ModelConfig> ModelFromProto(const v1::ModelConfig& m) {
         Cat("position_embedding_type: must be \"learned_absolute\", \"rope\" or \"none\" (got \"",
             Printable(pe), "\")"));
   }
+  const std::string& ab = m.attention_backend();
+  if (ab.empty() || ab == "unfused") {
+    out.attention_backend = p::AttentionBackend::kUnfused;
+  } else if (ab == "flash") {
+    out.attention_backend = p::AttentionBackend::kFlash;
+  } else if (ab == "fused") {
+    out.attention_backend = p::AttentionBackend::kFused;
+  } else {
+    return absl::InvalidArgumentError(
+        Cat("attention_backend: must be \"unfused\", \"flash\" or \"fused\" (got \"",
+            Printable(ab), "\")"));
+  }
   return out;
 }
 
@@ -159,7 +175,7 @@ v1::ModelConfig ModelToProto(const p::ModelConfig& m) {
     for (uint8_t v : m.moe.layer_pattern) moe->add_layer_pattern(v);
   }
   if (m.moe.shared_expert_ffn_hidden_size > 0) {
-    moe->set_num_shared_experts(static_cast<int32_t>(m.moe.num_shared_experts));
+    moe->set_num_shared_experts(static_cast<int32_t>(std::max<int64_t>(1, m.moe.num_shared_experts)));
   }
   moe->set_shared_expert_gate(m.moe.shared_expert_gate);
   if (m.moe.router_num_groups > 0) {
@@ -194,6 +210,7 @@ v1::ModelConfig ModelToProto(const p::ModelConfig& m) {
   out.set_qk_layernorm(m.qk_layernorm);
   out.set_add_bias_linear(m.add_bias_linear);
   out.set_position_embedding_type(std::string(p::PositionEmbeddingName(m.position_embedding_type)));
+  out.set_attention_backend(std::string(p::AttentionBackendName(m.attention_backend)));
   return out;
 }
 
@@ -249,6 +266,19 @@ absl::StatusOr<p::ModelPlanOptions> ModelOptionsFromProto(const v1::ModelPlanOpt
   return o;
 }
 
+void AccountingToProto(const p::ModelConfig& model, const p::ClusterProfile& profile,
+                       v1::ModelAccounting* out) {
+  const p::ParamCounts c = p::CountParams(model);
+  out->set_total_params(c.total);
+  out->set_active_params(c.active);
+  out->set_embedding_params(c.embedding);
+  out->set_output_layer_params(c.output_layer);
+  out->set_mtp_params(c.mtp);
+  out->set_total_params_with_mtp(c.total_with_mtp);
+  out->set_flops_per_token(p::FlopsPerToken(model));
+  out->set_peak_tflops(p::DensePeakTflops(profile, model.bytes_per_element));
+}
+
 void ModelPlanToProto(const p::ModelPlan& plan, const p::ModelConfig& model,
                       const p::ClusterProfile& profile, bool include_timeline,
                       v1::PlanModelResponse* out) {
@@ -261,6 +291,12 @@ void ModelPlanToProto(const p::ModelPlan& plan, const p::ModelConfig& model,
   out->set_global_batch_size(static_cast<int32_t>(model.GlobalBatch()));
   out->set_moe_layers(plan.moe_layers);
   out->set_params_per_rank(plan.params_per_rank);
+  AccountingToProto(model, profile, out->mutable_accounting());
+  const double flops = out->accounting().flops_per_token();
+  const double peak = out->accounting().peak_tflops();
+  // One iteration: a micro-batch on every data-parallel replica.
+  const double tokens = static_cast<double>(model.micro_batch_size) * model.parallel.dp *
+                        static_cast<double>(model.seq_length);
   const p::VariantPlan* none = plan.Find(p::Variant::kNone);
   const p::VariantPlan* tutel = plan.Find(p::Variant::kTutel);
   for (const p::VariantPlan& v : plan.variants) {
@@ -279,6 +315,11 @@ void ModelPlanToProto(const p::ModelPlan& plan, const p::ModelConfig& model,
     if (tutel != nullptr && v.iteration_us() > 0) {
       o->set_speedup_over_tutel(tutel->iteration_us() / v.iteration_us());
     }
+    const p::Throughput tp =
+        p::ThroughputOf(flops, tokens, v.iteration_us(), model.parallel.TotalRanks(), peak);
+    o->set_tokens_per_s_per_gpu(tp.tokens_per_s_per_gpu);
+    o->set_tflops_per_gpu(tp.tflops_per_gpu);
+    o->set_mfu(tp.mfu);
     o->set_tutel_degree(v.tutel_degree);
     o->set_schedule(ScheduleToProto(v.schedule));
     o->set_alltoall(AllToAllAlgoToProto(v.algo));

@@ -125,6 +125,7 @@ absl::Status AnswerPlanModel(const p::ModelConfig& model, const v1::PlanModelReq
     *out->mutable_model() = proto::ModelToProto(model);
     out->set_moe_layers(model.NumMoeLayers());
     out->set_global_batch_size(static_cast<int32_t>(model.GlobalBatch()));
+    proto::AccountingToProto(model, profile, out->mutable_accounting());
     return AnswerLayouts(model, request, options, lp, out);
   }
   // The variants plan: ModelPlanner::Plan checks the model (with parallel.*) once.

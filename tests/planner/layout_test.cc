@@ -240,7 +240,7 @@ TEST(Layout, BadLayoutsNameTheField) {
     std::string want;
   } cases[] = {
       {Make(2, 16, 1, 32, 1, Family::kParm), "layout.tp: must divide gpus_per_node (8)"},
-      {Make(8, 1, 3, 8, 1, Family::kParm), "layout.pp: must divide num_layers (8) (got 3)"},
+      {Make(1, 1, 9, 1, 1, Family::kParm), "layout.pp: must be <= num_layers (8) (got 9)"},
       {Make(6, 1, 1, 3, 2, Family::kParm), "layout.ep: must divide moe.num_experts (64) (got 3)"},
       {Make(8, 4, 1, 2, 4, Family::kPpMoe),
        "layout.ep: ppmoe spreads a layer's experts over the TP group"},

@@ -477,6 +477,31 @@ TEST(ModelConfigHash, EveryFieldMovesTheHash) {
       [](ModelConfig& m) { m.parallel.dp = 16; },
       [](ModelConfig& m) { m.parallel.pp = 2; },
       [](ModelConfig& m) { m.global_batch_size = 512; },
+      [](ModelConfig& m) { m.moe.layer_pattern = {1, 0}; },
+      [](ModelConfig& m) { m.moe.num_shared_experts = 2; },
+      [](ModelConfig& m) { m.moe.shared_expert_gate = true; },
+      [](ModelConfig& m) { m.moe.router_num_groups = 4; },
+      [](ModelConfig& m) { m.moe.router_group_topk = 2; },
+      [](ModelConfig& m) { m.moe.dropless = true; },
+      [](ModelConfig& m) { m.moe.token_skew = 1.5; },
+      [](ModelConfig& m) { m.moe.router_force_load_balancing = true; },
+      [](ModelConfig& m) { m.num_query_groups = 2; },
+      [](ModelConfig& m) { m.kv_channels = 128; },
+      [](ModelConfig& m) { m.gated_linear_unit = true; },
+      [](ModelConfig& m) { m.multi_latent_attention = true; },
+      [](ModelConfig& m) { m.mla.q_lora_rank = 64; },
+      [](ModelConfig& m) { m.mla.kv_lora_rank = 64; },
+      [](ModelConfig& m) { m.mla.qk_head_dim = 64; },
+      [](ModelConfig& m) { m.mla.qk_pos_emb_head_dim = 32; },
+      [](ModelConfig& m) { m.mla.v_head_dim = 64; },
+      [](ModelConfig& m) { m.untie_embeddings_and_output_weights = true; },
+      [](ModelConfig& m) { m.mtp_num_layers = 1; },
+      [](ModelConfig& m) { m.add_qkv_bias = true; },
+      [](ModelConfig& m) { m.normalization = Normalization::kRmsNorm; },
+      [](ModelConfig& m) { m.qk_layernorm = true; },
+      [](ModelConfig& m) { m.add_bias_linear = false; },
+      [](ModelConfig& m) { m.position_embedding_type = PositionEmbedding::kRope; },
+      [](ModelConfig& m) { m.attention_backend = AttentionBackend::kFlash; },
   };
   const ModelConfig base = SmallModel();
   std::set<size_t> seen = {absl::HashOf(base)};
@@ -496,6 +521,10 @@ TEST(ModelConfigHash, AReusedPlannerPlansLikeAFreshOne) {
       [](ModelConfig& m) { m.moe.gate = Gate::kTopK; },
       [](ModelConfig& m) { m.ffn_hidden_size = 2048; },
       [](ModelConfig& m) { m.bytes_per_element = 4; },
+      [](ModelConfig& m) { m.gated_linear_unit = true; },
+      [](ModelConfig& m) { m.num_query_groups = 2; },
+      [](ModelConfig& m) { m.attention_backend = AttentionBackend::kFlash; },
+      [](ModelConfig& m) { m.add_bias_linear = false; },
   };
   ModelPlanner reused(RoundNumberModel());
   ModelPlan plan;

@@ -32,6 +32,8 @@ struct LayoutCandidate {
   std::string infeasible_reason;
   double iteration_us = 0.0;
   double tokens_per_s_per_gpu = 0.0;
+  double tflops_per_gpu = 0.0;  // model TFLOP/s per GPU (accounting.h)
+  double mfu = 0.0;
   MemoryBreakdown memory;
   // The busiest stage's best overlap variant and MoE schedule.
   Variant variant = Variant::kNone;

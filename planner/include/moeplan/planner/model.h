@@ -31,7 +31,7 @@ struct MoeSpec {
   double capacity_factor = 1.0;  // 0 when dropless
   int64_t expert_ffn_hidden_size = 0;
   int64_t shared_expert_ffn_hidden_size = 0;  // each shared expert's; 0: none
-  int64_t num_shared_experts = 0;             // 1 when a size is given and this is not
+  int64_t num_shared_experts = 0;             // 0: 1 when a size is given
   bool shared_expert_gate = false;            // a sigmoid gate scales their output (Qwen2)
   int64_t router_num_groups = 0;              // group-limited routing; 0: none
   int64_t router_group_topk = 0;
@@ -42,7 +42,9 @@ struct MoeSpec {
 
   // Every shared expert's FFN size together (Megatron-LM's
   // moe_shared_expert_intermediate_size).
-  int64_t SharedFfnSize() const { return num_shared_experts * shared_expert_ffn_hidden_size; }
+  int64_t SharedFfnSize() const {
+    return (num_shared_experts > 0 ? num_shared_experts : 1) * shared_expert_ffn_hidden_size;
+  }
 };
 
 // Multi-head latent attention (DeepSeek-V2/V3). q_lora_rank 0: queries are
@@ -57,6 +59,8 @@ struct MlaSpec {
 
 enum class Normalization : uint8_t { kLayerNorm = 0, kRmsNorm = 1 };
 std::string_view NormalizationName(Normalization n);  // "LayerNorm", "RMSNorm"
+enum class AttentionBackend : uint8_t { kUnfused = 0, kFlash = 1, kFused = 2 };
+std::string_view AttentionBackendName(AttentionBackend a);  // "unfused", "flash", "fused"
 enum class PositionEmbedding : uint8_t { kLearnedAbsolute = 0, kRope = 1, kNone = 2 };
 std::string_view PositionEmbeddingName(PositionEmbedding p);  // "learned_absolute", "rope", "none"
 
@@ -86,8 +90,13 @@ struct ModelConfig {
   bool qk_layernorm = false;
   bool add_bias_linear = true;
   PositionEmbedding position_embedding_type = PositionEmbedding::kLearnedAbsolute;
+  AttentionBackend attention_backend = AttentionBackend::kUnfused;
 
+  // A flash / fused attention kernel: no L x L tensor in memory.
+  bool FusedAttention() const { return attention_backend != AttentionBackend::kUnfused; }
+  // Blocks from num_layers on are the MTP depths': of the last layer's kind.
   bool IsMoeBlock(int block) const {
+    if (block >= num_layers) block = num_layers - 1;
     if (!moe.layer_pattern.empty()) {
       return block >= 0 && block < static_cast<int>(moe.layer_pattern.size()) &&
              moe.layer_pattern[static_cast<size_t>(block)] != 0;
@@ -121,6 +130,27 @@ absl::Status ValidateModelShape(const ModelConfig& model);
 // layer's own rules (dimensions, buffer bounds) on one rank. ValidateLayout
 // runs it at the layout's micro-batch.
 absl::Status ValidateModelMoeLayer(const ModelConfig& model);
+
+// The widths one tensor-parallel rank's ops work on (t = parallel.mp): heads
+// and FFNs split t ways; MLA's down projections whole on every rank.
+struct RankDims {
+  int64_t heads = 0;   // query heads
+  int64_t groups = 0;  // key/value heads (GQA), at least 1
+  int64_t qk = 0;      // a head's query/key size (MLA: qk_head_dim + qk_pos_emb_head_dim)
+  int64_t v = 0;       // a head's value size
+  int64_t qkv = 0;     // standard attention's fused QKV projection: (heads + 2 groups) x qk
+  // MLA: down projections (whole) and up projections (split).
+  int64_t q_lora = 0, kv_lora = 0, rope = 0;
+  int64_t q_up = 0;   // heads x qk
+  int64_t kv_up = 0;  // heads x (qk_head_dim + v)
+  int64_t attn_out = 0;  // the output projection's input: heads x v
+  int64_t ffn = 0, ffn_in = 0;        // dense FFN, its first GEMM's output (2x with GLU)
+  int64_t shared = 0, shared_in = 0;  // all shared experts together
+  int64_t vocab = 0;
+};
+RankDims DimsOf(const ModelConfig& model);
+// Rows of the learned position embedding: seq_length, or 0 (rope, none).
+double EmbeddingPositions(const ModelConfig& model);
 
 // Parameters one rank holds (element counts): dense ones split by
 // parallel.mp (attention, norms, dense FFNs, gates, shared experts, and the
@@ -164,14 +194,15 @@ H AbslHashValue(H h, const ModelConfig& m) {
                micro_batch_size, vocab_size, bytes_per_element, moe, parallel, global_batch_size,
                num_query_groups, kv_channels, gated_linear_unit, multi_latent_attention, mla,
                untie_embeddings_and_output_weights, mtp_num_layers, add_qkv_bias, normalization,
-               qk_layernorm, add_bias_linear, position_embedding_type] = m;
+               qk_layernorm, add_bias_linear, position_embedding_type, attention_backend] = m;
   return H::combine(std::move(h), name, num_layers, hidden_size, num_attention_heads,
                     ffn_hidden_size, seq_length, micro_batch_size, vocab_size, bytes_per_element,
                     moe, parallel, global_batch_size, num_query_groups, kv_channels,
                     gated_linear_unit, multi_latent_attention, mla,
                     untie_embeddings_and_output_weights, mtp_num_layers, add_qkv_bias,
                     static_cast<uint8_t>(normalization), qk_layernorm, add_bias_linear,
-                    static_cast<uint8_t>(position_embedding_type));
+                    static_cast<uint8_t>(position_embedding_type),
+                    static_cast<uint8_t>(attention_backend));
 }
 
 }  // namespace moeplan::planner

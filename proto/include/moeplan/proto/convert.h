@@ -71,6 +71,9 @@ std::string_view AllToAllAlgoLabel(v1::AllToAllAlgorithm a);  // "linear", "2dh"
 
 // Fills a response (speedups over none and the best tutel when planned; ops
 // only with include_timeline).
+// The model's parameters and FLOPs (planner/accounting.h), MFU's peak from `profile`.
+void AccountingToProto(const planner::ModelConfig& model, const planner::ClusterProfile& profile,
+                       v1::ModelAccounting* out);
 void ModelPlanToProto(const planner::ModelPlan& plan, const planner::ModelConfig& model,
                       const planner::ClusterProfile& profile, bool include_timeline,
                       v1::PlanModelResponse* out);
