@@ -385,6 +385,15 @@ std::vector<BadProfileCase> BadProfileCases() {
        "collectives[2]: duplicate (collective, shape) fit"},
       {"zero peak", [](ClusterProfile& p) { p.gemm.peak_tflops = 0; },
        "gemm.peak_tflops: must be > 0 and <= 1e6"},
+      {"negative fp8 peak", [](ClusterProfile& p) { p.gemm.fp8_peak_tflops = -1; },
+       "gemm.fp8_peak_tflops: must be > 0 and <= 1e6 when set (got -1)"},
+      {"fp8 peak too large", [](ClusterProfile& p) { p.gemm.fp8_peak_tflops = 2e6; },
+       "gemm.fp8_peak_tflops: must be > 0 and <= 1e6 when set"},
+      {"nan fp8 peak",
+       [](ClusterProfile& p) { p.gemm.fp8_peak_tflops = std::numeric_limits<double>::quiet_NaN(); },
+       "gemm.fp8_peak_tflops: must be > 0 and <= 1e6 when set"},
+      {"fp8 peak below the peak", [](ClusterProfile& p) { p.gemm.fp8_peak_tflops = 50; },
+       "gemm.fp8_peak_tflops: must be >= gemm.peak_tflops when set (got 50 < 100)"},
       {"too many fits",
        [](ClusterProfile& p) {
          for (int r = 2; r < 5000; ++r) {
