@@ -378,6 +378,17 @@ double CostModel::CollectiveUs(Collective c, GroupShape shape, double n) const {
   return 0.0;
 }
 
+double CostModel::PeakTflops(int bytes_per_element) const {
+  const GemmModel& g = profile_.gemm;
+  return bytes_per_element == 1 && g.fp8_peak_tflops > 0.0 ? g.fp8_peak_tflops : g.peak_tflops;
+}
+
+CostModel CostModel::AtElementBytes(int bytes_per_element) const {
+  CostModel copy = *this;
+  copy.flops_per_us_ = PeakTflops(bytes_per_element) * 1e6;  // 1 TFLOP/s = 1e6 flop/us
+  return copy;
+}
+
 double CostModel::GemmEfficiency(int64_t m, int64_t n, int64_t k) const {
   const GemmEfficiencyGrid& g = profile_.gemm.grid;
   if (g.efficiency.empty()) return 1.0;
