@@ -42,7 +42,19 @@ def beta_us_per_byte(gbytes_per_s):
 
 
 def profile(name, comment, citations, nodes, gpus, mem_gib, intra_gbs, intra_alpha,
-            inter_gbs, inter_alpha, tflops, launch_us, hbm_gbs, e_max):
+            inter_gbs, inter_alpha, tflops, launch_us, hbm_gbs, e_max, fp8_tflops=None):
+    """tflops: dense BF16/FP16 tensor peak; fp8_tflops: dense FP8 tensor peak,
+    None for GPUs without FP8 tensor cores (1-byte GEMMs then run at tflops)."""
+    gemm = {"peak_tflops": tflops}
+    if fp8_tflops is not None:
+        gemm["fp8_peak_tflops"] = fp8_tflops
+    gemm.update({
+        "launch_overhead_us": launch_us,
+        "m": AXIS,
+        "n": AXIS,
+        "k": AXIS,
+        "efficiency": efficiency_grid(e_max),
+    })
     return {
         "schema_version": 1,
         "name": name,
@@ -59,14 +71,7 @@ def profile(name, comment, citations, nodes, gpus, mem_gib, intra_gbs, intra_alp
             "inter": {"alpha_us": inter_alpha, "beta_us_per_byte": beta_us_per_byte(inter_gbs)},
         },
         "collectives": [],
-        "gemm": {
-            "peak_tflops": tflops,
-            "launch_overhead_us": launch_us,
-            "m": AXIS,
-            "n": AXIS,
-            "k": AXIS,
-            "efficiency": efficiency_grid(e_max),
-        },
+        "gemm": gemm,
         "memory": {"bandwidth_gbytes_per_s": round(0.8 * hbm_gbs, 3), "launch_overhead_us": launch_us},
     }
 
@@ -103,15 +108,110 @@ PROFILES = [
         "h200-8x8",
         "8 nodes x 8 NVIDIA H200 SXM on NVLink 4 (NVSwitch), 8 x 400 Gb/s NICs per node. "
         "Intra link: 450 GB/s per direction per GPU. Inter link: one 400 Gb/s NIC per GPU = "
-        "50 GB/s.",
+        "50 GB/s. 1-byte (FP8) GEMMs at the dense FP8 peak.",
         [
             "NVIDIA H200 Tensor Core GPU datasheet (SXM): BF16/FP16 Tensor Core 989 TFLOPS dense "
-            "(1,979 with sparsity), 141 GB HBM3e at 4.8 TB/s, NVLink 900 GB/s (bidirectional)",
+            "(1,979 with sparsity), FP8 Tensor Core 1,979 TFLOPS dense (3,958 with sparsity), "
+            "141 GB HBM3e at 4.8 TB/s, NVLink 900 GB/s (bidirectional)",
             "400 Gb/s per NIC (NDR InfiniBand / 400 GbE), 8 NICs per node as specified",
         ],
         nodes=8, gpus=8, mem_gib=141, intra_gbs=450.0, intra_alpha=3.0,
         inter_gbs=400 / 8, inter_alpha=6.0, tflops=989.0, launch_us=4.0,
-        hbm_gbs=4800.0, e_max=0.7),
+        hbm_gbs=4800.0, e_max=0.7, fp8_tflops=1979.0),
+    profile(
+        "h100-8x8",
+        "8 nodes x 8 NVIDIA H100 SXM5 80GB (DGX H100) on NVLink 4 (NVSwitch), 8 x 400 Gb/s "
+        "NICs per node. Intra link: 450 GB/s per direction per GPU (half the 900 GB/s "
+        "bidirectional datasheet figure). Inter link: one 400 Gb/s NIC per GPU = 50 GB/s. "
+        "Peaks are the datasheet's with-sparsity figures halved (dense); 1-byte (FP8) GEMMs "
+        "at the dense FP8 peak.",
+        [
+            "NVIDIA H100 Tensor Core GPU datasheet (SXM): BF16/FP16 Tensor Core 1,979 TFLOPS "
+            "and FP8 Tensor Core 3,958 TFLOPS, both with sparsity (dense: 989.5 and 1,979), "
+            "80 GB HBM3 at 3.35 TB/s, NVLink 900 GB/s (bidirectional per GPU)",
+            "NVIDIA DGX H100 datasheet: 4x OSFP ports serving 8x single-port NVIDIA ConnectX-7 "
+            "VPI, 400 Gb/s InfiniBand/Ethernet (one 400 Gb/s NIC per GPU)",
+        ],
+        nodes=8, gpus=8, mem_gib=80, intra_gbs=450.0, intra_alpha=3.0,
+        inter_gbs=400 / 8, inter_alpha=6.0, tflops=989.5, launch_us=4.0,
+        hbm_gbs=3350.0, e_max=0.7, fp8_tflops=1979.0),
+    profile(
+        "h800-8x8",
+        "8 nodes x 8 NVIDIA H800 SXM5 80GB (the export variant of the H100 SXM, as in "
+        "DeepSeek-V3's training cluster) on NVLink (NVSwitch) cut to 400 GB/s, 8 x 400 Gb/s "
+        "InfiniBand NICs per node. Intra link: 200 GB/s per direction per GPU (400 GB/s is "
+        "the bidirectional total, as 900 GB/s is for H100). Inter link: one 400 Gb/s NIC per "
+        "GPU = 50 GB/s. Links at their nominal rates (DeepSeek reports about 160 GB/s NVLink "
+        "and 40 GB/s IB achieved; the profile's assumed alpha and a measured profile stand in "
+        "for the difference). NVIDIA publishes no H800 SXM datasheet: compute and HBM are "
+        "taken as the H100 SXM's, which DeepSeek's figures match (989 TFLOPS dense BF16, "
+        "3.35 TB/s); 1-byte (FP8) GEMMs at the H100's dense FP8 peak.",
+        [
+            "Zhao et al., Insights into DeepSeek-V3: Scaling Challenges and Reflections on "
+            "Hardware for AI Architectures (ISCA 2025, arXiv 2505.09343), sec. 4.1: the NVLink "
+            "bandwidth in H800 SXM nodes is reduced from 900 GB/s to 400 GB/s; each node is "
+            "equipped with eight 400G InfiniBand (IB) CX7 NICs; sec. 4.3: NVLink provides "
+            "200GB/s bandwidth (about 160GB/s achieved), each 400Gbps IB NIC 50GB/s",
+            "DeepSeek-V3 Technical Report (arXiv 2412.19437), sec. 3.1: 2048 NVIDIA H800 GPUs, "
+            "8 GPUs per node connected by NVLink and NVSwitch, InfiniBand across nodes; "
+            "sec. 3.2.2: NVLink 160 GB/s, IB 50 GB/s",
+            "NVIDIA H100 Tensor Core GPU datasheet (SXM), compute and memory the H800 SXM keeps: "
+            "BF16/FP16 Tensor Core 1,979 and FP8 Tensor Core 3,958 TFLOPS with sparsity "
+            "(dense: 989.5 and 1,979), 80 GB HBM3 at 3.35 TB/s; for H800 itself, "
+            "deepseek-ai/FlashMLA issue #75: 1979 TFLOPS for sparse mma, 989 TFLOPS for dense mma",
+        ],
+        nodes=8, gpus=8, mem_gib=80, intra_gbs=400 / 2, intra_alpha=3.0,
+        inter_gbs=400 / 8, inter_alpha=6.0, tflops=989.5, launch_us=4.0,
+        hbm_gbs=3350.0, e_max=0.7, fp8_tflops=1979.0),
+    profile(
+        "b200-8x8",
+        "8 nodes x 8 NVIDIA B200 (DGX B200) on NVLink 5 (NVSwitch), 8 x 400 Gb/s ConnectX-7 "
+        "NICs per node. Intra link: 900 GB/s per direction per GPU (half the 1.8 TB/s "
+        "bidirectional figure). Inter link: one 400 Gb/s NIC per GPU = 50 GB/s. Peaks are the "
+        "with-sparsity figures halved (dense); 1-byte (FP8) GEMMs at the dense FP8 peak. "
+        "Memory: 180 GB per GPU, the DGX B200 datasheet's 1,440 GB / 8 and the figure of "
+        "NVIDIA's HGX and MIG documents for shipping B200 systems; the 192 GB of the 2024 "
+        "launch materials is not what these systems list, so the lower figure is used.",
+        [
+            "NVIDIA HGX B200 (8 GPUs): FP16/BF16 Tensor Core 36 PFLOPS, NVLink GPU-to-GPU "
+            "bandwidth 1.8 TB/s (bidirectional per GPU); Specification in Sparse, dense is 1/2 "
+            "the sparse spec (per GPU dense: 2,250 TFLOPS BF16)",
+            "NVIDIA DGX B200 datasheet: 8x B200, 1,440 GB total GPU memory, 64 TB/s HBM3e "
+            "bandwidth (180 GB at 8 TB/s per GPU), 72 petaFLOPS training (FP8, with sparsity: "
+            "4,500 TFLOPS dense per GPU), 14.4 TB/s aggregate NVLink bandwidth; 4x OSFP ports "
+            "serving 8x single-port NVIDIA ConnectX-7 VPI (up to 400 Gb/s InfiniBand/Ethernet)",
+        ],
+        nodes=8, gpus=8, mem_gib=180, intra_gbs=1800 / 2, intra_alpha=3.0,
+        inter_gbs=400 / 8, inter_alpha=6.0, tflops=2250.0, launch_us=4.0,
+        hbm_gbs=8000.0, e_max=0.7, fp8_tflops=4500.0),
+    profile(
+        "gb200-nvl72",
+        "16 racks of NVIDIA GB200 NVL72 (each 36 GB200 superchips = 72 Blackwell GPUs in one "
+        "NVLink 5 domain, 18 compute trays of 4 GPUs). A moeplan node is the NVLink domain, "
+        "so a node here is a whole rack: gpus_per_node = 72, not the 4-GPU compute tray the "
+        "OS sees. Intra link: 900 GB/s per direction per GPU across the rack (half the 1.8 "
+        "TB/s bidirectional figure). Inter link (rack to rack): one 400 Gb/s ConnectX-7 NIC "
+        "per GPU = 50 GB/s; ASSUMED from the GB200 reference design as MLPerf systems list it "
+        "(4 ConnectX-7 per 4-GPU tray), no NVIDIA datasheet line for it was found (GB300 NVL72 "
+        "has 800 Gb/s per GPU). 16 racks (1,152 GPUs) is an assumed size, the fewest whole "
+        "racks with at least 1,024 GPUs. Intra alpha is assumed equal to an 8-GPU NVSwitch "
+        "node's although a rack crosses an extra switch level. Peaks are the rack's "
+        "with-sparsity figures halved, per GPU; 1-byte (FP8) GEMMs at the dense FP8 peak. "
+        "Memory: 186 GB per GPU (13.4 TB / 72, the rack's and NVIDIA's MIG table's figure; "
+        "192 GB is the launch figure).",
+        [
+            "NVIDIA GB200 NVL72: 36 Grace CPUs and 72 Blackwell GPUs, fifth-generation NVLink "
+            "1.8 TB/s GPU-to-GPU (bidirectional per GPU), 130 TB/s aggregate; FP16/BF16 Tensor "
+            "Core 360 PFLOPS and FP8/FP6 720 PFLOPS, Specification in sparse, dense is one-half "
+            "(per GPU dense: 2,500 TFLOPS BF16, 5,000 TFLOPS FP8); 13.4 TB HBM3E at 576 TB/s "
+            "(186 GB at 8 TB/s per GPU)",
+            "MLCommons inference v6.1, Crusoe GB200-NVL72 system description: 4 accelerators "
+            "per node (compute tray), 186 GB per accelerator, 4 BlueField-3 / ConnectX-7 "
+            "devices per 4-GPU node (ConnectX-7: up to 400 Gb/s)",
+        ],
+        nodes=16, gpus=72, mem_gib=186, intra_gbs=1800 / 2, intra_alpha=3.0,
+        inter_gbs=400 / 8, inter_alpha=6.0, tflops=2500.0, launch_us=4.0,
+        hbm_gbs=8000.0, e_max=0.7, fp8_tflops=5000.0),
     profile(
         "v100-8x8",
         "8 nodes x 8 NVIDIA Tesla V100-SXM2-32GB on NVLink 2 (hybrid cube-mesh, no NVSwitch), "

@@ -250,9 +250,10 @@ class PlannerClient:
                 batch_size, seq_len, model_dim, hidden_dim, num_experts, top_k,
                 capacity_factor, optional bytes_per_element, token_skew, and
                 parallel {mp, ep, esp, dp?, pp?}). Unknown fields are rejected.
-            profile: a built-in or stored profile name ("a100-8x8", "h200-8x8",
-                "rtx2080ti-8x4", "v100-8x8", or one put with put_profile), or a whole
-                ClusterProfile dict sent inline (not stored).
+            profile: a built-in or stored profile name ("a100-8x8", "h100-8x8",
+                "h200-8x8", "b200-8x8", "gb200-nvl72", ...; list_profiles lists them,
+                or one put with put_profile), or a whole ClusterProfile dict sent
+                inline (not stored).
             schedules: schedules to plan, "default"/"s1"/"s2" or enum names;
                 None or empty: all three.
             include_timeline: also return every candidate's op timeline

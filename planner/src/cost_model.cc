@@ -217,6 +217,14 @@ absl::Status CheckGemm(const ClusterProfile& p) {
   if (!(p.gemm.peak_tflops > 0.0 && p.gemm.peak_tflops <= 1e6)) {
     return Bad("gemm.peak_tflops", "must be > 0 and <= 1e6", Cat(p.gemm.peak_tflops));
   }
+  const double fp8 = p.gemm.fp8_peak_tflops;  // 0: unset
+  if (fp8 != 0.0 && !(fp8 > 0.0 && fp8 <= 1e6)) {
+    return Bad("gemm.fp8_peak_tflops", "must be > 0 and <= 1e6 when set", Cat(fp8));
+  }
+  if (fp8 != 0.0 && fp8 < p.gemm.peak_tflops) {
+    return Bad("gemm.fp8_peak_tflops", "must be >= gemm.peak_tflops when set",
+               Cat(fp8, " < ", p.gemm.peak_tflops));
+  }
   if (!(p.gemm.launch_overhead_us >= 0.0 && p.gemm.launch_overhead_us <= kMaxAlphaUs)) {
     return Bad("gemm.launch_overhead_us", "must be >= 0 and <= 1e7 (10 s)",
                Cat(p.gemm.launch_overhead_us));
@@ -368,6 +376,17 @@ double CostModel::CollectiveUs(Collective c, GroupShape shape, double n) const {
       return l.At(n);
   }
   return 0.0;
+}
+
+double CostModel::PeakTflops(int bytes_per_element) const {
+  const GemmModel& g = profile_.gemm;
+  return bytes_per_element == 1 && g.fp8_peak_tflops > 0.0 ? g.fp8_peak_tflops : g.peak_tflops;
+}
+
+CostModel CostModel::AtElementBytes(int bytes_per_element) const {
+  CostModel copy = *this;
+  copy.flops_per_us_ = PeakTflops(bytes_per_element) * 1e6;  // 1 TFLOP/s = 1e6 flop/us
+  return copy;
 }
 
 double CostModel::GemmEfficiency(int64_t m, int64_t n, int64_t k) const {

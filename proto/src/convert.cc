@@ -129,6 +129,25 @@ absl::Status FitsFromProto(const google::protobuf::RepeatedPtrField<v1::Collecti
   return absl::OkStatus();
 }
 
+absl::Status GemmFromProto(const v1::GemmModel& m, p::GemmModel* out) {
+  out->peak_tflops = m.peak_tflops();
+  out->launch_overhead_us = m.launch_overhead_us();
+  if (m.has_fp8_peak_tflops()) {
+    // 0 means unset in the planner, so an explicit 0 is refused here, not dropped.
+    if (m.fp8_peak_tflops() == 0.0) {
+      return absl::InvalidArgumentError(
+          "gemm.fp8_peak_tflops: must be > 0 and <= 1e6 when set (leave it unset for no FP8 "
+          "peak) (got 0)");
+    }
+    out->fp8_peak_tflops = m.fp8_peak_tflops();
+  }
+  out->grid.m.assign(m.m().begin(), m.m().end());
+  out->grid.n.assign(m.n().begin(), m.n().end());
+  out->grid.k.assign(m.k().begin(), m.k().end());
+  out->grid.efficiency.assign(m.efficiency().begin(), m.efficiency().end());
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<p::ClusterProfile> ProfileFromProto(const v1::ClusterProfile& m) {
@@ -175,12 +194,7 @@ absl::StatusOr<p::ClusterProfile> ProfileFromProto(const v1::ClusterProfile& m) 
     }
     pr.context.ops.push_back(std::move(oc));
   }
-  pr.gemm.peak_tflops = m.gemm().peak_tflops();
-  pr.gemm.launch_overhead_us = m.gemm().launch_overhead_us();
-  pr.gemm.grid.m.assign(m.gemm().m().begin(), m.gemm().m().end());
-  pr.gemm.grid.n.assign(m.gemm().n().begin(), m.gemm().n().end());
-  pr.gemm.grid.k.assign(m.gemm().k().begin(), m.gemm().k().end());
-  pr.gemm.grid.efficiency.assign(m.gemm().efficiency().begin(), m.gemm().efficiency().end());
+  MOEPLAN_RETURN_IF_ERROR(GemmFromProto(m.gemm(), &pr.gemm));
   pr.memory.bandwidth_gbytes_per_s = m.memory().bandwidth_gbytes_per_s();
   pr.memory.launch_overhead_us = m.memory().launch_overhead_us();
   pr.activation.forward.bandwidth_gbytes_per_s = m.activation().forward().bandwidth_gbytes_per_s();

@@ -15,8 +15,9 @@ std::string Msg(const absl::Status& s) { return std::string(s.message()); }
 
 TEST(BuiltinProfiles, TheSpecAndMeasuredProfilesAndTheDefault) {
   const std::vector<std::string> names = BuiltinProfileNames();
-  EXPECT_EQ(names, (std::vector<std::string>{"a100-8x8", "cpu-testbed-1x4", "cpu-testbed-2x2",
-                                             "h200-8x8", "rtx2080ti-8x4", "v100-8x8"}));
+  EXPECT_EQ(names, (std::vector<std::string>{"a100-8x8", "b200-8x8", "cpu-testbed-1x4",
+                                             "cpu-testbed-2x2", "gb200-nvl72", "h100-8x8",
+                                             "h200-8x8", "h800-8x8", "rtx2080ti-8x4", "v100-8x8"}));
   EXPECT_TRUE(BuiltinProfile(kDefaultProfileName).ok());
 }
 
@@ -76,12 +77,48 @@ TEST(BuiltinProfiles, NumbersFollowTheCitedSpecs) {
   EXPECT_DOUBLE_EQ(v.message.memory().bandwidth_gbytes_per_s(), 720.0);
 }
 
+// The Hopper and Blackwell profiles: dense BF16 and FP8 peaks (the datasheets'
+// with-sparsity figures halved), NVLink per direction, one 400 Gb/s NIC per GPU.
+TEST(BuiltinProfiles, HopperAndBlackwellNumbersFollowTheCitedSpecs) {
+  struct Want {
+    const char* name;
+    int nodes, gpus_per_node;
+    double bf16, fp8, intra_gbs, inter_gbs, memory_gib, hbm_gbs;
+  };
+  for (const Want& w : {Want{"h100-8x8", 8, 8, 989.5, 1979, 450, 50, 80, 3350},
+                        Want{"h800-8x8", 8, 8, 989.5, 1979, 200, 50, 80, 3350},
+                        Want{"h200-8x8", 8, 8, 989, 1979, 450, 50, 141, 4800},
+                        Want{"b200-8x8", 8, 8, 2250, 4500, 900, 50, 180, 8000},
+                        Want{"gb200-nvl72", 16, 72, 2500, 5000, 900, 50, 186, 8000}}) {
+    SCOPED_TRACE(w.name);
+    absl::StatusOr<LoadedProfile> p = LoadProfile(w.name);
+    ASSERT_TRUE(p.ok()) << p.status();
+    EXPECT_EQ(p->profile.shape.nodes, w.nodes);
+    EXPECT_EQ(p->profile.shape.gpus_per_node, w.gpus_per_node);
+    EXPECT_DOUBLE_EQ(p->profile.gemm.peak_tflops, w.bf16);
+    EXPECT_TRUE(p->message.gemm().has_fp8_peak_tflops());
+    EXPECT_DOUBLE_EQ(p->profile.gemm.fp8_peak_tflops, w.fp8);
+    EXPECT_DOUBLE_EQ(p->profile.intra.beta_us_per_byte, 1.0 / (w.intra_gbs * 1e3));
+    EXPECT_DOUBLE_EQ(p->profile.inter.beta_us_per_byte, 1.0 / (w.inter_gbs * 1e3));
+    EXPECT_DOUBLE_EQ(p->profile.gpu_memory_gib, w.memory_gib);
+    EXPECT_DOUBLE_EQ(p->message.memory().bandwidth_gbytes_per_s(), 0.8 * w.hbm_gbs);
+  }
+  // GPUs without FP8 tensor cores leave the field unset.
+  for (const char* name : {"a100-8x8", "rtx2080ti-8x4", "v100-8x8"}) {
+    SCOPED_TRACE(name);
+    LoadedProfile p = *LoadProfile(name);
+    EXPECT_FALSE(p.message.gemm().has_fp8_peak_tflops());
+    EXPECT_EQ(p.profile.gemm.fp8_peak_tflops, 0.0);
+  }
+}
+
 TEST(ResolveProfile, UnknownNameListsTheBuiltins) {
   absl::StatusOr<v1::ClusterProfile> p = ResolveProfile("dgx-9000");
   EXPECT_EQ(p.status().code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(Msg(p.status()),
-            "cluster: 'dgx-9000' is neither a built-in profile (a100-8x8, cpu-testbed-1x4, "
-            "cpu-testbed-2x2, h200-8x8, rtx2080ti-8x4, v100-8x8) nor an existing file");
+            "cluster: 'dgx-9000' is neither a built-in profile (a100-8x8, b200-8x8, "
+            "cpu-testbed-1x4, cpu-testbed-2x2, gb200-nvl72, h100-8x8, h200-8x8, h800-8x8, "
+            "rtx2080ti-8x4, v100-8x8) nor an existing file");
 }
 
 TEST(ResolveProfile, ReadsAndValidatesFiles) {
@@ -97,6 +134,21 @@ TEST(ResolveProfile, ReadsAndValidatesFiles) {
   ASSERT_TRUE(loaded.ok()) << loaded.status();
   EXPECT_EQ(loaded->profile.name, "my-cluster");
   EXPECT_EQ(loaded->profile.shape.nodes, 2);
+
+  p.mutable_gemm()->set_fp8_peak_tflops(500);
+  const std::string slow_fp8 = dir + "/slow_fp8.json";
+  ASSERT_TRUE(proto::WriteFileAtomic(slow_fp8, *proto::ToJson(p)).ok());
+  EXPECT_EQ(
+      Msg(LoadProfile(slow_fp8).status()),
+      slow_fp8 + ": gemm.fp8_peak_tflops: must be >= gemm.peak_tflops when set (got 500 < 989)");
+  p.mutable_gemm()->set_fp8_peak_tflops(0);  // set to 0 is not unset
+  const std::string zero_fp8 = dir + "/zero_fp8.json";
+  ASSERT_TRUE(proto::WriteFileAtomic(zero_fp8, *proto::ToJson(p)).ok());
+  EXPECT_EQ(Msg(LoadProfile(zero_fp8).status()),
+            zero_fp8 +
+                ": gemm.fp8_peak_tflops: must be > 0 and <= 1e6 when set (leave it unset "
+                "for no FP8 peak) (got 0)");
+  p.mutable_gemm()->clear_fp8_peak_tflops();
 
   p.mutable_gemm()->set_peak_tflops(0);
   const std::string bad = dir + "/bad.json";

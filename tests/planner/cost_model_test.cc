@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <functional>
 #include <limits>
@@ -236,6 +237,63 @@ TEST(CostModelTest, GemmTimeUsesInterpolatedEfficiency) {
   EXPECT_REL(m.GemmUs(4096, 4096, 4096), 5.0 + 1717.9869184);
 }
 
+// FP8: 1-byte GEMMs run at gemm.fp8_peak_tflops where the profile sets it, on
+// the same efficiency grid; without it, 1-byte GEMMs run at peak_tflops.
+TEST(CostModelTest, OneByteGemmsRunAtTheFp8PeakWhereSet) {
+  ClusterProfile p = GridProfile();
+  p.gemm.fp8_peak_tflops = 2.0 * p.gemm.peak_tflops;
+  const CostModel bf16 = MakeModel(p);
+  const CostModel fp8 = bf16.AtElementBytes(1);
+  for (auto [m, n, k] : {std::array<int64_t, 3>{256, 128, 256},
+                         {128, 64, 64},
+                         {4096, 4096, 4096},
+                         {1, 7, 1 << 20}}) {
+    SCOPED_TRACE(Cat(m, "x", n, "x", k));
+    const double launch = p.gemm.launch_overhead_us;
+    EXPECT_REL(fp8.GemmUs(m, n, k) - launch, (bf16.GemmUs(m, n, k) - launch) / 2.0);
+    EXPECT_REL(fp8.BatchedGemmUs(3, m, n, k) - launch,
+               (bf16.BatchedGemmUs(3, m, n, k) - launch) / 2.0);
+    EXPECT_EQ(fp8.GemmEfficiency(m, n, k), bf16.GemmEfficiency(m, n, k));
+    // 2- and 4-byte elements: the peak_tflops model, also from the FP8 copy.
+    EXPECT_EQ(bf16.AtElementBytes(2).GemmUs(m, n, k), bf16.GemmUs(m, n, k));
+    EXPECT_EQ(bf16.AtElementBytes(4).GemmUs(m, n, k), bf16.GemmUs(m, n, k));
+    EXPECT_EQ(fp8.AtElementBytes(2).GemmUs(m, n, k), bf16.GemmUs(m, n, k));
+  }
+  // (256, 128, 256): e = 0.8; 5 + 16777216 / (2e8 * 0.8) = 5.1048576.
+  EXPECT_REL(fp8.GemmUs(256, 128, 256), 5.1048576);
+  // Nothing but GEMMs changes, and the profile is the one given.
+  EXPECT_EQ(fp8.MemoryBoundUs(1e6), bf16.MemoryBoundUs(1e6));
+  EXPECT_EQ(fp8.CollectiveUs(Collective::kAllToAll, GroupShape{8, 2}, 1e6),
+            bf16.CollectiveUs(Collective::kAllToAll, GroupShape{8, 2}, 1e6));
+  EXPECT_EQ(fp8.profile().gemm.peak_tflops, 100.0);
+  EXPECT_EQ(fp8.profile().gemm.fp8_peak_tflops, 200.0);
+}
+
+TEST(CostModelTest, WithoutAnFp8PeakOneByteGemmsRunAtPeak) {
+  const CostModel bf16 = MakeModel(GridProfile());
+  const CostModel fp8 = bf16.AtElementBytes(1);
+  for (auto [m, n, k] :
+       {std::array<int64_t, 3>{256, 128, 256}, {128, 64, 64}, {4096, 4096, 4096}}) {
+    EXPECT_EQ(fp8.GemmUs(m, n, k), bf16.GemmUs(m, n, k));
+    EXPECT_EQ(fp8.BatchedGemmUs(2, m, n, k), bf16.BatchedGemmUs(2, m, n, k));
+  }
+  for (int bytes : {1, 2, 4}) EXPECT_EQ(bf16.PeakTflops(bytes), 100.0) << bytes;
+}
+
+TEST(CostModelTest, PeakTflopsIsTheDensePeakOfTheElementSize) {
+  ClusterProfile p = MakeProfile();
+  p.gemm.fp8_peak_tflops = 250.0;
+  const CostModel m = MakeModel(p);
+  EXPECT_EQ(m.PeakTflops(1), 250.0);
+  EXPECT_EQ(m.PeakTflops(2), 100.0);
+  EXPECT_EQ(m.PeakTflops(4), 100.0);
+  // The copies answer alike: the peak belongs to the profile, not the copy.
+  EXPECT_EQ(m.AtElementBytes(1).PeakTflops(2), 100.0);
+  EXPECT_EQ(m.AtElementBytes(2).PeakTflops(1), 250.0);
+  // A 1000^3 GEMM at 1 byte: 5 + 2e9 / 2.5e8 = 13 us.
+  EXPECT_REL(m.AtElementBytes(1).GemmUs(1000, 1000, 1000), 13.0);
+}
+
 TEST(CostModelTest, GemmGridWithSingletonAxes) {
   ClusterProfile p = MakeProfile();
   p.gemm.grid.m = {128};
@@ -385,6 +443,15 @@ std::vector<BadProfileCase> BadProfileCases() {
        "collectives[2]: duplicate (collective, shape) fit"},
       {"zero peak", [](ClusterProfile& p) { p.gemm.peak_tflops = 0; },
        "gemm.peak_tflops: must be > 0 and <= 1e6"},
+      {"negative fp8 peak", [](ClusterProfile& p) { p.gemm.fp8_peak_tflops = -1; },
+       "gemm.fp8_peak_tflops: must be > 0 and <= 1e6 when set (got -1)"},
+      {"fp8 peak too large", [](ClusterProfile& p) { p.gemm.fp8_peak_tflops = 2e6; },
+       "gemm.fp8_peak_tflops: must be > 0 and <= 1e6 when set"},
+      {"nan fp8 peak",
+       [](ClusterProfile& p) { p.gemm.fp8_peak_tflops = std::numeric_limits<double>::quiet_NaN(); },
+       "gemm.fp8_peak_tflops: must be > 0 and <= 1e6 when set"},
+      {"fp8 peak below the peak", [](ClusterProfile& p) { p.gemm.fp8_peak_tflops = 50; },
+       "gemm.fp8_peak_tflops: must be >= gemm.peak_tflops when set (got 50 < 100)"},
       {"too many fits",
        [](ClusterProfile& p) {
          for (int r = 2; r < 5000; ++r) {

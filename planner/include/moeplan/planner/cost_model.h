@@ -42,7 +42,19 @@ class CostModel {
     return shape.SpansNodes() ? profile_.inter : profile_.intra;
   }
 
-  // One GEMM C[m x n] = A[m x k] B[k x n]: overhead + 2mnk / (peak * eff(m, n, k)).
+  // The dense GEMM peak (TFLOP/s) at elements of `bytes_per_element` bytes, the
+  // denominator of MFU: gemm.fp8_peak_tflops for 1-byte elements where the
+  // profile sets it, gemm.peak_tflops otherwise.
+  double PeakTflops(int bytes_per_element) const;
+  // A copy whose GEMMs (GemmUs, BatchedGemmUs) run at PeakTflops(bytes_per_element)
+  // times the same efficiency grid; everything else is unchanged. On a profile
+  // without an FP8 peak, or for any size but 1, the copy prices GEMMs as a
+  // model made by Create does (so AtElementBytes(2) undoes AtElementBytes(1)).
+  // profile() stays the profile as given.
+  CostModel AtElementBytes(int bytes_per_element) const;
+
+  // One GEMM C[m x n] = A[m x k] B[k x n]: overhead + 2mnk / (peak * eff(m, n, k)),
+  // peak the one this model was made at (AtElementBytes; Create: gemm.peak_tflops).
   double GemmUs(int64_t m, int64_t n, int64_t k) const;
   // `batch` GEMMs of one shape in one launch (attention's batched GEMMs):
   // overhead + batch * 2mnk / (peak * eff(m, n, k)).
@@ -95,7 +107,7 @@ class CostModel {
   ClusterProfile profile_;
   absl::flat_hash_map<uint64_t, Piecewise> fits_;
   std::array<std::vector<double>, 3> log_axes_;  // log2 of m, n, k grid axes
-  double flops_per_us_ = 0.0;                    // peak, in flop per microsecond
+  double flops_per_us_ = 0.0;  // the GEMM peak in use (AtElementBytes), in flop per microsecond
   double mem_bytes_per_us_ = 0.0;
   struct ActLine {
     double overhead_us = 0.0;

@@ -60,6 +60,9 @@ struct GemmEfficiencyGrid {
 struct GemmModel {
   double peak_tflops = 0.0;
   double launch_overhead_us = 0.0;
+  // Dense peak at 1-byte (FP8) elements; 0 = unset: no FP8 tensor cores, 1-byte
+  // GEMMs run at peak_tflops (CostModel::AtElementBytes).
+  double fp8_peak_tflops = 0.0;
   GemmEfficiencyGrid grid;  // empty: efficiency 1
 };
 
