@@ -188,13 +188,16 @@ PROFILES = [
         "gb200-nvl72",
         "16 racks of NVIDIA GB200 NVL72 (each 36 GB200 superchips = 72 Blackwell GPUs in one "
         "NVLink 5 domain, 18 compute trays of 4 GPUs). A moeplan node is the NVLink domain, "
-        "so a node here is a whole rack: gpus_per_node = 72, not the 4-GPU compute tray the "
-        "OS sees. Intra link: 900 GB/s per direction per GPU across the rack (half the 1.8 "
+        "so a node here is a whole rack, not the 4-GPU compute tray the "
+        "OS sees. Of each rack's 72 GPUs the profile uses 64 (gpus_per_node = 64, 8 left "
+        "idle): moeplan places every parallel group inside a node or over whole nodes, and "
+        "72 admits no power-of-two group above 8, so a 72-GPU node would refuse the layouts "
+        "MoE jobs run (EP 64, 1,024 GPUs). Intra link: 900 GB/s per direction per GPU across "
+        "the rack (half the 1.8 "
         "TB/s bidirectional figure). Inter link (rack to rack): one 400 Gb/s ConnectX-7 NIC "
         "per GPU = 50 GB/s; ASSUMED from the GB200 reference design as MLPerf systems list it "
         "(4 ConnectX-7 per 4-GPU tray), no NVIDIA datasheet line for it was found (GB300 NVL72 "
-        "has 800 Gb/s per GPU). 16 racks (1,152 GPUs) is an assumed size, the fewest whole "
-        "racks with at least 1,024 GPUs. Intra alpha is assumed equal to an 8-GPU NVSwitch "
+        "has 800 Gb/s per GPU). 16 racks (1,024 GPUs used) is an assumed size. Intra alpha is assumed equal to an 8-GPU NVSwitch "
         "node's although a rack crosses an extra switch level. Peaks are the rack's "
         "with-sparsity figures halved, per GPU; 1-byte (FP8) GEMMs at the dense FP8 peak. "
         "Memory: 186 GB per GPU (13.4 TB / 72, the rack's and NVIDIA's MIG table's figure; "
@@ -209,7 +212,7 @@ PROFILES = [
             "per node (compute tray), 186 GB per accelerator, 4 BlueField-3 / ConnectX-7 "
             "devices per 4-GPU node (ConnectX-7: up to 400 Gb/s)",
         ],
-        nodes=16, gpus=72, mem_gib=186, intra_gbs=1800 / 2, intra_alpha=3.0,
+        nodes=16, gpus=64, mem_gib=186, intra_gbs=1800 / 2, intra_alpha=3.0,
         inter_gbs=400 / 8, inter_alpha=6.0, tflops=2500.0, launch_us=4.0,
         hbm_gbs=8000.0, e_max=0.7, fp8_tflops=5000.0),
     profile(

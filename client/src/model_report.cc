@@ -36,6 +36,49 @@ std::string Names(const google::protobuf::RepeatedPtrField<std::string>& names, 
   return out;
 }
 
+// "every 2" (moe.layer_freq) or "pattern" (moe.layer_pattern).
+std::string MoeEvery(const v1::MoeConfig& moe) {
+  return moe.layer_pattern_size() > 0 ? "by pattern" : fmt::format("every {}", moe.layer_freq());
+}
+
+// The attention and FFN kinds, where they are not GPT-2's.
+std::string Shape(const v1::ModelConfig& m) {
+  std::string out;
+  if (m.has_multi_latent_attention()) {
+    const v1::MultiLatentAttention& a = m.multi_latent_attention();
+    out += fmt::format("MLA (q rank {}, kv rank {}, qk {}+{}, v {})", a.q_lora_rank(),
+                       a.kv_lora_rank(), a.qk_head_dim(), a.qk_pos_emb_head_dim(), a.v_head_dim());
+  } else if (m.has_num_query_groups() && m.num_query_groups() != m.num_attention_heads()) {
+    out += fmt::format("GQA ({} key/value groups)", m.num_query_groups());
+  }
+  if (m.has_kv_channels()) out += fmt::format("{}head size {}", out.empty() ? "" : ", ", m.kv_channels());
+  if (m.attention_backend() == "flash" || m.attention_backend() == "fused") {
+    out += fmt::format("{}{} attention", out.empty() ? "" : ", ", m.attention_backend());
+  }
+  if (m.gated_linear_unit()) out += fmt::format("{}SwiGLU", out.empty() ? "" : ", ");
+  if (m.mtp_num_layers() > 0) {
+    out += fmt::format("{}{} MTP depth{}", out.empty() ? "" : ", ", m.mtp_num_layers(),
+                       m.mtp_num_layers() > 1 ? "s" : "");
+  }
+  return out.empty() ? out : fmt::format("  {}\n", out);
+}
+
+std::string Billions(double n) { return fmt::format("{:.2f} B", n / 1e9); }
+
+// Parameters, model FLOPs per token and the peak MFU is measured against.
+std::string Accounting(const v1::PlanModelResponse& plan) {
+  if (!plan.has_accounting()) return "";
+  const v1::ModelAccounting& a = plan.accounting();
+  std::string mtp =
+      a.mtp_params() > 0.0 ? fmt::format(", MTP depths {} more", Billions(a.mtp_params())) : "";
+  return fmt::format(
+      "  parameters {} total, {} active (embedding {}, output layer {}{}); {:.1f} GFLOP per "
+      "token (Megatron-LM's count); MFU against {} TFLOP/s\n",
+      Billions(a.total_params()), Billions(a.active_params()), Billions(a.embedding_params()),
+      a.output_layer_params() > 0.0 ? Billions(a.output_layer_params()) : "tied", mtp,
+      a.flops_per_token() / 1e9, a.peak_tflops());
+}
+
 }  // namespace
 
 std::string FormatModelTable(const v1::ModelConfig& m, const v1::PlanModelResponse& plan,
@@ -48,9 +91,9 @@ std::string FormatModelTable(const v1::ModelConfig& m, const v1::PlanModelRespon
                  m.name().empty() ? "(unnamed)" : m.name(), plan.profile_name(),
                  plan.profile_version(), profile.nodes(), profile.gpus_per_node(), plan.ranks());
   fmt::format_to(w,
-                 "  {} blocks ({} MoE, every {}), hidden {}, {} heads, ffn {}, seq {}, micro-batch "
+                 "  {} blocks ({} MoE, {}), hidden {}, {} heads, ffn {}, seq {}, micro-batch "
                  "{}, vocab {}, b={}\n",
-                 m.num_layers(), plan.moe_layers(), moe.layer_freq(), m.hidden_size(),
+                 m.num_layers(), plan.moe_layers(), MoeEvery(moe), m.hidden_size(),
                  m.num_attention_heads(), m.ffn_hidden_size(), m.seq_length(),
                  m.micro_batch_size(), m.vocab_size(), m.bytes_per_element());
   fmt::format_to(w,
@@ -59,20 +102,22 @@ std::string FormatModelTable(const v1::ModelConfig& m, const v1::PlanModelRespon
                  moe.num_experts(), moe.top_k(), moe.capacity_factor(),
                  moe.expert_ffn_hidden_size(), moe.shared_expert_ffn_hidden_size(), Gate(moe.gate()),
                  p.mp(), p.ep(), p.esp(), p.dp());
+  fmt::format_to(w, "{}", Shape(m));
+  fmt::format_to(w, "{}", Accounting(plan));
   fmt::format_to(w, "  {} parameters per rank\n\n", plan.params_per_rank());
 
-  fmt::format_to(w, "{:<10}{:>12}{:>12}{:>12}{:>12}{:>12}{:>9}{:>10}  {}\n", "variant",
+  fmt::format_to(w, "{:<10}{:>12}{:>12}{:>12}{:>12}{:>12}{:>9}{:>10}{:>9}{:>7}  {}\n", "variant",
                  "iteration", "compute", "comm", "exposed", "hidden", "vs_none", "vs_tutel",
-                 "moe layers");
+                 "TFLOP/s", "MFU", "moe layers");
   for (const v1::VariantPlan& v : plan.variants()) {
     std::string how = fmt::format("{}/{}", proto::ScheduleLabel(v.schedule()),
                                   proto::AllToAllAlgoLabel(v.alltoall()));
     if (v.tutel_degree() > 0) how += fmt::format(", r={}", v.tutel_degree());
-    fmt::format_to(w, "{:<10}{:>12}{:>12}{:>12}{:>12}{:>12}{:>9}{:>10}  {}{}\n", v.name(),
-                   FormatDuration(v.iteration_us()), FormatDuration(v.compute_us()),
+    fmt::format_to(w, "{:<10}{:>12}{:>12}{:>12}{:>12}{:>12}{:>9}{:>10}{:>9.1f}{:>6.1f}%  {}{}\n",
+                   v.name(), FormatDuration(v.iteration_us()), FormatDuration(v.compute_us()),
                    FormatDuration(v.comm_us()), FormatDuration(v.exposed_comm_us()),
                    FormatDuration(v.hidden_comm_us()), Speedup(v.speedup_over_none()),
-                   Speedup(v.speedup_over_tutel()), how,
+                   Speedup(v.speedup_over_tutel()), v.tflops_per_gpu(), 100.0 * v.mfu(), how,
                    v.name() == plan.best_variant() ? "  <- best" : "");
   }
 
@@ -157,11 +202,12 @@ std::string FormatLayoutTable(const v1::ModelConfig& m, const v1::PlanModelRespo
                  plan.profile_version(), plan.gpus(), profile.gpus_per_node(),
                  profile.gpu_memory_gib(), plan.global_batch_size());
   fmt::format_to(w,
-                 "  {} blocks ({} MoE, every {}), hidden {}, {} heads, ffn {}, seq {}, vocab {}; "
+                 "  {} blocks ({} MoE, {}), hidden {}, {} heads, ffn {}, seq {}, vocab {}; "
                  "{} experts, top-{}, expert ffn {}\n",
-                 m.num_layers(), plan.moe_layers(), moe.layer_freq(), m.hidden_size(),
+                 m.num_layers(), plan.moe_layers(), MoeEvery(moe), m.hidden_size(),
                  m.num_attention_heads(), m.ffn_hidden_size(), m.seq_length(), m.vocab_size(),
                  moe.num_experts(), moe.top_k(), moe.expert_ffn_hidden_size());
+  fmt::format_to(w, "{}{}", Shape(m), Accounting(plan));
   if (plan.has_search_stats()) {
     const v1::SearchStats& s = plan.search_stats();
     fmt::format_to(w,
@@ -187,17 +233,19 @@ std::string FormatLayoutTable(const v1::ModelConfig& m, const v1::PlanModelRespo
     return out;
   }
   fmt::format_to(w, "\n{:>4}  {:<6} {:>4} {:>3} {:>3} {:>4} {:>4} {:>4} {:>4} {:>4}  {:<15} {:>12} "
-                    "{:>13} {:>8} {:>7}  {:<9} {}\n",
+                    "{:>13} {:>8} {:>6} {:>8} {:>7}  {:<9} {}\n",
                  "rank", "family", "dp", "tp", "pp", "ep", "esp", "m", "mbs", "zero", "pipeline",
-                 "iteration ms", "tokens/s/GPU", "GiB/GPU", "bubble", "variant", "schedule");
+                 "iteration ms", "tokens/s/GPU", "TFLOP/s", "MFU", "GiB/GPU", "bubble", "variant",
+                 "schedule");
   for (const v1::LayoutCandidate& c : plan.candidates()) {
     const v1::Layout& l = c.layout();
     fmt::format_to(w,
                    "{:>4}  {:<6} {:>4} {:>3} {:>3} {:>4} {:>4} {:>4} {:>4} {:>4}  {:<15} {:>12.2f} "
-                   "{:>13.0f} {:>8} {:>6.1f}%  {:<9} {}{}{}\n",
+                   "{:>13.0f} {:>8.1f} {:>5.1f}% {:>8} {:>6.1f}%  {:<9} {}{}{}\n",
                    c.rank(), c.family(), l.dp(), l.tp(), l.pp(), l.ep(), l.esp(), l.microbatches(),
                    l.micro_batch_size(), l.zero_stage(), PipelineLabel(l), c.iteration_us() / 1000.0,
-                   c.tokens_per_s_per_gpu(), Gib(c.memory_bytes_per_gpu()),
+                   c.tokens_per_s_per_gpu(), c.tflops_per_gpu(), 100.0 * c.mfu(),
+                   Gib(c.memory_bytes_per_gpu()),
                    100.0 * c.bubble_fraction(), c.variant(),
                    proto::ScheduleLabel(c.schedule()),
                    c.alltoall() == v1::ALLTOALL_ALGORITHM_HIERARCHICAL ? "+2dh" : "",

@@ -113,9 +113,9 @@ absl::StatusOr<std::unique_ptr<MoeLayerOps>> MoeLayerOps::Create(
 }
 
 absl::StatusOr<size_t> MoeLayerOps::PlannedBytes(const planner::LayerConfig& layer,
-                                                  const planner::OpGraph& plan, int instance,
-                                                  int block, const RunOptions& options,
-                                                  const RankGroups* groups) {
+                                                 const planner::OpGraph& plan, int instance,
+                                                 int block, const RunOptions& options,
+                                                 const RankGroups* groups) {
   // Init's sizing steps without its allocation (no device, no kernels used).
   MoeLayerOps ops(layer, options, groups, nullptr, nullptr);
   ops.SetDimensions();

@@ -199,8 +199,8 @@ RankParams BlockParams(const ModelConfig& m, int block) {
   }
   const double gate = m.moe.shared_expert_gate ? M : 0.0;
   r.dense += b.router + (b.shared_experts - gate) / t + gate;
-  r.expert = static_cast<double>(m.moe.num_experts / m.parallel.ep) * b.routed_expert /
-             m.parallel.esp;
+  r.expert =
+      static_cast<double>(m.moe.num_experts / m.parallel.ep) * b.routed_expert / m.parallel.esp;
   return r;
 }
 
@@ -214,8 +214,9 @@ Throughput ThroughputOf(double flops_per_token, double tokens, double iteration_
   return t;
 }
 
-double DensePeakTflops(const ClusterProfile& profile, int /*bytes_per_element*/) {
-  return profile.gemm.peak_tflops;
+double DensePeakTflops(const ClusterProfile& profile, int bytes_per_element) {
+  return bytes_per_element == 1 && profile.gemm.fp8_peak_tflops > 0.0 ? profile.gemm.fp8_peak_tflops
+                                                                      : profile.gemm.peak_tflops;
 }
 
 }  // namespace moeplan::planner

@@ -54,8 +54,10 @@ absl::Status ValidateDegrees(const ModelConfig& m, const Layout& l, const Cluste
                                        l.tp, m.moe.SharedFfnSize()));
   }
   if (m.num_query_groups > 0) {
-    MOEPLAN_RETURN_IF_ERROR(MustDivide("layout.tp", "num_query_groups (Megatron TP splits the "
-                                       "key/value heads)", l.tp, m.num_query_groups));
+    MOEPLAN_RETURN_IF_ERROR(MustDivide("layout.tp",
+                                       "num_query_groups (Megatron TP splits the "
+                                       "key/value heads)",
+                                       l.tp, m.num_query_groups));
   }
   if (l.pp > m.num_layers) {
     // Stages need not hold equal numbers of layers (ChunkOptions), but each

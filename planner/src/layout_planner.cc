@@ -182,9 +182,8 @@ absl::Status LayoutPlanner::Impl::Run(const ModelConfig& model, const Layout& l,
   out->micro_batch_size = mbs;
   out->iteration_us = pr.makespan_us;
   const double tokens = static_cast<double>(model.GlobalBatch()) * model.seq_length;
-  const Throughput tp =
-      ThroughputOf(FlopsPerToken(model), tokens, pr.makespan_us, l.Gpus(),
-                   DensePeakTflops(cost.profile(), model.bytes_per_element));
+  const Throughput tp = ThroughputOf(FlopsPerToken(model), tokens, pr.makespan_us, l.Gpus(),
+                                     DensePeakTflops(cost.profile(), model.bytes_per_element));
   out->tokens_per_s_per_gpu = tp.tokens_per_s_per_gpu;
   out->tflops_per_gpu = tp.tflops_per_gpu;
   out->mfu = tp.mfu;
@@ -228,8 +227,7 @@ absl::StatusOr<double> LayoutPlanner::Impl::Bound(const ModelConfig& model, cons
     double stage_load = 0.0;
     for (int c = 0; c < v; ++c) {
       const StageOptions so = ChunkOptions(model, l, st, c);
-      const ChunkKey key =
-          KeyOf(model, l, mbs, so, /*zero=*/0);  // the bounds hold for every stage
+      const ChunkKey key = KeyOf(model, l, mbs, so, /*zero=*/0);  // the bounds hold for every stage
       ModelPlanner::StageBound b;
       if (auto it = bounds.find(key); it != bounds.end()) {
         b = it->second;

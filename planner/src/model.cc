@@ -50,9 +50,9 @@ absl::Status ValidateAttention(const ModelConfig& m) {
   if (m.kv_channels != 0) {
     MOEPLAN_RETURN_IF_ERROR(CheckDim("kv_channels", m.kv_channels));
   } else if (!m.multi_latent_attention) {
-    MOEPLAN_RETURN_IF_ERROR(Divides(
-        "num_attention_heads", "hidden_size (or set kv_channels, the head size)",
-        m.num_attention_heads, m.hidden_size, Cat(heads, ", hidden_size=", m.hidden_size)));
+    MOEPLAN_RETURN_IF_ERROR(
+        Divides("num_attention_heads", "hidden_size (or set kv_channels, the head size)",
+                m.num_attention_heads, m.hidden_size, Cat(heads, ", hidden_size=", m.hidden_size)));
   }
   if (m.num_query_groups != 0) {
     MOEPLAN_RETURN_IF_ERROR(CheckDim("num_query_groups", m.num_query_groups));
@@ -118,8 +118,8 @@ absl::Status ValidateMoeRouting(const ModelConfig& m) {
                Cat(e.num_shared_experts));
   }
   if (e.shared_expert_gate && e.shared_expert_ffn_hidden_size == 0) {
-    return Bad("moe.shared_expert_gate", "needs a shared expert (moe.shared_expert_ffn_hidden_size)",
-               "true");
+    return Bad("moe.shared_expert_gate",
+               "needs a shared expert (moe.shared_expert_ffn_hidden_size)", "true");
   }
   if (e.gate == Gate::kSwitch && e.top_k != 1) {
     return Bad("moe.top_k", "must be 1 with the switch gate", Cat(e.top_k));
@@ -128,8 +128,8 @@ absl::Status ValidateMoeRouting(const ModelConfig& m) {
     const std::string got =
         Cat("router_num_groups=", e.router_num_groups, ", num_experts=", e.num_experts);
     MOEPLAN_RETURN_IF_ERROR(CheckDim("moe.router_num_groups", e.router_num_groups));
-    MOEPLAN_RETURN_IF_ERROR(Divides("moe.router_num_groups", "moe.num_experts",
-                                    e.router_num_groups, e.num_experts, got));
+    MOEPLAN_RETURN_IF_ERROR(Divides("moe.router_num_groups", "moe.num_experts", e.router_num_groups,
+                                    e.num_experts, got));
     if (e.router_group_topk < 1 || e.router_group_topk > e.router_num_groups) {
       return Bad("moe.router_group_topk", "must be between 1 and moe.router_num_groups",
                  Cat("router_group_topk=", e.router_group_topk,
@@ -285,10 +285,9 @@ absl::Status ValidateModel(const ModelConfig& m, const ClusterShape& c) {
                                     Cat(mp, ", shared experts' size=", m.moe.SharedFfnSize())));
   }
   if (m.num_query_groups != 0) {
-    MOEPLAN_RETURN_IF_ERROR(Divides("parallel.mp",
-                                    "num_query_groups (Megatron TP splits the key/value heads)",
-                                    p.mp, m.num_query_groups,
-                                    Cat(mp, ", num_query_groups=", m.num_query_groups)));
+    MOEPLAN_RETURN_IF_ERROR(
+        Divides("parallel.mp", "num_query_groups (Megatron TP splits the key/value heads)", p.mp,
+                m.num_query_groups, Cat(mp, ", num_query_groups=", m.num_query_groups)));
   }
   if (m.vocab_size != 0) {
     MOEPLAN_RETURN_IF_ERROR(Divides("parallel.mp", "vocab_size (the LM head is split by vocab)",

@@ -72,8 +72,7 @@ class BackwardEmitter {
     return b_.Compute(name, B, Term::kDense, s_.cost.MemoryBoundUs(bytes), bytes, in, 0,
                       DenseMemory(bytes, e_));
   }
-  Deps Gemm(std::string_view name, int64_t mm, int64_t nn, int64_t kk, Deps in,
-            uint8_t flags = 0) {
+  Deps Gemm(std::string_view name, int64_t mm, int64_t nn, int64_t kk, Deps in, uint8_t flags = 0) {
     return b_.Compute(name, B, Term::kDense, s_.cost.GemmUs(mm, nn, kk),
                       e_ * static_cast<double>(mm * kk + kk * nn + mm * nn), in, flags,
                       DenseGemm(mm, nn, kk));
@@ -224,10 +223,11 @@ class BackwardEmitter {
     x = Linear("bwd.proj_dx", "bwd.proj_dw", dm_.attn_out, M_,
                static_cast<double>(M_) * dm_.attn_out + (m_.add_bias_linear ? M_ : 0), x);
     if (m_.FusedAttention()) {
-      x = b_.Compute("bwd.flash_attn", B, Term::kDense,
-                     internal::kFlashBackwardRatio * internal::FlashAttentionUs(c, Bq_, hp_, L_, dm_),
-                     2.0 * e_ * Bq_ * hp_ * L_ * (2.0 * qk + 2.0 * dv), x, 0,
-                     DenseGemm(L_, L_, qk, Bq_ * hp_, 5));
+      x = b_.Compute(
+          "bwd.flash_attn", B, Term::kDense,
+          internal::kFlashBackwardRatio * internal::FlashAttentionUs(c, Bq_, hp_, L_, dm_),
+          2.0 * e_ * Bq_ * hp_ * L_ * (2.0 * qk + 2.0 * dv), x, 0,
+          DenseGemm(L_, L_, qk, Bq_ * hp_, 5));
     } else {
       x = CoreBackward(x);
     }
@@ -249,8 +249,7 @@ class BackwardEmitter {
                    DenseGemm(L_, L_, dv, Bq_ * hp_, 2));
     x = Mem("bwd.softmax", 3.0 * e_ * Bq_ * hp_ * L_ * L_, x);
     // dQ = dS K (L x qk x L) and dK = dS^T Q (L x qk x L).
-    x = b_.Compute("bwd.attn_score", B, Term::kDense,
-                   2.0 * c.BatchedGemmUs(Bq_ * hp_, L_, qk, L_),
+    x = b_.Compute("bwd.attn_score", B, Term::kDense, 2.0 * c.BatchedGemmUs(Bq_ * hp_, L_, qk, L_),
                    2.0 * e_ * Bq_ * hp_ * (2.0 * L_ * qk + L_ * L_), x, 0,
                    DenseGemm(L_, qk, L_, Bq_ * hp_, 2));
     return x;

@@ -164,9 +164,9 @@ Deps ModelPlanner::Impl::BuildUnit(const Unit& u, int k, Builder& b, Deps x,
                        e * q * hp * (L * dm.v + L * L + L * dm.v), x, 0,
                        DenseGemm(L, dm.v, L, q * hp));
     case UnitKind::kFlashAttn:
-      return b.Compute("fwd.flash_attn", F, Term::kDense, internal::FlashAttentionUs(c, q, hp, L, dm),
-                       e * q * hp * L * (2.0 * dm.qk + 2.0 * dm.v), x, 0,
-                       DenseGemm(L, L, dm.qk, q * hp, 2));
+      return b.Compute(
+          "fwd.flash_attn", F, Term::kDense, internal::FlashAttentionUs(c, q, hp, L, dm),
+          e * q * hp * L * (2.0 * dm.qk + 2.0 * dm.v), x, 0, DenseGemm(L, L, dm.qk, q * hp, 2));
     case UnitKind::kProj:
       return gemm("fwd.proj", s, M, dm.attn_out);
     case UnitKind::kProjAllReduce:
@@ -288,9 +288,7 @@ void ModelPlanner::Impl::EmitRange(int u0, int u1, int k, OpGraph* g, bool stand
       }
     }
     for (int p = 0; p < k; ++p) {
-      auto at = [&](OpId lo) {
-        return lo == kNoOp ? kNoOp : map[static_cast<size_t>(lo) * k + p];
-      };
+      auto at = [&](OpId lo) { return lo == kNoOp ? kNoOp : map[static_cast<size_t>(lo) * k + p]; };
       piece_out.push_back({at(lf.a), at(lf.b)});
     }
   }

@@ -1,7 +1,5 @@
 // The codec of layouts (docs/layouts.md): --layout specs, layouts, memory
 // and search options, candidates.
-#include "moeplan/proto/convert.h"
-
 #include <algorithm>
 #include <charconv>
 #include <cmath>
@@ -12,6 +10,7 @@
 #include "convert_internal.h"
 #include "moeplan/base/status.h"
 #include "moeplan/base/strings.h"
+#include "moeplan/proto/convert.h"
 
 namespace moeplan::proto {
 

@@ -1,6 +1,4 @@
 // The codec of whole models (docs/model.md): configs, options, plans.
-#include "moeplan/proto/convert.h"
-
 #include <algorithm>
 #include <charconv>
 #include <cmath>
@@ -12,19 +10,20 @@
 #include "moeplan/base/status.h"
 #include "moeplan/base/strings.h"
 #include "moeplan/planner/accounting.h"
+#include "moeplan/proto/convert.h"
 
 namespace moeplan::proto {
 
 namespace p = ::moeplan::planner;
 
-using internal::FromWire;
-using internal::ToWire;
 using internal::AddCriticalTerms;
 using internal::AddOpTimings;
+using internal::FromWire;
 using internal::kAlgos;
 using internal::kGates;
 using internal::kSchedules;
 using internal::kVariants;
+using internal::ToWire;
 
 v1::OverlapVariant VariantToProto(p::Variant v) {
   return ToWire(kVariants, v, v1::OVERLAP_VARIANT_UNSPECIFIED);
@@ -70,9 +69,9 @@ absl::StatusOr<p::ModelConfig> ModelFromProto(const v1::ModelConfig& m) {
   out.moe.shared_expert_ffn_hidden_size =
       moe.has_shared_expert_ffn_hidden_size() ? moe.shared_expert_ffn_hidden_size() : 0;
   if (moe.has_num_shared_experts() && moe.num_shared_experts() < 1) {
-    return absl::InvalidArgumentError(Cat(
-        "moe.num_shared_experts: must be between 1 and 64 (unset: 1) (got ",
-        moe.num_shared_experts(), ")"));
+    return absl::InvalidArgumentError(
+        Cat("moe.num_shared_experts: must be between 1 and 64 (unset: 1) (got ",
+            moe.num_shared_experts(), ")"));
   }
   out.moe.num_shared_experts = moe.has_num_shared_experts() ? moe.num_shared_experts() : 0;
   out.moe.shared_expert_gate = moe.shared_expert_gate();
@@ -118,8 +117,8 @@ absl::StatusOr<p::ModelConfig> ModelFromProto(const v1::ModelConfig& m) {
     out.normalization = p::Normalization::kRmsNorm;
   } else {
     return absl::InvalidArgumentError(
-        Cat("normalization: must be \"LayerNorm\" or \"RMSNorm\" (got ",
-            "\"", Printable(m.normalization()), "\")"));
+        Cat("normalization: must be \"LayerNorm\" or \"RMSNorm\" (got ", "\"",
+            Printable(m.normalization()), "\")"));
   }
   out.qk_layernorm = m.qk_layernorm();
   out.add_bias_linear = m.has_add_bias_linear() ? m.add_bias_linear() : true;
@@ -144,8 +143,8 @@ absl::StatusOr<p::ModelConfig> ModelFromProto(const v1::ModelConfig& m) {
     out.attention_backend = p::AttentionBackend::kFused;
   } else {
     return absl::InvalidArgumentError(
-        Cat("attention_backend: must be \"unfused\", \"flash\" or \"fused\" (got \"",
-            Printable(ab), "\")"));
+        Cat("attention_backend: must be \"unfused\", \"flash\" or \"fused\" (got \"", Printable(ab),
+            "\")"));
   }
   return out;
 }
@@ -175,7 +174,8 @@ v1::ModelConfig ModelToProto(const p::ModelConfig& m) {
     for (uint8_t v : m.moe.layer_pattern) moe->add_layer_pattern(v);
   }
   if (m.moe.shared_expert_ffn_hidden_size > 0) {
-    moe->set_num_shared_experts(static_cast<int32_t>(std::max<int64_t>(1, m.moe.num_shared_experts)));
+    moe->set_num_shared_experts(
+        static_cast<int32_t>(std::max<int64_t>(1, m.moe.num_shared_experts)));
   }
   moe->set_shared_expert_gate(m.moe.shared_expert_gate);
   if (m.moe.router_num_groups > 0) {

@@ -2,6 +2,7 @@
 // validate once, plan, fill the response.
 #include "moeplan/requests/answer.h"
 
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -39,7 +40,17 @@ absl::Status AnswerPlanLayer(const p::LayerConfig& layer, const v1::PlanLayerReq
     schedules.push_back(*s);
   }
   p::LayerPlan plan;
-  if (absl::Status s = planner.Plan(layer, schedules, &plan); !s.ok()) {
+  // 1-byte elements (FP8) run their GEMMs at the profile's FP8 peak.
+  std::optional<p::CostModel> fp8;
+  std::optional<p::LayerPlanner> fp8_planner;
+  p::LayerPlanner* use = &planner;
+  if (layer.bytes_per_element == 1 &&
+      planner.cost().PeakTflops(1) != planner.cost().PeakTflops(2)) {
+    fp8.emplace(planner.cost().AtElementBytes(1));
+    fp8_planner.emplace(*fp8);
+    use = &*fp8_planner;
+  }
+  if (absl::Status s = use->Plan(layer, schedules, &plan); !s.ok()) {
     if (s.code() != absl::StatusCode::kInvalidArgument) return s;
     const std::string_view msg = View(s.message());
     // Layer fields get the request's path; "schedules: ..." already is one.
@@ -52,6 +63,10 @@ absl::Status AnswerPlanLayer(const p::LayerConfig& layer, const v1::PlanLayerReq
 }
 
 namespace {
+
+absl::Status AnswerPlanModelAt(const p::ModelConfig& model, const v1::PlanModelRequest& request,
+                               p::ModelPlanner& planner, const p::ClusterProfile& profile,
+                               v1::PlanModelResponse* out, p::Deadline deadline);
 
 // Option rules name options fields; layout, memory and search rules name
 // theirs; everything else is a model field.
@@ -108,6 +123,22 @@ absl::Status AnswerLayouts(const p::ModelConfig& model, const v1::PlanModelReque
 absl::Status AnswerPlanModel(const p::ModelConfig& model, const v1::PlanModelRequest& request,
                              p::ModelPlanner& planner, const p::ClusterProfile& profile,
                              v1::PlanModelResponse* out, p::Deadline deadline) {
+  if (model.bytes_per_element == 1 &&
+      planner.cost().PeakTflops(1) != planner.cost().PeakTflops(2)) {
+    // 1-byte elements (FP8) run their GEMMs at the profile's FP8 peak: a
+    // planner of their own (its range costs are the FP8 ones).
+    const p::CostModel fp8 = planner.cost().AtElementBytes(1);
+    p::ModelPlanner fp8_planner(fp8);
+    return AnswerPlanModelAt(model, request, fp8_planner, profile, out, deadline);
+  }
+  return AnswerPlanModelAt(model, request, planner, profile, out, deadline);
+}
+
+namespace {
+
+absl::Status AnswerPlanModelAt(const p::ModelConfig& model, const v1::PlanModelRequest& request,
+                               p::ModelPlanner& planner, const p::ClusterProfile& profile,
+                               v1::PlanModelResponse* out, p::Deadline deadline) {
   MOEPLAN_ASSIGN_OR_RETURN(p::ModelPlanOptions options,
                            proto::ModelOptionsFromProto(request.options()));
   options.deadline = deadline;
@@ -144,6 +175,8 @@ absl::Status AnswerPlanModel(const p::ModelConfig& model, const v1::PlanModelReq
   proto::ModelPlanToProto(plan, model, profile, request.include_timeline(), out);
   return absl::OkStatus();
 }
+
+}  // namespace
 
 absl::Status AnswerPlanModel(const v1::PlanModelRequest& request, p::ModelPlanner& planner,
                              const p::ClusterProfile& profile, v1::PlanModelResponse* out,

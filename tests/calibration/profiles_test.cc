@@ -89,7 +89,7 @@ TEST(BuiltinProfiles, HopperAndBlackwellNumbersFollowTheCitedSpecs) {
                         Want{"h800-8x8", 8, 8, 989.5, 1979, 200, 50, 80, 3350},
                         Want{"h200-8x8", 8, 8, 989, 1979, 450, 50, 141, 4800},
                         Want{"b200-8x8", 8, 8, 2250, 4500, 900, 50, 180, 8000},
-                        Want{"gb200-nvl72", 16, 72, 2500, 5000, 900, 50, 186, 8000}}) {
+                        Want{"gb200-nvl72", 16, 64, 2500, 5000, 900, 50, 186, 8000}}) {
     SCOPED_TRACE(w.name);
     absl::StatusOr<LoadedProfile> p = LoadProfile(w.name);
     ASSERT_TRUE(p.ok()) << p.status();

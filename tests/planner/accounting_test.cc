@@ -186,8 +186,8 @@ TEST(AccountingTest, LegacyModelsCountTheirBiasesAndLearnedPositions) {
   const double M = 64;
   const double attn = 4 * M + 3 * M * M + 3 * M + M * M + M;
   const ParamCounts c = CountParams(m);
-  EXPECT_DOUBLE_EQ(c.transformer, (attn + 2 * M * 256 + 256 + M) +
-                                      (attn + M * 4 + 4 * 2 * M * 128) + 2 * M);
+  EXPECT_DOUBLE_EQ(c.transformer,
+                   (attn + 2 * M * 256 + 256 + M) + (attn + M * 4 + 4 * 2 * M * 128) + 2 * M);
   EXPECT_DOUBLE_EQ(c.embedding, (100 + 32) * M);
   EXPECT_DOUBLE_EQ(c.output_layer, 0.0);
   EXPECT_DOUBLE_EQ(c.active, c.total - 3 * 2 * M * 128);

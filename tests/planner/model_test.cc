@@ -1,7 +1,6 @@
 // Whole-model planning (docs/model.md): the graph algorithms against brute
 // force, the model graph's structure, and the variants' invariants.
 #include "moeplan/planner/model.h"
-#include "moeplan/planner/model_planner.h"
 
 #include <gtest/gtest.h>
 
@@ -16,6 +15,7 @@
 
 #include "absl/hash/hash.h"
 #include "moeplan/base/format.h"
+#include "moeplan/planner/model_planner.h"
 #include "moeplan/planner/schedules.h"
 #include "test_profile.h"
 
@@ -477,7 +477,9 @@ TEST(ModelConfigHash, EveryFieldMovesTheHash) {
       [](ModelConfig& m) { m.parallel.dp = 16; },
       [](ModelConfig& m) { m.parallel.pp = 2; },
       [](ModelConfig& m) { m.global_batch_size = 512; },
-      [](ModelConfig& m) { m.moe.layer_pattern = {1, 0}; },
+      [](ModelConfig& m) {
+        m.moe.layer_pattern = {1, 0};
+      },
       [](ModelConfig& m) { m.moe.num_shared_experts = 2; },
       [](ModelConfig& m) { m.moe.shared_expert_gate = true; },
       [](ModelConfig& m) { m.moe.router_num_groups = 4; },

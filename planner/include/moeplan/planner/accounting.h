@@ -15,11 +15,11 @@ namespace moeplan::planner {
 // (num_parameters()): every weight, bias and norm, routed experts all counted
 // in `total`, only the top_k a token reaches in `active`.
 struct ParamCounts {
-  double embedding = 0.0;     // the input embedding (and learned positions)
-  double output_layer = 0.0;  // the output layer when untied; 0 when it is the embedding
-  double transformer = 0.0;   // the num_layers blocks and the final norm
-  double mtp = 0.0;           // the MTP depths (their embedding and output layer are shared)
-  double routed_experts = 0.0;         // of the blocks (in transformer)
+  double embedding = 0.0;       // the input embedding (and learned positions)
+  double output_layer = 0.0;    // the output layer when untied; 0 when it is the embedding
+  double transformer = 0.0;     // the num_layers blocks and the final norm
+  double mtp = 0.0;             // the MTP depths (their embedding and output layer are shared)
+  double routed_experts = 0.0;  // of the blocks (in transformer)
   double routed_experts_active = 0.0;  // top_k of them per MoE layer
   // embedding + output_layer + transformer (a model card's total, MTP excluded).
   double total = 0.0;

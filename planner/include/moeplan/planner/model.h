@@ -77,9 +77,9 @@ struct ModelConfig {
   int bytes_per_element = 2;
   MoeSpec moe;
   ParallelLayout parallel;
-  int64_t global_batch_size = 0;  // sequences per iteration; 0: micro_batch_size * parallel.dp
-  int64_t num_query_groups = 0;   // key/value heads (GQA); 0: num_attention_heads
-  int64_t kv_channels = 0;        // head size; 0: hidden_size / num_attention_heads
+  int64_t global_batch_size = 0;   // sequences per iteration; 0: micro_batch_size * parallel.dp
+  int64_t num_query_groups = 0;    // key/value heads (GQA); 0: num_attention_heads
+  int64_t kv_channels = 0;         // head size; 0: hidden_size / num_attention_heads
   bool gated_linear_unit = false;  // SwiGLU FFNs (dense and experts)
   bool multi_latent_attention = false;
   MlaSpec mla;  // when multi_latent_attention
@@ -141,9 +141,9 @@ struct RankDims {
   int64_t qkv = 0;     // standard attention's fused QKV projection: (heads + 2 groups) x qk
   // MLA: down projections (whole) and up projections (split).
   int64_t q_lora = 0, kv_lora = 0, rope = 0;
-  int64_t q_up = 0;   // heads x qk
-  int64_t kv_up = 0;  // heads x (qk_head_dim + v)
-  int64_t attn_out = 0;  // the output projection's input: heads x v
+  int64_t q_up = 0;                   // heads x qk
+  int64_t kv_up = 0;                  // heads x (qk_head_dim + v)
+  int64_t attn_out = 0;               // the output projection's input: heads x v
   int64_t ffn = 0, ffn_in = 0;        // dense FFN, its first GEMM's output (2x with GLU)
   int64_t shared = 0, shared_in = 0;  // all shared experts together
   int64_t vocab = 0;
@@ -177,8 +177,8 @@ H AbslHashValue(H h, const MoeSpec& s) {
                router_force_load_balancing, gate] = s;
   return H::combine(std::move(h), layer_freq, layer_pattern, num_experts, top_k, capacity_factor,
                     expert_ffn_hidden_size, shared_expert_ffn_hidden_size, num_shared_experts,
-                    shared_expert_gate, router_num_groups, router_group_topk, dropless,
-                    token_skew, router_force_load_balancing, static_cast<uint8_t>(gate));
+                    shared_expert_gate, router_num_groups, router_group_topk, dropless, token_skew,
+                    router_force_load_balancing, static_cast<uint8_t>(gate));
 }
 
 template <typename H>
@@ -195,14 +195,13 @@ H AbslHashValue(H h, const ModelConfig& m) {
                num_query_groups, kv_channels, gated_linear_unit, multi_latent_attention, mla,
                untie_embeddings_and_output_weights, mtp_num_layers, add_qkv_bias, normalization,
                qk_layernorm, add_bias_linear, position_embedding_type, attention_backend] = m;
-  return H::combine(std::move(h), name, num_layers, hidden_size, num_attention_heads,
-                    ffn_hidden_size, seq_length, micro_batch_size, vocab_size, bytes_per_element,
-                    moe, parallel, global_batch_size, num_query_groups, kv_channels,
-                    gated_linear_unit, multi_latent_attention, mla,
-                    untie_embeddings_and_output_weights, mtp_num_layers, add_qkv_bias,
-                    static_cast<uint8_t>(normalization), qk_layernorm, add_bias_linear,
-                    static_cast<uint8_t>(position_embedding_type),
-                    static_cast<uint8_t>(attention_backend));
+  return H::combine(
+      std::move(h), name, num_layers, hidden_size, num_attention_heads, ffn_hidden_size, seq_length,
+      micro_batch_size, vocab_size, bytes_per_element, moe, parallel, global_batch_size,
+      num_query_groups, kv_channels, gated_linear_unit, multi_latent_attention, mla,
+      untie_embeddings_and_output_weights, mtp_num_layers, add_qkv_bias,
+      static_cast<uint8_t>(normalization), qk_layernorm, add_bias_linear,
+      static_cast<uint8_t>(position_embedding_type), static_cast<uint8_t>(attention_backend));
 }
 
 }  // namespace moeplan::planner

@@ -65,6 +65,7 @@ class LayerPlanner {
   // default plans the default alone and the decision's summary says so.
   // Duplicate schedules are an error. On error `out` is left unspecified.
   absl::Status Plan(const LayerConfig& layer, std::span<const Schedule> schedules, LayerPlan* out);
+  const CostModel& cost() const { return cost_; }
 
  private:
   const CostModel& cost_;
