@@ -72,11 +72,10 @@ absl::Status LoadModelFile(const std::string& path, const HfFlags& hf, v1::Model
                            std::vector<proto::HfField>* fields) {
   MOEPLAN_ASSIGN_OR_RETURN(const std::string text, proto::ReadFile(path));
   if (!proto::LooksLikeHfConfig(text)) {
-    MOEPLAN_RETURN_IF_ERROR(RefuseHfFlags(hf));
     if (absl::Status s = proto::ParseJson(text, model); !s.ok()) {
       return absl::InvalidArgumentError(Cat(path, ": ", View(s.message())));
     }
-    return absl::OkStatus();
+    return RefuseHfFlags(hf);
   }
   absl::StatusOr<proto::HfImport> imported =
       proto::ImportHfConfig(text, Training(hf), ModelName(path));

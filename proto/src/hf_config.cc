@@ -139,6 +139,10 @@ void HfReader::Use(std::string_view key, std::string_view note, std::string_view
 
 void HfReader::UseDefault(std::string_view key, std::string_view value, std::string_view note,
                           std::string_view field) {
+  if (Present(key)) {  // null: the default too, listed where the file has it
+    Use(key, Cat(note, " (null: default ", value, ")"), field);
+    return;
+  }
   defaults_.push_back(
       {std::string(key), HfField::kUsed, Cat("-> ", note, " (absent: default ", value, ")")});
   if (!field.empty()) origin_[std::string(field)] = std::string(key);

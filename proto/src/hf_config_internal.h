@@ -53,10 +53,10 @@ class HfReader {
   absl::StatusOr<std::vector<int64_t>> IntListOr(std::string_view key, int64_t lo,
                                                  int64_t hi) const;
 
-  // `key` mapped: present, its note "-> <note>"; absent, a default the
-  // import applied, listed after the file's keys with `note` and
-  // "(absent: default <value>)". `field` is the moeplan field it set, so a
-  // moeplan rule it breaks is said against `key` (Origin).
+  // `key` mapped: present, its note "-> <note>"; absent (or null), a default
+  // the import applied, listed after the file's keys with `note` and
+  // "(absent: default <value>)" (where the file has it: "(null: ...)"). `field` is the moeplan
+  // field it set, so a moeplan rule it breaks is said against `key` (Origin).
   void Use(std::string_view key, std::string_view note, std::string_view field = "");
   void UseDefault(std::string_view key, std::string_view value, std::string_view note,
                   std::string_view field = "");

@@ -51,7 +51,12 @@ absl::Status MapAttentionHeads(HfType type, HfReader& r, int64_t hidden, int64_t
                  type == HfType::kOlmoe ? "num_attention_heads" : Cat(fallback), kv_note,
                  "num_query_groups");
   }
-  if (!r.Given("head_dim")) return absl::OkStatus();
+  if (!r.Given("head_dim")) {
+    if (r.Present("head_dim")) {
+      r.Use("head_dim", "kv_channels unset (null: hidden_size / num_attention_heads)");
+    }
+    return absl::OkStatus();
+  }
   MOEPLAN_ASSIGN_OR_RETURN(const int64_t head_dim, r.Int("head_dim", 1, kHfMaxDim));
   if (hidden % heads == 0 && hidden / heads == head_dim) {
     r.Use("head_dim", "kv_channels unset (= hidden_size / num_attention_heads)", "kv_channels");

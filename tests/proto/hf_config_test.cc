@@ -230,6 +230,16 @@ TEST(ImportHfConfig, FieldsSayWhatEachKeyBecame) {
   EXPECT_EQ(kv->note, "-> num_query_groups = 8 (absent: default 8)");
   EXPECT_EQ(r->model.num_query_groups(), 8);
   EXPECT_EQ(HfUseName(HfField::kIgnored), "ignored");
+  // null is the default too, said where the file has the key.
+  absl::StatusOr<HfImport> nulls = ImportHfConfig(
+      Edit(Edit(Example("mixtral-8x7b"), "num_key_value_heads", "null"), "head_dim", "null"), {},
+      "m");
+  ASSERT_TRUE(nulls.ok()) << nulls.status();
+  EXPECT_EQ(FindField(nulls->fields, "num_key_value_heads")->note,
+            "-> num_query_groups = 8 (null: default 8)");
+  EXPECT_EQ(FindField(nulls->fields, "head_dim")->use, HfField::kUsed);
+  for (const HfField& f : nulls->fields) EXPECT_NE(f.use, HfField::kUnknown) << f.name;
+  EXPECT_EQ(nulls->fields.size(), 26u);  // the file's 25 keys and head_dim, each once
 }
 
 TEST(ImportHfConfig, QwenLayerRuleCountsFromOne) {

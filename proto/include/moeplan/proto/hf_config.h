@@ -33,7 +33,8 @@ struct HfField {
 
 struct HfImport {
   v1::ModelConfig model;
-  // The file's top-level keys in file order, then the absent keys whose
+  // The file's top-level keys in file order (a null one whose default was
+  // applied says "(null: default ...)"), then the absent keys whose
   // transformers default the import applied (note "... (absent: default ...)").
   std::vector<HfField> fields;
 };
