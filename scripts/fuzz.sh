@@ -11,7 +11,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 SECONDS_EACH="${1:-20}"
 shift || true
-ALL=(layer_json grid_json model_json profile_json store_file samples_jsonl server_requests)
+ALL=(layer_json grid_json model_json profile_json store_file samples_jsonl server_requests
+  hf_config_json)
 HARNESSES=("${@:-${ALL[@]}}")
 for h in "${HARNESSES[@]}"; do
   [[ " ${ALL[*]} " == *" $h "* ]] || { echo "fuzz.sh: unknown harness '$h' (one of: ${ALL[*]})" >&2; exit 2; }
@@ -42,6 +43,7 @@ seeds() {
     model_json) ls examples/models/*.json ;;
     profile_json | store_file) ls calibration/profiles/*.json ;;
     samples_jsonl) ls calibration/profiles/measured/*/samples.jsonl ;;
+    hf_config_json) ls examples/hf/*/config.json ;;
     server_requests) ls examples/*-layer.json examples/models/*.json calibration/profiles/*.json ;;
   esac
 }

@@ -6,10 +6,13 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "moeplan/calibration/profiles.h"
 #include "moeplan/client/planner_client.h"
+#include "moeplan/proto/hf_config.h"
+#include "moeplan/v1/model.pb.h"
 
 namespace moeplan::client {
 
@@ -27,8 +30,35 @@ struct PlanLayerArgs {
 // the Chrome trace when asked. Nothing is written when anything fails.
 absl::Status PlanLayerCmd(const PlanLayerArgs& a);
 
+// What a Hugging Face config.json model file does not say (plan-model and
+// import-hf): each 0 / false is the flag's absence.
+struct HfFlags {
+  int seq_length = 0;         // --seq-length; absent: 4096
+  int micro_batch_size = 0;   // --micro-batch-size; absent: 1
+  int global_batch_size = 0;  // --global-batch-size; absent: unset (micro-batch x dp)
+  bool fp8 = false;           // --fp8: bytes_per_element 1 (else 2, bf16)
+};
+// Reads a model file of either kind into `model`: a moeplan.v1.ModelConfig,
+// or a Hugging Face config.json (proto::LooksLikeHfConfig) imported with `hf`
+// and named for its folder (the file's stem unless it is config.json), its
+// keys into `fields` when given. With a native file a given `hf` flag is an
+// error naming it. Errors are prefixed with `path`.
+absl::Status LoadModelFile(const std::string& path, const HfFlags& hf, v1::ModelConfig* model,
+                           std::vector<proto::HfField>* fields = nullptr);
+
+struct ImportHfArgs {
+  std::string config;  // a Hugging Face config.json
+  HfFlags hf;
+  std::string out;  // -o: the ModelConfig to write (atomically); empty: stdout
+};
+// Prints (or writes) the ModelConfig of a Hugging Face config.json, and on
+// stderr one line per key of the file: used (what it became), ignored or
+// unknown. Nothing is written when anything fails.
+absl::Status ImportHfCmd(const ImportHfArgs& a);
+
 struct PlanModelArgs {
-  std::string model;  // moeplan.v1.ModelConfig
+  std::string model;  // moeplan.v1.ModelConfig, or a Hugging Face config.json
+  HfFlags hf;         // with a Hugging Face config.json only
   std::string cluster = std::string(calibration::kDefaultProfileName);
   std::string variants = "all";
   std::string schedules = "all";

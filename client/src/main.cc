@@ -5,9 +5,11 @@
 #include <fmt/format.h>
 
 #include <CLI/CLI.hpp>
+#include <cctype>
 #include <cstdint>
 #include <cstdio>
 #include <string>
+#include <string_view>
 
 #include "absl/status/status.h"
 #include "commands.h"
@@ -149,15 +151,55 @@ void AddLayoutOptions(CLI::App* plan, PlanModelArgs* a) {
   });
 }
 
+// What a Hugging Face config.json does not say (plan-model and import-hf);
+// plan-model refuses them with a native model file.
+void AddHfOptions(CLI::App* cmd, HfFlags* f, std::string_view only) {
+  // "Sequence length", or after `only` "...: sequence length".
+  const auto help = [only](std::string text) {
+    if (!only.empty()) {
+      text[0] = static_cast<char>(std::tolower(static_cast<unsigned char>(text[0])));
+    }
+    return Cat(only, text);
+  };
+  cmd->add_option("--seq-length", f->seq_length, help("Sequence length (default 4096)"))
+      ->check(flags::IntInRange(1, 1 << 24));
+  cmd->add_option("--micro-batch-size", f->micro_batch_size,
+                  help("Sequences per micro-batch (default 1)"))
+      ->check(flags::IntInRange(1, 1 << 24));
+  cmd->add_option(
+         "--global-batch-size", f->global_batch_size,
+         help("Sequences per iteration (default unset: micro-batch size x parallel.dp, and "
+              "an import's dp is 1: give it with --layout or --search)"))
+      ->check(flags::IntInRange(1, 1 << 24));
+  cmd->add_flag("--fp8", f->fp8, help("Train in fp8 (bytes_per_element 1; default bf16, 2)"));
+}
+
+CLI::App* AddImportHf(CLI::App* app, ImportHfArgs* a) {
+  CLI::App* cmd = app->add_subcommand(
+      "import-hf",
+      "Print the moeplan ModelConfig of a Hugging Face config.json (mixtral, qwen2_moe, "
+      "qwen3_moe, deepseek_v2, deepseek_v3, olmoe), and on stderr what became of each key");
+  cmd->add_option("config", a->config, "The model's config.json")
+      ->required()
+      ->check(flags::NonEmpty());
+  AddHfOptions(cmd, &a->hf, "");
+  cmd->add_option("-o,--out", a->out, "Write the ModelConfig JSON to this file instead")
+      ->check(flags::NonEmpty());
+  return cmd;
+}
+
 CLI::App* AddPlanModel(CLI::App* app, PlanModelArgs* a) {
   CLI::App* plan = app->add_subcommand(
       "plan-model",
       "Simulate a whole model (forward + backward + gradient sync) under every overlap variant "
       "(none, tutel, dw, partition, lancet), each with every MoE schedule and AlltoAll "
       "algorithm, and compare them");
-  plan->add_option("--model", a->model, "Model config (moeplan.v1.ModelConfig JSON)")
+  plan->add_option("--model", a->model,
+                   "Model config (moeplan.v1.ModelConfig JSON), or a Hugging Face config.json "
+                   "(see import-hf)")
       ->required()
       ->check(flags::NonEmpty());
+  AddHfOptions(plan, &a->hf, "With a Hugging Face config.json as --model: ");
   plan->add_option("--cluster", a->cluster,
                    "Built-in profile name (see `moeplan profiles list`) or profile JSON file")
       ->check(flags::NonEmpty())
@@ -447,6 +489,8 @@ int Main(int argc, char** argv) {
   CLI::App* validate = AddValidate(&app, &va);
   ProfileCheckArgs pc;
   CLI::App* profile_check = AddProfileCheck(&app, &pc);
+  ImportHfArgs ih;
+  CLI::App* import_hf = AddImportHf(&app, &ih);
 
   try {
     app.parse(argc, argv);
@@ -467,6 +511,8 @@ int Main(int argc, char** argv) {
     status = ValidateCmd(va);
   } else if (profile_check->parsed()) {
     status = ProfileCheckCmd(pc);
+  } else if (import_hf->parsed()) {
+    status = ImportHfCmd(ih);
   } else if (pr.show->parsed() || pr.get->parsed()) {
     status = ProfilesShowCmd(pr.name, pr.server);
   } else if (pr.put->parsed()) {

@@ -151,7 +151,7 @@ absl::Status PlanModelCmd(const PlanModelArgs& a) {
     }
     MOEPLAN_RETURN_IF_ERROR(SearchFromFlags(a, &request));
   }
-  MOEPLAN_RETURN_IF_ERROR(proto::ReadJsonFile(a.model, request.mutable_model()));
+  MOEPLAN_RETURN_IF_ERROR(LoadModelFile(a.model, a.hf, request.mutable_model()));
   request.set_include_timeline(a.timeline || !a.trace.empty());
   v1::PlanModelResponse response;
   v1::ClusterProfile profile_message;

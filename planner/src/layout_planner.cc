@@ -45,6 +45,12 @@ absl::Status ValidateSearchOptions(const SearchOptions& o) {
 
 ChunkKey LayoutPlanner::Impl::KeyOf(const ModelConfig& model, const Layout& l, int64_t mbs,
                                     const StageOptions& so, int zero) const {
+  // Which of the chunk's blocks are MoE: the phase of moe.layer_freq, or the
+  // chunk's slice of moe.layer_pattern (layer_freq is 0 then).
+  const std::vector<uint8_t>& listed = model.moe.layer_pattern;
+  const auto at = [&](int block) {
+    return listed.begin() + std::clamp<ptrdiff_t>(block, 0, static_cast<ptrdiff_t>(listed.size()));
+  };
   return ChunkKey{mbs,
                   l.tp,
                   l.dp,
@@ -53,10 +59,11 @@ ChunkKey LayoutPlanner::Impl::KeyOf(const ModelConfig& model, const Layout& l, i
                   l.ExpertReplicas(),
                   zero,
                   so.end_block - so.first_block,
-                  so.first_block % model.moe.layer_freq,
+                  listed.empty() ? so.first_block % model.moe.layer_freq : 0,
                   static_cast<uint8_t>(l.family),
                   so.embed,
-                  so.head};
+                  so.head,
+                  std::vector<uint8_t>(at(so.first_block), at(so.end_block))};
 }
 
 absl::StatusOr<ChunkTimes> LayoutPlanner::Impl::Chunk(const ModelConfig& model, const Layout& l,

@@ -7,6 +7,7 @@
 #include <array>
 #include <cstdint>
 #include <utility>
+#include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
@@ -34,11 +35,14 @@ struct ChunkKey {
   int tp, dp, ep, esp, edp, zero, blocks, phase;
   uint8_t family;
   bool embed, head;
+  // With moe.layer_pattern (phase 0): the chunk's blocks' entries, which
+  // decide its MoE blocks as the phase does for moe.layer_freq.
+  std::vector<uint8_t> pattern;
   friend bool operator==(const ChunkKey&, const ChunkKey&) = default;
   template <typename H>
   friend H AbslHashValue(H h, const ChunkKey& k) {
     return H::combine(std::move(h), k.mbs, k.tp, k.dp, k.ep, k.esp, k.edp, k.zero, k.blocks,
-                      k.phase, k.family, k.embed, k.head);
+                      k.phase, k.family, k.embed, k.head, k.pattern);
   }
 };
 
@@ -46,7 +50,6 @@ inline bool IsComm(Term t) {
   return t == Term::kAllToAll || t == Term::kAllGather || t == Term::kReduceScatter ||
          t == Term::kAllReduce || t == Term::kSendRecv;
 }
-
 
 }  // namespace internal
 

@@ -8,6 +8,7 @@
 #include <filesystem>
 
 #include "moeplan/proto/json.h"
+#include "moeplan/v1/model.pb.h"
 #include "moeplan/v1/plan.pb.h"
 #include "moeplan/v1/profile.pb.h"
 #include "moeplan/v1/trace.pb.h"
@@ -473,6 +474,107 @@ TEST(PlanModelCli, S1AndS2InsideLancetWithTensorParallelism) {
   for (const char* s : {"default/", "s1/", "s2/"}) EXPECT_NE(r.out.find(s), std::string::npos) << s;
 }
 
+// ---- Hugging Face config.json (docs/model.md "Hugging Face config.json") ----
+
+// import-hf prints a native model file (stdout or -o) and what became of each
+// key on stderr; plan-model reads the file it wrote as any model file.
+TEST(ImportHfCli, PrintsAModelFileThatPlanModelReads) {
+  TempDir tmp;
+  const std::string config = "examples/hf/qwen3-30b-a3b/config.json";
+  CliResult p = RunCli("import-hf " + config);
+  ASSERT_EQ(p.exit_code, 0) << p.err;
+  v1::ModelConfig printed;
+  ASSERT_TRUE(proto::ParseJson(p.out, &printed).ok()) << p.out;
+  EXPECT_EQ(printed.name(), "qwen3-30b-a3b");
+  EXPECT_EQ(printed.kv_channels(), 128);
+  for (const char* line : {"used  num_key_value_heads -> num_query_groups = 4\n",
+                           "used  head_dim -> kv_channels = 128\n", "ignored  rope_theta\n",
+                           "used  num_experts -> moe.num_experts = 128\n"}) {
+    EXPECT_NE(p.err.find(line), std::string::npos) << line << p.err;
+  }
+  const std::string out = tmp.File("qwen3.json");
+  CliResult w = RunCli("import-hf " + config + " --seq-length 2048 --global-batch-size 64 -o " + out);
+  ASSERT_EQ(w.exit_code, 0) << w.err;
+  EXPECT_EQ(w.out, "");
+  v1::ModelConfig written;
+  ASSERT_TRUE(proto::ReadJsonFile(out, &written).ok());
+  EXPECT_EQ(written.seq_length(), 2048);
+  EXPECT_EQ(written.global_batch_size(), 64);
+  CliResult plan = RunCli("plan-model --model " + out + " --variants none,lancet");
+  ASSERT_EQ(plan.exit_code, 0) << plan.err;
+  EXPECT_NE(plan.out.find("lancet"), std::string::npos);
+  // A key moeplan does not know is listed, not an error.
+  std::string text = Slurp(std::string(MOEPLAN_SOURCE_DIR) + "/" + config);
+  text.insert(text.find('{') + 1, "\"foo\": 1,");
+  CliResult u = RunCli("import-hf " + tmp.Write("config.json", text));
+  ASSERT_EQ(u.exit_code, 0) << u.err;
+  EXPECT_NE(u.err.find("unknown  foo (not used)\n"), std::string::npos) << u.err;
+}
+
+TEST(ImportHfCli, ABadConfigIsOneLineAndWritesNothing) {
+  TempDir tmp;
+  std::string text = Slurp(std::string(MOEPLAN_SOURCE_DIR) + "/examples/hf/mixtral-8x7b/config.json");
+  text.replace(text.find("\"mixtral\""), 9, "\"llama\"");
+  const std::string config = tmp.Write("config.json", text);
+  const std::string out = tmp.File("m.json");
+  for (const std::string& args :
+       {"import-hf " + config + " -o " + out, "plan-model --model " + config}) {
+    SCOPED_TRACE(args);
+    CliResult r = RunCli(args);
+    EXPECT_EQ(r.exit_code, 1);
+    EXPECT_EQ(r.out, "");
+    EXPECT_EQ(r.err, "moeplan: error: " + config +
+                         ": model_type: must be one of mixtral, qwen2_moe, qwen3_moe, "
+                         "deepseek_v2, deepseek_v3, olmoe (got \"llama\")\n");
+    EXPECT_FALSE(std::filesystem::exists(out));
+  }
+  CliResult native = RunCli("import-hf examples/models/qwen-moe-like.json -o " + out);
+  EXPECT_EQ(native.exit_code, 1);
+  EXPECT_NE(native.err.find("qwen-moe-like.json: not a Hugging Face config.json"),
+            std::string::npos)
+      << native.err;
+  EXPECT_FALSE(std::filesystem::exists(out));
+}
+
+TEST(PlanModelCli, PlansAHuggingFaceConfig) {
+  CliResult r = RunCli(
+      "plan-model --model examples/hf/mixtral-8x7b/config.json --global-batch-size 8 "
+      "--layout dp=1,tp=8,pp=4,ep=8,esp=1,microbatches=8");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.err, "");
+  EXPECT_NE(r.out.find("model mixtral-8x7b on a100-8x8"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("global batch 8"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("8 experts, top-2, expert ffn 14336"), std::string::npos) << r.out;
+  CliResult v = RunCli(
+      "plan-model --model examples/hf/deepseek-v3/config.json --seq-length 1024 --fp8 "
+      "--variants none --format json");
+  ASSERT_EQ(v.exit_code, 0) << v.err;
+  v1::PlanModelResponse response;
+  ASSERT_TRUE(proto::ParseJson(v.out, &response).ok());
+  EXPECT_EQ(response.model().seq_length(), 1024);
+  EXPECT_EQ(response.model().bytes_per_element(), 1);
+  EXPECT_EQ(response.moe_layers(), 58);
+}
+
+// The Hugging Face settings never pass silently over a native model file.
+TEST(PlanModelCli, HuggingFaceFlagsWithANativeModelAreRefused) {
+  struct Case {
+    std::string flag, field;
+  } cases[] = {{"--seq-length 2048", "--seq-length: applies to Hugging Face config.json models "
+                                     "only; set seq_length in the model file"},
+               {"--micro-batch-size 2", "--micro-batch-size: applies to Hugging Face"},
+               {"--global-batch-size 64", "--global-batch-size: applies to Hugging Face"},
+               {"--fp8", "--fp8: applies to Hugging Face"}};
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.flag);
+    CliResult r = RunCli("plan-model --model examples/models/gpt2-s-moe.a100.json " + c.flag);
+    EXPECT_EQ(r.exit_code, 1);
+    EXPECT_EQ(r.out, "");
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+    EXPECT_NE(r.err.find(c.field), std::string::npos) << r.err;
+  }
+}
+
 // Issue 35, class 7: a numeric flag takes only finite values in its range. NaN
 // compares false with every bound, so a check written as `x < lo` let it
 // through and a NaN or negative value fell back to a default without a word.
@@ -497,6 +599,9 @@ TEST(CliFlags, NumbersMustBeFiniteAndInRange) {
       {"plan-model --model examples/models/gpt2-s-moe.a100.json --bucket-mb nan", "--bucket-mb"},
       {"plan-model --model examples/models/gpt2-s-moe.a100.json --bucket-mb -5", "--bucket-mb"},
       {"plan-model --model examples/models/gpt2-s-moe.a100.json --bucket-mb 0", "--bucket-mb"},
+      {"import-hf examples/hf/mixtral-8x7b/config.json --seq-length 0", "--seq-length"},
+      {"plan-model --model examples/hf/mixtral-8x7b/config.json --micro-batch-size -1",
+       "--micro-batch-size"},
       {validate + " --skew nan", "--skew"},
       {validate + " --ranks 0", "--ranks"},
       {validate + " --ranks -3", "--ranks"},
@@ -622,6 +727,8 @@ TEST(CliFlags, AnOutputNeverReplacesAnInput) {
   const std::string grid =
       tmp.Write("grid.json", Slurp(std::string(MOEPLAN_SOURCE_DIR) + "/examples/parm-grid.json"));
   const std::string samples = tmp.Write("s.jsonl", "{}\n");
+  const std::string hf = tmp.Write(
+      "config.json", Slurp(std::string(MOEPLAN_SOURCE_DIR) + "/examples/hf/olmoe-1b-7b/config.json"));
   const std::string link = tmp.File("link.json");
   ASSERT_EQ(::symlink(layer.c_str(), link.c_str()), 0);
   ASSERT_EQ(::mkdir(tmp.File("v").c_str(), 0755), 0);
@@ -637,6 +744,7 @@ TEST(CliFlags, AnOutputNeverReplacesAnInput) {
       {"plan-model --model " + model + " --trace " + model, model,
        "--trace: " + model + " is the input of --model"},
       {"sweep --grid " + grid + " --out " + grid, grid, "--out: " + grid + " is the input of --grid"},
+      {"import-hf " + hf + " -o " + hf, hf, "-o: " + hf + " is the input of CONFIG"},
       {"calibrate --samples " + samples + " --out " + samples, samples,
        "--out: " + samples + " is the input of --samples"},
       {"validate --profile " + profile_in_out_dir +

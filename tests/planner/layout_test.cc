@@ -547,6 +547,42 @@ TEST(Search, BoundPruningKeepsTheExhaustiveTopN) {
   }
 }
 
+// moe.layer_pattern (layer_freq 0, as a DeepSeek or Qwen model imported from
+// Hugging Face has) keys each stage plan by its slice of the pattern: the
+// search no longer divides by the zero layer_freq, and a pattern that says
+// what layer_freq 2 says is planned exactly as it.
+TEST(Search, LayerPatternIsPlannedAsTheLayerFreqItSpellsOut) {
+  const ModelConfig freq = EightBlocks();  // MoE blocks 0, 2, 4, 6
+  ModelConfig listed = freq;
+  listed.moe.layer_freq = 0;
+  listed.moe.layer_pattern = {1, 0, 1, 0, 1, 0, 1, 0};
+  ASSERT_TRUE(ValidateModelShape(listed).ok());
+  SearchOptions so;
+  so.top = 5;
+  so.max_microbatches = 4;
+  so.zero_stages = {0};
+  LayoutSearchResult a, b;
+  ASSERT_TRUE(LayoutPlanner(RoundNumberModel()).Search(freq, so, {}, {}, &a).ok());
+  ASSERT_TRUE(LayoutPlanner(RoundNumberModel()).Search(listed, so, {}, {}, &b).ok());
+  ASSERT_EQ(a.candidates.size(), b.candidates.size());
+  for (size_t i = 0; i < a.candidates.size(); ++i) {
+    EXPECT_EQ(a.candidates[i].iteration_us, b.candidates[i].iteration_us) << "rank " << i;
+  }
+  // Interior stages of the same size and flags but other MoE blocks: their
+  // own plans, and more MoE blocks cost more.
+  ModelConfig dense_middle = listed;
+  dense_middle.moe.layer_pattern = {1, 1, 0, 0, 0, 0, 1, 1};
+  ModelConfig moe_middle = listed;
+  moe_middle.moe.layer_pattern = {1, 1, 1, 1, 1, 1, 1, 1};
+  Layout l = Make(8, 1, 4, 8, 1, Family::kDpMoe);
+  l.microbatches = 4;
+  LayoutPlanner lp(RoundNumberModel());
+  LayoutCandidate c_dense, c_moe;
+  ASSERT_TRUE(lp.Evaluate(dense_middle, l, {}, {}, &c_dense).ok());
+  ASSERT_TRUE(lp.Evaluate(moe_middle, l, {}, {}, &c_moe).ok());
+  EXPECT_LT(c_dense.iteration_us, c_moe.iteration_us);
+}
+
 // ---- Programs ----
 
 // The steps a program runs on `stage`, in issue order: its copies of chunk

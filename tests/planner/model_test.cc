@@ -519,7 +519,10 @@ TEST(ModelConfigHash, EveryFieldMovesTheHash) {
 TEST(ModelConfigHash, AReusedPlannerPlansLikeAFreshOne) {
   const std::function<void(ModelConfig&)> edits[] = {
       [](ModelConfig& m) { m.moe.capacity_factor = 2.0; },
-      [](ModelConfig& m) { m.moe.shared_expert_ffn_hidden_size = 512; },
+      [](ModelConfig& m) {
+        m.moe.shared_expert_ffn_hidden_size = 512;
+        m.moe.num_shared_experts = 1;  // the planner's struct has no default for it
+      },
       [](ModelConfig& m) { m.moe.gate = Gate::kTopK; },
       [](ModelConfig& m) { m.ffn_hidden_size = 2048; },
       [](ModelConfig& m) { m.bytes_per_element = 4; },
