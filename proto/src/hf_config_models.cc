@@ -24,7 +24,8 @@ absl::Status Bad(std::string_view key, std::string_view rule, std::string_view g
 std::string TypeNote(HfType t) {
   std::string note = Cat("mapping of ", HfTypeName(t),
                          ": normalization \"RMSNorm\", position_embedding_type \"rope\", "
-                         "add_bias_linear false, moe.gate GATE_TOP_K, moe.dropless true");
+                         "attention_backend \"flash\" (Megatron-Core's default picks a fused "
+                         "kernel), add_bias_linear false, moe.gate GATE_TOP_K, moe.dropless true");
   if (t == HfType::kQwen3Moe || t == HfType::kOlmoe) note += ", qk_layernorm true";
   if (IsDeepseek(t)) note += ", multi_latent_attention";
   return note;
@@ -205,6 +206,7 @@ absl::Status MapHfCommon(HfType type, HfReader& r, v1::ModelConfig* m) {
   m->set_normalization("RMSNorm");
   if (r.Present("rms_norm_eps")) r.Use("rms_norm_eps", "normalization = \"RMSNorm\"");
   m->set_position_embedding_type("rope");
+  m->set_attention_backend("flash");
   MOEPLAN_RETURN_IF_ERROR(MapBiases(r, m));
   MOEPLAN_RETURN_IF_ERROR(CheckLayerTypes(r));
   if (IsDeepseek(type)) return absl::OkStatus();

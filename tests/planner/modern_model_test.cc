@@ -34,7 +34,7 @@ ModelConfig Base(int mp = 1) {
   m.moe.top_k = 2;
   m.moe.capacity_factor = 1.0;
   m.moe.expert_ffn_hidden_size = 256;
-  m.parallel = {.mp = mp, .ep = 8 / mp, .esp = 1, .dp = 8 / mp, .pp = 1};
+  m.parallel = {.mp = mp, .ep = 8, .esp = 1, .dp = 8 / mp, .pp = 1};
   return m;
 }
 
@@ -292,8 +292,11 @@ TEST(ModernModel, FieldRulesNameTheField) {
          m.mtp_num_layers = 1;
        },
        "mtp_num_layers: needs vocab_size"},
-      {[](ModelConfig& m) { m.parallel.mp = 2, m.parallel.ep = 4, m.parallel.dp = 4,
-                            m.num_query_groups = 1; },
+      {[](ModelConfig& m) {
+         m.parallel.mp = 2;
+         m.parallel.dp = 4;
+         m.num_query_groups = 1;
+       },
        "parallel.mp: must divide num_query_groups"},
   };
   for (const Case& k : cases) {
