@@ -15,6 +15,7 @@
 #include "moeplan/planner/model_planner.h"
 #include "moeplan/planner/planner.h"
 #include "moeplan/proto/convert.h"
+#include "moeplan/proto/hf_config.h"
 #include "moeplan/proto/json.h"
 #include "moeplan/requests/grid.h"
 
@@ -116,16 +117,48 @@ BENCHMARK_CAPTURE(BM_PlanModel, gpt2_s_moe_all_variants_64_gpus, "gpt2-s-moe.a10
 BENCHMARK_CAPTURE(BM_PlanModel, fine_grained_mp2_all_variants_64_gpus, "fine-grained-moe.json")
     ->Unit(benchmark::kMillisecond);
 
+// A Hugging Face config.json (examples/hf/) as a ModelConfig of the given
+// parallel degrees.
+planner::ModelConfig HfModel(const char* dir, int ep, int dp, int64_t global_batch) {
+  const std::string text = OrDie(
+      proto::ReadFile(std::string(MOEPLAN_SOURCE_DIR "/examples/hf/") + dir + "/config.json"));
+  proto::HfTraining training;
+  training.global_batch_size = static_cast<int>(global_batch);
+  proto::HfImport imported = OrDie(proto::ImportHfConfig(text, training, dir));
+  v1::ParallelLayout* p = imported.model.mutable_parallel();
+  p->set_mp(1);
+  p->set_ep(ep);
+  p->set_esp(1);
+  p->set_dp(dp);
+  p->set_pp(1);
+  return OrDie(proto::ModelFromProto(imported.model));
+}
+
+// DeepSeek-V3 whole (61 blocks, 58 MoE layers of 256 experts, MLA, an MTP
+// depth), every variant, on 64 H100s at EP 64.
+void BM_PlanDeepSeekV3(benchmark::State& state) {
+  const planner::ModelConfig model = HfModel("deepseek-v3", 64, 64, 0);
+  const planner::CostModel cost =
+      OrDie(planner::CostModel::Create(OrDie(calibration::LoadProfile("h100-8x8")).profile));
+  planner::ModelPlanner planner(cost);
+  planner::ModelPlan plan;
+  for (auto _ : state) {
+    if (!planner.Plan(model, {}, &plan).ok()) std::abort();
+    benchmark::DoNotOptimize(plan.best);
+  }
+  size_t ops = 0;
+  for (const auto& v : plan.variants) ops += static_cast<size_t>(v.graph.size());
+  state.counters["ops_kept"] = static_cast<double>(ops);
+}
+BENCHMARK(BM_PlanDeepSeekV3)->Unit(benchmark::kMillisecond);
+
 // The layout search (docs/layouts.md) with every variant, family, ZeRO stage
 // and pipeline schedule: GPT-3 Medium + 64 experts on 32 V100s, and a
 // Qwen-MoE-like model (128 experts, top-8) on 1,024 A100s. A fresh planner per
 // iteration: nothing is cached between searches.
-void BM_SearchLayouts(benchmark::State& state, const char* file, const char* profile, int gpus) {
-  v1::ModelConfig msg;
-  if (!proto::ReadJsonFile(std::string(MOEPLAN_SOURCE_DIR "/examples/models/") + file, &msg).ok()) {
-    std::abort();
-  }
-  const planner::ModelConfig model = OrDie(proto::ModelFromProto(msg));
+// One search of `model` on `gpus` GPUs per iteration, its counts reported.
+void RunSearch(benchmark::State& state, const planner::ModelConfig& model, const char* profile,
+               int gpus) {
   const planner::CostModel cost =
       OrDie(planner::CostModel::Create(OrDie(calibration::LoadProfile(profile)).profile));
   planner::SearchOptions options;
@@ -143,10 +176,29 @@ void BM_SearchLayouts(benchmark::State& state, const char* file, const char* pro
   state.counters["simulated"] = static_cast<double>(r.stats.simulated);
   state.counters["stage_plans"] = static_cast<double>(r.stats.stage_plans);
 }
+
+void BM_SearchLayouts(benchmark::State& state, const char* file, const char* profile, int gpus) {
+  v1::ModelConfig msg;
+  if (!proto::ReadJsonFile(std::string(MOEPLAN_SOURCE_DIR "/examples/models/") + file, &msg).ok()) {
+    std::abort();
+  }
+  RunSearch(state, OrDie(proto::ModelFromProto(msg)), profile, gpus);
+}
 BENCHMARK_CAPTURE(BM_SearchLayouts, gpt3_medium_moe_32_v100, "gpt3-medium-moe.json", "v100-8x8", 32)
     ->Unit(benchmark::kMillisecond)
     ->Iterations(1);
 BENCHMARK_CAPTURE(BM_SearchLayouts, qwen_moe_1024_a100, "qwen-moe-like.json", "a100-8x8", 1024)
+    ->Unit(benchmark::kMillisecond)
+    ->Iterations(1);
+
+// Today's models searched on 1,024 H100s (examples/hf/), global batch 8,192.
+void BM_SearchHf(benchmark::State& state, const char* dir) {
+  RunSearch(state, HfModel(dir, 1, 1, 8192), "h100-8x8", 1024);
+}
+BENCHMARK_CAPTURE(BM_SearchHf, qwen3_235b_1024_h100, "qwen3-235b-a22b")
+    ->Unit(benchmark::kMillisecond)
+    ->Iterations(1);
+BENCHMARK_CAPTURE(BM_SearchHf, deepseek_v3_1024_h100, "deepseek-v3")
     ->Unit(benchmark::kMillisecond)
     ->Iterations(1);
 

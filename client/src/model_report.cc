@@ -51,7 +51,8 @@ std::string Shape(const v1::ModelConfig& m) {
   } else if (m.has_num_query_groups() && m.num_query_groups() != m.num_attention_heads()) {
     out += fmt::format("GQA ({} key/value groups)", m.num_query_groups());
   }
-  if (m.has_kv_channels()) out += fmt::format("{}head size {}", out.empty() ? "" : ", ", m.kv_channels());
+  if (m.has_kv_channels())
+    out += fmt::format("{}head size {}", out.empty() ? "" : ", ", m.kv_channels());
   if (m.attention_backend() == "flash" || m.attention_backend() == "fused") {
     out += fmt::format("{}{} attention", out.empty() ? "" : ", ", m.attention_backend());
   }
@@ -94,14 +95,16 @@ std::string FormatModelTable(const v1::ModelConfig& m, const v1::PlanModelRespon
                  "  {} blocks ({} MoE, {}), hidden {}, {} heads, ffn {}, seq {}, micro-batch "
                  "{}, vocab {}, b={}\n",
                  m.num_layers(), plan.moe_layers(), MoeEvery(moe), m.hidden_size(),
-                 m.num_attention_heads(), m.ffn_hidden_size(), m.seq_length(),
-                 m.micro_batch_size(), m.vocab_size(), m.bytes_per_element());
-  fmt::format_to(w,
-                 "  MoE: {} experts, top-{}, f={}, expert ffn {}, shared expert ffn {}, {} gate | "
-                 "mp={} ep={} esp={} dp={}\n",
-                 moe.num_experts(), moe.top_k(), moe.capacity_factor(),
-                 moe.expert_ffn_hidden_size(), moe.shared_expert_ffn_hidden_size(), Gate(moe.gate()),
-                 p.mp(), p.ep(), p.esp(), p.dp());
+                 m.num_attention_heads(), m.ffn_hidden_size(), m.seq_length(), m.micro_batch_size(),
+                 m.vocab_size(), m.bytes_per_element());
+  fmt::format_to(
+      w,
+      "  MoE: {} experts, top-{}, {}, expert ffn {}, shared expert ffn {}, {} gate | "
+      "mp={} ep={} esp={} dp={}\n",
+      moe.num_experts(), moe.top_k(),
+      moe.dropless() ? std::string("dropless") : fmt::format("f={}", moe.capacity_factor()),
+      moe.expert_ffn_hidden_size(), moe.shared_expert_ffn_hidden_size(), Gate(moe.gate()), p.mp(),
+      p.ep(), p.esp(), p.dp());
   fmt::format_to(w, "{}", Shape(m));
   fmt::format_to(w, "{}", Accounting(plan));
   fmt::format_to(w, "  {} parameters per rank\n\n", plan.params_per_rank());
@@ -125,10 +128,11 @@ std::string FormatModelTable(const v1::ModelConfig& m, const v1::PlanModelRespon
   for (const v1::VariantPlan& v : plan.variants()) {
     std::string alts;
     for (const v1::VariantAlternative& a : v.alternatives()) {
-      alts += fmt::format("{}{}/{}{} {}", alts.empty() ? "" : ", ", proto::ScheduleLabel(a.schedule()),
-                          proto::AllToAllAlgoLabel(a.alltoall()),
-                          a.tutel_degree() > 0 ? fmt::format(" r={}", a.tutel_degree()) : "",
-                          FormatDuration(a.iteration_us()));
+      alts +=
+          fmt::format("{}{}/{}{} {}", alts.empty() ? "" : ", ", proto::ScheduleLabel(a.schedule()),
+                      proto::AllToAllAlgoLabel(a.alltoall()),
+                      a.tutel_degree() > 0 ? fmt::format(" r={}", a.tutel_degree()) : "",
+                      FormatDuration(a.iteration_us()));
     }
     fmt::format_to(w, "  {:<10}{}\n", v.name(), alts);
   }
@@ -232,8 +236,9 @@ std::string FormatLayoutTable(const v1::ModelConfig& m, const v1::PlanModelRespo
     fmt::format_to(w, "no layout fits: every candidate was pruned by memory\n");
     return out;
   }
-  fmt::format_to(w, "\n{:>4}  {:<6} {:>4} {:>3} {:>3} {:>4} {:>4} {:>4} {:>4} {:>4}  {:<15} {:>12} "
-                    "{:>13} {:>8} {:>6} {:>8} {:>7}  {:<9} {}\n",
+  fmt::format_to(w,
+                 "\n{:>4}  {:<6} {:>4} {:>3} {:>3} {:>4} {:>4} {:>4} {:>4} {:>4}  {:<15} {:>12} "
+                 "{:>13} {:>8} {:>6} {:>8} {:>7}  {:<9} {}\n",
                  "rank", "family", "dp", "tp", "pp", "ep", "esp", "m", "mbs", "zero", "pipeline",
                  "iteration ms", "tokens/s/GPU", "TFLOP/s", "MFU", "GiB/GPU", "bubble", "variant",
                  "schedule");
@@ -243,11 +248,10 @@ std::string FormatLayoutTable(const v1::ModelConfig& m, const v1::PlanModelRespo
                    "{:>4}  {:<6} {:>4} {:>3} {:>3} {:>4} {:>4} {:>4} {:>4} {:>4}  {:<15} {:>12.2f} "
                    "{:>13.0f} {:>8.1f} {:>5.1f}% {:>8} {:>6.1f}%  {:<9} {}{}{}\n",
                    c.rank(), c.family(), l.dp(), l.tp(), l.pp(), l.ep(), l.esp(), l.microbatches(),
-                   l.micro_batch_size(), l.zero_stage(), PipelineLabel(l), c.iteration_us() / 1000.0,
-                   c.tokens_per_s_per_gpu(), c.tflops_per_gpu(), 100.0 * c.mfu(),
-                   Gib(c.memory_bytes_per_gpu()),
-                   100.0 * c.bubble_fraction(), c.variant(),
-                   proto::ScheduleLabel(c.schedule()),
+                   l.micro_batch_size(), l.zero_stage(), PipelineLabel(l),
+                   c.iteration_us() / 1000.0, c.tokens_per_s_per_gpu(), c.tflops_per_gpu(),
+                   100.0 * c.mfu(), Gib(c.memory_bytes_per_gpu()), 100.0 * c.bubble_fraction(),
+                   c.variant(), proto::ScheduleLabel(c.schedule()),
                    c.alltoall() == v1::ALLTOALL_ALGORITHM_HIERARCHICAL ? "+2dh" : "",
                    l.recompute() ? " recompute" : "");
   }

@@ -28,6 +28,11 @@ std::vector<int> Divisors(int64_t n, int64_t max) {
   return d;
 }
 
+// Whether `layers` split into `chunks` model chunks is worth searching: equal
+// chunks, or uneven ones of two layers or more each (with fewer, the busiest
+// chunk holds twice the lightest's layers and an even split does better).
+bool EvenOrTwoEach(int layers, int chunks) { return layers % chunks == 0 || layers >= 2 * chunks; }
+
 // The (ep, esp) pairs family `f` allows on a stage of dp * tp ranks.
 std::vector<std::pair<int, int>> ExpertGrids(Family f, int dp, int tp, bool has_parm) {
   std::vector<std::pair<int, int>> experts;
@@ -63,7 +68,10 @@ std::vector<Layout> EnumerateLayouts(const ModelConfig& model, std::span<const F
     // uneven ones (pp | gpus / tp: a 61-layer model on 2^k GPUs).
     std::vector<int> pps = Divisors(model.num_layers, gpus / tp);
     for (int pp : Divisors(gpus / tp, model.num_layers)) {
-      if (std::find(pps.begin(), pps.end(), pp) == pps.end()) pps.push_back(pp);
+      if (EvenOrTwoEach(model.num_layers, pp) &&
+          std::find(pps.begin(), pps.end(), pp) == pps.end()) {
+        pps.push_back(pp);
+      }
     }
     std::sort(pps.begin(), pps.end());
     for (int pp : pps) {
@@ -109,10 +117,10 @@ bool FitsSomeWay(const ModelConfig& model, int64_t mbs, const MemoryOptions& mem
     l->recompute = rc;
     bool ok = true;
     for (int stage = 0; stage < l->pp && ok; ++stage) {
-      ok = StageMemory(model, *l, mbs, stage,
-                       InFlightMicrobatches(l->pipeline, l->pp, l->virtual_stages,
-                                            l->microbatches, stage),
-                       mem)
+      ok = StageMemory(
+               model, *l, mbs, stage,
+               InFlightMicrobatches(l->pipeline, l->pp, l->virtual_stages, l->microbatches, stage),
+               mem)
                .fits();
     }
     if (ok) return true;
@@ -141,7 +149,8 @@ absl::Status EnumerateCandidates(const ModelConfig& model, std::span<const Layou
             l.pipeline = ps;
             l.virtual_stages = v;
             if (ps == PipelineSchedule::kInterleaved &&
-                (base.pp < 2 || m % base.pp != 0 || base.pp * v > model.num_layers)) {
+                (base.pp < 2 || m % base.pp != 0 ||
+                 !EvenOrTwoEach(model.num_layers, base.pp * v))) {
               continue;
             }
             // Enumeration alone can take seconds on the largest searches.
@@ -276,8 +285,8 @@ absl::Status LayoutPlanner::Search(const ModelConfig& model, const SearchOptions
   if (axes.zeros.empty()) axes.zeros = {0, 1, 2, 3};
   const std::vector<Layout> layouts = EnumerateLayouts(model, families, gpus, cluster);
   std::vector<Pending> pending;
-  MOEPLAN_RETURN_IF_ERROR(
-      EnumerateCandidates(model, layouts, options, axes, mem, plan.deadline, &out->stats, &pending));
+  MOEPLAN_RETURN_IF_ERROR(EnumerateCandidates(model, layouts, options, axes, mem, plan.deadline,
+                                              &out->stats, &pending));
   MOEPLAN_RETURN_IF_ERROR(CheckSearchSteps(pending));
   MOEPLAN_RETURN_IF_ERROR(Rank(s, model, options, plan, mem, pending, &out->candidates));
   s.stats = nullptr;

@@ -108,35 +108,35 @@ void ModelPlanner::Impl::BuildUnits() {
   }
 }
 
-// Appends a unit's ops for a micro-batch of k pieces' size after `x`.
-Deps ModelPlanner::Impl::BuildUnit(const Unit& u, int k, Builder& b, Deps x,
-                                   LayerConfig* piece_layer) {
+// A forward memory-bound op of `bytes`, and a forward GEMM m x n x k, after `x`.
+Deps ModelPlanner::Impl::ForwardMemory(Builder& b, std::string_view name, double bytes,
+                                       Deps x) const {
+  const double e = m->bytes_per_element;
+  return b.Compute(name, F, Term::kDense, cost.MemoryBoundUs(bytes), bytes, x, 0,
+                   DenseMemory(bytes, e));
+}
+Deps ModelPlanner::Impl::ForwardGemm(Builder& b, std::string_view name, int64_t mm, int64_t nn,
+                                     int64_t kk, Deps x) const {
+  const double e = m->bytes_per_element;
+  return b.Compute(name, F, Term::kDense, cost.GemmUs(mm, nn, kk),
+                   e * static_cast<double>(mm * kk + kk * nn + mm * nn), x, 0,
+                   DenseGemm(mm, nn, kk));
+}
+
+// The attention's projections and core (BuildUnit's attention units).
+Deps ModelPlanner::Impl::BuildAttentionUnit(UnitKind kind, int k, Builder& b, Deps x) {
   const ModelConfig& mm = *m;
   const int64_t s = Tokens(k), q = Seqs(k);
   const int64_t M = mm.hidden_size, L = mm.seq_length;
   const RankDims& dm = dims;
-  const int64_t hp = dm.heads, f = dm.ffn, fs = dm.shared, v = dm.vocab;
+  const int64_t hp = dm.heads;
   const double e = mm.bytes_per_element;
-  const double sm = static_cast<double>(s) * M * e;  // one activation, bytes
   const CostModel& c = cost;
-  auto mem = [&](std::string_view name, double bytes) {
-    return b.Compute(name, F, Term::kDense, c.MemoryBoundUs(bytes), bytes, x, 0,
-                     DenseMemory(bytes, e));
-  };
+  auto mem = [&](std::string_view name, double bytes) { return ForwardMemory(b, name, bytes, x); };
   auto gemm = [&](std::string_view name, int64_t mm_, int64_t nn, int64_t kk) {
-    return b.Compute(name, F, Term::kDense, c.GemmUs(mm_, nn, kk),
-                     e * static_cast<double>(mm_ * kk + kk * nn + mm_ * nn), x, 0,
-                     DenseGemm(mm_, nn, kk));
+    return ForwardGemm(b, name, mm_, nn, kk, x);
   };
-  auto allreduce = [&](std::string_view name) {
-    return b.Coll(name, F, Collective::kAllReduce, mp_shape, sm, x,
-                  DenseColl(ExecKind::kAllReduce, ExecGroup::kMp, sm, e));
-  };
-  switch (u.kind) {
-    case UnitKind::kEmbed:
-      return mem("fwd.embed", 3.0 * sm);
-    case UnitKind::kLn1:
-      return mem("fwd.ln1", 2.0 * sm);
+  switch (kind) {
     case UnitKind::kQkv:
       return gemm("fwd.qkv", s, dm.qkv, M);
     case UnitKind::kQkNorm:
@@ -167,6 +167,36 @@ Deps ModelPlanner::Impl::BuildUnit(const Unit& u, int k, Builder& b, Deps x,
       return b.Compute(
           "fwd.flash_attn", F, Term::kDense, internal::FlashAttentionUs(c, q, hp, L, dm),
           e * q * hp * L * (2.0 * dm.qk + 2.0 * dm.v), x, 0, DenseGemm(L, L, dm.qk, q * hp, 2));
+    default:
+      return x;
+  }
+}
+
+// Appends a unit's ops for a micro-batch of k pieces' size after `x`.
+Deps ModelPlanner::Impl::BuildUnit(const Unit& u, int k, Builder& b, Deps x,
+                                   LayerConfig* piece_layer) {
+  const ModelConfig& mm = *m;
+  const int64_t s = Tokens(k);
+  const int64_t M = mm.hidden_size;
+  const RankDims& dm = dims;
+  const int64_t f = dm.ffn, fs = dm.shared, v = dm.vocab;
+  const double e = mm.bytes_per_element;
+  const double sm = static_cast<double>(s) * M * e;  // one activation, bytes
+  auto mem = [&](std::string_view name, double bytes) { return ForwardMemory(b, name, bytes, x); };
+  auto gemm = [&](std::string_view name, int64_t mm_, int64_t nn, int64_t kk) {
+    return ForwardGemm(b, name, mm_, nn, kk, x);
+  };
+  auto allreduce = [&](std::string_view name) {
+    return b.Coll(name, F, Collective::kAllReduce, mp_shape, sm, x,
+                  DenseColl(ExecKind::kAllReduce, ExecGroup::kMp, sm, e));
+  };
+  switch (u.kind) {
+    case UnitKind::kEmbed:
+      return mem("fwd.embed", 3.0 * sm);
+    case UnitKind::kLn1:
+      return mem("fwd.ln1", 2.0 * sm);
+    default:  // the attention's projections and core
+      return BuildAttentionUnit(u.kind, k, b, x);
     case UnitKind::kProj:
       return gemm("fwd.proj", s, M, dm.attn_out);
     case UnitKind::kProjAllReduce:

@@ -153,8 +153,8 @@ inline constexpr OpExec kJoin = {.kind = ExecKind::kNop};
 // scores and runs three more products: 2.5x (FlashAttention-2's ratio).
 inline double FlashAttentionUs(const CostModel& c, int64_t seqs, int64_t heads, int64_t L,
                                const RankDims& d) {
-  return 0.5 * (c.BatchedGemmUs(seqs * heads, L, L, d.qk) +
-                c.BatchedGemmUs(seqs * heads, L, d.v, L));
+  return 0.5 *
+         (c.BatchedGemmUs(seqs * heads, L, L, d.qk) + c.BatchedGemmUs(seqs * heads, L, d.v, L));
 }
 inline constexpr double kFlashBackwardRatio = 2.5;
 
@@ -218,6 +218,10 @@ struct ModelPlanner::Impl {
   void BuildUnits();
   // Appends a unit's ops for a micro-batch of k pieces' size after `x`.
   Deps BuildUnit(const Unit& u, int k, Builder& b, Deps x, LayerConfig* piece_layer);
+  Deps BuildAttentionUnit(internal::UnitKind kind, int k, Builder& b, Deps x);
+  Deps ForwardMemory(Builder& b, std::string_view name, double bytes, Deps x) const;
+  Deps ForwardGemm(Builder& b, std::string_view name, int64_t mm, int64_t nn, int64_t kk,
+                   Deps x) const;
   void AppendInputs(const Unit& u, int range_begin, int p, bool standalone);
   void EmitRange(int u0, int u1, int k, OpGraph* g, bool standalone);
   void ResetPieces();

@@ -36,6 +36,108 @@ std::string_view AllToAllAlgoLabel(v1::AllToAllAlgorithm a) {
   return out != nullptr ? p::AllToAllAlgoName(*out) : "unspecified";
 }
 
+namespace {
+
+// `text` as one of `names` (empty: the first), or an error naming `field`:
+// `field: must be "a", "b" or "c" (got "x")`.
+template <typename E, size_t N>
+absl::StatusOr<E> Named(std::string_view field, const std::string& text,
+                        const std::pair<std::string_view, E> (&names)[N]) {
+  if (text.empty()) return names[0].second;
+  std::string rule = "must be ";
+  for (size_t i = 0; i < N; ++i) {
+    if (text == names[i].first) return names[i].second;
+    rule += Cat(i == 0 ? "" : i + 1 == N ? " or " : ", ", "\"", names[i].first, "\"");
+  }
+  return absl::InvalidArgumentError(Cat(field, ": ", rule, " (got \"", Printable(text), "\")"));
+}
+
+constexpr std::pair<std::string_view, p::Normalization> kNorms[] = {
+    {"LayerNorm", p::Normalization::kLayerNorm}, {"RMSNorm", p::Normalization::kRmsNorm}};
+constexpr std::pair<std::string_view, p::PositionEmbedding> kPositions[] = {
+    {"learned_absolute", p::PositionEmbedding::kLearnedAbsolute},
+    {"rope", p::PositionEmbedding::kRope},
+    {"none", p::PositionEmbedding::kNone}};
+constexpr std::pair<std::string_view, p::AttentionBackend> kBackends[] = {
+    {"unfused", p::AttentionBackend::kUnfused},
+    {"flash", p::AttentionBackend::kFlash},
+    {"fused", p::AttentionBackend::kFused}};
+
+absl::Status MoeFromProto(const v1::MoeConfig& moe, p::MoeSpec* out) {
+  out->layer_freq = moe.layer_freq();
+  for (int i = 0; i < moe.layer_pattern_size(); ++i) {
+    const int32_t v = moe.layer_pattern(i);
+    if (v != 0 && v != 1) {
+      return absl::InvalidArgumentError(
+          Cat("moe.layer_pattern[", i, "]: must be 0 (dense) or 1 (MoE) (got ", v, ")"));
+    }
+    out->layer_pattern.push_back(static_cast<uint8_t>(v));
+  }
+  out->num_experts = moe.num_experts();
+  out->top_k = moe.top_k();
+  out->capacity_factor = moe.capacity_factor();
+  out->expert_ffn_hidden_size = moe.expert_ffn_hidden_size();
+  out->shared_expert_ffn_hidden_size =
+      moe.has_shared_expert_ffn_hidden_size() ? moe.shared_expert_ffn_hidden_size() : 0;
+  if (moe.has_num_shared_experts() && moe.num_shared_experts() < 1) {
+    return absl::InvalidArgumentError(
+        Cat("moe.num_shared_experts: must be between 1 and 64 (unset: 1) (got ",
+            moe.num_shared_experts(), ")"));
+  }
+  out->num_shared_experts = moe.has_num_shared_experts() ? moe.num_shared_experts() : 0;
+  out->shared_expert_gate = moe.shared_expert_gate();
+  out->router_num_groups = moe.has_router_num_groups() ? moe.router_num_groups() : 0;
+  out->router_group_topk = moe.has_router_group_topk() ? moe.router_group_topk() : 0;
+  if (moe.has_router_num_groups() != moe.has_router_group_topk()) {
+    return absl::InvalidArgumentError(
+        Cat(moe.has_router_num_groups() ? "moe.router_group_topk" : "moe.router_num_groups",
+            ": must be set with ",
+            moe.has_router_num_groups() ? "moe.router_num_groups" : "moe.router_group_topk",
+            " (group-limited routing needs both) (got unset)"));
+  }
+  out->dropless = moe.dropless();
+  out->token_skew = moe.has_token_skew() ? moe.token_skew() : 1.0;
+  out->router_force_load_balancing = moe.router_force_load_balancing();
+  const p::Gate* gate = FromWire(kGates, moe.gate());
+  if (gate == nullptr) {
+    return absl::InvalidArgumentError(
+        Cat("moe.gate: must be GATE_TOP_K, GATE_SWITCH or GATE_BATCH_PRIORITIZED (got ",
+            static_cast<int>(moe.gate()), ")"));
+  }
+  out->gate = *gate;
+  return absl::OkStatus();
+}
+
+// Attention, FFN kind, norms, embeddings and MTP depths.
+absl::Status ShapeFromProto(const v1::ModelConfig& m, p::ModelConfig* out) {
+  out->num_query_groups = m.has_num_query_groups() ? m.num_query_groups() : 0;
+  out->kv_channels = m.has_kv_channels() ? m.kv_channels() : 0;
+  out->gated_linear_unit = m.gated_linear_unit();
+  out->multi_latent_attention = m.has_multi_latent_attention();
+  if (out->multi_latent_attention) {
+    const v1::MultiLatentAttention& a = m.multi_latent_attention();
+    out->mla.q_lora_rank = a.has_q_lora_rank() ? a.q_lora_rank() : 0;
+    out->mla.kv_lora_rank = a.kv_lora_rank();
+    out->mla.qk_head_dim = a.qk_head_dim();
+    out->mla.qk_pos_emb_head_dim = a.qk_pos_emb_head_dim();
+    out->mla.v_head_dim = a.v_head_dim();
+  }
+  out->untie_embeddings_and_output_weights = m.untie_embeddings_and_output_weights();
+  out->mtp_num_layers = m.has_mtp_num_layers() ? m.mtp_num_layers() : 0;
+  out->add_qkv_bias = m.add_qkv_bias();
+  out->qk_layernorm = m.qk_layernorm();
+  out->add_bias_linear = m.has_add_bias_linear() ? m.add_bias_linear() : true;
+  MOEPLAN_ASSIGN_OR_RETURN(out->normalization, Named("normalization", m.normalization(), kNorms));
+  MOEPLAN_ASSIGN_OR_RETURN(
+      out->position_embedding_type,
+      Named("position_embedding_type", m.position_embedding_type(), kPositions));
+  MOEPLAN_ASSIGN_OR_RETURN(out->attention_backend,
+                           Named("attention_backend", m.attention_backend(), kBackends));
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::StatusOr<p::ModelConfig> ModelFromProto(const v1::ModelConfig& m) {
   if (m.schema_version() > 1) {
     return absl::InvalidArgumentError(
@@ -52,100 +154,10 @@ absl::StatusOr<p::ModelConfig> ModelFromProto(const v1::ModelConfig& m) {
   out.micro_batch_size = m.micro_batch_size();
   out.vocab_size = m.has_vocab_size() ? m.vocab_size() : 0;
   out.bytes_per_element = m.has_bytes_per_element() ? m.bytes_per_element() : 2;
-  const v1::MoeConfig& moe = m.moe();
-  out.moe.layer_freq = moe.layer_freq();
-  for (int i = 0; i < moe.layer_pattern_size(); ++i) {
-    const int32_t v = moe.layer_pattern(i);
-    if (v != 0 && v != 1) {
-      return absl::InvalidArgumentError(
-          Cat("moe.layer_pattern[", i, "]: must be 0 (dense) or 1 (MoE) (got ", v, ")"));
-    }
-    out.moe.layer_pattern.push_back(static_cast<uint8_t>(v));
-  }
-  out.moe.num_experts = moe.num_experts();
-  out.moe.top_k = moe.top_k();
-  out.moe.capacity_factor = moe.capacity_factor();
-  out.moe.expert_ffn_hidden_size = moe.expert_ffn_hidden_size();
-  out.moe.shared_expert_ffn_hidden_size =
-      moe.has_shared_expert_ffn_hidden_size() ? moe.shared_expert_ffn_hidden_size() : 0;
-  if (moe.has_num_shared_experts() && moe.num_shared_experts() < 1) {
-    return absl::InvalidArgumentError(
-        Cat("moe.num_shared_experts: must be between 1 and 64 (unset: 1) (got ",
-            moe.num_shared_experts(), ")"));
-  }
-  out.moe.num_shared_experts = moe.has_num_shared_experts() ? moe.num_shared_experts() : 0;
-  out.moe.shared_expert_gate = moe.shared_expert_gate();
-  out.moe.router_num_groups = moe.has_router_num_groups() ? moe.router_num_groups() : 0;
-  out.moe.router_group_topk = moe.has_router_group_topk() ? moe.router_group_topk() : 0;
-  if (moe.has_router_num_groups() != moe.has_router_group_topk()) {
-    return absl::InvalidArgumentError(
-        Cat(moe.has_router_num_groups() ? "moe.router_group_topk" : "moe.router_num_groups",
-            ": must be set with ",
-            moe.has_router_num_groups() ? "moe.router_num_groups" : "moe.router_group_topk",
-            " (group-limited routing needs both) (got unset)"));
-  }
-  out.moe.dropless = moe.dropless();
-  out.moe.token_skew = moe.has_token_skew() ? moe.token_skew() : 1.0;
-  out.moe.router_force_load_balancing = moe.router_force_load_balancing();
-  const p::Gate* gate = FromWire(kGates, moe.gate());
-  if (gate == nullptr) {
-    return absl::InvalidArgumentError(
-        Cat("moe.gate: must be GATE_TOP_K, GATE_SWITCH or GATE_BATCH_PRIORITIZED (got ",
-            static_cast<int>(moe.gate()), ")"));
-  }
-  out.moe.gate = *gate;
+  MOEPLAN_RETURN_IF_ERROR(MoeFromProto(m.moe(), &out.moe));
   MOEPLAN_ASSIGN_OR_RETURN(out.parallel, ParallelFromProto(m.parallel()));
   out.global_batch_size = m.has_global_batch_size() ? m.global_batch_size() : 0;
-  out.num_query_groups = m.has_num_query_groups() ? m.num_query_groups() : 0;
-  out.kv_channels = m.has_kv_channels() ? m.kv_channels() : 0;
-  out.gated_linear_unit = m.gated_linear_unit();
-  out.multi_latent_attention = m.has_multi_latent_attention();
-  if (out.multi_latent_attention) {
-    const v1::MultiLatentAttention& a = m.multi_latent_attention();
-    out.mla.q_lora_rank = a.has_q_lora_rank() ? a.q_lora_rank() : 0;
-    out.mla.kv_lora_rank = a.kv_lora_rank();
-    out.mla.qk_head_dim = a.qk_head_dim();
-    out.mla.qk_pos_emb_head_dim = a.qk_pos_emb_head_dim();
-    out.mla.v_head_dim = a.v_head_dim();
-  }
-  out.untie_embeddings_and_output_weights = m.untie_embeddings_and_output_weights();
-  out.mtp_num_layers = m.has_mtp_num_layers() ? m.mtp_num_layers() : 0;
-  out.add_qkv_bias = m.add_qkv_bias();
-  if (m.normalization().empty() || m.normalization() == "LayerNorm") {
-    out.normalization = p::Normalization::kLayerNorm;
-  } else if (m.normalization() == "RMSNorm") {
-    out.normalization = p::Normalization::kRmsNorm;
-  } else {
-    return absl::InvalidArgumentError(
-        Cat("normalization: must be \"LayerNorm\" or \"RMSNorm\" (got ", "\"",
-            Printable(m.normalization()), "\")"));
-  }
-  out.qk_layernorm = m.qk_layernorm();
-  out.add_bias_linear = m.has_add_bias_linear() ? m.add_bias_linear() : true;
-  const std::string& pe = m.position_embedding_type();
-  if (pe.empty() || pe == "learned_absolute") {
-    out.position_embedding_type = p::PositionEmbedding::kLearnedAbsolute;
-  } else if (pe == "rope") {
-    out.position_embedding_type = p::PositionEmbedding::kRope;
-  } else if (pe == "none") {
-    out.position_embedding_type = p::PositionEmbedding::kNone;
-  } else {
-    return absl::InvalidArgumentError(
-        Cat("position_embedding_type: must be \"learned_absolute\", \"rope\" or \"none\" (got \"",
-            Printable(pe), "\")"));
-  }
-  const std::string& ab = m.attention_backend();
-  if (ab.empty() || ab == "unfused") {
-    out.attention_backend = p::AttentionBackend::kUnfused;
-  } else if (ab == "flash") {
-    out.attention_backend = p::AttentionBackend::kFlash;
-  } else if (ab == "fused") {
-    out.attention_backend = p::AttentionBackend::kFused;
-  } else {
-    return absl::InvalidArgumentError(
-        Cat("attention_backend: must be \"unfused\", \"flash\" or \"fused\" (got \"", Printable(ab),
-            "\")"));
-  }
+  MOEPLAN_RETURN_IF_ERROR(ShapeFromProto(m, &out));
   return out;
 }
 
@@ -279,6 +291,22 @@ void AccountingToProto(const p::ModelConfig& model, const p::ClusterProfile& pro
   out->set_peak_tflops(p::DensePeakTflops(profile, model.bytes_per_element));
 }
 
+namespace {
+
+// A variants plan's iteration: a micro-batch on every data-parallel replica.
+void VariantThroughput(const p::ModelConfig& model, const v1::ModelAccounting& a,
+                       double iteration_us, v1::VariantPlan* o) {
+  const double tokens = static_cast<double>(model.micro_batch_size) * model.parallel.dp *
+                        static_cast<double>(model.seq_length);
+  const p::Throughput tp = p::ThroughputOf(a.flops_per_token(), tokens, iteration_us,
+                                           model.parallel.TotalRanks(), a.peak_tflops());
+  o->set_tokens_per_s_per_gpu(tp.tokens_per_s_per_gpu);
+  o->set_tflops_per_gpu(tp.tflops_per_gpu);
+  o->set_mfu(tp.mfu);
+}
+
+}  // namespace
+
 void ModelPlanToProto(const p::ModelPlan& plan, const p::ModelConfig& model,
                       const p::ClusterProfile& profile, bool include_timeline,
                       v1::PlanModelResponse* out) {
@@ -292,11 +320,6 @@ void ModelPlanToProto(const p::ModelPlan& plan, const p::ModelConfig& model,
   out->set_moe_layers(plan.moe_layers);
   out->set_params_per_rank(plan.params_per_rank);
   AccountingToProto(model, profile, out->mutable_accounting());
-  const double flops = out->accounting().flops_per_token();
-  const double peak = out->accounting().peak_tflops();
-  // One iteration: a micro-batch on every data-parallel replica.
-  const double tokens = static_cast<double>(model.micro_batch_size) * model.parallel.dp *
-                        static_cast<double>(model.seq_length);
   const p::VariantPlan* none = plan.Find(p::Variant::kNone);
   const p::VariantPlan* tutel = plan.Find(p::Variant::kTutel);
   for (const p::VariantPlan& v : plan.variants) {
@@ -315,11 +338,7 @@ void ModelPlanToProto(const p::ModelPlan& plan, const p::ModelConfig& model,
     if (tutel != nullptr && v.iteration_us() > 0) {
       o->set_speedup_over_tutel(tutel->iteration_us() / v.iteration_us());
     }
-    const p::Throughput tp =
-        p::ThroughputOf(flops, tokens, v.iteration_us(), model.parallel.TotalRanks(), peak);
-    o->set_tokens_per_s_per_gpu(tp.tokens_per_s_per_gpu);
-    o->set_tflops_per_gpu(tp.tflops_per_gpu);
-    o->set_mfu(tp.mfu);
+    VariantThroughput(model, out->accounting(), v.iteration_us(), o);
     o->set_tutel_degree(v.tutel_degree);
     o->set_schedule(ScheduleToProto(v.schedule));
     o->set_alltoall(AllToAllAlgoToProto(v.algo));

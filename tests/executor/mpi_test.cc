@@ -715,6 +715,73 @@ TEST(MpiExecutor, WholeModelsRunEveryVariantAsPlanned) {
   }
 }
 
+// Today's model shapes run whole as planned: grouped-query attention with its
+// own head size, qk-norm, fused attention, a layer pattern, two shared
+// experts, an MTP depth (a block after the last layer) and MLA's down and up
+// projections. SwiGLU experts are planned, not run: the runner says so.
+TEST(MpiExecutor, TodaysModelShapesRunAsPlanned) {
+  const int w = WorldSize();
+  planner::ModelConfig gqa = TinyModel(w % 2 == 0 ? 2 : 1);
+  gqa.num_layers = 3;
+  gqa.num_query_groups = 2;
+  gqa.kv_channels = 32;
+  gqa.qk_layernorm = true;
+  gqa.attention_backend = planner::AttentionBackend::kFlash;
+  gqa.moe.layer_freq = 0;
+  gqa.moe.layer_pattern = {0, 1, 1};
+  gqa.moe.shared_expert_ffn_hidden_size = 32;
+  gqa.moe.num_shared_experts = 2;
+  gqa.mtp_num_layers = 1;
+  gqa.untie_embeddings_and_output_weights = true;
+  planner::ModelConfig mla = gqa;
+  mla.num_query_groups = 0;
+  mla.kv_channels = 0;
+  mla.multi_latent_attention = true;
+  mla.mla = {.q_lora_rank = 48,
+             .kv_lora_rank = 32,
+             .qk_head_dim = 16,
+             .qk_pos_emb_head_dim = 8,
+             .v_head_dim = 16};
+  mla.attention_backend = planner::AttentionBackend::kUnfused;
+  for (const planner::ModelConfig& m : {gqa, mla}) {
+    for (planner::Variant v : {planner::Variant::kNone, planner::Variant::kLancet}) {
+      SCOPED_TRACE(testing::Message() << planner::VariantName(v)
+                                      << (m.multi_latent_attention ? " mla" : " gqa"));
+      absl::StatusOr<planner::VariantPlan> plan =
+          PlanModelRun(m, v, w, 1, &planner::testing::RoundNumberModel(), {});
+      ASSERT_TRUE(plan.ok()) << plan.status();
+      absl::StatusOr<std::unique_ptr<ModelRunner>> r =
+          ModelRunner::Create(m, plan->graph, RunOptions{}, g_backend->device.get(),
+                              g_backend->kernels.get(), g_backend->world.get());
+      if (!r.ok()) {
+        ADD_FAILURE() << r.status();
+        std::abort();
+      }
+      const absl::Status st = (*r)->RunIteration();
+      if (!st.ok()) {
+        ADD_FAILURE() << st;
+        std::abort();
+      }
+      ExpectRunFollowsPlan(plan->graph, (*r)->timings());
+      // The MTP depth's block (3) ran its MoE layer.
+      bool mtp_gate = false;
+      for (const auto& t : (*r)->timings()) mtp_gate |= t.name == "b3.moe.fwd.gate";
+      EXPECT_TRUE(mtp_gate);
+    }
+  }
+  planner::ModelConfig glu = gqa;
+  glu.gated_linear_unit = true;
+  absl::StatusOr<planner::VariantPlan> plan = PlanModelRun(
+      glu, planner::Variant::kNone, w, 1, &planner::testing::RoundNumberModel(), {});
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  absl::StatusOr<std::unique_ptr<ModelRunner>> r =
+      ModelRunner::Create(glu, plan->graph, RunOptions{}, g_backend->device.get(),
+                          g_backend->kernels.get(), g_backend->world.get());
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kUnimplemented);
+  EXPECT_NE(std::string(r.status().message()).find("gated_linear_unit"), std::string::npos);
+}
+
 // A pipelined layout's program on the world, two stages: gpipe, 1f1b (tp 1
 // and 2) and interleaved. Each rank runs its stage's ops and receives the
 // transfers sent to it; every edge between them is honoured in the measured

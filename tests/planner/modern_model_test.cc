@@ -217,8 +217,7 @@ TEST(ModernModel, UnevenStagesSpreadTheLayers) {
   ASSERT_TRUE(s.ok()) << s;
   EXPECT_GT(c.iteration_us, 0.0);
   EXPECT_GT(c.tflops_per_gpu, 0.0);
-  EXPECT_DOUBLE_EQ(c.tflops_per_gpu,
-                   FlopsPerToken(m) * c.tokens_per_s_per_gpu / 1e12);
+  EXPECT_DOUBLE_EQ(c.tflops_per_gpu, FlopsPerToken(m) * c.tokens_per_s_per_gpu / 1e12);
   EXPECT_DOUBLE_EQ(c.mfu, c.tflops_per_gpu / 100.0);
   l.pp = 8;
   EXPECT_EQ(std::string(ValidateLayout(m, l, 16, ClusterShape{8, 8}).message()),
@@ -244,7 +243,9 @@ TEST(ModernModel, FieldRulesNameTheField) {
          m.mla = {.qk_head_dim = 32, .v_head_dim = 32};
        },
        "multi_latent_attention.kv_lora_rank: must be > 0 (got 0)"},
-      {[](ModelConfig& m) { m.moe.layer_pattern = {1, 1}; },
+      {[](ModelConfig& m) {
+         m.moe.layer_pattern = {1, 1};
+       },
        "moe.layer_freq: must be unset (0) when moe.layer_pattern is given (got 1)"},
       {[](ModelConfig& m) {
          m.moe.layer_freq = 0;
