@@ -1,5 +1,7 @@
 // The requests library: grids, names on the way in, and answering
 // PlanLayer / PlanModel requests.
+#include "moeplan/requests/answer.h"
+
 #include <gtest/gtest.h>
 
 #include <memory>
@@ -10,7 +12,6 @@
 #include "moeplan/planner/model_planner.h"
 #include "moeplan/proto/convert.h"
 #include "moeplan/proto/json.h"
-#include "moeplan/requests/answer.h"
 #include "moeplan/requests/grid.h"
 #include "moeplan/requests/replan.h"
 
@@ -35,7 +36,7 @@ TEST(ExpandGrid, CartesianProductInFieldOrder) {
   ASSERT_TRUE(proto::ParseJson(R"({"name": "g", "batch_size": [1, 2], "seq_len": [8],
       "model_dim": [16], "hidden_dim": [32, 64, 128], "num_experts": [4], "top_k": [1],
       "capacity_factor": [1.0, 2.0], "parallel": [{"mp": 1, "ep": 1, "esp": 1}]})",
-                        &g)
+                               &g)
                   .ok());
   absl::StatusOr<std::vector<v1::LayerConfig>> c = ExpandGrid(g);
   ASSERT_TRUE(c.ok()) << c.status();
@@ -79,7 +80,7 @@ TEST(ExpandGrid, OnlyAnAllDroplessGridMayLeaveTheCapacityFactorOut) {
   ASSERT_TRUE(proto::ParseJson(R"({"batch_size": [1], "seq_len": [8], "model_dim": [16],
       "hidden_dim": [32], "num_experts": [4], "top_k": [1],
       "parallel": [{"mp": 1, "ep": 1, "esp": 1}], "dropless": [true]})",
-                        &g)
+                               &g)
                   .ok());
   absl::StatusOr<std::vector<v1::LayerConfig>> c = ExpandGrid(g);
   ASSERT_TRUE(c.ok()) << c.status();
@@ -227,6 +228,35 @@ TEST_F(AnswerTest, ATimelineOverTheLimitIsRefusedBeforeItIsBuilt) {
   ASSERT_EQ(out.variants_size(), 1);
   EXPECT_GT(out.variants(0).ops_size(), 50000);
   EXPECT_LE(out.variants(0).ops_size(), planner::kMaxTimelineOps);
+}
+
+// FP8 (bytes_per_element 1) plans its GEMMs at the profile's FP8 peak and
+// reports MFU against it; a profile without an FP8 peak plans at its own.
+TEST(AnswerFp8, GemmsRunAtTheFp8Peak) {
+  v1::PlanModelRequest req;
+  ASSERT_TRUE(proto::ReadJsonFile(MOEPLAN_SOURCE_DIR "/examples/models/gpt2-s-moe.a100.json",
+                                  req.mutable_model())
+                  .ok());
+  req.mutable_model()->set_bytes_per_element(1);
+  req.mutable_options()->add_variants(v1::OVERLAP_VARIANT_NONE);
+  auto plan = [&](const planner::ClusterProfile& p) {
+    const planner::CostModel cost = *planner::CostModel::Create(p);
+    planner::ModelPlanner planner(cost);
+    v1::PlanModelResponse out;
+    const absl::Status s = AnswerPlanModel(req, planner, p, &out);
+    EXPECT_TRUE(s.ok()) << s;
+    return out;
+  };
+  planner::ClusterProfile h100 = calibration::LoadProfile("h100-8x8")->profile;
+  const v1::PlanModelResponse fp8 = plan(h100);
+  EXPECT_EQ(fp8.accounting().peak_tflops(), 1979.0);
+  h100.gemm.fp8_peak_tflops = 0.0;  // no FP8 tensor cores: GEMMs at the BF16 peak
+  const v1::PlanModelResponse no_fp8 = plan(h100);
+  EXPECT_EQ(no_fp8.accounting().peak_tflops(), 989.5);
+  ASSERT_EQ(fp8.variants_size(), 1);
+  EXPECT_LT(fp8.variants(0).compute_us(), no_fp8.variants(0).compute_us());
+  EXPECT_NEAR(fp8.variants(0).mfu(),
+              fp8.variants(0).tflops_per_gpu() / fp8.accounting().peak_tflops(), 1e-12);
 }
 
 // A 100 KB family, families or pipelines value came back whole in the error,
