@@ -91,20 +91,27 @@ std::string FormatModelTable(const v1::ModelConfig& m, const v1::PlanModelRespon
   fmt::format_to(w, "model {} on {} (v{}; {} nodes x {} GPUs), {} ranks\n",
                  m.name().empty() ? "(unnamed)" : m.name(), plan.profile_name(),
                  plan.profile_version(), profile.nodes(), profile.gpus_per_node(), plan.ranks());
-  fmt::format_to(w,
-                 "  {} blocks ({} MoE, {}), hidden {}, {} heads, ffn {}, seq {}, micro-batch "
-                 "{}, vocab {}, b={}\n",
-                 m.num_layers(), plan.moe_layers(), MoeEvery(moe), m.hidden_size(),
-                 m.num_attention_heads(), m.ffn_hidden_size(), m.seq_length(), m.micro_batch_size(),
-                 m.vocab_size(), m.bytes_per_element());
+  const bool dense = !m.has_moe();
   fmt::format_to(
       w,
-      "  MoE: {} experts, top-{}, {}, expert ffn {}, shared expert ffn {}, {} gate | "
-      "mp={} ep={} esp={} dp={}\n",
-      moe.num_experts(), moe.top_k(),
-      moe.dropless() ? std::string("dropless") : fmt::format("f={}", moe.capacity_factor()),
-      moe.expert_ffn_hidden_size(), moe.shared_expert_ffn_hidden_size(), Gate(moe.gate()), p.mp(),
-      p.ep(), p.esp(), p.dp());
+      "  {} blocks ({}), hidden {}, {} heads, ffn {}, seq {}, micro-batch "
+      "{}, vocab {}, b={}\n",
+      m.num_layers(),
+      dense ? std::string("dense") : fmt::format("{} MoE, {}", plan.moe_layers(), MoeEvery(moe)),
+      m.hidden_size(), m.num_attention_heads(), m.ffn_hidden_size(), m.seq_length(),
+      m.micro_batch_size(), m.vocab_size(), m.bytes_per_element());
+  if (dense) {
+    fmt::format_to(w, "  dense model: no MoE layer | mp={} dp={}\n", p.mp(), p.dp());
+  } else {
+    fmt::format_to(
+        w,
+        "  MoE: {} experts, top-{}, {}, expert ffn {}, shared expert ffn {}, {} gate | "
+        "mp={} ep={} esp={} dp={}\n",
+        moe.num_experts(), moe.top_k(),
+        moe.dropless() ? std::string("dropless") : fmt::format("f={}", moe.capacity_factor()),
+        moe.expert_ffn_hidden_size(), moe.shared_expert_ffn_hidden_size(), Gate(moe.gate()), p.mp(),
+        p.ep(), p.esp(), p.dp());
+  }
   fmt::format_to(w, "{}", Shape(m));
   fmt::format_to(w, "{}", Accounting(plan));
   fmt::format_to(w, "  {} parameters per rank\n\n", plan.params_per_rank());
@@ -113,8 +120,9 @@ std::string FormatModelTable(const v1::ModelConfig& m, const v1::PlanModelRespon
                  "iteration", "compute", "comm", "exposed", "hidden", "vs_none", "vs_tutel",
                  "TFLOP/s", "MFU", "moe layers");
   for (const v1::VariantPlan& v : plan.variants()) {
-    std::string how = fmt::format("{}/{}", proto::ScheduleLabel(v.schedule()),
-                                  proto::AllToAllAlgoLabel(v.alltoall()));
+    std::string how = dense ? std::string("-")
+                            : fmt::format("{}/{}", proto::ScheduleLabel(v.schedule()),
+                                          proto::AllToAllAlgoLabel(v.alltoall()));
     if (v.tutel_degree() > 0) how += fmt::format(", r={}", v.tutel_degree());
     fmt::format_to(w, "{:<10}{:>12}{:>12}{:>12}{:>12}{:>12}{:>9}{:>10}{:>9.1f}{:>6.1f}%  {}{}\n",
                    v.name(), FormatDuration(v.iteration_us()), FormatDuration(v.compute_us()),
@@ -124,8 +132,9 @@ std::string FormatModelTable(const v1::ModelConfig& m, const v1::PlanModelRespon
                    v.name() == plan.best_variant() ? "  <- best" : "");
   }
 
-  fmt::format_to(w, "\n(schedule/AlltoAll) tried per variant, fastest first:\n");
+  if (!dense) fmt::format_to(w, "\n(schedule/AlltoAll) tried per variant, fastest first:\n");
   for (const v1::VariantPlan& v : plan.variants()) {
+    if (dense) break;
     std::string alts;
     for (const v1::VariantAlternative& a : v.alternatives()) {
       alts +=
@@ -160,6 +169,7 @@ std::string FormatModelTable(const v1::ModelConfig& m, const v1::PlanModelRespon
     }
   }
 
+  if (dense) return out;  // no AlltoAll
   const v1::AllToAllCrossover& c = plan.alltoall_crossover();
   fmt::format_to(w, "\nAlltoAll algorithms for {} per rank, {} EP ranks per node: ",
                  FormatBytes(c.bytes()), c.ranks_per_node());
@@ -205,12 +215,14 @@ std::string FormatLayoutTable(const v1::ModelConfig& m, const v1::PlanModelRespo
                  m.name().empty() ? "(unnamed)" : m.name(), plan.profile_name(),
                  plan.profile_version(), plan.gpus(), profile.gpus_per_node(),
                  profile.gpu_memory_gib(), plan.global_batch_size());
-  fmt::format_to(w,
-                 "  {} blocks ({} MoE, {}), hidden {}, {} heads, ffn {}, seq {}, vocab {}; "
-                 "{} experts, top-{}, expert ffn {}\n",
-                 m.num_layers(), plan.moe_layers(), MoeEvery(moe), m.hidden_size(),
-                 m.num_attention_heads(), m.ffn_hidden_size(), m.seq_length(), m.vocab_size(),
-                 moe.num_experts(), moe.top_k(), moe.expert_ffn_hidden_size());
+  const bool dense = !m.has_moe();
+  fmt::format_to(
+      w, "  {} blocks ({}), hidden {}, {} heads, ffn {}, seq {}, vocab {}; {}\n", m.num_layers(),
+      dense ? std::string("dense") : fmt::format("{} MoE, {}", plan.moe_layers(), MoeEvery(moe)),
+      m.hidden_size(), m.num_attention_heads(), m.ffn_hidden_size(), m.seq_length(), m.vocab_size(),
+      dense ? std::string("no experts")
+            : fmt::format("{} experts, top-{}, expert ffn {}", moe.num_experts(), moe.top_k(),
+                          moe.expert_ffn_hidden_size()));
   fmt::format_to(w, "{}{}", Shape(m), Accounting(plan));
   if (plan.has_search_stats()) {
     const v1::SearchStats& s = plan.search_stats();
@@ -247,8 +259,8 @@ std::string FormatLayoutTable(const v1::ModelConfig& m, const v1::PlanModelRespo
     fmt::format_to(w,
                    "{:>4}  {:<6} {:>4} {:>3} {:>3} {:>4} {:>4} {:>4} {:>4} {:>4}  {:<15} {:>12.2f} "
                    "{:>13.0f} {:>8.1f} {:>5.1f}% {:>8} {:>6.1f}%  {:<9} {}{}{}\n",
-                   c.rank(), c.family(), l.dp(), l.tp(), l.pp(), l.ep(), l.esp(), l.microbatches(),
-                   l.micro_batch_size(), l.zero_stage(), PipelineLabel(l),
+                   c.rank(), dense ? "dense" : c.family(), l.dp(), l.tp(), l.pp(), l.ep(), l.esp(),
+                   l.microbatches(), l.micro_batch_size(), l.zero_stage(), PipelineLabel(l),
                    c.iteration_us() / 1000.0, c.tokens_per_s_per_gpu(), c.tflops_per_gpu(),
                    100.0 * c.mfu(), Gib(c.memory_bytes_per_gpu()), 100.0 * c.bubble_fraction(),
                    c.variant(), proto::ScheduleLabel(c.schedule()),
@@ -264,8 +276,9 @@ std::string FormatLayoutTable(const v1::ModelConfig& m, const v1::PlanModelRespo
     fmt::format_to(w,
                    "\n#{} {}: compute {:.2f} ms, exposed comm [{}] ms, grad sync {:.2f} ms, "
                    "optimizer {:.2f} ms, bubble {:.2f} ms\n",
-                   c.rank(), c.family(), c.compute_us() / 1000.0, comm.empty() ? "none" : comm,
-                   c.grad_sync_us() / 1000.0, c.optimizer_us() / 1000.0, c.bubble_us() / 1000.0);
+                   c.rank(), dense ? "dense" : c.family(), c.compute_us() / 1000.0,
+                   comm.empty() ? "none" : comm, c.grad_sync_us() / 1000.0,
+                   c.optimizer_us() / 1000.0, c.bubble_us() / 1000.0);
     fmt::format_to(w,
                    "   memory (stage {}): params {} + grads {} + optimizer {} + activations {} "
                    "({:.2f} micro-batches in flight) + capacity buffers {} = {} GiB{}\n",

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <string_view>
+#include <utility>
 
 #include "field_rules.h"
 #include "layout_internal.h"
@@ -64,9 +65,19 @@ absl::Status ValidateDegrees(const ModelConfig& m, const Layout& l, const Cluste
     // holds one at least.
     return Bad("layout.pp", Cat("must be <= num_layers (", m.num_layers, ")"), Cat(l.pp));
   }
-  MOEPLAN_RETURN_IF_ERROR(MustDivide("layout.ep", "moe.num_experts", l.ep, m.moe.num_experts));
-  MOEPLAN_RETURN_IF_ERROR(
-      MustDivide("layout.esp", "moe.expert_ffn_hidden_size", l.esp, m.moe.expert_ffn_hidden_size));
+  if (m.IsDense()) {
+    for (auto [field, v] :
+         {std::pair<std::string_view, int>{"layout.ep", l.ep}, {"layout.esp", l.esp}}) {
+      if (v != 1) {
+        return Bad(field, "must be 1 (or unset) for a dense model: it has no experts to split",
+                   Cat(v));
+      }
+    }
+  } else {
+    MOEPLAN_RETURN_IF_ERROR(MustDivide("layout.ep", "moe.num_experts", l.ep, m.moe.num_experts));
+    MOEPLAN_RETURN_IF_ERROR(MustDivide("layout.esp", "moe.expert_ffn_hidden_size", l.esp,
+                                       m.moe.expert_ffn_hidden_size));
+  }
   const int64_t gpus = int64_t{l.dp} * l.tp * l.pp;
   if (gpus > c.TotalGpus()) {
     return Bad("layout", Cat("dp*tp*pp must be <= the GPUs (", c.TotalGpus(), ")"), Cat(gpus));
@@ -246,7 +257,8 @@ absl::Status CheckPipelineSteps(const Layout& l) {
 absl::Status ValidateLayout(const ModelConfig& m, const Layout& l, int64_t global_batch,
                             const ClusterShape& c) {
   MOEPLAN_RETURN_IF_ERROR(ValidateDegrees(m, l, c));
-  MOEPLAN_RETURN_IF_ERROR(ValidateFamily(l));
+  // A dense model's family names nothing: no experts to place.
+  if (!m.IsDense()) MOEPLAN_RETURN_IF_ERROR(ValidateFamily(l));
   MOEPLAN_RETURN_IF_ERROR(ValidatePipeline(m, l, global_batch));
   // The MoE layer's own rules at one micro-batch (S1/S2 are checked per
   // schedule); the rest of the model's shape was checked before (model.h).
@@ -267,7 +279,7 @@ StageOptions ChunkOptions(const ModelConfig& m, const Layout& l, int stage, int 
   o.end_block = static_cast<int>((index + 1) * L / n);
   o.embed = index == 0;
   o.head = index == l.pp * v - 1;
-  o.local_dispatch = l.family == Family::kPpMoe;
+  o.local_dispatch = l.family == Family::kPpMoe && !m.IsDense();
   o.expert_replicas = l.ExpertReplicas();
   o.zero_stage = l.zero_stage;
   return o;

@@ -61,6 +61,17 @@ std::string MemoryBreakdown::OverReason() const {
                  : std::string());
 }
 
+namespace {
+
+// Rows each expert's buffer holds for `tokens` tokens (0 in a dense model).
+double ExpertCapacity(const ModelConfig& m, double tokens) {
+  if (m.IsDense()) return 0.0;
+  return static_cast<double>(Capacity(m.moe.top_k, m.moe.capacity_factor,
+                                      static_cast<int64_t>(tokens), m.moe.num_experts));
+}
+
+}  // namespace
+
 MemoryBreakdown StageMemory(const ModelConfig& model, const Layout& l, int64_t mbs, int stage,
                             double in_flight, const MemoryOptions& o) {
   const ModelConfig m = ModelForLayout(model, l, mbs);
@@ -73,8 +84,7 @@ MemoryBreakdown StageMemory(const ModelConfig& model, const Layout& l, int64_t m
   const double M = static_cast<double>(m.hidden_size), t = l.tp;
   const double a = static_cast<double>(m.num_attention_heads), L = m.seq_length;
   const double E = static_cast<double>(m.moe.num_experts);
-  const double cap = static_cast<double>(
-      Capacity(m.moe.top_k, m.moe.capacity_factor, static_cast<int64_t>(S), m.moe.num_experts));
+  const double cap = ExpertCapacity(m, S);
   // Rows a rank's experts hold: every token slot of the layer (E * T), or of
   // its own E/ep experts when the dispatch is local (PPMoE).
   const double rows = l.family == Family::kPpMoe ? E / l.ep * cap : E * cap;

@@ -78,14 +78,19 @@ std::vector<Layout> EnumerateLayouts(const ModelConfig& model, std::span<const F
       if (gpus % (tp * pp) != 0) continue;
       const int dp = gpus / (tp * pp);
       for (Family f : families) {
-        for (auto [ep, esp] : ExpertGrids(f, dp, tp, has_parm)) {
+        // A dense model has no experts to place: one layout, ep = esp = 1.
+        const std::vector<std::pair<int, int>> grids =
+            !model.IsDense()        ? ExpertGrids(f, dp, tp, has_parm)
+            : f == families.front() ? std::vector<std::pair<int, int>>{{1, 1}}
+                                    : std::vector<std::pair<int, int>>{};
+        for (auto [ep, esp] : grids) {
           Layout l;
           l.dp = dp;
           l.tp = tp;
           l.pp = pp;
           l.ep = ep;
           l.esp = esp;
-          l.family = f;
+          l.family = model.IsDense() ? InferFamily(l) : f;
           l.microbatches = 1;
           if (global % dp != 0) continue;
           if (!ValidateLayout(model, l, global, cluster).ok()) continue;

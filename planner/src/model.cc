@@ -85,10 +85,34 @@ absl::Status ValidateAttention(const ModelConfig& m) {
   return CheckDim("multi_latent_attention.v_head_dim", a.v_head_dim);
 }
 
+// A dense model (moe.num_experts 0) sets none of the MoE layers' fields.
+absl::Status ValidateDenseMoeFields(const MoeSpec& e) {
+  const std::pair<std::string_view, bool> kSet[] = {
+      {"moe.layer_pattern", !e.layer_pattern.empty()},
+      {"moe.expert_ffn_hidden_size", e.expert_ffn_hidden_size != 0},
+      {"moe.shared_expert_ffn_hidden_size", e.shared_expert_ffn_hidden_size != 0},
+      {"moe.num_shared_experts", e.num_shared_experts != 0},
+      {"moe.shared_expert_gate", e.shared_expert_gate},
+      {"moe.router_num_groups", e.router_num_groups != 0},
+      {"moe.dropless", e.dropless},
+      {"moe.router_force_load_balancing", e.router_force_load_balancing},
+  };
+  for (const auto& [field, set] : kSet) {
+    if (set) {
+      return Bad("moe.num_experts",
+                 Cat("must be > 0 when ", field,
+                     " is set (a dense model leaves moe unset; an MoE model needs its experts)"),
+                 "0");
+    }
+  }
+  return absl::OkStatus();
+}
+
 // The MoE layers' pattern, experts and routing (the layer rules on one rank
 // are ValidateModelMoeLayer's).
 absl::Status ValidateMoeRouting(const ModelConfig& m) {
   const MoeSpec& e = m.moe;
+  if (m.IsDense()) return ValidateDenseMoeFields(e);
   if (!e.layer_pattern.empty()) {
     if (e.layer_freq != 0) {
       return Bad("moe.layer_freq", "must be unset (0) when moe.layer_pattern is given",
@@ -197,6 +221,7 @@ std::string_view PositionEmbeddingName(PositionEmbedding p) {
 }
 
 int ModelConfig::NumMoeLayers() const {
+  if (IsDense()) return 0;
   if (moe.layer_pattern.empty()) return (num_layers + moe.layer_freq - 1) / moe.layer_freq;
   int n = 0;
   for (uint8_t v : moe.layer_pattern) n += v != 0;
@@ -209,10 +234,13 @@ LayerConfig ModelConfig::MoeLayer() const {
   l.batch_size = micro_batch_size;
   l.seq_len = seq_length;
   l.model_dim = hidden_size;
-  l.hidden_dim = moe.expert_ffn_hidden_size;
-  l.num_experts = moe.num_experts;
-  l.top_k = moe.top_k;
-  l.capacity_factor = moe.capacity_factor;
+  // A dense model's placeholder: its FFN as one expert every token reaches,
+  // so that the shape rules (sizes, element bytes, token bounds) still apply.
+  const bool dense = IsDense();
+  l.hidden_dim = dense ? ffn_hidden_size : moe.expert_ffn_hidden_size;
+  l.num_experts = dense ? 1 : moe.num_experts;
+  l.top_k = dense ? 1 : moe.top_k;
+  l.capacity_factor = dense ? 1.0 : moe.capacity_factor;
   l.bytes_per_element = bytes_per_element;
   l.dropless = moe.dropless;
   l.token_skew = moe.token_skew;
@@ -261,8 +289,10 @@ absl::Status ValidateModelMoeLayer(const ModelConfig& m) {
 
 absl::Status ValidateModel(const ModelConfig& m, const ClusterShape& c) {
   MOEPLAN_RETURN_IF_ERROR(ValidateModelShape(m));
-  // The layer rules (degrees, divisibility, cluster fit, buffer bounds).
-  if (absl::Status s = ValidateLayer(m.MoeLayer(), c); !s.ok()) {
+  if (m.IsDense()) {
+    MOEPLAN_RETURN_IF_ERROR(ValidateDenseParallel(m.parallel, c));
+  } else if (absl::Status s = ValidateLayer(m.MoeLayer(), c); !s.ok()) {
+    // The layer rules (degrees, divisibility, cluster fit, buffer bounds).
     return absl::InvalidArgumentError(ModelField(View(s.message())));
   }
   const ParallelLayout& p = m.parallel;

@@ -189,6 +189,16 @@ absl::StatusOr<std::vector<Schedule>> SchedulesToTry(const ModelConfig& model,
                                                      const StageOptions& stage,
                                                      const LayerConfig& moe_layer) {
   std::vector<Schedule> schedules = options.schedules;
+  if (model.IsDense()) {
+    // No MoE layer: nothing for S1 or S2 to reorder.
+    for (Schedule sc : schedules) {
+      if (sc != Schedule::kDefault) {
+        return absl::InvalidArgumentError(
+            Cat("schedules: ", ScheduleName(sc), " reorders MoE layers; a dense model has none"));
+      }
+    }
+    return std::vector<Schedule>{Schedule::kDefault};
+  }
   if (stage.local_dispatch) return std::vector<Schedule>{Schedule::kDefault};
   if (schedules.empty()) {
     // With mp = 1 there is no MP group to pause: S1 and S2 only rename the default.
@@ -362,7 +372,12 @@ absl::Status ModelPlanner::Run(const ModelConfig& model, const ModelPlanOptions&
   MOEPLAN_ASSIGN_OR_RETURN(const std::vector<AllToAllAlgo> algos,
                            AlgosToTry(model, options, stage, s.topo));
   std::vector<Variant> variants = options.variants;
-  if (variants.empty()) variants.assign(std::begin(kAllVariants), std::end(kAllVariants));
+  if (variants.empty() && model.IsDense()) {
+    // The other variants split or reorder around MoE AlltoAlls: none to overlap.
+    variants.push_back(Variant::kNone);
+  } else if (variants.empty()) {
+    variants.assign(std::begin(kAllVariants), std::end(kAllVariants));
+  }
 
   s.BuildUnits();
   s.ResetPieces();
@@ -379,7 +394,7 @@ absl::Status ModelPlanner::Run(const ModelConfig& model, const ModelPlanOptions&
   out->variants.resize(variants.size());
   out->moe_layers = model.NumMoeLayers();
   out->params_per_rank = s.ParamsPerRank();
-  out->crossover = s.Crossover();
+  out->crossover = model.IsDense() ? AllToAllCrossover{} : s.Crossover();
   absl::flat_hash_map<uint64_t, std::vector<Range>> partitions;
   VariantSearch search(s, options, partitions);
   for (size_t vi = 0; vi < variants.size(); ++vi) {

@@ -1,6 +1,9 @@
 #include "moeplan/planner/validate.h"
 
 #include <cmath>
+#include <initializer_list>
+#include <string_view>
+#include <utility>
 
 #include "field_rules.h"
 #include "moeplan/base/status.h"
@@ -82,37 +85,17 @@ absl::Status ValidateLayerShape(const LayerConfig& l) {
   return absl::OkStatus();
 }
 
-// The parallel degrees: one stage's ranks, what each degree divides, and
-// how the groups fit the cluster's nodes.
-absl::Status ValidateLayerParallel(const LayerConfig& l, const ClusterShape& c) {
-  const ParallelLayout& p = l.parallel;
+absl::Status CheckDegrees(const ParallelLayout& p) {
   MOEPLAN_RETURN_IF_ERROR(CheckDegree("parallel.mp", p.mp));
   MOEPLAN_RETURN_IF_ERROR(CheckDegree("parallel.ep", p.ep));
   MOEPLAN_RETURN_IF_ERROR(CheckDegree("parallel.esp", p.esp));
   MOEPLAN_RETURN_IF_ERROR(CheckDegree("parallel.dp", p.dp));
-  MOEPLAN_RETURN_IF_ERROR(CheckDegree("parallel.pp", p.pp));
+  return CheckDegree("parallel.pp", p.pp);
+}
+
+// How one stage's mp * dp ranks (and pp stages of them) fit the cluster.
+absl::Status CheckStageFitsCluster(const ParallelLayout& p, const ClusterShape& c) {
   const int64_t dense = int64_t{p.mp} * p.dp;
-  const int64_t expert = int64_t{p.ep} * p.esp;
-  if (dense != expert) {
-    return Bad("parallel", "mp*dp must equal ep*esp (both are the ranks of one pipeline stage)",
-               Cat("mp*dp=", dense, ", ep*esp=", expert));
-  }
-  if (l.num_experts % p.ep != 0) {
-    return Bad("parallel.ep", "must divide num_experts",
-               Cat("ep=", p.ep, ", num_experts=", l.num_experts));
-  }
-  if (l.hidden_dim % p.esp != 0) {
-    return Bad("parallel.esp", "must divide hidden_dim (experts are split along H)",
-               Cat("esp=", p.esp, ", hidden_dim=", l.hidden_dim));
-  }
-  if (p.mp % p.esp != 0) {
-    // The default schedule runs each shard on the tokens its MP group holds and
-    // sums the partial outputs over ESP; S1 and S2 need esp == mp.
-    return Bad("parallel.esp",
-               "must divide mp: each ESP group sits inside an MP group, so every shard of an "
-               "expert sees the same tokens",
-               Cat("mp=", p.mp, ", esp=", p.esp));
-  }
   const int64_t total = dense * p.pp;
   if (total > c.TotalGpus()) {
     return Bad(
@@ -136,11 +119,53 @@ absl::Status ValidateLayerParallel(const LayerConfig& l, const ClusterShape& c) 
   return absl::OkStatus();
 }
 
+// The parallel degrees: one stage's ranks, what each degree divides, and
+// how the groups fit the cluster's nodes.
+absl::Status ValidateLayerParallel(const LayerConfig& l, const ClusterShape& c) {
+  const ParallelLayout& p = l.parallel;
+  MOEPLAN_RETURN_IF_ERROR(CheckDegrees(p));
+  const int64_t dense = int64_t{p.mp} * p.dp;
+  const int64_t expert = int64_t{p.ep} * p.esp;
+  if (dense != expert) {
+    return Bad("parallel", "mp*dp must equal ep*esp (both are the ranks of one pipeline stage)",
+               Cat("mp*dp=", dense, ", ep*esp=", expert));
+  }
+  if (l.num_experts % p.ep != 0) {
+    return Bad("parallel.ep", "must divide num_experts",
+               Cat("ep=", p.ep, ", num_experts=", l.num_experts));
+  }
+  if (l.hidden_dim % p.esp != 0) {
+    return Bad("parallel.esp", "must divide hidden_dim (experts are split along H)",
+               Cat("esp=", p.esp, ", hidden_dim=", l.hidden_dim));
+  }
+  if (p.mp % p.esp != 0) {
+    // The default schedule runs each shard on the tokens its MP group holds and
+    // sums the partial outputs over ESP; S1 and S2 need esp == mp.
+    return Bad("parallel.esp",
+               "must divide mp: each ESP group sits inside an MP group, so every shard of an "
+               "expert sees the same tokens",
+               Cat("mp=", p.mp, ", esp=", p.esp));
+  }
+  return CheckStageFitsCluster(p, c);
+}
+
 }  // namespace
 
 absl::Status ValidateLayer(const LayerConfig& l, const ClusterShape& c) {
   MOEPLAN_RETURN_IF_ERROR(ValidateLayerShape(l));
   return ValidateLayerParallel(l, c);
+}
+
+absl::Status ValidateDenseParallel(const ParallelLayout& p, const ClusterShape& c) {
+  MOEPLAN_RETURN_IF_ERROR(CheckDegrees(p));
+  for (auto [field, v] :
+       {std::pair<std::string_view, int>{"parallel.ep", p.ep}, {"parallel.esp", p.esp}}) {
+    if (v != 1) {
+      return Bad(field, "must be 1 (or unset) for a dense model: it has no experts to split",
+                 Cat(v));
+    }
+  }
+  return CheckStageFitsCluster(p, c);
 }
 
 absl::Status ValidateForSchedule(const LayerConfig& l, Schedule schedule) {

@@ -89,8 +89,9 @@ absl::StatusOr<p::Layout> LayoutFromProto(const v1::Layout& m) {
   l.dp = m.dp();
   l.tp = m.tp();
   l.pp = m.pp();
-  l.ep = m.ep();
-  l.esp = m.esp();
+  // Unset (0): 1, Megatron-Core's default (every rank holds every expert whole).
+  l.ep = m.ep() == 0 ? 1 : m.ep();
+  l.esp = m.esp() == 0 ? 1 : m.esp();
   l.microbatches = m.microbatches();
   l.zero_stage = m.zero_stage();
   l.virtual_stages = m.virtual_stages() == 0 ? 1 : m.virtual_stages();

@@ -136,6 +136,32 @@ absl::Status ShapeFromProto(const v1::ModelConfig& m, p::ModelConfig* out) {
   return absl::OkStatus();
 }
 
+// The MoE layers' fields (a dense model has no moe message).
+void MoeToProto(const p::MoeSpec& e, v1::MoeConfig* moe) {
+  moe->set_layer_freq(e.layer_freq);
+  moe->set_num_experts(static_cast<int32_t>(e.num_experts));
+  moe->set_top_k(static_cast<int32_t>(e.top_k));
+  moe->set_capacity_factor(e.capacity_factor);
+  moe->set_expert_ffn_hidden_size(static_cast<int32_t>(e.expert_ffn_hidden_size));
+  moe->set_shared_expert_ffn_hidden_size(static_cast<int32_t>(e.shared_expert_ffn_hidden_size));
+  moe->set_gate(ToWire(kGates, e.gate, v1::GATE_UNSPECIFIED));
+  if (!e.layer_pattern.empty()) {
+    moe->clear_layer_freq();
+    for (uint8_t v : e.layer_pattern) moe->add_layer_pattern(v);
+  }
+  if (e.shared_expert_ffn_hidden_size > 0) {
+    moe->set_num_shared_experts(static_cast<int32_t>(std::max<int64_t>(1, e.num_shared_experts)));
+  }
+  moe->set_shared_expert_gate(e.shared_expert_gate);
+  if (e.router_num_groups > 0) {
+    moe->set_router_num_groups(static_cast<int32_t>(e.router_num_groups));
+    moe->set_router_group_topk(static_cast<int32_t>(e.router_group_topk));
+  }
+  moe->set_dropless(e.dropless);
+  if (e.token_skew != 1.0) moe->set_token_skew(e.token_skew);
+  moe->set_router_force_load_balancing(e.router_force_load_balancing);
+}
+
 }  // namespace
 
 absl::StatusOr<p::ModelConfig> ModelFromProto(const v1::ModelConfig& m) {
@@ -154,8 +180,23 @@ absl::StatusOr<p::ModelConfig> ModelFromProto(const v1::ModelConfig& m) {
   out.micro_batch_size = m.micro_batch_size();
   out.vocab_size = m.has_vocab_size() ? m.vocab_size() : 0;
   out.bytes_per_element = m.has_bytes_per_element() ? m.bytes_per_element() : 2;
-  MOEPLAN_RETURN_IF_ERROR(MoeFromProto(m.moe(), &out.moe));
+  if (m.has_moe()) {
+    if (m.moe().num_experts() == 0) {
+      return absl::InvalidArgumentError(
+          "moe.num_experts: must be > 0 (got 0; leave moe out for a dense model)");
+    }
+    MOEPLAN_RETURN_IF_ERROR(MoeFromProto(m.moe(), &out.moe));
+  } else {
+    out.moe.num_experts = 0;  // a dense model (ModelConfig::IsDense)
+  }
   MOEPLAN_ASSIGN_OR_RETURN(out.parallel, ParallelFromProto(m.parallel()));
+  if (out.IsDense()) {
+    // No experts to split: ep and esp unset read as 1, and dp unset as 1.
+    const v1::ParallelLayout& par = m.parallel();
+    if (par.ep() == 0) out.parallel.ep = 1;
+    if (par.esp() == 0) out.parallel.esp = 1;
+    if (!par.has_dp()) out.parallel.dp = 1;
+  }
   out.global_batch_size = m.has_global_batch_size() ? m.global_batch_size() : 0;
   MOEPLAN_RETURN_IF_ERROR(ShapeFromProto(m, &out));
   return out;
@@ -173,30 +214,7 @@ v1::ModelConfig ModelToProto(const p::ModelConfig& m) {
   out.set_micro_batch_size(static_cast<int32_t>(m.micro_batch_size));
   out.set_vocab_size(static_cast<int32_t>(m.vocab_size));
   out.set_bytes_per_element(m.bytes_per_element);
-  v1::MoeConfig* moe = out.mutable_moe();
-  moe->set_layer_freq(m.moe.layer_freq);
-  moe->set_num_experts(static_cast<int32_t>(m.moe.num_experts));
-  moe->set_top_k(static_cast<int32_t>(m.moe.top_k));
-  moe->set_capacity_factor(m.moe.capacity_factor);
-  moe->set_expert_ffn_hidden_size(static_cast<int32_t>(m.moe.expert_ffn_hidden_size));
-  moe->set_shared_expert_ffn_hidden_size(static_cast<int32_t>(m.moe.shared_expert_ffn_hidden_size));
-  moe->set_gate(ToWire(kGates, m.moe.gate, v1::GATE_UNSPECIFIED));
-  if (!m.moe.layer_pattern.empty()) {
-    moe->clear_layer_freq();
-    for (uint8_t v : m.moe.layer_pattern) moe->add_layer_pattern(v);
-  }
-  if (m.moe.shared_expert_ffn_hidden_size > 0) {
-    moe->set_num_shared_experts(
-        static_cast<int32_t>(std::max<int64_t>(1, m.moe.num_shared_experts)));
-  }
-  moe->set_shared_expert_gate(m.moe.shared_expert_gate);
-  if (m.moe.router_num_groups > 0) {
-    moe->set_router_num_groups(static_cast<int32_t>(m.moe.router_num_groups));
-    moe->set_router_group_topk(static_cast<int32_t>(m.moe.router_group_topk));
-  }
-  moe->set_dropless(m.moe.dropless);
-  if (m.moe.token_skew != 1.0) moe->set_token_skew(m.moe.token_skew);
-  moe->set_router_force_load_balancing(m.moe.router_force_load_balancing);
+  if (!m.IsDense()) MoeToProto(m.moe, out.mutable_moe());
   v1::ParallelLayout* par = out.mutable_parallel();
   par->set_mp(m.parallel.mp);
   par->set_ep(m.parallel.ep);

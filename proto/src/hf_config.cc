@@ -57,6 +57,10 @@ std::string_view HfTypeName(HfType t) {
       return "deepseek_v3";
     case HfType::kOlmoe:
       return "olmoe";
+    case HfType::kLlama:
+      return "llama";
+    case HfType::kQwen3:
+      return "qwen3";
   }
   return "unknown";
 }
@@ -242,14 +246,20 @@ using internal::HfReader;
 using internal::HfType;
 
 constexpr std::pair<std::string_view, HfType> kTypes[] = {
-    {"mixtral", HfType::kMixtral},        {"qwen2_moe", HfType::kQwen2Moe},
-    {"qwen3_moe", HfType::kQwen3Moe},     {"deepseek_v2", HfType::kDeepseekV2},
-    {"deepseek_v3", HfType::kDeepseekV3}, {"olmoe", HfType::kOlmoe},
+    {"mixtral", HfType::kMixtral},
+    {"qwen2_moe", HfType::kQwen2Moe},
+    {"qwen3_moe", HfType::kQwen3Moe},
+    {"deepseek_v2", HfType::kDeepseekV2},
+    {"deepseek_v3", HfType::kDeepseekV3},
+    {"olmoe", HfType::kOlmoe},
+    {"llama", HfType::kLlama},
+    {"qwen3", HfType::kQwen3},
 };
 constexpr std::pair<std::string_view, HfType> kArchitectures[] = {
     {"MixtralForCausalLM", HfType::kMixtral},       {"Qwen2MoeForCausalLM", HfType::kQwen2Moe},
     {"Qwen3MoeForCausalLM", HfType::kQwen3Moe},     {"DeepseekV2ForCausalLM", HfType::kDeepseekV2},
     {"DeepseekV3ForCausalLM", HfType::kDeepseekV3}, {"OlmoeForCausalLM", HfType::kOlmoe},
+    {"LlamaForCausalLM", HfType::kLlama},           {"Qwen3ForCausalLM", HfType::kQwen3},
 };
 
 // "model_type" decides; without it, the first of "architectures" known.
@@ -264,7 +274,7 @@ absl::StatusOr<HfType> DetectType(HfReader& r) {
     }
     return absl::InvalidArgumentError(
         Cat("model_type: must be one of mixtral, qwen2_moe, qwen3_moe, deepseek_v2, "
-            "deepseek_v3, olmoe (got ",
+            "deepseek_v3, olmoe, llama, qwen3 (got ",
             internal::HfGot(*v), ")"));
   }
   const rapidjson::Value* a = r.Find("architectures");
@@ -285,8 +295,8 @@ absl::StatusOr<HfType> DetectType(HfReader& r) {
   }
   return absl::InvalidArgumentError(
       Cat("architectures: must name one of MixtralForCausalLM, Qwen2MoeForCausalLM, "
-          "Qwen3MoeForCausalLM, DeepseekV2ForCausalLM, DeepseekV3ForCausalLM, OlmoeForCausalLM "
-          "when model_type is absent (got ",
+          "Qwen3MoeForCausalLM, DeepseekV2ForCausalLM, DeepseekV3ForCausalLM, OlmoeForCausalLM, "
+          "LlamaForCausalLM, Qwen3ForCausalLM when model_type is absent (got ",
           internal::HfGot(*a), ")"));
 }
 
@@ -337,8 +347,10 @@ void SetTraining(const HfTraining& t, v1::ModelConfig* m) {
   m->set_micro_batch_size(t.micro_batch_size);
   if (t.global_batch_size != 0) m->set_global_batch_size(t.global_batch_size);
   m->set_bytes_per_element(t.fp8 ? 1 : 2);
-  m->mutable_moe()->set_gate(v1::GATE_TOP_K);
-  m->mutable_moe()->set_dropless(true);
+  if (m->has_moe()) {  // a dense model has none
+    m->mutable_moe()->set_gate(v1::GATE_TOP_K);
+    m->mutable_moe()->set_dropless(true);
+  }
   v1::ParallelLayout* p = m->mutable_parallel();
   p->set_mp(1);
   p->set_ep(1);
@@ -398,6 +410,10 @@ absl::StatusOr<HfImport> ImportHfConfig(std::string_view json_text, const HfTrai
     case HfType::kDeepseekV2:
     case HfType::kDeepseekV3:
       MOEPLAN_RETURN_IF_ERROR(internal::MapHfDeepseek(type, r, &m));
+      break;
+    case HfType::kLlama:
+    case HfType::kQwen3:
+      MOEPLAN_RETURN_IF_ERROR(internal::MapHfDense(type, r, &m));
       break;
   }
   SetTraining(training, &m);

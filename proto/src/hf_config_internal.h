@@ -24,7 +24,16 @@ namespace moeplan::proto::internal {
 inline constexpr int64_t kHfMaxDim = int64_t{1} << 24;
 inline constexpr int64_t kHfMaxLayers = 1024;
 
-enum class HfType { kMixtral, kQwen2Moe, kQwen3Moe, kDeepseekV2, kDeepseekV3, kOlmoe };
+enum class HfType {
+  kMixtral,
+  kQwen2Moe,
+  kQwen3Moe,
+  kDeepseekV2,
+  kDeepseekV3,
+  kOlmoe,
+  kLlama,  // dense
+  kQwen3,  // dense
+};
 std::string_view HfTypeName(HfType t);  // the model_type: "qwen3_moe"
 
 // A value as JSON text, bounded and escaped for a message: "llama" with its
@@ -88,6 +97,8 @@ absl::Status MapHfCommon(HfType type, HfReader& r, v1::ModelConfig* m);
 absl::Status MapHfMixtralOlmoe(HfType type, HfReader& r, v1::ModelConfig* m);
 absl::Status MapHfQwen(HfType type, HfReader& r, v1::ModelConfig* m);
 absl::Status MapHfDeepseek(HfType type, HfReader& r, v1::ModelConfig* m);
+// Dense models (Llama, Qwen3): the FFN size; no moe message.
+absl::Status MapHfDense(HfType type, HfReader& r, v1::ModelConfig* m);
 
 // "-> moe.layer_freq = 1" or "-> moe.layer_pattern" set on `m` from one
 // entry per layer (1: MoE); every layer MoE is layer_freq 1.

@@ -15,6 +15,7 @@ namespace moeplan::proto::internal {
 namespace {
 
 bool IsDeepseek(HfType t) { return t == HfType::kDeepseekV2 || t == HfType::kDeepseekV3; }
+bool IsDense(HfType t) { return t == HfType::kLlama || t == HfType::kQwen3; }
 
 absl::Status Bad(std::string_view key, std::string_view rule, std::string_view got) {
   return absl::InvalidArgumentError(Cat(key, ": ", rule, " (got ", got, ")"));
@@ -25,8 +26,11 @@ std::string TypeNote(HfType t) {
   std::string note = Cat("mapping of ", HfTypeName(t),
                          ": normalization \"RMSNorm\", position_embedding_type \"rope\", "
                          "attention_backend \"flash\" (Megatron-Core's default picks a fused "
-                         "kernel), add_bias_linear false, moe.gate GATE_TOP_K, moe.dropless true");
-  if (t == HfType::kQwen3Moe || t == HfType::kOlmoe) note += ", qk_layernorm true";
+                         "kernel), add_bias_linear false");
+  note += IsDense(t) ? ", dense (no moe)" : ", moe.gate GATE_TOP_K, moe.dropless true";
+  if (t == HfType::kQwen3Moe || t == HfType::kOlmoe || t == HfType::kQwen3) {
+    note += ", qk_layernorm true";
+  }
   if (IsDeepseek(t)) note += ", multi_latent_attention";
   return note;
 }
@@ -39,6 +43,7 @@ absl::Status MapAttentionHeads(HfType type, HfReader& r, int64_t hidden, int64_t
   const int64_t fallback = type == HfType::kMixtral    ? 8
                            : type == HfType::kQwen2Moe ? 16
                            : type == HfType::kQwen3Moe ? 4
+                           : type == HfType::kQwen3    ? 32
                                                        : heads;
   MOEPLAN_ASSIGN_OR_RETURN(const int64_t kv,
                            r.IntOr("num_key_value_heads", 1, kHfMaxDim, fallback));
@@ -48,9 +53,10 @@ absl::Status MapAttentionHeads(HfType type, HfReader& r, int64_t hidden, int64_t
   if (r.Given("num_key_value_heads")) {
     r.Use("num_key_value_heads", kv_note, "num_query_groups");
   } else {
-    r.UseDefault("num_key_value_heads",
-                 type == HfType::kOlmoe ? "num_attention_heads" : Cat(fallback), kv_note,
-                 "num_query_groups");
+    r.UseDefault(
+        "num_key_value_heads",
+        type == HfType::kOlmoe || type == HfType::kLlama ? "num_attention_heads" : Cat(fallback),
+        kv_note, "num_query_groups");
   }
   if (!r.Given("head_dim")) {
     if (r.Present("head_dim")) {
@@ -297,6 +303,20 @@ absl::Status QwenSharedExpert(HfType type, HfReader& r, v1::ModelConfig* m) {
   return absl::OkStatus();
 }
 
+// Qwen's sliding window: off (use_sliding_window false) or refused.
+absl::Status QwenFullAttention(HfReader& r) {
+  MOEPLAN_ASSIGN_OR_RETURN(const bool sliding, r.BoolOr("use_sliding_window", false));
+  if (sliding) {
+    return Bad("use_sliding_window", "a sliding attention window is not modelled", "true");
+  }
+  if (r.Present("use_sliding_window")) r.Ignore("use_sliding_window", "(false: full attention)");
+  if (r.Present("sliding_window")) {
+    r.Ignore("sliding_window", "(unused: use_sliding_window is false)");
+  }
+  r.Ignore("max_window_layers", "(unused: use_sliding_window is false)");
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status MapHfQwen(HfType type, HfReader& r, v1::ModelConfig* m) {
@@ -312,16 +332,25 @@ absl::Status MapHfQwen(HfType type, HfReader& r, v1::ModelConfig* m) {
   SetHfLayerPattern(moe, m);
   MOEPLAN_RETURN_IF_ERROR(MapDenseFfn(r, moe, expert, m));
   MOEPLAN_RETURN_IF_ERROR(QwenSharedExpert(type, r, m));
-  MOEPLAN_ASSIGN_OR_RETURN(const bool sliding, r.BoolOr("use_sliding_window", false));
-  if (sliding) {
-    return Bad("use_sliding_window", "a sliding attention window is not modelled", "true");
+  return QwenFullAttention(r);
+}
+
+absl::Status MapHfDense(HfType type, HfReader& r, v1::ModelConfig* m) {
+  // An MoE model's file under a dense type would lose its experts: refused.
+  for (std::string_view key : {"num_local_experts", "num_experts", "n_routed_experts",
+                               "num_experts_per_tok", "moe_intermediate_size"}) {
+    if (r.Given(key)) {
+      return Bad(key,
+                 Cat("an MoE key in a ", HfTypeName(type), " (dense) config: is model_type right?"),
+                 HfGot(*r.Find(key)));
+    }
   }
-  if (r.Present("use_sliding_window")) r.Ignore("use_sliding_window", "(false: full attention)");
-  if (r.Present("sliding_window")) {
-    r.Ignore("sliding_window", "(unused: use_sliding_window is false)");
-  }
-  r.Ignore("max_window_layers", "(unused: use_sliding_window is false)");
-  return absl::OkStatus();
+  MOEPLAN_ASSIGN_OR_RETURN(const int64_t ffn, r.Int("intermediate_size", 1, kHfMaxDim));
+  m->set_ffn_hidden_size(static_cast<int32_t>(ffn));
+  r.Use("intermediate_size", Cat("ffn_hidden_size = ", ffn), "ffn_hidden_size");
+  if (type == HfType::kLlama) return absl::OkStatus();
+  m->set_qk_layernorm(true);
+  return QwenFullAttention(r);
 }
 
 namespace {

@@ -514,7 +514,7 @@ TEST(ImportHfCli, PrintsAModelFileThatPlanModelReads) {
 TEST(ImportHfCli, ABadConfigIsOneLineAndWritesNothing) {
   TempDir tmp;
   std::string text = Slurp(std::string(MOEPLAN_SOURCE_DIR) + "/examples/hf/mixtral-8x7b/config.json");
-  text.replace(text.find("\"mixtral\""), 9, "\"llama\"");
+  text.replace(text.find("\"mixtral\""), 9, "\"gpt2\"");
   const std::string config = tmp.Write("config.json", text);
   const std::string out = tmp.File("m.json");
   for (const std::string& args :
@@ -525,7 +525,7 @@ TEST(ImportHfCli, ABadConfigIsOneLineAndWritesNothing) {
     EXPECT_EQ(r.out, "");
     EXPECT_EQ(r.err, "moeplan: error: " + config +
                          ": model_type: must be one of mixtral, qwen2_moe, qwen3_moe, "
-                         "deepseek_v2, deepseek_v3, olmoe (got \"llama\")\n");
+                         "deepseek_v2, deepseek_v3, olmoe, llama, qwen3 (got \"gpt2\")\n");
     EXPECT_FALSE(std::filesystem::exists(out));
   }
   CliResult native = RunCli("import-hf examples/models/qwen-moe-like.json -o " + out);

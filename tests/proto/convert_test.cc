@@ -2,8 +2,9 @@
 
 #include <gtest/gtest.h>
 
-#include "moeplan/calibration/profiles.h"
 #include "moeplan/base/strings.h"
+#include "moeplan/calibration/profiles.h"
+#include "moeplan/planner/model.h"
 #include "moeplan/proto/json.h"
 
 namespace moeplan::proto {
@@ -48,6 +49,38 @@ TEST(LayerFromProto, KeepsExplicitValuesAndChecksDerivation) {
             "schema_version: must be 1 (got 2)");
 }
 
+// A model file without moe is a dense model: ep, esp and dp unset read as
+// 1, and it is written back without moe. An empty moe is an error.
+TEST(ModelFromProto, NoMoeIsADenseModel) {
+  v1::ModelConfig m;
+  ASSERT_TRUE(ParseJson(R"({"name": "d", "num_layers": 2, "hidden_size": 64,
+      "num_attention_heads": 4, "ffn_hidden_size": 256, "seq_length": 32,
+      "micro_batch_size": 1, "parallel": {"mp": 2}})",
+                        &m)
+                  .ok());
+  absl::StatusOr<planner::ModelConfig> d = ModelFromProto(m);
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_TRUE(d->IsDense());
+  EXPECT_EQ(d->parallel.mp, 2);
+  EXPECT_EQ(d->parallel.ep, 1);
+  EXPECT_EQ(d->parallel.esp, 1);
+  EXPECT_EQ(d->parallel.dp, 1);
+  EXPECT_TRUE(planner::ValidateModelShape(*d).ok());
+  const v1::ModelConfig back = ModelToProto(*d);
+  EXPECT_FALSE(back.has_moe());
+  m.mutable_moe();
+  EXPECT_EQ(Msg(ModelFromProto(m).status()),
+            "moe.num_experts: must be > 0 (got 0; leave moe out for a dense model)");
+  // A layout's ep and esp unset read as 1 (Megatron-Core's default).
+  v1::Layout l;
+  l.set_dp(4);
+  l.set_tp(2);
+  absl::StatusOr<planner::Layout> pl = LayoutFromProto(l);
+  ASSERT_TRUE(pl.ok());
+  EXPECT_EQ(pl->ep, 1);
+  EXPECT_EQ(pl->esp, 1);
+}
+
 TEST(ProfileFromProto, NamesMissingAndBadFields) {
   v1::ClusterProfile p = *calibration::BuiltinProfile("a100-8x8");
   ASSERT_TRUE(ProfileFromProto(p).ok());
@@ -72,8 +105,7 @@ TEST(ProfileFromProto, EchoesABoundedEscapedName) {
   p.set_name("\x1b[2J" + std::string(100 * 1024, 'A'));
   const std::string msg = Msg(ProfileFromProto(p).status());
   EXPECT_LT(msg.size(), 200u) << msg;
-  EXPECT_EQ(msg.rfind("name: must not contain control characters (got '\\x1b[2JAAA", 0), 0u)
-      << msg;
+  EXPECT_EQ(msg.rfind("name: must not contain control characters (got '\\x1b[2JAAA", 0), 0u) << msg;
   EXPECT_NE(msg.find("'... (102404 bytes))"), std::string::npos) << msg;
 }
 

@@ -6,8 +6,10 @@
 #include <gtest/gtest.h>
 
 #include <string>
+#include <tuple>
 #include <vector>
 
+#include "moeplan/planner/accounting.h"
 #include "moeplan/proto/convert.h"
 #include "moeplan/proto/json.h"
 
@@ -60,8 +62,9 @@ std::string Edit(std::string json, const std::string& key, const std::string& va
 }
 
 TEST(ImportHfConfig, EveryExampleImportsAndValidates) {
-  for (const char* name : {"mixtral-8x7b", "mixtral-8x22b", "qwen3-30b-a3b", "qwen3-235b-a22b",
-                           "deepseek-v3", "deepseek-v2", "qwen2-57b-a14b", "olmoe-1b-7b"}) {
+  for (const char* name :
+       {"mixtral-8x7b", "mixtral-8x22b", "qwen3-30b-a3b", "qwen3-235b-a22b", "deepseek-v3",
+        "deepseek-v2", "qwen2-57b-a14b", "olmoe-1b-7b", "llama-3-8b", "qwen3-8b"}) {
     const std::string text = Example(name);
     EXPECT_TRUE(LooksLikeHfConfig(text)) << name;
     absl::StatusOr<HfImport> r = ImportHfConfig(text, HfTraining{}, name);
@@ -75,8 +78,10 @@ TEST(ImportHfConfig, EveryExampleImportsAndValidates) {
     absl::StatusOr<planner::ModelConfig> model = ModelFromProto(back);
     ASSERT_TRUE(model.ok()) << name << ": " << model.status();
     EXPECT_TRUE(planner::ValidateModelShape(*model).ok()) << name;
-    EXPECT_TRUE(model->moe.dropless) << name;
-    EXPECT_EQ(model->moe.capacity_factor, 0.0) << name;
+    if (!model->IsDense()) {
+      EXPECT_TRUE(model->moe.dropless) << name;
+      EXPECT_EQ(model->moe.capacity_factor, 0.0) << name;
+    }
     EXPECT_EQ(model->parallel.TotalRanks(), 1) << name;
     EXPECT_EQ(model->normalization, planner::Normalization::kRmsNorm) << name;
     EXPECT_EQ(model->position_embedding_type, planner::PositionEmbedding::kRope) << name;
@@ -87,6 +92,33 @@ TEST(ImportHfConfig, EveryExampleImportsAndValidates) {
     EXPECT_EQ(model->bytes_per_element, 2) << name;
     // Every key of the file is accounted for, and these examples hold none unknown.
     for (const HfField& f : r->fields) EXPECT_NE(f.use, HfField::kUnknown) << name << " " << f.name;
+  }
+}
+
+// Dense models: no moe message (a dense ModelConfig), the FFN from
+// intermediate_size; parameters as the model cards give them: Llama 3 8B
+// 8.03 B; Qwen3-8B 8.2 B, 6.95 B without the embedding and output layer.
+TEST(ImportHfConfig, DenseLlamaAndQwen3) {
+  const v1::ModelConfig llama = Import("llama-3-8b");
+  EXPECT_FALSE(llama.has_moe());
+  EXPECT_EQ(llama.ffn_hidden_size(), 14336);
+  EXPECT_EQ(llama.num_query_groups(), 8);
+  EXPECT_FALSE(llama.qk_layernorm());
+  const v1::ModelConfig qwen = Import("qwen3-8b");
+  EXPECT_FALSE(qwen.has_moe());
+  EXPECT_EQ(qwen.ffn_hidden_size(), 12288);
+  EXPECT_EQ(qwen.kv_channels(), 0);  // head_dim 128 = 4096 / 32
+  EXPECT_TRUE(qwen.qk_layernorm());
+  for (const auto& [m, total, body] :
+       {std::tuple{llama, 8.03e9, 6.98e9}, std::tuple{qwen, 8.19e9, 6.95e9}}) {
+    absl::StatusOr<planner::ModelConfig> pm = ModelFromProto(m);
+    ASSERT_TRUE(pm.ok()) << pm.status();
+    EXPECT_TRUE(pm->IsDense());
+    EXPECT_EQ(pm->NumMoeLayers(), 0);
+    const planner::ParamCounts c = planner::CountParams(*pm);
+    EXPECT_NEAR(c.total, total, 0.01 * total) << m.name();
+    EXPECT_NEAR(c.transformer, body, 0.01 * body) << m.name();
+    EXPECT_EQ(c.active, c.total) << m.name();
   }
 }
 
@@ -296,9 +328,16 @@ TEST_P(BadHfConfigTest, OneLineErrorNamingTheKey) {
 INSTANTIATE_TEST_SUITE_P(
     Table, BadHfConfigTest,
     ::testing::Values(
-        BadCase{"unknown_model_type", "mixtral-8x7b", "model_type", "\"llama\"",
+        BadCase{"unknown_model_type", "mixtral-8x7b", "model_type", "\"gpt2\"",
                 "model_type: must be one of mixtral, qwen2_moe, qwen3_moe, deepseek_v2, "
-                "deepseek_v3, olmoe (got \"llama\")"},
+                "deepseek_v3, olmoe, llama, qwen3 (got \"gpt2\")"},
+        BadCase{"dense_missing_ffn", "llama-3-8b", "intermediate_size", "",
+                "intermediate_size: required (missing)"},
+        BadCase{"dense_with_experts", "llama-3-8b", "num_local_experts", "8",
+                "num_local_experts: an MoE key in a llama (dense) config: is model_type right? "
+                "(got 8)"},
+        BadCase{"qwen3_sliding", "qwen3-8b", "use_sliding_window", "true",
+                "use_sliding_window: a sliding attention window is not modelled (got true)"},
         BadCase{"n_group_not_dividing", "deepseek-v3", "n_group", "7",
                 "n_group: must divide n_routed_experts (got n_group=7, n_routed_experts=256)"},
         BadCase{"missing_heads", "qwen3-30b-a3b", "num_attention_heads", "",

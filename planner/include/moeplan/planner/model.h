@@ -94,8 +94,12 @@ struct ModelConfig {
 
   // A flash / fused attention kernel: no L x L tensor in memory.
   bool FusedAttention() const { return attention_backend != AttentionBackend::kUnfused; }
+  // A dense model (Llama, GPT): no MoE layer at all; moe is left unset
+  // (num_experts 0) and parallel.ep / esp are 1.
+  bool IsDense() const { return moe.num_experts == 0; }
   // Blocks from num_layers on are the MTP depths': of the last layer's kind.
   bool IsMoeBlock(int block) const {
+    if (IsDense()) return false;
     if (block >= num_layers) block = num_layers - 1;
     if (!moe.layer_pattern.empty()) {
       return block >= 0 && block < static_cast<int>(moe.layer_pattern.size()) &&
@@ -104,7 +108,8 @@ struct ModelConfig {
     return block % moe.layer_freq == 0;
   }
   int NumMoeLayers() const;
-  // The MoE layer every MoE block runs (a LayerConfig for the schedule builders).
+  // The MoE layer every MoE block runs (a LayerConfig for the schedule
+  // builders); of a dense model, a placeholder no block runs.
   LayerConfig MoeLayer() const;
   int64_t GlobalBatch() const {
     return global_batch_size > 0 ? global_batch_size : micro_batch_size * parallel.dp;

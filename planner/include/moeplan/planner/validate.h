@@ -12,6 +12,10 @@ namespace moeplan::planner {
 // the layout fits the cluster.
 absl::Status ValidateLayer(const LayerConfig& layer, const ClusterShape& cluster);
 
+// A dense model's degrees (no MoE layer): ep and esp 1, and mp * dp * pp
+// ranks that fit the cluster's nodes as ValidateLayer's do.
+absl::Status ValidateDenseParallel(const ParallelLayout& parallel, const ClusterShape& cluster);
+
 // The extra rules of one schedule (S1/S2: mp == esp; S1: tokens divisible by mp).
 // Assumes ValidateLayer passed.
 absl::Status ValidateForSchedule(const LayerConfig& layer, Schedule schedule);

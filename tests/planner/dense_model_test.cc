@@ -1,0 +1,204 @@
+// Dense models (no MoE layer: Llama, the dense GPTs) in the whole-model
+// planner (docs/model.md "Dense models"): their blocks are exactly the dense
+// blocks of an MoE model, nothing routes or exchanges tokens, the layout
+// search places no experts, and the MoE fields and degrees they cannot have
+// are refused by name. Round-number costs (test_profile.h).
+#include <gtest/gtest.h>
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "moeplan/planner/accounting.h"
+#include "moeplan/planner/layout.h"
+#include "moeplan/planner/layout_planner.h"
+#include "moeplan/planner/model.h"
+#include "moeplan/planner/model_planner.h"
+#include "test_profile.h"
+
+namespace moeplan::planner {
+namespace {
+
+using testing::RoundNumberModel;
+
+ModelConfig Dense(int mp = 2) {
+  ModelConfig m;
+  m.name = "dense";
+  m.num_layers = 4;
+  m.hidden_size = 256;
+  m.num_attention_heads = 8;
+  m.num_query_groups = 2;
+  m.ffn_hidden_size = 512;
+  m.gated_linear_unit = true;
+  m.seq_length = 128;
+  m.micro_batch_size = 2;
+  m.vocab_size = 1024;
+  m.normalization = Normalization::kRmsNorm;
+  m.position_embedding_type = PositionEmbedding::kRope;
+  m.add_bias_linear = false;
+  m.moe.num_experts = 0;  // dense
+  m.parallel = {.mp = mp, .ep = 1, .esp = 1, .dp = 8 / mp, .pp = 1};
+  return m;
+}
+
+// The same model with MoE layers in blocks 2 and 3 only: blocks 0 and 1 are
+// dense blocks of an MoE model.
+ModelConfig DenseFirst(int mp = 2) {
+  ModelConfig m = Dense(mp);
+  m.moe.layer_freq = 0;
+  m.moe.layer_pattern = {0, 0, 1, 1};
+  m.moe.num_experts = 8;
+  m.moe.top_k = 2;
+  m.moe.capacity_factor = 1.0;
+  m.moe.expert_ffn_hidden_size = 256;
+  m.parallel.ep = 8;
+  m.parallel.esp = 1;
+  return m;
+}
+
+ModelPlan Plan(const ModelConfig& m, std::vector<Variant> variants = {}) {
+  ModelPlanner planner(RoundNumberModel());
+  ModelPlanOptions o;
+  o.variants = std::move(variants);
+  ModelPlan plan;
+  const absl::Status s = planner.Plan(m, o, &plan);
+  EXPECT_TRUE(s.ok()) << s;
+  return plan;
+}
+
+struct Shape {
+  std::string base;
+  int64_t rows, count;
+  double cost_us;
+  bool operator==(const Shape&) const = default;
+};
+
+std::vector<Shape> BlockOps(const VariantPlan& v, int block) {
+  std::vector<Shape> out;
+  for (OpId id = 0; id < v.graph.size(); ++id) {
+    const Op& op = v.graph.op(id);
+    if (op.block != block) continue;
+    out.push_back(
+        {std::string(op.base), v.graph.exec(id).rows, v.graph.exec(id).count, op.cost_us});
+  }
+  return out;
+}
+
+TEST(DenseModel, BlocksAreAnMoeModelsDenseBlocksAndNothingRoutes) {
+  const ModelPlan dense = Plan(Dense());
+  const ModelPlan mixed = Plan(DenseFirst(), {Variant::kNone});
+  // No variant splits or reorders around AlltoAlls a dense model lacks.
+  ASSERT_EQ(dense.variants.size(), 1u);
+  const VariantPlan& v = dense.variants[0];
+  EXPECT_EQ(v.variant, Variant::kNone);
+  EXPECT_EQ(v.schedule, Schedule::kDefault);
+  EXPECT_EQ(dense.moe_layers, 0);
+  EXPECT_TRUE(v.layers.empty());
+  for (OpId id = 0; id < v.graph.size(); ++id) {
+    const Op& op = v.graph.op(id);
+    EXPECT_FALSE(op.flags & kMoeScope) << op.Name();
+    EXPECT_EQ(std::string(op.base).find("alltoall"), std::string::npos) << op.Name();
+  }
+  // Blocks 0 and 1: the same ops, sizes and costs as the MoE model's dense blocks.
+  const VariantPlan& w = mixed.variants[0];
+  for (int block : {0, 1}) {
+    const std::vector<Shape> a = BlockOps(v, block), b = BlockOps(w, block);
+    ASSERT_FALSE(a.empty());
+    EXPECT_EQ(a, b) << "block " << block;
+  }
+  // Block 2 is dense here and MoE there: the dense FFN (SwiGLU: 2F/t wide).
+  bool ffn = false;
+  for (const Shape& s : BlockOps(v, 2)) {
+    if (s.base == "fwd.fc1") {
+      ffn = true;
+      EXPECT_EQ(s.rows, 2 * 512 / 2);
+    }
+  }
+  EXPECT_TRUE(ffn);
+  // Parameters: every one is active; no expert parameters on a rank.
+  const ParamCounts c = CountParams(Dense());
+  EXPECT_EQ(c.active, c.total);
+  EXPECT_EQ(c.routed_experts, 0.0);
+  // mp = 2 splits every weight matrix; the 9 RMSNorms (M each: two per
+  // block and the final one) are whole on both ranks.
+  EXPECT_EQ(static_cast<double>(dense.params_per_rank), (c.total - 9 * 256) / 2 + 9 * 256);
+}
+
+TEST(DenseModel, FieldRulesNameTheField) {
+  const ClusterShape cluster = RoundNumberModel().profile().shape;
+  struct Case {
+    std::string_view label;
+    void (*edit)(ModelConfig&);
+    std::string_view error;
+  };
+  const Case cases[] = {
+      {"ep", [](ModelConfig& m) { m.parallel.ep = 2; },
+       "parallel.ep: must be 1 (or unset) for a dense model: it has no experts to split (got 2)"},
+      {"esp", [](ModelConfig& m) { m.parallel.esp = 2; },
+       "parallel.esp: must be 1 (or unset) for a dense model: it has no experts to split (got 2)"},
+      {"expert size without experts", [](ModelConfig& m) { m.moe.expert_ffn_hidden_size = 64; },
+       "moe.num_experts: must be > 0 when moe.expert_ffn_hidden_size is set (a dense model leaves "
+       "moe unset; an MoE model needs its experts) (got 0)"},
+      {"pattern without experts",
+       [](ModelConfig& m) {
+         m.moe.layer_pattern = {0, 1, 1, 1};
+       },
+       "moe.num_experts: must be > 0 when moe.layer_pattern is set (a dense model leaves moe "
+       "unset; an MoE model needs its experts) (got 0)"},
+      {"too many ranks", [](ModelConfig& m) { m.parallel.dp = 1024; },
+       "parallel: mp*dp*pp must be <= the cluster's GPUs"},
+  };
+  for (const Case& c : cases) {
+    ModelConfig m = Dense();
+    c.edit(m);
+    const absl::Status s = ValidateModel(m, cluster);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << c.label;
+    EXPECT_EQ(std::string(s.message()).rfind(c.error, 0), 0u) << c.label << ": " << s.message();
+  }
+  EXPECT_TRUE(ValidateModel(Dense(), cluster).ok());
+  // S1 and S2 reorder MoE layers: asked for, an error naming the schedule.
+  ModelPlanner planner(RoundNumberModel());
+  ModelPlanOptions o;
+  o.schedules = {Schedule::kS1};
+  ModelPlan plan;
+  const absl::Status s = planner.Plan(Dense(), o, &plan);
+  EXPECT_EQ(std::string(s.message()), "schedules: s1 reorders MoE layers; a dense model has none");
+  // A layout of a dense model places no experts.
+  Layout l;
+  l.dp = 4;
+  l.tp = 2;
+  l.ep = 2;
+  EXPECT_EQ(
+      std::string(ValidateLayout(Dense(), l, 8, cluster).message()),
+      "layout.ep: must be 1 (or unset) for a dense model: it has no experts to split (got 2)");
+  l.ep = 1;
+  EXPECT_TRUE(ValidateLayout(Dense(), l, 8, cluster).ok());
+}
+
+TEST(DenseModel, SearchPlacesNoExperts) {
+  ModelConfig m = Dense();
+  m.global_batch_size = 64;
+  LayoutPlanner lp(RoundNumberModel());
+  SearchOptions so;
+  so.top = 1000;
+  so.gpus = 8;
+  MemoryOptions no_check;
+  no_check.gpu_memory_bytes = 0;
+  LayoutSearchResult r;
+  const absl::Status s = lp.Search(m, so, {}, no_check, &r);
+  ASSERT_TRUE(s.ok()) << s;
+  ASSERT_FALSE(r.candidates.empty());
+  int tps = 0;
+  for (const LayoutCandidate& c : r.candidates) {
+    EXPECT_EQ(c.layout.ep, 1);
+    EXPECT_EQ(c.layout.esp, 1);
+    EXPECT_EQ(c.variant, Variant::kNone);
+    EXPECT_GT(c.tflops_per_gpu, 0.0);
+    tps |= 1 << c.layout.tp;
+  }
+  // The tensor-parallel degrees that divide the 2 key/value groups: 1 and 2.
+  EXPECT_EQ(tps, (1 << 1) | (1 << 2));
+}
+
+}  // namespace
+}  // namespace moeplan::planner
