@@ -773,8 +773,8 @@ TEST_F(CudaTest, NcclSingleRankCollectives) {
 // One MoE layer on one GPU (every group has one rank: the plan's collectives
 // are aliases), interpreted on CUDA streams, against the same plan on the CPU
 // backend over MPI_COMM_WORLD (a singleton): outputs, input, gate and expert
-// gradients and routing, for every schedule, padded and dropless. The
-// measured timeline honours every edge of the plan.
+// gradients and routing, for every schedule, padded and dropless, GELU and
+// SwiGLU experts. The measured timeline honours every edge of the plan.
 TEST_F(CudaTest, InterpreterRunsEveryScheduleLikeTheCpu) {
   std::unique_ptr<Device> cpu_dev = MakeCpuDevice();
   absl::StatusOr<std::unique_ptr<Communicator>> cpu_world = MakeMpiWorld(cpu_dev.get());
@@ -799,6 +799,7 @@ TEST_F(CudaTest, InterpreterRunsEveryScheduleLikeTheCpu) {
     planner::Schedule schedule;
     bool dropless;
     DType dtype;
+    bool gated = false;  // SwiGLU experts
   };
   const std::vector<Case> cases = {
       {planner::Schedule::kDefault, false, DType::kF32},
@@ -806,14 +807,19 @@ TEST_F(CudaTest, InterpreterRunsEveryScheduleLikeTheCpu) {
       {planner::Schedule::kS2, false, DType::kF32},
       {planner::Schedule::kDefault, true, DType::kF32},
       {planner::Schedule::kDefault, false, DType::kBF16},
+      {planner::Schedule::kDefault, false, DType::kF32, true},
+      {planner::Schedule::kS2, false, DType::kF32, true},
+      {planner::Schedule::kDefault, true, DType::kF32, true},
+      {planner::Schedule::kDefault, false, DType::kBF16, true},
   };
   for (const Case& c : cases) {
     planner::LayerConfig layer = l;
     layer.dropless = c.dropless;
+    layer.gated_linear_unit = c.gated;
     layer.bytes_per_element = c.dtype == DType::kBF16 ? 2 : 4;
     SCOPED_TRACE(testing::Message()
                  << planner::ScheduleName(c.schedule) << (c.dropless ? " dropless " : " padded ")
-                 << DTypeName(c.dtype));
+                 << DTypeName(c.dtype) << (c.gated ? " swiglu" : " gelu"));
     absl::StatusOr<planner::OpGraph> plan = PlanLayerRun(layer, c.schedule, 1, 1, nullptr);
     ASSERT_TRUE(plan.ok()) << plan.status();
     RunOptions opt;
