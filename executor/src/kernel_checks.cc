@@ -69,11 +69,23 @@ absl::Status ArgCheck::Expert(const ExpertShape& e) const {
 
 absl::Status ArgCheck::ExpertPointers(const ExpertShape& e,
                                       std::initializer_list<ExpertPointer> ptrs) const {
+  auto elements = [&e](Tensor t) {
+    switch (t) {
+      case Tensor::kTokens:
+        return e.TokenElements();
+      case Tensor::kHidden:
+        return e.HiddenElements();
+      case Tensor::kPreActivation:
+        return e.PreActivationElements();
+      case Tensor::kW1:
+        return e.W1Elements();
+      case Tensor::kW2:
+        return e.W2Elements();
+    }
+    return int64_t{0};
+  };
   for (const ExpertPointer& ep : ptrs) {
-    const int64_t n = ep.tensor == Tensor::kTokens   ? e.TokenElements()
-                      : ep.tensor == Tensor::kHidden ? e.HiddenElements()
-                                                     : e.WeightElements();
-    MOEPLAN_RETURN_IF_ERROR(Pointer(ep.name, ep.p, n));
+    MOEPLAN_RETURN_IF_ERROR(Pointer(ep.name, ep.p, elements(ep.tensor)));
   }
   return absl::OkStatus();
 }

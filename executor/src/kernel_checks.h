@@ -39,8 +39,10 @@ class ArgCheck {
   // Every dimension >= 0 (not the dtype).
   absl::Status Expert(const ExpertShape& e) const;
 
-  // A pointer of an expert kernel with the element count of its tensor.
-  enum class Tensor { kTokens, kHidden, kWeights };
+  // A pointer of an expert kernel with the element count of its tensor
+  // (ExpertShape: tokens x, out, dout, dx; hidden a; pre-activation z, dz;
+  // the weights w1, dw1 and w2, dw2).
+  enum class Tensor { kTokens, kHidden, kPreActivation, kW1, kW2 };
   struct ExpertPointer {
     std::string_view name;
     const void* p;

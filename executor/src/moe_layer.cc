@@ -101,12 +101,6 @@ namespace internal {
 absl::StatusOr<std::unique_ptr<MoeLayerOps>> MoeLayerOps::Create(
     const planner::LayerConfig& layer, const planner::OpGraph& plan, int instance, int block,
     const RunOptions& options, const RankGroups* groups, Device* device, Kernels* kernels) {
-  if (layer.gated_linear_unit) {
-    // Planned, not yet executable: the kernels run GELU experts.
-    return absl::UnimplementedError(
-        "gated_linear_unit: the executor's experts are GELU FFNs; SwiGLU experts are planned "
-        "but not run");
-  }
   std::unique_ptr<MoeLayerOps> ops(new MoeLayerOps(layer, options, groups, device, kernels));
   MOEPLAN_RETURN_IF_ERROR(ops->Init(plan, instance, block));
   return ops;
@@ -222,6 +216,7 @@ void MoeLayerOps::SizeFromComputeOp(const OpExec& x) {
       const ExpertShape e = ExpertsOf(x);
       NeedOf(x, e.TokenElements(), e.TokenElements(), e.TokenElements());
       hidden_elems_ = std::max(hidden_elems_, e.HiddenElements());
+      pre_elems_ = std::max(pre_elems_, e.PreActivationElements());
       break;
     }
   }
@@ -304,6 +299,7 @@ void MoeLayerOps::SetDimensions() {
   W_ = p.ep;
   El_ = E_ / W_;
   Hs_ = H_ / p.esp;
+  F_ = layer_.gated_linear_unit ? 2 * Hs_ : Hs_;
 }
 
 void MoeLayerOps::ResolveAliases(const planner::OpGraph& plan, int block) {
@@ -459,9 +455,14 @@ absl::Status MoeLayerOps::Allocate(bool token_side, bool expert_side, Estimate* 
   }
   if (expert_side) {
     const int64_t hidden = dropless_ ? recv_cap_ * Hs_ : hidden_elems_;
-    for (DeviceBuffer* b : {&z_, &a_, &dz_}) {
-      MOEPLAN_RETURN_IF_ERROR(
-          alloc(b, hidden, es_, "an expert hidden activation [E/ep x rows x H/esp]"));
+    const int64_t pre = dropless_ ? recv_cap_ * F_ : pre_elems_;
+    MOEPLAN_RETURN_IF_ERROR(
+        alloc(&a_, hidden, es_, "an expert hidden activation [E/ep x rows x H/esp]"));
+    for (DeviceBuffer* b : {&z_, &dz_}) {
+      MOEPLAN_RETURN_IF_ERROR(alloc(b, pre, es_,
+                                    layer_.gated_linear_unit
+                                        ? "an expert pre-activation [E/ep x rows x 2H/esp]"
+                                        : "an expert hidden activation [E/ep x rows x H/esp]"));
     }
   }
   if (!token_side) return absl::OkStatus();
@@ -480,9 +481,15 @@ absl::Status MoeLayerOps::Allocate(bool token_side, bool expert_side, Estimate* 
     MOEPLAN_RETURN_IF_ERROR(alloc(&ones_, gated_, 4, "the gate bias's ones [S]"));
     MOEPLAN_RETURN_IF_ERROR(alloc(&skew_bias_, E_, 4, "the gate bias [E]"));
   }
-  for (DeviceBuffer* b : {&w1_, &w2_, &dw1_, &dw2_}) {
+  for (DeviceBuffer* b : {&w1_, &dw1_}) {
+    MOEPLAN_RETURN_IF_ERROR(alloc(b, El_ * M_ * F_, es_,
+                                  layer_.gated_linear_unit
+                                      ? "an expert weight shard [E/ep x M x 2H/esp]"
+                                      : "an expert weight shard [E/ep x M x H/esp]"));
+  }
+  for (DeviceBuffer* b : {&w2_, &dw2_}) {
     MOEPLAN_RETURN_IF_ERROR(
-        alloc(b, El_ * M_ * Hs_, es_, "an expert weight shard [E/ep x M x H/esp]"));
+        alloc(b, El_ * Hs_ * M_, es_, "an expert weight shard [E/ep x H/esp x M]"));
   }
   if (dropless_) {
     for (DeviceBuffer* b : {&flat_expert_, &flat_slot_}) {
@@ -526,19 +533,24 @@ absl::Status MoeLayerOps::FillInputs() {
   }
 
   // Expert shards: global expert e = ep_rank * El + l, global hidden column
-  // h = esp_rank * Hs + j.
-  host.resize(static_cast<size_t>(El_ * M_ * Hs_));
+  // h = esp_rank * Hs + j. SwiGLU: the global w1 is [E][M][2H], gate columns
+  // [0, H) then up columns [H, 2H); the shard's column j < Hs is gate column
+  // h, its column Hs + j up column H + h.
+  host.resize(static_cast<size_t>(El_ * M_ * F_));
   const int64_t e0 = int64_t{place.ep_rank} * El_, h0 = int64_t{place.esp_rank} * Hs_;
+  const int64_t global_f = layer_.gated_linear_unit ? 2 * H_ : H_;  // columns of the global w1
   size_t i = 0;
   for (int64_t l = 0; l < El_; ++l) {
     for (int64_t m = 0; m < M_; ++m) {
-      for (int64_t j = 0; j < Hs_; ++j) {
+      for (int64_t j = 0; j < F_; ++j) {
+        const int64_t col = j < Hs_ ? h0 + j : H_ + h0 + (j - Hs_);
         host[i++] = SeededValue(seed, kTensorW1,
-                                static_cast<uint64_t>(((e0 + l) * M_ + m) * H_ + h0 + j), ws1);
+                                static_cast<uint64_t>(((e0 + l) * M_ + m) * global_f + col), ws1);
       }
     }
   }
   MOEPLAN_RETURN_IF_ERROR(upload(w1_.data(), dt_));
+  host.resize(static_cast<size_t>(El_ * Hs_ * M_));
   i = 0;
   for (int64_t l = 0; l < El_; ++l) {
     for (int64_t j = 0; j < Hs_; ++j) {

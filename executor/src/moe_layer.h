@@ -133,6 +133,7 @@ class MoeLayerOps final : public OpHandler {
   DType dt_ = DType::kF32;
   size_t es_ = 4;
   int64_t S_ = 0, M_ = 0, H_ = 0, E_ = 0, K_ = 0, El_ = 1, Hs_ = 1;
+  int64_t F_ = 1;  // columns of w1 and z: 2 Hs for SwiGLU experts, else Hs
   int W_ = 1;
 
   // Logical buffers: each resolves to a root (aliases of one-rank groups);
@@ -142,7 +143,8 @@ class MoeLayerOps final : public OpHandler {
   std::array<int64_t, kBufs> need_{};  // bytes
   std::array<bool, kBufs> expert_side_{};
   std::array<DeviceBuffer, kBufs> buf_;
-  int64_t hidden_elems_ = 0;  // the expert activations' elements (padded)
+  int64_t hidden_elems_ = 0;  // the expert activations' elements (padded): a
+  int64_t pre_elems_ = 0;     // and before the activation: z, dz (2x a gated)
 
   // The gate, from its op.
   Buf gate_in_ = Buf::kX;

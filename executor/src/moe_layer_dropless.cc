@@ -75,17 +75,19 @@ absl::Status MoeLayerOps::ForBlocksOf(int64_t l, Fn&& fn) {
   return absl::OkStatus();
 }
 
+// z = x W1[l] (F_ columns: [gate | up] for SwiGLU), a = act(z), out = a W2[l].
 absl::Status MoeLayerOps::RaggedExpertForward(const OpExec& x) {
   char* w1 = w1_.as<char>();
   char* w2 = w2_.as<char>();
   for (int64_t l = 0; l < El_; ++l) {
     MOEPLAN_RETURN_IF_ERROR(ForBlocksOf(l, [&](int64_t r, int64_t o) -> absl::Status {
-      char* z = z_.as<char>() + static_cast<size_t>(o * Hs_) * es_;
+      char* z = z_.as<char>() + static_cast<size_t>(o * F_) * es_;
       char* a = a_.as<char>() + static_cast<size_t>(o * Hs_) * es_;
-      MOEPLAN_RETURN_IF_ERROR(k_->Gemm(false, false, r, Hs_, M_, 1.0f, At(x.in, o * M_), M_,
-                                       w1 + static_cast<size_t>(l * M_ * Hs_) * es_, Hs_, 0.0f, z,
-                                       Hs_, dt_));
-      MOEPLAN_RETURN_IF_ERROR(k_->Activation(z, a, r * Hs_, dt_));
+      MOEPLAN_RETURN_IF_ERROR(k_->Gemm(false, false, r, F_, M_, 1.0f, At(x.in, o * M_), M_,
+                                       w1 + static_cast<size_t>(l * M_ * F_) * es_, F_, 0.0f, z, F_,
+                                       dt_));
+      MOEPLAN_RETURN_IF_ERROR(layer_.gated_linear_unit ? k_->GatedActivation(z, a, r, Hs_, dt_)
+                                                       : k_->Activation(z, a, r * Hs_, dt_));
       return k_->Gemm(false, false, r, M_, Hs_, 1.0f, a, Hs_,
                       w2 + static_cast<size_t>(l * Hs_ * M_) * es_, M_, 0.0f, At(x.out, o * M_), M_,
                       dt_);
@@ -94,20 +96,25 @@ absl::Status MoeLayerOps::RaggedExpertForward(const OpExec& x) {
   return absl::OkStatus();
 }
 
+// da = dout W2[l]^T into dz (SwiGLU: its up half), the activation backward
+// in place, dx = dz W1[l]^T.
 absl::Status MoeLayerOps::RaggedExpertBackwardData(const OpExec& x) {
   char* w1 = w1_.as<char>();
   char* w2 = w2_.as<char>();
+  const bool gated = layer_.gated_linear_unit;
   for (int64_t l = 0; l < El_; ++l) {
     MOEPLAN_RETURN_IF_ERROR(ForBlocksOf(l, [&](int64_t r, int64_t o) -> absl::Status {
-      char* dz = dz_.as<char>() + static_cast<size_t>(o * Hs_) * es_;
+      char* dz = dz_.as<char>() + static_cast<size_t>(o * F_) * es_;
+      const char* z = z_.as<char>() + static_cast<size_t>(o * F_) * es_;
+      char* da = gated ? dz + static_cast<size_t>(Hs_) * es_ : dz;
       MOEPLAN_RETURN_IF_ERROR(k_->Gemm(false, true, r, Hs_, M_, 1.0f, At(x.in, o * M_), M_,
-                                       w2 + static_cast<size_t>(l * Hs_ * M_) * es_, M_, 0.0f, dz,
-                                       Hs_, dt_));
-      MOEPLAN_RETURN_IF_ERROR(k_->ActivationBackward(
-          z_.as<char>() + static_cast<size_t>(o * Hs_) * es_, dz, r * Hs_, dt_));
-      return k_->Gemm(false, true, r, M_, Hs_, 1.0f, dz, Hs_,
-                      w1 + static_cast<size_t>(l * M_ * Hs_) * es_, Hs_, 0.0f, At(x.out, o * M_),
-                      M_, dt_);
+                                       w2 + static_cast<size_t>(l * Hs_ * M_) * es_, M_, 0.0f, da,
+                                       F_, dt_));
+      MOEPLAN_RETURN_IF_ERROR(gated ? k_->GatedActivationBackward(z, dz, r, Hs_, dt_)
+                                    : k_->ActivationBackward(z, dz, r * Hs_, dt_));
+      return k_->Gemm(false, true, r, M_, F_, 1.0f, dz, F_,
+                      w1 + static_cast<size_t>(l * M_ * F_) * es_, F_, 0.0f, At(x.out, o * M_), M_,
+                      dt_);
     }));
   }
   return absl::OkStatus();
@@ -117,23 +124,22 @@ absl::Status MoeLayerOps::RaggedExpertBackwardData(const OpExec& x) {
 // the first block with rows overwrites, later ones add; no rows at all, zero.
 absl::Status MoeLayerOps::RaggedExpertBackwardWeights(const OpExec& x) {
   for (int64_t l = 0; l < El_; ++l) {
-    char* dw1 = dw1_.as<char>() + static_cast<size_t>(l * M_ * Hs_) * es_;
+    char* dw1 = dw1_.as<char>() + static_cast<size_t>(l * M_ * F_) * es_;
     char* dw2 = dw2_.as<char>() + static_cast<size_t>(l * Hs_ * M_) * es_;
     float beta = 0.0f;
     MOEPLAN_RETURN_IF_ERROR(ForBlocksOf(l, [&](int64_t r, int64_t o) -> absl::Status {
       MOEPLAN_RETURN_IF_ERROR(k_->Gemm(true, false, Hs_, M_, r, x.scale,
                                        a_.as<char>() + static_cast<size_t>(o * Hs_) * es_, Hs_,
                                        At(x.mid, o * M_), M_, beta, dw2, M_, dt_));
-      MOEPLAN_RETURN_IF_ERROR(k_->Gemm(true, false, M_, Hs_, r, x.scale, At(x.in, o * M_), M_,
-                                       dz_.as<char>() + static_cast<size_t>(o * Hs_) * es_, Hs_,
-                                       beta, dw1, Hs_, dt_));
+      MOEPLAN_RETURN_IF_ERROR(k_->Gemm(true, false, M_, F_, r, x.scale, At(x.in, o * M_), M_,
+                                       dz_.as<char>() + static_cast<size_t>(o * F_) * es_, F_, beta,
+                                       dw1, F_, dt_));
       beta = 1.0f;
       return absl::OkStatus();
     }));
     if (beta == 0.0f) {
-      const size_t bytes = static_cast<size_t>(M_ * Hs_) * es_;
-      MOEPLAN_RETURN_IF_ERROR(dev_->Zero(dw1, bytes, kComputeLane));
-      MOEPLAN_RETURN_IF_ERROR(dev_->Zero(dw2, bytes, kComputeLane));
+      MOEPLAN_RETURN_IF_ERROR(dev_->Zero(dw1, static_cast<size_t>(M_ * F_) * es_, kComputeLane));
+      MOEPLAN_RETURN_IF_ERROR(dev_->Zero(dw2, static_cast<size_t>(Hs_ * M_) * es_, kComputeLane));
     }
   }
   return absl::OkStatus();

@@ -34,6 +34,7 @@ ExpertShape MoeLayerOps::ExpertsOf(const OpExec& x) const {
   e.model = M_;
   e.shard = Hs_;
   e.dtype = dt_;
+  e.gated = layer_.gated_linear_unit;
   return e;
 }
 
@@ -189,6 +190,7 @@ LayerTensors MoeLayerOps::Tensors() const {
   t.experts = E_;
   t.local_experts = El_;
   t.hidden_shard = Hs_;
+  t.gated = layer_.gated_linear_unit;
   t.x = Ptr(Buf::kX);
   t.y = Ptr(Buf::kY);
   t.dy = Ptr(Buf::kDy);
@@ -213,8 +215,8 @@ absl::StatusOr<LayerResults> MoeLayerOps::Results() {
   MOEPLAN_RETURN_IF_ERROR(fetch(Ptr(Buf::kY), S_ * M_, dt_, &r.y));
   MOEPLAN_RETURN_IF_ERROR(fetch(Ptr(Buf::kDx), S_ * M_, dt_, &r.dx));
   MOEPLAN_RETURN_IF_ERROR(fetch(Ptr(Buf::kGateGrad), M_ * E_, DType::kF32, &r.dgate));
-  MOEPLAN_RETURN_IF_ERROR(fetch(dw1_.data(), El_ * M_ * Hs_, dt_, &r.dw1));
-  MOEPLAN_RETURN_IF_ERROR(fetch(dw2_.data(), El_ * M_ * Hs_, dt_, &r.dw2));
+  MOEPLAN_RETURN_IF_ERROR(fetch(dw1_.data(), El_ * M_ * F_, dt_, &r.dw1));
+  MOEPLAN_RETURN_IF_ERROR(fetch(dw2_.data(), El_ * Hs_ * M_, dt_, &r.dw2));
   r.route_offset = route_offset_;
   r.expert.resize(static_cast<size_t>(gated_ * K_));
   r.slot.resize(r.expert.size());

@@ -103,6 +103,9 @@ class MoE(nn.Module):
 
     Args:
         model_dim, hidden_dim: M and H (each expert is GELU(x W1) W2, no biases).
+        gated_linear_unit: SwiGLU experts (Megatron-Core's name): each expert is
+            (silu(x W1_gate) * (x W1_up)) W2, W1 = [W1_gate | W1_up] of 2H columns
+            (the gate's H first, then the up projection's H).
         num_experts: E, a multiple of ep.
         top_k: experts per token (default 2; gate="switch" is top_k 1).
         capacity_factor: f; each expert keeps ceil(k f S / E) tokens of the S an
@@ -132,7 +135,9 @@ class MoE(nn.Module):
     Parameters: gate_weight [M, E] (replicated: average its gradient with the
     dense ones), w1 [E/ep, M, H/esp] and w2 [E/ep, H/esp, M] (this rank's expert
     shards, marked `moeplan_expert = True`: leave them out of data-parallel
-    reductions; `dense_parameters(model)` lists the others).
+    reductions; `dense_parameters(model)` lists the others). With
+    gated_linear_unit, w1 is [E/ep, M, 2H/esp]: this rank's H/esp gate columns,
+    then the same H/esp columns of the up projection.
     """
 
     def __init__(self, model_dim: int, hidden_dim: int, num_experts: int,
@@ -140,7 +145,8 @@ class MoE(nn.Module):
                  capacity_factor: float = 1.0, gate: str = "topk", mp: int = 1,
                  ep: Optional[int] = None, esp: int = 1, schedule: str = "default",
                  planner: Optional[Planner] = None, seed: int = 0, expert_grad: str = "mean",
-                 max_runners: Optional[int] = None, timeout_s: Optional[float] = None):
+                 max_runners: Optional[int] = None, timeout_s: Optional[float] = None,
+                 gated_linear_unit: bool = False):
         super().__init__()
         rank, size = world()
         if gate not in GATES:
@@ -187,6 +193,9 @@ class MoE(nn.Module):
         if schedule in moeplan_schedules.ESP_IS_MP and esp != mp:
             raise ValueError(f"MoE.schedule: {schedule} needs esp == mp (the ESP group is the "
                              f"MP group); got mp={mp}, esp={esp}")
+        if not isinstance(gated_linear_unit, bool):
+            raise ValueError(f"MoE.gated_linear_unit: must be True or False "
+                             f"(got {gated_linear_unit!r})")
         if expert_grad not in ("mean", "sum"):
             raise ValueError(f"MoE.expert_grad: must be 'mean' or 'sum' (got {expert_grad!r})")
         if max_runners is None:
@@ -203,6 +212,7 @@ class MoE(nn.Module):
         self.timeout_s = float(timeout_s)
         self.model_dim, self.hidden_dim, self.num_experts = model_dim, hidden_dim, num_experts
         self.top_k, self.capacity_factor, self.gate = top_k, float(capacity_factor), gate
+        self.gated_linear_unit = gated_linear_unit
         self.mp, self.ep, self.esp, self.dp = mp, ep, esp, size // mp
         self.schedule = schedule
         self.planner = planner if planner is not None else (
@@ -218,15 +228,18 @@ class MoE(nn.Module):
         bound = 1.0 / math.sqrt(model_dim)
         self.gate_weight = nn.Parameter(
             (torch.rand(model_dim, num_experts, generator=g) * 2 - 1) * bound)
-        w1 = torch.empty(self.local_experts, model_dim, self.hidden_shard)
+        # A gated expert's whole W1 is [M, 2H], [gate | up].
+        halves = 2 if gated_linear_unit else 1
+        w1 = torch.empty(self.local_experts, model_dim, halves * self.hidden_shard)
         w2 = torch.empty(self.local_experts, self.hidden_shard, model_dim)
-        e0, h0 = self.place["ep_rank"] * self.local_experts, self.place["esp_rank"] * self.hidden_shard
+        e0 = self.place["ep_rank"] * self.local_experts
         for l in range(self.local_experts):
             ge = torch.Generator().manual_seed(seed * 1_000_003 + e0 + l + 1)
-            full1 = (torch.rand(model_dim, hidden_dim, generator=ge) * 2 - 1) / math.sqrt(model_dim)
+            full1 = ((torch.rand(model_dim, halves * hidden_dim, generator=ge) * 2 - 1)
+                     / math.sqrt(model_dim))
             full2 = (torch.rand(hidden_dim, model_dim, generator=ge) * 2 - 1) / math.sqrt(hidden_dim)
-            w1[l] = full1[:, h0:h0 + self.hidden_shard]
-            w2[l] = full2[h0:h0 + self.hidden_shard, :]
+            w1[l] = self._w1_shard(full1)
+            w2[l] = self._hidden_shard(full2, 0)
         self.w1 = nn.Parameter(w1)
         self.w2 = nn.Parameter(w2)
         self.w1.moeplan_expert = True
@@ -251,28 +264,46 @@ class MoE(nn.Module):
         return (f"model_dim={self.model_dim}, hidden_dim={self.hidden_dim}, "
                 f"num_experts={self.num_experts}, top_k={self.top_k}, "
                 f"capacity_factor={self.capacity_factor}, mp={self.mp}, ep={self.ep}, "
-                f"esp={self.esp}, schedule={self.schedule!r}")
+                f"esp={self.esp}, schedule={self.schedule!r}"
+                + (", gated_linear_unit=True" if self.gated_linear_unit else ""))
+
+    def _hidden_shard(self, t: torch.Tensor, dim: int) -> torch.Tensor:
+        """This rank's H/esp slice of dimension `dim` (of size H)."""
+        h0 = self.place["esp_rank"] * self.hidden_shard
+        return t.narrow(dim, h0, self.hidden_shard)
+
+    def _w1_shard(self, w1: torch.Tensor) -> torch.Tensor:
+        """This rank's columns of whole W1s (last dimension H, or 2H = [gate | up])."""
+        if not self.gated_linear_unit:
+            return self._hidden_shard(w1, -1)
+        gate, up = w1.split(self.hidden_dim, dim=-1)
+        return torch.cat((self._hidden_shard(gate, -1), self._hidden_shard(up, -1)), dim=-1)
 
     @torch.no_grad()
     def load_expert_weights(self, w1: torch.Tensor, w2: torch.Tensor) -> None:
-        """Sets this rank's shards from the whole experts: w1 [E, M, H], w2 [E, H, M]."""
+        """Sets this rank's shards from the whole experts: w1 [E, M, H] (gated:
+        [E, M, 2H], the gate's H columns, then the up projection's), w2 [E, H, M]."""
         E, M, H = self.num_experts, self.model_dim, self.hidden_dim
-        if tuple(w1.shape) != (E, M, H) or tuple(w2.shape) != (E, H, M):
-            raise ValueError(f"MoE.load_expert_weights: need w1 [{E}, {M}, {H}] and "
+        F = 2 * H if self.gated_linear_unit else H
+        if tuple(w1.shape) != (E, M, F) or tuple(w2.shape) != (E, H, M):
+            raise ValueError(f"MoE.load_expert_weights: need w1 [{E}, {M}, {F}] and "
                              f"w2 [{E}, {H}, {M}], got {list(w1.shape)} and {list(w2.shape)}")
-        e0, h0 = self.place["ep_rank"] * self.local_experts, self.place["esp_rank"] * self.hidden_shard
-        e1, h1 = e0 + self.local_experts, h0 + self.hidden_shard
-        self.w1.copy_(w1[e0:e1, :, h0:h1])
-        self.w2.copy_(w2[e0:e1, h0:h1, :])
+        e0 = self.place["ep_rank"] * self.local_experts
+        e1 = e0 + self.local_experts
+        self.w1.copy_(self._w1_shard(w1[e0:e1]))
+        self.w2.copy_(self._hidden_shard(w2[e0:e1], 1))
 
     def layer_config(self, tokens: int, batch: int = 1) -> Dict[str, Any]:
         """The LayerConfig (the planner's and the server's) of `tokens` tokens per MP group."""
         seq = tokens // batch
-        return {"batch_size": batch, "seq_len": seq, "model_dim": self.model_dim,
-                "hidden_dim": self.hidden_dim, "num_experts": self.num_experts,
-                "top_k": self.top_k, "capacity_factor": self.capacity_factor,
-                "bytes_per_element": 4,
-                "parallel": {"mp": self.mp, "ep": self.ep, "esp": self.esp}}
+        config = {"batch_size": batch, "seq_len": seq, "model_dim": self.model_dim,
+                  "hidden_dim": self.hidden_dim, "num_experts": self.num_experts,
+                  "top_k": self.top_k, "capacity_factor": self.capacity_factor,
+                  "bytes_per_element": 4,
+                  "parallel": {"mp": self.mp, "ep": self.ep, "esp": self.esp}}
+        if self.gated_linear_unit:  # absent otherwise: GELU layers' configs stay as they were
+            config["gated_linear_unit"] = True
+        return config
 
     def _agree_step(self, phase: int, tokens: int, batch: int) -> None:
         """Every rank begins the same call of this layer (collective; under _LOCK)."""

@@ -5,7 +5,9 @@ PyTorch's own autograd. No moeplan code runs here.
     fp32 logits x @ Wg, softmax, top-k by probability (ties: the lower expert);
     capacity handed out choice-major (every token's first choice in token
     order, then every second choice, ...), an expert keeps its first T;
-    y[s] = sum over kept choices of p * GELU_tanh(x[s] W1[e]) W2[e];
+    y[s] = sum over kept choices of p * GELU_tanh(x[s] W1[e]) W2[e], or with
+    gated_linear_unit (SwiGLU) p * (silu(x[s] W1g[e]) * (x[s] W1u[e])) W2[e]
+    where W1[e] = [W1g[e] | W1u[e]] is [M, 2H];
     gradients flow through the kept probabilities, not the choice.
 """
 
@@ -43,9 +45,21 @@ def route(probs: torch.Tensor, top_k: int, cap: int) -> Tuple[torch.Tensor, torc
     return expert, kept
 
 
+def expert_ffn(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor,
+               gated_linear_unit: bool = False) -> torch.Tensor:
+    """One expert on rows x [n, M]: GELU_tanh(x w1) w2, or SwiGLU's
+    (silu(x w1[:, :H]) * (x w1[:, H:])) w2 with w1 [M, 2H] = [gate | up]."""
+    if gated_linear_unit:
+        gate, up = (x @ w1).chunk(2, dim=1)
+        return (F.silu(gate) * up) @ w2
+    return F.gelu(x @ w1, approximate="tanh") @ w2
+
+
 def moe_forward(x: torch.Tensor, gate_weight: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor,
-                top_k: int, capacity_factor: float, gate_groups: int = 1) -> torch.Tensor:
-    """y for x [S, M] with whole experts w1 [E, M, H], w2 [E, H, M].
+                top_k: int, capacity_factor: float, gate_groups: int = 1,
+                gated_linear_unit: bool = False) -> torch.Tensor:
+    """y for x [S, M] with whole experts w1 [E, M, H] (gated_linear_unit:
+    [E, M, 2H], [gate | up]), w2 [E, H, M].
 
     gate_groups > 1 gates S / gate_groups tokens at a time with capacity of
     its own (the s1 schedule, one group per MP rank); the default and s2 gate
@@ -70,8 +84,8 @@ def moe_forward(x: torch.Tensor, gate_weight: torch.Tensor, w1: torch.Tensor, w2
         rows, choice = torch.nonzero((expert == e) & kept, as_tuple=True)
         if rows.numel() == 0:
             continue
-        h = F.gelu(x[rows] @ w1[e], approximate="tanh")
-        y = y.index_add(0, rows, p[rows, choice].unsqueeze(1) * (h @ w2[e]))
+        out = expert_ffn(x[rows], w1[e], w2[e], gated_linear_unit)
+        y = y.index_add(0, rows, p[rows, choice].unsqueeze(1) * out)
     return y
 
 

@@ -275,7 +275,7 @@ class Layer {
                         const torch::Tensor& w2) {
     CheckTensor(x, "x", {t_.tokens, t_.model_dim});
     CheckTensor(gate, "gate_weight", {t_.model_dim, t_.experts});
-    CheckTensor(w1, "w1", {t_.local_experts, t_.model_dim, t_.hidden_shard});
+    CheckTensor(w1, "w1", {t_.local_experts, t_.model_dim, t_.W1Columns()});
     CheckTensor(w2, "w2", {t_.local_experts, t_.hidden_shard, t_.model_dim});
     CopyIn(t_.x, x);
     CopyIn(t_.gate, gate);
@@ -294,7 +294,7 @@ class Layer {
     Run(planner::Phase::kBackward);
     return {CopyOut(t_.dx, {t_.tokens, t_.model_dim}),
             CopyOut(t_.dgate, {t_.model_dim, t_.experts}),
-            CopyOut(t_.dw1, {t_.local_experts, t_.model_dim, t_.hidden_shard}),
+            CopyOut(t_.dw1, {t_.local_experts, t_.model_dim, t_.W1Columns()}),
             CopyOut(t_.dw2, {t_.local_experts, t_.hidden_shard, t_.model_dim})};
   }
 
@@ -354,13 +354,13 @@ class Layer {
   // an error on all, and none is left in a collective the others skipped.
   void Build() {
     const planner::LayerConfig& l = layer_;
-    Check(
-        AgreeOnValues({l.batch_size * l.seq_len, l.model_dim, l.hidden_dim, l.num_experts, l.top_k,
-                       static_cast<int64_t>(options_.schedule), l.parallel.mp, l.parallel.ep,
-                       l.parallel.esp, static_cast<int64_t>(l.capacity_factor * 1e6)},
-                      {"tokens", "model_dim", "hidden_dim", "num_experts", "top_k", "schedule",
-                       "parallel.mp", "parallel.ep", "parallel.esp", "capacity_factor"},
-                      "moeplan.torch.MoE"));
+    Check(AgreeOnValues(
+        {l.batch_size * l.seq_len, l.model_dim, l.hidden_dim, l.num_experts, l.top_k,
+         static_cast<int64_t>(options_.schedule), l.parallel.mp, l.parallel.ep, l.parallel.esp,
+         static_cast<int64_t>(l.capacity_factor * 1e6), int64_t{l.gated_linear_unit}},
+        {"tokens", "model_dim", "hidden_dim", "num_experts", "top_k", "schedule", "parallel.mp",
+         "parallel.ep", "parallel.esp", "capacity_factor", "gated_linear_unit"},
+        "moeplan.torch.MoE"));
     Check(ex::AgreeOnStatus(
         ex::PlanLayerRun(layer_, options_.schedule, ex::WorldSize(), 1, nullptr).status()));
     absl::StatusOr<ex::Backend> backend = ex::MakeBackend("mpi");  // duplicates the world

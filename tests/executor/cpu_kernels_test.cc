@@ -494,23 +494,29 @@ struct ExpertData {
 };
 
 ExpertData RandomExpertData(std::mt19937& rng, const ExpertShape& e) {
-  return {Random(rng, e.TokenElements()), Random(rng, e.WeightElements()),
-          Random(rng, e.WeightElements()), Random(rng, e.TokenElements())};
+  return {Random(rng, e.TokenElements()), Random(rng, e.W1Elements()), Random(rng, e.W2Elements()),
+          Random(rng, e.TokenElements())};
 }
 
-// Output of the double reference forward pass, [G][El][R][M].
+double SiluRef(double x) { return x / (1.0 + std::exp(-x)); }
+
+// Output of the double reference forward pass, [G][El][R][M]: GELU experts,
+// or SwiGLU ones (w1 [El][M][2Hs], gate columns h, up columns Hs + h).
 std::vector<double> ExpertOutRef(const ExpertShape& e, const std::vector<double>& x,
                                  const std::vector<double>& w1, const std::vector<double>& w2) {
-  const int64_t R = e.rows, M = e.model, H = e.shard;
+  const int64_t R = e.rows, M = e.model, H = e.shard, F = e.FirstWidth();
   std::vector<double> out(e.TokenElements(), 0.0);
   for (int64_t g = 0; g < e.groups; ++g) {
     for (int64_t l = 0; l < e.local_experts; ++l) {
       const int64_t b = g * e.local_experts + l;
       for (int64_t r = 0; r < R; ++r) {
         for (int64_t h = 0; h < H; ++h) {
-          double z = 0.0;
-          for (int64_t m = 0; m < M; ++m) z += x[(b * R + r) * M + m] * w1[(l * M + m) * H + h];
-          const double a = GeluRef(z);
+          double z = 0.0, up = 0.0;
+          for (int64_t m = 0; m < M; ++m) {
+            z += x[(b * R + r) * M + m] * w1[(l * M + m) * F + h];
+            if (e.gated) up += x[(b * R + r) * M + m] * w1[(l * M + m) * F + H + h];
+          }
+          const double a = e.gated ? SiluRef(z) * up : GeluRef(z);
           for (int64_t m = 0; m < M; ++m) out[(b * R + r) * M + m] += a * w2[(l * H + h) * M + m];
         }
       }
@@ -533,7 +539,9 @@ TEST_F(CpuKernelsTest, ExpertKernelsMatchReference) {
                  " R=" + std::to_string(e.rows) + " M=" + std::to_string(e.model) +
                  " Hs=" + std::to_string(e.shard));
     const ExpertData d = RandomExpertData(rng, e);
-    const int64_t te = e.TokenElements(), he = e.HiddenElements(), we = e.WeightElements();
+    const int64_t te = e.TokenElements(), he = e.HiddenElements(), we = e.W1Elements();
+    ASSERT_EQ(we, e.W2Elements());
+    ASSERT_EQ(he, e.PreActivationElements());
     // Outputs start as NaN: every kernel must overwrite all of its output.
     std::vector<float> z(he, kNaN), a(he, kNaN), out(te, kNaN), dz(he, kNaN), dx(te, kNaN),
         dw1(we, kNaN), dw2(we, kNaN);
@@ -670,22 +678,23 @@ TEST_F(CpuKernelsTest, ActivationAloneMatchesTheExpertsAcrossChunks) {
   EXPECT_THAT(std::string(bad.message()), HasSubstr("count"));
 }
 
-TEST_F(CpuKernelsTest, ExpertBackwardMatchesFiniteDifferences) {
-  // L = sum(dout * out) for a tiny shape with G > 1 and El > 1; the weight
-  // gradients (scale 1) then sum over the groups that share the weights.
-  const ExpertShape e{.groups = 2, .local_experts = 2, .rows = 2, .model = 3, .shard = 4};
+// L = sum(dout * out) for a tiny shape with G > 1 and El > 1; the weight
+// gradients (scale 1) then sum over the groups that share the weights. GELU
+// experts, and SwiGLU ones (whose dz and dw1 are 2Hs wide).
+void CheckExpertBackwardByFiniteDifferences(Kernels& k, const ExpertShape& e) {
   std::mt19937 rng(5);
   const ExpertData d = RandomExpertData(rng, e);
-  const int64_t te = e.TokenElements(), he = e.HiddenElements(), we = e.WeightElements();
-  std::vector<float> z(he), a(he), out(te), dz(he), dx(te), dw1(we), dw2(we);
+  const int64_t te = e.TokenElements(), he = e.HiddenElements(), pe = e.PreActivationElements();
+  const int64_t w1e = e.W1Elements(), w2e = e.W2Elements();
+  std::vector<float> z(pe), a(he), out(te), dz(pe), dx(te), dw1(w1e), dw2(w2e);
   ASSERT_TRUE(
-      k_->ExpertForward(e, d.x.data(), d.w1.data(), d.w2.data(), z.data(), a.data(), out.data())
+      k.ExpertForward(e, d.x.data(), d.w1.data(), d.w2.data(), z.data(), a.data(), out.data())
           .ok());
-  ASSERT_TRUE(k_->ExpertBackwardData(e, d.dout.data(), d.w1.data(), d.w2.data(), z.data(),
-                                     dz.data(), dx.data())
+  ASSERT_TRUE(k.ExpertBackwardData(e, d.dout.data(), d.w1.data(), d.w2.data(), z.data(), dz.data(),
+                                   dx.data())
                   .ok());
-  ASSERT_TRUE(k_->ExpertBackwardWeights(e, d.x.data(), a.data(), d.dout.data(), dz.data(), 1.0f,
-                                        dw1.data(), dw2.data())
+  ASSERT_TRUE(k.ExpertBackwardWeights(e, d.x.data(), a.data(), d.dout.data(), dz.data(), 1.0f,
+                                      dw1.data(), dw2.data())
                   .ok());
 
   std::vector<double> x(d.x.begin(), d.x.end()), w1(d.w1.begin(), d.w1.end()),
@@ -720,14 +729,91 @@ TEST_F(CpuKernelsTest, ExpertBackwardMatchesFiniteDifferences) {
   ExpectClose(dw2, g2, s2, 2e-5, 0.0, "dw2 vs finite differences");
 
   // `scale` multiplies both weight gradients and they are overwritten.
-  std::vector<float> dw1s(we, kNaN), dw2s(we, kNaN);
-  ASSERT_TRUE(k_->ExpertBackwardWeights(e, d.x.data(), a.data(), d.dout.data(), dz.data(), 0.25f,
-                                        dw1s.data(), dw2s.data())
+  std::vector<float> dw1s(w1e, kNaN), dw2s(w2e, kNaN);
+  ASSERT_TRUE(k.ExpertBackwardWeights(e, d.x.data(), a.data(), d.dout.data(), dz.data(), 0.25f,
+                                      dw1s.data(), dw2s.data())
                   .ok());
-  for (int64_t i = 0; i < we; ++i) {
+  for (int64_t i = 0; i < w1e; ++i) {
     EXPECT_NEAR(dw1s[i], 0.25f * dw1[i], 1e-6f * (1 + std::abs(dw1[i])));
+  }
+  for (int64_t i = 0; i < w2e; ++i) {
     EXPECT_NEAR(dw2s[i], 0.25f * dw2[i], 1e-6f * (1 + std::abs(dw2[i])));
   }
+}
+
+TEST_F(CpuKernelsTest, ExpertBackwardMatchesFiniteDifferences) {
+  CheckExpertBackwardByFiniteDifferences(
+      *k_, {.groups = 2, .local_experts = 2, .rows = 2, .model = 3, .shard = 4});
+}
+
+TEST_F(CpuKernelsTest, SwigluExpertBackwardMatchesFiniteDifferences) {
+  CheckExpertBackwardByFiniteDifferences(
+      *k_, {.groups = 2, .local_experts = 2, .rows = 2, .model = 3, .shard = 4, .gated = true});
+}
+
+// One SwiGLU expert by hand: M = 1, Hs = 2, one row x = 2, w1 = [gate 1, -1 |
+// up 3, 5] so z = [2, -2 | 6, 10]; w2 = [0.5, 0.25]; dout = 1. With
+// silu(2) = 1.76159416, silu(-2) = -0.23840584, silu'(2) = 1.09078425,
+// silu'(-2) = -0.09078425:
+//   a   = [silu(2) 6, silu(-2) 10] = [10.56956494, -2.38405844]
+//   out = 0.5 a0 + 0.25 a1 = 4.68876786
+//   da  = dout w2^T = [0.5, 0.25]
+//   dz  = [da0 6 silu'(2), da1 10 silu'(-2) | da0 silu(2), da1 silu(-2)]
+//       = [3.27235275, -0.22696062 | 0.88079708, -0.05960146]
+//   dx  = dz . w1 = 5.84369730; dw1 = x dz; dw2 = a^T dout = a.
+TEST_F(CpuKernelsTest, SwigluExpertByHand) {
+  const ExpertShape e{.rows = 1, .model = 1, .shard = 2, .gated = true};
+  const float x[] = {2.0f}, w1[] = {1.0f, -1.0f, 3.0f, 5.0f}, w2[] = {0.5f, 0.25f}, dout[] = {1.0f};
+  std::vector<float> z(4, kNaN), a(2, kNaN), out(1, kNaN), dz(4, kNaN), dx(1, kNaN), dw1(4, kNaN),
+      dw2(2, kNaN);
+  ASSERT_TRUE(k_->ExpertForward(e, x, w1, w2, z.data(), a.data(), out.data()).ok());
+  ASSERT_TRUE(k_->ExpertBackwardData(e, dout, w1, w2, z.data(), dz.data(), dx.data()).ok());
+  ASSERT_TRUE(
+      k_->ExpertBackwardWeights(e, x, a.data(), dout, dz.data(), 1.0f, dw1.data(), dw2.data())
+          .ok());
+  ExpectClose(z, {2, -2, 6, 10}, {}, 1e-6, 0.0, "z");
+  ExpectClose(a, {10.56956494, -2.38405844}, {}, 1e-6, 0.0, "a");
+  ExpectClose(out, {4.68876786}, {}, 1e-6, 0.0, "out");
+  ExpectClose(dz, {3.27235275, -0.22696062, 0.88079708, -0.05960146}, {}, 1e-6, 0.0, "dz");
+  ExpectClose(dx, {5.84369730}, {}, 1e-6, 0.0, "dx");
+  ExpectClose(dw1, {6.54470549, -0.45392124, 1.76159416, -0.11920292}, {}, 1e-6, 0.0, "dw1");
+  ExpectClose(dw2, {10.56956494, -2.38405844}, {}, 1e-6, 0.0, "dw2");
+}
+
+// The gated activation alone (the dropless experts' path) computes what the
+// expert kernels do, across the 1024-element chunks of a row; its backward
+// against the closed form.
+TEST_F(CpuKernelsTest, GatedActivationAloneMatchesTheExperts) {
+  constexpr int64_t kWidth = 1500;  // a full chunk and a partial one per half-row
+  std::vector<float> z(2 * kWidth);
+  for (size_t i = 0; i < z.size(); ++i) z[i] = -6.0f + 12.0f * static_cast<float>(i % 997) / 996;
+  std::vector<float> a(kWidth, kNaN), dz(2 * kWidth, kNaN);
+  for (int64_t j = 0; j < kWidth; ++j) dz[kWidth + j] = 0.5f + 0.001f * j;  // da
+  const std::vector<float> da(dz.begin() + kWidth, dz.end());
+  ASSERT_TRUE(k_->GatedActivation(z.data(), a.data(), 1, kWidth, DType::kF32).ok());
+  ASSERT_TRUE(k_->GatedActivationBackward(z.data(), dz.data(), 1, kWidth, DType::kF32).ok());
+  std::vector<double> want_a, want_dz(2 * kWidth);
+  for (int64_t j = 0; j < kWidth; ++j) {
+    const double g = z[j], u = z[kWidth + j], sg = 1.0 / (1.0 + std::exp(-g));
+    want_a.push_back(SiluRef(g) * u);
+    want_dz[j] = da[j] * u * sg * (1.0 + g * (1.0 - sg));
+    want_dz[kWidth + j] = da[j] * SiluRef(g);
+  }
+  ExpectClose(a, want_a, {}, 1e-5, 1e-6, "silu(gate) * up");
+  ExpectClose(dz, want_dz, {}, 1e-5, 1e-6, "dz");
+  // ExpertForward on one row with x = 1 and w1 = z: the same a.
+  const ExpertShape e{.rows = 1, .model = 1, .shard = kWidth, .gated = true};
+  const float one = 1.0f;
+  const std::vector<float> w2(kWidth, 0.0f);
+  std::vector<float> ez(z.size()), ea(kWidth), eout(1);
+  ASSERT_TRUE(
+      k_->ExpertForward(e, &one, z.data(), w2.data(), ez.data(), ea.data(), eout.data()).ok());
+  EXPECT_EQ(ez, z);
+  EXPECT_EQ(ea, a);
+  EXPECT_TRUE(k_->GatedActivation(nullptr, nullptr, 0, 4, DType::kF32).ok());
+  const absl::Status bad = k_->GatedActivationBackward(z.data(), dz.data(), 1, -1, DType::kF32);
+  EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(bad.message()), HasSubstr("width"));
 }
 
 // ------------------------------------------------------- Elementwise ----
@@ -766,6 +852,8 @@ TEST_F(CpuKernelsTest, Bf16IsUnimplementedEverywhere) {
            k_->ExpertBackwardWeights(es, f, f, f, f, 1.0f, f, f),
            k_->Activation(f, f, 1, b),
            k_->ActivationBackward(f, f, 1, b),
+           k_->GatedActivation(f, f, 1, 1, b),
+           k_->GatedActivationBackward(f, f, 1, 1, b),
            k_->ToF32(f, b, f, 1),
            k_->AddF32(f, b, f, 1),
        }) {
@@ -803,6 +891,10 @@ TEST_F(CpuKernelsTest, BadArgumentsAreInvalidAndNamed) {
       {k_->ExpertBackwardData(ExpertShape{.rows = 1, .model = 1, .shard = 1}, f, f, f, nullptr, f,
                               f),
        "z is null"},
+      {k_->ExpertForward(ExpertShape{.rows = 1, .model = 1, .shard = 1, .gated = true}, f, nullptr,
+                         f, f, f, f),
+       "w1 is null but has 2 elements"},
+      {k_->GatedActivation(f, f, -1, 1, DType::kF32), "rows (-1)"},
       {k_->ToF32(f, DType::kF32, f, -1), "count"},
   };
   for (const Expectation& c : cases) {

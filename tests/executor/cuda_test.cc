@@ -548,10 +548,13 @@ TEST_F(CudaTest, OrderRejectsBadShapes) {
 TEST_F(CudaTest, ExpertMatchesCpu) {
   struct Case {
     int64_t g, el, r, m, h;
+    bool gated;
   };
-  // Batched over local experts, fused groups (El = 1), one group, no rows.
-  const Case cases[] = {
-      {2, 3, 5, 16, 24}, {3, 1, 4, 8, 12}, {1, 2, 7, 33, 20}, {4, 2, 6, 12, 10}, {2, 2, 0, 8, 8}};
+  // Batched over local experts, fused groups (El = 1), one group, no rows;
+  // GELU and SwiGLU experts (w1 and z 2Hs wide, da into the up half of dz).
+  const Case cases[] = {{2, 3, 5, 16, 24, false}, {3, 1, 4, 8, 12, false}, {1, 2, 7, 33, 20, false},
+                        {4, 2, 6, 12, 10, false}, {2, 2, 0, 8, 8, false},  {2, 3, 5, 16, 24, true},
+                        {3, 1, 4, 8, 12, true},   {1, 2, 7, 33, 20, true}, {2, 2, 0, 8, 8, true}};
   uint32_t seed = 5000;
   for (DType t : {DType::kF32, DType::kBF16}) {
     for (const Case& c : cases) {
@@ -562,50 +565,65 @@ TEST_F(CudaTest, ExpertMatchesCpu) {
       e.model = c.m;
       e.shard = c.h;
       e.dtype = t;
+      e.gated = c.gated;
       ExpertShape ef = e;
       ef.dtype = DType::kF32;
-      const int64_t nt = e.TokenElements(), nh = e.HiddenElements(), nw = e.WeightElements();
-      const std::string what =
-          Cat(DTypeName(t), " G", c.g, " El", c.el, " R", c.r, " M", c.m, " Hs", c.h);
+      const int64_t nt = e.TokenElements(), nh = e.HiddenElements(), nz = e.PreActivationElements(),
+                    nw1 = e.W1Elements(), nw2 = e.W2Elements();
+      const std::string what = Cat(DTypeName(t), c.gated ? " swiglu" : " gelu", " G", c.g, " El",
+                                   c.el, " R", c.r, " M", c.m, " Hs", c.h);
 
       // Forward.
-      const std::vector<float> x = Random(nt, seed++, t), w1 = Random(nw, seed++, t),
-                               w2 = Random(nw, seed++, t);
-      std::vector<float> z(nh), a(nh), out(nt);
+      const std::vector<float> x = Random(nt, seed++, t), w1 = Random(nw1, seed++, t),
+                               w2 = Random(nw2, seed++, t);
+      std::vector<float> z(nz), a(nh), out(nt);
       ASSERT_OK(
           cpu_->ExpertForward(ef, x.data(), w1.data(), w2.data(), z.data(), a.data(), out.data()));
-      DeviceBuffer dx = UpAs(x, t), dw1 = UpAs(w1, t), dw2 = UpAs(w2, t), dz = Garbage(nh, t),
+      DeviceBuffer dx = UpAs(x, t), dw1 = UpAs(w1, t), dw2 = UpAs(w2, t), dz = Garbage(nz, t),
                    da = Garbage(nh, t), dout = Garbage(nt, t);
       ASSERT_OK(gpu_->ExpertForward(e, dx.data(), dw1.data(), dw2.data(), dz.data(), da.data(),
                                     dout.data()));
-      ExpectClose(DownAs(dz, nh, t), z, Tol(t), what + " z");
+      ExpectClose(DownAs(dz, nz, t), z, Tol(t), what + " z");
       ExpectClose(DownAs(da, nh, t), a, Tol(t), what + " a");
       ExpectClose(DownAs(dout, nt, t), out, Tol(t), what + " out");
 
       // Input gradients (from random dout and z, the same on both sides).
-      const std::vector<float> gout = Random(nt, seed++, t), zin = Random(nh, seed++, t, -3, 3);
-      std::vector<float> gz(nh), gx(nt);
+      const std::vector<float> gout = Random(nt, seed++, t), zin = Random(nz, seed++, t, -3, 3);
+      std::vector<float> gz(nz), gx(nt);
       ASSERT_OK(cpu_->ExpertBackwardData(ef, gout.data(), w1.data(), w2.data(), zin.data(),
                                          gz.data(), gx.data()));
-      DeviceBuffer dgout = UpAs(gout, t), dzin = UpAs(zin, t), dgz = Garbage(nh, t),
+      DeviceBuffer dgout = UpAs(gout, t), dzin = UpAs(zin, t), dgz = Garbage(nz, t),
                    dgx = Garbage(nt, t);
       ASSERT_OK(gpu_->ExpertBackwardData(e, dgout.data(), dw1.data(), dw2.data(), dzin.data(),
                                          dgz.data(), dgx.data()));
-      ExpectClose(DownAs(dgz, nh, t), gz, Tol(t), what + " dz");
+      ExpectClose(DownAs(dgz, nz, t), gz, Tol(t), what + " dz");
       ExpectClose(DownAs(dgx, nt, t), gx, Tol(t), what + " dx");
 
       // Weight gradients, overwriting NaN-filled outputs.
-      const std::vector<float> ain = Random(nh, seed++, t), gzin = Random(nh, seed++, t);
+      const std::vector<float> ain = Random(nh, seed++, t), gzin = Random(nz, seed++, t);
       const float scale = 0.375f;
-      std::vector<float> gw1(nw), gw2(nw);
+      std::vector<float> gw1(nw1), gw2(nw2);
       ASSERT_OK(cpu_->ExpertBackwardWeights(ef, x.data(), ain.data(), gout.data(), gzin.data(),
                                             scale, gw1.data(), gw2.data()));
-      DeviceBuffer dain = UpAs(ain, t), dgzin = UpAs(gzin, t), dgw1 = Garbage(nw, t),
-                   dgw2 = Garbage(nw, t);
+      DeviceBuffer dain = UpAs(ain, t), dgzin = UpAs(gzin, t), dgw1 = Garbage(nw1, t),
+                   dgw2 = Garbage(nw2, t);
       ASSERT_OK(gpu_->ExpertBackwardWeights(e, dx.data(), dain.data(), dgout.data(), dgzin.data(),
                                             scale, dgw1.data(), dgw2.data()));
-      ExpectClose(DownAs(dgw1, nw, t), gw1, Tol(t), what + " dw1");
-      ExpectClose(DownAs(dgw2, nw, t), gw2, Tol(t), what + " dw2");
+      ExpectClose(DownAs(dgw1, nw1, t), gw1, Tol(t), what + " dw1");
+      ExpectClose(DownAs(dgw2, nw2, t), gw2, Tol(t), what + " dw2");
+
+      // The gated activation alone (the dropless experts' path) against the CPU's.
+      if (c.gated && nh > 0) {
+        const int64_t rows = c.g * c.el * c.r;
+        std::vector<float> ca(nh), cdz = Random(nz, seed++, t);  // its up half: da
+        ASSERT_OK(cpu_->GatedActivation(zin.data(), ca.data(), rows, c.h, DType::kF32));
+        DeviceBuffer ga = Garbage(nh, t), gdz = UpAs(cdz, t);
+        ASSERT_OK(gpu_->GatedActivation(dzin.data(), ga.data(), rows, c.h, t));
+        ExpectClose(DownAs(ga, nh, t), ca, Tol(t), what + " gated activation");
+        ASSERT_OK(cpu_->GatedActivationBackward(zin.data(), cdz.data(), rows, c.h, DType::kF32));
+        ASSERT_OK(gpu_->GatedActivationBackward(dzin.data(), gdz.data(), rows, c.h, t));
+        ExpectClose(DownAs(gdz, nz, t), cdz, Tol(t), what + " gated activation backward");
+      }
     }
   }
   ExpertShape bad;
@@ -755,8 +773,8 @@ TEST_F(CudaTest, NcclSingleRankCollectives) {
 // One MoE layer on one GPU (every group has one rank: the plan's collectives
 // are aliases), interpreted on CUDA streams, against the same plan on the CPU
 // backend over MPI_COMM_WORLD (a singleton): outputs, input, gate and expert
-// gradients and routing, for every schedule, padded and dropless. The
-// measured timeline honours every edge of the plan.
+// gradients and routing, for every schedule, padded and dropless, GELU and
+// SwiGLU experts. The measured timeline honours every edge of the plan.
 TEST_F(CudaTest, InterpreterRunsEveryScheduleLikeTheCpu) {
   std::unique_ptr<Device> cpu_dev = MakeCpuDevice();
   absl::StatusOr<std::unique_ptr<Communicator>> cpu_world = MakeMpiWorld(cpu_dev.get());
@@ -781,6 +799,7 @@ TEST_F(CudaTest, InterpreterRunsEveryScheduleLikeTheCpu) {
     planner::Schedule schedule;
     bool dropless;
     DType dtype;
+    bool gated = false;  // SwiGLU experts
   };
   const std::vector<Case> cases = {
       {planner::Schedule::kDefault, false, DType::kF32},
@@ -788,14 +807,19 @@ TEST_F(CudaTest, InterpreterRunsEveryScheduleLikeTheCpu) {
       {planner::Schedule::kS2, false, DType::kF32},
       {planner::Schedule::kDefault, true, DType::kF32},
       {planner::Schedule::kDefault, false, DType::kBF16},
+      {planner::Schedule::kDefault, false, DType::kF32, true},
+      {planner::Schedule::kS2, false, DType::kF32, true},
+      {planner::Schedule::kDefault, true, DType::kF32, true},
+      {planner::Schedule::kDefault, false, DType::kBF16, true},
   };
   for (const Case& c : cases) {
     planner::LayerConfig layer = l;
     layer.dropless = c.dropless;
+    layer.gated_linear_unit = c.gated;
     layer.bytes_per_element = c.dtype == DType::kBF16 ? 2 : 4;
     SCOPED_TRACE(testing::Message()
                  << planner::ScheduleName(c.schedule) << (c.dropless ? " dropless " : " padded ")
-                 << DTypeName(c.dtype));
+                 << DTypeName(c.dtype) << (c.gated ? " swiglu" : " gelu"));
     absl::StatusOr<planner::OpGraph> plan = PlanLayerRun(layer, c.schedule, 1, 1, nullptr);
     ASSERT_TRUE(plan.ok()) << plan.status();
     RunOptions opt;

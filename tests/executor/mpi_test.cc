@@ -110,20 +110,25 @@ void ExpectSameValues(const LayerResults& ref, const LayerResults& got, const ch
   }
 }
 
-// Every rank's expert-weight-gradient shard placed in the global [E][M][H] and
-// [E][H][M] tensors, summed over ranks (each element comes from one rank).
+// Every rank's expert-weight-gradient shard placed in the global [E][M][F]
+// and [E][H][M] tensors (F = H, or 2H for SwiGLU experts: the shard's gate
+// columns at h, its up columns at H + h), summed over ranks (each element
+// comes from one rank).
 std::vector<double> GlobalExpertGrads(const LayerConfig& l, const LayerResults& r) {
   const RankPlace pl = PlaceOf(l.parallel, WorldRank());
   const int64_t m = l.model_dim, h = l.hidden_dim, el = l.num_experts / l.parallel.ep,
                 hs = l.hidden_dim / l.parallel.esp;
+  const int64_t halves = l.gated_linear_unit ? 2 : 1, f = halves * h, fs = halves * hs;
   const int64_t e0 = int64_t{pl.ep_rank} * el, h0 = int64_t{pl.esp_rank} * hs;
-  std::vector<double> g(static_cast<size_t>(2 * l.num_experts * m * h), 0.0);
-  const size_t w2_base = static_cast<size_t>(l.num_experts * m * h);
+  const size_t w2_base = static_cast<size_t>(l.num_experts * m * f);
+  std::vector<double> g(w2_base + static_cast<size_t>(l.num_experts * h * m), 0.0);
   for (int64_t e = 0; e < el; ++e) {
     for (int64_t i = 0; i < m; ++i) {
       for (int64_t j = 0; j < hs; ++j) {
-        g[static_cast<size_t>(((e0 + e) * m + i) * h + h0 + j)] =
-            r.dw1[static_cast<size_t>((e * m + i) * hs + j)];
+        for (int64_t half = 0; half < halves; ++half) {
+          g[static_cast<size_t>(((e0 + e) * m + i) * f + half * h + h0 + j)] =
+              r.dw1[static_cast<size_t>((e * m + i) * fs + half * hs + j)];
+        }
         g[w2_base + static_cast<size_t>(((e0 + e) * h + h0 + j) * m + i)] =
             r.dw2[static_cast<size_t>((e * hs + j) * m + i)];
       }
@@ -224,6 +229,56 @@ TEST(MpiExecutor, DefaultWithTokensDuplicatedOverMpGivesTheSameGradients) {
     EXPECT_LE(MaxOverWorld(d.max_abs_diff), kTol * MaxOverWorld(d.max_abs_ref)) << d.tensor;
   }
   const std::vector<double> ga = GlobalExpertGrads(dup, a), gb = GlobalExpertGrads(shard, b);
+  double diff = 0.0, scale = 0.0;
+  for (size_t i = 0; i < ga.size(); ++i) {
+    diff = std::max(diff, std::fabs(ga[i] - gb[i]));
+    scale = std::max(scale, std::fabs(gb[i]));
+  }
+  EXPECT_GT(scale, 0.0);
+  EXPECT_LE(diff, kTol * scale);
+}
+
+// SwiGLU experts (w1 [E/ep][M][2H/esp], [gate | up]) compute the same under
+// every schedule, with and without drops, at every layout with esp == mp
+// (ep and esp > 1 among them): what --check holds the schedules to.
+TEST(MpiExecutor, SwigluExpertsComputeTheSameUnderEverySchedule) {
+  for (const Layout& lay : SharedLayouts()) {
+    SCOPED_TRACE(testing::Message() << "mp=" << lay.mp << " ep=" << lay.ep << " esp=" << lay.esp);
+    LayerConfig l = Tiny(lay.mp, lay.ep, lay.esp);
+    l.gated_linear_unit = true;
+    const LayerResults ref = RunLayer(l, Schedule::kDefault);
+    EXPECT_EQ(ref.dw1.size(), 2 * ref.dw2.size()) << "w1 is 2H/esp wide";
+    EXPECT_EQ(SumOverWorld(DroppedChoices(ref)), 0);
+    for (Schedule s : {Schedule::kS1, Schedule::kS2}) {
+      SCOPED_TRACE(std::string(planner::ScheduleName(s)));
+      const LayerResults got = RunLayer(l, s);
+      ExpectSameValues(ref, got, "swiglu, no drops");
+      EXPECT_TRUE(TrueOnAllRanks(SameRouting(ref, got, l.top_k, s == Schedule::kS2)));
+    }
+    if (lay.mp == 1) continue;
+    l.capacity_factor = 0.5;
+    const LayerResults def = RunLayer(l, Schedule::kDefault), s2 = RunLayer(l, Schedule::kS2);
+    EXPECT_GT(SumOverWorld(DroppedChoices(def)), 0) << "the test needs dropped tokens";
+    EXPECT_TRUE(TrueOnAllRanks(SameRouting(def, s2, l.top_k, /*slots=*/true)));
+    ExpectSameValues(def, s2, "swiglu, drops");
+  }
+}
+
+// The seeded SwiGLU experts are the same global weights however H is sharded:
+// mp=2 with esp=1 (whole experts) and esp=2 (each rank the gate and up
+// columns of its half of H) give the same outputs and gradients, the shards
+// put back into the global [E][M][2H] w1 gradient.
+TEST(MpiExecutor, SwigluShardsHoldTheSameGlobalExperts) {
+  const int p = WorldSize();
+  LayerConfig whole = Tiny(2, p, 1), sharded = Tiny(2, p / 2, 2);
+  whole.gated_linear_unit = sharded.gated_linear_unit = true;
+  const LayerResults a = RunLayer(whole, Schedule::kDefault);
+  const LayerResults b = RunLayer(sharded, Schedule::kDefault);
+  for (const TensorDiff& d : CompareResults(a, b)) {
+    if (d.tensor == "dw1" || d.tensor == "dw2") continue;  // shards differ in shape
+    EXPECT_LE(MaxOverWorld(d.max_abs_diff), kTol * MaxOverWorld(d.max_abs_ref)) << d.tensor;
+  }
+  const std::vector<double> ga = GlobalExpertGrads(whole, a), gb = GlobalExpertGrads(sharded, b);
   double diff = 0.0, scale = 0.0;
   for (size_t i = 0; i < ga.size(); ++i) {
     diff = std::max(diff, std::fabs(ga[i] - gb[i]));
@@ -428,6 +483,24 @@ TEST(MpiExecutor, DroplessComputesWhatPaddedComputesWhenNothingIsDropped) {
           TrueOnAllRanks(SameRouting(want.results, got.results, padded.top_k, /*slots=*/true)));
       ExpectSameValues(want.results, got.results, "dropless vs padded");
     }
+  }
+}
+
+// The same for SwiGLU experts: the ragged blocks run the gated activation
+// on their own rows.
+TEST(MpiExecutor, SwigluDroplessComputesWhatPaddedComputes) {
+  const int p = WorldSize();
+  for (const Layout& lay : std::vector<Layout>{{2, p / 2, 2}, {1, p, 1}}) {
+    SCOPED_TRACE(testing::Message() << "mp=" << lay.mp << " ep=" << lay.ep << " esp=" << lay.esp);
+    LayerConfig padded = Tiny(lay.mp, lay.ep, lay.esp);
+    padded.gated_linear_unit = true;
+    LayerConfig dropless = padded;
+    dropless.dropless = true;
+    dropless.capacity_factor = 0.0;
+    const SkewedRun want = RunSkewed(padded, 2.0), got = RunSkewed(dropless, 2.0);
+    EXPECT_EQ(got.routed, want.routed);
+    EXPECT_EQ(got.dropped, 0);
+    ExpectSameValues(want.results, got.results, "swiglu dropless vs padded");
   }
 }
 
@@ -717,8 +790,8 @@ TEST(MpiExecutor, WholeModelsRunEveryVariantAsPlanned) {
 
 // Today's model shapes run whole as planned: grouped-query attention with its
 // own head size, qk-norm, fused attention, a layer pattern, two shared
-// experts, an MTP depth (a block after the last layer) and MLA's down and up
-// projections. SwiGLU experts are planned, not run: the runner says so.
+// experts, an MTP depth (a block after the last layer), MLA's down and up
+// projections, and SwiGLU FFNs (dense, shared and routed experts).
 TEST(MpiExecutor, TodaysModelShapesRunAsPlanned) {
   const int w = WorldSize();
   planner::ModelConfig gqa = TinyModel(w % 2 == 0 ? 2 : 1);
@@ -743,10 +816,14 @@ TEST(MpiExecutor, TodaysModelShapesRunAsPlanned) {
              .qk_pos_emb_head_dim = 8,
              .v_head_dim = 16};
   mla.attention_backend = planner::AttentionBackend::kUnfused;
-  for (const planner::ModelConfig& m : {gqa, mla}) {
+  planner::ModelConfig glu = gqa;
+  glu.gated_linear_unit = true;
+  for (const planner::ModelConfig& m : {gqa, mla, glu}) {
     for (planner::Variant v : {planner::Variant::kNone, planner::Variant::kLancet}) {
       SCOPED_TRACE(testing::Message() << planner::VariantName(v)
-                                      << (m.multi_latent_attention ? " mla" : " gqa"));
+                                      << (m.multi_latent_attention ? " mla"
+                                          : m.gated_linear_unit    ? " glu"
+                                                                   : " gqa"));
       absl::StatusOr<planner::VariantPlan> plan =
           PlanModelRun(m, v, w, 1, &planner::testing::RoundNumberModel(), {});
       ASSERT_TRUE(plan.ok()) << plan.status();
@@ -769,17 +846,15 @@ TEST(MpiExecutor, TodaysModelShapesRunAsPlanned) {
       EXPECT_TRUE(mtp_gate);
     }
   }
-  planner::ModelConfig glu = gqa;
-  glu.gated_linear_unit = true;
-  absl::StatusOr<planner::VariantPlan> plan = PlanModelRun(
-      glu, planner::Variant::kNone, w, 1, &planner::testing::RoundNumberModel(), {});
-  ASSERT_TRUE(plan.ok()) << plan.status();
-  absl::StatusOr<std::unique_ptr<ModelRunner>> r =
-      ModelRunner::Create(glu, plan->graph, RunOptions{}, g_backend->device.get(),
-                          g_backend->kernels.get(), g_backend->world.get());
-  ASSERT_FALSE(r.ok());
-  EXPECT_EQ(r.status().code(), absl::StatusCode::kUnimplemented);
-  EXPECT_NE(std::string(r.status().message()).find("gated_linear_unit"), std::string::npos);
+  // The SwiGLU model's expert layer computes the same under every schedule
+  // (what --check holds a layer to; f = E/k so that nothing is dropped).
+  LayerConfig layer = glu.MoeLayer();
+  layer.capacity_factor = 4.0;
+  const LayerResults ref = RunLayer(layer, Schedule::kDefault);
+  for (Schedule s : {Schedule::kS1, Schedule::kS2}) {
+    SCOPED_TRACE(std::string(planner::ScheduleName(s)));
+    ExpectSameValues(ref, RunLayer(layer, s), "the swiglu model's expert layer");
+  }
 }
 
 // A pipelined layout's program on the world, two stages: gpipe, 1f1b (tp 1

@@ -4,13 +4,15 @@
     /usr/bin/python3 tests/python/torch_moe_test.py            # one process
     mpirun -np 4 /usr/bin/python3 tests/python/torch_moe_test.py
 
-One process: every schedule (and the switch gate) on a one-rank layout, then
-bad use (dtype, device, shape, layout, schedule, a planner server that does
+One process: every schedule (and the switch gate, and SwiGLU experts) on a
+one-rank layout, then bad use (dtype, device, shape, layout, schedule, a planner server that does
 not answer) and a backward after a second forward. At 4 ranks: every layout
 of 4 ranks the executor runs, every schedule it allows; each rank's output,
 input gradient and gate-weight gradient, and the expert-weight gradients
 gathered from every rank's shards, against the reference computed on the
-gathered inputs (torch.distributed, gloo). Capacity factor 0.75: every case
+gathered inputs (torch.distributed, gloo); SwiGLU experts
+(gated_linear_unit) on layouts with ep and esp > 1, their w1 shards [gate | up]
+put back into whole [E, M, 2H] experts. Capacity factor 0.75: every case
 drops tokens (asserted). Prints "PASS" on rank 0.
 """
 
@@ -35,10 +37,10 @@ def expect_close(what, got, want):
                              f"(max |ref| {scale:.3g})")
 
 
-def full_weights(seed):
+def full_weights(seed, gated=False):
     g = torch.Generator().manual_seed(seed)
     gate = (torch.rand(M, E, generator=g) * 2 - 1) / M ** 0.5
-    w1 = (torch.rand(E, M, H, generator=g) * 2 - 1) / M ** 0.5
+    w1 = (torch.rand(E, M, 2 * H if gated else H, generator=g) * 2 - 1) / M ** 0.5
     w2 = (torch.rand(E, H, M, generator=g) * 2 - 1) / H ** 0.5
     return gate, w1, w2
 
@@ -47,18 +49,19 @@ def seeded(seed, *shape):
     return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
 
 
-def make(mp, ep, esp, schedule, gate_kind="topk", seed=7, **kw):
+def make(mp, ep, esp, schedule, gate_kind="topk", seed=7, gated=False, **kw):
     top_k = 1 if gate_kind == "switch" else K
     moe = MoE(M, H, E, top_k=None if gate_kind == "switch" else top_k, capacity_factor=F,
-              gate=gate_kind, mp=mp, ep=ep, esp=esp, schedule=schedule, **kw)
-    gate, w1, w2 = full_weights(seed)
+              gate=gate_kind, mp=mp, ep=ep, esp=esp, schedule=schedule,
+              gated_linear_unit=gated, **kw)
+    gate, w1, w2 = full_weights(seed, gated)
     with torch.no_grad():
         moe.gate_weight.copy_(gate)
     moe.load_expert_weights(w1, w2)
     return moe, gate, w1, w2, top_k
 
 
-def reference_grads(xs, dys, gate, w1, w2, top_k, groups, dp):
+def reference_grads(xs, dys, gate, w1, w2, top_k, groups, dp, gated=False):
     """Per MP group: y, dx, dgate of that group's loss; the experts' grads of the
     mean over the groups' losses (MoE's expert_grad="mean")."""
     gate = gate.clone().requires_grad_()
@@ -67,7 +70,8 @@ def reference_grads(xs, dys, gate, w1, w2, top_k, groups, dp):
     out, total, dropped = [], 0.0, 0
     for x, dy in zip(xs, dys):
         x = x.clone().requires_grad_()
-        y = reference.moe_forward(x, gate, w1, w2, top_k, F, gate_groups=groups)
+        y = reference.moe_forward(x, gate, w1, w2, top_k, F, gate_groups=groups,
+                                  gated_linear_unit=gated)
         loss = (y * dy).sum()
         dx, dgate = torch.autograd.grad(loss, (x, gate), retain_graph=True)
         out.append((y.detach(), dx, dgate))
@@ -81,15 +85,18 @@ def one_process():
     tokens = 24
     x0, dy0 = seeded(1, tokens, M), seeded(2, tokens, M)
     for schedule in ("default", "s1", "s2"):
-        for gate_kind in ("topk", "switch"):
-            moe, gate, w1, w2, top_k = make(1, 1, 1, schedule, gate_kind)
+        for gate_kind, gated in (("topk", False), ("switch", False), ("topk", True)):
+            moe, gate, w1, w2, top_k = make(1, 1, 1, schedule, gate_kind, gated=gated)
+            assert tuple(moe.w1.shape) == (E, M, 2 * H if gated else H), moe.w1.shape
             x = x0.clone().requires_grad_()
             y = moe(x)
             y.backward(dy0)
-            per_group, rw1, rw2, dropped = reference_grads([x0], [dy0], gate, w1, w2, top_k, 1, 1)
+            per_group, rw1, rw2, dropped = reference_grads([x0], [dy0], gate, w1, w2, top_k, 1, 1,
+                                                           gated)
             ry, rdx, rdgate = per_group[0]
-            assert dropped > 0, f"{schedule}/{gate_kind}: capacity dropped nothing"
-            what = f"1 rank {schedule}/{gate_kind}"
+            kind = gate_kind + ("/swiglu" if gated else "")
+            assert dropped > 0, f"{schedule}/{kind}: capacity dropped nothing"
+            what = f"1 rank {schedule}/{kind}"
             expect_close(f"{what} y", y.detach(), ry)
             expect_close(f"{what} dx", x.grad, rdx)
             expect_close(f"{what} dgate", moe.gate_weight.grad, rdgate)
@@ -155,6 +162,10 @@ def one_process():
     expect_raises(ValueError, "MoE.schedule", lambda: MoE(M, H, E, schedule="fast"))
     expect_raises(ValueError, "MoE.top_k", lambda: MoE(M, H, E, gate="switch", top_k=2))
     expect_raises(ValueError, "MoE.capacity_factor", lambda: MoE(M, H, E, capacity_factor=0))
+    expect_raises(ValueError, "MoE.gated_linear_unit", lambda: MoE(M, H, E, gated_linear_unit=1))
+    glu = make(1, 1, 1, "default", gated=True)[0]
+    expect_raises(ValueError, f"need w1 [{E}, {M}, {2 * H}]",
+                  lambda: glu.load_expert_weights(*full_weights(7)[1:]))
     expect_raises(ValueError, "Planner.profile",
                   lambda: Planner(profile=""))
     bad = make(1, 1, 1, "auto", planner=Planner(profile="no-such-profile"))[0]
@@ -188,14 +199,22 @@ def gather(t):
     return out
 
 
+# SwiGLU experts at 4 ranks: whole experts on every rank (esp 1), ep and esp
+# both 2 under every schedule, H split 4 ways.
+GATED_4 = [(1, 4, 1, "default"), (2, 2, 2, "default"), (2, 2, 2, "s1"), (2, 2, 2, "s2"),
+           (4, 1, 4, "s2"), (4, 2, 2, "default")]
+
+
 def many_ranks(rank, size):
     tokens = 24
-    cases = [(mp, ep, esp, s, "topk") for mp, ep, esp, ss in LAYOUTS_4 for s in ss]
-    cases.append((2, 2, 2, "s2", "switch"))
-    for mp, ep, esp, schedule, gate_kind in cases:
-        what = f"{size} ranks mp={mp} ep={ep} esp={esp} {schedule}/{gate_kind}"
+    cases = [(mp, ep, esp, s, "topk", False) for mp, ep, esp, ss in LAYOUTS_4 for s in ss]
+    cases.append((2, 2, 2, "s2", "switch", False))
+    cases += [(mp, ep, esp, s, "topk", True) for mp, ep, esp, s in GATED_4]
+    for mp, ep, esp, schedule, gate_kind, gated in cases:
+        kind = gate_kind + ("/swiglu" if gated else "")
+        what = f"{size} ranks mp={mp} ep={ep} esp={esp} {schedule}/{kind}"
         dp = size // mp
-        moe, gate, w1, w2, top_k = make(mp, ep, esp, schedule, gate_kind)
+        moe, gate, w1, w2, top_k = make(mp, ep, esp, schedule, gate_kind, gated=gated)
         group = moe.place["mp_group"]
         # Ranks of one MP group feed the same tokens; groups differ.
         x0, dy0 = seeded(100 + group, tokens, M), seeded(200 + group, tokens, M)
@@ -209,20 +228,25 @@ def many_ranks(rank, size):
         for r in range(size):
             assert torch.equal(xs_all[r], xs[r // mp]), f"{what}: rank {r} fed other tokens"
         groups = mp if schedule == "s1" else 1
-        per_group, rw1, rw2, dropped = reference_grads(xs, dys, gate, w1, w2, top_k, groups, dp)
+        per_group, rw1, rw2, dropped = reference_grads(xs, dys, gate, w1, w2, top_k, groups, dp,
+                                                       gated)
         assert dropped > 0, f"{what}: capacity dropped nothing"
         ry, rdx, rdgate = per_group[group]
         expect_close(f"{what} rank {rank} y", y.detach(), ry)
         expect_close(f"{what} rank {rank} dx", x.grad, rdx)
         expect_close(f"{what} rank {rank} dgate", moe.gate_weight.grad, rdgate)
-        # Every rank's shard gradient, put back into whole experts.
-        dw1 = torch.zeros(E, M, H)
+        # Every rank's shard gradient, put back into whole experts (SwiGLU: the
+        # shard's gate half at h0, its up half at H + h0).
+        dw1 = torch.zeros(E, M, 2 * H if gated else H)
         dw2 = torch.zeros(E, H, M)
         shards1, shards2 = gather(moe.w1.grad), gather(moe.w2.grad)
+        hs = H // esp
         for r in range(size):
-            e0, h0 = (r // esp) * (E // ep), (r % esp) * (H // esp)
-            dw1[e0:e0 + E // ep, :, h0:h0 + H // esp] = shards1[r]
-            dw2[e0:e0 + E // ep, h0:h0 + H // esp, :] = shards2[r]
+            e0, h0 = (r // esp) * (E // ep), (r % esp) * hs
+            for half in range(2 if gated else 1):
+                dw1[e0:e0 + E // ep, :, half * H + h0:half * H + h0 + hs] = \
+                    shards1[r][:, :, half * hs:(half + 1) * hs]
+            dw2[e0:e0 + E // ep, h0:h0 + hs, :] = shards2[r]
         expect_close(f"{what} dw1 (all shards)", dw1, rw1)
         expect_close(f"{what} dw2 (all shards)", dw2, rw2)
         if rank == 0:

@@ -64,6 +64,37 @@ void GeluBackwardInPlace(const float* z, float* dz, int64_t n) {
   }
 }
 
+// SwiGLU over `rows` rows of z = [g | u] (2w wide): a = silu(g) * u, w wide,
+// silu(g) = g sigmoid(g).
+void SwigluForward(const float* z, float* a, int64_t rows, int64_t w) {
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t i = 0; i < w; i += kActChunk) {
+      const int64_t len = std::min(kActChunk, w - i);
+      const ConstVec g(z + r * 2 * w + i, len), u(z + r * 2 * w + w + i, len);
+      Vec(a + r * w + i, len) = g * u / (1.0f + (-g).exp());
+    }
+  }
+}
+
+// In place on dz = [dg | du] rows whose du half holds da on entry:
+// dg = da * u * silu'(g), silu'(g) = s (1 + g (1 - s)) with s = sigmoid(g),
+// then du = da * silu(g). The sigmoid is evaluated once into a stack chunk.
+void SwigluBackwardInPlace(const float* z, float* dz, int64_t rows, int64_t w) {
+  ActChunk s;
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t i = 0; i < w; i += kActChunk) {
+      const int64_t len = std::min(kActChunk, w - i);
+      const int64_t off = r * 2 * w + i;
+      const ConstVec g(z + off, len), u(z + off + w, len);
+      Vec dg(dz + off, len), du(dz + off + w, len);
+      auto ss = s.head(len);
+      ss = (1.0f + (-g).exp()).inverse();
+      dg = du * u * ss * (1.0f + g * (1.0f - ss));
+      du *= g * ss;
+    }
+  }
+}
+
 using internal::ArgCheck;
 
 // The CPU backend computes in fp32 only (see the top of this file).
@@ -91,6 +122,13 @@ absl::Status CheckBuffer(const ArgCheck& check, const BufferShape& s, const Rout
 absl::Status CheckExpert(const ArgCheck& check, const ExpertShape& e) {
   MOEPLAN_RETURN_IF_ERROR(CheckF32(check, e.dtype));
   return check.Expert(e);
+}
+
+// The gated activation's arguments: f32, rows >= 0 and width >= 0.
+absl::Status CheckRows(const ArgCheck& check, int64_t rows, int64_t width, DType t) {
+  MOEPLAN_RETURN_IF_ERROR(CheckF32(check, t));
+  MOEPLAN_RETURN_IF_ERROR(check.NonNegative("rows", rows));
+  return check.NonNegative("width", width);
 }
 
 // Element offset of (expert e, slot t) in the `parts`-block dispatch buffer.
@@ -346,23 +384,27 @@ class CpuKernels final : public Kernels {
     MOEPLAN_RETURN_IF_ERROR(CheckExpert(check, e));
     using T = ArgCheck::Tensor;
     MOEPLAN_RETURN_IF_ERROR(check.ExpertPointers(e, {{"x", x, T::kTokens},
-                                                     {"w1", w1, T::kWeights},
-                                                     {"w2", w2, T::kWeights},
-                                                     {"z", z, T::kHidden},
+                                                     {"w1", w1, T::kW1},
+                                                     {"w2", w2, T::kW2},
+                                                     {"z", z, T::kPreActivation},
                                                      {"a", a, T::kHidden},
                                                      {"out", out, T::kTokens}}));
-    const int64_t R = e.rows, M = e.model, H = e.shard;
+    const int64_t R = e.rows, M = e.model, H = e.shard, F = e.FirstWidth();
     for (int64_t g = 0; g < e.groups; ++g) {
       for (int64_t l = 0; l < e.local_experts; ++l) {
         const int64_t block = g * e.local_experts + l;
         ConstMatMap xm(static_cast<const float*>(x) + block * R * M, R, M);
-        ConstMatMap w1m(static_cast<const float*>(w1) + l * M * H, M, H);
+        ConstMatMap w1m(static_cast<const float*>(w1) + l * M * F, M, F);
         ConstMatMap w2m(static_cast<const float*>(w2) + l * H * M, H, M);
-        MatMap zm(static_cast<float*>(z) + block * R * H, R, H);
+        MatMap zm(static_cast<float*>(z) + block * R * F, R, F);
         MatMap am(static_cast<float*>(a) + block * R * H, R, H);
         MatMap om(static_cast<float*>(out) + block * R * M, R, M);
         zm.noalias() = xm * w1m;
-        GeluForward(zm.data(), am.data(), R * H);
+        if (e.gated) {
+          SwigluForward(zm.data(), am.data(), R, H);
+        } else {
+          GeluForward(zm.data(), am.data(), R * H);
+        }
         om.noalias() = am * w2m;
       }
     }
@@ -375,25 +417,30 @@ class CpuKernels final : public Kernels {
     MOEPLAN_RETURN_IF_ERROR(CheckExpert(check, e));
     using T = ArgCheck::Tensor;
     MOEPLAN_RETURN_IF_ERROR(check.ExpertPointers(e, {{"dout", dout, T::kTokens},
-                                                     {"w1", w1, T::kWeights},
-                                                     {"w2", w2, T::kWeights},
-                                                     {"z", z, T::kHidden},
-                                                     {"dz", dz, T::kHidden},
+                                                     {"w1", w1, T::kW1},
+                                                     {"w2", w2, T::kW2},
+                                                     {"z", z, T::kPreActivation},
+                                                     {"dz", dz, T::kPreActivation},
                                                      {"dx", dx, T::kTokens}}));
-    const int64_t R = e.rows, M = e.model, H = e.shard;
+    const int64_t R = e.rows, M = e.model, H = e.shard, F = e.FirstWidth();
     for (int64_t g = 0; g < e.groups; ++g) {
       for (int64_t l = 0; l < e.local_experts; ++l) {
         const int64_t block = g * e.local_experts + l;
         ConstMatMap dom(static_cast<const float*>(dout) + block * R * M, R, M);
-        ConstMatMap w1m(static_cast<const float*>(w1) + l * M * H, M, H);
+        ConstMatMap w1m(static_cast<const float*>(w1) + l * M * F, M, F);
         ConstMatMap w2m(static_cast<const float*>(w2) + l * H * M, H, M);
-        ConstMatMap zm(static_cast<const float*>(z) + block * R * H, R, H);
-        MatMap dzm(static_cast<float*>(dz) + block * R * H, R, H);
+        const float* zb = static_cast<const float*>(z) + block * R * F;
+        MatMap dzm(static_cast<float*>(dz) + block * R * F, R, F);
         MatMap dxm(static_cast<float*>(dx) + block * R * M, R, M);
-        // da lands in dz itself and is scaled in place, so no scratch is needed
-        // (dz must therefore not overlap z).
-        dzm.noalias() = dom * w2m.transpose();
-        GeluBackwardInPlace(zm.data(), dzm.data(), R * H);
+        // da lands in dz itself (gated: in its up half) and is scaled in
+        // place, so no scratch is needed (dz must therefore not overlap z).
+        if (e.gated) {
+          StridedMap(dzm.data() + H, R, H, Stride(F)).noalias() = dom * w2m.transpose();
+          SwigluBackwardInPlace(zb, dzm.data(), R, H);
+        } else {
+          dzm.noalias() = dom * w2m.transpose();
+          GeluBackwardInPlace(zb, dzm.data(), R * H);
+        }
         dxm.noalias() = dzm * w1m.transpose();
       }
     }
@@ -420,6 +467,26 @@ class CpuKernels final : public Kernels {
     return absl::OkStatus();
   }
 
+  absl::Status GatedActivation(const void* z, void* a, int64_t rows, int64_t width,
+                               DType t) override {
+    constexpr ArgCheck check("cpu", "GatedActivation");
+    MOEPLAN_RETURN_IF_ERROR(CheckRows(check, rows, width, t));
+    MOEPLAN_RETURN_IF_ERROR(check.Pointer("z", z, 2 * rows * width));
+    MOEPLAN_RETURN_IF_ERROR(check.Pointer("a", a, rows * width));
+    SwigluForward(static_cast<const float*>(z), static_cast<float*>(a), rows, width);
+    return absl::OkStatus();
+  }
+
+  absl::Status GatedActivationBackward(const void* z, void* dz, int64_t rows, int64_t width,
+                                       DType t) override {
+    constexpr ArgCheck check("cpu", "GatedActivationBackward");
+    MOEPLAN_RETURN_IF_ERROR(CheckRows(check, rows, width, t));
+    MOEPLAN_RETURN_IF_ERROR(check.Pointer("z", z, 2 * rows * width));
+    MOEPLAN_RETURN_IF_ERROR(check.Pointer("dz", dz, 2 * rows * width));
+    SwigluBackwardInPlace(static_cast<const float*>(z), static_cast<float*>(dz), rows, width);
+    return absl::OkStatus();
+  }
+
   absl::Status ExpertBackwardWeights(const ExpertShape& e, const void* x, const void* a,
                                      const void* dout, const void* dz, float scale, void* dw1,
                                      void* dw2) override {
@@ -429,12 +496,12 @@ class CpuKernels final : public Kernels {
     MOEPLAN_RETURN_IF_ERROR(check.ExpertPointers(e, {{"x", x, T::kTokens},
                                                      {"a", a, T::kHidden},
                                                      {"dout", dout, T::kTokens},
-                                                     {"dz", dz, T::kHidden},
-                                                     {"dw1", dw1, T::kWeights},
-                                                     {"dw2", dw2, T::kWeights}}));
-    const int64_t R = e.rows, M = e.model, H = e.shard;
+                                                     {"dz", dz, T::kPreActivation},
+                                                     {"dw1", dw1, T::kW1},
+                                                     {"dw2", dw2, T::kW2}}));
+    const int64_t R = e.rows, M = e.model, H = e.shard, F = e.FirstWidth();
     for (int64_t l = 0; l < e.local_experts; ++l) {
-      MatMap dw1m(static_cast<float*>(dw1) + l * M * H, M, H);
+      MatMap dw1m(static_cast<float*>(dw1) + l * M * F, M, F);
       MatMap dw2m(static_cast<float*>(dw2) + l * H * M, H, M);
       // Overwrite semantics: start from zero and accumulate the groups with the
       // scale folded into each GEMM.
@@ -445,7 +512,7 @@ class CpuKernels final : public Kernels {
         ConstMatMap xm(static_cast<const float*>(x) + block * R * M, R, M);
         ConstMatMap am(static_cast<const float*>(a) + block * R * H, R, H);
         ConstMatMap dom(static_cast<const float*>(dout) + block * R * M, R, M);
-        ConstMatMap dzm(static_cast<const float*>(dz) + block * R * H, R, H);
+        ConstMatMap dzm(static_cast<const float*>(dz) + block * R * F, R, F);
         dw2m.noalias() += scale * am.transpose() * dom;
         dw1m.noalias() += scale * xm.transpose() * dzm;
       }

@@ -3,7 +3,8 @@
 // for exactness first (gating reproduces the sequential capacity semantics
 // bit for bit) and reasonable speed second. Everything runs on the compute
 // lane's stream; the only allocation after construction is the growth of one
-// fp32 scratch buffer (bf16 weight-gradient accumulation).
+// fp32 scratch buffer (bf16 weight-gradient accumulation). The experts'
+// activations (GELU, SwiGLU) are in cuda_activation.cu.
 //
 // Compiled by nvcc as C++17.
 #include <cublas_v2.h>
@@ -18,6 +19,8 @@
 #include <string>
 
 #include "../kernel_checks.h"
+#include "cuda_activation.h"
+#include "cuda_elementwise.cuh"
 #include "cuda_internal.h"
 #include "moeplan/base/status.h"
 #include "moeplan/base/strings.h"
@@ -27,7 +30,9 @@
 namespace moeplan::executor {
 namespace {
 
-using bf16 = __nv_bfloat16;
+using internal::bf16;
+using internal::Load;
+using internal::Store;
 
 // ---------------------------------------------------------------- errors ----
 
@@ -56,34 +61,6 @@ absl::Status Invalid(std::string_view who, std::string_view what) {
 }
 
 // ------------------------------------------------------- device helpers ----
-
-__device__ __forceinline__ float Load(float x) { return x; }
-__device__ __forceinline__ float Load(bf16 x) { return __bfloat162float(x); }
-template <class T>
-__device__ __forceinline__ T Store(float x);
-template <>
-__device__ __forceinline__ float Store<float>(float x) {
-  return x;
-}
-template <>
-__device__ __forceinline__ bf16 Store<bf16>(float x) {
-  return __float2bfloat16_rn(x);  // round to nearest even, like the CPU's conversion
-}
-
-constexpr float kSqrt2OverPi = 0.7978845608028654f;
-constexpr float kGeluCoeff = 0.044715f;
-
-__device__ __forceinline__ float Gelu(float x) {
-  const float u = kSqrt2OverPi * (x + kGeluCoeff * x * x * x);
-  return 0.5f * x * (1.0f + tanhf(u));
-}
-// d/dx of the tanh form (exact, not the erf GELU's derivative).
-__device__ __forceinline__ float GeluGrad(float x) {
-  const float x2 = x * x;
-  const float t = tanhf(kSqrt2OverPi * (x + kGeluCoeff * x2 * x));
-  return 0.5f * (1.0f + t) +
-         0.5f * x * (1.0f - t * t) * kSqrt2OverPi * (1.0f + 3.0f * kGeluCoeff * x2);
-}
 
 // Element offset of slot t of expert e in the `parts`-blocked dispatch buffer
 // (kernels.h: block t / Tp, row t % Tp, Tp = T / parts).
@@ -315,21 +292,6 @@ __global__ void OrderBackwardKernel(const T* dbuf, const int32_t* expert, const 
   }
 }
 
-#define MOEPLAN_GRID_STRIDE(i, n)                                                        \
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < (n); \
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
-
-template <class T>
-__global__ void GeluKernel(const T* z, T* a, int64_t n) {
-  MOEPLAN_GRID_STRIDE(i, n) { a[i] = Store<T>(Gelu(Load(z[i]))); }
-}
-
-// dz = da * gelu'(z), in place over da.
-template <class T>
-__global__ void GeluBackwardKernel(const T* z, T* dz, int64_t n) {
-  MOEPLAN_GRID_STRIDE(i, n) { dz[i] = Store<T>(Load(dz[i]) * GeluGrad(Load(z[i]))); }
-}
-
 template <class T>
 __global__ void ToF32Kernel(const T* src, float* dst, int64_t n) {
   MOEPLAN_GRID_STRIDE(i, n) { dst[i] = Load(src[i]); }
@@ -421,17 +383,27 @@ absl::Status CheckExpertShape(std::string_view who, const ExpertShape& e) {
   MOEPLAN_RETURN_IF_ERROR(internal::ArgCheck("cuda", who).Expert(e));
   // cuBLAS takes int dimensions; with El == 1 the groups are fused into one
   // GEMM of G*R rows.
-  if (e.groups > INT_MAX || e.local_experts > INT_MAX || e.model > INT_MAX || e.shard > INT_MAX ||
-      e.rows > INT_MAX / std::max<int64_t>(e.groups, 1)) {
+  if (e.groups > INT_MAX || e.local_experts > INT_MAX || e.model > INT_MAX ||
+      e.FirstWidth() > INT_MAX || e.rows > INT_MAX / std::max<int64_t>(e.groups, 1)) {
     return Invalid(who, "a dimension exceeds cuBLAS's int range");
   }
   return absl::OkStatus();
 }
 
+// The gated activation's arguments (as the CPU kernels check them).
+absl::Status CheckRows(std::string_view who, int64_t rows, int64_t width, DType t) {
+  MOEPLAN_RETURN_IF_ERROR(CheckType(who, t));
+  const internal::ArgCheck check("cuda", who);
+  MOEPLAN_RETURN_IF_ERROR(check.NonNegative("rows", rows));
+  return check.NonNegative("width", width);
+}
+
 // A pointer may be null only when its tensor has no elements (as on the CPU).
 constexpr auto kTokens = internal::ArgCheck::Tensor::kTokens;
 constexpr auto kHidden = internal::ArgCheck::Tensor::kHidden;
-constexpr auto kWeights = internal::ArgCheck::Tensor::kWeights;
+constexpr auto kPreActivation = internal::ArgCheck::Tensor::kPreActivation;
+constexpr auto kW1 = internal::ArgCheck::Tensor::kW1;
+constexpr auto kW2 = internal::ArgCheck::Tensor::kW2;
 absl::Status CheckPointers(std::string_view who, const ExpertShape& e,
                            std::initializer_list<internal::ArgCheck::ExpertPointer> ptrs) {
   return internal::ArgCheck("cuda", who).ExpertPointers(e, ptrs);
@@ -674,20 +646,23 @@ class CudaKernels final : public Kernels {
     if (e.groups * e.local_experts * e.rows == 0) return absl::OkStatus();  // no rows
     MOEPLAN_RETURN_IF_ERROR(CheckPointers(kWho, e,
                                           {{"x", x, kTokens},
-                                           {"w1", w1, kWeights},
-                                           {"w2", w2, kWeights},
-                                           {"z", z, kHidden},
+                                           {"w1", w1, kW1},
+                                           {"w2", w2, kW2},
+                                           {"z", z, kPreActivation},
                                            {"a", a, kHidden},
                                            {"out", out, kTokens}}));
     MOEPLAN_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal_), kWho);
-    const int64_t R = e.rows, M = e.model, H = e.shard;
-    // z = x W1[l]: [R x M] [M x Hs]
+    const int64_t R = e.rows, M = e.model, H = e.shard, F = e.FirstWidth();
+    // z = x W1[l]: [R x M] [M x F] (F = 2Hs gated, else Hs)
     if (absl::Status st =
-            ExpertGemm(kWho, e, false, R, H, M, x, M, R * M, w1, H, M * H, z, H, R * H);
+            ExpertGemm(kWho, e, false, R, F, M, x, M, R * M, w1, F, M * F, z, F, R * F);
         !st.ok()) {
       return st;
     }
-    MOEPLAN_RETURN_IF_ERROR(LaunchGelu(kWho, z, a, e.HiddenElements(), e.dtype));
+    const int64_t rows = e.groups * e.local_experts * R;
+    MOEPLAN_RETURN_IF_ERROR(
+        e.gated ? internal::LaunchSwiglu(stream_, kWho, z, a, rows, H, e.dtype)
+                : internal::LaunchGelu(stream_, kWho, z, a, e.HiddenElements(), e.dtype));
     // out = a W2[l]: [R x Hs] [Hs x M]
     return ExpertGemm(kWho, e, false, R, M, H, a, H, R * H, w2, M, H * M, out, M, R * M);
   }
@@ -699,22 +674,27 @@ class CudaKernels final : public Kernels {
     if (e.groups * e.local_experts * e.rows == 0) return absl::OkStatus();  // no rows
     MOEPLAN_RETURN_IF_ERROR(CheckPointers(kWho, e,
                                           {{"dout", dout, kTokens},
-                                           {"w1", w1, kWeights},
-                                           {"w2", w2, kWeights},
-                                           {"z", z, kHidden},
-                                           {"dz", dz, kHidden},
+                                           {"w1", w1, kW1},
+                                           {"w2", w2, kW2},
+                                           {"z", z, kPreActivation},
+                                           {"dz", dz, kPreActivation},
                                            {"dx", dx, kTokens}}));
     MOEPLAN_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal_), kWho);
-    const int64_t R = e.rows, M = e.model, H = e.shard;
-    // da = dout W2[l]^T: [R x M] [M x Hs] (W2[l] is [Hs x M]); da lands in dz.
+    const int64_t R = e.rows, M = e.model, H = e.shard, F = e.FirstWidth();
+    // da = dout W2[l]^T: [R x M] [M x Hs] (W2[l] is [Hs x M]); da lands in dz
+    // (gated: in its up half, rows F apart).
+    void* da = e.gated ? Offset(dz, H, SizeOf(e.dtype)) : dz;
     if (absl::Status st =
-            ExpertGemm(kWho, e, true, R, H, M, dout, M, R * M, w2, M, H * M, dz, H, R * H);
+            ExpertGemm(kWho, e, true, R, H, M, dout, M, R * M, w2, M, H * M, da, F, R * F);
         !st.ok()) {
       return st;
     }
-    MOEPLAN_RETURN_IF_ERROR(LaunchGeluBackward(kWho, z, dz, e.HiddenElements(), e.dtype));
-    // dx = dz W1[l]^T: [R x Hs] [Hs x M] (W1[l] is [M x Hs]).
-    return ExpertGemm(kWho, e, true, R, M, H, dz, H, R * H, w1, H, M * H, dx, M, R * M);
+    const int64_t rows = e.groups * e.local_experts * R;
+    MOEPLAN_RETURN_IF_ERROR(
+        e.gated ? internal::LaunchSwigluBackward(stream_, kWho, z, dz, rows, H, e.dtype)
+                : internal::LaunchGeluBackward(stream_, kWho, z, dz, e.HiddenElements(), e.dtype));
+    // dx = dz W1[l]^T: [R x F] [F x M] (W1[l] is [M x F]).
+    return ExpertGemm(kWho, e, true, R, M, F, dz, F, R * F, w1, F, M * F, dx, M, R * M);
   }
 
   absl::Status ExpertBackwardWeights(const ExpertShape& e, const void* x, const void* a,
@@ -723,24 +703,27 @@ class CudaKernels final : public Kernels {
     constexpr std::string_view kWho = "ExpertBackwardWeights";
     MOEPLAN_RETURN_IF_ERROR(CheckExpertShape(kWho, e));
     MOEPLAN_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal_), kWho);
-    const int64_t M = e.model, H = e.shard;
-    if (e.WeightElements() == 0) return absl::OkStatus();
-    MOEPLAN_RETURN_IF_ERROR(
-        CheckPointers(kWho, e, {{"dw1", dw1, kWeights}, {"dw2", dw2, kWeights}}));
+    const int64_t M = e.model, H = e.shard, F = e.FirstWidth();
+    if (e.W2Elements() == 0) return absl::OkStatus();  // then w1 is empty too
+    MOEPLAN_RETURN_IF_ERROR(CheckPointers(kWho, e, {{"dw1", dw1, kW1}, {"dw2", dw2, kW2}}));
     if (e.groups * e.rows == 0) {
       // An empty sum: the gradients are zero (they overwrite).
-      const size_t bytes = static_cast<size_t>(e.WeightElements()) * SizeOf(e.dtype);
-      MOEPLAN_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(dw1, 0, bytes, stream_), kWho, " zeroing dw1");
-      MOEPLAN_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(dw2, 0, bytes, stream_), kWho, " zeroing dw2");
+      const size_t elt = SizeOf(e.dtype);
+      MOEPLAN_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(dw1, 0, e.W1Elements() * elt, stream_), kWho,
+                                   " zeroing dw1");
+      MOEPLAN_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(dw2, 0, e.W2Elements() * elt, stream_), kWho,
+                                   " zeroing dw2");
       return absl::OkStatus();
     }
-    MOEPLAN_RETURN_IF_ERROR(CheckPointers(
-        kWho, e,
-        {{"x", x, kTokens}, {"a", a, kHidden}, {"dout", dout, kTokens}, {"dz", dz, kHidden}}));
+    MOEPLAN_RETURN_IF_ERROR(CheckPointers(kWho, e,
+                                          {{"x", x, kTokens},
+                                           {"a", a, kHidden},
+                                           {"dout", dout, kTokens},
+                                           {"dz", dz, kPreActivation}}));
     // dw2[l] = scale * sum_g a^T dout: [Hs x R] [R x M]
     MOEPLAN_RETURN_IF_ERROR(WeightGrad(kWho, e, H, M, a, dout, scale, dw2));
-    // dw1[l] = scale * sum_g x^T dz: [M x R] [R x Hs]
-    return WeightGrad(kWho, e, M, H, x, dz, scale, dw1);
+    // dw1[l] = scale * sum_g x^T dz: [M x R] [R x F]
+    return WeightGrad(kWho, e, M, F, x, dz, scale, dw1);
   }
 
   absl::Status Activation(const void* z, void* a, int64_t count, DType t) override {
@@ -750,7 +733,7 @@ class CudaKernels final : public Kernels {
     if (count == 0) return absl::OkStatus();
     if (z == nullptr || a == nullptr) return Invalid(kWho, "z or a is null");
     MOEPLAN_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal_), kWho);
-    return LaunchGelu(kWho, z, a, count, t);
+    return internal::LaunchGelu(stream_, kWho, z, a, count, t);
   }
 
   absl::Status ActivationBackward(const void* z, void* dz, int64_t count, DType t) override {
@@ -760,7 +743,27 @@ class CudaKernels final : public Kernels {
     if (count == 0) return absl::OkStatus();
     if (z == nullptr || dz == nullptr) return Invalid(kWho, "z or dz is null");
     MOEPLAN_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal_), kWho);
-    return LaunchGeluBackward(kWho, z, dz, count, t);
+    return internal::LaunchGeluBackward(stream_, kWho, z, dz, count, t);
+  }
+
+  absl::Status GatedActivation(const void* z, void* a, int64_t rows, int64_t width,
+                               DType t) override {
+    constexpr std::string_view kWho = "GatedActivation";
+    MOEPLAN_RETURN_IF_ERROR(CheckRows(kWho, rows, width, t));
+    if (rows * width == 0) return absl::OkStatus();
+    if (z == nullptr || a == nullptr) return Invalid(kWho, "z or a is null");
+    MOEPLAN_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal_), kWho);
+    return internal::LaunchSwiglu(stream_, kWho, z, a, rows, width, t);
+  }
+
+  absl::Status GatedActivationBackward(const void* z, void* dz, int64_t rows, int64_t width,
+                                       DType t) override {
+    constexpr std::string_view kWho = "GatedActivationBackward";
+    MOEPLAN_RETURN_IF_ERROR(CheckRows(kWho, rows, width, t));
+    if (rows * width == 0) return absl::OkStatus();
+    if (z == nullptr || dz == nullptr) return Invalid(kWho, "z or dz is null");
+    MOEPLAN_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal_), kWho);
+    return internal::LaunchSwigluBackward(stream_, kWho, z, dz, rows, width, t);
   }
 
   absl::Status ToF32(const void* src, DType t, float* dst, int64_t count) override {
@@ -803,31 +806,6 @@ class CudaKernels final : public Kernels {
   }
 
  private:
-  // a = gelu(z) / dz *= gelu'(z) over n elements on the stream.
-  absl::Status LaunchGelu(std::string_view who, const void* z, void* a, int64_t n, DType t) {
-    return LaunchElementwise(who, "gelu", GeluKernel<bf16>, GeluKernel<float>, z, a, n, t);
-  }
-  absl::Status LaunchGeluBackward(std::string_view who, const void* z, void* dz, int64_t n,
-                                  DType t) {
-    return LaunchElementwise(who, "gelu backward", GeluBackwardKernel<bf16>,
-                             GeluBackwardKernel<float>, z, dz, n, t);
-  }
-  // out[i] = f(in[i], out[i]) by the kernel of type t, over n elements.
-  absl::Status LaunchElementwise(std::string_view who, std::string_view what,
-                                 void (*bf16_kernel)(const bf16*, bf16*, int64_t),
-                                 void (*f32_kernel)(const float*, float*, int64_t), const void* in,
-                                 void* out, int64_t n, DType t) {
-    if (t == DType::kBF16) {
-      bf16_kernel<<<BlocksFor(n, kThreads), kThreads, 0, stream_>>>(static_cast<const bf16*>(in),
-                                                                    static_cast<bf16*>(out), n);
-    } else {
-      f32_kernel<<<BlocksFor(n, kThreads), kThreads, 0, stream_>>>(static_cast<const float*>(in),
-                                                                   static_cast<float*>(out), n);
-    }
-    MOEPLAN_CUDA_CHECK_LAUNCH(who, " (", what, " over ", n, " elements)");
-    return absl::OkStatus();
-  }
-
   // Row-major c = alpha op(a) op(b) + beta c, `batch` times with element
   // strides sa/sb/sc. cuBLAS is column-major, where a row-major matrix reads as
   // its transpose, so this computes c^T = op(b)^T op(a)^T: operands swapped,
@@ -874,8 +852,10 @@ class CudaKernels final : public Kernels {
     const int64_t G = e.groups, El = e.local_experts;
     if (m == 0 || n == 0) return absl::OkStatus();
     if (k == 0) {
-      // An empty product (model or shard 0): c is zero. Every caller's c is the
-      // contiguous [G][El][m][n].
+      // An empty product (model or shard 0): c is zero. Every caller's c is
+      // [G][El][m] rows of ldc (sc = m * ldc): contiguous unless ldc > n (the
+      // gated da, into the up half of dz).
+      if (ldc != n) return ScaleMatrix(who, c, G * El * m, n, ldc, 0.0f, e.dtype);
       const size_t bytes = static_cast<size_t>(G * El * m * n) * elt;
       MOEPLAN_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(c, 0, bytes, stream_), who, " (k = 0)");
       return absl::OkStatus();

@@ -41,8 +41,14 @@ struct BufferShape {
 };
 
 // The expert FFN shard over G groups of rows, each group [El][R][M] contiguous
-// (group stride El*R*M elements): local expert l of group g is R rows. Weights:
-// w1 [El][M][Hs], w2 [El][Hs][M]; z and a (pre/post activation) [G][El][R][Hs].
+// (group stride El*R*M elements): local expert l of group g is R rows.
+//   GELU experts (gated false): w1 [El][M][Hs], w2 [El][Hs][M]; z and a
+//   (pre/post activation) [G][El][R][Hs].
+//   SwiGLU experts (gated true, Megatron-Core's gated_linear_unit): the first
+//   GEMM is twice as wide. w1 [El][M][2Hs], each row [gate | up]: columns
+//   0..Hs-1 the gate shard, Hs..2Hs-1 the up shard; z (and dz)
+//   [G][El][R][2Hs], each row [z_gate | z_up]; a = silu(z_gate) * z_up
+//   [G][El][R][Hs]; w2 [El][Hs][M] as for GELU.
 struct ExpertShape {
   int64_t groups = 1;         // G
   int64_t local_experts = 1;  // El = E / ep
@@ -50,14 +56,23 @@ struct ExpertShape {
   int64_t model = 0;          // M
   int64_t shard = 0;          // Hs = H / esp
   DType dtype = DType::kF32;
+  bool gated = false;  // SwiGLU experts
 
+  // Columns of w1 and z: 2Hs gated, Hs otherwise.
+  int64_t FirstWidth() const { return gated ? 2 * shard : shard; }
   int64_t TokenElements() const { return groups * local_experts * rows * model; }
-  int64_t HiddenElements() const { return groups * local_experts * rows * shard; }
-  int64_t WeightElements() const { return local_experts * model * shard; }  // w1 or w2
+  int64_t HiddenElements() const { return groups * local_experts * rows * shard; }  // a
+  // z and dz.
+  int64_t PreActivationElements() const { return groups * local_experts * rows * FirstWidth(); }
+  int64_t W1Elements() const { return local_experts * model * FirstWidth(); }  // w1, dw1
+  int64_t W2Elements() const { return local_experts * shard * model; }         // w2, dw2
 };
 
 // The activation: GELU, tanh form 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
 inline constexpr std::string_view kActivation = "gelu_tanh";
+// The gated experts' activation: SwiGLU, silu(g) * u with silu(g) = g sigmoid(g),
+// silu'(g) = sigmoid(g) (1 + g (1 - sigmoid(g))).
+inline constexpr std::string_view kGatedActivation = "swiglu";
 
 class Kernels {
  public:
@@ -99,10 +114,13 @@ class Kernels {
   virtual absl::Status OrderBackward(const void* dbuf, const RouteBuffers& r, const BufferShape& s,
                                      void* dx) = 0;
 
-  // Expert forward: z = x W1[l], a = gelu(z), out = a W2[l].
+  // Expert forward: z = x W1[l], a = gelu(z) (gated: a = silu(z_gate) *
+  // z_up), out = a W2[l].
   virtual absl::Status ExpertForward(const ExpertShape& e, const void* x, const void* w1,
                                      const void* w2, void* z, void* a, void* out) = 0;
-  // Input gradients: da = dout W2[l]^T, dz = da * gelu'(z), dx = dz W1[l]^T.
+  // Input gradients: da = dout W2[l]^T, dz = da * gelu'(z) (gated: dz_gate =
+  // da * z_up * silu'(z_gate), dz_up = da * silu(z_gate), dz 2Hs wide),
+  // dx = dz W1[l]^T. dz must not overlap z.
   virtual absl::Status ExpertBackwardData(const ExpertShape& e, const void* dout, const void* w1,
                                           const void* w2, const void* z, void* dz, void* dx) = 0;
   // The expert's activation alone, over `count` elements of type t (the
@@ -110,8 +128,18 @@ class Kernels {
   // a = gelu(z), and dz = dz * gelu'(z) in place.
   virtual absl::Status Activation(const void* z, void* a, int64_t count, DType t) = 0;
   virtual absl::Status ActivationBackward(const void* z, void* dz, int64_t count, DType t) = 0;
+  // The gated activation alone over `rows` rows (the dropless experts' ragged
+  // blocks; the same code as the gated expert kernels): z [rows][2*width],
+  // each row [gate | up], a [rows][width] = silu(gate) * up. The backward works
+  // in place on dz [rows][2*width], whose up half holds da on entry:
+  // dz_gate = da * up * silu'(gate), dz_up = da * silu(gate).
+  virtual absl::Status GatedActivation(const void* z, void* a, int64_t rows, int64_t width,
+                                       DType t) = 0;
+  virtual absl::Status GatedActivationBackward(const void* z, void* dz, int64_t rows, int64_t width,
+                                               DType t) = 0;
   // Weight gradients summed over all groups, scaled:
-  // dw2[l] = scale * sum_g a^T dout, dw1[l] = scale * sum_g x^T dz (overwrite).
+  // dw2[l] = scale * sum_g a^T dout, dw1[l] = scale * sum_g x^T dz (overwrite;
+  // gated: dw1 [M][2Hs] from the 2Hs-wide dz).
   virtual absl::Status ExpertBackwardWeights(const ExpertShape& e, const void* x, const void* a,
                                              const void* dout, const void* dz, float scale,
                                              void* dw1, void* dw2) = 0;

@@ -76,7 +76,7 @@ struct LayerResults {
   std::vector<float> y;      // [S x M]: the MP group's output
   std::vector<float> dx;     // [S x M]: gradient of the MP group's input
   std::vector<float> dgate;  // [M x E]: gate weight gradient (summed over the MP group's tokens)
-  std::vector<float> dw1;    // [El x M x Hs]: this rank's expert shards
+  std::vector<float> dw1;    // [El x M x Hs]: this rank's expert shards ([El x M x 2Hs] gated)
   std::vector<float> dw2;    // [El x Hs x M]
   // Routing of the tokens this rank gated: tokens [route_offset, route_offset + n).
   int64_t route_offset = 0;
@@ -91,10 +91,13 @@ struct LayerResults {
 struct LayerTensors {
   int64_t tokens = 0, model_dim = 0, experts = 0;                 // S, M, E
   int64_t local_experts = 0, hidden_shard = 0;                    // E/ep, H/esp
+  bool gated = false;                                             // SwiGLU experts (kernels.h)
   void *x = nullptr, *y = nullptr, *dy = nullptr, *dx = nullptr;  // [S x M]
   float *gate = nullptr, *dgate = nullptr;                        // [M x E]
-  void *w1 = nullptr, *dw1 = nullptr;                             // [El x M x Hs]
+  void *w1 = nullptr, *dw1 = nullptr;                             // [El x M x W1Columns()]
   void *w2 = nullptr, *dw2 = nullptr;                             // [El x Hs x M]
+  // Columns of w1 and dw1: gated, 2Hs ([gate | up] halves), else Hs.
+  int64_t W1Columns() const { return gated ? 2 * hidden_shard : hidden_shard; }
 };
 
 class MoeLayerRunner {
