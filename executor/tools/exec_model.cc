@@ -289,11 +289,14 @@ absl::StatusOr<std::vector<v1::ReportMeasurementRequest>> ModelReports(
 std::string RenderModelTable(const v1::ExecModelReport& r) {
   const v1::ModelConfig& m = r.model();
   std::string out = fmt::format(
-      "model {}: {} blocks, hidden {}, {} heads, seq {}, micro-batch {}, {} experts top-{} | "
+      "model {}: {} blocks, hidden {}, {} heads, seq {}, micro-batch {}, {} | "
       "mp={} ep={} esp={} dp={} pp={}\n",
       m.name(), m.num_layers(), m.hidden_size(), m.num_attention_heads(), m.seq_length(),
-      m.micro_batch_size(), m.moe().num_experts(), m.moe().top_k(), m.parallel().mp(),
-      m.parallel().ep(), m.parallel().esp(), m.parallel().dp(), std::max(1, m.parallel().pp()));
+      m.micro_batch_size(),
+      m.has_moe() ? fmt::format("{} experts top-{}", m.moe().num_experts(), m.moe().top_k())
+                  : std::string("dense"),
+      m.parallel().mp(), m.parallel().ep(), m.parallel().esp(), m.parallel().dp(),
+      std::max(1, m.parallel().pp()));
   if (r.has_layout()) {
     const v1::Layout& l = r.layout();
     out += fmt::format(

@@ -857,6 +857,46 @@ TEST(MpiExecutor, TodaysModelShapesRunAsPlanned) {
   }
 }
 
+// A dense model (no MoE layer) runs whole as planned: no MoE layer instance,
+// no op of an MoE layer, its dense FFN (SwiGLU) and data-parallel sync only.
+TEST(MpiExecutor, DenseModelsRunAsPlanned) {
+  const int w = WorldSize();
+  const int mp = w % 2 == 0 ? 2 : 1;
+  planner::ModelConfig m = TinyModel(mp);
+  m.moe = planner::MoeSpec{};
+  m.moe.num_experts = 0;
+  m.gated_linear_unit = true;
+  m.num_query_groups = 2;
+  m.parallel = {.mp = mp, .ep = 1, .esp = 1, .dp = w / mp, .pp = 1};
+  ASSERT_TRUE(m.IsDense());
+  absl::StatusOr<planner::VariantPlan> plan =
+      PlanModelRun(m, planner::Variant::kNone, w, 1, &planner::testing::RoundNumberModel(), {});
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  absl::StatusOr<std::unique_ptr<ModelRunner>> r =
+      ModelRunner::Create(m, plan->graph, RunOptions{}, g_backend->device.get(),
+                          g_backend->kernels.get(), g_backend->world.get());
+  if (!r.ok()) {
+    ADD_FAILURE() << r.status();
+    std::abort();
+  }
+  for (int it = 0; it < 2; ++it) {
+    const absl::Status st = (*r)->RunIteration();
+    if (!st.ok()) {
+      ADD_FAILURE() << st;
+      std::abort();
+    }
+  }
+  ExpectRunFollowsPlan(plan->graph, (*r)->timings());
+  EXPECT_EQ((*r)->layer_instances(), 0);
+  bool swiglu = false;
+  for (const auto& t : (*r)->timings()) {
+    EXPECT_EQ(t.name.find("moe."), std::string::npos) << t.name;
+    swiglu |= t.name == "b0.fwd.swiglu";
+  }
+  EXPECT_TRUE(swiglu);
+  EXPECT_EQ((*r)->timings().back().name, "optimizer.step");
+}
+
 // A pipelined layout's program on the world, two stages: gpipe, 1f1b (tp 1
 // and 2) and interleaved. Each rank runs its stage's ops and receives the
 // transfers sent to it; every edge between them is honoured in the measured
