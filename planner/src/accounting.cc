@@ -70,6 +70,11 @@ BlockParamCounts CountBlockParams(const ModelConfig& m, bool moe) {
   return b;
 }
 
+MtpInputParams CountMtpInputParams(const ModelConfig& m) {
+  const double M = static_cast<double>(m.hidden_size);
+  return {3.0 * Norm(m, M), 2.0 * M * M};
+}
+
 ParamCounts CountParams(const ModelConfig& m) {
   const double M = static_cast<double>(m.hidden_size);
   const double V = static_cast<double>(m.vocab_size);
@@ -88,10 +93,10 @@ ParamCounts CountParams(const ModelConfig& m) {
   }
   c.transformer += Norm(m, M);  // the final norm
   const bool last_moe = m.IsMoeBlock(m.num_layers - 1);
-  // Each depth: the embedding's and the hidden state's norms, their joint
-  // projection (2M -> M), a block of the last layer's kind, its output norm.
+  // Each depth: its norms and input projection, a block of the last layer's kind.
+  const MtpInputParams in = CountMtpInputParams(m);
   c.mtp = m.mtp_num_layers *
-          (3.0 * Norm(m, M) + 2.0 * M * M + BlockTotal(last_moe ? moe : dense, m, last_moe));
+          (in.norms + in.projection + BlockTotal(last_moe ? moe : dense, m, last_moe));
   c.total = c.embedding + c.output_layer + c.transformer;
   c.active = c.total - (c.routed_experts - c.routed_experts_active);
   c.total_with_mtp = c.total + c.mtp;

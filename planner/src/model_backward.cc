@@ -56,6 +56,11 @@ class BackwardEmitter {
                    2.0 * static_cast<double>(M_) * M_ / t_, x);
         x = Mem("bwd.mtp_norm", 6.0 * sm_, x);
         Param(2.0 * Norm(M_), x);
+        // The lookup's gradient: into the stage's own copy of the embedding
+        // when the first stage holds the table (Megatron-Core builds one on
+        // the MTP stage), else into the table itself (bwd.embed's).
+        x = Mem("bwd.mtp_embed", 3.0 * sm_, x);
+        if (!s_.st.embed) Param(static_cast<double>(v_) * M_, x);
       }
       x = Head(x, /*mtp=*/false);
     }
@@ -157,6 +162,12 @@ class BackwardEmitter {
   // block's output gradient.
   Deps SharedExpert(int blk, Deps out_grad) {
     b_.Stamp(blk, kMoeScope);
+    if (m_.moe.shared_expert_gate) {
+      // The scaling's and the gate's gradients: the output gradient and the
+      // shared output read, the gate GEMV's input gradient accumulated.
+      out_grad = Mem("bwd.shared_gate", 4.0 * sm_, out_grad);
+      Param(M_, out_grad);
+    }
     Deps z = Linear("bwd.shared_fc2_dx", "bwd.shared_fc2_dw", fs_, M_,
                     static_cast<double>(fs_) * M_, out_grad);
     z = Mem("bwd.shared_act", ActBackwardBytes(fs_), z);

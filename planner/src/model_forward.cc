@@ -78,6 +78,7 @@ void ModelPlanner::Impl::BuildUnits() {
         chain(UnitKind::kSharedFc1, blk);
         chain(UnitKind::kSharedAct, blk);
         shared = chain(UnitKind::kSharedFc2, blk);
+        if (m->moe.shared_expert_gate) shared = chain(UnitKind::kSharedGate, blk);
         if (t > 1) shared = chain(UnitKind::kSharedAllReduce, blk);
       }
       prev = route;
@@ -100,6 +101,7 @@ void ModelPlanner::Impl::BuildUnits() {
     // The MTP depths after the last layer, each predicting one token further
     // with its own block and the shared output layer.
     for (int d = 0; d < m->mtp_num_layers; ++d) {
+      chain(UnitKind::kMtpEmbed, m->num_layers + d);
       chain(UnitKind::kMtpNorm, m->num_layers + d);
       chain(UnitKind::kMtpProj, m->num_layers + d);
       block_units(m->num_layers + d);
@@ -223,6 +225,10 @@ Deps ModelPlanner::Impl::BuildUnit(const Unit& u, int k, Builder& b, Deps x,
       return mem("fwd.shared_act", (1.0 + mm.FfnInputFactor()) * e * s * fs);
     case UnitKind::kSharedFc2:
       return gemm("fwd.shared_fc2", s, M, fs);
+    case UnitKind::kSharedGate:
+      // The gate's GEMV reads the layer input; the scaling reads and writes
+      // the shared output.
+      return mem("fwd.shared_gate", 3.0 * sm);
     case UnitKind::kSharedAllReduce:
       return allreduce("fwd.shared_allreduce");
     case UnitKind::kMoeRoute:
@@ -236,6 +242,8 @@ Deps ModelPlanner::Impl::BuildUnit(const Unit& u, int k, Builder& b, Deps x,
           ctx, b.graph(), {x.a, x.b});
       return {out.a, out.b};
     }
+    case UnitKind::kMtpEmbed:
+      return mem("fwd.mtp_embed", 3.0 * sm);
     case UnitKind::kMtpNorm:
       return mem("fwd.mtp_norm", 4.0 * sm);
     case UnitKind::kMtpProj:

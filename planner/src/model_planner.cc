@@ -13,6 +13,7 @@
 #include "model_planner_internal.h"
 #include "moeplan/base/status.h"
 #include "moeplan/base/strings.h"
+#include "moeplan/planner/accounting.h"
 #include "moeplan/planner/validate.h"
 
 namespace moeplan::planner {
@@ -108,13 +109,16 @@ RankParams StageParams(const ModelConfig& m, const StageOptions& stage) {
   const bool own_head = m.untie_embeddings_and_output_weights || !stage.embed;
   if (m.vocab_size > 0 && stage.head) {
     r.dense += norm + (own_head ? v * M : 0.0);
-    // The MTP depths: their norms (embedding, hidden state, output), the
-    // input projection 2M -> M, and a block each.
+    // The MTP depths: their norms and input projection, and a block each;
+    // without the first stage, a copy of the embedding for their lookups
+    // (Megatron-Core builds one on the MTP stage).
+    const MtpInputParams in = CountMtpInputParams(m);
     for (int d = 0; d < m.mtp_num_layers; ++d) {
       const RankParams b = BlockParams(m, m.num_layers + d);
-      r.dense += b.dense + 3.0 * norm + 2.0 * M * M / m.parallel.mp;
+      r.dense += b.dense + in.norms + in.projection / m.parallel.mp;
       r.expert += b.expert;
     }
+    if (m.mtp_num_layers > 0 && !stage.embed) r.dense += v * M;
   }
   return r;
 }

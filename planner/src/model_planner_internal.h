@@ -60,10 +60,13 @@ enum class UnitKind : uint8_t {
   kSharedFc1,
   kSharedAct,
   kSharedFc2,
+  kSharedGate,  // moe.shared_expert_gate: sigmoid(x w) scales the shared output
   kSharedAllReduce,
   kMoeExchange,
-  // An MTP depth's input: the next tokens' embedding and the hidden state
-  // normalised, concatenated and projected 2M -> M (before its block).
+  // An MTP depth's input: the next tokens' embedding (a lookup in the
+  // shared table), and it and the hidden state normalised, concatenated and
+  // projected 2M -> M (before its block).
+  kMtpEmbed,
   kMtpNorm,
   kMtpProj,
   kLnF,

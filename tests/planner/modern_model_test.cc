@@ -58,6 +58,15 @@ const OpExec* FindExec(const VariantPlan& v, std::string_view base, int block) {
   return nullptr;
 }
 
+// The bytes the first op named `base` of block `block` touches; -1 when none.
+int64_t BytesOf(const VariantPlan& v, std::string_view base, int block) {
+  for (OpId id = 0; id < v.graph.size(); ++id) {
+    const Op& op = v.graph.op(id);
+    if (op.base == base && op.block == block) return op.bytes;
+  }
+  return -1;
+}
+
 int Count(const VariantPlan& v, std::string_view base) {
   int n = 0;
   for (OpId id = 0; id < v.graph.size(); ++id) n += v.graph.op(id).base == base;
@@ -187,6 +196,44 @@ TEST(ModernModel, MtpDepthsRunAfterTheLastLayer) {
   const double M = 256;
   EXPECT_DOUBLE_EQ(with.total() - without.total(),
                    2 * (BlockParams(m, 3).total() + 3 * 2 * M + 2 * M * M));
+  // A last stage without the first holds a copy of the embedding for the
+  // depths' lookups (Megatron-Core builds one on the MTP stage): V x M more.
+  StageOptions last;
+  last.first_block = 2;
+  last.embed = false;
+  const RankParams copy_with = [&] {
+    ModelConfig d = m;
+    d.mtp_num_layers = 2;
+    return StageParams(d, last);
+  }();
+  EXPECT_DOUBLE_EQ(copy_with.total() - StageParams(m, last).total(),
+                   2 * (BlockParams(m, 3).total() + 3 * 2 * M + 2 * M * M) + 1024 * M);
+  // Each depth looks its tokens up: an embedding lookup forward and backward.
+  m.mtp_num_layers = 2;
+  const VariantPlan d = PlanNone(m);
+  EXPECT_EQ(Count(d, "fwd.mtp_embed"), 2);
+  EXPECT_EQ(Count(d, "bwd.mtp_embed"), 2);
+  // The same lookup as the main embedding's.
+  EXPECT_GT(BytesOf(d, "fwd.embed", -1), 0);
+  EXPECT_EQ(BytesOf(d, "fwd.mtp_embed", 4), BytesOf(d, "fwd.embed", -1));
+}
+
+// Qwen2's gated shared expert: sigmoid(x w) scales the shared output, one
+// memory-bound op each way (3 S M b forward: the GEMV's input, the output
+// read and written; 4 S M b backward), and its M weights are synchronised.
+TEST(ModernModel, SharedExpertGateScalesTheSharedOutput) {
+  ModelConfig m = Base();
+  m.moe.shared_expert_ffn_hidden_size = 128;
+  const VariantPlan plain = PlanNone(m);
+  EXPECT_EQ(Count(plain, "fwd.shared_gate"), 0);
+  m.moe.shared_expert_gate = true;
+  const VariantPlan gated = PlanNone(m);
+  EXPECT_EQ(Count(gated, "fwd.shared_gate"), 4);
+  EXPECT_EQ(Count(gated, "bwd.shared_gate"), 4);
+  const int64_t sm = 2 * 128 * 256 * 2;  // S = B L tokens of M, 2 bytes each
+  EXPECT_EQ(BytesOf(gated, "fwd.shared_gate", 0), 3 * sm);
+  EXPECT_EQ(BytesOf(gated, "bwd.shared_gate", 0), 4 * sm);
+  EXPECT_GT(gated.iteration_us(), plain.iteration_us());
 }
 
 TEST(ModernModel, LayerPatternPicksTheMoeBlocks) {

@@ -39,6 +39,15 @@ struct BlockParamCounts {
 };
 BlockParamCounts CountBlockParams(const ModelConfig& model, bool moe);
 
+// An MTP depth's own parameters besides its block (whole): its three norms
+// (the next tokens' embedding, the hidden state, its output), held whole by
+// every tensor-parallel rank, and the 2M -> M input projection, split.
+struct MtpInputParams {
+  double norms = 0.0;
+  double projection = 0.0;
+};
+MtpInputParams CountMtpInputParams(const ModelConfig& model);
+
 // Model FLOPs per token of one training step, Megatron-LM's
 // num_floating_point_operations over global_batch x seq_length: 3 x the
 // forward's GEMMs (2 flops a multiply-add), causal attention halved, MoE
