@@ -94,13 +94,10 @@ BENCHMARK(BM_SweepGrid)->Unit(benchmark::kMillisecond);
 // dw, partition with its DP, lancet) with every (schedule, AlltoAll) pair the
 // layout allows, on 64 A100s. One planner reused; the partition DP's range
 // cache is rebuilt per plan.
-void BM_PlanModel(benchmark::State& state, const char* file) {
-  v1::ModelConfig msg;
-  if (!proto::ReadJsonFile(std::string(MOEPLAN_SOURCE_DIR "/examples/models/") + file, &msg).ok()) {
-    std::abort();
-  }
-  const planner::ModelConfig model = OrDie(proto::ModelFromProto(msg));
-  planner::ModelPlanner planner(Cost());
+// Plans `model` whole with every variant per iteration on one reused planner.
+void RunPlan(benchmark::State& state, const planner::ModelConfig& model,
+             const planner::CostModel& cost) {
+  planner::ModelPlanner planner(cost);
   planner::ModelPlan plan;
   for (auto _ : state) {
     if (!planner.Plan(model, {}, &plan).ok()) std::abort();
@@ -109,6 +106,14 @@ void BM_PlanModel(benchmark::State& state, const char* file) {
   size_t ops = 0;
   for (const auto& v : plan.variants) ops += static_cast<size_t>(v.graph.size());
   state.counters["ops_kept"] = static_cast<double>(ops);
+}
+
+void BM_PlanModel(benchmark::State& state, const char* file) {
+  v1::ModelConfig msg;
+  if (!proto::ReadJsonFile(std::string(MOEPLAN_SOURCE_DIR "/examples/models/") + file, &msg).ok()) {
+    std::abort();
+  }
+  RunPlan(state, OrDie(proto::ModelFromProto(msg)), Cost());
 }
 BENCHMARK_CAPTURE(BM_PlanModel, gpt2_l_moe_all_variants_64_gpus, "gpt2-l-moe.a100.json")
     ->Unit(benchmark::kMillisecond);
@@ -137,18 +142,8 @@ planner::ModelConfig HfModel(const char* dir, int ep, int dp, int64_t global_bat
 // DeepSeek-V3 whole (61 blocks, 58 MoE layers of 256 experts, MLA, an MTP
 // depth), every variant, on 64 H100s at EP 64.
 void BM_PlanDeepSeekV3(benchmark::State& state) {
-  const planner::ModelConfig model = HfModel("deepseek-v3", 64, 64, 0);
-  const planner::CostModel cost =
-      OrDie(planner::CostModel::Create(OrDie(calibration::LoadProfile("h100-8x8")).profile));
-  planner::ModelPlanner planner(cost);
-  planner::ModelPlan plan;
-  for (auto _ : state) {
-    if (!planner.Plan(model, {}, &plan).ok()) std::abort();
-    benchmark::DoNotOptimize(plan.best);
-  }
-  size_t ops = 0;
-  for (const auto& v : plan.variants) ops += static_cast<size_t>(v.graph.size());
-  state.counters["ops_kept"] = static_cast<double>(ops);
+  RunPlan(state, HfModel("deepseek-v3", 64, 64, 0),
+          OrDie(planner::CostModel::Create(OrDie(calibration::LoadProfile("h100-8x8")).profile)));
 }
 BENCHMARK(BM_PlanDeepSeekV3)->Unit(benchmark::kMillisecond);
 
