@@ -89,8 +89,9 @@ void AddLayoutOptions(CLI::App* plan, PlanModelArgs* a) {
   CLI::Option* layout =
       plan->add_option(
               "--layout", a->layout,
-              "Evaluate one layout: dp=..,tp=..,pp=..,ep=..,esp=..[,microbatches=..,zero=..,"
-              "family=dpmoe|ppmoe|parm,pipeline=gpipe|1f1b|interleaved,v=..,recompute=0|1]")
+              "Evaluate one layout: dp=..,tp=..,pp=..[,ep=..,esp=.. (default 1; a dense "
+              "model's must be 1),microbatches=..,zero=..,family=dpmoe|ppmoe|parm,"
+              "pipeline=gpipe|1f1b|interleaved,v=..,recompute=0|1]")
           ->check(flags::NonEmpty());
   search->excludes(layout);
   plan->add_option("--top", a->top, "With --search: candidates to print, best first")

@@ -76,7 +76,8 @@ absl::StatusOr<v1::Layout> LayoutFromSpec(std::string_view spec) {
           Cat("--layout: unknown key ", Quoted(key), " (keys: ", kKeys, ")"));
     }
   }
-  for (std::string_view need : {"dp", "tp", "pp", "ep", "esp"}) {
+  // ep and esp may be left out: 1, as in a layout message (LayoutFromProto).
+  for (std::string_view need : {"dp", "tp", "pp"}) {
     if (std::find(seen.begin(), seen.end(), need) == seen.end()) {
       return absl::InvalidArgumentError(Cat("--layout: ", need, "= is required"));
     }

@@ -556,6 +556,34 @@ TEST(PlanModelCli, PlansAHuggingFaceConfig) {
   EXPECT_EQ(response.moe_layers(), 58);
 }
 
+// A dense model (no moe), from a Hugging Face config and a model file: a
+// search places no experts and says dense; a variants plan has one variant.
+TEST(PlanModelCli, PlansDenseModels) {
+  CliResult r = RunCli(
+      "plan-model --model examples/hf/llama-3-8b/config.json --cluster h100-8x8 --search "
+      "--gpus 16 --global-batch-size 32 --top 3");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("32 blocks (dense), hidden 4096"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("; no experts"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("   1  dense "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("parameters 8.03 B total, 8.03 B active"), std::string::npos) << r.out;
+  CliResult v = RunCli(
+      "plan-model --model examples/models/llama3-8b-dense.json --cluster h100-8x8 --format json");
+  ASSERT_EQ(v.exit_code, 0) << v.err;
+  v1::PlanModelResponse response;
+  ASSERT_TRUE(proto::ParseJson(v.out, &response).ok());
+  EXPECT_FALSE(response.model().has_moe());
+  EXPECT_EQ(response.moe_layers(), 0);
+  ASSERT_EQ(response.variants_size(), 1);
+  EXPECT_EQ(response.variants(0).name(), "none");
+  CliResult bad = RunCli(
+      "plan-model --model examples/models/llama3-8b-dense.json --cluster h100-8x8 "
+      "--layout dp=4,tp=4,pp=4,ep=2");
+  EXPECT_EQ(bad.exit_code, 1);
+  EXPECT_NE(bad.err.find("layout.ep: must be 1 (or unset) for a dense model"), std::string::npos)
+      << bad.err;
+}
+
 // The Hugging Face settings never pass silently over a native model file.
 TEST(PlanModelCli, HuggingFaceFlagsWithANativeModelAreRefused) {
   struct Case {
