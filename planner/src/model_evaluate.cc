@@ -162,6 +162,29 @@ void ModelPlanner::Impl::PhaseBound(double (&busy)[2][kNumResources]) {
   }
 }
 
+// The gathers ZeroGather adds to each block's forward and backward (the
+// blocks of the kLn1 units: EmitRange gathers before each, the backward
+// before each block it walks) under ZeRO 3, summed per phase and resource.
+void ModelPlanner::Impl::GatherBound(double (&busy)[2][kNumResources]) {
+  for (auto& phase : busy) std::fill(std::begin(phase), std::end(phase), 0.0);
+  const int zero = st.zero_stage;
+  st.zero_stage = 3;
+  for (const Unit& u : units) {
+    if (u.kind != internal::UnitKind::kLn1) continue;
+    for (Phase ph : {F, B}) {
+      scratch.Clear();
+      ZeroGather(&scratch, u.block, ph);
+      for (OpId id = 0; id < scratch.size(); ++id) {
+        const Op& op = scratch.op(id);
+        for (int r = 0; r < kNumResources; ++r) {
+          if (op.resources & (1u << r)) busy[ph == F ? 0 : 1][r] += op.cost_us;
+        }
+      }
+    }
+  }
+  st.zero_stage = zero;
+}
+
 // What Finalize's buckets cost at least, per resource, by ZeRO class (0;
 // 1-2; 3): with alpha-beta costs the buckets of a group cost no less than
 // one collective of all of them. ZeRO 1-2 add the parameter AllGather after

@@ -237,23 +237,44 @@ void ComputeBound(ModelPlanner::Impl& s, std::span<const Schedule> schedules,
   bound->fwd_us = bound->bwd_us = kInf;
   bound->fwd_res.fill(kInf);
   bound->bwd_res.fill(kInf);
-  double busy[2][kNumResources];
+  bound->zero3_fwd_us = kInf;
+  double busy[2][kNumResources], gathers[2][kNumResources];
+  std::vector<std::array<double, kNumResources>> bwd_busy;  // per pair
+  s.GatherBound(gathers);
+  for (size_t r = 0; r < kNumResources; ++r) {
+    bound->zero3_fwd_res[r] = gathers[0][r];
+    bound->zero3_bwd_res[r] = gathers[1][r];
+  }
   for (Schedule sc : schedules) {
     for (AllToAllAlgo a : algos) {
       s.sched = sc;
       s.algo = a;
       s.PhaseBound(busy);
       bound->fwd_us = std::min(bound->fwd_us, *std::max_element(busy[0], busy[0] + kNumResources));
+      double fwd3 = 0.0;
+      for (size_t r = 0; r < kNumResources; ++r) fwd3 = std::max(fwd3, busy[0][r] + gathers[0][r]);
+      bound->zero3_fwd_us = std::min(bound->zero3_fwd_us, fwd3);
       bound->bwd_us = std::min(bound->bwd_us, *std::max_element(busy[1], busy[1] + kNumResources));
+      bwd_busy.emplace_back();
       for (size_t r = 0; r < kNumResources; ++r) {
         bound->fwd_res[r] = std::min(bound->fwd_res[r], busy[0][r]);
         bound->bwd_res[r] = std::min(bound->bwd_res[r], busy[1][r]);
+        bwd_busy.back()[r] = busy[1][r];
       }
     }
   }
   bound->optimizer_us = s.OptimizerStepUs(false);
   bound->sharded_optimizer_us = s.OptimizerStepUs(true);
   s.SyncBound(&bound->sync_res);
+  // ZeRO 2-3's ReduceScatters descend from the loss like the backward and
+  // end it (LayoutPlanner's chunk times): the backward holds them too.
+  bound->rs_res = bound->sync_res[2];
+  bound->rs_bwd_us = kInf;
+  for (const auto& b : bwd_busy) {
+    double bwd = 0.0;
+    for (size_t r = 0; r < kNumResources; ++r) bwd = std::max(bwd, b[r] + bound->rs_res[r]);
+    bound->rs_bwd_us = std::min(bound->rs_bwd_us, bwd);
+  }
   bound->sync_res[0][0] += bound->optimizer_us;
   bound->sync_res[1][0] += bound->sharded_optimizer_us;
   bound->sync_res[2][0] += bound->sharded_optimizer_us;

@@ -242,6 +242,9 @@ struct ModelPlanner::Impl {
                        std::vector<DwPlacement>* placements);
   std::vector<OpId> IssueOrder(const std::vector<std::vector<int>>& picks) const;
   void PhaseBound(double (&busy)[2][kNumResources]);
+  // ZeRO-3's parameter gathers of the stage's blocks per phase and resource,
+  // whatever st.zero_stage is.
+  void GatherBound(double (&busy)[2][kNumResources]);
   void SyncBound(std::array<std::array<double, kNumResources>, 3>* out) const;
   absl::Status Finalize(const std::vector<OpId>& order);
   OpId AddOptimizerStep(bool sharded);
