@@ -209,15 +209,74 @@ absl::Status LayoutPlanner::Impl::Run(const ModelConfig& model, const Layout& l,
   return absl::OkStatus();
 }
 
-// Two lower bounds, the larger kept. (1) The pipeline simulated with each
-// chunk's lower bounds (StageComputeBound) and the exact p2p: simulated
-// times only grow with op costs. (2) Each stage's load: a chunk's planned
-// iteration (forward, backward and tail) holds every resource r for at
-// least F_r + B_r + G_r (its gradient synchronisation and optimizer), its
-// forward and backward last at least F_r and B_r, and the stage runs m of
-// each before its tail: m (F_r + B_r) + G_r per chunk, for every r.
+// One chunk's part of a bound: its pipeline steps, its tail, its load on its
+// stage. `refined` and planned (a cache hit): its times (`exact`; the
+// pipeline's simulation holds its load). Otherwise its lower bounds
+// (StageComputeBound): each resource r is held for at least
+// F_r + B_r + G_r by a chunk's planned iteration (forward,
+// backward, gradient synchronisation and optimizer), every forward op ends
+// by the forward's end and every backward op by the backward's, and the
+// stage runs m of each before its tail: m (F_r + B_r) + G_r per chunk.
+// Refined, ZeRO 3's gathers count (they end by their phase's end, but the
+// backward's may run during the forward: they add to the forward's bound and
+// to the load only) and so do ZeRO 2-3's ReduceScatters, which end every
+// micro-batch's backward. The search sorts by the unrefined bound (ties in
+// iteration time keep the order they always had) and skips by the refined one.
+absl::StatusOr<internal::ChunkBound> LayoutPlanner::Impl::BoundOf(const ModelConfig& model,
+                                                                  const Layout& l, int64_t mbs,
+                                                                  const StageOptions& so,
+                                                                  bool refined) {
+  const double m = l.microbatches;
+  internal::ChunkBound out;
+  if (refined) {
+    auto it = cache.find(KeyOf(model, l, mbs, so, l.zero_stage));
+    if (it != cache.end()) {
+      const ChunkTimes& t = it->second;
+      out.fwd = t.fwd;
+      out.bwd = t.bwd + (l.recompute ? t.fwd : 0.0);
+      out.tail = t.tail;
+      // Its load is the pipeline's own: simulated exactly, left out here.
+      out.exact = true;
+      return out;
+    }
+  }
+  const ChunkKey key = KeyOf(model, l, mbs, so, /*zero=*/0);  // the bounds hold for every stage
+  auto it = bounds.find(key);
+  if (it == bounds.end()) {
+    ModelPlanOptions opt = plan_options;
+    if (l.family == Family::kDpMoe) opt.schedules = {Schedule::kDefault};
+    ModelPlanner::StageBound b;
+    MOEPLAN_RETURN_IF_ERROR(planner.StageComputeBound(ModelForLayout(model, l, mbs), opt, so, &b));
+    it = bounds.emplace(key, b).first;
+  }
+  const ModelPlanner::StageBound& b = it->second;
+  // Refined: ZeRO 3's gathers and ZeRO 2-3's ReduceScatters counted too.
+  const bool z3 = refined && l.zero_stage == 3, rs = refined && l.zero_stage >= 2;
+  const size_t zc = l.zero_stage == 0 ? 0 : l.zero_stage <= 2 ? 1 : 2;
+  const double fwd = z3 ? b.zero3_fwd_us : b.fwd_us;
+  out.fwd = fwd;
+  out.bwd = (rs ? b.rs_bwd_us : b.bwd_us) + (l.recompute ? fwd : 0.0);
+  out.tail = l.zero_stage >= 1 ? b.sharded_optimizer_us : b.optimizer_us;
+  for (size_t r = 0; r < kNumResources; ++r) {
+    const double f = (b.fwd_res[r] + (z3 ? b.zero3_fwd_res[r] : 0.0)) * (l.recompute ? 2.0 : 1.0);
+    const double bw = b.bwd_res[r] + (z3 ? b.zero3_bwd_res[r] : 0.0);
+    // ZeRO 2-3: m - 1 backwards hold their ReduceScatters, the last one's
+    // are in the synchronisation.
+    out.load = std::max(out.load, rs ? (m - 1.0) * (f + bw + b.rs_res[r]) + f + bw +
+                                           b.sync_res[zc][r]
+                                     : m * (f + bw) + b.sync_res[zc][r]);
+  }
+  return out;
+}
+
+// Two lower bounds, the larger kept: the pipeline simulated with each
+// chunk's part (BoundOf) and the exact p2p (simulated times only grow with
+// op costs), and the busiest stage's load. `refined`: BoundOf's, planned
+// chunks counting with their times; `unplanned`, if given, is the
+// stage-major index of the chunk not yet planned whose load bound is
+// largest (-1: none).
 absl::StatusOr<double> LayoutPlanner::Impl::Bound(const ModelConfig& model, const Layout& l,
-                                                  int64_t mbs) {
+                                                  int64_t mbs, bool refined, int* unplanned) {
   const int p = l.pp, v = std::max(1, l.virtual_stages);
   PipelineSpec spec;
   spec.schedule = l.pipeline;
@@ -227,35 +286,22 @@ absl::StatusOr<double> LayoutPlanner::Impl::Bound(const ModelConfig& model, cons
   spec.fwd_us.assign(static_cast<size_t>(p * v), 0.0);
   spec.bwd_us.assign(static_cast<size_t>(p * v), 0.0);
   spec.tail_us.assign(static_cast<size_t>(p), 0.0);
-  const size_t zc = l.zero_stage == 0 ? 0 : l.zero_stage <= 2 ? 1 : 2;
-  const double m = l.microbatches;
-  double load = 0.0;
+  double load = 0.0, heaviest = -1.0;
+  if (unplanned != nullptr) *unplanned = -1;
   for (int st = 0; st < p; ++st) {
     double stage_load = 0.0;
     for (int c = 0; c < v; ++c) {
-      const StageOptions so = ChunkOptions(model, l, st, c);
-      const ChunkKey key = KeyOf(model, l, mbs, so, /*zero=*/0);  // the bounds hold for every stage
-      ModelPlanner::StageBound b;
-      if (auto it = bounds.find(key); it != bounds.end()) {
-        b = it->second;
-      } else {
-        ModelPlanOptions opt = plan_options;
-        if (l.family == Family::kDpMoe) opt.schedules = {Schedule::kDefault};
-        MOEPLAN_RETURN_IF_ERROR(
-            planner.StageComputeBound(ModelForLayout(model, l, mbs), opt, so, &b));
-        bounds.emplace(key, b);
-      }
+      MOEPLAN_ASSIGN_OR_RETURN(const internal::ChunkBound b,
+                               BoundOf(model, l, mbs, ChunkOptions(model, l, st, c), refined));
       const size_t i = static_cast<size_t>(st) * v + c;
-      spec.fwd_us[i] = b.fwd_us;
-      spec.bwd_us[i] = b.bwd_us + (l.recompute ? b.fwd_us : 0.0);
-      spec.tail_us[static_cast<size_t>(st)] +=
-          l.zero_stage >= 1 ? b.sharded_optimizer_us : b.optimizer_us;
-      double chunk_load = 0.0;
-      for (size_t r = 0; r < kNumResources; ++r) {
-        const double f = b.fwd_res[r] * (l.recompute ? 2.0 : 1.0);
-        chunk_load = std::max(chunk_load, m * (f + b.bwd_res[r]) + b.sync_res[zc][r]);
+      spec.fwd_us[i] = b.fwd;
+      spec.bwd_us[i] = b.bwd;
+      spec.tail_us[static_cast<size_t>(st)] += b.tail;
+      stage_load += b.load;
+      if (unplanned != nullptr && !b.exact && b.load > heaviest) {
+        heaviest = b.load;
+        *unplanned = static_cast<int>(i);
       }
-      stage_load += chunk_load;
     }
     load = std::max(load, stage_load);
   }
@@ -263,6 +309,22 @@ absl::StatusOr<double> LayoutPlanner::Impl::Bound(const ModelConfig& model, cons
   PipelineResult pr;
   MOEPLAN_RETURN_IF_ERROR(SimulatePipeline(spec, &pipe_graph, &pipe_sim, &pipe_result, &pr));
   return std::max(pr.makespan_us, load);
+}
+
+// The layout's refined bound after planning, one at a time, the unplanned
+// chunk of largest load until the bound reaches `cut` or every chunk is
+// planned (its bound then no faster than its iteration: the pipeline of its
+// times, simulated as Run does).
+absl::StatusOr<double> LayoutPlanner::Impl::NoFasterThan(const ModelConfig& model,
+                                                         const Layout& l, int64_t mbs,
+                                                         double cut) {
+  const int v = std::max(1, l.virtual_stages);
+  for (;;) {
+    int next = -1;
+    MOEPLAN_ASSIGN_OR_RETURN(const double bound, Bound(model, l, mbs, true, &next));
+    if (bound >= cut || next < 0) return bound;
+    MOEPLAN_RETURN_IF_ERROR(Chunk(model, l, mbs, next / v, next % v).status());
+  }
 }
 
 absl::Status LayoutPlanner::Impl::CheckChunks(const ModelConfig& model, const Layout& l,

@@ -30,6 +30,14 @@ struct ChunkTimes {
   AllToAllAlgo algo = AllToAllAlgo::kLinear;
 };
 
+// A chunk's part of a layout's lower bound (LayoutPlanner::Impl::BoundOf):
+// per-micro-batch forward and backward steps, tail, and load on its stage;
+// `exact` when they are its planned times (its load then left at 0).
+struct ChunkBound {
+  double fwd = 0.0, bwd = 0.0, tail = 0.0, load = 0.0;
+  bool exact = false;
+};
+
 struct ChunkKey {
   int64_t mbs;
   int tp, dp, ep, esp, edp, zero, blocks, phase;
@@ -89,8 +97,19 @@ struct LayoutPlanner::Impl {
   // OK when every chunk's plan stays within the plan's max_plan_bytes, else
   // the first chunk's ResourceExhausted (ModelPlanner::CheckStage), cached.
   absl::Status CheckChunks(const ModelConfig& model, const Layout& l, int64_t mbs);
-  // A lower bound on the layout's iteration time (never above Run's).
-  absl::StatusOr<double> Bound(const ModelConfig& model, const Layout& l, int64_t mbs);
+  // A lower bound on the layout's iteration time (never above Run's);
+  // `refined`: tighter, with the times of the chunks already planned.
+  // `unplanned`: the chunk (stage * v + chunk) not yet planned of largest
+  // load, -1 if none.
+  absl::StatusOr<double> Bound(const ModelConfig& model, const Layout& l, int64_t mbs,
+                               bool refined = false, int* unplanned = nullptr);
+  // One chunk's part of Bound.
+  absl::StatusOr<internal::ChunkBound> BoundOf(const ModelConfig& model, const Layout& l,
+                                               int64_t mbs, const StageOptions& so, bool refined);
+  // The layout's refined bound, planning its chunks one at a time (largest
+  // load first) until it reaches `cut` or all are planned.
+  absl::StatusOr<double> NoFasterThan(const ModelConfig& model, const Layout& l, int64_t mbs,
+                                      double cut);
   // The caches hold chunks of one (model, options); a new call starts afresh.
   void Begin(const ModelConfig& model, const ModelPlanOptions& options);
   // Memory options with the profile's GPU memory where they say "the profile's".

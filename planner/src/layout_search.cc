@@ -102,11 +102,72 @@ std::vector<Layout> EnumerateLayouts(const ModelConfig& model, std::span<const F
   return layouts;
 }
 
-// A candidate waiting to be simulated, and its lower bound.
+// A candidate waiting to be simulated: its refined lower bound (the order
+// candidates are tried in), and its place in the order of the unrefined
+// bound, then enumeration (the order ties in iteration time rank in).
 struct Pending {
   Layout layout;
   int64_t mbs;
-  double bound = 0.0;
+  double bound = 0.0;    // refined (LayoutPlanner::Impl::Bound)
+  double ubound = -1.0;  // unrefined, computed when a tie needs it (< 0: not yet)
+  size_t index = 0;      // enumeration order
+};
+
+// The N fastest candidates simulated so far, by iteration time, equal times
+// in the order of the unrefined bound (then enumeration): the order the
+// search has always simulated candidates in, one by one, inserting each
+// after the equal ones. The top N of that order is the top N of all
+// candidates, whatever order they are simulated in, so the search may try
+// them by its refined bound and skip any that cannot enter: the ranking is
+// the one simulating every candidate in the old order gives.
+class TopN {
+ public:
+  TopN(LayoutPlanner::Impl& s, const ModelConfig& model, int top) : s_(s), model_(model), top_(top) {}
+
+  bool Full() const { return static_cast<int>(ranked_.size()) >= top_; }
+  double Last() const { return ranked_.back().iteration_us; }
+  // Whether a candidate no faster than `bound` is certainly left out.
+  absl::StatusOr<bool> Excludes(double bound, Pending& c) {
+    if (!Full() || bound < Last()) return false;
+    if (bound > Last()) return true;
+    MOEPLAN_ASSIGN_OR_RETURN(const bool before, Before(c, *from_.back()));
+    return !before;
+  }
+  absl::Status Insert(LayoutCandidate cand, Pending& c) {
+    size_t at = ranked_.size();
+    while (at > 0 && cand.iteration_us <= ranked_[at - 1].iteration_us) {
+      if (cand.iteration_us == ranked_[at - 1].iteration_us) {
+        MOEPLAN_ASSIGN_OR_RETURN(const bool before, Before(c, *from_[at - 1]));
+        if (!before) break;
+      }
+      --at;
+    }
+    ranked_.insert(ranked_.begin() + static_cast<ptrdiff_t>(at), std::move(cand));
+    from_.insert(from_.begin() + static_cast<ptrdiff_t>(at), &c);
+    if (static_cast<int>(ranked_.size()) > top_) {
+      ranked_.pop_back();
+      from_.pop_back();
+    }
+    return absl::OkStatus();
+  }
+  std::vector<LayoutCandidate> Take() { return std::move(ranked_); }
+
+ private:
+  // Whether `a` comes before `b` in the unrefined bound's order.
+  absl::StatusOr<bool> Before(Pending& a, Pending& b) {
+    for (Pending* c : {&a, &b}) {
+      if (c->ubound < 0.0) {
+        MOEPLAN_ASSIGN_OR_RETURN(c->ubound, s_.Bound(model_, c->layout, c->mbs));
+      }
+    }
+    return a.ubound < b.ubound || (a.ubound == b.ubound && a.index < b.index);
+  }
+
+  LayoutPlanner::Impl& s_;
+  const ModelConfig& model_;
+  const int top_;
+  std::vector<LayoutCandidate> ranked_;
+  std::vector<Pending*> from_;
 };
 
 // What the candidates of one search range over.
@@ -177,7 +238,7 @@ absl::Status EnumerateCandidates(const ModelConfig& model, std::span<const Layou
               ++st->pruned_memory;
               continue;
             }
-            pending->push_back({l, mbs, 0.0});
+            pending->push_back({l, mbs, 0.0, -1.0, pending->size()});
           }
         }
       }
@@ -202,10 +263,12 @@ absl::Status CheckSearchSteps(std::span<const Pending> pending) {
           "search.families or search.zero_stages"));
 }
 
-// Lower bounds: the pipeline simulated with each chunk's compute alone (no
-// communication, tails or p2p). Simulated times only grow with op costs, so
-// no candidate can beat its bound; candidates are evaluated in bound order
-// until the N-th best found is no slower than the next bound.
+// Candidates are simulated in the order of their lower bounds (refined:
+// LayoutPlanner::Impl::Bound), no candidate being faster than its bound,
+// until the N-th best found is faster than the next bound. With the top N
+// full, a candidate is first bounded again with its planned chunks' times,
+// planning them one at a time (NoFasterThan), and skipped once that bound
+// shows it cannot enter.
 absl::Status Rank(LayoutPlanner::Impl& s, const ModelConfig& model, const SearchOptions& options,
                   const ModelPlanOptions& plan, const MemoryOptions& mem,
                   std::vector<Pending>& pending, std::vector<LayoutCandidate>* out) {
@@ -222,7 +285,7 @@ absl::Status Rank(LayoutPlanner::Impl& s, const ModelConfig& model, const Search
       if (first_over.ok()) first_over = over;
       continue;
     }
-    MOEPLAN_ASSIGN_OR_RETURN(c.bound, s.Bound(model, c.layout, c.mbs));
+    MOEPLAN_ASSIGN_OR_RETURN(c.bound, s.Bound(model, c.layout, c.mbs, /*refined=*/true));
     pending[kept++] = c;
   }
   pending.resize(kept);
@@ -235,25 +298,29 @@ absl::Status Rank(LayoutPlanner::Impl& s, const ModelConfig& model, const Search
   }
   std::stable_sort(pending.begin(), pending.end(),
                    [](const Pending& a, const Pending& b) { return a.bound < b.bound; });
-  std::vector<LayoutCandidate> ranked;
-  const auto slower = [](const LayoutCandidate& a, const LayoutCandidate& b) {
-    return a.iteration_us < b.iteration_us;
-  };
+  TopN ranked(s, model, options.top);
   for (size_t i = 0; i < pending.size(); ++i) {
-    const Pending& c = pending[i];
-    if (!options.exhaustive && static_cast<int>(ranked.size()) >= options.top &&
-        c.bound >= ranked[static_cast<size_t>(options.top) - 1].iteration_us) {
+    Pending& c = pending[i];
+    if (!options.exhaustive && ranked.Full() && c.bound > ranked.Last()) {
       s.stats->pruned_bound += static_cast<int64_t>(pending.size() - i);
       break;
     }
     MOEPLAN_RETURN_IF_ERROR(plan.deadline.Check("search"));
+    if (!options.exhaustive && ranked.Full()) {
+      MOEPLAN_ASSIGN_OR_RETURN(const double bound,
+                               s.NoFasterThan(model, c.layout, c.mbs, ranked.Last()));
+      MOEPLAN_ASSIGN_OR_RETURN(const bool excluded, ranked.Excludes(bound, c));
+      if (excluded) {
+        ++s.stats->pruned_bound;
+        continue;
+      }
+    }
     LayoutCandidate cand;
     MOEPLAN_RETURN_IF_ERROR(s.Run(model, c.layout, c.mbs, mem, &cand));
     if (!cand.feasible) continue;
-    ranked.insert(std::upper_bound(ranked.begin(), ranked.end(), cand, slower), std::move(cand));
-    if (static_cast<int>(ranked.size()) > options.top) ranked.pop_back();
+    MOEPLAN_RETURN_IF_ERROR(ranked.Insert(std::move(cand), c));
   }
-  *out = std::move(ranked);
+  *out = ranked.Take();
   return absl::OkStatus();
 }
 

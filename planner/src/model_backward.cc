@@ -314,6 +314,88 @@ void ModelPlanner::Impl::EmitBackward(Deps x, bool detach) {
   BackwardEmitter(*this, detach).Emit(x);
 }
 
+// The backward template of the current pair (CopyBackward), built on its
+// first use in a plan: emitted into g0 on its own (after a stand-in for the
+// forward's last op), then kept with each op's parameters listed.
+internal::BackwardOps& ModelPlanner::Impl::BackwardTemplate(bool detach) {
+  // One per detach, for the pair being planned (PlanVariants plans pair by
+  // pair): rebuilt on its storage when the plan or the pair changes.
+  internal::BackwardOps& t = bwd_ops[detach ? 1 : 0];
+  const uint64_t pair = 1 + static_cast<uint64_t>(sched) * 4 + static_cast<uint64_t>(algo);
+  if (t.plan == plan_count && t.pair == pair) return t;
+  t.plan = plan_count;
+  t.pair = pair;
+  ++t.build;
+  std::swap(g0, t.graph);
+  g0.Clear();
+  Op stand_in;
+  stand_in.base = "bwd.input";
+  BackwardEmitter(*this, detach).Emit({g0.Add(stand_in, {})});
+  std::swap(g0, t.graph);
+  t.params.swap(params);
+  t.slots.swap(slots);
+  t.dw_ops.swap(dw_ops);
+  params.clear();
+  slots.clear();
+  dw_ops.clear();
+  t.param_first.assign(static_cast<size_t>(t.graph.size()), -1);
+  t.param_next.assign(t.params.size(), -1);
+  t.forward_param = false;
+  for (size_t i = t.params.size(); i-- > 0;) {
+    const OpId p = t.params[i].producer;
+    if (p == 0) t.forward_param = true;
+    if (p < 0) continue;
+    t.param_next[i] = t.param_first[static_cast<size_t>(p)];
+    t.param_first[static_cast<size_t>(p)] = static_cast<int>(i);
+  }
+  return t;
+}
+
+// The backward of the current pair after forward op `x` (x.b kNoOp: what
+// EmitForward returns), copied from a template built once per plan: the
+// backward reads nothing of the forward but its last op, so it is the same
+// graph after any forward, its ids shifted, x standing for the template's
+// op 0, its layer instances and aliases added to g0 in the order it added
+// them (AddLayer and Alias keep the first of equals, as emitting does).
+// Returns the template (for its reachability), or null where x.b is set and
+// the backward was emitted. Templates keep their storage from plan to plan.
+internal::BackwardOps* ModelPlanner::Impl::CopyBackward(Deps x, bool detach) {
+  if (x.b != kNoOp) {
+    EmitBackward(x, detach);
+    return nullptr;
+  }
+  internal::BackwardOps& t = BackwardTemplate(detach);
+  const OpGraph& tg = t.graph;
+  const OpId shift = g0.size() - 1;  // template op i is g0's op i + shift
+  auto id = [&](OpId v) { return v == 0 ? x.a : v == kNoOp ? kNoOp : v + shift; };
+  layer_map.assign(1, 0);
+  for (const ExecLayer& l : tg.layers()) layer_map.push_back(g0.AddLayer(l));
+  for (const BufAlias& a : tg.aliases()) g0.Alias(a);
+  for (OpId v = 1; v < tg.size(); ++v) {
+    dep_buf.clear();
+    for (OpId d : tg.deps(v)) dep_buf.push_back(id(d));
+    OpExec exec = tg.exec(v);
+    exec.layer = layer_map[static_cast<size_t>(exec.layer)];
+    g0.Add(tg.op(v), dep_buf, exec);
+  }
+  for (internal::Param p : t.params) {
+    p.producer = id(p.producer);
+    params.push_back(p);
+  }
+  slots.resize(t.slots.size());
+  for (size_t i = 0; i < t.slots.size(); ++i) {
+    const Slot& from = t.slots[i];
+    Slot& to = slots[i];
+    to.name.assign(from.name);
+    to.first = id(from.first);
+    to.last = id(from.last);
+    to.ops.clear();
+    for (OpId o : from.ops) to.ops.push_back(id(o));
+  }
+  for (OpId d : t.dw_ops) dw_ops.push_back(id(d));
+  return &t;
+}
+
 void ModelPlanner::Impl::RecordSlots(OpId begin, int blk) {
   for (OpId id = begin; id < g0.size(); ++id) {
     const Op& op = g0.op(id);

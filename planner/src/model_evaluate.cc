@@ -53,10 +53,10 @@ Deps ModelPlanner::Impl::EmitForward(const std::vector<Range>& ranges) {
 // Lancet's dW placement on g0 (its backward from `bwd_begin`): each slot's
 // AlltoAll time from g0 simulated, dW ops best-fit into the slots they are
 // independent of; `picks` per slot, and the placements for the plan.
-absl::Status ModelPlanner::Impl::PlaceDw(OpId bwd_begin, std::vector<std::vector<int>>* picks,
+absl::Status ModelPlanner::Impl::PlaceDw(const Reachability& reach, OpId shift,
+                                         std::vector<std::vector<int>>* picks,
                                          std::vector<DwPlacement>* placements) {
-  MOEPLAN_RETURN_IF_ERROR(simulator.Run(g0, &sim0));
-  reach.Compute(g0, bwd_begin);
+  MOEPLAN_RETURN_IF_ERROR(simulator.Schedule(g0, &sim0));
   std::vector<double> slot_us, dw_us;
   for (const Slot& s : slots) {
     slot_us.push_back(sim0.times[static_cast<size_t>(s.last)].end_us -
@@ -68,7 +68,7 @@ absl::Status ModelPlanner::Impl::PlaceDw(OpId bwd_begin, std::vector<std::vector
     const Slot& slot = slots[static_cast<size_t>(s)];
     if (dw >= slot.first) return false;  // only delayed, never hoisted
     for (OpId o : slot.ops) {
-      if (!reach.Independent(dw, o)) return false;
+      if (!reach.Independent(dw - shift, o - shift)) return false;
     }
     return true;
   });
@@ -86,21 +86,37 @@ absl::Status ModelPlanner::Impl::PlaceDw(OpId bwd_begin, std::vector<std::vector
 }
 
 // Issue order: natural, with placed dW ops moved right after their AlltoAll.
-std::vector<OpId> ModelPlanner::Impl::IssueOrder(const std::vector<std::vector<int>>& picks) const {
+std::vector<OpId> ModelPlanner::Impl::IssueOrder(const std::vector<std::vector<int>>& picks) {
   std::vector<OpId> order;
   order.reserve(static_cast<size_t>(g0.size()));
-  std::vector<std::vector<OpId>> after(static_cast<size_t>(g0.size()));
-  std::vector<bool> moved(static_cast<size_t>(g0.size()), false);
+  // after_[v]: the dW ops issued right after v (a list through after_next_,
+  // in pick order); moved_: those ops' own places, skipped.
+  after_first_.assign(static_cast<size_t>(g0.size()), -1);
+  after_last_.assign(static_cast<size_t>(g0.size()), -1);
+  moved_.assign(static_cast<size_t>(g0.size()), 0);
+  after_op_.clear();
+  after_next_.clear();
   for (size_t s = 0; s < picks.size(); ++s) {
+    const size_t at = static_cast<size_t>(slots[s].last);
     for (int d : picks[s]) {
       const OpId dw = dw_ops[static_cast<size_t>(d)];
-      moved[static_cast<size_t>(dw)] = true;
-      after[static_cast<size_t>(slots[s].last)].push_back(dw);
+      moved_[static_cast<size_t>(dw)] = 1;
+      const int node = static_cast<int>(after_op_.size());
+      after_op_.push_back(dw);
+      after_next_.push_back(-1);
+      if (after_last_[at] < 0) {
+        after_first_[at] = node;
+      } else {
+        after_next_[static_cast<size_t>(after_last_[at])] = node;
+      }
+      after_last_[at] = node;
     }
   }
   for (OpId v = 0; v < g0.size(); ++v) {
-    if (!moved[static_cast<size_t>(v)]) order.push_back(v);
-    for (OpId dw : after[static_cast<size_t>(v)]) order.push_back(dw);
+    if (!moved_[static_cast<size_t>(v)]) order.push_back(v);
+    for (int n = after_first_[static_cast<size_t>(v)]; n >= 0; n = after_next_[static_cast<size_t>(n)]) {
+      order.push_back(after_op_[static_cast<size_t>(n)]);
+    }
   }
   return order;
 }
@@ -117,8 +133,6 @@ absl::Status ModelPlanner::Impl::Evaluate(const std::vector<Range>& ranges, bool
   ResetPieces();
   const Deps x = EmitForward(ranges);
   const OpId bwd_begin = g0.size();
-  EmitBackward(x, schedule_dw);
-
   built->partitions.clear();
   for (size_t i = 0; i < ranges.size(); ++i) {
     if (ranges[i].k == 1) continue;
@@ -126,13 +140,37 @@ absl::Status ModelPlanner::Impl::Evaluate(const std::vector<Range>& ranges, bool
                                  NameWithoutPart(g0.op(range_last[i])), ranges[i].k,
                                  ranges[i].us});
   }
-  std::vector<std::vector<int>> picks;
   built->dw.clear();
+  if (!schedule_dw && x.b == kNoOp) {
+    // Issued in the natural order: the graph Finalize would copy g0 into,
+    // built in place.
+    const internal::BackwardOps& t = BackwardTemplate(false);
+    if (!t.forward_param) {
+      CopyBackwardWithBuckets(x, t);
+      std::swap(g0, final_graph);
+      FinishFinal();
+      return simulator.Schedule(final_graph, &final_sim);
+    }
+  }
+  internal::BackwardOps* bwd = CopyBackward(x, schedule_dw);
+  std::vector<std::vector<int>> picks;
   if (schedule_dw && !slots.empty() && !dw_ops.empty()) {
-    MOEPLAN_RETURN_IF_ERROR(PlaceDw(bwd_begin, &picks, &built->dw));
+    if (bwd == nullptr) {
+      reach_of = {-1, -1};
+      reach.Compute(g0, bwd_begin);
+      MOEPLAN_RETURN_IF_ERROR(PlaceDw(reach, 0, &picks, &built->dw));
+    } else {
+      // The template's ops from 1 are g0's from bwd_begin: its reachability
+      // serves every graph it is copied into (dw, then lancet).
+      const int64_t which = bwd == &bwd_ops[1] ? 1 : 0;
+      if (reach_of[0] != which || reach_of[1] != bwd->build) reach.Compute(bwd->graph, 1);
+      reach_of = {which, bwd->build};
+      MOEPLAN_RETURN_IF_ERROR(PlaceDw(reach, bwd_begin - 1, &picks, &built->dw));
+    }
   }
   MOEPLAN_RETURN_IF_ERROR(Finalize(IssueOrder(picks)));
-  return simulator.Run(final_graph, &final_sim);
+  // The schedule alone: VariantSearch completes (Simulator::Details) the one it keeps.
+  return simulator.Schedule(final_graph, &final_sim);
 }
 
 // A lower bound on any variant's forward and backward of this schedule and
@@ -160,6 +198,29 @@ void ModelPlanner::Impl::PhaseBound(double (&busy)[2][kNumResources]) {
       if (op.resources & (1u << r)) busy[op.phase == F ? 0 : 1][r] += op.cost_us;
     }
   }
+}
+
+// The gathers ZeroGather adds to each block's forward and backward (the
+// blocks of the kLn1 units: EmitRange gathers before each, the backward
+// before each block it walks) under ZeRO 3, summed per phase and resource.
+void ModelPlanner::Impl::GatherBound(double (&busy)[2][kNumResources]) {
+  for (auto& phase : busy) std::fill(std::begin(phase), std::end(phase), 0.0);
+  const int zero = st.zero_stage;
+  st.zero_stage = 3;
+  for (const Unit& u : units) {
+    if (u.kind != internal::UnitKind::kLn1) continue;
+    for (Phase ph : {F, B}) {
+      scratch.Clear();
+      ZeroGather(&scratch, u.block, ph);
+      for (OpId id = 0; id < scratch.size(); ++id) {
+        const Op& op = scratch.op(id);
+        for (int r = 0; r < kNumResources; ++r) {
+          if (op.resources & (1u << r)) busy[ph == F ? 0 : 1][r] += op.cost_us;
+        }
+      }
+    }
+  }
+  st.zero_stage = zero;
 }
 
 // What Finalize's buckets cost at least, per resource, by ZeRO class (0;
@@ -200,42 +261,38 @@ void ModelPlanner::Impl::SyncBound(std::array<std::array<double, kNumResources>,
 
 namespace {
 
-// A DDP gradient bucket of one group (dense over DP, expert over its replicas).
-struct Bucket {
-  double bytes = 0.0;
-  int left = 0;
-  bool expert = false;
-  int index = 0;  // within its group
-  std::vector<OpId> deps;
-};
-
 // The buckets of `bucket_bytes` per group, in the order gradients are
-// produced (reverse layer order), and each parameter's bucket.
-std::vector<Bucket> MakeBuckets(const std::vector<internal::Param>& params, int64_t bucket_bytes,
-                                std::vector<int>* bucket_of) {
-  std::vector<Bucket> buckets;
+// produced (reverse layer order), and each parameter's bucket (reusing the
+// vectors' storage).
+void MakeBuckets(const std::vector<internal::Param>& params, int64_t bucket_bytes,
+                 std::vector<internal::Bucket>* buckets, std::vector<int>* bucket_of) {
+  size_t n = 0;
   bucket_of->assign(params.size(), 0);
   int open[2] = {-1, -1};
   int count[2] = {0, 0};
   for (size_t i = 0; i < params.size(); ++i) {
     const int grp = params[i].expert ? 1 : 0;
     if (open[grp] < 0 ||
-        buckets[static_cast<size_t>(open[grp])].bytes >= static_cast<double>(bucket_bytes)) {
-      buckets.push_back({});
-      buckets.back().expert = params[i].expert;
-      buckets.back().index = count[grp]++;
-      open[grp] = static_cast<int>(buckets.size()) - 1;
+        (*buckets)[static_cast<size_t>(open[grp])].bytes >= static_cast<double>(bucket_bytes)) {
+      if (n == buckets->size()) buckets->emplace_back();
+      internal::Bucket& bk = (*buckets)[n];
+      bk.bytes = 0.0;
+      bk.left = 0;
+      bk.expert = params[i].expert;
+      bk.index = count[grp]++;
+      bk.deps.clear();
+      open[grp] = static_cast<int>(n++);
     }
     (*bucket_of)[i] = open[grp];
-    buckets[static_cast<size_t>(open[grp])].bytes += params[i].bytes;
-    buckets[static_cast<size_t>(open[grp])].left += 1;
+    (*buckets)[static_cast<size_t>(open[grp])].bytes += params[i].bytes;
+    (*buckets)[static_cast<size_t>(open[grp])].left += 1;
   }
-  return buckets;
+  buckets->resize(n);
 }
 
 // A bucket's collective `c` over its group: the op (costed in context) and
 // what it computes.
-std::pair<Op, OpExec> SyncOp(const ModelPlanner::Impl& s, const Bucket& bk,
+std::pair<Op, OpExec> SyncOp(const ModelPlanner::Impl& s, const internal::Bucket& bk,
                                     std::string_view base, Collective c) {
   const GroupShape shape = bk.expert ? s.edp_shape : s.dp_shape;
   // AllReduce: n is the bucket; ReduceScatter / AllGather: a rank's shard.
@@ -269,14 +326,20 @@ absl::Status ModelPlanner::Impl::Finalize(const std::vector<OpId>& order) {
   final_graph.Clear();
   final_graph.Reserve(g0.size() + 64, g0.size() * 2);
   final_graph.CopyTables(g0);
-  std::vector<int> bucket_of;
-  std::vector<Bucket> buckets = MakeBuckets(params, opt.bucket_bytes, &bucket_of);
-  absl::flat_hash_map<OpId, std::vector<int>> params_of;
-  for (size_t i = 0; i < params.size(); ++i) {
-    params_of[params[i].producer].push_back(static_cast<int>(i));
+  std::vector<internal::Bucket>& buckets = buckets_;
+  MakeBuckets(params, opt.bucket_bytes, &buckets, &bucket_of_);
+  // Each op's parameters, in order: a list through param_next_ from param_first_.
+  param_first_.assign(static_cast<size_t>(g0.size()), -1);
+  param_next_.assign(params.size(), -1);
+  for (size_t i = params.size(); i-- > 0;) {
+    const OpId p = params[i].producer;
+    if (p < 0 || p >= g0.size()) continue;
+    param_next_[i] = param_first_[static_cast<size_t>(p)];
+    param_first_[static_cast<size_t>(p)] = static_cast<int>(i);
   }
   const bool sharded = st.zero_stage >= 1;
-  std::vector<OpId> new_id(static_cast<size_t>(g0.size()), kNoOp);
+  std::vector<OpId>& new_id = new_id_;
+  new_id.assign(static_cast<size_t>(g0.size()), kNoOp);
   for (OpId v : order) {
     dep_buf.clear();
     for (OpId d : g0.deps(v)) {
@@ -288,10 +351,9 @@ absl::Status ModelPlanner::Impl::Finalize(const std::vector<OpId>& order) {
     }
     const OpId id = final_graph.Add(g0.op(v), dep_buf, g0.exec(v));
     new_id[static_cast<size_t>(v)] = id;
-    auto it = params_of.find(v);
-    if (it == params_of.end()) continue;
-    for (int pi : it->second) {
-      Bucket& bk = buckets[static_cast<size_t>(bucket_of[static_cast<size_t>(pi)])];
+    for (int pi = param_first_[static_cast<size_t>(v)]; pi >= 0;
+         pi = param_next_[static_cast<size_t>(pi)]) {
+      internal::Bucket& bk = buckets[static_cast<size_t>(bucket_of_[static_cast<size_t>(pi)])];
       bk.deps.push_back(id);
       if (--bk.left > 0) continue;
       if ((bk.expert ? edp_shape : dp_shape).ranks <= 1) continue;
@@ -305,9 +367,14 @@ absl::Status ModelPlanner::Impl::Finalize(const std::vector<OpId>& order) {
       final_graph.Add(op, bk.deps, exec);
     }
   }
-  const OpId step_id = AddOptimizerStep(sharded);
+  FinishFinal();
+  return absl::OkStatus();
+}
+
+void ModelPlanner::Impl::FinishFinal() {
+  const OpId step_id = AddOptimizerStep(st.zero_stage >= 1);
   if (st.zero_stage == 1 || st.zero_stage == 2) {
-    for (const Bucket& bk : buckets) {
+    for (const internal::Bucket& bk : buckets_) {
       if ((bk.expert ? edp_shape : dp_shape).ranks <= 1) continue;
       const auto [op, exec] = SyncOp(
           *this, bk, bk.expert ? "optimizer.expert_param_allgather" : "optimizer.param_allgather",
@@ -315,14 +382,53 @@ absl::Status ModelPlanner::Impl::Finalize(const std::vector<OpId>& order) {
       final_graph.Add(op, {step_id}, exec);
     }
   }
-  return absl::OkStatus();
+}
+
+// Finalize's loop over g0's ops in the natural order, the forward's taken
+// as they are (no parameter is the forward's) and the backward's copied
+// from the template.
+void ModelPlanner::Impl::CopyBackwardWithBuckets(Deps x, const internal::BackwardOps& t) {
+  const OpGraph& tg = t.graph;
+  std::vector<internal::Bucket>& buckets = buckets_;
+  MakeBuckets(t.params, opt.bucket_bytes, &buckets, &bucket_of_);
+  const bool sharded = st.zero_stage >= 1;
+  layer_map.assign(1, 0);
+  for (const ExecLayer& l : tg.layers()) layer_map.push_back(g0.AddLayer(l));
+  for (const BufAlias& a : tg.aliases()) g0.Alias(a);
+  new_id_.assign(static_cast<size_t>(tg.size()), kNoOp);
+  new_id_[0] = x.a;
+  g0.Reserve(g0.size() + tg.size() + 64, 0);
+  for (OpId v = 1; v < tg.size(); ++v) {
+    dep_buf.clear();
+    for (OpId d : tg.deps(v)) dep_buf.push_back(new_id_[static_cast<size_t>(d)]);
+    OpExec exec = tg.exec(v);
+    exec.layer = layer_map[static_cast<size_t>(exec.layer)];
+    const OpId id = g0.Add(tg.op(v), dep_buf, exec);
+    new_id_[static_cast<size_t>(v)] = id;
+    for (int pi = t.param_first[static_cast<size_t>(v)]; pi >= 0;
+         pi = t.param_next[static_cast<size_t>(pi)]) {
+      internal::Bucket& bk = buckets[static_cast<size_t>(bucket_of_[static_cast<size_t>(pi)])];
+      bk.deps.push_back(id);
+      if (--bk.left > 0) continue;
+      if ((bk.expert ? edp_shape : dp_shape).ranks <= 1) continue;
+      const auto [op, exec] =
+          sharded
+              ? SyncOp(*this, bk,
+                       bk.expert ? "bwd.expert_grad_reducescatter" : "bwd.grad_reducescatter",
+                       Collective::kReduceScatter)
+              : SyncOp(*this, bk, bk.expert ? "bwd.expert_grad_allreduce" : "bwd.grad_allreduce",
+                       Collective::kAllReduce);
+      g0.Add(op, bk.deps, exec);
+    }
+  }
 }
 
 // The optimizer waits for every sink of final_graph (gradients, buckets, side branches).
 OpId ModelPlanner::Impl::AddOptimizerStep(bool sharded) {
-  std::vector<bool> consumed(static_cast<size_t>(final_graph.size()), false);
+  std::vector<uint8_t>& consumed = consumed_;
+  consumed.assign(static_cast<size_t>(final_graph.size()), 0);
   for (OpId v = 0; v < final_graph.size(); ++v) {
-    for (OpId d : final_graph.deps(v)) consumed[static_cast<size_t>(d)] = true;
+    for (OpId d : final_graph.deps(v)) consumed[static_cast<size_t>(d)] = 1;
   }
   dep_buf.clear();
   for (OpId v = 0; v < final_graph.size(); ++v) {

@@ -279,21 +279,21 @@ void ModelPlanner::Impl::AppendInputs(const Unit& u, int range_begin, int p, boo
 // for every piece before the next op ("stages in order, pieces in index
 // order within a stage"), piece p depending on piece p of its inputs.
 // `standalone`: inputs outside the range are ready at 0 (the DP's P).
-void ModelPlanner::Impl::EmitRange(int u0, int u1, int k, OpGraph* g, bool standalone) {
-  LayerConfig piece_layer;
+void ModelPlanner::Impl::EmitRange(int u0, int u1, int k, OpGraph* g, bool standalone,
+                                   std::vector<OpId>* unit_ends) {
   for (int j = u0; j < u1; ++j) {
     const Unit& u = units[static_cast<size_t>(j)];
     const Deps gather = u.kind == UnitKind::kLn1 ? ZeroGather(g, u.block, F) : Deps{};
-    scratch.Clear();
-    Builder sb(cost, &scratch);
-    const Deps lf = BuildUnit(u, k, sb, Deps{}, &piece_layer);
-    const int n = scratch.size();
+    const internal::UnitOps& ops = UnitTemplate(u, k);
+    const OpGraph& tmpl = ops.graph;
+    const Deps lf = ops.out;
+    const int n = tmpl.size();
     map.assign(static_cast<size_t>(n) * k, kNoOp);
     piece_begin[static_cast<size_t>(j)] = static_cast<int>(piece_out.size());
     piece_k[static_cast<size_t>(j)] = k;
     const bool moe = IsRoutedUnit(u.kind);
     if (moe) {
-      for (BufAlias a : scratch.aliases()) {
+      for (BufAlias a : tmpl.aliases()) {
         a.block = u.block;
         g->Alias(a);
       }
@@ -306,11 +306,11 @@ void ModelPlanner::Impl::EmitRange(int u0, int u1, int k, OpGraph* g, bool stand
           g->AddLayer({u.block, static_cast<int16_t>(k > 1 ? p : -1), Tokens(k)});
     }
     for (int l = 0; l < n; ++l) {
-      Op op = scratch.op(l);
+      Op op = tmpl.op(l);
       op.block = u.block;
       if (IsMoeUnit(u.kind)) op.flags |= kMoeScope;
-      OpExec exec = scratch.exec(l);
-      const auto local = scratch.deps(l);
+      OpExec exec = tmpl.exec(l);
+      const auto local = tmpl.deps(l);
       for (int p = 0; p < k; ++p) {
         if (k > 1) op.part = static_cast<int16_t>(p);
         exec.layer = layer_of[static_cast<size_t>(p)];
@@ -329,7 +329,25 @@ void ModelPlanner::Impl::EmitRange(int u0, int u1, int k, OpGraph* g, bool stand
       auto at = [&](OpId lo) { return lo == kNoOp ? kNoOp : map[static_cast<size_t>(lo) * k + p]; };
       piece_out.push_back({at(lf.a), at(lf.b)});
     }
+    if (unit_ends != nullptr) unit_ends->push_back(g->size());
   }
+}
+
+// A unit's ops (BuildUnit) split k ways, built once per plan: they depend on
+// its kind, k and, for the routed experts, the schedule and algorithm, never
+// on its block (EmitRange stamps that).
+const internal::UnitOps& ModelPlanner::Impl::UnitTemplate(const Unit& u, int k) {
+  const uint64_t combo = internal::IsRoutedUnit(u.kind)
+                             ? 1 + static_cast<uint64_t>(sched) * 4 + static_cast<uint64_t>(algo)
+                             : 0;
+  const uint64_t key = static_cast<uint64_t>(u.kind) | static_cast<uint64_t>(k) << 8 | combo << 24;
+  auto [it, fresh] = unit_ops.try_emplace(key);
+  if (fresh) {
+    Builder sb(cost, &it->second.graph);
+    LayerConfig piece_layer;
+    it->second.out = BuildUnit(u, k, sb, Deps{}, &piece_layer);
+  }
+  return it->second;
 }
 
 void ModelPlanner::Impl::ResetPieces() {

@@ -1,7 +1,10 @@
 // Lancet's operator partition (segments of equal time between MoE layers,
 // range costs simulated alone and cached), Tutel's ranges and the AlltoAll
 // crossover of the model planner (model_planner_internal.h).
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <limits>
 #include <vector>
 
 #include "absl/hash/hash.h"
@@ -79,44 +82,132 @@ void ModelPlanner::Impl::BuildBounds() {
   }
 }
 
-// P(i, j, k) of segments [i, j): the range simulated alone, split k ways;
-// < 0 where k is not allowed. Cached by the range's structure.
-double ModelPlanner::Impl::RangeCost(int i, int j, int k) {
-  const int u0 = bounds[static_cast<size_t>(i)], u1 = bounds[static_cast<size_t>(j)];
-  bool moe = false;
-  if (k > 1) {
-    if (k > Tokens(1)) return -1.0;
-    for (int u = u0; u < u1; ++u) {
-      const UnitKind kind = units[static_cast<size_t>(u)].kind;
-      if (IsAttention(kind) && k > m->micro_batch_size) return -1.0;
-      if (kind == UnitKind::kMoeRoute && m->moe.gate == Gate::kBatchPrioritized) return -1.0;
-    }
-  }
-  key_buf.clear();
+// Whether units [u0, u1) may be split k ways: k no more than the tokens,
+// attention no more ways than sequences, no batch-prioritized gate.
+bool ModelPlanner::Impl::RangeAllowed(int u0, int u1, int k) const {
+  if (k <= 1) return true;
+  if (k > Tokens(1)) return false;
   for (int u = u0; u < u1; ++u) {
+    const UnitKind kind = units[static_cast<size_t>(u)].kind;
+    if (IsAttention(kind) && k > m->micro_batch_size) return false;
+    if (kind == UnitKind::kMoeRoute && m->moe.gate == Gate::kBatchPrioritized) return false;
+  }
+  return true;
+}
+
+// P(i, j, k) of segments [i, j): the range simulated alone (inputs from
+// before it ready at 0), split k ways; < 0 where k is not allowed. Cached by
+// the range's structure (each unit's kind and inputs relative to the range's
+// first), k, the pair where it holds MoE units, and the context.
+//
+// The DP asks for every j of each (i, k) (j - i up to its span): RangeCosts
+// answers them together into cost_table. A range's graph is the first ops of
+// a longer one from the same unit (EmitRange emits unit by unit), and the
+// simulation is causal in issue order, so P(i, j, k) is the latest end among
+// the first ops of the graph of the longest range missing from the cache:
+// one graph simulated per (i, k), not one per range.
+void ModelPlanner::Impl::RangeCosts(int i, int k, double* out) {
+  const int nseg = static_cast<int>(bounds.size()) - 1;
+  const int u0 = bounds[static_cast<size_t>(i)];
+  const int last = std::min(nseg, i + std::max(1, max_span));
+  // The whole answer is keyed too, by the structure of its units and where
+  // its segments end: repeated blocks ask the same questions.
+  key_buf.clear();
+  bool any_moe = false;
+  for (int u = u0; u < bounds[static_cast<size_t>(last)]; ++u) {
     const Unit& un = units[static_cast<size_t>(u)];
-    moe = moe || IsMoeUnit(un.kind);
+    any_moe = any_moe || IsMoeUnit(un.kind);
     key_buf.push_back(static_cast<uint32_t>(un.kind) |
                       static_cast<uint32_t>(un.in_a >= u0 ? u - un.in_a : 0) << 8 |
                       static_cast<uint32_t>(un.in_b >= u0 ? u - un.in_b : 0) << 20);
   }
-  const uint64_t key =
-      absl::HashOf(absl::MakeSpan(key_buf), k, moe ? combo_salt : 0, context_salt);
-  if (auto it = p_cache.find(key); it != p_cache.end()) return it->second;
+  for (int j = i + 1; j <= last; ++j) {
+    key_buf.push_back(static_cast<uint32_t>(bounds[static_cast<size_t>(j)] - u0));
+  }
+  const uint64_t family = absl::HashOf(absl::MakeConstSpan(key_buf), last - i, k,
+                                       any_moe ? combo_salt : 0, context_salt);
+  if (auto it = family_cache.find(family); it != family_cache.end()) {
+    std::copy_n(family_costs.begin() + static_cast<ptrdiff_t>(it->second), last - i, out);
+    return;
+  }
+  RangeCostsOf(i, k, last, out);
+  family_cache.emplace(family, family_costs.size());
+  family_costs.insert(family_costs.end(), out, out + (last - i));
+}
+
+// RangeCosts' answer for segments i to `last`, range by range from the cache
+// or simulated.
+void ModelPlanner::Impl::RangeCostsOf(int i, int k, int last, double* out) {
+  const int u0 = bounds[static_cast<size_t>(i)];
+  int allowed = last;  // the longest allowed (allowed is monotone in j)
+  while (allowed > i && !RangeAllowed(u0, bounds[static_cast<size_t>(allowed)], k)) --allowed;
+  // Each range's key: the hash of its prefix of the structure.
+  key_buf.clear();
+  range_keys.clear();
+  bool moe = false;
+  int missing = i;  // the longest range not cached
+  for (int j = i + 1; j <= last; ++j) {
+    const int u1 = bounds[static_cast<size_t>(j)];
+    out[j - i - 1] = -1.0;
+    if (j > allowed) continue;
+    for (int u = u0 + static_cast<int>(key_buf.size()); u < u1; ++u) {
+      const Unit& un = units[static_cast<size_t>(u)];
+      moe = moe || IsMoeUnit(un.kind);
+      key_buf.push_back(static_cast<uint32_t>(un.kind) |
+                        static_cast<uint32_t>(un.in_a >= u0 ? u - un.in_a : 0) << 8 |
+                        static_cast<uint32_t>(un.in_b >= u0 ? u - un.in_b : 0) << 20);
+    }
+    const uint64_t key = absl::HashOf(absl::MakeConstSpan(key_buf), k, moe ? combo_salt : 0,
+                                      context_salt);
+    range_keys.push_back(key);
+    if (auto it = p_cache.find(key); it != p_cache.end()) {
+      out[j - i - 1] = it->second;
+    } else {
+      missing = j;
+    }
+  }
+  if (missing == i) return;
+  const int u_end = bounds[static_cast<size_t>(missing)];
+  range_graph.Clear();
+  unit_end.clear();
+  EmitRange(u0, u_end, k, &range_graph, true, &unit_end);
+  const bool ok = simulator.Schedule(range_graph, &range_sim).ok();
+  double makespan = 0.0;
+  OpId v = 0;
+  for (int j = i + 1; j <= missing; ++j) {
+    const int u1 = bounds[static_cast<size_t>(j)];
+    for (const OpId end = unit_end[static_cast<size_t>(u1 - u0 - 1)]; ok && v < end; ++v) {
+      const double e = range_sim.times[static_cast<size_t>(v)].end_us;
+      if (v == 0 || e > makespan) makespan = e;
+    }
+    double& p = out[j - i - 1];
+    if (p >= 0.0) continue;  // cached
+    if (!ok) p = SingleRangeCost(u0, u1, k);  // the graph that fails, found alone
+    if (ok) p = makespan;
+    p_cache.emplace(range_keys[static_cast<size_t>(j - i - 1)], p);
+  }
+}
+
+// P of units [u0, u1) split k ways from its own graph (kInf when it does not simulate).
+double ModelPlanner::Impl::SingleRangeCost(int u0, int u1, int k) {
   range_graph.Clear();
   EmitRange(u0, u1, k, &range_graph, true);
-  double us = kInf;
-  if (simulator.Run(range_graph, &range_sim).ok()) us = range_sim.makespan_us;
-  p_cache.emplace(key, us);
-  return us;
+  return simulator.Schedule(range_graph, &range_sim).ok() ? range_sim.makespan_us : kInf;
 }
 
 std::vector<Range> ModelPlanner::Impl::PartitionRanges() {
   ResetPieces();
   const int nseg = static_cast<int>(bounds.size()) - 1;
+  const int span = std::max(1, max_span), kmax = opt.max_partitions;
+  // cost_table[(i * kmax + k - 1) * span + j - i - 1]; NaN: not asked yet.
+  cost_table.assign(static_cast<size_t>(nseg) * kmax * span,
+                    std::numeric_limits<double>::quiet_NaN());
   const std::vector<PartitionChoice> dp =
-      PartitionDp(nseg, max_span, opt.max_partitions,
-                  [&](int i, int j, int k) { return RangeCost(i, j, k); });
+      PartitionDp(nseg, max_span, kmax, [&](int i, int j, int k) {
+        double* row = cost_table.data() + (static_cast<size_t>(i) * kmax + k - 1) * span;
+        if (std::isnan(row[0])) RangeCosts(i, k, row);
+        return row[j - i - 1];
+      });
   std::vector<Range> out;
   for (const PartitionChoice& c : dp) {
     out.push_back(

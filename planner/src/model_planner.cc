@@ -148,13 +148,19 @@ void ModelPlanner::Impl::Configure(const ModelConfig& model, const ModelPlanOpti
   // that stages planned one after another (the layout search) share them.
   // The whole model (model.h's AbslHashValue names every field); of the
   // stage, what its ranges read beyond their units (the units themselves are
-  // RangeCost's key): dispatch, ZeRO-3's gathers and the two groups' shapes.
+  // RangeCosts' key): dispatch, ZeRO-3's gathers and the two groups' shapes.
   // The block range, embed and head change which units exist, not their costs.
   [[maybe_unused]] const auto& [first, end, embed, head, local_dispatch, expert_replicas,
                                 zero_stage, dense_group_stride] = stage;
   context_salt = absl::HashOf(model, local_dispatch, zero_stage == 3, dp_shape.ranks,
                               dp_shape.nodes, edp_shape.ranks, edp_shape.nodes, &cost);
-  if (p_cache.size() > (1u << 18)) p_cache.clear();
+  if (p_cache.size() > (1u << 18) || family_costs.size() > (1u << 21)) {
+    p_cache.clear();
+    family_cache.clear();
+    family_costs.clear();
+  }
+  unit_ops.clear();
+  ++plan_count;
 }
 
 ModelPlanner::ModelPlanner(const CostModel& cost) : impl_(std::make_unique<Impl>(cost)) {}
@@ -251,115 +257,65 @@ void ComputeBound(ModelPlanner::Impl& s, std::span<const Schedule> schedules,
   bound->fwd_us = bound->bwd_us = kInf;
   bound->fwd_res.fill(kInf);
   bound->bwd_res.fill(kInf);
-  double busy[2][kNumResources];
+  bound->zero3_fwd_us = kInf;
+  double busy[2][kNumResources], gathers[2][kNumResources];
+  std::vector<std::array<double, kNumResources>> bwd_busy;  // per pair
+  s.GatherBound(gathers);
+  for (size_t r = 0; r < kNumResources; ++r) {
+    bound->zero3_fwd_res[r] = gathers[0][r];
+    bound->zero3_bwd_res[r] = gathers[1][r];
+  }
   for (Schedule sc : schedules) {
     for (AllToAllAlgo a : algos) {
       s.sched = sc;
       s.algo = a;
       s.PhaseBound(busy);
       bound->fwd_us = std::min(bound->fwd_us, *std::max_element(busy[0], busy[0] + kNumResources));
+      double fwd3 = 0.0;
+      for (size_t r = 0; r < kNumResources; ++r) fwd3 = std::max(fwd3, busy[0][r] + gathers[0][r]);
+      bound->zero3_fwd_us = std::min(bound->zero3_fwd_us, fwd3);
       bound->bwd_us = std::min(bound->bwd_us, *std::max_element(busy[1], busy[1] + kNumResources));
+      bwd_busy.emplace_back();
       for (size_t r = 0; r < kNumResources; ++r) {
         bound->fwd_res[r] = std::min(bound->fwd_res[r], busy[0][r]);
         bound->bwd_res[r] = std::min(bound->bwd_res[r], busy[1][r]);
+        bwd_busy.back()[r] = busy[1][r];
       }
     }
   }
   bound->optimizer_us = s.OptimizerStepUs(false);
   bound->sharded_optimizer_us = s.OptimizerStepUs(true);
   s.SyncBound(&bound->sync_res);
+  // ZeRO 2-3's ReduceScatters descend from the loss like the backward and
+  // end it (LayoutPlanner's chunk times): the backward holds them too.
+  bound->rs_res = bound->sync_res[2];
+  bound->rs_bwd_us = kInf;
+  for (const auto& b : bwd_busy) {
+    double bwd = 0.0;
+    for (size_t r = 0; r < kNumResources; ++r) bwd = std::max(bwd, b[r] + bound->rs_res[r]);
+    bound->rs_bwd_us = std::min(bound->rs_bwd_us, bwd);
+  }
   bound->sync_res[0][0] += bound->optimizer_us;
   bound->sync_res[1][0] += bound->sharded_optimizer_us;
   bound->sync_res[2][0] += bound->sharded_optimizer_us;
 }
 
-// One variant planned with every (schedule, algorithm): its fastest kept in
-// `vp`, every pair's best time in vp->alternatives. `partitions` holds the
-// partition DP's ranges per (schedule, algorithm), shared by partition and
-// lancet.
-class VariantSearch {
- public:
-  VariantSearch(ModelPlanner::Impl& s, const ModelPlanOptions& options,
-                absl::flat_hash_map<uint64_t, std::vector<Range>>& partitions)
-      : s_(s), options_(options), partitions_(partitions) {}
-
-  absl::Status Plan(std::span<const Schedule> schedules, std::span<const AllToAllAlgo> algos,
-                    VariantPlan* vp) {
-    vp_ = vp;
-    best_ = kInf;
-    for (Schedule sc : schedules) {
-      for (AllToAllAlgo a : algos) {
-        // S2's AlltoAlls are the SAA's pairwise steps: no algorithm to choose.
-        if (sc == Schedule::kS2 && a == AllToAllAlgo::kHierarchical && algos.size() > 1) continue;
-        s_.sched = sc;
-        s_.algo = a;
-        s_.combo_salt = 1 + static_cast<uint64_t>(sc) * 4 + static_cast<uint64_t>(a);
-        alt_ = VariantAlternative{sc, a, 0, kInf};
-        MOEPLAN_RETURN_IF_ERROR(PlanPair());
-        vp->alternatives.push_back(alt_);
-      }
-    }
-    std::stable_sort(vp->alternatives.begin(), vp->alternatives.end(),
-                     [](const VariantAlternative& x, const VariantAlternative& y) {
-                       return x.iteration_us < y.iteration_us;
-                     });
-    return absl::OkStatus();
-  }
-
- private:
-  // The variant's ranges (and dW placement) for the current pair.
-  absl::Status PlanPair() {
-    switch (vp_->variant) {
-      case Variant::kNone:
-        return Consider(s_.WholeRanges(), false, 0);
-      case Variant::kTutel:
-        for (int r : options_.tutel_degrees) {
-          MOEPLAN_RETURN_IF_ERROR(Consider(s_.TutelRanges(r), false, r));
-        }
-        return absl::OkStatus();
-      case Variant::kDw:
-        return Consider(s_.WholeRanges(), true, 0);
-      case Variant::kPartition:
-      case Variant::kLancet: {
-        // Both variants split the same ranges: one DP per schedule and algorithm.
-        auto [it, fresh] = partitions_.try_emplace(s_.combo_salt);
-        if (fresh) it->second = s_.PartitionRanges();
-        return Consider(it->second, vp_->variant == Variant::kLancet, 0);
-      }
-    }
-    return absl::OkStatus();
-  }
-
-  absl::Status Consider(const std::vector<Range>& ranges, bool dw, int degree) {
-    MOEPLAN_RETURN_IF_ERROR(options_.deadline.Check("model plan"));
-    MOEPLAN_RETURN_IF_ERROR(s_.Evaluate(ranges, dw, &built_));
-    const double us = s_.final_sim.makespan_us;
-    if (us < alt_.iteration_us) {
-      alt_.iteration_us = us;
-      alt_.tutel_degree = degree;
-    }
-    if (us < best_) {
-      best_ = us;
-      vp_->schedule = s_.sched;
-      vp_->algo = s_.algo;
-      vp_->tutel_degree = degree;
-      vp_->graph = s_.final_graph;
-      vp_->sim = s_.final_sim;
-      vp_->layers = s_.Layers(ranges);
-      vp_->partitions = built_.partitions;
-      vp_->dw = built_.dw;
-    }
-    return absl::OkStatus();
-  }
-
-  ModelPlanner::Impl& s_;
-  const ModelPlanOptions& options_;
-  absl::flat_hash_map<uint64_t, std::vector<Range>>& partitions_;
-  ModelPlanner::Impl::Built built_;
-  VariantPlan* vp_ = nullptr;
-  VariantAlternative alt_;
-  double best_ = kInf;
-};
+// *vp as VariantPlan{}, keeping its vectors' capacity.
+void ResetVariantPlan(VariantPlan* vp) {
+  OpGraph graph = std::move(vp->graph);
+  std::vector<OpTime> times = std::move(vp->sim.times);
+  std::vector<OpId> path = std::move(vp->sim.critical_path);
+  std::vector<MoeLayerChoice> layers = std::move(vp->layers);
+  graph.Clear();
+  times.clear();
+  path.clear();
+  layers.clear();
+  *vp = VariantPlan{};
+  vp->graph = std::move(graph);
+  vp->sim.times = std::move(times);
+  vp->sim.critical_path = std::move(path);
+  vp->layers = std::move(layers);
+}
 
 }  // namespace
 
@@ -394,19 +350,17 @@ absl::Status ModelPlanner::Run(const ModelConfig& model, const ModelPlanOptions&
   }
   s.BuildBounds();
 
-  out->variants.clear();
+  // Each variant starts empty, on the storage of the last plan's (a planner
+  // reused by the layout search copies graphs of the same size into them).
   out->variants.resize(variants.size());
   out->moe_layers = model.NumMoeLayers();
   out->params_per_rank = s.ParamsPerRank();
   out->crossover = model.IsDense() ? AllToAllCrossover{} : s.Crossover();
-  absl::flat_hash_map<uint64_t, std::vector<Range>> partitions;
-  VariantSearch search(s, options, partitions);
   for (size_t vi = 0; vi < variants.size(); ++vi) {
-    VariantPlan& vp = out->variants[vi];
-    vp = VariantPlan{};
-    vp.variant = variants[vi];
-    MOEPLAN_RETURN_IF_ERROR(search.Plan(schedules, algos, &vp));
+    ResetVariantPlan(&out->variants[vi]);
+    out->variants[vi].variant = variants[vi];
   }
+  MOEPLAN_RETURN_IF_ERROR(PlanVariants(s, options, schedules, algos, out->variants));
   out->best = 0;
   for (size_t i = 1; i < out->variants.size(); ++i) {
     if (out->variants[i].iteration_us() <

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/node_hash_map.h"
 #include "graph_builder.h"
 #include "moeplan/planner/model_planner.h"
 #include "moeplan/planner/schedules.h"
@@ -110,6 +111,22 @@ struct Param {
   bool expert = false;
 };
 
+// A unit's ops split k ways, as BuildUnit builds them (the template
+// EmitRange copies per piece), and its outputs.
+struct UnitOps {
+  OpGraph graph;
+  Deps out;
+};
+
+// A DDP gradient bucket of one group (dense over DP, expert over its replicas).
+struct Bucket {
+  double bytes = 0.0;
+  int left = 0;
+  bool expert = false;
+  int index = 0;  // within its group
+  std::vector<OpId> deps;
+};
+
 // One backward AlltoAll (a linear collective, the ops of a hierarchical one,
 // or an SAA's steps): where dW ops may go.
 struct Slot {
@@ -117,6 +134,23 @@ struct Slot {
   OpId first = kNoOp;
   OpId last = kNoOp;
   std::vector<OpId> ops;
+};
+
+// The backward of one (schedule, algorithm, detach) as EmitBackward builds
+// it after a stand-in op 0 for the forward's last op, with its parameters,
+// slots and dW ops (ModelPlanner::Impl::CopyBackward).
+struct BackwardOps {
+  OpGraph graph;
+  std::vector<Param> params;
+  std::vector<Slot> slots;
+  std::vector<OpId> dw_ops;
+  int64_t plan = -1;  // the plan (ModelPlanner::Impl::plan_count) it was built for
+  uint64_t pair = 0;  // and the (schedule, algorithm)
+  int64_t build = 0;  // builds so far (ModelPlanner::Impl::reach_of)
+  // Each op's parameters: a list through param_next from param_first (by
+  // producer); forward_param: one is produced by op 0, the forward's.
+  std::vector<int> param_first, param_next;
+  bool forward_param = false;
 };
 
 // "bwd.ep_alltoall_combine.2dh_intra" -> "bwd.ep_alltoall_combine"; "bwd.saa_combine.alltoall" ->
@@ -206,7 +240,29 @@ struct ModelPlanner::Impl {
   std::vector<OpId> range_first, range_last;
   absl::flat_hash_map<uint64_t, double> p_cache;
   std::vector<uint32_t> key_buf;
+  // The partition DP's scratch: range_graph's size after each unit, the
+  // span's keys, its table of range costs.
+  std::vector<OpId> unit_end;
+  std::vector<uint64_t> range_keys;
+  std::vector<double> cost_table;
+  // RangeCosts' whole answers: offsets into family_costs (cleared with p_cache).
+  absl::flat_hash_map<uint64_t, size_t> family_cache;
+  std::vector<double> family_costs;
   Reachability reach;
+  // UnitTemplate's, per plan (Configure clears them).
+  absl::node_hash_map<uint64_t, internal::UnitOps> unit_ops;
+  // CopyBackward's without and with detached dW ops (each valid for the
+  // plan and pair it was built for), and its layer map. `reach` holds the
+  // reachability of template reach_of[0]'s build reach_of[1] (ops from 1).
+  std::array<internal::BackwardOps, 2> bwd_ops;
+  std::array<int64_t, 2> reach_of = {-1, -1};
+  int64_t plan_count = 0;  // plans configured so far
+  std::vector<int16_t> layer_map;
+  // Finalize's and IssueOrder's scratch.
+  std::vector<internal::Bucket> buckets_;
+  std::vector<int> bucket_of_, param_first_, param_next_, after_first_, after_last_, after_next_;
+  std::vector<OpId> new_id_, after_op_;
+  std::vector<uint8_t> consumed_, moved_;
 
   int64_t Tokens(int k) const { return (m->micro_batch_size * m->seq_length + k - 1) / k; }
   int64_t Seqs(int k) const { return (m->micro_batch_size + k - 1) / k; }
@@ -226,12 +282,24 @@ struct ModelPlanner::Impl {
   Deps ForwardGemm(Builder& b, std::string_view name, int64_t mm, int64_t nn, int64_t kk,
                    Deps x) const;
   void AppendInputs(const Unit& u, int range_begin, int p, bool standalone);
-  void EmitRange(int u0, int u1, int k, OpGraph* g, bool standalone);
+  // `unit_ends`, if given: g's size after each unit.
+  const internal::UnitOps& UnitTemplate(const Unit& u, int k);
+  void EmitRange(int u0, int u1, int k, OpGraph* g, bool standalone,
+                 std::vector<OpId>* unit_ends = nullptr);
   void ResetPieces();
   Deps ZeroGather(OpGraph* g, int block, Phase phase);
 
   // ---- Backward (model_backward.cc) ----
   void EmitBackward(Deps x, bool detach);
+  internal::BackwardOps& BackwardTemplate(bool detach);
+  internal::BackwardOps* CopyBackward(Deps x, bool detach);
+  // Without dW placement (the natural issue order): the backward template
+  // copied after forward op x with each bucket's collective right after its
+  // last gradient, as Finalize issues them (buckets_ left as Finalize's).
+  void CopyBackwardWithBuckets(Deps x, const internal::BackwardOps& t);
+  // Finalize's end: the optimizer step after every sink, then ZeRO 1-2's
+  // parameter gathers per bucket.
+  void FinishFinal();
   void RecordSlots(OpId begin, int blk);
 
   // ---- One whole graph (model_evaluate.cc) ----
@@ -241,10 +309,14 @@ struct ModelPlanner::Impl {
   };
   absl::Status Evaluate(const std::vector<Range>& ranges, bool schedule_dw, Built* built);
   Deps EmitForward(const std::vector<Range>& ranges);
-  absl::Status PlaceDw(OpId bwd_begin, std::vector<std::vector<int>>* picks,
+  // `reach`: the backward's reachability, its op 0 being g0's op `shift`.
+  absl::Status PlaceDw(const Reachability& reach, OpId shift, std::vector<std::vector<int>>* picks,
                        std::vector<DwPlacement>* placements);
-  std::vector<OpId> IssueOrder(const std::vector<std::vector<int>>& picks) const;
+  std::vector<OpId> IssueOrder(const std::vector<std::vector<int>>& picks);
   void PhaseBound(double (&busy)[2][kNumResources]);
+  // ZeRO-3's parameter gathers of the stage's blocks per phase and resource,
+  // whatever st.zero_stage is.
+  void GatherBound(double (&busy)[2][kNumResources]);
   void SyncBound(std::array<std::array<double, kNumResources>, 3>* out) const;
   absl::Status Finalize(const std::vector<OpId>& order);
   OpId AddOptimizerStep(bool sharded);
@@ -264,12 +336,23 @@ struct ModelPlanner::Impl {
 
   // ---- Operator partition (model_partition.cc) ----
   void BuildBounds();
-  double RangeCost(int i, int j, int k);
+  bool RangeAllowed(int u0, int u1, int k) const;
+  // P(i, j, k) for every j of the DP's span from segment i into out[j - i - 1].
+  void RangeCosts(int i, int k, double* out);
+  void RangeCostsOf(int i, int k, int last, double* out);
+  double SingleRangeCost(int u0, int u1, int k);
   std::vector<Range> PartitionRanges();
   std::vector<Range> WholeRanges() const;
   std::vector<Range> TutelRanges(int r) const;
   std::vector<MoeLayerChoice> Layers(const std::vector<Range>& ranges) const;
   AllToAllCrossover Crossover() const;
 };
+
+// Every variant of `vps` (each with its variant set) planned with every
+// (schedule, algorithm) pair: its fastest kept, every pair's best in its
+// alternatives, fastest first (model_variants.cc).
+absl::Status PlanVariants(ModelPlanner::Impl& s, const ModelPlanOptions& options,
+                          std::span<const Schedule> schedules, std::span<const AllToAllAlgo> algos,
+                          std::span<VariantPlan> vps);
 
 }  // namespace moeplan::planner

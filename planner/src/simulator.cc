@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "moeplan/base/status.h"
 #include "moeplan/base/strings.h"
 
 namespace moeplan::planner {
@@ -12,17 +13,22 @@ constexpr int kComputeIndex = 0;
 }  // namespace
 
 absl::Status Simulator::Run(const OpGraph& graph, SimResult* r) {
+  MOEPLAN_RETURN_IF_ERROR(Schedule(graph, r));
+  Details(graph, r);
+  return absl::OkStatus();
+}
+
+absl::Status Simulator::Schedule(const OpGraph& graph, SimResult* r) {
   const int n = graph.size();
-  r->times.assign(n, OpTime{});
+  r->times.resize(static_cast<size_t>(n));  // every entry is written below
   r->critical_path.clear();
   r->critical_term_us.fill(0.0);
   r->makespan_us = r->forward_end_us = 0.0;
+  r->compute_busy_us = r->comm_busy_us = r->hidden_comm_us = r->exposed_comm_us = 0.0;
   r->inter_node_bytes = 0;
-  for (auto& b : busy_) b.clear();
 
   free_at_.assign(kNumResources, 0.0);
   last_on_.assign(kNumResources, kNoOp);
-  OpId last_op = kNoOp;
 
   for (int v = 0; v < n; ++v) {
     const Op& op = graph.op(v);
@@ -63,20 +69,38 @@ absl::Status Simulator::Run(const OpGraph& graph, SimResult* r) {
       if (op.resources & (1u << res)) {
         free_at[res] = end;
         last_on[res] = v;
-        if (op.cost_us > 0.0 && op.device == 0) busy_[res].push_back({start, end});
       }
     }
     if (op.phase == Phase::kForward) r->forward_end_us = std::max(r->forward_end_us, end);
     r->inter_node_bytes += op.inter_node_bytes;
-    if (last_op == kNoOp || end > r->makespan_us) {
-      r->makespan_us = end;
+    if (v == 0 || end > r->makespan_us) r->makespan_us = end;
+  }
+  return absl::OkStatus();
+}
+
+void Simulator::Details(const OpGraph& graph, SimResult* r) {
+  // The op that ends last (the first of equals), and each resource's busy
+  // intervals on device 0 in issue order.
+  for (auto& b : busy_) b.clear();
+  OpId last_op = kNoOp;
+  double makespan = 0.0;
+  for (OpId v = 0; v < graph.size(); ++v) {
+    const Op& op = graph.op(v);
+    const OpTime& t = r->times[static_cast<size_t>(v)];
+    for (int res = 0; res < kNumResources; ++res) {
+      if ((op.resources & (1u << res)) && op.cost_us > 0.0 && op.device == 0) {
+        busy_[res].push_back({t.start_us, t.end_us});
+      }
+    }
+    if (last_op == kNoOp || t.end_us > makespan) {
+      makespan = t.end_us;
       last_op = v;
     }
   }
-
+  r->critical_path.clear();
+  r->critical_term_us.fill(0.0);
   TraceCriticalPath(graph, last_op, r);
   SumOverlap(r);
-  return absl::OkStatus();
 }
 
 // Critical path: follow binding predecessors back from the op that ends last.

@@ -171,6 +171,16 @@ class ModelPlanner {
     // 3), with the optimizer step on compute.
     std::array<double, kNumResources> fwd_res{}, bwd_res{};
     std::array<std::array<double, kNumResources>, 3> sync_res{};
+    // ZeRO 3 only: its per-block parameter gathers per micro-batch and
+    // resource (the forward's end by the forward's end; the backward's may
+    // run during the forward), and fwd_us with the forward's gathers.
+    std::array<double, kNumResources> zero3_fwd_res{}, zero3_bwd_res{};
+    double zero3_fwd_us = 0.0;
+    // ZeRO 2-3: the gradients' ReduceScatter per resource (sync_res[2] less
+    // the optimizer), which ends every micro-batch's backward, and bwd_us
+    // with it.
+    std::array<double, kNumResources> rs_res{};
+    double rs_bwd_us = 0.0;
   };
   absl::Status StageComputeBound(const ModelConfig& model, const ModelPlanOptions& options,
                                  const StageOptions& stage, StageBound* bound);

@@ -42,7 +42,14 @@ struct SimResult {
 class Simulator {
  public:
   // InternalError if an edge points forward in issue order (a builder bug).
+  // Schedule, then Details.
   absl::Status Run(const OpGraph& graph, SimResult* result);
+  // The schedule alone: times, makespan, forward end and inter-node bytes;
+  // no critical path or busy statistics (planners comparing makespans).
+  absl::Status Schedule(const OpGraph& graph, SimResult* result);
+  // Completes a Schedule of `graph` into what Run returns: the critical path
+  // and the busy, hidden and exposed communication, read from its times.
+  void Details(const OpGraph& graph, SimResult* result);
 
  private:
   // Run's passes after the schedule: the critical path back from `last_op`,
