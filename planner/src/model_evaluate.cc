@@ -114,7 +114,8 @@ std::vector<OpId> ModelPlanner::Impl::IssueOrder(const std::vector<std::vector<i
   }
   for (OpId v = 0; v < g0.size(); ++v) {
     if (!moved_[static_cast<size_t>(v)]) order.push_back(v);
-    for (int n = after_first_[static_cast<size_t>(v)]; n >= 0; n = after_next_[static_cast<size_t>(n)]) {
+    for (int n = after_first_[static_cast<size_t>(v)]; n >= 0;
+         n = after_next_[static_cast<size_t>(n)]) {
       order.push_back(after_op_[static_cast<size_t>(n)]);
     }
   }
@@ -137,8 +138,7 @@ absl::Status ModelPlanner::Impl::Evaluate(const std::vector<Range>& ranges, bool
   for (size_t i = 0; i < ranges.size(); ++i) {
     if (ranges[i].k == 1) continue;
     built->partitions.push_back({NameWithoutPart(g0.op(range_first[i])),
-                                 NameWithoutPart(g0.op(range_last[i])), ranges[i].k,
-                                 ranges[i].us});
+                                 NameWithoutPart(g0.op(range_last[i])), ranges[i].k, ranges[i].us});
   }
   built->dw.clear();
   if (!schedule_dw && x.b == kNoOp) {
@@ -242,15 +242,14 @@ void ModelPlanner::Impl::SyncBound(std::array<std::array<double, kNumResources>,
       // each bucket's (offset + scale x: below the sum over the buckets).
       const bool e = grp == 1;
       double us =
-          z == 0 ? cost.InContextUs(e ? "bwd.expert_grad_allreduce" : "bwd.grad_allreduce", mask,
-                                    cost.CollectiveUs(Collective::kAllReduce, shape, bytes[grp]))
-                 : cost.InContextUs(
-                       e ? "bwd.expert_grad_reducescatter" : "bwd.grad_reducescatter", mask,
-                       cost.CollectiveUs(Collective::kReduceScatter, shape, shard));
+          z == 0
+              ? cost.InContextUs(e ? "bwd.expert_grad_allreduce" : "bwd.grad_allreduce", mask,
+                                 cost.CollectiveUs(Collective::kAllReduce, shape, bytes[grp]))
+              : cost.InContextUs(e ? "bwd.expert_grad_reducescatter" : "bwd.grad_reducescatter",
+                                 mask, cost.CollectiveUs(Collective::kReduceScatter, shape, shard));
       if (z == 1) {
-        us +=
-            cost.InContextUs(e ? "optimizer.expert_param_allgather" : "optimizer.param_allgather",
-                             mask, cost.CollectiveUs(Collective::kAllGather, shape, shard));
+        us += cost.InContextUs(e ? "optimizer.expert_param_allgather" : "optimizer.param_allgather",
+                               mask, cost.CollectiveUs(Collective::kAllGather, shape, shard));
       }
       for (int r = 0; r < kNumResources; ++r) {
         if (mask & (1u << r)) a[static_cast<size_t>(r)] += us;
@@ -293,7 +292,7 @@ void MakeBuckets(const std::vector<internal::Param>& params, int64_t bucket_byte
 // A bucket's collective `c` over its group: the op (costed in context) and
 // what it computes.
 std::pair<Op, OpExec> SyncOp(const ModelPlanner::Impl& s, const internal::Bucket& bk,
-                                    std::string_view base, Collective c) {
+                             std::string_view base, Collective c) {
   const GroupShape shape = bk.expert ? s.edp_shape : s.dp_shape;
   // AllReduce: n is the bucket; ReduceScatter / AllGather: a rank's shard.
   const double n = c == Collective::kAllReduce ? bk.bytes : bk.bytes / shape.ranks;
@@ -311,8 +310,25 @@ std::pair<Op, OpExec> SyncOp(const ModelPlanner::Impl& s, const internal::Bucket
   const ExecKind kind = c == Collective::kAllReduce       ? ExecKind::kAllReduce
                         : c == Collective::kReduceScatter ? ExecKind::kReduceScatter
                                                           : ExecKind::kAllGather;
-  return {op, DenseColl(kind, bk.expert ? ExecGroup::kEdp : ExecGroup::kDp, n,
-                        s.m->bytes_per_element)};
+  return {op,
+          DenseColl(kind, bk.expert ? ExecGroup::kEdp : ExecGroup::kDp, n, s.m->bytes_per_element)};
+}
+
+// Op `id` produced one of `bk`'s gradients; the last one issues the
+// bucket's collective into `g` (AllReduce; ZeRO >= 1: ReduceScatter), unless
+// its group has one rank.
+void FeedBucket(const ModelPlanner::Impl& s, internal::Bucket* bk, OpId id, bool sharded,
+                OpGraph* g) {
+  bk->deps.push_back(id);
+  if (--bk->left > 0) return;
+  if ((bk->expert ? s.edp_shape : s.dp_shape).ranks <= 1) return;
+  const auto [op, exec] =
+      sharded
+          ? SyncOp(s, *bk, bk->expert ? "bwd.expert_grad_reducescatter" : "bwd.grad_reducescatter",
+                   Collective::kReduceScatter)
+          : SyncOp(s, *bk, bk->expert ? "bwd.expert_grad_allreduce" : "bwd.grad_allreduce",
+                   Collective::kAllReduce);
+  g->Add(op, bk->deps, exec);
 }
 
 }  // namespace
@@ -353,18 +369,8 @@ absl::Status ModelPlanner::Impl::Finalize(const std::vector<OpId>& order) {
     new_id[static_cast<size_t>(v)] = id;
     for (int pi = param_first_[static_cast<size_t>(v)]; pi >= 0;
          pi = param_next_[static_cast<size_t>(pi)]) {
-      internal::Bucket& bk = buckets[static_cast<size_t>(bucket_of_[static_cast<size_t>(pi)])];
-      bk.deps.push_back(id);
-      if (--bk.left > 0) continue;
-      if ((bk.expert ? edp_shape : dp_shape).ranks <= 1) continue;
-      const auto [op, exec] =
-          sharded
-              ? SyncOp(*this, bk,
-                       bk.expert ? "bwd.expert_grad_reducescatter" : "bwd.grad_reducescatter",
-                       Collective::kReduceScatter)
-              : SyncOp(*this, bk, bk.expert ? "bwd.expert_grad_allreduce" : "bwd.grad_allreduce",
-                       Collective::kAllReduce);
-      final_graph.Add(op, bk.deps, exec);
+      FeedBucket(*this, &buckets[static_cast<size_t>(bucket_of_[static_cast<size_t>(pi)])], id,
+                 sharded, &final_graph);
     }
   }
   FinishFinal();
@@ -407,18 +413,8 @@ void ModelPlanner::Impl::CopyBackwardWithBuckets(Deps x, const internal::Backwar
     new_id_[static_cast<size_t>(v)] = id;
     for (int pi = t.param_first[static_cast<size_t>(v)]; pi >= 0;
          pi = t.param_next[static_cast<size_t>(pi)]) {
-      internal::Bucket& bk = buckets[static_cast<size_t>(bucket_of_[static_cast<size_t>(pi)])];
-      bk.deps.push_back(id);
-      if (--bk.left > 0) continue;
-      if ((bk.expert ? edp_shape : dp_shape).ranks <= 1) continue;
-      const auto [op, exec] =
-          sharded
-              ? SyncOp(*this, bk,
-                       bk.expert ? "bwd.expert_grad_reducescatter" : "bwd.grad_reducescatter",
-                       Collective::kReduceScatter)
-              : SyncOp(*this, bk, bk.expert ? "bwd.expert_grad_allreduce" : "bwd.grad_allreduce",
-                       Collective::kAllReduce);
-      g0.Add(op, bk.deps, exec);
+      FeedBucket(*this, &buckets[static_cast<size_t>(bucket_of_[static_cast<size_t>(pi)])], id,
+                 sharded, &g0);
     }
   }
 }
