@@ -220,7 +220,8 @@ absl::Status LayoutPlanner::Impl::Run(const ModelConfig& model, const Layout& l,
 // Refined, ZeRO 3's gathers count (they end by their phase's end, but the
 // backward's may run during the forward: they add to the forward's bound and
 // to the load only) and so do ZeRO 2-3's ReduceScatters, which end every
-// micro-batch's backward. The search sorts by the unrefined bound (ties in
+// micro-batch's backward; and the backward is bounded by its dependencies
+// too (StageBound::chain_bwd_us). The search sorts by the unrefined bound (ties in
 // iteration time keep the order they always had) and skips by the refined one.
 absl::StatusOr<internal::ChunkBound> LayoutPlanner::Impl::BoundOf(const ModelConfig& model,
                                                                   const Layout& l, int64_t mbs,
@@ -246,7 +247,8 @@ absl::StatusOr<internal::ChunkBound> LayoutPlanner::Impl::BoundOf(const ModelCon
     ModelPlanOptions opt = plan_options;
     if (l.family == Family::kDpMoe) opt.schedules = {Schedule::kDefault};
     ModelPlanner::StageBound b;
-    MOEPLAN_RETURN_IF_ERROR(planner.StageComputeBound(ModelForLayout(model, l, mbs), opt, so, &b));
+    MOEPLAN_RETURN_IF_ERROR(
+        planner.StageComputeBound(ModelForLayout(model, l, mbs), opt, so, &b, /*chain=*/true));
     it = bounds.emplace(key, b).first;
   }
   const ModelPlanner::StageBound& b = it->second;
@@ -255,16 +257,16 @@ absl::StatusOr<internal::ChunkBound> LayoutPlanner::Impl::BoundOf(const ModelCon
   const size_t zc = l.zero_stage == 0 ? 0 : l.zero_stage <= 2 ? 1 : 2;
   const double fwd = z3 ? b.zero3_fwd_us : b.fwd_us;
   out.fwd = fwd;
-  out.bwd = (rs ? b.rs_bwd_us : b.bwd_us) + (l.recompute ? fwd : 0.0);
+  out.bwd = (rs ? b.rs_bwd_us : refined ? b.chain_bwd_us : b.bwd_us) + (l.recompute ? fwd : 0.0);
   out.tail = l.zero_stage >= 1 ? b.sharded_optimizer_us : b.optimizer_us;
   for (size_t r = 0; r < kNumResources; ++r) {
     const double f = (b.fwd_res[r] + (z3 ? b.zero3_fwd_res[r] : 0.0)) * (l.recompute ? 2.0 : 1.0);
     const double bw = b.bwd_res[r] + (z3 ? b.zero3_bwd_res[r] : 0.0);
     // ZeRO 2-3: m - 1 backwards hold their ReduceScatters, the last one's
     // are in the synchronisation.
-    out.load = std::max(out.load, rs ? (m - 1.0) * (f + bw + b.rs_res[r]) + f + bw +
-                                           b.sync_res[zc][r]
-                                     : m * (f + bw) + b.sync_res[zc][r]);
+    out.load =
+        std::max(out.load, rs ? (m - 1.0) * (f + bw + b.rs_res[r]) + f + bw + b.sync_res[zc][r]
+                              : m * (f + bw) + b.sync_res[zc][r]);
   }
   return out;
 }
@@ -315,9 +317,8 @@ absl::StatusOr<double> LayoutPlanner::Impl::Bound(const ModelConfig& model, cons
 // chunk of largest load until the bound reaches `cut` or every chunk is
 // planned (its bound then no faster than its iteration: the pipeline of its
 // times, simulated as Run does).
-absl::StatusOr<double> LayoutPlanner::Impl::NoFasterThan(const ModelConfig& model,
-                                                         const Layout& l, int64_t mbs,
-                                                         double cut) {
+absl::StatusOr<double> LayoutPlanner::Impl::NoFasterThan(const ModelConfig& model, const Layout& l,
+                                                         int64_t mbs, double cut) {
   const int v = std::max(1, l.virtual_stages);
   for (;;) {
     int next = -1;

@@ -181,13 +181,25 @@ absl::Status ModelPlanner::Impl::Evaluate(const std::vector<Range>& ranges, bool
 // (prefetched, depending on nothing) are left out. Ops are unsplit: with
 // alpha-beta costs and GEMM efficiency that does not fall with size, k
 // pieces never cost less than the whole.
-void ModelPlanner::Impl::PhaseBound(double (&busy)[2][kNumResources]) {
+//
+// `chain` bounds the backward by its dependencies too: every variant's
+// backward is this pair's (CopyBackward: the same graph after any forward,
+// whose last op all of it descends from, so it starts on free resources when
+// the forward ends), with its dW ops in autograd's order or delayed (dW
+// placement keeps the other ops' order). The simulator's times are a max-plus
+// recursion over dependencies and each resource's previous op, so they only
+// fall when an op becomes a pass-through (no cost, no resource, its
+// dependencies kept): with the dW ops, gradient buckets and ZeRO-3 gathers
+// passed through, the backward left is the same whatever the variant, and its
+// simulated length is at most any variant's backward.
+absl::Status ModelPlanner::Impl::PhaseBound(double (&busy)[2][kNumResources], double* chain) {
   g0.Clear();
   params.clear();
   slots.clear();
   dw_ops.clear();
   ResetPieces();
   EmitRange(0, static_cast<int>(units.size()), 1, &g0, false);
+  const OpId bwd_begin = g0.size();
   const auto& o = piece_out[static_cast<size_t>(piece_begin[units.size() - 1])];
   EmitBackward(Deps{o[0], o[1]}, false);
   for (auto& phase : busy) std::fill(std::begin(phase), std::end(phase), 0.0);
@@ -198,6 +210,26 @@ void ModelPlanner::Impl::PhaseBound(double (&busy)[2][kNumResources]) {
       if (op.resources & (1u << r)) busy[op.phase == F ? 0 : 1][r] += op.cost_us;
     }
   }
+  if (chain == nullptr) return absl::OkStatus();
+  // The backward alone: the forward stands as one op at time 0.
+  scratch.Clear();
+  Op input;
+  input.base = "bwd.input";
+  input.resources = 0;
+  scratch.Add(input, {});
+  for (OpId id = bwd_begin; id < g0.size(); ++id) {
+    dep_buf.clear();
+    for (OpId d : g0.deps(id)) dep_buf.push_back(d < bwd_begin ? 0 : d - bwd_begin + 1);
+    Op op = g0.op(id);
+    if (op.flags & (kWeightGrad | kGradSync | kPrefetch)) {
+      op.cost_us = 0.0;
+      op.resources = 0;
+    }
+    scratch.Add(op, dep_buf);
+  }
+  MOEPLAN_RETURN_IF_ERROR(simulator.Schedule(scratch, &sim0));
+  *chain = sim0.makespan_us;
+  return absl::OkStatus();
 }
 
 // The gathers ZeroGather adds to each block's forward and backward (the

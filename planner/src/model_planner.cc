@@ -181,7 +181,9 @@ absl::Status ModelPlanner::PlanStage(const ModelConfig& model, const ModelPlanOp
 
 absl::Status ModelPlanner::StageComputeBound(const ModelConfig& model,
                                              const ModelPlanOptions& options,
-                                             const StageOptions& stage, StageBound* bound) {
+                                             const StageOptions& stage, StageBound* bound,
+                                             bool chain) {
+  impl_->bound_chain = chain;
   return Run(model, options, stage, nullptr, bound);
 }
 
@@ -252,14 +254,15 @@ absl::StatusOr<std::vector<AllToAllAlgo>> AlgosToTry(const ModelConfig& model,
 
 // The least over the schedules and algorithms, per phase (and resource), of
 // the stage's lower bounds (StageComputeBound).
-void ComputeBound(ModelPlanner::Impl& s, std::span<const Schedule> schedules,
-                  std::span<const AllToAllAlgo> algos, ModelPlanner::StageBound* bound) {
-  bound->fwd_us = bound->bwd_us = kInf;
+absl::Status ComputeBound(ModelPlanner::Impl& s, std::span<const Schedule> schedules,
+                          std::span<const AllToAllAlgo> algos, ModelPlanner::StageBound* bound) {
+  bound->fwd_us = bound->bwd_us = bound->chain_bwd_us = kInf;
   bound->fwd_res.fill(kInf);
   bound->bwd_res.fill(kInf);
   bound->zero3_fwd_us = kInf;
   double busy[2][kNumResources], gathers[2][kNumResources];
   std::vector<std::array<double, kNumResources>> bwd_busy;  // per pair
+  std::vector<double> chains;                               // per pair
   s.GatherBound(gathers);
   for (size_t r = 0; r < kNumResources; ++r) {
     bound->zero3_fwd_res[r] = gathers[0][r];
@@ -269,12 +272,17 @@ void ComputeBound(ModelPlanner::Impl& s, std::span<const Schedule> schedules,
     for (AllToAllAlgo a : algos) {
       s.sched = sc;
       s.algo = a;
-      s.PhaseBound(busy);
+      double chain = 0.0;
+      MOEPLAN_RETURN_IF_ERROR(s.PhaseBound(busy, s.bound_chain ? &chain : nullptr));
       bound->fwd_us = std::min(bound->fwd_us, *std::max_element(busy[0], busy[0] + kNumResources));
       double fwd3 = 0.0;
       for (size_t r = 0; r < kNumResources; ++r) fwd3 = std::max(fwd3, busy[0][r] + gathers[0][r]);
       bound->zero3_fwd_us = std::min(bound->zero3_fwd_us, fwd3);
-      bound->bwd_us = std::min(bound->bwd_us, *std::max_element(busy[1], busy[1] + kNumResources));
+      const double bwd = *std::max_element(busy[1], busy[1] + kNumResources);
+      bound->bwd_us = std::min(bound->bwd_us, bwd);
+      bound->chain_bwd_us =
+          s.bound_chain ? std::min(bound->chain_bwd_us, std::max(bwd, chain)) : bound->bwd_us;
+      chains.push_back(chain);
       bwd_busy.emplace_back();
       for (size_t r = 0; r < kNumResources; ++r) {
         bound->fwd_res[r] = std::min(bound->fwd_res[r], busy[0][r]);
@@ -290,14 +298,16 @@ void ComputeBound(ModelPlanner::Impl& s, std::span<const Schedule> schedules,
   // end it (LayoutPlanner's chunk times): the backward holds them too.
   bound->rs_res = bound->sync_res[2];
   bound->rs_bwd_us = kInf;
-  for (const auto& b : bwd_busy) {
-    double bwd = 0.0;
-    for (size_t r = 0; r < kNumResources; ++r) bwd = std::max(bwd, b[r] + bound->rs_res[r]);
+  for (size_t i = 0; i < bwd_busy.size(); ++i) {
+    double bwd = chains[i];
+    for (size_t r = 0; r < kNumResources; ++r)
+      bwd = std::max(bwd, bwd_busy[i][r] + bound->rs_res[r]);
     bound->rs_bwd_us = std::min(bound->rs_bwd_us, bwd);
   }
   bound->sync_res[0][0] += bound->optimizer_us;
   bound->sync_res[1][0] += bound->sharded_optimizer_us;
   bound->sync_res[2][0] += bound->sharded_optimizer_us;
+  return absl::OkStatus();
 }
 
 // *vp as VariantPlan{}, keeping its vectors' capacity.
@@ -345,7 +355,7 @@ absl::Status ModelPlanner::Run(const ModelConfig& model, const ModelPlanOptions&
   MOEPLAN_RETURN_IF_ERROR(s.CheckFootprint(schedules, algos, variants, bound != nullptr));
   if (out == nullptr && bound == nullptr) return absl::OkStatus();
   if (bound != nullptr) {
-    ComputeBound(s, schedules, algos, bound);
+    MOEPLAN_RETURN_IF_ERROR(ComputeBound(s, schedules, algos, bound));
     return absl::OkStatus();
   }
   s.BuildBounds();

@@ -226,6 +226,7 @@ struct ModelPlanner::Impl {
   AllToAllAlgo algo = AllToAllAlgo::kLinear;
   uint64_t combo_salt = 0;
   uint64_t context_salt = 0;  // the model, layout and stage a range's costs depend on
+  bool bound_chain = false;   // StageComputeBound's `chain`
   // ---- Scratch ----
   OpGraph scratch, range_graph, g0, final_graph;
   Simulator simulator;
@@ -313,7 +314,9 @@ struct ModelPlanner::Impl {
   absl::Status PlaceDw(const Reachability& reach, OpId shift, std::vector<std::vector<int>>* picks,
                        std::vector<DwPlacement>* placements);
   std::vector<OpId> IssueOrder(const std::vector<std::vector<int>>& picks);
-  void PhaseBound(double (&busy)[2][kNumResources]);
+  // Per phase and resource, the pair's ops' busy time; `chain` (if not
+  // null): its backward simulated without dW ops (model_evaluate.cc).
+  absl::Status PhaseBound(double (&busy)[2][kNumResources], double* chain);
   // ZeRO-3's parameter gathers of the stage's blocks per phase and resource,
   // whatever st.zero_stage is.
   void GatherBound(double (&busy)[2][kNumResources]);

@@ -113,8 +113,7 @@ TEST(Pipeline, InFlightIsThePeakOfTheOrder) {
               peak = std::max(peak, held);
             }
             EXPECT_EQ(InFlightMicrobatches(ps, p, v, m, s), static_cast<double>(peak) / v)
-                << PipelineScheduleName(ps) << " p=" << p << " v=" << v << " m=" << m
-                << " s=" << s;
+                << PipelineScheduleName(ps) << " p=" << p << " v=" << v << " m=" << m << " s=" << s;
           }
         }
       }
@@ -419,8 +418,9 @@ TEST(Search, AHugeSearchIsRefusedBeforeBounding) {
   const absl::Status s = lp.Search(m, so, {}, no_check, &r);
   ASSERT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
   EXPECT_EQ(std::string(s.message()).rfind("search: bounding the ", 0), 0u) << s;
-  EXPECT_NE(std::string(s.message()).find("over the limit of 268435456; lower "
-                                          "search.max_microbatches or search.gpus"),
+  EXPECT_NE(std::string(s.message())
+                .find("over the limit of 268435456; lower "
+                      "search.max_microbatches or search.gpus"),
             std::string::npos)
       << s;
   EXPECT_EQ(r.stats.simulated, 0);
@@ -448,21 +448,22 @@ TEST(Search, SkipsCandidatesOverThePlanMemoryBound) {
   EXPECT_GT(r.stats.over_memory, 0);
   EXPECT_FALSE(r.candidates.empty());
   EXPECT_LT(r.stats.simulated, all.stats.simulated);
-  EXPECT_EQ(r.stats.enumerated, r.stats.pruned_memory + r.stats.pruned_bound +
-                                    r.stats.simulated + r.stats.over_limit + r.stats.over_memory);
+  EXPECT_EQ(r.stats.enumerated, r.stats.pruned_memory + r.stats.pruned_bound + r.stats.simulated +
+                                    r.stats.over_limit + r.stats.over_memory);
   // The layouts left rank as they did in the unbounded search.
   for (const LayoutCandidate& c : r.candidates) {
-    const auto same = std::find_if(all.candidates.begin(), all.candidates.end(),
-                                   [&](const LayoutCandidate& a) {
-                                     return a.layout.pp == c.layout.pp && a.layout.dp == c.layout.dp &&
-                                            a.layout.tp == c.layout.tp &&
-                                            a.layout.ep == c.layout.ep &&
-                                            a.layout.family == c.layout.family &&
-                                            a.layout.microbatches == c.layout.microbatches &&
-                                            a.layout.pipeline == c.layout.pipeline &&
-                                            a.layout.virtual_stages == c.layout.virtual_stages;
-                                   });
-    if (same != all.candidates.end()) EXPECT_DOUBLE_EQ(same->iteration_us, c.iteration_us);
+    const auto same =
+        std::find_if(all.candidates.begin(), all.candidates.end(), [&](const LayoutCandidate& a) {
+          return a.layout.pp == c.layout.pp && a.layout.dp == c.layout.dp &&
+                 a.layout.tp == c.layout.tp && a.layout.ep == c.layout.ep &&
+                 a.layout.family == c.layout.family &&
+                 a.layout.microbatches == c.layout.microbatches &&
+                 a.layout.pipeline == c.layout.pipeline &&
+                 a.layout.virtual_stages == c.layout.virtual_stages;
+        });
+    if (same != all.candidates.end()) {
+      EXPECT_DOUBLE_EQ(same->iteration_us, c.iteration_us);
+    }
   }
 }
 

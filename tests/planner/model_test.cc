@@ -15,6 +15,7 @@
 
 #include "absl/hash/hash.h"
 #include "moeplan/base/format.h"
+#include "moeplan/base/strings.h"
 #include "moeplan/planner/model_planner.h"
 #include "moeplan/planner/schedules.h"
 #include "test_profile.h"
@@ -364,6 +365,66 @@ TEST(ModelGraph, AlternativesCoverEverySchedule) {
   for (const VariantAlternative& a : lancet.alternatives) seen.insert(a.schedule);
   EXPECT_EQ(seen.size(), 3u);
   EXPECT_DOUBLE_EQ(lancet.alternatives.front().iteration_us, lancet.iteration_us());
+}
+
+// ---- The layout search's lower bounds (docs/layouts.md "Search") ----
+
+// A variant's backward as the layout search times it: from the forward's end
+// to the last op that is not a gradient bucket or the optimizer (ZeRO 2-3:
+// the backward's ReduceScatters count).
+double BackwardUs(const VariantPlan& v, bool reduce_scatter_in_backward) {
+  double end = v.sim.forward_end_us;
+  for (OpId id = 0; id < v.graph.size(); ++id) {
+    const Op& op = v.graph.op(id);
+    if (op.term == Term::kOptimizer) continue;
+    if ((op.flags & kGradSync) && !(reduce_scatter_in_backward && op.base.substr(0, 4) == "bwd.")) {
+      continue;
+    }
+    end = std::max(end, v.sim.times[static_cast<size_t>(id)].end_us);
+  }
+  return end - v.sim.forward_end_us;
+}
+
+// The backward bounded by its dependencies (its dW ops, buckets and gathers
+// passed through) is never longer than any variant's backward under any
+// ZeRO stage, and never shorter than the busiest resource's: here it is the
+// tighter of the two by far, the AlltoAlls and the dX GEMMs waiting on each
+// other.
+TEST(StageBound, TheBackwardChainBoundsEveryVariant) {
+  ModelPlanner planner(RoundNumberModel());
+  int tighter = 0;
+  for (int mp : {1, 2}) {
+    for (bool gated : {false, true}) {
+      ModelConfig m = SmallModel(mp);
+      m.gated_linear_unit = gated;
+      m.moe.num_shared_experts = gated ? 1 : 0;
+      m.moe.shared_expert_ffn_hidden_size = gated ? 512 : 0;
+      for (int zero : {0, 1, 2, 3}) {
+        StageOptions so;
+        so.zero_stage = zero;
+        ModelPlan plan;
+        ASSERT_TRUE(planner.PlanStage(m, {}, so, &plan).ok());
+        ModelPlanner::StageBound b;
+        ASSERT_TRUE(planner.StageComputeBound(m, {}, so, &b, /*chain=*/true).ok());
+        ModelPlanner::StageBound plain;
+        ASSERT_TRUE(planner.StageComputeBound(m, {}, so, &plain).ok());
+        EXPECT_EQ(plain.chain_bwd_us, plain.bwd_us);
+        EXPECT_EQ(plain.bwd_us, b.bwd_us);
+        EXPECT_GE(b.chain_bwd_us, b.bwd_us);
+        EXPECT_GE(b.rs_bwd_us, plain.rs_bwd_us);
+        if (b.chain_bwd_us > 1.2 * b.bwd_us) ++tighter;
+        for (const VariantPlan& v : plan.variants) {
+          const std::string what =
+              Cat(VariantName(v.variant), " mp ", mp, " gated ", gated, " zero ", zero);
+          EXPECT_LE(b.chain_bwd_us, BackwardUs(v, false) * (1 + 1e-12)) << what;
+          if (zero >= 2) {
+            EXPECT_LE(b.rs_bwd_us, BackwardUs(v, true) * (1 + 1e-12)) << what;
+          }
+        }
+      }
+    }
+  }
+  EXPECT_GT(tighter, 0);
 }
 
 // ---- The memory bound (docs/model.md "Memory bound") ----

@@ -176,14 +176,22 @@ class ModelPlanner {
     // run during the forward), and fwd_us with the forward's gathers.
     std::array<double, kNumResources> zero3_fwd_res{}, zero3_bwd_res{};
     double zero3_fwd_us = 0.0;
+    // With `chain` only (else bwd_us): the backward bounded by its
+    // dependencies too. Per schedule and algorithm, the larger of bwd_us's
+    // busiest resource and the backward simulated with its dW ops, buckets
+    // and gathers passed through (the same for every variant, never longer
+    // than one's), the least kept.
+    double chain_bwd_us = 0.0;
     // ZeRO 2-3: the gradients' ReduceScatter per resource (sync_res[2] less
     // the optimizer), which ends every micro-batch's backward, and bwd_us
-    // with it.
+    // (with `chain`, chain_bwd_us) with it.
     std::array<double, kNumResources> rs_res{};
     double rs_bwd_us = 0.0;
   };
+  // `chain`: chain_bwd_us too (a simulation of the backward per schedule and
+  // algorithm; without it, a pass over the ops).
   absl::Status StageComputeBound(const ModelConfig& model, const ModelPlanOptions& options,
-                                 const StageOptions& stage, StageBound* bound);
+                                 const StageOptions& stage, StageBound* bound, bool chain = false);
   // Whether PlanStage would stay within options.max_plan_bytes, estimated
   // from the stage's units without building a graph: OK, or the
   // ResourceExhausted PlanStage would return (the layout search skips such
