@@ -24,14 +24,15 @@ search, docs/model.md).
     /usr/bin/python3 examples/launcher.py --server 127.0.0.1:50051 \\
         --model examples/models/gpt3-medium-moe.json --cluster v100-8x8 \\
         --layout dp=8,tp=4,pp=1,ep=8,esp=4[,microbatches=4,zero=1,family=parm,
-                 pipeline=1f1b,v=2,recompute=1]
+                 pipeline=1f1b,v=2,recompute=1,layout=Et|(tt|)*3L]
 
 --model FILE is a moeplan.v1.ModelConfig JSON (examples/models/). --search (the
 default with --model) ranks every layout on --gpus GPUs (default: the whole
 cluster) and keeps the best --top (default 5); --layout evaluates one layout
 (keys dp, tp, pp, ep, esp required; microbatches, zero, family (dpmoe, ppmoe,
-parm), pipeline (gpipe, 1f1b, interleaved), v (virtual stages) and recompute
-(0/1) optional). It prints the ranked table (rank, family, dp/tp/pp/ep/esp,
+parm), pipeline (gpipe, 1f1b, interleaved), v (virtual stages), recompute
+(0/1) and, last, layout (Megatron-Core's pipeline layout string, which may hold
+commas; printed back as --pipeline-model-parallel-layout) optional). It prints the ranked table (rank, family, dp/tp/pp/ep/esp,
 micro-batches m, ZeRO stage, pipeline, iteration time, tokens/s per GPU, memory
 per GPU), the search's counts, and for the best candidate two lines:
 
@@ -128,6 +129,8 @@ LAYOUT_KEYS = {
     "pipeline": ("pipeline", ("gpipe", "1f1b", "interleaved")),
     "v": ("virtual_stages", "int"),
     "recompute": ("recompute", "bool"),
+    # Megatron-Core's --pipeline-model-parallel-layout (it may hold commas: last).
+    "layout": ("pipeline_model_parallel_layout", "str"),
 }
 LAYOUT_REQUIRED = ("dp", "tp", "pp", "ep", "esp")
 DEFAULT_TOP = 5
@@ -139,7 +142,13 @@ def parse_layout(spec: str) -> dict:
     known = ", ".join(LAYOUT_KEYS)
     layout = {}
     seen = set()
-    for item in spec.split(","):
+    head, sep, rest = spec.partition("layout=")
+    if sep and (not head or head.endswith(",")):
+        # layout= takes the rest of the spec: a pipeline layout may hold commas.
+        items = (head[:-1].split(",") if head else []) + ["layout=" + rest]
+    else:
+        items = spec.split(",")
+    for item in items:
         item = item.strip()
         if not item:
             fail(f"--layout: empty item in {spec!r} (want key=value,key=value,...; "
@@ -168,6 +177,8 @@ def parse_layout(spec: str) -> dict:
             if lowered not in ("0", "1", "false", "true", "no", "yes"):
                 fail(f"--layout: {key} must be 0 or 1 (got {value!r})")
             layout[field] = lowered in ("1", "true", "yes")
+        elif kind == "str":
+            layout[field] = value
         else:
             if value not in kind:
                 fail(f"--layout: {key} must be one of {', '.join(kind)} (got {value!r})")
@@ -209,7 +220,10 @@ def megatron_flags(model: dict, cand: dict, global_batch: int) -> list:
              "--micro-batch-size", str(micro_batch_size(cand, global_batch)),
              "--global-batch-size", str(global_batch)]
     v = _int(lay.get("virtual_stages"))
-    if lay.get("pipeline") == "interleaved" and v > 1 and pp > 0:
+    if lay.get("pipeline_model_parallel_layout"):
+        # The layout names every stage (and so the virtual stages per rank).
+        flags += ["--pipeline-model-parallel-layout", lay["pipeline_model_parallel_layout"]]
+    elif lay.get("pipeline") == "interleaved" and v > 1 and pp > 0:
         layers = _int(model.get("num_layers"))
         flags += ["--num-layers-per-virtual-pipeline-stage", str(layers // (pp * v))]
     if _int(lay.get("zero_stage")) >= 1:

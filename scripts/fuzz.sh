@@ -44,6 +44,7 @@ seeds() {
     profile_json | store_file) ls calibration/profiles/*.json ;;
     samples_jsonl) ls calibration/profiles/measured/*/samples.jsonl ;;
     hf_config_json) ls examples/hf/*/config.json ;;
+    pipeline_layout) ls fuzz/seeds/pipeline_layout/* ;;
     server_requests) ls examples/*-layer.json examples/models/*.json calibration/profiles/*.json ;;
   esac
 }

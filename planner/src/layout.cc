@@ -170,6 +170,17 @@ absl::Status ValidatePipeline(const ModelConfig& m, const Layout& l, int64_t glo
   } else if (v != 1) {
     return Bad("layout.virtual_stages", "must be 1 unless pipeline is interleaved", Cat(v));
   }
+  if (!l.stage_layers.empty()) {
+    const int64_t stages = int64_t{l.pp} * v;
+    if (static_cast<int64_t>(l.stage_layers.size()) != stages) {
+      return Bad("layout.pipeline_model_parallel_layout",
+                 Cat("must name pp*virtual_stages (", stages, ") stages"),
+                 Cat(l.stage_layers.size(), " stages"));
+    }
+    if (absl::Status st = ValidatePipelineLayout(l.stage_layers, m, l.pp); !st.ok()) {
+      return absl::InvalidArgumentError(Cat("layout.", View(st.message())));
+    }
+  }
   MOEPLAN_RETURN_IF_ERROR(CheckPipelineSteps(l));
   return absl::OkStatus();
 }
@@ -275,10 +286,20 @@ StageOptions ChunkOptions(const ModelConfig& m, const Layout& l, int stage, int 
   const int64_t n = int64_t{l.pp} * v, L = m.num_layers;
   const int index = chunk * l.pp + stage;
   StageOptions o;
-  o.first_block = static_cast<int>(index * L / n);
-  o.end_block = static_cast<int>((index + 1) * L / n);
-  o.embed = index == 0;
-  o.head = index == l.pp * v - 1;
+  if (!l.stage_layers.empty()) {
+    // A pipeline layout (ValidateLayout checked it has pp * v stages and
+    // puts the MTP depths with the loss, which StageOptions::head plans).
+    const PipelineStageLayers& s = l.stage_layers[static_cast<size_t>(index)];
+    o.first_block = s.first_block;
+    o.end_block = s.end_block;
+    o.embed = s.embed;
+    o.head = s.loss;
+  } else {
+    o.first_block = static_cast<int>(index * L / n);
+    o.end_block = static_cast<int>((index + 1) * L / n);
+    o.embed = index == 0;
+    o.head = index == l.pp * v - 1;
+  }
   o.local_dispatch = l.family == Family::kPpMoe && !m.IsDense();
   o.expert_replicas = l.ExpertReplicas();
   o.zero_stage = l.zero_stage;

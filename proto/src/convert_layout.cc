@@ -19,11 +19,13 @@ namespace p = ::moeplan::planner;
 absl::StatusOr<v1::Layout> LayoutFromSpec(std::string_view spec) {
   v1::Layout l;
   static constexpr std::string_view kKeys =
-      "dp, tp, pp, ep, esp, microbatches, zero, family, pipeline, v, recompute";
+      "dp, tp, pp, ep, esp, microbatches, zero, family, pipeline, v, recompute, layout (last)";
   std::vector<std::string> seen;
   size_t begin = 0;
   while (begin <= spec.size()) {
-    const size_t end = std::min(spec.find(',', begin), spec.size());
+    // layout= (a pipeline layout, which may hold commas) takes the rest.
+    const bool rest = spec.substr(begin, 7) == "layout=";
+    const size_t end = rest ? spec.size() : std::min(spec.find(',', begin), spec.size());
     const std::string item(spec.substr(begin, end - begin));
     begin = end + 1;
     const size_t eq = item.find('=');
@@ -42,6 +44,10 @@ absl::StatusOr<v1::Layout> LayoutFromSpec(std::string_view spec) {
     }
     if (key == "pipeline") {
       l.set_pipeline(value);
+      continue;
+    }
+    if (key == "layout") {
+      l.set_pipeline_model_parallel_layout(value);
       continue;
     }
     int n = 0;
@@ -97,6 +103,18 @@ absl::StatusOr<p::Layout> LayoutFromProto(const v1::Layout& m) {
   l.zero_stage = m.zero_stage();
   l.virtual_stages = m.virtual_stages() == 0 ? 1 : m.virtual_stages();
   l.recompute = m.recompute();
+  if (!m.pipeline_model_parallel_layout().empty()) {
+    absl::StatusOr<std::vector<p::PipelineStageLayers>> stages =
+        p::ParsePipelineLayout(m.pipeline_model_parallel_layout());
+    if (!stages.ok()) {
+      return absl::InvalidArgumentError(Cat("layout.", View(stages.status().message())));
+    }
+    l.stage_layers = *std::move(stages);
+    // Unset virtual stages: as many as the layout names per pipeline rank
+    // (ValidateLayout checks what is left over).
+    const int n = static_cast<int>(l.stage_layers.size());
+    if (m.virtual_stages() == 0 && l.pp > 0 && n % l.pp == 0) l.virtual_stages = n / l.pp;
+  }
   if (m.family().empty()) {
     l.family = p::InferFamily(l);
   } else if (!p::ParseFamily(m.family(), &l.family)) {
@@ -127,6 +145,9 @@ v1::Layout LayoutToProto(const p::Layout& l, int64_t micro_batch_size) {
   o.set_virtual_stages(l.virtual_stages);
   o.set_recompute(l.recompute);
   o.set_micro_batch_size(static_cast<int32_t>(micro_batch_size));
+  if (!l.stage_layers.empty()) {
+    o.set_pipeline_model_parallel_layout(p::FormatPipelineLayout(l.stage_layers));
+  }
   return o;
 }
 

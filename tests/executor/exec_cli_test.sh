@@ -210,6 +210,25 @@ check(m["iteration_us"] > m["forward_us"] > 0, "totals")
 sys.exit(0 if ok else 1)
 PYEOF
 
+# 1e'. An uneven pipeline layout (Megatron-Core's string): both layers on the
+# first stage, the loss alone on the second; the program runs as planned.
+if ! timeout 120 mpirun -np 4 "$EXEC" --model "$MODEL" \
+    --layout 'dp=2,tp=1,pp=2,ep=2,esp=1,microbatches=2,layout=Ett|L' \
+    --variant none --json --iters 2 --warmup 1 >"$TMP/uneven.json" 2>"$TMP/uneven.err"; then
+  bad "moeplan-exec --layout ...,layout=Ett|L failed: $(cat "$TMP/uneven.err")"
+fi
+$PY - "$TMP/uneven.json" <<'PYEOF' || fail=1
+import json, sys
+r = json.load(open(sys.argv[1]))
+names = [o["name"] for o in r["measured"]["variants"][0]["ops"]]
+blocks = {(n.split(".")[0], p) for n in names for p in n.split(".") if p[:1] == "b" and p[1:].isdigit()}
+ok = r["layout"]["pipeline_model_parallel_layout"] == "Ett|L" and blocks == {("s0", "b0"), ("s0", "b1")}
+ok = ok and any(n.startswith("s1.mb1.") and "loss" in n for n in names)
+if not ok:
+    print("FAIL: uneven layout ran", r["layout"], sorted(blocks), file=sys.stderr)
+sys.exit(0 if ok else 1)
+PYEOF
+
 # 1d. A saved plan runs as saved.
 "$CLI" plan-model --model "$MODEL" --cluster cpu-testbed-1x4 --variants none,dw,lancet --timeline \
   --format json >"$TMP/saved.json" || bad "plan-model --format json failed"

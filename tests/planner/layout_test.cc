@@ -15,6 +15,7 @@
 #include "moeplan/planner/model.h"
 #include "moeplan/planner/model_planner.h"
 #include "moeplan/planner/pipeline.h"
+#include "moeplan/planner/pipeline_layout.h"
 #include "moeplan/planner/pipeline_program.h"
 #include "test_profile.h"
 
@@ -318,6 +319,48 @@ TEST(Layout, OneStageOneMicroBatchIsTheWholeModelPlan) {
   EXPECT_EQ(c.bubble_us, 0.0);
   // tokens/s/GPU = 256 * 128 tokens per iteration over 32 GPUs.
   EXPECT_REL(c.tokens_per_s_per_gpu, 256.0 * 128 / (c.iteration_us * 1e-6) / 32);
+}
+
+// A pipeline layout string places the layers as written: the even split
+// spelled out plans exactly as the default, a heavier first stage slows the
+// pipeline, and a layout that does not fit the stages or the model is
+// refused naming the field.
+TEST(Layout, PipelineLayoutPlacesTheLayersAsWritten) {
+  const ModelConfig m = EightBlocks();
+  LayoutPlanner lp(RoundNumberModel());
+  Layout l = Make(16, 1, 2, 16, 1, Family::kDpMoe);
+  l.microbatches = 4;
+  LayoutCandidate even, spelled, uneven;
+  ASSERT_TRUE(lp.Evaluate(m, l, {}, {}, &even).ok());
+  l.stage_layers = *ParsePipelineLayout("Et*4|t*4L");
+  ASSERT_TRUE(lp.Evaluate(m, l, {}, {}, &spelled).ok());
+  EXPECT_EQ(spelled.iteration_us, even.iteration_us);
+  EXPECT_EQ(spelled.memory.total, even.memory.total);
+  l.stage_layers = *ParsePipelineLayout("Et*6|ttL");
+  ASSERT_TRUE(lp.Evaluate(m, l, {}, {}, &uneven).ok());
+  EXPECT_GT(uneven.iteration_us, even.iteration_us);
+  EXPECT_GT(uneven.memory.total, even.memory.total);
+  VariantPlan program;
+  ASSERT_TRUE(lp.Program(m, l, {}, &program).ok());
+  // The program runs layers 0-5 on the first stage and 6-7 on the second.
+  int on_first = 0;
+  for (OpId id = 0; id < program.graph.size(); ++id) {
+    const Op& op = program.graph.op(id);
+    if (op.block < 0 || op.block >= m.num_layers) continue;
+    EXPECT_EQ(op.device, op.block < 6 ? 0 : 1) << op.Name();
+    on_first += op.device == 0;
+  }
+  EXPECT_GT(on_first, 0);
+
+  LayoutCandidate c;
+  l.stage_layers = *ParsePipelineLayout("Ett|ttt|tttL");
+  EXPECT_EQ(lp.Evaluate(m, l, {}, {}, &c).message(),
+            "layout.pipeline_model_parallel_layout: must name pp*virtual_stages (2) stages (got 3 "
+            "stages)");
+  l.stage_layers = *ParsePipelineLayout("Ett|tttttL");
+  EXPECT_EQ(
+      lp.Evaluate(m, l, {}, {}, &c).message(),
+      "layout.pipeline_model_parallel_layout: must hold num_layers (8) decoder layers (t) (got 7)");
 }
 
 TEST(Layout, ZeroStagesChangeTheGradientSynchronisation) {

@@ -108,6 +108,16 @@ assert c["train_micro_batch_size_per_gpu"] >= 1 and c["gradient_accumulation_ste
 assert c["moe"]["num_experts"] == 64 and c["moe"]["top_k"] == 2, c
 ' || fail "launcher --model: no valid 'deepspeed config: {json}' line"
 
+# --- the launcher: an uneven pipeline layout (layout= last, written back) ----------
+rc=0
+"$py" "$src/examples/launcher.py" --server "$addr" --stubs "$stubs" --cluster v100-8x8 \
+  --model "$src/examples/models/gpt3-medium-moe.json" \
+  --layout 'dp=16,tp=1,pp=2,ep=16,esp=1,microbatches=16,layout=Et*14|t*10,L' \
+  >"$work/pplayout.out" 2>"$work/pplayout.err" || rc=$?
+[[ $rc -eq 0 ]] || fail "launcher --layout ...,layout= exited $rc: $(cat "$work/pplayout.err")"
+grep -q -- '--pipeline-model-parallel-layout Et\{14\}|t\{10\}L' "$work/pplayout.out" ||
+  fail "launcher: no --pipeline-model-parallel-layout: $(cat "$work/pplayout.out")"
+
 # --- the launcher: a bad --layout key, and a layout the server refuses --------------
 rc=0
 "$py" "$src/examples/launcher.py" --server "$addr" --stubs "$stubs" \

@@ -9,9 +9,11 @@
 
 #include <cstdint>
 #include <string_view>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "moeplan/planner/model.h"
+#include "moeplan/planner/pipeline_layout.h"
 #include "moeplan/planner/types.h"
 
 namespace moeplan::planner {
@@ -43,6 +45,10 @@ struct Layout {
   PipelineSchedule pipeline = PipelineSchedule::k1F1B;
   int virtual_stages = 1;  // v (interleaved)
   bool recompute = false;  // full activation recomputation
+  // The layers of each of the pp * virtual_stages stages, in forward order
+  // (a parsed Megatron-Core pipeline layout, pipeline_layout.h); empty: the
+  // layers spread evenly, the embedding first and the loss last.
+  std::vector<PipelineStageLayers> stage_layers;
 
   int Gpus() const { return dp * tp * pp; }
   // Ranks holding the same expert shard (their gradients are synchronised).

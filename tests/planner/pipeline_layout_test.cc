@@ -1,0 +1,137 @@
+// Megatron-Core's pipeline layout string (docs/layouts.md "Pipeline layout"):
+// expansion, the stages it names, and its rules, each error naming the field.
+#include "moeplan/planner/pipeline_layout.h"
+
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+namespace moeplan::planner {
+namespace {
+
+using Stages = std::vector<PipelineStageLayers>;
+
+Stages ParseOrDie(std::string_view s) {
+  absl::StatusOr<Stages> r = ParsePipelineLayout(s);
+  EXPECT_TRUE(r.ok()) << s << ": " << r.status();
+  return r.ok() ? *r : Stages{};
+}
+
+std::string ErrorOf(std::string_view s) {
+  absl::StatusOr<Stages> r = ParsePipelineLayout(s);
+  EXPECT_FALSE(r.ok()) << s;
+  return r.ok() ? "" : std::string(r.status().message());
+}
+
+ModelConfig Layers(int n, int mtp = 0) {
+  ModelConfig m;
+  m.num_layers = n;
+  m.mtp_num_layers = mtp;
+  return m;
+}
+
+// DeepSeek-V3 on PP8 with 4 virtual stages (the Megatron-Core MoE report's
+// layout): 32 stages, the embedding and layer 0 first, two layers in each of
+// the next 30, the MTP layer and the loss last.
+TEST(PipelineLayout, DeepSeekV3sUnevenLayout) {
+  const Stages s = ParseOrDie("Et|(tt|)*30mL");
+  ASSERT_EQ(s.size(), 32u);
+  EXPECT_EQ(s[0], (PipelineStageLayers{0, 1, 0, 0, true, false}));
+  for (int i = 1; i <= 30; ++i) {
+    EXPECT_EQ(s[static_cast<size_t>(i)],
+              (PipelineStageLayers{2 * i - 1, 2 * i + 1, 0, 0, false, false}))
+        << i;
+  }
+  EXPECT_EQ(s[31], (PipelineStageLayers{61, 61, 0, 1, false, true}));
+  EXPECT_TRUE(ValidatePipelineLayout(s, Layers(61, 1), 8).ok());
+  // 32 stages are 4 per rank on 8 ranks, 2 on 16, not a whole number on 5.
+  EXPECT_TRUE(ValidatePipelineLayout(s, Layers(61, 1), 16).ok());
+  EXPECT_EQ(ValidatePipelineLayout(s, Layers(61, 1), 5).message(),
+            "pipeline_model_parallel_layout: its stages must be a multiple of pp (5): pp x virtual "
+            "stages per "
+            "rank (got 32 stages)");
+}
+
+// Repetition of symbols and of groups holding '|', commas ignored: the
+// same stages however they are spelled.
+TEST(PipelineLayout, RepetitionsExpandAndCommasAreCosmetic) {
+  EXPECT_EQ(ParseOrDie("Et*3|(tt|)*2,t|L"), ParseOrDie("Ettt|tt|tt|t|L"));
+  EXPECT_EQ(ParseOrDie("E((t)*2|)*2L"), ParseOrDie("Ett|tt|L"));
+  // Written out one symbol per layer, and read back the same.
+  EXPECT_EQ(FormatPipelineLayout(ParseOrDie("Et*3|(tt|)*2,m|L")), "Ettt|tt|tt|m|L");
+  const Stages ds = ParseOrDie("Et|(tt|)*30mL");
+  EXPECT_EQ(ParseOrDie(FormatPipelineLayout(ds)), ds);
+  const Stages s = ParseOrDie("E|t*4|L");
+  ASSERT_EQ(s.size(), 3u);
+  EXPECT_EQ(s[0], (PipelineStageLayers{0, 0, 0, 0, true, false}));
+  EXPECT_EQ(s[1], (PipelineStageLayers{0, 4, 0, 0, false, false}));
+  EXPECT_EQ(s[2], (PipelineStageLayers{4, 4, 0, 0, false, true}));
+  EXPECT_TRUE(ValidatePipelineLayout(s, Layers(4), 3).ok());
+  EXPECT_TRUE(ValidatePipelineLayout(s, Layers(4), 1).ok());  // one rank, 3 virtual stages
+}
+
+TEST(PipelineLayout, SyntaxErrorsNameTheFieldAndThePlace) {
+  EXPECT_EQ(ErrorOf(""), "pipeline_model_parallel_layout: must not be empty (got \"\")");
+  EXPECT_EQ(ErrorOf("Et|x|L").rfind("pipeline_model_parallel_layout: symbols are E (embedding)", 0),
+            0u);
+  EXPECT_NE(ErrorOf("Et|x|L").find("(got 'x' at offset 3)"), std::string::npos);
+  EXPECT_NE(ErrorOf("Et |L").find("(got ' ' at offset 2)"), std::string::npos);
+  EXPECT_NE(ErrorOf(std::string("Et\x01L", 4)).find("(got byte 0x01 at offset 2)"),
+            std::string::npos);
+  EXPECT_EQ(ErrorOf("E(t|L"),
+            "pipeline_model_parallel_layout: '(' is never closed (got '(' at offset 1)");
+  EXPECT_EQ(ErrorOf("Et)L"),
+            "pipeline_model_parallel_layout: ')' closes no group (got ')' at offset 2)");
+  EXPECT_EQ(
+      ErrorOf("E*t"),
+      "pipeline_model_parallel_layout: '*' must be followed by a count (got '*' at offset 1)");
+  EXPECT_EQ(
+      ErrorOf("*2E"),
+      "pipeline_model_parallel_layout: '*' must follow a symbol or a group (got '*' at offset 0)");
+  EXPECT_EQ(ErrorOf("Et*0L"),
+            "pipeline_model_parallel_layout: a count must be at least 1 (got '0' at offset 3)");
+  EXPECT_EQ(ErrorOf("tE|L"),
+            "pipeline_model_parallel_layout: E (the embedding) must be the first symbol (got E "
+            "after 1)");
+  EXPECT_EQ(ErrorOf("EtL|t"),
+            "pipeline_model_parallel_layout: L (the loss) must be the last symbol (got L before 2 "
+            "more)");
+  EXPECT_EQ(ErrorOf("Etmt|L"),
+            "pipeline_model_parallel_layout: decoder layers (t) must come before MTP layers (m) "
+            "(got t after 1 m)");
+}
+
+// A short string cannot expand without bound: counts and the expansion are
+// capped, and so is nesting.
+TEST(PipelineLayout, ExpansionIsBounded) {
+  EXPECT_NE(ErrorOf("E((t*1024)*1024)*2L").find("expands to more than 1048576 symbols"),
+            std::string::npos);
+  EXPECT_NE(ErrorOf("Et*99999999999L").find("a count must be at most 1048576"), std::string::npos);
+  std::string deep = "E" + std::string(40, '(') + "t" + std::string(40, ')') + "L";
+  EXPECT_NE(ErrorOf(deep).find("groups nest at most 32 deep"), std::string::npos);
+  std::string ok = "E" + std::string(32, '(') + "t" + std::string(32, ')') + "L";
+  EXPECT_EQ(ParseOrDie(ok).size(), 1u);
+}
+
+TEST(PipelineLayout, RulesAgainstTheModelNameTheField) {
+  EXPECT_EQ(ValidatePipelineLayout(ParseOrDie("Ett|ttL"), Layers(5), 2).message(),
+            "pipeline_model_parallel_layout: must hold num_layers (5) decoder layers (t) (got 4)");
+  EXPECT_EQ(ValidatePipelineLayout(ParseOrDie("Ett|ttL"), Layers(4, 1), 2).message(),
+            "pipeline_model_parallel_layout: must hold mtp_num_layers (1) MTP layers (m) (got 0)");
+  EXPECT_EQ(ValidatePipelineLayout(ParseOrDie("tt|ttL"), Layers(4), 2).message(),
+            "pipeline_model_parallel_layout: must start with E (the embedding) (got 2 stages)");
+  EXPECT_EQ(ValidatePipelineLayout(ParseOrDie("Ett|tt"), Layers(4), 2).message(),
+            "pipeline_model_parallel_layout: must end with L (the loss) (got 2 stages)");
+  EXPECT_EQ(ValidatePipelineLayout(ParseOrDie("Ett||ttL"), Layers(4), 3).message(),
+            "pipeline_model_parallel_layout: every stage must hold a layer: moeplan plans no empty "
+            "stage (got "
+            "stage 1 (pipeline rank 1, virtual stage 0))");
+  EXPECT_EQ(ValidatePipelineLayout(ParseOrDie("Ett|ttm|L"), Layers(4, 1), 3).message(),
+            "pipeline_model_parallel_layout: MTP layers (m) must share the loss's stage: moeplan "
+            "plans them with "
+            "the output layer they share (got stage 1)");
+}
+
+}  // namespace
+}  // namespace moeplan::planner
