@@ -111,6 +111,7 @@ absl::StatusOr<std::vector<PipelineStageLayers>> ParsePipelineLayout(std::string
   if (layout.empty()) return Bad(kField, "must not be empty", "\"\"");
   std::string symbols;
   MOEPLAN_RETURN_IF_ERROR(Expander(layout).Run(&symbols));
+  if (symbols.empty()) return Bad(kField, "must name a layer or a stage", Quoted(layout));
   std::vector<PipelineStageLayers> stages(1);
   int blocks = 0, mtp = 0;
   for (size_t i = 0; i < symbols.size(); ++i) {

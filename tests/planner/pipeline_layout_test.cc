@@ -73,6 +73,10 @@ TEST(PipelineLayout, RepetitionsExpandAndCommasAreCosmetic) {
 
 TEST(PipelineLayout, SyntaxErrorsNameTheFieldAndThePlace) {
   EXPECT_EQ(ErrorOf(""), "pipeline_model_parallel_layout: must not be empty (got \"\")");
+  // Commas alone name nothing (found by fuzz_pipeline_layout: it wrote back as "").
+  EXPECT_EQ(ErrorOf(",(,)*3"),
+            "pipeline_model_parallel_layout: must name a layer or a stage (got "
+            "',(,)*3')");
   EXPECT_EQ(ErrorOf("Et|x|L").rfind("pipeline_model_parallel_layout: symbols are E (embedding)", 0),
             0u);
   EXPECT_NE(ErrorOf("Et|x|L").find("(got 'x' at offset 3)"), std::string::npos);
