@@ -12,7 +12,7 @@ cd "$(dirname "$0")/.."
 SECONDS_EACH="${1:-20}"
 shift || true
 ALL=(layer_json grid_json model_json profile_json store_file samples_jsonl server_requests
-  hf_config_json)
+  hf_config_json pipeline_layout)
 HARNESSES=("${@:-${ALL[@]}}")
 for h in "${HARNESSES[@]}"; do
   [[ " ${ALL[*]} " == *" $h "* ]] || { echo "fuzz.sh: unknown harness '$h' (one of: ${ALL[*]})" >&2; exit 2; }
