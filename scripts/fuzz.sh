@@ -12,7 +12,7 @@ cd "$(dirname "$0")/.."
 SECONDS_EACH="${1:-20}"
 shift || true
 ALL=(layer_json grid_json model_json profile_json store_file samples_jsonl server_requests
-  hf_config_json pipeline_layout)
+  hf_config_json pipeline_layout layout_spec)
 HARNESSES=("${@:-${ALL[@]}}")
 for h in "${HARNESSES[@]}"; do
   [[ " ${ALL[*]} " == *" $h "* ]] || { echo "fuzz.sh: unknown harness '$h' (one of: ${ALL[*]})" >&2; exit 2; }
@@ -45,6 +45,7 @@ seeds() {
     samples_jsonl) ls calibration/profiles/measured/*/samples.jsonl ;;
     hf_config_json) ls examples/hf/*/config.json ;;
     pipeline_layout) ls fuzz/seeds/pipeline_layout/* ;;
+    layout_spec) ls fuzz/seeds/layout_spec/* ;;
     server_requests) ls examples/*-layer.json examples/models/*.json calibration/profiles/*.json ;;
   esac
 }
