@@ -306,7 +306,9 @@ TEST(MpiExecutor, PhasesRunOneAtATimeComputeTheIteration) {
     if (r == nullptr) std::abort();
     ASSERT_TRUE(r->RunPhase(planner::Phase::kForward).ok()) << name;
     for (const OpTime& t : r->timings()) {
-      if (t.phase == planner::Phase::kBackward) EXPECT_EQ(t.end_us, 0.0) << name << " " << t.name;
+      if (t.phase == planner::Phase::kBackward) {
+        EXPECT_EQ(t.end_us, 0.0) << name << " " << t.name;
+      }
     }
     const double forward_end = r->forward_us();
     ASSERT_TRUE(r->RunPhase(planner::Phase::kBackward).ok()) << name;
@@ -972,7 +974,9 @@ TEST(MpiExecutor, PipelinedLayoutsRunTheirProgram) {
               std::count(instances.begin() + 1, instances.end(), uint8_t{1}));
     // MoE blocks 0 and 2: stage 0 holds blocks 0-1 (interleaved: 0 and 2),
     // one instance per micro-batch.
-    if (stage == 0) EXPECT_EQ((*r)->layer_instances(), c.v * 4);
+    if (stage == 0) {
+      EXPECT_EQ((*r)->layer_instances(), c.v * 4);
+    }
     EXPECT_GT((*r)->total_us(), 0.0);
     EXPECT_TRUE((*r)->threaded());
   }
