@@ -77,7 +77,7 @@ absl::StatusOr<ChunkTimes> LayoutPlanner::Impl::Chunk(const ModelConfig& model, 
   const ModelConfig m = ModelForLayout(model, l, mbs);
   ModelPlanOptions opt = plan_options;
   if (l.family == Family::kDpMoe) opt.schedules = {Schedule::kDefault};
-  MOEPLAN_RETURN_IF_ERROR(planner.PlanStage(m, opt, so, &plan));
+  MOEPLAN_RETURN_IF_ERROR(planner.PlanStage(m, opt, so, &plan, ModelPlanner::Scope::kFastestOnly));
   const VariantPlan& vp = plan.variants[static_cast<size_t>(plan.best)];
   // ZeRO 1 and 2 build the same graph (reduce-scatter buckets, gathers after
   // the step); 2 only counts the buckets as part of every micro-batch's backward.
@@ -450,7 +450,8 @@ absl::Status LayoutPlanner::Program(const ModelConfig& model, const Layout& layo
   *out = VariantPlan{};
   for (int st = 0; st < p; ++st) {
     for (int c = 0; c < v; ++c) {
-      MOEPLAN_RETURN_IF_ERROR(s.planner.PlanStage(m, opt, ChunkOptions(model, l, st, c), &s.plan));
+      MOEPLAN_RETURN_IF_ERROR(s.planner.PlanStage(m, opt, ChunkOptions(model, l, st, c), &s.plan,
+                                                  ModelPlanner::Scope::kFastestOnly));
       const size_t k = static_cast<size_t>(st) * v + c;
       chunks[k] = std::move(s.plan.variants[static_cast<size_t>(s.plan.best)]);
       graphs[k] = &chunks[k].graph;

@@ -10,11 +10,24 @@ namespace moeplan::planner {
 
 // ---- Reachability ----
 
-void Reachability::Compute(const OpGraph& g, OpId first) {
+void Reachability::Compute(const OpGraph& g, OpId first, std::span<const OpId> sources) {
   first_ = first;
-  const int n = g.size() - first;
-  words_ = (n + 63) / 64;
+  const int n = std::max(0, g.size() - first);
+  int count = 0;
+  if (sources.empty()) {
+    bit_.resize(static_cast<size_t>(n));
+    for (int v = 0; v < n; ++v) bit_[static_cast<size_t>(v)] = count++;
+  } else {
+    bit_.assign(static_cast<size_t>(n), -1);
+    for (OpId s : sources) {
+      const int u = s - first;
+      if (u >= 0 && u < n && bit_[static_cast<size_t>(u)] < 0)
+        bit_[static_cast<size_t>(u)] = count++;
+    }
+  }
+  words_ = (count + 63) / 64;
   anc_.assign(static_cast<size_t>(n) * words_, 0);
+  if (words_ == 0) return;
   for (int v = 0; v < n; ++v) {
     uint64_t* row = anc_.data() + static_cast<size_t>(v) * words_;
     for (OpId d : g.deps(first + v)) {
@@ -22,15 +35,19 @@ void Reachability::Compute(const OpGraph& g, OpId first) {
       if (u < 0) continue;  // before the window: not tracked
       const uint64_t* from = anc_.data() + static_cast<size_t>(u) * words_;
       for (int w = 0; w < words_; ++w) row[w] |= from[w];
-      row[u / 64] |= uint64_t{1} << (u % 64);
+      if (const int b = bit_[static_cast<size_t>(u)]; b >= 0)
+        row[b / 64] |= uint64_t{1} << (b % 64);
     }
   }
 }
 
 bool Reachability::Path(OpId from, OpId to) const {
   const int u = from - first_, v = to - first_;
-  if (u < 0 || v < 0 || u == v) return false;
-  return (anc_[static_cast<size_t>(v) * words_ + u / 64] >> (u % 64)) & 1;
+  const int n = static_cast<int>(bit_.size());
+  if (u < 0 || v < 0 || u >= n || v >= n || u == v) return false;
+  const int b = bit_[static_cast<size_t>(u)];
+  if (b < 0) return false;
+  return (anc_[static_cast<size_t>(v) * words_ + static_cast<size_t>(b / 64)] >> (b % 64)) & 1;
 }
 
 // ---- Best-fit dW placement ----

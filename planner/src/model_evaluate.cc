@@ -50,6 +50,17 @@ Deps ModelPlanner::Impl::EmitForward(const std::vector<Range>& ranges) {
   return {g0.Add(join, dep_buf, kJoin)};
 }
 
+absl::StatusOr<double> ModelPlanner::Impl::ForwardEnd(const std::vector<Range>& ranges) {
+  g0.Clear();
+  params.clear();
+  slots.clear();
+  dw_ops.clear();
+  ResetPieces();
+  EmitForward(ranges);
+  MOEPLAN_RETURN_IF_ERROR(simulator.Schedule(g0, &sim0));
+  return sim0.forward_end_us;
+}
+
 // Lancet's dW placement on g0 (its backward from `bwd_begin`): each slot's
 // AlltoAll time from g0 simulated, dW ops best-fit into the slots they are
 // independent of; `picks` per slot, and the placements for the plan.
@@ -157,13 +168,15 @@ absl::Status ModelPlanner::Impl::Evaluate(const std::vector<Range>& ranges, bool
   if (schedule_dw && !slots.empty() && !dw_ops.empty()) {
     if (bwd == nullptr) {
       reach_of = {-1, -1};
-      reach.Compute(g0, bwd_begin);
+      reach.Compute(g0, bwd_begin, dw_ops);
       MOEPLAN_RETURN_IF_ERROR(PlaceDw(reach, 0, &picks, &built->dw));
     } else {
       // The template's ops from 1 are g0's from bwd_begin: its reachability
       // serves every graph it is copied into (dw, then lancet).
       const int64_t which = bwd == &bwd_ops[1] ? 1 : 0;
-      if (reach_of[0] != which || reach_of[1] != bwd->build) reach.Compute(bwd->graph, 1);
+      if (reach_of[0] != which || reach_of[1] != bwd->build) {
+        reach.Compute(bwd->graph, 1, bwd->dw_ops);
+      }
       reach_of = {which, bwd->build};
       MOEPLAN_RETURN_IF_ERROR(PlaceDw(reach, bwd_begin - 1, &picks, &built->dw));
     }

@@ -175,8 +175,8 @@ absl::Status ModelPlanner::Plan(const ModelConfig& model, const ModelPlanOptions
 }
 
 absl::Status ModelPlanner::PlanStage(const ModelConfig& model, const ModelPlanOptions& options,
-                                     const StageOptions& stage, ModelPlan* out) {
-  return Run(model, options, stage, out, nullptr);
+                                     const StageOptions& stage, ModelPlan* out, Scope scope) {
+  return Run(model, options, stage, out, nullptr, scope);
 }
 
 absl::Status ModelPlanner::StageComputeBound(const ModelConfig& model,
@@ -330,7 +330,8 @@ void ResetVariantPlan(VariantPlan* vp) {
 }  // namespace
 
 absl::Status ModelPlanner::Run(const ModelConfig& model, const ModelPlanOptions& options,
-                               const StageOptions& stage, ModelPlan* out, StageBound* bound) {
+                               const StageOptions& stage, ModelPlan* out, StageBound* bound,
+                               Scope scope) {
   Impl& s = *impl_;
   MOEPLAN_RETURN_IF_ERROR(ValidateModelPlanOptions(options));
   if (stage.zero_stage < 0 || stage.zero_stage > 3) {
@@ -362,16 +363,21 @@ absl::Status ModelPlanner::Run(const ModelConfig& model, const ModelPlanOptions&
 
   // Each variant starts empty, on the storage of the last plan's (a planner
   // reused by the layout search copies graphs of the same size into them).
-  out->variants.resize(variants.size());
   out->moe_layers = model.NumMoeLayers();
   out->params_per_rank = s.ParamsPerRank();
   out->crossover = model.IsDense() ? AllToAllCrossover{} : s.Crossover();
+  out->best = 0;
+  if (scope == Scope::kFastestOnly) {
+    out->variants.resize(1);
+    ResetVariantPlan(&out->variants[0]);
+    return PlanFastestVariant(s, options, schedules, algos, variants, &out->variants[0]);
+  }
+  out->variants.resize(variants.size());
   for (size_t vi = 0; vi < variants.size(); ++vi) {
     ResetVariantPlan(&out->variants[vi]);
     out->variants[vi].variant = variants[vi];
   }
   MOEPLAN_RETURN_IF_ERROR(PlanVariants(s, options, schedules, algos, out->variants));
-  out->best = 0;
   for (size_t i = 1; i < out->variants.size(); ++i) {
     if (out->variants[i].iteration_us() <
         out->variants[static_cast<size_t>(out->best)].iteration_us())

@@ -309,6 +309,8 @@ struct ModelPlanner::Impl {
     std::vector<DwPlacement> dw;
   };
   absl::Status Evaluate(const std::vector<Range>& ranges, bool schedule_dw, Built* built);
+  // The forward of `ranges` alone, simulated: its end (g0 holds it).
+  absl::StatusOr<double> ForwardEnd(const std::vector<Range>& ranges);
   Deps EmitForward(const std::vector<Range>& ranges);
   // `reach`: the backward's reachability, its op 0 being g0's op `shift`.
   absl::Status PlaceDw(const Reachability& reach, OpId shift, std::vector<std::vector<int>>* picks,
@@ -357,5 +359,11 @@ struct ModelPlanner::Impl {
 absl::Status PlanVariants(ModelPlanner::Impl& s, const ModelPlanOptions& options,
                           std::span<const Schedule> schedules, std::span<const AllToAllAlgo> algos,
                           std::span<VariantPlan> vps);
+// ModelPlanner::Scope::kFastestOnly: the variant PlanVariants would rank
+// first, into *out (model_variants.cc).
+absl::Status PlanFastestVariant(ModelPlanner::Impl& s, const ModelPlanOptions& options,
+                                std::span<const Schedule> schedules,
+                                std::span<const AllToAllAlgo> algos,
+                                std::span<const Variant> variants, VariantPlan* out);
 
 }  // namespace moeplan::planner

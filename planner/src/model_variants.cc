@@ -2,7 +2,9 @@
 // requested variant with every (schedule, algorithm) pair, each variant's
 // fastest kept.
 #include <algorithm>
+#include <cstdint>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "model_planner_internal.h"
@@ -83,13 +85,11 @@ class VariantSearch {
       }
       return absl::OkStatus();
     };
-    MOEPLAN_RETURN_IF_ERROR(each(Variant::kNone, [&](size_t vi) {
-      return Consider(vi, whole, false, 0);
-    }));
+    MOEPLAN_RETURN_IF_ERROR(
+        each(Variant::kNone, [&](size_t vi) { return Consider(vi, whole, false, 0); }));
     if (unsplit) {
-      MOEPLAN_RETURN_IF_ERROR(each(Variant::kPartition, [&](size_t vi) {
-        return Consider(vi, split, false, 0);
-      }));
+      MOEPLAN_RETURN_IF_ERROR(
+          each(Variant::kPartition, [&](size_t vi) { return Consider(vi, split, false, 0); }));
     }
     MOEPLAN_RETURN_IF_ERROR(each(Variant::kTutel, [&](size_t vi) -> absl::Status {
       for (int r : options_.tutel_degrees) {
@@ -98,13 +98,11 @@ class VariantSearch {
       return absl::OkStatus();
     }));
     if (!unsplit) {
-      MOEPLAN_RETURN_IF_ERROR(each(Variant::kPartition, [&](size_t vi) {
-        return Consider(vi, split, false, 0);
-      }));
+      MOEPLAN_RETURN_IF_ERROR(
+          each(Variant::kPartition, [&](size_t vi) { return Consider(vi, split, false, 0); }));
     }
-    MOEPLAN_RETURN_IF_ERROR(each(Variant::kDw, [&](size_t vi) {
-      return Consider(vi, whole, true, 0);
-    }));
+    MOEPLAN_RETURN_IF_ERROR(
+        each(Variant::kDw, [&](size_t vi) { return Consider(vi, whole, true, 0); }));
     return each(Variant::kLancet, [&](size_t vi) { return Consider(vi, split, true, 0); });
   }
 
@@ -151,7 +149,221 @@ class VariantSearch {
   bool detailed_ = false;  // final_sim completed (Simulator::Details)
 };
 
+// The fastest variant only (docs/model.md "Planning only the fastest").
+// Without ZeRO 3's prefetched gathers, every backward op descends from the
+// loss and every forward op ends by it, so a graph's makespan is its
+// forward's end plus a rest that depends on the backward graph and its issue
+// order alone: one rest for the variants without dW placement (none,
+// partition, tutel) and one for those with it (dw, lancet). Per pair this
+// simulates one whole graph of each kind, only the forward of the other
+// range sets, and adds. The sums equal whole simulations up to rounding, so
+// every sum within kNear of the least is simulated whole, and the winner is
+// the one PlanVariants ranks first: least time, then variant, pair and
+// degree order. Under ZeRO 3 every graph is simulated whole.
+class FastestSearch {
+ public:
+  FastestSearch(ModelPlanner::Impl& s, const ModelPlanOptions& options,
+                std::span<const Variant> variants)
+      : s_(s), options_(options), variants_(variants) {}
+
+  absl::Status Plan(std::span<const Schedule> schedules, std::span<const AllToAllAlgo> algos,
+                    VariantPlan* out) {
+    const bool add = s_.st.zero_stage < 3;
+    int pair = 0;
+    for (Schedule sc : schedules) {
+      for (AllToAllAlgo a : algos) {
+        if (sc == Schedule::kS2 && a == AllToAllAlgo::kHierarchical && algos.size() > 1) continue;
+        MOEPLAN_RETURN_IF_ERROR(PlanPair(Pair{sc, a}, pair++, add));
+      }
+    }
+    double least = kInf;
+    for (const Entry& e : entries_) least = std::min(least, e.us);
+    for (Entry& e : entries_) {
+      if (!e.exact && e.us <= least * (1.0 + kNear)) {
+        MOEPLAN_ASSIGN_OR_RETURN(e.us, Simulate(e));
+        e.exact = true;
+      }
+    }
+    // The least of all is simulated whole by now, and held.
+    if (held_ < 0) return absl::InternalError("fastest variant: nothing planned");
+    const Entry& best = entries_[static_cast<size_t>(held_)];
+    s_.simulator.Details(held_graph_, &held_sim_);
+    out->variant = variants_[best.vi];
+    out->schedule = best.pair.sched;
+    out->algo = best.pair.algo;
+    out->tutel_degree = best.degree;
+    std::swap(out->graph, held_graph_);
+    std::swap(out->sim, held_sim_);
+    out->layers = std::move(held_layers_);
+    out->partitions = std::move(held_built_.partitions);
+    out->dw = std::move(held_built_.dw);
+    return absl::OkStatus();
+  }
+
+ private:
+  static constexpr double kNear = 1e-9;
+  struct Pair {
+    Schedule sched;
+    AllToAllAlgo algo;
+  };
+  // One variant on one pair (and Tutel degree): its time, simulated whole
+  // (exact) or summed.
+  struct Entry {
+    size_t vi;
+    int pair_index;
+    Pair pair;
+    int degree;  // Tutel's r; 0 otherwise
+    int order;   // the degree's place in tutel_degrees
+    double us;
+    bool exact;
+  };
+  // Which ranges a variant's graph splits: the unsplit ones, the partition
+  // DP's (partition, lancet) or Tutel's r.
+  enum class Split : uint8_t { kWhole, kDp, kTutel };
+
+  static bool Before(const Entry& x, const Entry& y) {
+    if (x.vi != y.vi) return x.vi < y.vi;
+    if (x.pair_index != y.pair_index) return x.pair_index < y.pair_index;
+    return x.order < y.order;
+  }
+  static bool Dw(Variant v) { return v == Variant::kDw || v == Variant::kLancet; }
+  static Split SplitOf(Variant v) {
+    return v == Variant::kPartition || v == Variant::kLancet ? Split::kDp
+           : v == Variant::kTutel                            ? Split::kTutel
+                                                             : Split::kWhole;
+  }
+
+  void SetPair(Pair p) {
+    s_.sched = p.sched;
+    s_.algo = p.algo;
+    s_.combo_salt = 1 + static_cast<uint64_t>(p.sched) * 4 + static_cast<uint64_t>(p.algo);
+  }
+  // The pair's partition DP runs once (dp_ranges_, by pair index).
+  std::vector<Range> RangesOf(Variant v, int degree, int pair_index) {
+    switch (SplitOf(v)) {
+      case Split::kDp:
+        if (dp_ranges_.size() <= static_cast<size_t>(pair_index)) {
+          dp_ranges_.resize(static_cast<size_t>(pair_index) + 1);
+        }
+        if (dp_ranges_[static_cast<size_t>(pair_index)].empty()) {
+          dp_ranges_[static_cast<size_t>(pair_index)] = s_.PartitionRanges();
+        }
+        return dp_ranges_[static_cast<size_t>(pair_index)];
+      case Split::kTutel:
+        return s_.TutelRanges(degree);
+      case Split::kWhole:
+        break;
+    }
+    return s_.WholeRanges();
+  }
+  // e's whole graph simulated, and held if it is the least so far.
+  absl::StatusOr<double> Simulate(const Entry& e) {
+    MOEPLAN_RETURN_IF_ERROR(options_.deadline.Check("model plan"));
+    SetPair(e.pair);
+    ranges_ = RangesOf(variants_[e.vi], e.degree, e.pair_index);
+    MOEPLAN_RETURN_IF_ERROR(s_.Evaluate(ranges_, Dw(variants_[e.vi]), &built_));
+    const double us = s_.final_sim.makespan_us;
+    const Entry* held = held_ < 0 ? nullptr : &entries_[static_cast<size_t>(held_)];
+    if (held == nullptr || us < held->us || (us == held->us && Before(e, *held))) {
+      held_ = &e - entries_.data();
+      held_graph_ = s_.final_graph;
+      held_sim_ = s_.final_sim;
+      held_layers_ = s_.Layers(ranges_);
+      held_built_ = built_;
+    }
+    return us;
+  }
+
+  absl::Status PlanPair(Pair p, int pair_index, bool add) {
+    SetPair(p);
+    const size_t first = entries_.size();
+    for (size_t vi = 0; vi < variants_.size(); ++vi) {
+      if (variants_[vi] != Variant::kTutel) {
+        entries_.push_back({vi, pair_index, p, 0, 0, kInf, false});
+        continue;
+      }
+      for (size_t d = 0; d < options_.tutel_degrees.size(); ++d) {
+        entries_.push_back(
+            {vi, pair_index, p, options_.tutel_degrees[d], static_cast<int>(d), kInf, false});
+      }
+    }
+    const std::span<Entry> pair(entries_.begin() + static_cast<ptrdiff_t>(first), entries_.end());
+    if (!add) {
+      for (Entry& e : pair) {
+        MOEPLAN_ASSIGN_OR_RETURN(e.us, Simulate(e));
+        e.exact = true;
+      }
+      return absl::OkStatus();
+    }
+    // One whole graph per kind: none's (else the first without dW
+    // placement) and lancet's (else dw's). Each gives its kind's rest and
+    // its ranges' forward.
+    double rest[2] = {kInf, kInf};
+    fwd_.clear();
+    for (bool dw : {false, true}) {
+      Entry* whole = nullptr;
+      for (Entry& e : pair) {
+        if (Dw(variants_[e.vi]) != dw) continue;
+        if (whole == nullptr || variants_[e.vi] == (dw ? Variant::kLancet : Variant::kNone)) {
+          whole = &e;
+        }
+      }
+      if (whole == nullptr) continue;
+      MOEPLAN_ASSIGN_OR_RETURN(whole->us, Simulate(*whole));
+      whole->exact = true;
+      const double f = s_.final_sim.forward_end_us;
+      rest[dw] = whole->us - f;
+      fwd_.push_back({KeyOf(*whole), f});
+    }
+    for (Entry& e : pair) {
+      if (e.exact) continue;
+      const uint64_t key = KeyOf(e);
+      double f = kInf;
+      for (const auto& [k, us] : fwd_) {
+        if (k == key) f = us;
+      }
+      if (f == kInf) {
+        MOEPLAN_RETURN_IF_ERROR(options_.deadline.Check("model plan"));
+        MOEPLAN_ASSIGN_OR_RETURN(f,
+                                 s_.ForwardEnd(RangesOf(variants_[e.vi], e.degree, e.pair_index)));
+        fwd_.push_back({key, f});
+      }
+      e.us = f + rest[Dw(variants_[e.vi])];
+    }
+    return absl::OkStatus();
+  }
+  // The forward an entry's ranges give: unsplit (Tutel's r = 1 is), the
+  // partition DP's, or Tutel's r.
+  uint64_t KeyOf(const Entry& e) const {
+    const Split split = SplitOf(variants_[e.vi]);
+    if (split == Split::kTutel && e.degree > 1) return 2 + static_cast<uint64_t>(e.degree);
+    return split == Split::kDp ? 1 : 0;
+  }
+
+  ModelPlanner::Impl& s_;
+  const ModelPlanOptions& options_;
+  std::span<const Variant> variants_;
+  std::vector<Entry> entries_;
+  std::vector<std::pair<uint64_t, double>> fwd_;  // per pair: forward end by KeyOf
+  std::vector<Range> ranges_;
+  std::vector<std::vector<Range>> dp_ranges_;
+  ModelPlanner::Impl::Built built_;
+  // The least entry simulated whole so far (its index; -1: none) and its plan.
+  ptrdiff_t held_ = -1;
+  OpGraph held_graph_;
+  SimResult held_sim_;
+  std::vector<MoeLayerChoice> held_layers_;
+  ModelPlanner::Impl::Built held_built_;
+};
+
 }  // namespace
+
+absl::Status PlanFastestVariant(ModelPlanner::Impl& s, const ModelPlanOptions& options,
+                                std::span<const Schedule> schedules,
+                                std::span<const AllToAllAlgo> algos,
+                                std::span<const Variant> variants, VariantPlan* out) {
+  return FastestSearch(s, options, variants).Plan(schedules, algos, out);
+}
 
 absl::Status PlanVariants(ModelPlanner::Impl& s, const ModelPlanOptions& options,
                           std::span<const Schedule> schedules, std::span<const AllToAllAlgo> algos,

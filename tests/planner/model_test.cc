@@ -67,8 +67,18 @@ TEST(Reachability, MatchesDepthFirstSearchOnRandomDags) {
       for (OpId u : deps) succ[u].push_back(v);
     }
     const int first = static_cast<int>(rng() % 5);
-    Reachability r;
+    Reachability r, from_some;
     r.Compute(g, first);
+    // Tracking only some sources keeps exactly their paths.
+    std::vector<OpId> sources;
+    std::vector<bool> is_source(n, false);
+    for (int v = first; v < n; ++v) {
+      if (rng() % 3 == 0) {
+        sources.push_back(v);
+        is_source[v] = true;
+      }
+    }
+    from_some.Compute(g, first, sources);
     for (int a = first; a < n; ++a) {
       // Everything reachable from a by DFS over ops >= first.
       std::vector<bool> seen(n, false);
@@ -86,6 +96,8 @@ TEST(Reachability, MatchesDepthFirstSearchOnRandomDags) {
       for (int b = first; b < n; ++b) {
         if (a == b) continue;
         ASSERT_EQ(r.Path(a, b), static_cast<bool>(seen[b])) << a << " -> " << b;
+        ASSERT_EQ(from_some.Path(a, b), is_source[a] && seen[b])
+            << a << " -> " << b << " (sources)";
       }
     }
   }
@@ -385,6 +397,15 @@ double BackwardUs(const VariantPlan& v, bool reduce_scatter_in_backward) {
   return end - v.sim.forward_end_us;
 }
 
+// SmallModel, with SwiGLU experts and a shared expert when `gated`.
+ModelConfig GatedSmallModel(int mp, bool gated) {
+  ModelConfig m = SmallModel(mp);
+  m.gated_linear_unit = gated;
+  m.moe.num_shared_experts = gated ? 1 : 0;
+  m.moe.shared_expert_ffn_hidden_size = gated ? 512 : 0;
+  return m;
+}
+
 // The backward bounded by its dependencies (its dW ops, buckets and gathers
 // passed through) is never longer than any variant's backward under any
 // ZeRO stage, and never shorter than the busiest resource's: here it is the
@@ -395,10 +416,7 @@ TEST(StageBound, TheBackwardChainBoundsEveryVariant) {
   int tighter = 0;
   for (int mp : {1, 2}) {
     for (bool gated : {false, true}) {
-      ModelConfig m = SmallModel(mp);
-      m.gated_linear_unit = gated;
-      m.moe.num_shared_experts = gated ? 1 : 0;
-      m.moe.shared_expert_ffn_hidden_size = gated ? 512 : 0;
+      const ModelConfig m = GatedSmallModel(mp, gated);
       for (int zero : {0, 1, 2, 3}) {
         StageOptions so;
         so.zero_stage = zero;
@@ -425,6 +443,62 @@ TEST(StageBound, TheBackwardChainBoundsEveryVariant) {
     }
   }
   EXPECT_GT(tighter, 0);
+}
+
+// ---- Planning only the fastest (docs/model.md) ----
+
+// The fastest-only plan (one whole graph per dW kind and pair, the other
+// forwards alone, sums simulated whole near the least) is the plan
+// every-variant planning ranks first: the same variant, pair, degree, graph
+// and times, under every ZeRO stage, stage position and variant set.
+TEST(FastestOnly, PicksWhatEveryVariantPlanningPicks) {
+  ModelPlanner planner(RoundNumberModel());
+  const std::vector<std::vector<Variant>> sets = {{},
+                                                  {Variant::kLancet},
+                                                  {Variant::kNone, Variant::kTutel},
+                                                  {Variant::kPartition, Variant::kDw}};
+  int cases = 0;
+  for (int mp : {1, 2}) {
+    for (bool gated : {false, true}) {
+      const ModelConfig m = GatedSmallModel(mp, gated);
+      for (int zero : {0, 1, 2, 3}) {
+        for (int part = 0; part < 3; ++part) {
+          StageOptions so;
+          so.zero_stage = zero;
+          if (part == 1) so.end_block = m.num_layers / 2, so.head = false;
+          if (part == 2) so.first_block = m.num_layers / 2, so.embed = false;
+          for (const std::vector<Variant>& set : sets) {
+            ModelPlanOptions opt;
+            opt.variants = set;
+            ModelPlan every, fastest;
+            ASSERT_TRUE(planner.PlanStage(m, opt, so, &every).ok());
+            ASSERT_TRUE(
+                planner.PlanStage(m, opt, so, &fastest, ModelPlanner::Scope::kFastestOnly).ok());
+            const std::string what = Cat("mp ", mp, " gated ", gated, " zero ", zero, " part ",
+                                         part, " variants ", set.size());
+            ASSERT_EQ(fastest.variants.size(), 1u) << what;
+            EXPECT_EQ(fastest.best, 0) << what;
+            const VariantPlan& want = every.variants[static_cast<size_t>(every.best)];
+            const VariantPlan& got = fastest.variants[0];
+            EXPECT_EQ(got.variant, want.variant) << what;
+            EXPECT_EQ(got.schedule, want.schedule) << what;
+            EXPECT_EQ(got.algo, want.algo) << what;
+            EXPECT_EQ(got.tutel_degree, want.tutel_degree) << what;
+            EXPECT_EQ(got.sim.makespan_us, want.sim.makespan_us) << what;
+            EXPECT_EQ(got.sim.forward_end_us, want.sim.forward_end_us) << what;
+            EXPECT_EQ(got.sim.critical_path, want.sim.critical_path) << what;
+            EXPECT_EQ(got.graph.size(), want.graph.size()) << what;
+            EXPECT_EQ(got.layers.size(), want.layers.size()) << what;
+            EXPECT_EQ(got.partitions.size(), want.partitions.size()) << what;
+            EXPECT_EQ(got.dw.size(), want.dw.size()) << what;
+            EXPECT_TRUE(got.alternatives.empty()) << what;
+            ++cases;
+          }
+        }
+      }
+    }
+  }
+  EXPECT_EQ(cases, 2 * 2 * 4 * 3 * 4);
 }
 
 // ---- The memory bound (docs/model.md "Memory bound") ----

@@ -154,8 +154,14 @@ class ModelPlanner {
   absl::Status Plan(const ModelConfig& model, const ModelPlanOptions& options, ModelPlan* out);
   // One stage of a layout: `model` (micro_batch_size and parallel as the
   // layout sets them) is not validated here (ValidateLayout does); options are.
+  // kFastestOnly: out->variants holds only the fastest variant (best 0),
+  // without alternatives, the one every-variant planning would pick (equal
+  // graph and times), found with fewer simulations (docs/model.md
+  // "Planning only the fastest"). The layout search plans chunks this way.
+  enum class Scope : uint8_t { kEveryVariant, kFastestOnly };
   absl::Status PlanStage(const ModelConfig& model, const ModelPlanOptions& options,
-                         const StageOptions& stage, ModelPlan* out);
+                         const StageOptions& stage, ModelPlan* out,
+                         Scope scope = Scope::kEveryVariant);
   // Lower bounds on any variant's per-micro-batch forward and backward of the
   // stage (per phase, the busiest resource's unsplit ops, the least over the
   // schedules and algorithms) and its optimizer step, without simulating.
@@ -207,25 +213,31 @@ class ModelPlanner {
   // Plans into `out`, or bounds into `bound`, or (both null) only checks the
   // memory bound.
   absl::Status Run(const ModelConfig& model, const ModelPlanOptions& options,
-                   const StageOptions& stage, ModelPlan* out, StageBound* bound);
+                   const StageOptions& stage, ModelPlan* out, StageBound* bound,
+                   Scope scope = Scope::kEveryVariant);
   std::unique_ptr<Impl> impl_;
 };
 
 // ---- The algorithms, exposed for tests ----
 
 // Which ops reach which, on the ops [first, graph.size()) of a DAG in
-// topological (issue) order: ancestor bitsets computed in one pass, O(E * V / 64).
+// topological (issue) order: ancestor bitsets computed in one pass,
+// O(E * S / 64) for S tracked sources. `sources` (empty: every op) are the
+// only ops whose paths are kept; dW placement asks only from its dW ops.
 class Reachability {
  public:
-  void Compute(const OpGraph& graph, OpId first = 0);
-  // A directed path from `from` to `to` (from != to), both >= first.
+  void Compute(const OpGraph& graph, OpId first = 0, std::span<const OpId> sources = {});
+  // A directed path from `from` to `to` (from != to), both >= first; `from`
+  // must be a source (false otherwise).
   bool Path(OpId from, OpId to) const;
+  // Neither reaches the other (both sources).
   bool Independent(OpId a, OpId b) const { return a != b && !Path(a, b) && !Path(b, a); }
 
  private:
   OpId first_ = 0;
   int words_ = 0;
-  std::vector<uint64_t> anc_;  // row v - first_: ancestors of v
+  std::vector<int> bit_;       // op v - first_: its source bit, -1 if not a source
+  std::vector<uint64_t> anc_;  // row v - first_: the sources among v's ancestors
 };
 
 // Lancet's best fit: for each slot in order (an AlltoAll of slot_us[s]), pick
