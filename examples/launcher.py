@@ -24,14 +24,15 @@ search, docs/model.md).
     /usr/bin/python3 examples/launcher.py --server 127.0.0.1:50051 \\
         --model examples/models/gpt3-medium-moe.json --cluster v100-8x8 \\
         --layout dp=8,tp=4,pp=1,ep=8,esp=4[,microbatches=4,zero=1,family=parm,
-                 pipeline=1f1b,v=2,recompute=1,layout=Et|(tt|)*3L]
+                 pipeline=1f1b,v=2,recompute=1,sp=1,layout=Et|(tt|)*3L]
 
 --model FILE is a moeplan.v1.ModelConfig JSON (examples/models/). --search (the
 default with --model) ranks every layout on --gpus GPUs (default: the whole
 cluster) and keeps the best --top (default 5); --layout evaluates one layout
 (keys dp, tp, pp, ep, esp required; microbatches, zero, family (dpmoe, ppmoe,
 parm), pipeline (gpipe, 1f1b, interleaved), v (virtual stages), recompute
-(0/1) and, last, layout (Megatron-Core's pipeline layout string, which may hold
+(0/1), sp (sequence parallelism, 0/1; printed back as --sequence-parallel) and,
+last, layout (Megatron-Core's pipeline layout string, which may hold
 commas; printed back as --pipeline-model-parallel-layout) optional). It prints the ranked table (rank, family, dp/tp/pp/ep/esp,
 micro-batches m, ZeRO stage, pipeline, iteration time, tokens/s per GPU, memory
 per GPU), the search's counts, and for the best candidate two lines:
@@ -129,6 +130,7 @@ LAYOUT_KEYS = {
     "pipeline": ("pipeline", ("gpipe", "1f1b", "interleaved")),
     "v": ("virtual_stages", "int"),
     "recompute": ("recompute", "bool"),
+    "sp": ("sequence_parallel", "bool"),
     # Megatron-Core's --pipeline-model-parallel-layout (it may hold commas: last).
     "layout": ("pipeline_model_parallel_layout", "str"),
 }
@@ -138,7 +140,7 @@ DEFAULT_TOP = 5
 
 def parse_layout(spec: str) -> dict:
     """`dp=8,tp=4,pp=1,ep=8,esp=4[,microbatches=..,zero=..,family=..,pipeline=..,v=..,
-    recompute=..]` -> a moeplan.v1.Layout dict. Errors name the key."""
+    recompute=..,sp=..,layout=..]` -> a moeplan.v1.Layout dict. Errors name the key."""
     known = ", ".join(LAYOUT_KEYS)
     layout = {}
     seen = set()
@@ -230,6 +232,8 @@ def megatron_flags(model: dict, cand: dict, global_batch: int) -> list:
         flags += ["--use-distributed-optimizer"]
     if lay.get("recompute"):
         flags += ["--recompute-granularity", "full", "--recompute-method", "uniform"]
+    if lay.get("sequence_parallel"):
+        flags += ["--sequence-parallel"]
     flags += ["--seq-length", str(_int(model.get("seq_length"))),
               "--num-layers", str(_int(model.get("num_layers"))),
               "--hidden-size", str(_int(model.get("hidden_size"))),
@@ -274,6 +278,8 @@ def print_candidates(candidates: list) -> None:
             pipeline += f"/v{v}"
         if lay.get("recompute"):
             pipeline += "+rc"
+        if lay.get("sequence_parallel"):
+            pipeline += "+sp"
         gib = _int(c.get("memory_bytes_per_gpu")) / float(1 << 30)
         print(f"{_int(c.get('rank'), i + 1):>4} {c.get('family') or lay.get('family') or '-':<6} "
               f"{_int(lay.get('dp')):>4} {_int(lay.get('tp')):>3} {_int(lay.get('pp')):>3} "
@@ -439,7 +445,7 @@ def main() -> int:
     parser.add_argument("--layout", default=None, metavar="SPEC",
                         help="with --model: evaluate one layout, "
                              "dp=..,tp=..,pp=..,ep=..,esp=..[,microbatches=..,zero=..,"
-                             "family=..,pipeline=..,v=..,recompute=..]")
+                             "family=..,pipeline=..,v=..,recompute=..,sp=..,layout=..]")
     parser.add_argument("--gpus", type=int, default=None, metavar="N",
                         help="with --search: GPUs to lay the model out on "
                              "(default: the whole cluster)")

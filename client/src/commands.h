@@ -78,6 +78,7 @@ struct PlanModelArgs {
   std::string families = "all";   // dpmoe,ppmoe,parm
   std::string pipelines = "all";  // gpipe,1f1b,interleaved
   std::string zero_stages = "all";
+  std::string sequence_parallel = "off";  // off, on, both
   int max_microbatches = 64;
   bool exhaustive = false;
   std::string layout;            // "dp=..,tp=..,pp=..,ep=..,esp=..[,microbatches=..,zero=..,...]"

@@ -116,6 +116,12 @@ void AddLayoutOptions(CLI::App* plan, PlanModelArgs* a) {
       ->check(flags::NonEmpty())
       ->needs(search)
       ->capture_default_str();
+  plan->add_option("--sequence-parallel", a->sequence_parallel,
+                   "With --search: try sequence parallelism off, on (where tp >= 2, not "
+                   "ppmoe) or both; a --layout names it with sp=1")
+      ->check(CLI::IsMember({"off", "on", "both"}))
+      ->needs(search)
+      ->capture_default_str();
   plan->add_option("--max-microbatches", a->max_microbatches,
                    "With --search: most micro-batches per iteration tried")
       ->check(flags::IntInRange(1, 4096))

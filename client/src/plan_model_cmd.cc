@@ -53,6 +53,7 @@ absl::Status InFile(const std::string& path, const absl::Status& s) {
       {"search.pipelines", "--pipelines"},
       {"search.zero_stages", "--zero-stages"},
       {"search.max_microbatches", "--max-microbatches"},
+      {"search.sequence_parallel", "--sequence-parallel"},
       {"memory.gpu_memory_gib", "--gpu-memory-gib"},
       {"memory.optimizer_bytes", "--optimizer-bytes"},
       {"memory.grad_bytes", "--grad-bytes"},
@@ -128,6 +129,8 @@ absl::Status SearchFromFlags(const PlanModelArgs& a, v1::PlanModelRequest* reque
   MOEPLAN_ASSIGN_OR_RETURN(auto zeros, ParseNameList<int>("--zero-stages", "ZeRO stage",
                                                           a.zero_stages, ParseZero, "0, 1, 2, 3"));
   for (int z : zeros) s->add_zero_stages(z);
+  if (a.sequence_parallel != "on") s->add_sequence_parallel(false);
+  if (a.sequence_parallel != "off") s->add_sequence_parallel(true);
   s->set_max_microbatches(a.max_microbatches);
   s->set_exhaustive(a.exhaustive);
   return absl::OkStatus();

@@ -26,6 +26,10 @@ using planner::OpExec;
 
 absl::Status ValidateModelForExecutor(const planner::ModelConfig& model, int world_size) {
   const planner::ParallelLayout& p = model.parallel;
+  if (p.sequence_parallel) {
+    return absl::UnimplementedError(
+        "parallel.sequence_parallel: sequence parallelism is planned but not executable yet");
+  }
   if (int64_t{p.mp} * p.dp * std::max(1, p.pp) != world_size) {
     return absl::InvalidArgumentError(
         Cat("parallel: mp*dp*pp must equal the number of ranks the executor runs on (got mp*dp*pp=",
@@ -81,6 +85,10 @@ absl::StatusOr<planner::VariantPlan> PlanLayoutRun(const planner::ModelConfig& m
   if (l.recompute) {
     return absl::InvalidArgumentError(
         "layout.recompute: runs with full activation recomputation are not executable yet");
+  }
+  if (l.sequence_parallel) {
+    return absl::UnimplementedError(
+        "layout.sequence_parallel: sequence parallelism is planned but not executable yet");
   }
   const planner::CostModel& c = cost != nullptr ? *cost : internal::NeutralCostModel();
   planner::LayoutPlanner planner(c);
@@ -236,7 +244,6 @@ class ModelOps final : public OpHandler {
   std::array<Scratch, planner::kNumExecGroups> comm_;
 };
 
-
 // One MoE layer instance of a model's plan (OpGraph::layers(), instance i + 1):
 // its layer config and options, and whether this rank's stage runs it.
 struct Instance {
@@ -286,23 +293,23 @@ absl::Status CheckMemory(const std::string& model_name, const planner::OpGraph& 
   for (size_t i = 0; i < instances.size(); ++i) {
     const Instance& in = instances[i];
     if (!in.mine) continue;
-    MOEPLAN_ASSIGN_OR_RETURN(planned[i], internal::MoeLayerOps::PlannedBytes(
-                                             in.layer, plan, static_cast<int>(i + 1), in.block,
-                                             in.options, groups));
+    MOEPLAN_ASSIGN_OR_RETURN(
+        planned[i], internal::MoeLayerOps::PlannedBytes(in.layer, plan, static_cast<int>(i + 1),
+                                                        in.block, in.options, groups));
     moe += planned[i];
     ++count;
   }
   const size_t limit = options.memory_limit_bytes;
   if (scratch + moe > limit) {
     constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
-    return absl::ResourceExhaustedError(Cat(
-        "memory: ", model_name, " needs ", scratch + moe, " bytes per rank (",
-        fmt::format("{:.3f}", (scratch + moe) / kGiB), " GiB: ", scratch,
-        " of dense scratch and communication buffers, ", moe, " in ", count,
-        " MoE layer instance(s)), over the ", limit, " bytes (", fmt::format("{:.3f}", limit / kGiB),
-        " GiB) it may use (", options.memory_limit_source,
-        "); nothing was allocated: lower micro_batch_size, seq_length, hidden_size, "
-        "ffn_hidden_size or vocab_size, or use more ranks"));
+    return absl::ResourceExhaustedError(
+        Cat("memory: ", model_name, " needs ", scratch + moe, " bytes per rank (",
+            fmt::format("{:.3f}", (scratch + moe) / kGiB), " GiB: ", scratch,
+            " of dense scratch and communication buffers, ", moe, " in ", count,
+            " MoE layer instance(s)), over the ", limit, " bytes (",
+            fmt::format("{:.3f}", limit / kGiB), " GiB) it may use (", options.memory_limit_source,
+            "); nothing was allocated: lower micro_batch_size, seq_length, hidden_size, "
+            "ffn_hidden_size or vocab_size, or use more ranks"));
   }
   size_t used = scratch;
   for (size_t i = 0; i < instances.size(); ++i) {
@@ -370,8 +377,8 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> ModelRunner::Create(const planner::
     const Instance& in = instances[i];
     MOEPLAN_ASSIGN_OR_RETURN(
         std::unique_ptr<internal::MoeLayerOps> ops,
-        internal::MoeLayerOps::Create(in.layer, plan, static_cast<int>(i + 1), in.block,
-                                      in.options, impl->groups.get(), device, kernels));
+        internal::MoeLayerOps::Create(in.layer, plan, static_cast<int>(i + 1), in.block, in.options,
+                                      impl->groups.get(), device, kernels));
     impl->ops->layers_.push_back(std::move(ops));
   }
   MOEPLAN_ASSIGN_OR_RETURN(impl->interpreter,

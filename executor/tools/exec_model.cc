@@ -66,7 +66,7 @@ absl::Status ReadSavedPlan(const std::string& file, ModelSetup* s) {
             l.dp(), ",tp=", l.tp(), ",pp=", l.pp(), ",ep=", l.ep(), ",esp=", l.esp(),
             ",microbatches=", l.microbatches(), ",zero=", l.zero_stage(), ",family=", l.family(),
             ",pipeline=", l.pipeline(), ",v=", std::max(1, l.virtual_stages()),
-            l.recompute() ? ",recompute=1" : ""));
+            l.recompute() ? ",recompute=1" : "", l.sequence_parallel() ? ",sp=1" : ""));
   }
   if (!saved.has_model()) {
     return bad("model: not set (save the plan with moeplan plan-model --format json)");

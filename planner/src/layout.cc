@@ -185,6 +185,27 @@ absl::Status ValidatePipeline(const ModelConfig& m, const Layout& l, int64_t glo
   return absl::OkStatus();
 }
 
+// Sequence parallelism splits the tokens between the TP sub-blocks over tp.
+absl::Status ValidateSequenceParallel(const ModelConfig& m, const Layout& l) {
+  if (!l.sequence_parallel) return absl::OkStatus();
+  if (l.tp < 2) {
+    return Bad("layout.sequence_parallel", "splits the sequence over the TP group: needs tp >= 2",
+               Cat("tp=", l.tp));
+  }
+  if (m.seq_length % l.tp != 0) {
+    return Bad("layout.sequence_parallel",
+               "splits each sequence over the TP group: seq_length must be divisible by tp",
+               Cat("seq_length=", m.seq_length, ", tp=", l.tp));
+  }
+  if (!m.IsDense() && l.family == Family::kPpMoe) {
+    return Bad("layout.sequence_parallel",
+               "ppmoe dispatches locally from tokens replicated over the TP group: use dpmoe or "
+               "parm",
+               "family=ppmoe");
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 std::string_view FamilyName(Family f) {
@@ -247,7 +268,7 @@ Layout ResolveLayout(const Layout& layout) {
 ModelConfig ModelForLayout(const ModelConfig& model, const Layout& l, int64_t micro_batch_size) {
   ModelConfig m = model;
   m.micro_batch_size = micro_batch_size;
-  m.parallel = ParallelLayout{l.tp, l.ep, l.esp, l.dp, l.pp};
+  m.parallel = ParallelLayout{l.tp, l.ep, l.esp, l.dp, l.pp, l.sequence_parallel};
   return m;
 }
 
@@ -271,6 +292,7 @@ absl::Status ValidateLayout(const ModelConfig& m, const Layout& l, int64_t globa
   // A dense model's family names nothing: no experts to place.
   if (!m.IsDense()) MOEPLAN_RETURN_IF_ERROR(ValidateFamily(l));
   MOEPLAN_RETURN_IF_ERROR(ValidatePipeline(m, l, global_batch));
+  MOEPLAN_RETURN_IF_ERROR(ValidateSequenceParallel(m, l));
   // The MoE layer's own rules at one micro-batch (S1/S2 are checked per
   // schedule); the rest of the model's shape was checked before (model.h).
   const ModelConfig lm = ModelForLayout(m, l, global_batch / (int64_t{l.dp} * l.microbatches));

@@ -82,6 +82,9 @@ MemoryBreakdown StageMemory(const ModelConfig& model, const Layout& l, int64_t m
   const double e = m.bytes_per_element;
   const double S = static_cast<double>(mbs) * m.seq_length;  // tokens per micro-batch
   const double M = static_cast<double>(m.hidden_size), t = l.tp;
+  // Sequence parallelism splits what the TP sub-blocks replicate (norm and
+  // residual inputs, dropout masks, the TP GEMMs' inputs) over t.
+  const double seq = l.sequence_parallel ? 1.0 / t : 1.0;
   const double a = static_cast<double>(m.num_attention_heads), L = m.seq_length;
   const double E = static_cast<double>(m.moe.num_experts);
   const double cap = ExpertCapacity(m, S);
@@ -110,12 +113,14 @@ MemoryBreakdown StageMemory(const ModelConfig& model, const Layout& l, int64_t m
     params.expert += p.expert;
     auto add_block = [&](int blk) {
       // Korthikanti et al. 2022 (eq. 2, tensor parallel without sequence
-      // parallelism), in 2-byte units: sbh(10 + 24/t) + 5as^2b/t; the MLP's
-      // t-split 16sbh/t is replaced by the MoE's own tensors in MoE blocks.
+      // parallelism), in 2-byte units: sbh(10 + 24/t) + 5as^2b/t, and with
+      // it (eq. 4) sbh(10/t + 24/t) + 5as^2b/t; the MLP's t-split 16sbh/t is
+      // replaced by the MoE's own tensors in MoE blocks.
       // Generalised to other head counts and sizes (attn_kept), gated FFNs
       // (the first GEMM's output and the activation's: (g + 1) f) and fused
       // attention (no s^2 term).
-      double block = S * (10.0 * M + attn_kept) + (m.FusedAttention() ? 0.0 : 5.0 * a * L * S / t);
+      double block =
+          S * (10.0 * M * seq + attn_kept) + (m.FusedAttention() ? 0.0 : 5.0 * a * L * S / t);
       if (m.IsMoeBlock(blk)) {
         block += (S * E * 4.0 + rows * (M + (1.0 + glu) * shard) * e +
                   S * static_cast<double>(dm.shared_in + dm.shared) * e) /
@@ -126,14 +131,14 @@ MemoryBreakdown StageMemory(const ModelConfig& model, const Layout& l, int64_t m
       }
       block *= e / 2.0;
       largest_block = std::max(largest_block, block);
-      act += l.recompute ? S * M * e : block;
+      act += l.recompute ? S * M * e * seq : block;
     };
     for (int blk = so.first_block; blk < so.end_block; ++blk) add_block(blk);
     // The last chunk also runs the MTP depths (blocks num_layers on).
     if (so.head && m.vocab_size > 0) {
       for (int d = 0; d < m.mtp_num_layers; ++d) add_block(m.num_layers + d);
     }
-    if (m.vocab_size > 0 && so.embed) act += S * M * e;
+    if (m.vocab_size > 0 && so.embed) act += S * M * e * seq;
     if (m.vocab_size > 0 && so.head) {
       // The logits and their fp32 loss, of the main output layer and each MTP depth's.
       act += (1.0 + m.mtp_num_layers) * S * static_cast<double>(m.vocab_size) / t * (e + 4.0);

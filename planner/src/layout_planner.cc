@@ -35,6 +35,11 @@ absl::Status ValidateSearchOptions(const SearchOptions& o) {
   if (o.max_microbatches < 1 || o.max_microbatches > 4096) {
     return Bad("search.max_microbatches", "must be between 1 and 4096", Cat(o.max_microbatches));
   }
+  if (o.sequence_parallel.size() > 2 ||
+      (o.sequence_parallel.size() == 2 && o.sequence_parallel[0] == o.sequence_parallel[1])) {
+    return Bad("search.sequence_parallel", "each of false and true may be listed once",
+               Cat(o.sequence_parallel.size(), " values"));
+  }
   if (o.virtual_stages.empty()) return Bad("search.virtual_stages", "must not be empty", "[]");
   for (int v : o.virtual_stages) {
     if (v < 2 || v > 64)
@@ -42,6 +47,28 @@ absl::Status ValidateSearchOptions(const SearchOptions& o) {
   }
   return absl::OkStatus();
 }
+
+namespace {
+
+// The plan options of a layout's chunks. DPMoE's TP group is its ESP group,
+// every rank routing the TP group's tokens (the default schedule); with
+// sequence parallelism each rank holds its own S/t tokens, and S1 (gather
+// over ESP on the expert side) is Megatron-Core's dispatch of them, so it is
+// tried too.
+ModelPlanOptions OptionsFor(const ModelPlanOptions& options, const Layout& l) {
+  ModelPlanOptions opt = options;
+  if (l.family == Family::kDpMoe) {
+    const bool s1 =
+        l.sequence_parallel && l.tp > 1 &&
+        (options.schedules.empty() || std::find(options.schedules.begin(), options.schedules.end(),
+                                                Schedule::kS1) != options.schedules.end());
+    opt.schedules = {Schedule::kDefault};
+    if (s1) opt.schedules.push_back(Schedule::kS1);
+  }
+  return opt;
+}
+
+}  // namespace
 
 ChunkKey LayoutPlanner::Impl::KeyOf(const ModelConfig& model, const Layout& l, int64_t mbs,
                                     const StageOptions& so, int zero) const {
@@ -63,6 +90,7 @@ ChunkKey LayoutPlanner::Impl::KeyOf(const ModelConfig& model, const Layout& l, i
                   static_cast<uint8_t>(l.family),
                   so.embed,
                   so.head,
+                  l.sequence_parallel,
                   std::vector<uint8_t>(at(so.first_block), at(so.end_block))};
 }
 
@@ -75,8 +103,7 @@ absl::StatusOr<ChunkTimes> LayoutPlanner::Impl::Chunk(const ModelConfig& model, 
   }
   if (stats) ++stats->stage_plans;
   const ModelConfig m = ModelForLayout(model, l, mbs);
-  ModelPlanOptions opt = plan_options;
-  if (l.family == Family::kDpMoe) opt.schedules = {Schedule::kDefault};
+  const ModelPlanOptions opt = OptionsFor(plan_options, l);
   MOEPLAN_RETURN_IF_ERROR(planner.PlanStage(m, opt, so, &plan, ModelPlanner::Scope::kFastestOnly));
   const VariantPlan& vp = plan.variants[static_cast<size_t>(plan.best)];
   // ZeRO 1 and 2 build the same graph (reduce-scatter buckets, gathers after
@@ -244,8 +271,7 @@ absl::StatusOr<internal::ChunkBound> LayoutPlanner::Impl::BoundOf(const ModelCon
   const ChunkKey key = KeyOf(model, l, mbs, so, /*zero=*/0);  // the bounds hold for every stage
   auto it = bounds.find(key);
   if (it == bounds.end()) {
-    ModelPlanOptions opt = plan_options;
-    if (l.family == Family::kDpMoe) opt.schedules = {Schedule::kDefault};
+    const ModelPlanOptions opt = OptionsFor(plan_options, l);
     ModelPlanner::StageBound b;
     MOEPLAN_RETURN_IF_ERROR(
         planner.StageComputeBound(ModelForLayout(model, l, mbs), opt, so, &b, /*chain=*/true));
@@ -337,8 +363,7 @@ absl::Status LayoutPlanner::Impl::CheckChunks(const ModelConfig& model, const La
       const ChunkKey key = KeyOf(model, l, mbs, so, /*zero=*/0);  // the estimate reads no ZeRO
       auto it = checked.find(key);
       if (it == checked.end()) {
-        ModelPlanOptions opt = plan_options;
-        if (l.family == Family::kDpMoe) opt.schedules = {Schedule::kDefault};
+        const ModelPlanOptions opt = OptionsFor(plan_options, l);
         it = checked.emplace(key, planner.CheckStage(ModelForLayout(model, l, mbs), opt, so)).first;
       }
       if (!it->second.ok()) return it->second;
@@ -443,8 +468,7 @@ absl::Status LayoutPlanner::Program(const ModelConfig& model, const Layout& layo
   const int p = l.pp, v = std::max(1, l.virtual_stages);
   const int64_t mbs = model.GlobalBatch() / (int64_t{l.dp} * l.microbatches);
   const ModelConfig m = ModelForLayout(model, l, mbs);
-  ModelPlanOptions opt = plan;
-  if (l.family == Family::kDpMoe) opt.schedules = {Schedule::kDefault};
+  const ModelPlanOptions opt = OptionsFor(plan, l);
   std::vector<VariantPlan> chunks(static_cast<size_t>(p * v));
   std::vector<const OpGraph*> graphs(chunks.size());
   *out = VariantPlan{};

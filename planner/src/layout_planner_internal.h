@@ -42,7 +42,7 @@ struct ChunkKey {
   int64_t mbs;
   int tp, dp, ep, esp, edp, zero, blocks, phase;
   uint8_t family;
-  bool embed, head;
+  bool embed, head, sequence_parallel;
   // With moe.layer_pattern (phase 0): the chunk's blocks' entries, which
   // decide its MoE blocks as the phase does for moe.layer_freq.
   std::vector<uint8_t> pattern;
@@ -50,7 +50,7 @@ struct ChunkKey {
   template <typename H>
   friend H AbslHashValue(H h, const ChunkKey& k) {
     return H::combine(std::move(h), k.mbs, k.tp, k.dp, k.ep, k.esp, k.edp, k.zero, k.blocks,
-                      k.phase, k.family, k.embed, k.head, k.pattern);
+                      k.phase, k.family, k.embed, k.head, k.sequence_parallel, k.pattern);
   }
 };
 

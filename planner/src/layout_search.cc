@@ -122,7 +122,8 @@ struct Pending {
 // the one simulating every candidate in the old order gives.
 class TopN {
  public:
-  TopN(LayoutPlanner::Impl& s, const ModelConfig& model, int top) : s_(s), model_(model), top_(top) {}
+  TopN(LayoutPlanner::Impl& s, const ModelConfig& model, int top)
+      : s_(s), model_(model), top_(top) {}
 
   bool Full() const { return static_cast<int>(ranked_.size()) >= top_; }
   double Last() const { return ranked_.back().iteration_us; }
@@ -174,7 +175,26 @@ class TopN {
 struct Axes {
   std::vector<PipelineSchedule> pipelines;
   std::vector<int> zeros;
+  std::vector<bool> sequence_parallel;
 };
+
+// Each layout with each sequence-parallel value that applies to it (tp >= 2,
+// seq_length divisible by tp, not ppmoe), in order.
+std::vector<Layout> WithSequenceParallel(const ModelConfig& model, std::span<const Layout> layouts,
+                                         const Axes& axes) {
+  std::vector<Layout> out;
+  for (const Layout& l : layouts) {
+    for (bool sp : axes.sequence_parallel) {
+      if (sp && (l.tp < 2 || model.seq_length % l.tp != 0 ||
+                 (!model.IsDense() && l.family == Family::kPpMoe))) {
+        continue;
+      }
+      out.push_back(l);
+      out.back().sequence_parallel = sp;
+    }
+  }
+  return out;
+}
 
 // Whether any stage of `l` fits memory, with or without full recomputation
 // (l->recompute is left at the first that fits).
@@ -200,7 +220,7 @@ absl::Status EnumerateCandidates(const ModelConfig& model, std::span<const Layou
                                  const MemoryOptions& mem, const Deadline& deadline,
                                  SearchStats* st, std::vector<Pending>* pending) {
   const int64_t global = model.GlobalBatch();
-  for (const Layout& base : layouts) {
+  for (const Layout& base : WithSequenceParallel(model, layouts, axes)) {
     const int64_t per_replica = global / base.dp;
     for (int m : Divisors(per_replica, options.max_microbatches)) {
       for (int z : axes.zeros) {
@@ -350,7 +370,8 @@ absl::Status LayoutPlanner::Search(const ModelConfig& model, const SearchOptions
 
   std::vector<Family> families = options.families;
   if (families.empty()) families.assign(std::begin(kAllFamilies), std::end(kAllFamilies));
-  Axes axes{options.pipelines, options.zero_stages};
+  Axes axes{options.pipelines, options.zero_stages, options.sequence_parallel};
+  if (axes.sequence_parallel.empty()) axes.sequence_parallel = {false};
   if (axes.pipelines.empty()) {
     axes.pipelines.assign(std::begin(kAllPipelineSchedules), std::end(kAllPipelineSchedules));
   }

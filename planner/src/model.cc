@@ -246,6 +246,9 @@ LayerConfig ModelConfig::MoeLayer() const {
   l.token_skew = moe.token_skew;
   l.gated_linear_unit = gated_linear_unit;
   l.parallel = parallel;
+  // The model's blocks split the sequence around the layer; the layer's
+  // sections read it from the model (LayerContext::sequence_parallel).
+  l.parallel.sequence_parallel = false;
   return l;
 }
 
@@ -300,6 +303,19 @@ absl::Status ValidateModel(const ModelConfig& m, const ClusterShape& c) {
     return Bad("parallel.pp",
                "must be 1 for a variants plan (plan pipelines with a layout or a search)",
                Cat(p.pp));
+  }
+  if (p.sequence_parallel) {
+    if (p.mp < 2) {
+      return Bad("parallel.sequence_parallel",
+                 "splits the sequence over the TP group: needs parallel.mp >= 2",
+                 Cat("parallel.mp=", p.mp));
+    }
+    if (m.seq_length % p.mp != 0) {
+      return Bad("parallel.sequence_parallel",
+                 "splits each sequence over the TP group: seq_length must be divisible by "
+                 "parallel.mp",
+                 Cat("seq_length=", m.seq_length, ", parallel.mp=", p.mp));
+    }
   }
   const std::string mp = Cat("parallel.mp=", p.mp);
   MOEPLAN_RETURN_IF_ERROR(Divides("parallel.mp", "num_attention_heads (Megatron TP splits heads)",

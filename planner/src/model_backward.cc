@@ -42,6 +42,8 @@ class BackwardEmitter {
         v_(dm_.vocab),
         e_(m_.bytes_per_element),
         sm_(static_cast<double>(S_) * M_ * e_),
+        sp_(t_ > 1 && m_.parallel.sequence_parallel),
+        seq_(sp_ ? sm_ / static_cast<double>(t_) : sm_),
         b_(s.cost, &s.g0) {}
 
   void Emit(Deps x) {
@@ -86,15 +88,39 @@ class BackwardEmitter {
     return b_.Coll(name, B, Collective::kAllReduce, s_.mp_shape, sm_, in,
                    DenseColl(ExecKind::kAllReduce, ExecGroup::kMp, sm_, e_));
   }
+  // A TP-split input gradient's partial sums: AllReduced, or with sequence
+  // parallelism ReduceScattered into S/t slices (the dual of the forward's
+  // AllGather).
+  Deps Reduce(std::string_view allreduce_name, std::string_view reducescatter_name, Deps in) {
+    if (!sp_) return AllReduce(allreduce_name, in);
+    return b_.Coll(reducescatter_name, B, Collective::kReduceScatter, s_.mp_shape, seq_, in,
+                   DenseColl(ExecKind::kReduceScatter, ExecGroup::kMp, seq_, e_));
+  }
+  // Sequence parallel: S/t slices AllGathered over TP (an output gradient
+  // entering a TP sub-block, the dual of its forward ReduceScatter; or a
+  // saved input re-gathered for a weight gradient). Without: `in`.
+  Deps Gather(std::string_view name, Deps in) {
+    if (!sp_) return in;
+    return b_.Coll(name, B, Collective::kAllGather, s_.mp_shape, seq_, in,
+                   DenseColl(ExecKind::kAllGather, ExecGroup::kMp, seq_, e_));
+  }
   Deps Join(std::string_view name, Deps in) {
     return b_.Compute(name, B, Term::kDense, 0.0, 0.0, in, 0, kJoin);
   }
   void Param(double elements, Deps producer) { s_.params.push_back({elements * e_, producer.a}); }
   // A weight GEMM's backward: dX, then dW (off the chain when detached).
+  // `regather`: with sequence parallelism the GEMM's saved input is the S/t
+  // slice, AllGathered again (an op of that name) for dW, as Megatron's
+  // column-parallel linears do.
   Deps Linear(std::string_view dx_name, std::string_view dw_name, int64_t in_f, int64_t out_f,
-              double param_elements, Deps in) {
+              double param_elements, Deps in, std::string_view regather = {}) {
     const Deps dx = Gemm(dx_name, S_, in_f, out_f, in);
-    const Deps dw = Gemm(dw_name, out_f, in_f, S_, detach_ ? in : dx, kWeightGrad);
+    Deps dw_in = detach_ ? in : dx;
+    if (sp_ && !regather.empty()) {
+      const Deps input = Gather(regather, in);
+      dw_in = detach_ ? input : Deps{dx.a, input.a};
+    }
+    const Deps dw = Gemm(dw_name, out_f, in_f, S_, dw_in, kWeightGrad);
     s_.dw_ops.push_back(dw.a);
     Param(param_elements, dw);
     return detach_ ? dx : dw;
@@ -109,14 +135,19 @@ class BackwardEmitter {
     // The tied embedding's gradient completes at bwd.embed (below); a last
     // stage without the embedding holds its own copy (Megatron-LM).
     const Deps dx = Gemm("bwd.lm_head_dx", S_, M_, v_, x);
-    const Deps dw = Gemm("bwd.lm_head_dw", v_, M_, S_, detach_ ? x : dx, kWeightGrad);
+    Deps dw_in = detach_ ? x : dx;
+    if (sp_) {
+      const Deps input = Gather("bwd.lm_head_input_allgather", x);
+      dw_in = detach_ ? input : Deps{dx.a, input.a};
+    }
+    const Deps dw = Gemm("bwd.lm_head_dw", v_, M_, S_, dw_in, kWeightGrad);
     s_.dw_ops.push_back(dw.a);
     if (!mtp && (!s_.st.embed || m_.untie_embeddings_and_output_weights)) {
       Param(static_cast<double>(v_) * M_, dw);
     }
     x = detach_ ? dx : dw;
-    if (t_ > 1) x = AllReduce("bwd.lm_head_allreduce", x);
-    x = Mem("bwd.ln_f", 3.0 * sm_, x);
+    if (t_ > 1) x = Reduce("bwd.lm_head_allreduce", "bwd.lm_head_reducescatter", x);
+    x = Mem("bwd.ln_f", 3.0 * seq_, x);
     Param(Norm(M_), x);
     return x;
   }
@@ -135,7 +166,7 @@ class BackwardEmitter {
     const Deps out_grad = x;
     x = m_.IsMoeBlock(blk) ? MoeBlock(blk, x) : DenseFfn(x);
     Param(Norm(M_), x);
-    x = Mem("bwd.residual2", 3.0 * sm_, Deps{x.a, out_grad.a});
+    x = Mem("bwd.residual2", 3.0 * seq_, Deps{x.a, out_grad.a});
     return Attention(x);
   }
 
@@ -150,18 +181,21 @@ class BackwardEmitter {
 
   Deps DenseFfn(Deps x) {
     const double bias = m_.add_bias_linear ? 1.0 : 0.0;
+    x = Gather("bwd.fc2_allgather", x);
     x = Linear("bwd.fc2_dx", "bwd.fc2_dw", f_, M_, static_cast<double>(f_) * M_ + bias * M_, x);
     x = Mem(m_.gated_linear_unit ? "bwd.swiglu" : "bwd.gelu", ActBackwardBytes(f_), x);
     x = Linear("bwd.fc1_dx", "bwd.fc1_dw", M_, dm_.ffn_in,
-               static_cast<double>(M_) * dm_.ffn_in + bias * dm_.ffn_in, x);
-    if (t_ > 1) x = AllReduce("bwd.fc1_allreduce", x);
-    return Mem("bwd.ln2", 3.0 * sm_, x);
+               static_cast<double>(M_) * dm_.ffn_in + bias * dm_.ffn_in, x,
+               "bwd.fc1_input_allgather");
+    if (t_ > 1) x = Reduce("bwd.fc1_allreduce", "bwd.fc1_reducescatter", x);
+    return Mem("bwd.ln2", 3.0 * seq_, x);
   }
 
   // The shared expert's backward beside the routed experts', from the
   // block's output gradient.
   Deps SharedExpert(int blk, Deps out_grad) {
     b_.Stamp(blk, kMoeScope);
+    out_grad = Gather("bwd.shared_allgather", out_grad);
     if (m_.moe.shared_expert_gate) {
       // The scaling's and the gate's gradients: the output gradient and the
       // shared output read, the gate GEMV's input gradient accumulated.
@@ -172,8 +206,8 @@ class BackwardEmitter {
                     static_cast<double>(fs_) * M_, out_grad);
     z = Mem("bwd.shared_act", ActBackwardBytes(fs_), z);
     z = Linear("bwd.shared_fc1_dx", "bwd.shared_fc1_dw", M_, dm_.shared_in,
-               static_cast<double>(M_) * dm_.shared_in, z);
-    if (t_ > 1) z = AllReduce("bwd.shared_allreduce", z);
+               static_cast<double>(M_) * dm_.shared_in, z, "bwd.shared_fc1_input_allgather");
+    if (t_ > 1) z = Reduce("bwd.shared_allreduce", "bwd.shared_reducescatter", z);
     b_.Stamp(blk, 0);
     return z;
   }
@@ -207,7 +241,7 @@ class BackwardEmitter {
       if (base == "bwd.gate" || base == "bwd.mp_allreduce_gate") gate = id;
     }
     s_.params.push_back({static_cast<double>(M_) * m_.moe.num_experts * e_, gate});
-    x = Mem("bwd.ln2", 3.0 * sm_, Deps{y.a, shared.a});
+    x = Mem("bwd.ln2", 3.0 * seq_, Deps{y.a, shared.a});
     if (y.b != kNoOp) x = Join("bwd.ln2_join", {x.a, y.b});
     return x;
   }
@@ -231,6 +265,7 @@ class BackwardEmitter {
     const Deps mid = x;
     const CostModel& c = s_.cost;
     const int64_t qk = dm_.qk, dv = dm_.v;
+    x = Gather("bwd.proj_allgather", x);
     x = Linear("bwd.proj_dx", "bwd.proj_dw", dm_.attn_out, M_,
                static_cast<double>(M_) * dm_.attn_out + (m_.add_bias_linear ? M_ : 0), x);
     if (m_.FusedAttention()) {
@@ -243,10 +278,10 @@ class BackwardEmitter {
       x = CoreBackward(x);
     }
     x = m_.multi_latent_attention ? LatentProjections(x) : QkvProjection(x);
-    if (t_ > 1) x = AllReduce("bwd.qkv_allreduce", x);
-    x = Mem("bwd.ln1", 3.0 * sm_, x);
+    if (t_ > 1) x = Reduce("bwd.qkv_allreduce", "bwd.qkv_reducescatter", x);
+    x = Mem("bwd.ln1", 3.0 * seq_, x);
     Param(Norm(M_), x);
-    return Mem("bwd.residual1", 3.0 * sm_, Deps{x.a, mid.a});
+    return Mem("bwd.residual1", 3.0 * seq_, Deps{x.a, mid.a});
   }
 
   // The unfused core's backward: context, softmax, scores.
@@ -273,7 +308,7 @@ class BackwardEmitter {
     }
     const double bias = m_.add_qkv_bias || m_.add_bias_linear ? 1.0 : 0.0;
     return Linear("bwd.qkv_dx", "bwd.qkv_dw", M_, dm_.qkv,
-                  static_cast<double>(M_) * dm_.qkv + bias * dm_.qkv, x);
+                  static_cast<double>(M_) * dm_.qkv + bias * dm_.qkv, x, "bwd.qkv_input_allgather");
   }
 
   // MLA's up projections (split over TP), then the down projections (whole
@@ -303,6 +338,8 @@ class BackwardEmitter {
   const RankDims& dm_;
   const int64_t S_, Bq_, M_, L_, t_, hp_, f_, fs_, v_;
   const double e_, sm_;
+  const bool sp_;     // sequence parallelism
+  const double seq_;  // an activation between the TP sub-blocks: S/t tokens with sp_
   Builder b_;
 };
 

@@ -29,12 +29,14 @@ LayerContext ModelPlanner::Impl::MoeContext(const LayerConfig* layer, int block,
   ctx.detach_dw = detach;
   ctx.block = block;
   ctx.local_dispatch = st.local_dispatch;
+  ctx.sequence_parallel = m->parallel.mp > 1 && m->parallel.sequence_parallel;
   return ctx;
 }
 
 void ModelPlanner::Impl::BuildUnits() {
   units.clear();
   const int t = m->parallel.mp;
+  const bool sp = t > 1 && m->parallel.sequence_parallel;
   auto add = [&](UnitKind k, int block, int in_a, int in_b = -1) {
     units.push_back({k, static_cast<int16_t>(block), in_a, in_b});
     return static_cast<int>(units.size()) - 1;
@@ -44,6 +46,7 @@ void ModelPlanner::Impl::BuildUnits() {
   if (m->vocab_size > 0 && st.embed) chain(UnitKind::kEmbed, -1);
   auto block_units = [&](int blk) {
     chain(UnitKind::kLn1, blk);
+    if (sp) chain(UnitKind::kLn1Gather, blk);
     if (m->multi_latent_attention) {
       // Queries and the key/value latent from the same input, side by side.
       const int ln1 = prev;
@@ -75,6 +78,7 @@ void ModelPlanner::Impl::BuildUnits() {
       int shared = -1;
       if (m->moe.SharedFfnSize() > 0) {
         prev = ln2;  // the shared expert reads the layer input, beside the routed experts
+        if (sp) chain(UnitKind::kSharedGather, blk);
         chain(UnitKind::kSharedFc1, blk);
         chain(UnitKind::kSharedAct, blk);
         shared = chain(UnitKind::kSharedFc2, blk);
@@ -85,6 +89,7 @@ void ModelPlanner::Impl::BuildUnits() {
       const int exchange = chain(UnitKind::kMoeExchange, blk);
       prev = add(UnitKind::kResidual2, blk, exchange, shared);
     } else {
+      if (sp) chain(UnitKind::kLn2Gather, blk);
       for (UnitKind k : {UnitKind::kFc1, UnitKind::kGelu, UnitKind::kFc2}) chain(k, blk);
       if (t > 1) chain(UnitKind::kFc2AllReduce, blk);
       chain(UnitKind::kResidual2, blk);
@@ -92,6 +97,7 @@ void ModelPlanner::Impl::BuildUnits() {
   };
   auto head_units = [&] {
     chain(UnitKind::kLnF, -1);
+    if (sp) chain(UnitKind::kHeadGather, -1);
     chain(UnitKind::kLmHead, -1);
     chain(UnitKind::kLoss, -1);
   };
@@ -184,29 +190,47 @@ Deps ModelPlanner::Impl::BuildUnit(const Unit& u, int k, Builder& b, Deps x,
   const int64_t f = dm.ffn, fs = dm.shared, v = dm.vocab;
   const double e = mm.bytes_per_element;
   const double sm = static_cast<double>(s) * M * e;  // one activation, bytes
+  // Sequence parallel: what runs between the TP sub-blocks holds S/t tokens.
+  const double t = mm.parallel.mp;
+  const bool sp = mm.parallel.mp > 1 && mm.parallel.sequence_parallel;
+  const double seq = sp ? sm / t : sm;
   auto mem = [&](std::string_view name, double bytes) { return ForwardMemory(b, name, bytes, x); };
   auto gemm = [&](std::string_view name, int64_t mm_, int64_t nn, int64_t kk) {
     return ForwardGemm(b, name, mm_, nn, kk, x);
   };
-  auto allreduce = [&](std::string_view name) {
-    return b.Coll(name, F, Collective::kAllReduce, mp_shape, sm, x,
+  // A TP sub-block's partial sums: AllReduced, or ReduceScattered into S/t
+  // slices (the same bytes: one AllReduce is a ReduceScatter + AllGather).
+  auto reduce = [&](std::string_view allreduce_name, std::string_view reducescatter_name) {
+    if (sp) {
+      return b.Coll(reducescatter_name, F, Collective::kReduceScatter, mp_shape, seq, x,
+                    DenseColl(ExecKind::kReduceScatter, ExecGroup::kMp, seq, e));
+    }
+    return b.Coll(allreduce_name, F, Collective::kAllReduce, mp_shape, sm, x,
                   DenseColl(ExecKind::kAllReduce, ExecGroup::kMp, sm, e));
+  };
+  auto gather = [&](std::string_view name) {
+    return b.Coll(name, F, Collective::kAllGather, mp_shape, seq, x,
+                  DenseColl(ExecKind::kAllGather, ExecGroup::kMp, seq, e));
   };
   switch (u.kind) {
     case UnitKind::kEmbed:
       return mem("fwd.embed", 3.0 * sm);
     case UnitKind::kLn1:
-      return mem("fwd.ln1", 2.0 * sm);
+      return mem("fwd.ln1", 2.0 * seq);
+    case UnitKind::kLn1Gather:
+      return gather("fwd.ln1_allgather");
     default:  // the attention's projections and core
       return BuildAttentionUnit(u.kind, k, b, x);
     case UnitKind::kProj:
       return gemm("fwd.proj", s, M, dm.attn_out);
     case UnitKind::kProjAllReduce:
-      return allreduce("fwd.proj_allreduce");
+      return reduce("fwd.proj_allreduce", "fwd.proj_reducescatter");
     case UnitKind::kResidual1:
-      return mem("fwd.residual1", 3.0 * sm);
+      return mem("fwd.residual1", 3.0 * seq);
     case UnitKind::kLn2:
-      return mem("fwd.ln2", 2.0 * sm);
+      return mem("fwd.ln2", 2.0 * seq);
+    case UnitKind::kLn2Gather:
+      return gather("fwd.ln2_allgather");
     case UnitKind::kFc1:
       return gemm("fwd.fc1", s, dm.ffn_in, M);
     case UnitKind::kGelu:
@@ -216,9 +240,11 @@ Deps ModelPlanner::Impl::BuildUnit(const Unit& u, int k, Builder& b, Deps x,
     case UnitKind::kFc2:
       return gemm("fwd.fc2", s, M, f);
     case UnitKind::kFc2AllReduce:
-      return allreduce("fwd.fc2_allreduce");
+      return reduce("fwd.fc2_allreduce", "fwd.fc2_reducescatter");
     case UnitKind::kResidual2:
-      return mem("fwd.residual2", 3.0 * sm);
+      return mem("fwd.residual2", 3.0 * seq);
+    case UnitKind::kSharedGather:
+      return gather("fwd.shared_allgather");
     case UnitKind::kSharedFc1:
       return gemm("fwd.shared_fc1", s, dm.shared_in, M);
     case UnitKind::kSharedAct:
@@ -230,7 +256,7 @@ Deps ModelPlanner::Impl::BuildUnit(const Unit& u, int k, Builder& b, Deps x,
       // the shared output.
       return mem("fwd.shared_gate", 3.0 * sm);
     case UnitKind::kSharedAllReduce:
-      return allreduce("fwd.shared_allreduce");
+      return reduce("fwd.shared_allreduce", "fwd.shared_reducescatter");
     case UnitKind::kMoeRoute:
     case UnitKind::kMoeExchange: {
       *piece_layer = moe_layer;
@@ -249,7 +275,9 @@ Deps ModelPlanner::Impl::BuildUnit(const Unit& u, int k, Builder& b, Deps x,
     case UnitKind::kMtpProj:
       return gemm("fwd.mtp_proj", s, M / mm.parallel.mp, 2 * M);
     case UnitKind::kLnF:
-      return mem("fwd.ln_f", 2.0 * sm);
+      return mem("fwd.ln_f", 2.0 * seq);
+    case UnitKind::kHeadGather:
+      return gather("fwd.ln_f_allgather");
     case UnitKind::kLmHead:
       return gemm("fwd.lm_head", s, v, M);
     case UnitKind::kLoss:

@@ -34,6 +34,10 @@ inline constexpr double kInf = std::numeric_limits<double>::infinity();
 enum class UnitKind : uint8_t {
   kEmbed,
   kLn1,
+  // Sequence parallelism (docs/model.md): the norm's S/t slices AllGathered
+  // for the TP-split GEMMs after it (attention, dense MLP, shared experts,
+  // LM head).
+  kLn1Gather,
   kQkv,
   kQkNorm,  // qk_layernorm: queries and keys normalised per head
   // Multi-head latent attention in place of kQkv: down projections (and
@@ -52,12 +56,14 @@ enum class UnitKind : uint8_t {
   kProjAllReduce,
   kResidual1,
   kLn2,
+  kLn2Gather,
   kFc1,
   kGelu,
   kFc2,
   kFc2AllReduce,
   kResidual2,
   kMoeRoute,
+  kSharedGather,
   kSharedFc1,
   kSharedAct,
   kSharedFc2,
@@ -71,6 +77,7 @@ enum class UnitKind : uint8_t {
   kMtpNorm,
   kMtpProj,
   kLnF,
+  kHeadGather,
   kLmHead,
   kLoss,
 };
@@ -80,7 +87,7 @@ inline bool IsMoeUnit(UnitKind k) {
 }
 // The shared expert's dense units, inside an MoE block's scope.
 inline bool IsSharedExpertUnit(UnitKind k) {
-  return k >= UnitKind::kSharedFc1 && k <= UnitKind::kSharedAllReduce;
+  return k >= UnitKind::kSharedGather && k <= UnitKind::kSharedAllReduce;
 }
 // The routed experts' units: the MoE schedule's sections.
 inline bool IsRoutedUnit(UnitKind k) { return IsMoeUnit(k) && !IsSharedExpertUnit(k); }

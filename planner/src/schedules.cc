@@ -299,8 +299,11 @@ Deps SectionS1(MoeSection sec, const LayerContext& ctx, Builder& b, Deps x) {
   const int64_t slice = s1 * m, peer = k.LocalExperts() * cap1 * m, part = l.num_experts * cap1 * m;
   switch (sec) {
     case MoeSection::kFwdRoute:
-      x = b.Compute("fwd.mp_split", F, Term::kSplit, k.Split(x1), 2.0 * x1, x, 0,
-                    CollX(EK::kSlice, EG::kMp, Buf::kX, Buf::kXs, slice));
+      // Sequence parallel: the input is the rank's slice already.
+      if (!ctx.sequence_parallel) {
+        x = b.Compute("fwd.mp_split", F, Term::kSplit, k.Split(x1), 2.0 * x1, x, 0,
+                      CollX(EK::kSlice, EG::kMp, Buf::kX, Buf::kXs, slice));
+      }
       x = b.Compute("fwd.gate", F, Term::kGate, k.GateFwd(s1), k.GateBytes(s1), x, 0,
                     GateX(Buf::kXs, s1, cap1));
       return b.Compute("fwd.order", F, Term::kOrder, k.Scatter(s1, cap1), k.OrderBytes(s1, cap1), x,
@@ -320,13 +323,16 @@ Deps SectionS1(MoeSection sec, const LayerContext& ctx, Builder& b, Deps x) {
                      CollX(EK::kAllToAll, EG::kEp, Buf::kBack, Buf::kComb, peer, rag, false));
       x = b.Compute("fwd.iorder", F, Term::kOrder, k.Gather(s1, cap1), k.OrderBytes(s1, cap1), x, 0,
                     RouteX(EK::kIOrder, Buf::kComb, Buf::kNone, Buf::kYs, s1, cap1, 1, rag));
+      if (ctx.sequence_parallel) return x;  // the output stays the rank's slice
       return b.Coll("fwd.mp_allgather", F, Collective::kAllGather, t.mp, x1, x,
                     CollX(EK::kAllGather, EG::kMp, Buf::kYs, Buf::kY, slice));
     // Backward: the dual of each op in reverse (MP-AllGather -> local split,
     // AllGather <-> ReduceScatter, AlltoAll -> AlltoAll, split -> AllGather).
     case MoeSection::kBwdUnroute:
-      x = b.Compute("bwd.mp_split", B, Term::kSplit, k.Split(x1), 2.0 * x1, x, 0,
-                    CollX(EK::kSlice, EG::kMp, Buf::kDy, Buf::kDys, slice));
+      if (!ctx.sequence_parallel) {
+        x = b.Compute("bwd.mp_split", B, Term::kSplit, k.Split(x1), 2.0 * x1, x, 0,
+                      CollX(EK::kSlice, EG::kMp, Buf::kDy, Buf::kDys, slice));
+      }
       return b.Compute(
           "bwd.iorder", B, Term::kOrder, k.Unroute(s1, cap1), k.UnrouteBytes(s1, cap1), x, 0,
           RouteX(EK::kIOrderBackward, Buf::kDys, Buf::kComb, Buf::kDcomb, s1, cap1, 1, rag));
@@ -354,6 +360,7 @@ Deps SectionS1(MoeSection sec, const LayerContext& ctx, Builder& b, Deps x) {
         sum.f32 = true;
         b.Coll("bwd.mp_allreduce_gate", B, Collective::kAllReduce, t.mp, gate_grad, x, sum);
       }
+      if (ctx.sequence_parallel) return x;
       return b.Coll("bwd.mp_allgather", B, Collective::kAllGather, t.mp, x1, x,
                     CollX(EK::kAllGather, EG::kMp, Buf::kDxs, Buf::kDx, slice));
   }
@@ -499,6 +506,21 @@ Frontier AppendSection(Schedule schedule, MoeSection section, const LayerContext
   if (ctx.local_dispatch) {
     x = SectionLocal(section, ctx, b, x);
     return {x.a, x.b};
+  }
+  if (ctx.sequence_parallel && schedule != Schedule::kS1 &&
+      (section == MoeSection::kFwdRoute || section == MoeSection::kBwdUnroute)) {
+    // Default and S2 route the MP group's tokens: the S/mp slices (the
+    // output gradient's, in the backward) are AllGathered first. The output
+    // is replicated over MP; each rank keeps its slice, no op.
+    const LayerConfig& l = *ctx.layer;
+    const int n = l.parallel.mp;
+    const double piece = static_cast<double>(Derive(l).activation_bytes) / n;
+    const int64_t slice = Derive(l).tokens / n * l.model_dim;
+    const bool fwd = section == MoeSection::kFwdRoute;
+    x = b.Coll(fwd ? "fwd.sp_allgather" : "bwd.sp_allgather", fwd ? F : B, Collective::kAllGather,
+               ctx.topo.mp, piece, x,
+               CollX(EK::kAllGather, EG::kMp, fwd ? Buf::kXs : Buf::kDys, fwd ? Buf::kX : Buf::kDy,
+                     slice));
   }
   switch (schedule) {
     case Schedule::kDefault:

@@ -124,6 +124,12 @@ absl::Status CheckStageFitsCluster(const ParallelLayout& p, const ClusterShape& 
 absl::Status ValidateLayerParallel(const LayerConfig& l, const ClusterShape& c) {
   const ParallelLayout& p = l.parallel;
   MOEPLAN_RETURN_IF_ERROR(CheckDegrees(p));
+  if (p.sequence_parallel) {
+    return Bad("parallel.sequence_parallel",
+               "applies to models and layouts: a single MoE layer has no TP sub-blocks to split "
+               "the sequence around",
+               "true");
+  }
   const int64_t dense = int64_t{p.mp} * p.dp;
   const int64_t expert = int64_t{p.ep} * p.esp;
   if (dense != expert) {

@@ -6,11 +6,11 @@
 #include <string>
 #include <vector>
 
+#include "convert_internal.h"
 #include "moeplan/base/status.h"
 #include "moeplan/base/strings.h"
-#include "convert_internal.h"
-#include "moeplan/proto/json.h"
 #include "moeplan/planner/op_graph.h"
+#include "moeplan/proto/json.h"
 
 namespace moeplan::proto {
 
@@ -22,6 +22,7 @@ absl::StatusOr<p::ParallelLayout> ParallelFromProto(const v1::ParallelLayout& pa
   out.ep = par.ep();
   out.esp = par.esp();
   out.pp = par.has_pp() ? par.pp() : 1;
+  out.sequence_parallel = par.sequence_parallel();
   if (par.has_dp()) {
     out.dp = par.dp();
   } else if (par.mp() >= 1 && par.ep() >= 1 && par.esp() >= 1) {
@@ -101,9 +102,9 @@ v1::LayerConfig LayerToProto(const p::LayerConfig& l) {
 }
 
 using internal::FromWire;
-using internal::ToWire;
 using internal::kCollectives;
 using internal::kSchedules;
+using internal::ToWire;
 
 namespace {
 

@@ -19,7 +19,8 @@ namespace p = ::moeplan::planner;
 absl::StatusOr<v1::Layout> LayoutFromSpec(std::string_view spec) {
   v1::Layout l;
   static constexpr std::string_view kKeys =
-      "dp, tp, pp, ep, esp, microbatches, zero, family, pipeline, v, recompute, layout (last)";
+      "dp, tp, pp, ep, esp, microbatches, zero, family, pipeline, v, recompute, sp, layout "
+      "(last)";
   std::vector<std::string> seen;
   size_t begin = 0;
   while (begin <= spec.size()) {
@@ -77,6 +78,11 @@ absl::StatusOr<v1::Layout> LayoutFromSpec(std::string_view spec) {
         return absl::InvalidArgumentError(Cat("--layout: recompute must be 0 or 1 (got ", n, ")"));
       }
       l.set_recompute(n == 1);
+    } else if (key == "sp") {
+      if (n != 0 && n != 1) {
+        return absl::InvalidArgumentError(Cat("--layout: sp must be 0 or 1 (got ", n, ")"));
+      }
+      l.set_sequence_parallel(n == 1);
     } else {
       return absl::InvalidArgumentError(
           Cat("--layout: unknown key ", Quoted(key), " (keys: ", kKeys, ")"));
@@ -103,6 +109,7 @@ absl::StatusOr<p::Layout> LayoutFromProto(const v1::Layout& m) {
   l.zero_stage = m.zero_stage();
   l.virtual_stages = m.virtual_stages() == 0 ? 1 : m.virtual_stages();
   l.recompute = m.recompute();
+  l.sequence_parallel = m.sequence_parallel();
   if (!m.pipeline_model_parallel_layout().empty()) {
     absl::StatusOr<std::vector<p::PipelineStageLayers>> stages =
         p::ParsePipelineLayout(m.pipeline_model_parallel_layout());
@@ -144,6 +151,7 @@ v1::Layout LayoutToProto(const p::Layout& l, int64_t micro_batch_size) {
   o.set_pipeline(std::string(p::PipelineScheduleName(l.pipeline)));
   o.set_virtual_stages(l.virtual_stages);
   o.set_recompute(l.recompute);
+  o.set_sequence_parallel(l.sequence_parallel);
   o.set_micro_batch_size(static_cast<int32_t>(micro_batch_size));
   if (!l.stage_layers.empty()) {
     o.set_pipeline_model_parallel_layout(p::FormatPipelineLayout(l.stage_layers));
@@ -194,6 +202,7 @@ absl::StatusOr<p::SearchOptions> SearchFromProto(const v1::SearchOptions& m) {
     o.virtual_stages.assign(m.virtual_stages().begin(), m.virtual_stages().end());
   }
   o.exhaustive = m.exhaustive();
+  o.sequence_parallel.assign(m.sequence_parallel().begin(), m.sequence_parallel().end());
   MOEPLAN_RETURN_IF_ERROR(p::ValidateSearchOptions(o));
   return o;
 }

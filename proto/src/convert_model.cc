@@ -221,6 +221,7 @@ v1::ModelConfig ModelToProto(const p::ModelConfig& m) {
   par->set_esp(m.parallel.esp);
   par->set_dp(m.parallel.dp);
   par->set_pp(m.parallel.pp);
+  if (m.parallel.sequence_parallel) par->set_sequence_parallel(true);
   if (m.global_batch_size > 0) out.set_global_batch_size(static_cast<int32_t>(m.global_batch_size));
   if (m.num_query_groups > 0) out.set_num_query_groups(static_cast<int32_t>(m.num_query_groups));
   if (m.kv_channels > 0) out.set_kv_channels(static_cast<int32_t>(m.kv_channels));

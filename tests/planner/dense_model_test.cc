@@ -21,40 +21,8 @@ namespace {
 
 using testing::RoundNumberModel;
 
-ModelConfig Dense(int mp = 2) {
-  ModelConfig m;
-  m.name = "dense";
-  m.num_layers = 4;
-  m.hidden_size = 256;
-  m.num_attention_heads = 8;
-  m.num_query_groups = 2;
-  m.ffn_hidden_size = 512;
-  m.gated_linear_unit = true;
-  m.seq_length = 128;
-  m.micro_batch_size = 2;
-  m.vocab_size = 1024;
-  m.normalization = Normalization::kRmsNorm;
-  m.position_embedding_type = PositionEmbedding::kRope;
-  m.add_bias_linear = false;
-  m.moe.num_experts = 0;  // dense
-  m.parallel = {.mp = mp, .ep = 1, .esp = 1, .dp = 8 / mp, .pp = 1};
-  return m;
-}
-
-// The same model with MoE layers in blocks 2 and 3 only: blocks 0 and 1 are
-// dense blocks of an MoE model.
-ModelConfig DenseFirst(int mp = 2) {
-  ModelConfig m = Dense(mp);
-  m.moe.layer_freq = 0;
-  m.moe.layer_pattern = {0, 0, 1, 1};
-  m.moe.num_experts = 8;
-  m.moe.top_k = 2;
-  m.moe.capacity_factor = 1.0;
-  m.moe.expert_ffn_hidden_size = 256;
-  m.parallel.ep = 8;
-  m.parallel.esp = 1;
-  return m;
-}
+ModelConfig Dense(int mp = 2) { return testing::SmallDenseModel(mp); }
+ModelConfig DenseFirst(int mp = 2) { return testing::SmallDenseFirstModel(mp); }
 
 ModelPlan Plan(const ModelConfig& m, std::vector<Variant> variants = {}) {
   ModelPlanner planner(RoundNumberModel());

@@ -106,6 +106,42 @@ TEST(LayoutFromSpec, PipelineLayoutTakesTheRestOfTheSpec) {
             "layout.pipeline_model_parallel_layout: '(' is never closed (got '(' at offset 3)");
 }
 
+// sp=1 is Megatron-Core's --sequence-parallel: parsed into the layout and
+// written back; anything but 0 or 1 names the key. The search's values are
+// each tried once.
+TEST(LayoutFromSpec, SequenceParallelIsZeroOrOne) {
+  absl::StatusOr<v1::Layout> spec = LayoutFromSpec("dp=4,tp=2,pp=1,sp=1");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_TRUE(spec->sequence_parallel());
+  absl::StatusOr<planner::Layout> l = LayoutFromProto(*spec);
+  ASSERT_TRUE(l.ok()) << l.status();
+  EXPECT_TRUE(l->sequence_parallel);
+  EXPECT_TRUE(LayoutToProto(*l, 1).sequence_parallel());
+  EXPECT_FALSE(LayoutFromProto(*LayoutFromSpec("dp=4,tp=2,pp=1,sp=0"))->sequence_parallel);
+  EXPECT_EQ(Msg(LayoutFromSpec("dp=4,tp=2,pp=1,sp=2").status()),
+            "--layout: sp must be 0 or 1 (got 2)");
+  EXPECT_EQ(Msg(LayoutFromSpec("dp=4,tp=2,pp=1,sp=yes").status()),
+            "--layout: sp must be an integer (got 'yes')");
+  v1::SearchOptions search;
+  search.add_sequence_parallel(false);
+  search.add_sequence_parallel(true);
+  absl::StatusOr<planner::SearchOptions> both = SearchFromProto(search);
+  ASSERT_TRUE(both.ok()) << both.status();
+  EXPECT_EQ(both->sequence_parallel, (std::vector<bool>{false, true}));
+  search.add_sequence_parallel(true);
+  EXPECT_EQ(Msg(SearchFromProto(search).status()),
+            "search.sequence_parallel: each of false and true may be listed once (got 3 values)");
+  // A model file's parallel section carries it; a layer request refuses it.
+  v1::ParallelLayout par;
+  par.set_mp(2);
+  par.set_ep(2);
+  par.set_esp(1);
+  par.set_sequence_parallel(true);
+  absl::StatusOr<planner::ParallelLayout> p = ParallelFromProto(par);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_TRUE(p->sequence_parallel);
+}
+
 TEST(ProfileFromProto, NamesMissingAndBadFields) {
   v1::ClusterProfile p = *calibration::BuiltinProfile("a100-8x8");
   ASSERT_TRUE(ProfileFromProto(p).ok());

@@ -118,6 +118,17 @@ rc=0
 grep -q -- '--pipeline-model-parallel-layout Et\{14\}|t\{10\}L' "$work/pplayout.out" ||
   fail "launcher: no --pipeline-model-parallel-layout: $(cat "$work/pplayout.out")"
 
+# --- the launcher: sequence parallelism (sp=1 -> --sequence-parallel) --------------
+rc=0
+"$py" "$src/examples/launcher.py" --server "$addr" --stubs "$stubs" --cluster v100-8x8 \
+  --model "$src/examples/models/gpt3-medium-moe.json" \
+  --layout 'dp=8,tp=4,pp=1,ep=8,esp=4,microbatches=4,sp=1' \
+  >"$work/sp.out" 2>"$work/sp.err" || rc=$?
+[[ $rc -eq 0 ]] || fail "launcher --layout ...,sp=1 exited $rc: $(cat "$work/sp.err")"
+grep -q -- '^megatron flags: .*--sequence-parallel' "$work/sp.out" ||
+  fail "launcher: no --sequence-parallel: $(cat "$work/sp.out")"
+grep -q -- '+sp' "$work/sp.out" || fail "launcher: the table does not mark sp: $(cat "$work/sp.out")"
+
 # --- the launcher: a bad --layout key, and a layout the server refuses --------------
 rc=0
 "$py" "$src/examples/launcher.py" --server "$addr" --stubs "$stubs" \

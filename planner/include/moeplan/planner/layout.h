@@ -45,6 +45,8 @@ struct Layout {
   PipelineSchedule pipeline = PipelineSchedule::k1F1B;
   int virtual_stages = 1;  // v (interleaved)
   bool recompute = false;  // full activation recomputation
+  // Megatron-Core's --sequence-parallel (tp >= 2; not ppmoe): docs/layouts.md.
+  bool sequence_parallel = false;
   // The layers of each of the pp * virtual_stages stages, in forward order
   // (a parsed Megatron-Core pipeline layout, pipeline_layout.h); empty: the
   // layers spread evenly, the embedding first and the loss last.
@@ -75,7 +77,7 @@ absl::Status CheckPipelineSteps(const Layout& layout);
 Layout ResolveLayout(const Layout& layout);
 
 // The model as one stage of the layout runs it: micro_batch_size per
-// micro-batch, parallel {mp = tp, ep, esp, dp, pp}.
+// micro-batch, parallel {mp = tp, ep, esp, dp, pp, sequence_parallel}.
 ModelConfig ModelForLayout(const ModelConfig& model, const Layout& layout,
                            int64_t micro_batch_size);
 

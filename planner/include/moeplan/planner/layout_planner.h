@@ -19,7 +19,6 @@
 
 namespace moeplan::planner {
 
-
 struct CandidateTerm {
   Term term;
   double us;
@@ -54,6 +53,9 @@ struct SearchOptions {
   std::vector<int> zero_stages;             // empty: 0-3
   int max_microbatches = 64;
   std::vector<int> virtual_stages = {2};  // interleaved v
+  // Sequence parallelism tried (each at most once) where it applies: tp >= 2,
+  // seq_length divisible by tp, not ppmoe. Empty: off.
+  std::vector<bool> sequence_parallel;
   // Simulate every candidate that fits instead of stopping at the lower
   // bound (docs/layouts.md "Search"): for profiles whose costs are not
   // subadditive (a piece costing less than its share of the whole).

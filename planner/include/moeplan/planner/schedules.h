@@ -42,6 +42,12 @@ struct LayerContext {
   // holds all the layer's experts (ep * esp = mp): dispatch is a local
   // index-select, the combine a MP-AllReduce; `schedule` is ignored.
   bool local_dispatch = false;
+  // Whole models with sequence parallelism (docs/model.md): the layer's input
+  // and output are S/mp tokens per rank. S1 splits and gathers nothing (its
+  // tokens are already the rank's slice); default and S2 AllGather the input
+  // over MP first (and the output gradient in the backward), and each rank
+  // keeps its slice of their replicated output.
+  bool sequence_parallel = false;
 };
 
 // A schedule's ops in five sections, in issue order. A single layer chains

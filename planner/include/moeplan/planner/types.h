@@ -16,6 +16,11 @@ struct ParallelLayout {
   int esp = 1;  // N_ESP
   int dp = 1;   // N_DP
   int pp = 1;   // N_PP
+  // Megatron-Core's sequence parallelism: the norms, residuals and dropouts
+  // between the TP sub-blocks run on S/mp tokens, and each TP AllReduce is a
+  // ReduceScatter + AllGather (docs/model.md "Sequence parallelism"). Models
+  // only: a single MoE layer has no TP sub-blocks.
+  bool sequence_parallel = false;
 
   int StageRanks() const { return mp * dp; }
   int TotalRanks() const { return mp * dp * pp; }
@@ -23,8 +28,8 @@ struct ParallelLayout {
 // Every field (a structured binding: a field added without it fails to compile).
 template <typename H>
 H AbslHashValue(H h, const ParallelLayout& p) {
-  const auto& [mp, ep, esp, dp, pp] = p;
-  return H::combine(std::move(h), mp, ep, esp, dp, pp);
+  const auto& [mp, ep, esp, dp, pp, sequence_parallel] = p;
+  return H::combine(std::move(h), mp, ep, esp, dp, pp, sequence_parallel);
 }
 
 // One MoE layer. Dimensions are element counts.
