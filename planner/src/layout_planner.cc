@@ -109,46 +109,85 @@ absl::StatusOr<ChunkTimes> LayoutPlanner::Impl::Chunk(const ModelConfig& model, 
   // ZeRO 1 and 2 build the same graph (reduce-scatter buckets, gathers after
   // the step); 2 only counts the buckets as part of every micro-batch's backward.
   for (int z : {l.zero_stage, l.zero_stage == 1 ? 2 : l.zero_stage == 2 ? 1 : -1}) {
-    if (z >= 0) cache.emplace(KeyOf(model, l, mbs, so, z), Times(vp, z >= 2));
+    if (z < 0) continue;
+    MOEPLAN_ASSIGN_OR_RETURN(ChunkTimes t, Times(vp, z >= 2));
+    cache.emplace(KeyOf(model, l, mbs, so, z), t);
   }
   return cache.find(KeyOf(model, l, mbs, so, l.zero_stage))->second;
 }
 
-// A planned chunk's times; `sync_in_backward`: its gradient buckets end its backward.
-ChunkTimes LayoutPlanner::Impl::Times(const VariantPlan& vp, bool sync_in_backward) {
+// A planned chunk's times (layout_planner_internal.h). The chunk's graph is
+// one micro-batch with its gradient synchronisation and optimizer step.
+// ZeRO 0-1 synchronise once per iteration, overlapping the last
+// micro-batch's backward: every micro-batch's backward is the graph's with
+// the buckets, optimizer and parameter gathers passed through (no cost, no
+// resource, dependencies kept), and the last one's extra time to the graph's
+// end is the tail. ZeRO 2-3 reduce-scatter every micro-batch's gradients: the
+// buckets end each backward.
+absl::StatusOr<ChunkTimes> LayoutPlanner::Impl::Times(const VariantPlan& vp,
+                                                      bool sync_in_backward) {
   ChunkTimes t;
   t.variant = vp.variant;
   t.schedule = vp.schedule;
   t.algo = vp.algo;
   const OpGraph& g = vp.graph;
   const SimResult& r = vp.sim;
-  double bwd_end = r.forward_end_us, sync_end = 0.0;
-  for (OpId id = 0; id < g.size(); ++id) {
-    const Op& op = g.op(id);
-    const double end = r.times[static_cast<size_t>(id)].end_us;
-    if (op.term == Term::kOptimizer) continue;
-    if (op.flags & kGradSync) {
-      if (op.base.substr(0, 4) == "bwd.") {
-        sync_end = std::max(sync_end, end);
-      }
-      continue;
+  auto synchronises = [&](const Op& op) {
+    return op.term == Term::kOptimizer || (op.flags & kGradSync) != 0;
+  };
+  // The backward without the synchronisation: its end, and the graph its
+  // critical path is read from.
+  const OpGraph* steps = &g;
+  const SimResult* times = &r;
+  double bwd_end = r.forward_end_us;
+  if (sync_in_backward) {
+    for (OpId id = 0; id < g.size(); ++id) {
+      const Op& op = g.op(id);
+      if (op.term == Term::kOptimizer) continue;
+      // ZeRO 2-3: the gradients' ReduceScatters end the backward; the
+      // parameter gathers after the step do not.
+      if ((op.flags & kGradSync) && op.base.substr(0, 4) != "bwd.") continue;
+      bwd_end = std::max(bwd_end, r.times[static_cast<size_t>(id)].end_us);
     }
-    bwd_end = std::max(bwd_end, end);
+  } else {
+    quiet_graph.Clear();
+    quiet_graph.CopyTables(g);
+    for (OpId id = 0; id < g.size(); ++id) {
+      Op op = g.op(id);
+      if (synchronises(op)) {
+        op.cost_us = 0.0;
+        op.resources = 0;
+      }
+      quiet_graph.Add(op, g.deps(id), g.exec(id));
+    }
+    MOEPLAN_RETURN_IF_ERROR(pipe_sim.Run(quiet_graph, &quiet_sim));
+    for (OpId id = 0; id < g.size(); ++id) {
+      if (synchronises(g.op(id))) continue;
+      bwd_end = std::max(bwd_end, quiet_sim.times[static_cast<size_t>(id)].end_us);
+    }
+    steps = &quiet_graph;
+    times = &quiet_sim;
   }
-  if (sync_in_backward) bwd_end = std::max(bwd_end, sync_end);
   t.fwd = r.forward_end_us;
   t.bwd = bwd_end - t.fwd;
   t.tail = std::max(0.0, r.makespan_us - bwd_end);
+  for (OpId id : times->critical_path) {
+    const Op& op = steps->op(id);
+    const double end = times->times[static_cast<size_t>(id)].end_us;
+    if (end <= t.fwd + 1e-9) {
+      t.fwd_terms[static_cast<size_t>(op.term)] += op.cost_us;
+    } else if (end <= bwd_end + 1e-9 && (sync_in_backward || !synchronises(g.op(id)))) {
+      t.bwd_terms[static_cast<size_t>(op.term)] += op.cost_us;
+    }
+  }
+  // What the iteration adds after the backward, from the whole graph.
   for (OpId id : r.critical_path) {
     const Op& op = g.op(id);
-    const OpTime& time = r.times[static_cast<size_t>(id)];
-    if (time.end_us <= t.fwd + 1e-9) {
-      t.fwd_terms[static_cast<size_t>(op.term)] += op.cost_us;
-    } else if (time.end_us <= bwd_end + 1e-9) {
-      t.bwd_terms[static_cast<size_t>(op.term)] += op.cost_us;
-    } else if (op.term == Term::kOptimizer) {
+    if (r.times[static_cast<size_t>(id)].end_us <= bwd_end + 1e-9 && !synchronises(op)) continue;
+    if (op.term == Term::kOptimizer) {
       t.optimizer += op.cost_us;
-    } else {
+    } else if (sync_in_backward ? r.times[static_cast<size_t>(id)].end_us > bwd_end + 1e-9
+                                : synchronises(op)) {
       t.grad_sync += op.cost_us;
     }
   }

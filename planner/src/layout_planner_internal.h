@@ -75,6 +75,9 @@ struct LayoutPlanner::Impl {
   absl::flat_hash_map<ChunkKey, absl::Status> checked;
   OpGraph pipe_graph;
   Simulator pipe_sim;
+  // Times' scratch: a chunk's graph with its synchronisation passed through.
+  OpGraph quiet_graph;
+  SimResult quiet_sim;
   SimResult pipe_result;
   SearchStats* stats = nullptr;
   ModelPlanOptions plan_options;
@@ -84,8 +87,11 @@ struct LayoutPlanner::Impl {
   // Chunk (stage, chunk) planned at `mbs` sequences per micro-batch, cached.
   absl::StatusOr<ChunkTimes> Chunk(const ModelConfig& model, const Layout& l, int64_t mbs,
                                    int stage, int chunk);
-  // A planned chunk's times; `sync_in_backward`: its gradient buckets end its backward.
-  static ChunkTimes Times(const VariantPlan& vp, bool sync_in_backward);
+  // A planned chunk's times; `sync_in_backward` (ZeRO 2-3): its gradient
+  // buckets end every micro-batch's backward. Otherwise (ZeRO 0-1) only the
+  // last micro-batch synchronises: the backward is the chunk's without its
+  // buckets, and what they add to the last one is in the tail.
+  absl::StatusOr<ChunkTimes> Times(const VariantPlan& vp, bool sync_in_backward);
   PipelineLinks Links(const ModelConfig& model, const Layout& l, int64_t mbs) const;
   void P2p(const ModelConfig& model, const Layout& l, int64_t mbs, PipelineSpec* spec) const;
   // Evaluates a validated layout with `mbs` sequences per micro-batch.

@@ -168,5 +168,44 @@ TEST(DenseModel, SearchPlacesNoExperts) {
   EXPECT_EQ(tps, (1 << 1) | (1 << 2));
 }
 
+// ZeRO 0-1 synchronise gradients once per iteration, with the last
+// micro-batch: a micro-batch's backward does not wait for buckets. With TP 2
+// and the DP group on the same node, the buckets' collectives share the link
+// with the backward's TP AllReduces; each further micro-batch still costs
+// what it costs with no DP group at all (dp 1, no buckets), and only the
+// iteration's tail (the last backward with its buckets, and the step) grows.
+TEST(DenseModel, GradientBucketsDelayOnlyTheLastMicroBatch) {
+  LayoutPlanner lp(RoundNumberModel());
+  MemoryOptions no_check;
+  no_check.gpu_memory_bytes = 0;
+  // Iteration time of m micro-batches of 2 sequences on dp replicas.
+  auto iteration = [&](int dp, int m, int zero) {
+    ModelConfig model = Dense(2);
+    model.parallel.dp = dp;
+    model.global_batch_size = int64_t{dp} * m * model.micro_batch_size;
+    Layout l;
+    l.dp = dp;
+    l.tp = 2;
+    l.pp = 1;
+    l.microbatches = m;
+    l.zero_stage = zero;
+    // Small buckets: each is issued as soon as its gradients are done,
+    // during the backward.
+    ModelPlanOptions o;
+    o.bucket_bytes = 64 << 10;
+    LayoutCandidate c;
+    const absl::Status s = lp.Evaluate(model, l, o, no_check, &c);
+    EXPECT_TRUE(s.ok()) << s;
+    return c.iteration_us;
+  };
+  const double alone = iteration(1, 3, 0) - iteration(1, 2, 0);
+  for (int zero : {0, 1}) {
+    EXPECT_REL(iteration(2, 3, zero) - iteration(2, 2, zero), alone);
+    EXPECT_GT(iteration(2, 2, zero), iteration(1, 2, zero));  // the buckets: once
+  }
+  // ZeRO 2 reduce-scatters every micro-batch's gradients: each costs more.
+  EXPECT_GT(iteration(2, 3, 2) - iteration(2, 2, 2), alone * (1 + 1e-6));
+}
+
 }  // namespace
 }  // namespace moeplan::planner
