@@ -70,6 +70,19 @@ double ExpertCapacity(const ModelConfig& m, double tokens) {
                                       static_cast<int64_t>(tokens), m.moe.num_experts));
 }
 
+// What attention keeps per token on a rank, in 2-byte units: Q and K for the
+// scores, V and the output projection's input (MHA: 8M/t); MLA also keeps its
+// latents (the norms' and up projections' inputs).
+double AttentionKept(const ModelConfig& m, const RankDims& dm) {
+  const double hp = static_cast<double>(dm.heads), qk = static_cast<double>(dm.qk);
+  const double dv = static_cast<double>(dm.v), kvh = static_cast<double>(dm.groups);
+  if (m.multi_latent_attention) {
+    return 2.0 * (2.0 * hp * qk + 2.0 * hp * dv) +
+           4.0 * static_cast<double>(dm.q_lora + dm.kv_lora + dm.rope);
+  }
+  return 2.0 * (hp * qk + kvh * qk + kvh * dv + hp * dv);
+}
+
 }  // namespace
 
 MemoryBreakdown StageMemory(const ModelConfig& model, const Layout& l, int64_t mbs, int stage,
@@ -94,16 +107,7 @@ MemoryBreakdown StageMemory(const ModelConfig& model, const Layout& l, int64_t m
   const double shard = static_cast<double>(m.moe.expert_ffn_hidden_size) / l.esp;
   const double glu = static_cast<double>(m.FfnInputFactor());
   const RankDims dm = DimsOf(m);
-  const double hp = static_cast<double>(dm.heads), qk = static_cast<double>(dm.qk);
-  const double dv = static_cast<double>(dm.v), kvh = static_cast<double>(dm.groups);
-  // What attention keeps per token on a rank, in 2-byte units: Q and K for
-  // the scores, V and the output projection's input (MHA: 8M/t); MLA also
-  // keeps its latents (the norms' and up projections' inputs).
-  double attn_kept = 2.0 * (hp * qk + kvh * qk + kvh * dv + hp * dv);
-  if (m.multi_latent_attention) {
-    attn_kept = 2.0 * (2.0 * hp * qk + 2.0 * hp * dv) +
-                4.0 * static_cast<double>(dm.q_lora + dm.kv_lora + dm.rope);
-  }
+  const double attn_kept = AttentionKept(m, dm);
   RankParams params;
   double act = 0.0, largest_block = 0.0, buffers = 0.0;
   for (int c = 0; c < v; ++c) {

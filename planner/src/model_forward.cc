@@ -131,6 +131,42 @@ Deps ModelPlanner::Impl::ForwardGemm(Builder& b, std::string_view name, int64_t 
                    DenseGemm(mm, nn, kk));
 }
 
+// The routed experts' forward section of `kind` over `s` tokens (the
+// schedule's, on a layer of one piece's size).
+Deps ModelPlanner::Impl::BuildRoutedUnit(UnitKind kind, int64_t s, Builder& b, Deps x,
+                                         LayerConfig* piece_layer) {
+  *piece_layer = moe_layer;
+  piece_layer->batch_size = 1;
+  piece_layer->seq_len = s;
+  const LayerContext ctx = MoeContext(piece_layer, -1, false);
+  const Frontier out = AppendSection(
+      sched, kind == UnitKind::kMoeRoute ? MoeSection::kFwdRoute : MoeSection::kFwdExchange, ctx,
+      b.graph(), {x.a, x.b});
+  return {out.a, out.b};
+}
+
+// A TP sub-block's partial sums over `sm` bytes: AllReduced, or with sequence
+// parallelism ReduceScattered into S/t slices (the same bytes: an AllReduce
+// is a ReduceScatter and an AllGather).
+Deps ModelPlanner::Impl::TpReduce(Builder& b, std::string_view allreduce,
+                                  std::string_view reducescatter, double sm, Deps x) const {
+  const double e = m->bytes_per_element;
+  if (!SequenceParallel()) {
+    return b.Coll(allreduce, F, Collective::kAllReduce, mp_shape, sm, x,
+                  DenseColl(ExecKind::kAllReduce, ExecGroup::kMp, sm, e));
+  }
+  const double piece = sm / m->parallel.mp;
+  return b.Coll(reducescatter, F, Collective::kReduceScatter, mp_shape, piece, x,
+                DenseColl(ExecKind::kReduceScatter, ExecGroup::kMp, piece, e));
+}
+
+// Sequence parallelism: the S/t slices of `sm` bytes AllGathered over TP.
+Deps ModelPlanner::Impl::SpGather(Builder& b, std::string_view name, double sm, Deps x) const {
+  const double piece = sm / m->parallel.mp;
+  return b.Coll(name, F, Collective::kAllGather, mp_shape, piece, x,
+                DenseColl(ExecKind::kAllGather, ExecGroup::kMp, piece, m->bytes_per_element));
+}
+
 // The attention's projections and core (BuildUnit's attention units).
 Deps ModelPlanner::Impl::BuildAttentionUnit(UnitKind kind, int k, Builder& b, Deps x) {
   const ModelConfig& mm = *m;
@@ -191,27 +227,15 @@ Deps ModelPlanner::Impl::BuildUnit(const Unit& u, int k, Builder& b, Deps x,
   const double e = mm.bytes_per_element;
   const double sm = static_cast<double>(s) * M * e;  // one activation, bytes
   // Sequence parallel: what runs between the TP sub-blocks holds S/t tokens.
-  const double t = mm.parallel.mp;
-  const bool sp = mm.parallel.mp > 1 && mm.parallel.sequence_parallel;
-  const double seq = sp ? sm / t : sm;
+  const double seq = SequenceParallel() ? sm / mm.parallel.mp : sm;
   auto mem = [&](std::string_view name, double bytes) { return ForwardMemory(b, name, bytes, x); };
   auto gemm = [&](std::string_view name, int64_t mm_, int64_t nn, int64_t kk) {
     return ForwardGemm(b, name, mm_, nn, kk, x);
   };
-  // A TP sub-block's partial sums: AllReduced, or ReduceScattered into S/t
-  // slices (the same bytes: one AllReduce is a ReduceScatter + AllGather).
-  auto reduce = [&](std::string_view allreduce_name, std::string_view reducescatter_name) {
-    if (sp) {
-      return b.Coll(reducescatter_name, F, Collective::kReduceScatter, mp_shape, seq, x,
-                    DenseColl(ExecKind::kReduceScatter, ExecGroup::kMp, seq, e));
-    }
-    return b.Coll(allreduce_name, F, Collective::kAllReduce, mp_shape, sm, x,
-                  DenseColl(ExecKind::kAllReduce, ExecGroup::kMp, sm, e));
+  auto reduce = [&](std::string_view allreduce, std::string_view reducescatter) {
+    return TpReduce(b, allreduce, reducescatter, sm, x);
   };
-  auto gather = [&](std::string_view name) {
-    return b.Coll(name, F, Collective::kAllGather, mp_shape, seq, x,
-                  DenseColl(ExecKind::kAllGather, ExecGroup::kMp, seq, e));
-  };
+  auto gather = [&](std::string_view name) { return SpGather(b, name, sm, x); };
   switch (u.kind) {
     case UnitKind::kEmbed:
       return mem("fwd.embed", 3.0 * sm);
@@ -258,16 +282,8 @@ Deps ModelPlanner::Impl::BuildUnit(const Unit& u, int k, Builder& b, Deps x,
     case UnitKind::kSharedAllReduce:
       return reduce("fwd.shared_allreduce", "fwd.shared_reducescatter");
     case UnitKind::kMoeRoute:
-    case UnitKind::kMoeExchange: {
-      *piece_layer = moe_layer;
-      piece_layer->batch_size = 1;
-      piece_layer->seq_len = s;
-      const LayerContext ctx = MoeContext(piece_layer, -1, false);
-      const Frontier out = AppendSection(
-          sched, u.kind == UnitKind::kMoeRoute ? MoeSection::kFwdRoute : MoeSection::kFwdExchange,
-          ctx, b.graph(), {x.a, x.b});
-      return {out.a, out.b};
-    }
+    case UnitKind::kMoeExchange:
+      return BuildRoutedUnit(u.kind, s, b, x, piece_layer);
     case UnitKind::kMtpEmbed:
       return mem("fwd.mtp_embed", 3.0 * sm);
     case UnitKind::kMtpNorm:

@@ -286,9 +286,16 @@ struct ModelPlanner::Impl {
   // Appends a unit's ops for a micro-batch of k pieces' size after `x`.
   Deps BuildUnit(const Unit& u, int k, Builder& b, Deps x, LayerConfig* piece_layer);
   Deps BuildAttentionUnit(internal::UnitKind kind, int k, Builder& b, Deps x);
+  Deps BuildRoutedUnit(internal::UnitKind kind, int64_t s, Builder& b, Deps x,
+                       LayerConfig* piece_layer);
   Deps ForwardMemory(Builder& b, std::string_view name, double bytes, Deps x) const;
   Deps ForwardGemm(Builder& b, std::string_view name, int64_t mm, int64_t nn, int64_t kk,
                    Deps x) const;
+  // Sequence parallelism (docs/model.md): on, with TP.
+  bool SequenceParallel() const { return m->parallel.mp > 1 && m->parallel.sequence_parallel; }
+  Deps TpReduce(Builder& b, std::string_view allreduce, std::string_view reducescatter, double sm,
+                Deps x) const;
+  Deps SpGather(Builder& b, std::string_view name, double sm, Deps x) const;
   void AppendInputs(const Unit& u, int range_begin, int p, bool standalone);
   // `unit_ends`, if given: g's size after each unit.
   const internal::UnitOps& UnitTemplate(const Unit& u, int k);

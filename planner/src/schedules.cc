@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <string_view>
 
 #include "graph_builder.h"
 #include "moeplan/base/status.h"
@@ -277,6 +278,16 @@ Deps SectionDefault(MoeSection sec, const LayerContext& ctx, Builder& b, Deps x)
   return x;
 }
 
+// S1's split of the MP group's tokens (or their gradient) into the rank's
+// slice, a local copy of `x1` bytes; none with sequence parallelism, whose
+// tokens are the rank's slice already.
+Deps S1Split(const LayerContext& ctx, Builder& b, std::string_view name, Phase phase, double us,
+             double x1, Buf in, Buf out, int64_t slice, Deps x) {
+  if (ctx.sequence_parallel) return x;
+  return b.Compute(name, phase, Term::kSplit, us, 2.0 * x1, x, 0,
+                   CollX(EK::kSlice, EG::kMp, in, out, slice));
+}
+
 Deps SectionS1(MoeSection sec, const LayerContext& ctx, Builder& b, Deps x) {
   const LayerConfig& l = *ctx.layer;
   const Topology& t = ctx.topo;
@@ -299,11 +310,7 @@ Deps SectionS1(MoeSection sec, const LayerContext& ctx, Builder& b, Deps x) {
   const int64_t slice = s1 * m, peer = k.LocalExperts() * cap1 * m, part = l.num_experts * cap1 * m;
   switch (sec) {
     case MoeSection::kFwdRoute:
-      // Sequence parallel: the input is the rank's slice already.
-      if (!ctx.sequence_parallel) {
-        x = b.Compute("fwd.mp_split", F, Term::kSplit, k.Split(x1), 2.0 * x1, x, 0,
-                      CollX(EK::kSlice, EG::kMp, Buf::kX, Buf::kXs, slice));
-      }
+      x = S1Split(ctx, b, "fwd.mp_split", F, k.Split(x1), x1, Buf::kX, Buf::kXs, slice, x);
       x = b.Compute("fwd.gate", F, Term::kGate, k.GateFwd(s1), k.GateBytes(s1), x, 0,
                     GateX(Buf::kXs, s1, cap1));
       return b.Compute("fwd.order", F, Term::kOrder, k.Scatter(s1, cap1), k.OrderBytes(s1, cap1), x,
@@ -329,10 +336,7 @@ Deps SectionS1(MoeSection sec, const LayerContext& ctx, Builder& b, Deps x) {
     // Backward: the dual of each op in reverse (MP-AllGather -> local split,
     // AllGather <-> ReduceScatter, AlltoAll -> AlltoAll, split -> AllGather).
     case MoeSection::kBwdUnroute:
-      if (!ctx.sequence_parallel) {
-        x = b.Compute("bwd.mp_split", B, Term::kSplit, k.Split(x1), 2.0 * x1, x, 0,
-                      CollX(EK::kSlice, EG::kMp, Buf::kDy, Buf::kDys, slice));
-      }
+      x = S1Split(ctx, b, "bwd.mp_split", B, k.Split(x1), x1, Buf::kDy, Buf::kDys, slice, x);
       return b.Compute(
           "bwd.iorder", B, Term::kOrder, k.Unroute(s1, cap1), k.UnrouteBytes(s1, cap1), x, 0,
           RouteX(EK::kIOrderBackward, Buf::kDys, Buf::kComb, Buf::kDcomb, s1, cap1, 1, rag));
