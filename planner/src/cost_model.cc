@@ -1,6 +1,7 @@
 #include "moeplan/planner/cost_model.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 
 #include "field_rules.h"
@@ -301,6 +302,8 @@ absl::StatusOr<CostModel> CostModel::Create(ClusterProfile profile) {
 }
 
 CostModel::CostModel(ClusterProfile profile) : profile_(std::move(profile)) {
+  static std::atomic<uint64_t> next_grid_id{1};
+  grid_id_ = next_grid_id.fetch_add(1, std::memory_order_relaxed);
   // In-context fits last: they replace the isolated fit of their key.
   std::vector<const CollectiveFit*> all;
   for (const CollectiveFit& f : profile_.collectives) all.push_back(&f);
@@ -389,7 +392,29 @@ CostModel CostModel::AtElementBytes(int bytes_per_element) const {
   return copy;
 }
 
+// Planners ask for the same few shapes again and again (every block of a
+// model, every plan of a search): a small direct-mapped memo per thread,
+// keyed by the model's grid id and the shape, holds the interpolated value.
 double CostModel::GemmEfficiency(int64_t m, int64_t n, int64_t k) const {
+  if (profile_.gemm.grid.efficiency.empty()) return 1.0;
+  struct Entry {
+    uint64_t grid = 0;  // 0: empty (ids start at 1)
+    int64_t m = 0, n = 0, k = 0;
+    double efficiency = 0.0;
+  };
+  constexpr size_t kEntries = 1024;
+  thread_local std::array<Entry, kEntries> memo;
+  const uint64_t h = (static_cast<uint64_t>(m) * 0x9E3779B97F4A7C15ull) ^
+                     (static_cast<uint64_t>(n) * 0xC2B2AE3D27D4EB4Full) ^
+                     (static_cast<uint64_t>(k) * 0x165667B19E3779F9ull) ^ grid_id_;
+  Entry& e = memo[(h ^ (h >> 29)) & (kEntries - 1)];
+  if (e.grid != grid_id_ || e.m != m || e.n != n || e.k != k) {
+    e = Entry{grid_id_, m, n, k, InterpolateGemmEfficiency(m, n, k)};
+  }
+  return e.efficiency;
+}
+
+double CostModel::InterpolateGemmEfficiency(int64_t m, int64_t n, int64_t k) const {
   const GemmEfficiencyGrid& g = profile_.gemm.grid;
   if (g.efficiency.empty()) return 1.0;
   size_t i[3];

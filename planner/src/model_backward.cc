@@ -365,6 +365,10 @@ internal::BackwardOps& ModelPlanner::Impl::BackwardTemplate(bool detach) {
   ++t.build;
   std::swap(g0, t.graph);
   g0.Clear();
+  // The template holds what its own emission records, nothing before it.
+  params.clear();
+  slots.clear();
+  dw_ops.clear();
   Op stand_in;
   stand_in.base = "bwd.input";
   BackwardEmitter(*this, detach).Emit({g0.Add(stand_in, {})});

@@ -24,16 +24,16 @@ using internal::Param;
 using internal::Range;
 using internal::Slot;
 
-// The forward split per `ranges` into g0 (each range's first and last op
+// The forward split per `ranges` into `g` (each range's first and last op
 // recorded); returns what the backward starts after: the loss (or last
 // block), joined when it ends in k pieces.
-Deps ModelPlanner::Impl::EmitForward(const std::vector<Range>& ranges) {
+Deps ModelPlanner::Impl::EmitForward(const std::vector<Range>& ranges, OpGraph* g) {
   range_first.clear();
   range_last.clear();
   for (const Range& r : ranges) {
-    range_first.push_back(g0.size());
-    EmitRange(r.begin, r.end, r.k, &g0, false);
-    range_last.push_back(g0.size() - 1);
+    range_first.push_back(g->size());
+    EmitRange(r.begin, r.end, r.k, g, false);
+    range_last.push_back(g->size() - 1);
   }
   const size_t last = units.size() - 1;
   const size_t first_piece = static_cast<size_t>(piece_begin[last]);
@@ -47,18 +47,31 @@ Deps ModelPlanner::Impl::EmitForward(const std::vector<Range>& ranges) {
   Op join;
   join.base = "fwd.join";
   join.term = Term::kDense;
-  return {g0.Add(join, dep_buf, kJoin)};
+  return {g->Add(join, dep_buf, kJoin)};
 }
 
 absl::StatusOr<double> ModelPlanner::Impl::ForwardEnd(const std::vector<Range>& ranges) {
-  g0.Clear();
-  params.clear();
-  slots.clear();
-  dw_ops.clear();
+  forward_graph.Clear();
   ResetPieces();
-  EmitForward(ranges);
-  MOEPLAN_RETURN_IF_ERROR(simulator.Schedule(g0, &sim0));
+  EmitForward(ranges, &forward_graph);
+  MOEPLAN_RETURN_IF_ERROR(simulator.Schedule(forward_graph, &sim0));
   return sim0.forward_end_us;
+}
+
+double ModelPlanner::Impl::ForwardBusy(const std::vector<Range>& ranges) {
+  double busy[kNumResources] = {0.0, 0.0, 0.0};
+  for (const Range& r : ranges) {
+    for (int u = r.begin; u < r.end; ++u) {
+      const OpGraph& t = UnitTemplate(units[static_cast<size_t>(u)], r.k).graph;
+      for (OpId id = 0; id < t.size(); ++id) {
+        const Op& op = t.op(id);
+        for (int res = 0; res < kNumResources; ++res) {
+          if (op.resources & (1u << res)) busy[res] += r.k * op.cost_us;
+        }
+      }
+    }
+  }
+  return *std::max_element(busy, busy + kNumResources);
 }
 
 // Lancet's dW placement on g0 (its backward from `bwd_begin`): each slot's
@@ -143,7 +156,7 @@ absl::Status ModelPlanner::Impl::Evaluate(const std::vector<Range>& ranges, bool
   slots.clear();
   dw_ops.clear();
   ResetPieces();
-  const Deps x = EmitForward(ranges);
+  const Deps x = EmitForward(ranges, &g0);
   const OpId bwd_begin = g0.size();
   built->partitions.clear();
   for (size_t i = 0; i < ranges.size(); ++i) {
@@ -206,41 +219,29 @@ absl::Status ModelPlanner::Impl::Evaluate(const std::vector<Range>& ranges, bool
 // passed through, the backward left is the same whatever the variant, and its
 // simulated length is at most any variant's backward.
 absl::Status ModelPlanner::Impl::PhaseBound(double (&busy)[2][kNumResources], double* chain) {
-  g0.Clear();
-  params.clear();
-  slots.clear();
-  dw_ops.clear();
-  ResetPieces();
-  EmitRange(0, static_cast<int>(units.size()), 1, &g0, false);
-  const OpId bwd_begin = g0.size();
-  const auto& o = piece_out[static_cast<size_t>(piece_begin[units.size() - 1])];
-  EmitBackward(Deps{o[0], o[1]}, false);
+  // The sums in the order the whole graph issues its ops (the forward's
+  // units, then the backward), read from the ops' templates: the forward
+  // unsplit is each unit's template once (ZeRO-3's gathers, prefetched, are
+  // not in them), the backward is the pair's template after its stand-in.
   for (auto& phase : busy) std::fill(std::begin(phase), std::end(phase), 0.0);
-  for (OpId id = 0; id < g0.size(); ++id) {
-    const Op& op = g0.op(id);
-    if (op.flags & (kGradSync | kPrefetch)) continue;
+  auto add = [&](const Op& op) {
+    if (op.flags & (kGradSync | kPrefetch)) return;
     for (int r = 0; r < kNumResources; ++r) {
       if (op.resources & (1u << r)) busy[op.phase == F ? 0 : 1][r] += op.cost_us;
     }
+  };
+  for (const internal::Unit& u : units) {
+    const OpGraph& t = UnitTemplate(u, 1).graph;
+    for (OpId id = 0; id < t.size(); ++id) add(t.op(id));
   }
+  const internal::BackwardOps& bwd = BackwardTemplate(false);
+  for (OpId id = 1; id < bwd.graph.size(); ++id) add(bwd.graph.op(id));
+  // SyncBound reads the parameters the backward completes.
+  params = bwd.params;
   if (chain == nullptr) return absl::OkStatus();
   // The backward alone: the forward stands as one op at time 0.
-  scratch.Clear();
-  Op input;
-  input.base = "bwd.input";
-  input.resources = 0;
-  scratch.Add(input, {});
-  for (OpId id = bwd_begin; id < g0.size(); ++id) {
-    dep_buf.clear();
-    for (OpId d : g0.deps(id)) dep_buf.push_back(d < bwd_begin ? 0 : d - bwd_begin + 1);
-    Op op = g0.op(id);
-    if (op.flags & (kWeightGrad | kGradSync | kPrefetch)) {
-      op.cost_us = 0.0;
-      op.resources = 0;
-    }
-    scratch.Add(op, dep_buf);
-  }
-  MOEPLAN_RETURN_IF_ERROR(simulator.Schedule(scratch, &sim0));
+  MOEPLAN_RETURN_IF_ERROR(
+      simulator.Schedule(bwd.graph, &sim0, kWeightGrad | kGradSync | kPrefetch));
   *chain = sim0.makespan_us;
   return absl::OkStatus();
 }

@@ -212,7 +212,11 @@ struct ModelPlanner::Impl {
   using Param = internal::Param;
   using Slot = internal::Slot;
 
-  explicit Impl(const CostModel& c) : cost(c) {}
+  explicit Impl(const CostModel& c) : cost(c) {
+    // Graphs only simulated: nothing reads what their ops compute.
+    range_graph.RecordExec(false);
+    forward_graph.RecordExec(false);
+  }
 
   const CostModel& cost;
   // ---- Per plan ----
@@ -235,7 +239,7 @@ struct ModelPlanner::Impl {
   uint64_t context_salt = 0;  // the model, layout and stage a range's costs depend on
   bool bound_chain = false;   // StageComputeBound's `chain`
   // ---- Scratch ----
-  OpGraph scratch, range_graph, g0, final_graph;
+  OpGraph scratch, range_graph, forward_graph, g0, final_graph;
   Simulator simulator;
   SimResult range_sim, sim0, final_sim;
   std::vector<OpId> map, dep_buf;
@@ -323,9 +327,12 @@ struct ModelPlanner::Impl {
     std::vector<DwPlacement> dw;
   };
   absl::Status Evaluate(const std::vector<Range>& ranges, bool schedule_dw, Built* built);
-  // The forward of `ranges` alone, simulated: its end (g0 holds it).
+  // The forward of `ranges` alone, simulated: its end (forward_graph holds it).
   absl::StatusOr<double> ForwardEnd(const std::vector<Range>& ranges);
-  Deps EmitForward(const std::vector<Range>& ranges);
+  // A lower bound on that end: the busiest resource's ops (each unit's
+  // template, once per piece).
+  double ForwardBusy(const std::vector<Range>& ranges);
+  Deps EmitForward(const std::vector<Range>& ranges, OpGraph* g);
   // `reach`: the backward's reachability, its op 0 being g0's op `shift`.
   absl::Status PlaceDw(const Reachability& reach, OpId shift, std::vector<std::vector<int>>* picks,
                        std::vector<DwPlacement>* placements);

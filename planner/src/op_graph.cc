@@ -99,7 +99,7 @@ std::string_view ExecKindName(ExecKind k) {
 }
 
 std::string_view ExecGroupName(ExecGroup g) {
-  static constexpr std::string_view kNames[] = {"none", "mp",  "ep",     "esp",
+  static constexpr std::string_view kNames[] = {"none", "mp",  "ep",      "esp",
                                                 "dp",   "edp", "pp_even", "pp_odd"};
   static_assert(std::size(kNames) == kNumExecGroups);
   const size_t i = static_cast<size_t>(g);
@@ -132,31 +132,16 @@ std::string Op::Name() const {
   return out;
 }
 
-OpId OpGraph::Add(const Op& op, std::initializer_list<OpId> deps, const OpExec& exec) {
-  const OpId id = size();
-  ops_.push_back(op);
-  exec_.push_back(exec);
-  for (OpId d : deps) {
-    if (d != kNoOp) dep_ids_.push_back(d);
-  }
-  dep_begin_.push_back(static_cast<uint32_t>(dep_ids_.size()));
-  return id;
-}
-
-OpId OpGraph::Add(const Op& op, std::span<const OpId> deps, const OpExec& exec) {
-  const OpId id = size();
-  ops_.push_back(op);
-  exec_.push_back(exec);
-  for (OpId d : deps) {
-    if (d != kNoOp) dep_ids_.push_back(d);
-  }
-  dep_begin_.push_back(static_cast<uint32_t>(dep_ids_.size()));
-  return id;
+void OpGraph::RecordExec(bool record) {
+  if (record == record_exec_) return;
+  record_exec_ = record;
+  exec_.clear();
+  if (record) exec_.resize(ops_.size());  // ops added meanwhile compute nothing said
 }
 
 void OpGraph::Reserve(int ops, int deps) {
   ops_.reserve(static_cast<size_t>(ops));
-  exec_.reserve(static_cast<size_t>(ops));
+  if (record_exec_) exec_.reserve(static_cast<size_t>(ops));
   dep_begin_.reserve(static_cast<size_t>(ops) + 1);
   dep_ids_.reserve(static_cast<size_t>(deps));
 }

@@ -18,7 +18,7 @@ absl::Status Simulator::Run(const OpGraph& graph, SimResult* r) {
   return absl::OkStatus();
 }
 
-absl::Status Simulator::Schedule(const OpGraph& graph, SimResult* r) {
+absl::Status Simulator::Schedule(const OpGraph& graph, SimResult* r, uint8_t pass_through) {
   const int n = graph.size();
   r->times.resize(static_cast<size_t>(n));  // every entry is written below
   r->critical_path.clear();
@@ -30,25 +30,30 @@ absl::Status Simulator::Schedule(const OpGraph& graph, SimResult* r) {
   free_at_.assign(kNumResources, 0.0);
   last_on_.assign(kNumResources, kNoOp);
 
+  // Locals, not r's fields: the stores below cannot alias them.
+  OpTime* const times = r->times.data();
+  double forward_end = 0.0, makespan = 0.0;
+  int64_t inter_node_bytes = 0;
   for (int v = 0; v < n; ++v) {
     const Op& op = graph.op(v);
     double start = 0.0;
     OpId binding = kNoOp;
     // Dependencies first, so that on ties the data dependency is reported as binding.
     for (const OpId u : graph.deps(v)) {
-      if (u >= v || u < 0) {
+      if (static_cast<unsigned>(u) >= static_cast<unsigned>(v)) {  // u < 0 or u >= v
         return absl::InternalError(Cat("op graph: op ", v, " (", op.Name(), ") depends on op ", u,
                                        " issued after it; builders must add "
                                        "dependencies first"));
       }
-      if (binding == kNoOp || r->times[u].end_us > start) {
-        start = r->times[u].end_us;
+      const double e = times[u].end_us;
+      if (binding == kNoOp || e > start) {
+        start = e;
         binding = u;
       }
     }
     if (op.device < 0) {
-      return absl::InternalError(Cat("op graph: op ", v, " (", op.Name(), ") has device ",
-                                     op.device));
+      return absl::InternalError(
+          Cat("op graph: op ", v, " (", op.Name(), ") has device ", op.device));
     }
     const size_t base = static_cast<size_t>(op.device) * kNumResources;
     if (base >= free_at_.size()) {
@@ -57,24 +62,43 @@ absl::Status Simulator::Schedule(const OpGraph& graph, SimResult* r) {
     }
     double* free_at = free_at_.data() + base;
     OpId* last_on = last_on_.data() + base;
-    for (int res = 0; res < kNumResources; ++res) {
-      if ((op.resources & (1u << res)) && free_at[res] > start) {
-        start = free_at[res];
-        binding = last_on[res];
-      }
+    const bool passes = (op.flags & pass_through) != 0;
+    const unsigned held = passes ? 0u : op.resources;
+    static_assert(kNumResources == 3, "the resource steps below are unrolled");
+    // Each held resource in index order, the first later one binding.
+    if ((held & 1u) && free_at[0] > start) {
+      start = free_at[0];
+      binding = last_on[0];
     }
-    const double end = start + op.cost_us;
-    r->times[v] = OpTime{start, end, binding, false};
-    for (int res = 0; res < kNumResources; ++res) {
-      if (op.resources & (1u << res)) {
-        free_at[res] = end;
-        last_on[res] = v;
-      }
+    if ((held & 2u) && free_at[1] > start) {
+      start = free_at[1];
+      binding = last_on[1];
     }
-    if (op.phase == Phase::kForward) r->forward_end_us = std::max(r->forward_end_us, end);
-    r->inter_node_bytes += op.inter_node_bytes;
-    if (v == 0 || end > r->makespan_us) r->makespan_us = end;
+    if ((held & 4u) && free_at[2] > start) {
+      start = free_at[2];
+      binding = last_on[2];
+    }
+    const double end = passes ? start : start + op.cost_us;
+    times[v] = OpTime{start, end, binding, false};
+    if (held & 1u) {
+      free_at[0] = end;
+      last_on[0] = v;
+    }
+    if (held & 2u) {
+      free_at[1] = end;
+      last_on[1] = v;
+    }
+    if (held & 4u) {
+      free_at[2] = end;
+      last_on[2] = v;
+    }
+    if (op.phase == Phase::kForward && end > forward_end) forward_end = end;
+    inter_node_bytes += op.inter_node_bytes;
+    if (v == 0 || end > makespan) makespan = end;
   }
+  r->makespan_us = makespan;
+  r->forward_end_us = forward_end;
+  r->inter_node_bytes = inter_node_bytes;
   return absl::OkStatus();
 }
 

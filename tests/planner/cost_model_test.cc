@@ -226,6 +226,31 @@ TEST(CostModelTest, GemmEfficiencyClampsOutsideTheGrid) {
   EXPECT_REL(m.GemmEfficiency(100000, 64, 64), 0.65);
 }
 
+// GemmEfficiency keeps a per-thread memo of the shapes it was asked: models
+// with different grids, asked for the same shapes in turn and for more shapes
+// than the memo holds, each answer what they answered the first time.
+TEST(CostModelTest, GemmEfficiencyMemoKeepsModelsApart) {
+  const CostModel a = MakeModel(GridProfile());
+  ClusterProfile pb = GridProfile();
+  for (double& e : pb.gemm.grid.efficiency) e = 1.0 - e;  // 0.9 ... 0.2
+  const CostModel b = MakeModel(pb);
+  EXPECT_REL(a.GemmEfficiency(64, 32, 16), 0.1);
+  EXPECT_REL(b.GemmEfficiency(64, 32, 16), 0.9);
+  EXPECT_REL(a.GemmEfficiency(64, 32, 16), 0.1);
+  // A copy at another element size shares the grid.
+  EXPECT_REL(a.AtElementBytes(1).GemmEfficiency(256, 128, 256), 0.8);
+  std::vector<double> first;
+  for (int64_t m = 1; m <= 4096; m += 3) first.push_back(a.GemmEfficiency(m, 7 * m, 100));
+  for (int64_t m = 1; m <= 4096; m += 3) {
+    // b's values are 1 - a's: the grid is reversed and interpolation is linear.
+    ASSERT_NEAR(b.GemmEfficiency(m, 7 * m, 100), 1.0 - first[static_cast<size_t>(m / 3)], 1e-12)
+        << m;
+  }
+  for (int64_t m = 1; m <= 4096; m += 3) {
+    ASSERT_EQ(a.GemmEfficiency(m, 7 * m, 100), first[static_cast<size_t>(m / 3)]) << m;
+  }
+}
+
 TEST(CostModelTest, GemmTimeUsesInterpolatedEfficiency) {
   const CostModel m = MakeModel(GridProfile());
   // (256, 128, 256): e = 0.8, flops 2*256*128*256 = 16777216; 5 + 16777216 / (1e8*0.8)
@@ -537,7 +562,9 @@ std::vector<BadProfileCase> BadProfileCases() {
       // A profile put directly (PutProfile) with a correction no refit may fit
       // planned a 1,264 us layer in 0.001 us.
       {"in-context scale below the refit's bound",
-       [](ClusterProfile& p) { p.context.ops = {{"fwd.gate", 1, 0.0, 1e-6}}; },
+       [](ClusterProfile& p) {
+         p.context.ops = {{"fwd.gate", 1, 0.0, 1e-6}};
+       },
        "context.ops[0].scale: must be >= 0.01 and <= 100"},
   };
 }

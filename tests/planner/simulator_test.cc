@@ -262,6 +262,51 @@ TEST(SimulatorTest, TieBetweenDependenciesBindsTheFirstListed) {
 //   4 s inter 1, no deps        [7,8]  behind the fused op
 //   5 t compute 1, no deps      [0,1]
 // makespan 8 (r ends first at 8): critical q, fused, r. comm union [0,8] = 8; hidden 1.
+// Pass-through ops (Schedule's pass_through flags) hold no resource and
+// take no time; their dependencies still order the graph.
+//   0 a compute 2; 1 w compute 5 dW (after a); 2 b compute 1 (after a);
+//   3 c inter 3 (after w).
+// Whole: a [0,2], w [2,7], b [7,8] behind w on compute, c [7,10].
+// w passed through: a [0,2], w [2,2], b [2,3] (after a), c [2,5] (after w).
+TEST(SimulatorTest, PassThroughOpsHoldNothing) {
+  OpGraph g;
+  const OpId a = g.Add(MakeOp("a", kCompute, 2), {});
+  Op dw = MakeOp("w", kCompute, 5);
+  dw.flags = kWeightGrad;
+  const OpId w = g.Add(dw, {a});
+  g.Add(MakeOp("b", kCompute, 1), {a});
+  g.Add(MakeOp("c", kInter, 3, Term::kAllToAll), {w});
+  Simulator sim;
+  SimResult r;
+  ASSERT_TRUE(sim.Schedule(g, &r).ok());
+  ExpectTimes(r, {{0, 2, kNoOp, false}, {2, 7, a, false}, {7, 8, w, false}, {7, 10, w, false}});
+  EXPECT_DOUBLE_EQ(r.makespan_us, 10);
+  ASSERT_TRUE(sim.Schedule(g, &r, kGradSync).ok());  // no op has it: the same
+  EXPECT_DOUBLE_EQ(r.makespan_us, 10);
+  ASSERT_TRUE(sim.Schedule(g, &r, kWeightGrad | kGradSync).ok());
+  ExpectTimes(r, {{0, 2, kNoOp, false}, {2, 2, a, false}, {2, 3, a, false}, {2, 5, w, false}});
+  EXPECT_DOUBLE_EQ(r.makespan_us, 5);
+}
+
+// A graph that drops what its ops compute keeps their dependencies.
+TEST(OpGraphTest, RecordExecOff) {
+  OpGraph g;
+  g.RecordExec(false);
+  OpExec x;
+  x.kind = ExecKind::kDenseGemm;
+  const OpId a = g.Add(MakeOp("a", kCompute, 1), {}, x);
+  const OpId b = g.Add(MakeOp("b", kCompute, 1), {a}, x);
+  EXPECT_EQ(g.exec(b).kind, ExecKind::kNone);
+  EXPECT_THAT(g.deps(b), ElementsAre(a));
+  g.Clear();  // the setting stays
+  g.Add(MakeOp("a", kCompute, 1), {}, x);
+  EXPECT_EQ(g.exec(0).kind, ExecKind::kNone);
+  g.RecordExec(true);  // ops added before say nothing; new ones are kept
+  const OpId c = g.Add(MakeOp("c", kCompute, 1), {0}, x);
+  EXPECT_EQ(g.exec(0).kind, ExecKind::kNone);
+  EXPECT_EQ(g.exec(c).kind, ExecKind::kDenseGemm);
+}
+
 TEST(SimulatorTest, FusedOpBlocksBothLinks) {
   OpGraph g;
   const OpId p = g.Add(MakeOp("p", kIntra, 2, Term::kAllGather), {});

@@ -104,7 +104,13 @@ class CostModel {
     }
   };
 
+  // The efficiency grid's interpolation, uncached.
+  double InterpolateGemmEfficiency(int64_t m, int64_t n, int64_t k) const;
+
   ClusterProfile profile_;
+  // Names this model's efficiency grid in GemmEfficiency's per-thread memo
+  // (unique per constructed model; copies share the grid and the id).
+  uint64_t grid_id_ = 0;
   absl::flat_hash_map<uint64_t, Piecewise> fits_;
   std::array<std::vector<double>, 3> log_axes_;  // log2 of m, n, k grid axes
   double flops_per_us_ = 0.0;  // the GEMM peak in use (AtElementBytes), in flop per microsecond

@@ -94,15 +94,32 @@ class OpGraph {
   // Appends `op` after every op added so far (issue order) depending on `deps`.
   // kNoOp entries are ignored; others must be ids returned earlier (the
   // simulator checks).
-  OpId Add(const Op& op, std::initializer_list<OpId> deps, const OpExec& exec = {});
-  OpId Add(const Op& op, std::span<const OpId> deps, const OpExec& exec = {});
+  OpId Add(const Op& op, std::initializer_list<OpId> deps, const OpExec& exec = {}) {
+    return Add(op, std::span<const OpId>(deps.begin(), deps.size()), exec);
+  }
+  // Inline: builders add every op of every graph a planner simulates.
+  OpId Add(const Op& op, std::span<const OpId> deps, const OpExec& exec = {}) {
+    const OpId id = size();
+    ops_.push_back(op);
+    if (record_exec_) exec_.push_back(exec);
+    for (OpId d : deps) {
+      if (d != kNoOp) dep_ids_.push_back(d);
+    }
+    dep_begin_.push_back(static_cast<uint32_t>(dep_ids_.size()));
+    return id;
+  }
   // Records that `alias.buf` of a layer is the same memory as `alias.same_as`
   // (once: a repeated alias is not stored again).
   void Alias(const BufAlias& alias);
   // A whole model's MoE layer instance (OpExec::layer): its index, >= 1, the
   // same for the same instance.
   int16_t AddLayer(const ExecLayer& layer);
-  void SetExecLayer(OpId id, int16_t layer) { exec_[static_cast<size_t>(id)].layer = layer; }
+  void SetExecLayer(OpId id, int16_t layer) {
+    if (record_exec_) exec_[static_cast<size_t>(id)].layer = layer;
+  }
+  // false: Add drops what each op computes and exec() answers kind kNone for
+  // every op (graphs a planner only simulates). Kept across Clear().
+  void RecordExec(bool record);
   // Takes `from`'s aliases and layer instances (a graph rebuilt from its ops).
   void CopyTables(const OpGraph& from);
 
@@ -114,7 +131,10 @@ class OpGraph {
             dep_ids_.data() + dep_begin_[static_cast<size_t>(id) + 1]};
   }
   // What the op computes (op_exec.h); kind kNone where the builder said nothing.
-  const OpExec& exec(OpId id) const { return exec_[static_cast<size_t>(id)]; }
+  const OpExec& exec(OpId id) const {
+    static constexpr OpExec kNothing{};
+    return record_exec_ ? exec_[static_cast<size_t>(id)] : kNothing;
+  }
   std::span<const BufAlias> aliases() const { return aliases_; }
   std::span<const ExecLayer> layers() const { return layers_; }
   bool HasDep(OpId from, OpId to) const;
@@ -130,6 +150,7 @@ class OpGraph {
   std::vector<ExecLayer> layers_;
   std::vector<OpId> dep_ids_;
   std::vector<uint32_t> dep_begin_ = {0};  // deps of op i: [dep_begin_[i], dep_begin_[i + 1])
+  bool record_exec_ = true;
 };
 
 }  // namespace moeplan::planner

@@ -46,7 +46,10 @@ class Simulator {
   absl::Status Run(const OpGraph& graph, SimResult* result);
   // The schedule alone: times, makespan, forward end and inter-node bytes;
   // no critical path or busy statistics (planners comparing makespans).
-  absl::Status Schedule(const OpGraph& graph, SimResult* result);
+  // Ops with any flag of `pass_through` (OpFlag bits) run as pass-throughs:
+  // no cost and no resource, their dependencies kept (lower bounds that
+  // leave those ops out; their bytes still count).
+  absl::Status Schedule(const OpGraph& graph, SimResult* result, uint8_t pass_through = 0);
   // Completes a Schedule of `graph` into what Run returns: the critical path
   // and the busy, hidden and exposed communication, read from its times.
   void Details(const OpGraph& graph, SimResult* result);
