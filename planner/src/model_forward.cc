@@ -364,10 +364,7 @@ void ModelPlanner::Impl::EmitRange(int u0, int u1, int k, OpGraph* g, bool stand
           dep_buf.push_back(gather.a);
           dep_buf.push_back(gather.b);
         } else {
-          dep_buf.resize(local.size());
-          for (size_t i = 0; i < local.size(); ++i) {
-            dep_buf[i] = map[static_cast<size_t>(local[i]) * k + p];
-          }
+          for (OpId dl : local) dep_buf.push_back(map[static_cast<size_t>(dl) * k + p]);
         }
         map[static_cast<size_t>(l) * k + p] = g->Add(op, dep_buf, exec);
       }

@@ -240,6 +240,8 @@ struct ModelPlanner::Impl {
   bool bound_chain = false;   // StageComputeBound's `chain`
   // ---- Scratch ----
   OpGraph scratch, range_graph, forward_graph, g0, final_graph;
+  OpGraph held_graph;  // FastestSearch's best graph so far
+  SimResult held_sim;
   Simulator simulator;
   SimResult range_sim, sim0, final_sim;
   std::vector<OpId> map, dep_buf;

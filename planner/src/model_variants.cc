@@ -394,8 +394,10 @@ class FastestSearch {
   ModelPlanner::Impl::Built built_;
   // The least entry simulated whole so far (its index; -1: none) and its plan.
   ptrdiff_t held_ = -1;
-  OpGraph held_graph_;
-  SimResult held_sim_;
+  // The Impl's, so that their storage outlives the plan (out->graph and
+  // out->sim swap theirs in): copying into them allocates nothing.
+  OpGraph& held_graph_ = s_.held_graph;
+  SimResult& held_sim_ = s_.held_sim;
   std::vector<MoeLayerChoice> held_layers_;
   ModelPlanner::Impl::Built held_built_;
 };
