@@ -25,9 +25,14 @@ namespace {
 // to the Impl's g0, every gradient to its params (the parameters each op
 // completes) and every weight GEMM's dW op to its dw_ops.
 class BackwardEmitter {
+  const bool copy_blocks_;
+
  public:
-  BackwardEmitter(ModelPlanner::Impl& s, bool detach)
-      : s_(s),
+  // `copy_blocks`: blocks of a kind after the first are copied from it
+  // (BackwardTemplate's emission, on a graph of the backward alone).
+  BackwardEmitter(ModelPlanner::Impl& s, bool detach, bool copy_blocks = false)
+      : copy_blocks_(copy_blocks),
+        s_(s),
         m_(*s.m),
         detach_(detach),
         dm_(s.dims),
@@ -152,8 +157,133 @@ class BackwardEmitter {
     return x;
   }
 
-  // One block: its FFN (or MoE layer), then its attention.
+  // One block: emitted, or copied from the first block of its kind.
   Deps Block(int blk, Deps x) {
+    const bool moe = m_.IsMoeBlock(blk);
+    const RankParams params = BlockParams(m_, blk);
+    Source& src = sources_[moe ? 1 : 0];
+    const bool same =
+        src.blk >= 0 && src.params.dense == params.dense && src.params.expert == params.expert;
+    if (copy_blocks_ && same && x.b == kNoOp) return {CopyBlock(src, blk, x.a)};
+    Source rec = Record(blk, params, x);
+    const Deps out = EmitBlock(blk, x);
+    if (copy_blocks_ && src.blk < 0 && x.b == kNoOp && out.b == kNoOp) {
+      Close(&rec, out.a);
+      if (SelfContained(rec)) src = rec;
+    }
+    return out;
+  }
+
+  // A block's ops in g0 and what it recorded, by position.
+  struct Source {
+    int blk = -1;  // -1: none yet
+    RankParams params;
+    OpId input = kNoOp, begin = 0, end = 0, out = kNoOp;
+    size_t params_begin = 0, params_end = 0, dw_begin = 0, dw_end = 0;
+    size_t slots_begin = 0, slots_end = 0, layers_begin = 0, layers_end = 0;
+    size_t aliases_begin = 0, aliases_end = 0;
+  };
+  Source Record(int blk, RankParams params, Deps x) const {
+    Source r;
+    r.blk = blk;
+    r.params = params;
+    r.input = x.a;
+    r.begin = s_.g0.size();
+    r.params_begin = s_.params.size();
+    r.dw_begin = s_.dw_ops.size();
+    r.slots_begin = s_.slots.size();
+    r.layers_begin = s_.g0.layers().size();
+    r.aliases_begin = s_.g0.aliases().size();
+    return r;
+  }
+  void Close(Source* r, OpId out) const {
+    r->end = s_.g0.size();
+    r->out = out;
+    r->params_end = s_.params.size();
+    r->dw_end = s_.dw_ops.size();
+    r->slots_end = s_.slots.size();
+    r->layers_end = s_.g0.layers().size();
+    r->aliases_end = s_.g0.aliases().size();
+  }
+  // Whether the block reads nothing before it but its input, and its ops
+  // name only the layer instances it added: then a copy renumbered to
+  // another block is what emitting that block gives.
+  bool SelfContained(const Source& r) const {
+    const OpGraph& g = s_.g0;
+    auto inside = [&](OpId v) { return v == kNoOp || v == r.input || (v >= r.begin && v < r.end); };
+    for (OpId v = r.begin; v < r.end; ++v) {
+      if (g.op(v).block != r.blk) return false;
+      for (OpId d : g.deps(v)) {
+        if (!inside(d)) return false;
+      }
+      const int16_t layer = g.exec(v).layer;
+      if (layer != 0 && (static_cast<size_t>(layer) <= r.layers_begin ||
+                         static_cast<size_t>(layer) > r.layers_end)) {
+        return false;
+      }
+    }
+    for (size_t i = r.params_begin; i < r.params_end; ++i) {
+      if (!inside(s_.params[i].producer)) return false;
+    }
+    for (size_t i = r.dw_begin; i < r.dw_end; ++i) {
+      if (!inside(s_.dw_ops[i])) return false;
+    }
+    for (size_t i = r.slots_begin; i < r.slots_end; ++i) {
+      for (OpId o : s_.slots[i].ops) {
+        if (o < r.begin || o >= r.end) return false;
+      }
+    }
+    return r.out >= r.begin && r.out < r.end;
+  }
+  // Block `blk` after `input`, copied from `src`: ids shifted, the block,
+  // its layer instances, aliases and slot names renumbered; its parameters,
+  // dW ops and slots recorded in the same order.
+  OpId CopyBlock(const Source& src, int blk, OpId input) {
+    OpGraph& g = s_.g0;
+    const OpId shift = g.size() - src.begin;
+    auto id = [&](OpId v) { return v == kNoOp ? kNoOp : v == src.input ? input : v + shift; };
+    layers_.clear();  // the copy's instance of each of the source's
+    for (size_t i = src.layers_begin; i < src.layers_end; ++i) {
+      ExecLayer l = g.layers()[i];
+      l.block = static_cast<int16_t>(blk);
+      layers_.push_back(g.AddLayer(l));
+    }
+    for (size_t i = src.aliases_begin; i < src.aliases_end; ++i) {
+      BufAlias a = g.aliases()[i];
+      a.block = static_cast<int16_t>(blk);
+      g.Alias(a);
+    }
+    for (OpId v = src.begin; v < src.end; ++v) {
+      deps_.clear();
+      for (OpId d : g.deps(v)) deps_.push_back(id(d));
+      Op op = g.op(v);
+      op.block = static_cast<int16_t>(blk);
+      OpExec exec = g.exec(v);
+      if (exec.layer != 0) {
+        exec.layer = layers_[static_cast<size_t>(exec.layer) - 1 - src.layers_begin];
+      }
+      g.Add(op, deps_, exec);
+    }
+    for (size_t i = src.params_begin; i < src.params_end; ++i) {
+      internal::Param p = s_.params[i];
+      p.producer = id(p.producer);
+      s_.params.push_back(p);
+    }
+    for (size_t i = src.dw_begin; i < src.dw_end; ++i) s_.dw_ops.push_back(id(s_.dw_ops[i]));
+    for (size_t i = src.slots_begin; i < src.slots_end; ++i) {
+      Slot slot = s_.slots[i];
+      slot.name = Cat("b", blk, ".moe.", Site(g.op(slot.first).base));
+      slot.first = id(slot.first);
+      slot.last = id(slot.last);
+      for (OpId& o : slot.ops) o = id(o);
+      s_.slots.push_back(std::move(slot));
+    }
+    b_.Stamp(blk, 0);
+    return id(src.out);
+  }
+
+  // One block emitted: its FFN (or MoE layer), then its attention.
+  Deps EmitBlock(int blk, Deps x) {
     if (s_.st.zero_stage == 3) {
       const Deps gather = s_.ZeroGather(&s_.g0, blk, B);
       if (gather.a != kNoOp || gather.b != kNoOp) {
@@ -341,6 +471,9 @@ class BackwardEmitter {
   const bool sp_;     // sequence parallelism
   const double seq_;  // an activation between the TP sub-blocks: S/t tokens with sp_
   Builder b_;
+  Source sources_[2];  // the first dense and MoE block emitted, to copy
+  std::vector<OpId> deps_;
+  std::vector<int16_t> layers_;
 };
 
 }  // namespace
@@ -371,7 +504,7 @@ internal::BackwardOps& ModelPlanner::Impl::BackwardTemplate(bool detach) {
   dw_ops.clear();
   Op stand_in;
   stand_in.base = "bwd.input";
-  BackwardEmitter(*this, detach).Emit({g0.Add(stand_in, {})});
+  BackwardEmitter(*this, detach, /*copy_blocks=*/true).Emit({g0.Add(stand_in, {})});
   std::swap(g0, t.graph);
   t.params.swap(params);
   t.slots.swap(slots);

@@ -445,6 +445,68 @@ TEST(StageBound, TheBackwardChainBoundsEveryVariant) {
   EXPECT_GT(tighter, 0);
 }
 
+// ---- The backward's blocks (model_backward.cc) ----
+
+// Blocks of a kind after the first are copied from it: in every variant's
+// graph each block's layer instances name it and its AlltoAll slots carry
+// its number once; issued in their natural order (no dW placement), each
+// block's backward ops are the first's of its kind (names, costs,
+// resources, flags) under its own number.
+TEST(BackwardBlocks, CopiesAreTheirBlocksOwn) {
+  ModelPlanner planner(RoundNumberModel());
+  for (bool sp : {false, true}) {
+    for (int zero : {0, 3}) {
+      ModelConfig m = GatedSmallModel(2, true);
+      m.num_layers = 6;  // MoE every other block
+      m.parallel.sequence_parallel = sp;
+      StageOptions so;
+      so.zero_stage = zero;
+      ModelPlan plan;
+      ASSERT_TRUE(planner.PlanStage(m, ModelPlanOptions{}, so, &plan).ok());
+      for (const VariantPlan& v : plan.variants) {
+        const std::string what = Cat("sp ", sp, " zero ", zero, " ", VariantName(v.variant));
+        const OpGraph& g = v.graph;
+        std::vector<std::vector<OpId>> ops(6);
+        for (OpId id = 0; id < g.size(); ++id) {
+          const Op& op = g.op(id);
+          if (op.phase == Phase::kBackward && op.block >= 0 && op.block < 6) {
+            ops[static_cast<size_t>(op.block)].push_back(id);
+          }
+          const int16_t layer = g.exec(id).layer;
+          if (layer > 0) {
+            ASSERT_LE(static_cast<size_t>(layer), g.layers().size()) << what;
+            EXPECT_EQ(g.layers()[static_cast<size_t>(layer) - 1].block, op.block)
+                << what << " " << op.Name();
+          }
+        }
+        // dW placement moves dW ops block by block differently: compare the
+        // natural issue order only.
+        const bool placed = v.variant == Variant::kDw || v.variant == Variant::kLancet;
+        for (int b = 2; b < 6 && !placed; ++b) {
+          const std::vector<OpId>& want = ops[static_cast<size_t>(b % 2)];
+          const std::vector<OpId>& got = ops[static_cast<size_t>(b)];
+          ASSERT_EQ(got.size(), want.size()) << what << " block " << b;
+          for (size_t i = 0; i < got.size(); ++i) {
+            const Op& x = g.op(got[i]);
+            const Op& y = g.op(want[i]);
+            EXPECT_EQ(x.base, y.base) << what << " block " << b << " op " << i;
+            EXPECT_EQ(x.step, y.step) << what << " " << x.Name();
+            EXPECT_EQ(x.cost_us, y.cost_us) << what << " " << x.Name();
+            EXPECT_EQ(x.resources, y.resources) << what << " " << x.Name();
+            EXPECT_EQ(x.flags, y.flags) << what << " " << x.Name();
+          }
+        }
+        std::set<std::string> slots;
+        for (const DwPlacement& d : v.dw) {
+          EXPECT_TRUE(slots.insert(d.alltoall).second) << what << " " << d.alltoall;
+          ASSERT_EQ(d.alltoall.rfind("b", 0), 0u) << what << " " << d.alltoall;
+          EXPECT_TRUE(m.IsMoeBlock(d.alltoall[1] - '0')) << what << " " << d.alltoall;
+        }
+      }
+    }
+  }
+}
+
 // ---- Planning only the fastest (docs/model.md) ----
 
 // The fastest-only plan (one whole graph per dW kind and pair, the other
