@@ -55,8 +55,7 @@ void ModelPlanner::Impl::BuildBounds() {
     int next = 1;
     for (size_t i = j; i < e; ++i) {
       acc += us[i];
-      if (i + 1 < e && next < opt.partition_groups &&
-          acc >= total * next / opt.partition_groups) {
+      if (i + 1 < e && next < opt.partition_groups && acc >= total * next / opt.partition_groups) {
         bounds.push_back(static_cast<int>(i + 1));
         while (next < opt.partition_groups && acc >= total * next / opt.partition_groups) ++next;
       }
@@ -77,8 +76,7 @@ void ModelPlanner::Impl::BuildBounds() {
         break;
       }
     }
-    max_span =
-        second > first && first >= 0 ? second - first : static_cast<int>(bounds.size()) - 1;
+    max_span = second > first && first >= 0 ? second - first : static_cast<int>(bounds.size()) - 1;
   }
 }
 
@@ -157,8 +155,8 @@ void ModelPlanner::Impl::RangeCostsOf(int i, int k, int last, double* out) {
                         static_cast<uint32_t>(un.in_a >= u0 ? u - un.in_a : 0) << 8 |
                         static_cast<uint32_t>(un.in_b >= u0 ? u - un.in_b : 0) << 20);
     }
-    const uint64_t key = absl::HashOf(absl::MakeConstSpan(key_buf), k, moe ? combo_salt : 0,
-                                      context_salt);
+    const uint64_t key =
+        absl::HashOf(absl::MakeConstSpan(key_buf), k, moe ? combo_salt : 0, context_salt);
     range_keys.push_back(key);
     if (auto it = p_cache.find(key); it != p_cache.end()) {
       out[j - i - 1] = it->second;
@@ -168,24 +166,105 @@ void ModelPlanner::Impl::RangeCostsOf(int i, int k, int last, double* out) {
   }
   if (missing == i) return;
   const int u_end = bounds[static_cast<size_t>(missing)];
-  range_graph.Clear();
-  unit_end.clear();
-  EmitRange(u0, u_end, k, &range_graph, true, &unit_end);
-  const bool ok = simulator.Schedule(range_graph, &range_sim).ok();
-  double makespan = 0.0;
-  OpId v = 0;
+  bool ok = SimulateRange(u0, u_end, k);
+  if (!ok) {
+    // The graph built and simulated (an op off device 0).
+    range_graph.Clear();
+    unit_end.clear();
+    EmitRange(u0, u_end, k, &range_graph, true, &unit_end);
+    ok = simulator.Schedule(range_graph, &range_sim).ok();
+    double makespan = 0.0;
+    OpId v = 0;
+    unit_makespan.clear();
+    for (const OpId end : unit_end) {
+      for (; ok && v < end; ++v) {
+        const double e = range_sim.times[static_cast<size_t>(v)].end_us;
+        if (v == 0 || e > makespan) makespan = e;
+      }
+      unit_makespan.push_back(makespan);
+    }
+  }
   for (int j = i + 1; j <= missing; ++j) {
     const int u1 = bounds[static_cast<size_t>(j)];
-    for (const OpId end = unit_end[static_cast<size_t>(u1 - u0 - 1)]; ok && v < end; ++v) {
-      const double e = range_sim.times[static_cast<size_t>(v)].end_us;
-      if (v == 0 || e > makespan) makespan = e;
-    }
     double& p = out[j - i - 1];
-    if (p >= 0.0) continue;  // cached
+    if (p >= 0.0) continue;                   // cached
     if (!ok) p = SingleRangeCost(u0, u1, k);  // the graph that fails, found alone
-    if (ok) p = makespan;
+    if (ok) p = unit_makespan[static_cast<size_t>(u1 - u0 - 1)];
     p_cache.emplace(range_keys[static_cast<size_t>(j - i - 1)], p);
   }
+}
+
+// RangeCostsOf's graph (units [u0, u1) split k ways, inputs from before u0
+// ready at 0) simulated as EmitRange would issue it, without building it:
+// each op starts at the latest end of its dependencies and of the previous
+// op on each resource it holds, its end start + cost, in the same order, so
+// the times are Simulator::Schedule's to the bit. unit_makespan[j - u0]: the
+// latest end of the ops issued up to unit j's last (0 before any). False
+// where an op is not on device 0 (the caller builds the graph then).
+bool ModelPlanner::Impl::SimulateRange(int u0, int u1, int k) {
+  double free_at[kNumResources] = {0.0, 0.0, 0.0};
+  double makespan = 0.0;
+  bool any = false;
+  // An op after its dependencies' latest end `start`: its end.
+  auto run = [&](const Op& op, double start) {
+    for (int r = 0; r < kNumResources; ++r) {
+      if ((op.resources & (1u << r)) && free_at[r] > start) start = free_at[r];
+    }
+    const double end = start + op.cost_us;
+    for (int r = 0; r < kNumResources; ++r) {
+      if (op.resources & (1u << r)) free_at[r] = end;
+    }
+    if (!any || end > makespan) makespan = end;
+    any = true;
+    return end;
+  };
+  unit_makespan.clear();
+  piece_end.clear();  // per (unit - u0) * k + piece; -1: no output
+  for (int j = u0; j < u1; ++j) {
+    const Unit& u = units[static_cast<size_t>(j)];
+    // ZeRO-3's gathers before the block (EmitRange's ZeroGather): ops
+    // depending on nothing, issued first.
+    double gather[2] = {-1.0, -1.0};
+    if (u.kind == internal::UnitKind::kLn1 && st.zero_stage >= 3) {
+      scratch.Clear();
+      const Deps gd = ZeroGather(&scratch, u.block, internal::F);
+      op_end.assign(static_cast<size_t>(scratch.size()), 0.0);
+      for (OpId id = 0; id < scratch.size(); ++id) {
+        if (scratch.op(id).device != 0 || !scratch.deps(id).empty()) return false;
+        op_end[static_cast<size_t>(id)] = run(scratch.op(id), 0.0);
+      }
+      if (gd.a != kNoOp) gather[0] = op_end[static_cast<size_t>(gd.a)];
+      if (gd.b != kNoOp) gather[1] = op_end[static_cast<size_t>(gd.b)];
+    }
+    const internal::UnitOps& ops = UnitTemplate(u, k);
+    const OpGraph& t = ops.graph;
+    op_end.assign(static_cast<size_t>(t.size()) * k, 0.0);
+    for (OpId l = 0; l < t.size(); ++l) {
+      const Op& op = t.op(l);
+      if (op.device != 0) return false;
+      const auto local = t.deps(l);
+      for (int p = 0; p < k; ++p) {
+        double start = 0.0;  // ends are >= 0: a missing output (-1) never binds
+        if (local.empty()) {
+          for (int in : {u.in_a, u.in_b}) {
+            if (in < u0) continue;  // before the range: ready at 0
+            const auto& o = piece_end[static_cast<size_t>((in - u0) * k + p)];
+            start = std::max({start, o[0], o[1]});
+          }
+          start = std::max({start, gather[0], gather[1]});
+        } else {
+          for (OpId d : local) start = std::max(start, op_end[static_cast<size_t>(d) * k + p]);
+        }
+        op_end[static_cast<size_t>(l) * k + p] = run(op, start);
+      }
+    }
+    for (int p = 0; p < k; ++p) {
+      auto at = [&](OpId o) { return o == kNoOp ? -1.0 : op_end[static_cast<size_t>(o) * k + p]; };
+      piece_end.push_back({at(ops.out.a), at(ops.out.b)});
+    }
+    unit_makespan.push_back(makespan);
+  }
+  return true;
 }
 
 // P of units [u0, u1) split k ways from its own graph (kInf when it does not simulate).

@@ -257,6 +257,9 @@ struct ModelPlanner::Impl {
   // The partition DP's scratch: range_graph's size after each unit, the
   // span's keys, its table of range costs.
   std::vector<OpId> unit_end;
+  std::vector<double> unit_makespan;             // SimulateRange's, after each unit
+  std::vector<double> op_end;                    // SimulateRange's: a unit's ops' ends, per piece
+  std::vector<std::array<double, 2>> piece_end;  // SimulateRange's piece_out, as ends
   std::vector<uint64_t> range_keys;
   std::vector<double> cost_table;
   // RangeCosts' whole answers: offsets into family_costs (cleared with p_cache).
@@ -369,6 +372,7 @@ struct ModelPlanner::Impl {
   void RangeCosts(int i, int k, double* out);
   void RangeCostsOf(int i, int k, int last, double* out);
   double SingleRangeCost(int u0, int u1, int k);
+  bool SimulateRange(int u0, int u1, int k);
   std::vector<Range> PartitionRanges();
   std::vector<Range> WholeRanges() const;
   std::vector<Range> TutelRanges(int r) const;

@@ -445,6 +445,64 @@ TEST(StageBound, TheBackwardChainBoundsEveryVariant) {
   EXPECT_GT(tighter, 0);
 }
 
+// ---- The partition's range costs (model_partition.cc) ----
+
+// Each range the partition DP chose reports its time simulated alone: its
+// ops, as the plan issues them, with their inputs from before it ready at 0.
+// Under ZeRO 3 a range starting at a block holds that block's parameter
+// gathers too.
+TEST(PartitionRanges, CostIsTheRangeSimulatedAlone) {
+  ModelPlanner planner(RoundNumberModel());
+  int ranges = 0, gathered = 0;
+  for (int mp : {1, 2, 4, 8}) {
+    for (int zero : {0, 3}) {
+      ModelConfig m = GatedSmallModel(mp, true);
+      m.seq_length = 1024;
+      m.micro_batch_size = 16;
+      StageOptions so;
+      so.zero_stage = zero;
+      ModelPlanOptions opt;
+      opt.variants = {Variant::kPartition};
+      ModelPlan plan;
+      ASSERT_TRUE(planner.PlanStage(m, opt, so, &plan).ok());
+      const VariantPlan& v = plan.variants[0];
+      const OpGraph& g = v.graph;
+      auto base_name = [&](OpId id) {
+        Op op = g.op(id);
+        op.part = -1;
+        return op.Name();
+      };
+      for (const PartitionRange& r : v.partitions) {
+        const std::string what = Cat("mp ", mp, " zero ", zero, " ", r.first_op, "..", r.last_op);
+        OpId first = kNoOp, last = kNoOp;
+        for (OpId id = 0; id < g.size() && g.op(id).phase == Phase::kForward; ++id) {
+          if (first == kNoOp && base_name(id) == r.first_op) first = id;
+          if (first != kNoOp && base_name(id) == r.last_op) last = id;
+        }
+        ASSERT_NE(first, kNoOp) << what;
+        ASSERT_NE(last, kNoOp) << what;
+        OpGraph alone;
+        std::vector<OpId> deps;
+        for (OpId id = first; id <= last; ++id) {
+          deps.clear();
+          for (OpId d : g.deps(id)) {
+            if (d >= first) deps.push_back(d - first);
+          }
+          alone.Add(g.op(id), deps);
+          if (g.op(id).flags & kPrefetch) ++gathered;
+        }
+        Simulator sim;
+        SimResult res;
+        ASSERT_TRUE(sim.Schedule(alone, &res).ok()) << what;
+        EXPECT_EQ(res.makespan_us, r.us) << what;
+        ++ranges;
+      }
+    }
+  }
+  EXPECT_GT(ranges, 8);
+  EXPECT_GT(gathered, 0);  // ZeRO 3's gathers were inside some range
+}
+
 // ---- The backward's blocks (model_backward.cc) ----
 
 // Blocks of a kind after the first are copied from it: in every variant's
