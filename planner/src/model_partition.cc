@@ -166,7 +166,10 @@ void ModelPlanner::Impl::RangeCostsOf(int i, int k, int last, double* out) {
   }
   if (missing == i) return;
   const int u_end = bounds[static_cast<size_t>(missing)];
-  bool ok = SimulateRange(u0, u_end, k);
+  UnitSim sim;
+  unit_makespan.clear();
+  piece_end.clear();
+  bool ok = SimulateUnits(u0, u_end, k, /*standalone=*/true, &sim);
   if (!ok) {
     // The graph built and simulated (an op off device 0).
     range_graph.Clear();
@@ -194,32 +197,29 @@ void ModelPlanner::Impl::RangeCostsOf(int i, int k, int last, double* out) {
   }
 }
 
-// RangeCostsOf's graph (units [u0, u1) split k ways, inputs from before u0
-// ready at 0) simulated as EmitRange would issue it, without building it:
-// each op starts at the latest end of its dependencies and of the previous
-// op on each resource it holds, its end start + cost, in the same order, so
-// the times are Simulator::Schedule's to the bit. unit_makespan[j - u0]: the
-// latest end of the ops issued up to unit j's last (0 before any). False
-// where an op is not on device 0 (the caller builds the graph then).
-bool ModelPlanner::Impl::SimulateRange(int u0, int u1, int k) {
-  double free_at[kNumResources] = {0.0, 0.0, 0.0};
-  double makespan = 0.0;
-  bool any = false;
-  // An op after its dependencies' latest end `start`: its end.
+// Units [u0, u1) split k ways simulated as EmitRange would issue them into
+// a graph, without building it: each op starts at the latest end of its
+// dependencies and of the previous op on each resource it holds, its end
+// start + cost, in the same order, so the times are Simulator::Schedule's to
+// the bit. `standalone`: inputs from before u0 ready at 0 (else every piece
+// of them, as simulated into piece_end before). `sim` carries the resources
+// and the latest ends from range to range; unit_makespan gets the latest end
+// after each unit (0 before any op). False where an op is not on device 0
+// (the caller builds the graph then).
+bool ModelPlanner::Impl::SimulateUnits(int u0, int u1, int k, bool standalone, UnitSim* sim) {
   auto run = [&](const Op& op, double start) {
     for (int r = 0; r < kNumResources; ++r) {
-      if ((op.resources & (1u << r)) && free_at[r] > start) start = free_at[r];
+      if ((op.resources & (1u << r)) && sim->free_at[r] > start) start = sim->free_at[r];
     }
     const double end = start + op.cost_us;
     for (int r = 0; r < kNumResources; ++r) {
-      if (op.resources & (1u << r)) free_at[r] = end;
+      if (op.resources & (1u << r)) sim->free_at[r] = end;
     }
-    if (!any || end > makespan) makespan = end;
-    any = true;
+    if (!sim->any || end > sim->makespan) sim->makespan = end;
+    if (op.phase == internal::F && end > sim->forward_end) sim->forward_end = end;
+    sim->any = true;
     return end;
   };
-  unit_makespan.clear();
-  piece_end.clear();  // per (unit - u0) * k + piece; -1: no output
   for (int j = u0; j < u1; ++j) {
     const Unit& u = units[static_cast<size_t>(j)];
     // ZeRO-3's gathers before the block (EmitRange's ZeroGather): ops
@@ -246,25 +246,41 @@ bool ModelPlanner::Impl::SimulateRange(int u0, int u1, int k) {
       for (int p = 0; p < k; ++p) {
         double start = 0.0;  // ends are >= 0: a missing output (-1) never binds
         if (local.empty()) {
-          for (int in : {u.in_a, u.in_b}) {
-            if (in < u0) continue;  // before the range: ready at 0
-            const auto& o = piece_end[static_cast<size_t>((in - u0) * k + p)];
-            start = std::max({start, o[0], o[1]});
-          }
-          start = std::max({start, gather[0], gather[1]});
+          start = std::max({InputsEnd(u, u0, p, standalone), gather[0], gather[1]});
         } else {
           for (OpId d : local) start = std::max(start, op_end[static_cast<size_t>(d) * k + p]);
         }
         op_end[static_cast<size_t>(l) * k + p] = run(op, start);
       }
     }
+    piece_begin[static_cast<size_t>(j)] = static_cast<int>(piece_end.size());
+    piece_k[static_cast<size_t>(j)] = k;
     for (int p = 0; p < k; ++p) {
       auto at = [&](OpId o) { return o == kNoOp ? -1.0 : op_end[static_cast<size_t>(o) * k + p]; };
       piece_end.push_back({at(ops.out.a), at(ops.out.b)});
     }
-    unit_makespan.push_back(makespan);
+    unit_makespan.push_back(sim->makespan);
   }
   return true;
+}
+
+// AppendInputs' dependencies as ends: the latest (0 without any).
+double ModelPlanner::Impl::InputsEnd(const Unit& u, int range_begin, int p, bool standalone) const {
+  double end = 0.0;
+  for (int in : {u.in_a, u.in_b}) {
+    if (in < 0) continue;
+    const size_t first = static_cast<size_t>(piece_begin[static_cast<size_t>(in)]);
+    if (in >= range_begin) {
+      const auto& o = piece_end[first + static_cast<size_t>(p)];
+      end = std::max({end, o[0], o[1]});
+    } else if (!standalone) {
+      for (int r = 0; r < piece_k[static_cast<size_t>(in)]; ++r) {
+        const auto& o = piece_end[first + static_cast<size_t>(r)];
+        end = std::max({end, o[0], o[1]});
+      }
+    }
+  }
+  return end;
 }
 
 // P of units [u0, u1) split k ways from its own graph (kInf when it does not simulate).

@@ -367,10 +367,11 @@ absl::Status ModelPlanner::Run(const ModelConfig& model, const ModelPlanOptions&
   out->params_per_rank = s.ParamsPerRank();
   out->crossover = model.IsDense() ? AllToAllCrossover{} : s.Crossover();
   out->best = 0;
-  if (scope == Scope::kFastestOnly) {
+  if (scope != Scope::kEveryVariant) {
     out->variants.resize(1);
     ResetVariantPlan(&out->variants[0]);
-    return PlanFastestVariant(s, options, schedules, algos, variants, &out->variants[0]);
+    return PlanFastestVariant(s, options, schedules, algos, variants,
+                              scope == Scope::kFastestOnlyChecked, &out->variants[0]);
   }
   out->variants.resize(variants.size());
   for (size_t vi = 0; vi < variants.size(); ++vi) {

@@ -257,9 +257,9 @@ struct ModelPlanner::Impl {
   // The partition DP's scratch: range_graph's size after each unit, the
   // span's keys, its table of range costs.
   std::vector<OpId> unit_end;
-  std::vector<double> unit_makespan;             // SimulateRange's, after each unit
-  std::vector<double> op_end;                    // SimulateRange's: a unit's ops' ends, per piece
-  std::vector<std::array<double, 2>> piece_end;  // SimulateRange's piece_out, as ends
+  std::vector<double> unit_makespan;             // SimulateUnits', after each unit
+  std::vector<double> op_end;                    // SimulateUnits': a unit's ops' ends, per piece
+  std::vector<std::array<double, 2>> piece_end;  // SimulateUnits' piece_out, as ends
   std::vector<uint64_t> range_keys;
   std::vector<double> cost_table;
   // RangeCosts' whole answers: offsets into family_costs (cleared with p_cache).
@@ -372,7 +372,14 @@ struct ModelPlanner::Impl {
   void RangeCosts(int i, int k, double* out);
   void RangeCostsOf(int i, int k, int last, double* out);
   double SingleRangeCost(int u0, int u1, int k);
-  bool SimulateRange(int u0, int u1, int k);
+  // SimulateUnits' state from range to range.
+  struct UnitSim {
+    double free_at[kNumResources] = {0.0, 0.0, 0.0};
+    double makespan = 0.0, forward_end = 0.0;
+    bool any = false;  // an op was simulated
+  };
+  bool SimulateUnits(int u0, int u1, int k, bool standalone, UnitSim* sim);
+  double InputsEnd(const Unit& u, int range_begin, int p, bool standalone) const;
   std::vector<Range> PartitionRanges();
   std::vector<Range> WholeRanges() const;
   std::vector<Range> TutelRanges(int r) const;
@@ -387,10 +394,10 @@ absl::Status PlanVariants(ModelPlanner::Impl& s, const ModelPlanOptions& options
                           std::span<const Schedule> schedules, std::span<const AllToAllAlgo> algos,
                           std::span<VariantPlan> vps);
 // ModelPlanner::Scope::kFastestOnly: the variant PlanVariants would rank
-// first, into *out (model_variants.cc).
+// first, into *out (model_variants.cc); `checked`: kFastestOnlyChecked.
 absl::Status PlanFastestVariant(ModelPlanner::Impl& s, const ModelPlanOptions& options,
                                 std::span<const Schedule> schedules,
                                 std::span<const AllToAllAlgo> algos,
-                                std::span<const Variant> variants, VariantPlan* out);
+                                std::span<const Variant> variants, bool checked, VariantPlan* out);
 
 }  // namespace moeplan::planner

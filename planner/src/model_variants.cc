@@ -2,6 +2,7 @@
 // requested variant with every (schedule, algorithm) pair, each variant's
 // fastest kept.
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <span>
 #include <utility>
@@ -9,6 +10,7 @@
 
 #include "model_planner_internal.h"
 #include "moeplan/base/status.h"
+#include "moeplan/base/strings.h"
 
 namespace moeplan::planner {
 namespace {
@@ -163,8 +165,8 @@ class VariantSearch {
 class FastestSearch {
  public:
   FastestSearch(ModelPlanner::Impl& s, const ModelPlanOptions& options,
-                std::span<const Variant> variants)
-      : s_(s), options_(options), variants_(variants) {}
+                std::span<const Variant> variants, bool checked)
+      : s_(s), options_(options), variants_(variants), checked_(checked) {}
 
   absl::Status Plan(std::span<const Schedule> schedules, std::span<const AllToAllAlgo> algos,
                     VariantPlan* out) {
@@ -373,8 +375,21 @@ class FastestSearch {
         fwd_.push_back({key, f});
       }
       e.us = f + rest_us;
+      if (checked_) MOEPLAN_RETURN_IF_ERROR(CheckSum(e));
     }
     return absl::OkStatus();
+  }
+  // kFastestOnlyChecked: e's sum against its whole graph simulated (the
+  // held plan untouched).
+  absl::Status CheckSum(const Entry& e) {
+    MOEPLAN_RETURN_IF_ERROR(s_.Evaluate(RangesOf(variants_[e.vi], e.degree, e.pair_index),
+                                        Dw(variants_[e.vi]), &check_built_));
+    const double whole = s_.final_sim.makespan_us;
+    if (std::abs(e.us - whole) <= kNear * whole) return absl::OkStatus();
+    return absl::InternalError(Cat("fastest variant: ", VariantName(variants_[e.vi]), " (",
+                                   ScheduleName(e.pair.sched), ", ", AllToAllAlgoName(e.pair.algo),
+                                   ", degree ", e.degree, ") sums to ", e.us,
+                                   " us but simulates to ", whole, " us"));
   }
   // The forward an entry's ranges give: unsplit (Tutel's r = 1 is), the
   // partition DP's, or Tutel's r.
@@ -391,7 +406,8 @@ class FastestSearch {
   std::vector<std::pair<uint64_t, double>> fwd_;  // per pair: forward end by KeyOf
   std::vector<Range> ranges_;
   std::vector<std::vector<Range>> dp_ranges_;
-  ModelPlanner::Impl::Built built_;
+  ModelPlanner::Impl::Built built_, check_built_;
+  const bool checked_;
   // The least entry simulated whole so far (its index; -1: none) and its plan.
   ptrdiff_t held_ = -1;
   // The Impl's, so that their storage outlives the plan (out->graph and
@@ -407,8 +423,8 @@ class FastestSearch {
 absl::Status PlanFastestVariant(ModelPlanner::Impl& s, const ModelPlanOptions& options,
                                 std::span<const Schedule> schedules,
                                 std::span<const AllToAllAlgo> algos,
-                                std::span<const Variant> variants, VariantPlan* out) {
-  return FastestSearch(s, options, variants).Plan(schedules, algos, out);
+                                std::span<const Variant> variants, bool checked, VariantPlan* out) {
+  return FastestSearch(s, options, variants, checked).Plan(schedules, algos, out);
 }
 
 absl::Status PlanVariants(ModelPlanner::Impl& s, const ModelPlanOptions& options,

@@ -590,10 +590,15 @@ TEST(FastestOnly, PicksWhatEveryVariantPlanningPicks) {
           for (const std::vector<Variant>& set : sets) {
             ModelPlanOptions opt;
             opt.variants = set;
-            ModelPlan every, fastest;
+            ModelPlan every, fastest, checked;
             ASSERT_TRUE(planner.PlanStage(m, opt, so, &every).ok());
             ASSERT_TRUE(
                 planner.PlanStage(m, opt, so, &fastest, ModelPlanner::Scope::kFastestOnly).ok());
+            // Every sum it adds up equals its graph simulated whole.
+            const absl::Status sums =
+                planner.PlanStage(m, opt, so, &checked, ModelPlanner::Scope::kFastestOnlyChecked);
+            ASSERT_TRUE(sums.ok()) << sums;
+            EXPECT_EQ(checked.variants[0].sim.makespan_us, fastest.variants[0].sim.makespan_us);
             const std::string what = Cat("mp ", mp, " gated ", gated, " zero ", zero, " part ",
                                          part, " variants ", set.size());
             ASSERT_EQ(fastest.variants.size(), 1u) << what;

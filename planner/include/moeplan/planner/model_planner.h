@@ -158,7 +158,10 @@ class ModelPlanner {
   // without alternatives, the one every-variant planning would pick (equal
   // graph and times), found with fewer simulations (docs/model.md
   // "Planning only the fastest"). The layout search plans chunks this way.
-  enum class Scope : uint8_t { kEveryVariant, kFastestOnly };
+  // kFastestOnlyChecked: the same plan, every time it sums (forward end plus
+  // rest) also simulated whole; InternalError naming the variant where they
+  // differ by more than rounding (tests).
+  enum class Scope : uint8_t { kEveryVariant, kFastestOnly, kFastestOnlyChecked };
   absl::Status PlanStage(const ModelConfig& model, const ModelPlanOptions& options,
                          const StageOptions& stage, ModelPlan* out,
                          Scope scope = Scope::kEveryVariant);
