@@ -91,7 +91,7 @@ double ModelPlanner::Impl::ForwardBusy(const std::vector<Range>& ranges) {
 absl::Status ModelPlanner::Impl::PlaceDw(const Reachability& reach, OpId shift,
                                          std::vector<std::vector<int>>* picks,
                                          std::vector<DwPlacement>* placements) {
-  MOEPLAN_RETURN_IF_ERROR(simulator.Schedule(g0, &sim0));
+  MOEPLAN_RETURN_IF_ERROR(simulator.Schedule(g0, &sim0, 0, /*bindings=*/false));
   std::vector<double> slot_us, dw_us;
   for (const Slot& s : slots) {
     slot_us.push_back(sim0.times[static_cast<size_t>(s.last)].end_us -
@@ -161,7 +161,7 @@ std::vector<OpId> ModelPlanner::Impl::IssueOrder(const std::vector<std::vector<i
 // `schedule_dw`, then writes the issue order with gradient buckets and the
 // optimizer into final_graph and simulates it.
 absl::Status ModelPlanner::Impl::Evaluate(const std::vector<Range>& ranges, bool schedule_dw,
-                                          Built* built) {
+                                          Built* built, bool bindings) {
   g0.Clear();
   params.clear();
   slots.clear();
@@ -184,7 +184,7 @@ absl::Status ModelPlanner::Impl::Evaluate(const std::vector<Range>& ranges, bool
       CopyBackwardWithBuckets(x, t);
       std::swap(g0, final_graph);
       FinishFinal();
-      return simulator.Schedule(final_graph, &final_sim);
+      return simulator.Schedule(final_graph, &final_sim, 0, bindings);
     }
   }
   internal::BackwardOps* bwd = CopyBackward(x, schedule_dw);
@@ -207,7 +207,7 @@ absl::Status ModelPlanner::Impl::Evaluate(const std::vector<Range>& ranges, bool
   }
   MOEPLAN_RETURN_IF_ERROR(Finalize(IssueOrder(picks)));
   // The schedule alone: VariantSearch completes (Simulator::Details) the one it keeps.
-  return simulator.Schedule(final_graph, &final_sim);
+  return simulator.Schedule(final_graph, &final_sim, 0, bindings);
 }
 
 // A lower bound on any variant's forward and backward of this schedule and
@@ -252,7 +252,7 @@ absl::Status ModelPlanner::Impl::PhaseBound(double (&busy)[2][kNumResources], do
   if (chain == nullptr) return absl::OkStatus();
   // The backward alone: the forward stands as one op at time 0.
   MOEPLAN_RETURN_IF_ERROR(
-      simulator.Schedule(bwd.graph, &sim0, kWeightGrad | kGradSync | kPrefetch));
+      simulator.Schedule(bwd.graph, &sim0, kWeightGrad | kGradSync | kPrefetch, false));
   *chain = sim0.makespan_us;
   return absl::OkStatus();
 }

@@ -331,7 +331,9 @@ struct ModelPlanner::Impl {
     std::vector<PartitionRange> partitions;
     std::vector<DwPlacement> dw;
   };
-  absl::Status Evaluate(const std::vector<Range>& ranges, bool schedule_dw, Built* built);
+  // `bindings` false: final_sim without them (Simulator::Schedule).
+  absl::Status Evaluate(const std::vector<Range>& ranges, bool schedule_dw, Built* built,
+                        bool bindings = true);
   // The forward of `ranges` alone, simulated: its end (forward_graph holds it).
   absl::StatusOr<double> ForwardEnd(const std::vector<Range>& ranges);
   // A lower bound on that end: the busiest resource's ops (each unit's

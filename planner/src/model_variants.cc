@@ -206,6 +206,8 @@ class FastestSearch {
     // The least of all is simulated whole by now, and held.
     if (held_ < 0) return absl::InternalError("fastest variant: nothing planned");
     const Entry& best = entries_[static_cast<size_t>(held_)];
+    // Simulated without bindings: again with them for its critical path.
+    MOEPLAN_RETURN_IF_ERROR(s_.simulator.Schedule(held_graph_, &held_sim_));
     s_.simulator.Details(held_graph_, &held_sim_);
     out->variant = variants_[best.vi];
     out->schedule = best.pair.sched;
@@ -300,7 +302,7 @@ class FastestSearch {
     MOEPLAN_RETURN_IF_ERROR(options_.deadline.Check("model plan"));
     SetPair(e.pair);
     ranges_ = RangesOf(variants_[e.vi], e.degree, e.pair_index);
-    MOEPLAN_RETURN_IF_ERROR(s_.Evaluate(ranges_, Dw(variants_[e.vi]), &built_));
+    MOEPLAN_RETURN_IF_ERROR(s_.Evaluate(ranges_, Dw(variants_[e.vi]), &built_, false));
     const double us = s_.final_sim.makespan_us;
     const Entry* held = held_ < 0 ? nullptr : &entries_[static_cast<size_t>(held_)];
     if (held == nullptr || us < held->us || (us == held->us && Before(e, *held))) {
@@ -383,7 +385,7 @@ class FastestSearch {
   // held plan untouched).
   absl::Status CheckSum(const Entry& e) {
     MOEPLAN_RETURN_IF_ERROR(s_.Evaluate(RangesOf(variants_[e.vi], e.degree, e.pair_index),
-                                        Dw(variants_[e.vi]), &check_built_));
+                                        Dw(variants_[e.vi]), &check_built_, false));
     const double whole = s_.final_sim.makespan_us;
     if (std::abs(e.us - whole) <= kNear * whole) return absl::OkStatus();
     return absl::InternalError(Cat("fastest variant: ", VariantName(variants_[e.vi]), " (",

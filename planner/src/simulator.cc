@@ -9,6 +9,40 @@ namespace moeplan::planner {
 namespace {
 
 constexpr int kComputeIndex = 0;
+static_assert(kNumResources == 3, "the resource steps below are unrolled");
+
+// An op holding `held` starts no earlier than each of them frees; with
+// bindings, the first later one in index order binds it. Unrolled.
+template <bool kBindings, unsigned kR>
+inline void WaitFor(unsigned held, const double* free_at, const OpId* last_on, double* start,
+                    OpId* binding) {
+  if (!(held & (1u << kR))) return;
+  if constexpr (kBindings) {
+    if (free_at[kR] > *start) {
+      *start = free_at[kR];
+      *binding = last_on[kR];
+    }
+  } else {
+    *start = std::max(*start, free_at[kR]);
+  }
+}
+template <bool kBindings>
+inline void WaitForResources(unsigned held, const double* free_at, const OpId* last_on,
+                             double* start, OpId* binding) {
+  WaitFor<kBindings, 0>(held, free_at, last_on, start, binding);
+  WaitFor<kBindings, 1>(held, free_at, last_on, start, binding);
+  WaitFor<kBindings, 2>(held, free_at, last_on, start, binding);
+}
+
+// The op `v` ending at `end` holds them until then.
+template <bool kBindings>
+inline void HoldResources(unsigned held, OpId v, double end, double* free_at, OpId* last_on) {
+  for (unsigned r : {0u, 1u, 2u}) {
+    if (!(held & (1u << r))) continue;
+    free_at[r] = end;
+    if constexpr (kBindings) last_on[r] = v;
+  }
+}
 
 }  // namespace
 
@@ -18,7 +52,14 @@ absl::Status Simulator::Run(const OpGraph& graph, SimResult* r) {
   return absl::OkStatus();
 }
 
-absl::Status Simulator::Schedule(const OpGraph& graph, SimResult* r, uint8_t pass_through) {
+absl::Status Simulator::Schedule(const OpGraph& graph, SimResult* r, uint8_t pass_through,
+                                 bool bindings) {
+  return bindings ? ScheduleOps<true>(graph, r, pass_through)
+                  : ScheduleOps<false>(graph, r, pass_through);
+}
+
+template <bool kBindings>
+absl::Status Simulator::ScheduleOps(const OpGraph& graph, SimResult* r, uint8_t pass_through) {
   const int n = graph.size();
   r->times.resize(static_cast<size_t>(n));  // every entry is written below
   r->critical_path.clear();
@@ -46,9 +87,13 @@ absl::Status Simulator::Schedule(const OpGraph& graph, SimResult* r, uint8_t pas
                                        "dependencies first"));
       }
       const double e = times[u].end_us;
-      if (binding == kNoOp || e > start) {
-        start = e;
-        binding = u;
+      if constexpr (kBindings) {
+        if (binding == kNoOp || e > start) {
+          start = e;
+          binding = u;
+        }
+      } else {
+        start = std::max(start, e);  // ends are >= 0: the same start
       }
     }
     if (op.device < 0) {
@@ -64,34 +109,10 @@ absl::Status Simulator::Schedule(const OpGraph& graph, SimResult* r, uint8_t pas
     OpId* last_on = last_on_.data() + base;
     const bool passes = (op.flags & pass_through) != 0;
     const unsigned held = passes ? 0u : op.resources;
-    static_assert(kNumResources == 3, "the resource steps below are unrolled");
-    // Each held resource in index order, the first later one binding.
-    if ((held & 1u) && free_at[0] > start) {
-      start = free_at[0];
-      binding = last_on[0];
-    }
-    if ((held & 2u) && free_at[1] > start) {
-      start = free_at[1];
-      binding = last_on[1];
-    }
-    if ((held & 4u) && free_at[2] > start) {
-      start = free_at[2];
-      binding = last_on[2];
-    }
+    WaitForResources<kBindings>(held, free_at, last_on, &start, &binding);
     const double end = passes ? start : start + op.cost_us;
     times[v] = OpTime{start, end, binding, false};
-    if (held & 1u) {
-      free_at[0] = end;
-      last_on[0] = v;
-    }
-    if (held & 2u) {
-      free_at[1] = end;
-      last_on[1] = v;
-    }
-    if (held & 4u) {
-      free_at[2] = end;
-      last_on[2] = v;
-    }
+    HoldResources<kBindings>(held, v, end, free_at, last_on);
     if (op.phase == Phase::kForward && end > forward_end) forward_end = end;
     inter_node_bytes += op.inter_node_bytes;
     if (v == 0 || end > makespan) makespan = end;

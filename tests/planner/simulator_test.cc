@@ -288,6 +288,29 @@ TEST(SimulatorTest, PassThroughOpsHoldNothing) {
   EXPECT_DOUBLE_EQ(r.makespan_us, 5);
 }
 
+// Without bindings the times are the same; every binding is kNoOp.
+TEST(SimulatorTest, ScheduleWithoutBindingsKeepsTheTimes) {
+  OpGraph g;
+  const OpId a = g.Add(MakeOp("a", kCompute, 2), {});
+  const OpId b = g.Add(MakeOp("b", kIntra, 3, Term::kAllToAll), {a});
+  const OpId c = g.Add(MakeOp("c", kCompute, 1), {a});
+  g.Add(MakeOp("d", kIntra | kInter, 4, Term::kAllReduce), {c});
+  g.Add(MakeOp("e", kCompute, 2, Term::kGate), {b, c});
+  Simulator sim;
+  SimResult with, without;
+  ASSERT_TRUE(sim.Schedule(g, &with).ok());
+  ASSERT_TRUE(sim.Schedule(g, &without, 0, /*bindings=*/false).ok());
+  ASSERT_EQ(with.times.size(), without.times.size());
+  for (size_t i = 0; i < with.times.size(); ++i) {
+    EXPECT_EQ(without.times[i].start_us, with.times[i].start_us) << i;
+    EXPECT_EQ(without.times[i].end_us, with.times[i].end_us) << i;
+    EXPECT_EQ(without.times[i].binding, kNoOp) << i;
+  }
+  EXPECT_EQ(with.times[static_cast<size_t>(b)].binding, a);
+  EXPECT_EQ(without.makespan_us, with.makespan_us);
+  EXPECT_DOUBLE_EQ(with.makespan_us, 9);  // a [0,2], b [2,5], c [2,3], d [5,9], e [5,7]
+}
+
 // A graph that drops what its ops compute keeps their dependencies.
 TEST(OpGraphTest, RecordExecOff) {
   OpGraph g;

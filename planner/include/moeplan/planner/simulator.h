@@ -49,7 +49,10 @@ class Simulator {
   // Ops with any flag of `pass_through` (OpFlag bits) run as pass-throughs:
   // no cost and no resource, their dependencies kept (lower bounds that
   // leave those ops out; their bytes still count).
-  absl::Status Schedule(const OpGraph& graph, SimResult* result, uint8_t pass_through = 0);
+  // `bindings` false: each op's binding is left kNoOp (planners that read
+  // only times; Details needs them).
+  absl::Status Schedule(const OpGraph& graph, SimResult* result, uint8_t pass_through = 0,
+                        bool bindings = true);
   // Completes a Schedule of `graph` into what Run returns: the critical path
   // and the busy, hidden and exposed communication, read from its times.
   void Details(const OpGraph& graph, SimResult* result);
@@ -58,6 +61,8 @@ class Simulator {
   // Run's passes after the schedule: the critical path back from `last_op`,
   // and the busy, hidden and exposed communication from the busy intervals.
   static void TraceCriticalPath(const OpGraph& graph, OpId last_op, SimResult* r);
+  template <bool kBindings>
+  absl::Status ScheduleOps(const OpGraph& graph, SimResult* r, uint8_t pass_through);
   void SumOverlap(SimResult* r);
 
   struct Interval {
