@@ -104,7 +104,8 @@ absl::StatusOr<ChunkTimes> LayoutPlanner::Impl::Chunk(const ModelConfig& model, 
   if (stats) ++stats->stage_plans;
   const ModelConfig m = ModelForLayout(model, l, mbs);
   const ModelPlanOptions opt = OptionsFor(plan_options, l);
-  MOEPLAN_RETURN_IF_ERROR(planner.PlanStage(m, opt, so, &plan, ModelPlanner::Scope::kFastestOnly));
+  MOEPLAN_RETURN_IF_ERROR(
+      planner.PlanStage(m, opt, so, &plan, ModelPlanner::Scope::kFastestTimesOnly));
   const VariantPlan& vp = plan.variants[static_cast<size_t>(plan.best)];
   // ZeRO 1 and 2 build the same graph (reduce-scatter buckets, gathers after
   // the step); 2 only counts the buckets as part of every micro-batch's backward.

@@ -498,6 +498,7 @@ internal::BackwardOps& ModelPlanner::Impl::BackwardTemplate(bool detach) {
   ++t.build;
   std::swap(g0, t.graph);
   g0.Clear();
+  g0.RecordExec(true);  // a template says what its ops compute, whatever g0 records
   // The template holds what its own emission records, nothing before it.
   params.clear();
   slots.clear();

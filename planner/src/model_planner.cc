@@ -338,6 +338,10 @@ absl::Status ModelPlanner::Run(const ModelConfig& model, const ModelPlanOptions&
     return absl::InvalidArgumentError(Cat("zero_stage: must be 0-3 (got ", stage.zero_stage, ")"));
   }
   s.Configure(model, options, stage);
+  // The graphs a plan is built in record what their ops compute unless the
+  // caller reads times only.
+  s.g0.RecordExec(scope != Scope::kFastestTimesOnly);
+  s.final_graph.RecordExec(scope != Scope::kFastestTimesOnly);
   MOEPLAN_ASSIGN_OR_RETURN(const std::vector<Schedule> schedules,
                            SchedulesToTry(model, options, stage, s.moe_layer));
   MOEPLAN_ASSIGN_OR_RETURN(const std::vector<AllToAllAlgo> algos,

@@ -325,6 +325,32 @@ TEST(Layout, OneStageOneMicroBatchIsTheWholeModelPlan) {
 // spelled out plans exactly as the default, a heavier first stage slows the
 // pipeline, and a layout that does not fit the stages or the model is
 // refused naming the field.
+// The layout search plans chunks without what their ops compute; a program
+// built after it by the same planner still says, op for op, what a fresh
+// planner's program says.
+TEST(Layout, ProgramAfterEvaluatingKeepsWhatOpsCompute) {
+  const ModelConfig m = EightBlocks();
+  Layout l = Make(16, 1, 2, 16, 1, Family::kDpMoe);
+  l.microbatches = 4;
+  LayoutPlanner fresh(RoundNumberModel()), used(RoundNumberModel());
+  LayoutCandidate c;
+  ASSERT_TRUE(used.Evaluate(m, l, {}, {}, &c).ok());
+  VariantPlan want, got;
+  ASSERT_TRUE(fresh.Program(m, l, {}, &want).ok());
+  ASSERT_TRUE(used.Program(m, l, {}, &got).ok());
+  ASSERT_EQ(got.graph.size(), want.graph.size());
+  int computing = 0;
+  for (OpId id = 0; id < got.graph.size(); ++id) {
+    const OpExec& x = got.graph.exec(id);
+    const OpExec& y = want.graph.exec(id);
+    EXPECT_EQ(x.kind, y.kind) << got.graph.op(id).Name();
+    EXPECT_EQ(x.layer, y.layer) << got.graph.op(id).Name();
+    EXPECT_EQ(x.count, y.count) << got.graph.op(id).Name();
+    computing += x.kind != ExecKind::kNone;
+  }
+  EXPECT_GT(computing, got.graph.size() / 2);
+}
+
 TEST(Layout, PipelineLayoutPlacesTheLayersAsWritten) {
   const ModelConfig m = EightBlocks();
   LayoutPlanner lp(RoundNumberModel());

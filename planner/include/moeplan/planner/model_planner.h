@@ -158,10 +158,18 @@ class ModelPlanner {
   // without alternatives, the one every-variant planning would pick (equal
   // graph and times), found with fewer simulations (docs/model.md
   // "Planning only the fastest"). The layout search plans chunks this way.
+  // kFastestTimesOnly: the same plan, its graph without what its ops
+  // compute (every OpGraph::exec kind kNone): for callers that read its ops
+  // and times only, not an executor (the layout search's chunks).
   // kFastestOnlyChecked: the same plan, every time it sums (forward end plus
   // rest) also simulated whole; InternalError naming the variant where they
   // differ by more than rounding (tests).
-  enum class Scope : uint8_t { kEveryVariant, kFastestOnly, kFastestOnlyChecked };
+  enum class Scope : uint8_t {
+    kEveryVariant,
+    kFastestOnly,
+    kFastestTimesOnly,
+    kFastestOnlyChecked
+  };
   absl::Status PlanStage(const ModelConfig& model, const ModelPlanOptions& options,
                          const StageOptions& stage, ModelPlan* out,
                          Scope scope = Scope::kEveryVariant);
