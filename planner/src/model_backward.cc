@@ -272,7 +272,7 @@ class BackwardEmitter {
     for (size_t i = src.dw_begin; i < src.dw_end; ++i) s_.dw_ops.push_back(id(s_.dw_ops[i]));
     for (size_t i = src.slots_begin; i < src.slots_end; ++i) {
       Slot slot = s_.slots[i];
-      slot.name = Cat("b", blk, ".moe.", Site(g.op(slot.first).base));
+      slot.block = blk;
       slot.first = id(slot.first);
       slot.last = id(slot.last);
       for (OpId& o : slot.ops) o = id(o);
@@ -561,7 +561,8 @@ internal::BackwardOps* ModelPlanner::Impl::CopyBackward(Deps x, bool detach) {
   for (size_t i = 0; i < t.slots.size(); ++i) {
     const Slot& from = t.slots[i];
     Slot& to = slots[i];
-    to.name.assign(from.name);
+    to.block = from.block;
+    to.site = from.site;
     to.first = id(from.first);
     to.last = id(from.last);
     to.ops.clear();
@@ -583,7 +584,8 @@ void ModelPlanner::Impl::RecordSlots(OpId begin, int blk) {
       continue;
     }
     Slot s;
-    s.name = Cat("b", blk, ".moe.", site);
+    s.block = blk;
+    s.site = site;
     s.first = s.last = id;
     s.ops.push_back(id);
     slots.push_back(std::move(s));

@@ -7,6 +7,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/hash/hash.h"
 #include "model_planner_internal.h"
 #include "moeplan/base/status.h"
 #include "moeplan/base/strings.h"
@@ -87,18 +88,17 @@ double ModelPlanner::Impl::ForwardBusy(const std::vector<Range>& ranges) {
 
 // Lancet's dW placement on g0 (its backward from `bwd_begin`): each slot's
 // AlltoAll time from g0 simulated, dW ops best-fit into the slots they are
-// independent of; `picks` per slot, and the placements for the plan.
-absl::Status ModelPlanner::Impl::PlaceDw(const Reachability& reach, OpId shift,
-                                         std::vector<std::vector<int>>* picks,
-                                         std::vector<DwPlacement>* placements) {
+// independent of, into picks_ (per slot).
+absl::Status ModelPlanner::Impl::PlaceDw(const Reachability& reach, OpId shift) {
   MOEPLAN_RETURN_IF_ERROR(simulator.Schedule(g0, &sim0, 0, /*bindings=*/false));
-  std::vector<double> slot_us, dw_us;
+  std::vector<double>& slot_us = slot_us_;
+  std::vector<double>& dw_us = dw_us_;
   for (const Slot& s : slots) {
     slot_us.push_back(sim0.times[static_cast<size_t>(s.last)].end_us -
                       sim0.times[static_cast<size_t>(s.first)].start_us);
   }
   for (OpId d : dw_ops) dw_us.push_back(g0.op(d).cost_us);
-  *picks = BestFitDw(slot_us, dw_us, [&](int s, int d) {
+  picks_ = BestFitDw(slot_us, dw_us, [&](int s, int d) {
     const OpId dw = dw_ops[static_cast<size_t>(d)];
     const Slot& slot = slots[static_cast<size_t>(s)];
     if (dw >= slot.first) return false;  // only delayed, never hoisted
@@ -107,17 +107,28 @@ absl::Status ModelPlanner::Impl::PlaceDw(const Reachability& reach, OpId shift,
     }
     return true;
   });
-  for (size_t s = 0; s < slots.size(); ++s) {
-    DwPlacement pl;
-    pl.alltoall = slots[s].name;
-    pl.alltoall_us = slot_us[s];
-    for (int d : (*picks)[s]) {
-      pl.dw_ops.push_back(g0.op(dw_ops[static_cast<size_t>(d)]).Name());
-      pl.dw_us += dw_us[static_cast<size_t>(d)];
-    }
-    placements->push_back(std::move(pl));
-  }
   return absl::OkStatus();
+}
+
+void ModelPlanner::Impl::Describe(const std::vector<Range>& ranges, Built* built) const {
+  built->partitions.clear();
+  for (size_t i = 0; i < ranges.size(); ++i) {
+    if (ranges[i].k == 1) continue;
+    built->partitions.push_back({NameWithoutPart(described_->op(range_first[i])),
+                                 NameWithoutPart(described_->op(range_last[i])), ranges[i].k,
+                                 ranges[i].us});
+  }
+  built->dw.clear();
+  for (size_t s = 0; s < picks_.size(); ++s) {
+    DwPlacement pl;
+    pl.alltoall = Cat("b", slots[s].block, ".moe.", slots[s].site);
+    pl.alltoall_us = slot_us_[s];
+    for (int d : picks_[s]) {
+      pl.dw_ops.push_back(described_->op(dw_ops[static_cast<size_t>(d)]).Name());
+      pl.dw_us += dw_us_[static_cast<size_t>(d)];
+    }
+    built->dw.push_back(std::move(pl));
+  }
 }
 
 // Issue order: natural, with placed dW ops moved right after their AlltoAll.
@@ -167,15 +178,11 @@ absl::Status ModelPlanner::Impl::Evaluate(const std::vector<Range>& ranges, bool
   slots.clear();
   dw_ops.clear();
   ResetPieces();
+  slot_us_.clear();
+  dw_us_.clear();
+  picks_.clear();
   const Deps x = EmitForward(ranges, &g0);
   const OpId bwd_begin = g0.size();
-  built->partitions.clear();
-  for (size_t i = 0; i < ranges.size(); ++i) {
-    if (ranges[i].k == 1) continue;
-    built->partitions.push_back({NameWithoutPart(g0.op(range_first[i])),
-                                 NameWithoutPart(g0.op(range_last[i])), ranges[i].k, ranges[i].us});
-  }
-  built->dw.clear();
   if (!schedule_dw && x.b == kNoOp) {
     // Issued in the natural order: the graph Finalize would copy g0 into,
     // built in place.
@@ -183,17 +190,18 @@ absl::Status ModelPlanner::Impl::Evaluate(const std::vector<Range>& ranges, bool
     if (!t.forward_param) {
       CopyBackwardWithBuckets(x, t);
       std::swap(g0, final_graph);
+      described_ = &final_graph;  // g0's ops, at their ids
       FinishFinal();
+      if (built != nullptr) Describe(ranges, built);
       return simulator.Schedule(final_graph, &final_sim, 0, bindings);
     }
   }
   internal::BackwardOps* bwd = CopyBackward(x, schedule_dw);
-  std::vector<std::vector<int>> picks;
   if (schedule_dw && !slots.empty() && !dw_ops.empty()) {
     if (bwd == nullptr) {
       reach_of = {-1, -1};
       reach.Compute(g0, bwd_begin, dw_ops);
-      MOEPLAN_RETURN_IF_ERROR(PlaceDw(reach, 0, &picks, &built->dw));
+      MOEPLAN_RETURN_IF_ERROR(PlaceDw(reach, 0));
     } else {
       // The template's ops from 1 are g0's from bwd_begin: its reachability
       // serves every graph it is copied into (dw, then lancet).
@@ -202,10 +210,12 @@ absl::Status ModelPlanner::Impl::Evaluate(const std::vector<Range>& ranges, bool
         reach.Compute(bwd->graph, 1, bwd->dw_ops);
       }
       reach_of = {which, bwd->build};
-      MOEPLAN_RETURN_IF_ERROR(PlaceDw(reach, bwd_begin - 1, &picks, &built->dw));
+      MOEPLAN_RETURN_IF_ERROR(PlaceDw(reach, bwd_begin - 1));
     }
   }
-  MOEPLAN_RETURN_IF_ERROR(Finalize(IssueOrder(picks)));
+  described_ = &g0;
+  if (built != nullptr) Describe(ranges, built);
+  MOEPLAN_RETURN_IF_ERROR(Finalize(IssueOrder(picks_)));
   // The schedule alone: VariantSearch completes (Simulator::Details) the one it keeps.
   return simulator.Schedule(final_graph, &final_sim, 0, bindings);
 }
@@ -255,6 +265,22 @@ absl::Status ModelPlanner::Impl::PhaseBound(double (&busy)[2][kNumResources], do
       simulator.Schedule(bwd.graph, &sim0, kWeightGrad | kGradSync | kPrefetch, false));
   *chain = sim0.makespan_us;
   return absl::OkStatus();
+}
+
+uint64_t ModelPlanner::Impl::PairKey() const {
+  return absl::HashOf(context_salt, first_block, end_block, st.embed, st.head, st.local_dispatch,
+                      static_cast<uint8_t>(sched), static_cast<uint8_t>(algo));
+}
+
+absl::StatusOr<double> ModelPlanner::Impl::PairBound() {
+  const uint64_t key = PairKey();
+  if (auto it = pair_bounds.find(key); it != pair_bounds.end()) return it->second;
+  double busy[2][kNumResources];
+  double chain = 0.0;
+  MOEPLAN_RETURN_IF_ERROR(PhaseBound(busy, &chain));
+  const double bound = PairBoundOf(busy, chain);
+  pair_bounds.emplace(key, bound);
+  return bound;
 }
 
 // The gathers ZeroGather adds to each block's forward and backward (the

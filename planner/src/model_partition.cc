@@ -8,7 +8,6 @@
 #include <vector>
 
 #include "absl/hash/hash.h"
-#include "absl/types/span.h"
 #include "model_planner_internal.h"
 
 namespace moeplan::planner {
@@ -106,24 +105,14 @@ bool ModelPlanner::Impl::RangeAllowed(int u0, int u1, int k) const {
 // one graph simulated per (i, k), not one per range.
 void ModelPlanner::Impl::RangeCosts(int i, int k, double* out) {
   const int nseg = static_cast<int>(bounds.size()) - 1;
-  const int u0 = bounds[static_cast<size_t>(i)];
   const int last = std::min(nseg, i + std::max(1, max_span));
+  if (!span_ready[static_cast<size_t>(i)]) SpanKeys(i);
   // The whole answer is keyed too, by the structure of its units and where
   // its segments end: repeated blocks ask the same questions.
-  key_buf.clear();
-  bool any_moe = false;
-  for (int u = u0; u < bounds[static_cast<size_t>(last)]; ++u) {
-    const Unit& un = units[static_cast<size_t>(u)];
-    any_moe = any_moe || IsMoeUnit(un.kind);
-    key_buf.push_back(static_cast<uint32_t>(un.kind) |
-                      static_cast<uint32_t>(un.in_a >= u0 ? u - un.in_a : 0) << 8 |
-                      static_cast<uint32_t>(un.in_b >= u0 ? u - un.in_b : 0) << 20);
-  }
-  for (int j = i + 1; j <= last; ++j) {
-    key_buf.push_back(static_cast<uint32_t>(bounds[static_cast<size_t>(j)] - u0));
-  }
-  const uint64_t family = absl::HashOf(absl::MakeConstSpan(key_buf), last - i, k,
-                                       any_moe ? combo_salt : 0, context_salt);
+  const bool any_moe =
+      span_moe[static_cast<size_t>(i) * std::max(1, max_span) + static_cast<size_t>(last - i - 1)];
+  const uint64_t family =
+      absl::HashOf(span_family[static_cast<size_t>(i)], k, any_moe ? combo_salt : 0, context_salt);
   if (auto it = family_cache.find(family); it != family_cache.end()) {
     std::copy_n(family_costs.begin() + static_cast<ptrdiff_t>(it->second), last - i, out);
     return;
@@ -133,30 +122,50 @@ void ModelPlanner::Impl::RangeCosts(int i, int k, double* out) {
   family_costs.insert(family_costs.end(), out, out + (last - i));
 }
 
+void ModelPlanner::Impl::SpanKeys(int i) {
+  const int nseg = static_cast<int>(bounds.size()) - 1;
+  const int span = std::max(1, max_span);
+  const int last = std::min(nseg, i + span);
+  const int u0 = bounds[static_cast<size_t>(i)];
+  uint64_t h = 0;
+  bool moe = false;
+  int u = u0;
+  for (int j = i + 1; j <= last; ++j) {
+    for (; u < bounds[static_cast<size_t>(j)]; ++u) {
+      const Unit& un = units[static_cast<size_t>(u)];
+      moe = moe || IsMoeUnit(un.kind);
+      h = absl::HashOf(h, static_cast<uint8_t>(un.kind), un.in_a >= u0 ? u - un.in_a : 0,
+                       un.in_b >= u0 ? u - un.in_b : 0);
+    }
+    const size_t at = static_cast<size_t>(i) * span + static_cast<size_t>(j - i - 1);
+    span_prefix[at] = h;
+    span_moe[at] = moe;
+  }
+  // The family: every prefix's structure and where its segments end.
+  uint64_t f = absl::HashOf(h, last - i);
+  for (int j = i + 1; j <= last; ++j) {
+    f = absl::HashOf(f, bounds[static_cast<size_t>(j)] - u0);
+  }
+  span_family[static_cast<size_t>(i)] = f;
+  span_ready[static_cast<size_t>(i)] = 1;
+}
+
 // RangeCosts' answer for segments i to `last`, range by range from the cache
 // or simulated.
 void ModelPlanner::Impl::RangeCostsOf(int i, int k, int last, double* out) {
   const int u0 = bounds[static_cast<size_t>(i)];
   int allowed = last;  // the longest allowed (allowed is monotone in j)
   while (allowed > i && !RangeAllowed(u0, bounds[static_cast<size_t>(allowed)], k)) --allowed;
-  // Each range's key: the hash of its prefix of the structure.
-  key_buf.clear();
+  // Each range's key: its prefix of the span's structure (SpanKeys).
   range_keys.clear();
-  bool moe = false;
+  const size_t row = static_cast<size_t>(i) * std::max(1, max_span);
   int missing = i;  // the longest range not cached
   for (int j = i + 1; j <= last; ++j) {
-    const int u1 = bounds[static_cast<size_t>(j)];
     out[j - i - 1] = -1.0;
     if (j > allowed) continue;
-    for (int u = u0 + static_cast<int>(key_buf.size()); u < u1; ++u) {
-      const Unit& un = units[static_cast<size_t>(u)];
-      moe = moe || IsMoeUnit(un.kind);
-      key_buf.push_back(static_cast<uint32_t>(un.kind) |
-                        static_cast<uint32_t>(un.in_a >= u0 ? u - un.in_a : 0) << 8 |
-                        static_cast<uint32_t>(un.in_b >= u0 ? u - un.in_b : 0) << 20);
-    }
+    const size_t at = row + static_cast<size_t>(j - i - 1);
     const uint64_t key =
-        absl::HashOf(absl::MakeConstSpan(key_buf), k, moe ? combo_salt : 0, context_salt);
+        absl::HashOf(span_prefix[at], k, span_moe[at] ? combo_salt : 0, context_salt);
     range_keys.push_back(key);
     if (auto it = p_cache.find(key); it != p_cache.end()) {
       out[j - i - 1] = it->second;
@@ -297,6 +306,10 @@ std::vector<Range> ModelPlanner::Impl::PartitionRanges() {
   // cost_table[(i * kmax + k - 1) * span + j - i - 1]; NaN: not asked yet.
   cost_table.assign(static_cast<size_t>(nseg) * kmax * span,
                     std::numeric_limits<double>::quiet_NaN());
+  span_ready.assign(static_cast<size_t>(nseg), 0);
+  span_family.resize(static_cast<size_t>(nseg));
+  span_prefix.resize(static_cast<size_t>(nseg) * span);
+  span_moe.resize(static_cast<size_t>(nseg) * span);
   const std::vector<PartitionChoice> dp =
       PartitionDp(nseg, max_span, kmax, [&](int i, int j, int k) {
         double* row = cost_table.data() + (static_cast<size_t>(i) * kmax + k - 1) * span;

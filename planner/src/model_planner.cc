@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <array>
+#include <optional>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -95,10 +96,14 @@ const VariantPlan* ModelPlan::Find(Variant v) const {
 RankParams StageParams(const ModelConfig& m, const StageOptions& stage) {
   const int end = stage.end_block < 0 ? m.num_layers : stage.end_block;
   RankParams r;
+  // BlockParams depends on whether the block is MoE only: each kind's counted
+  // once, added block by block.
+  std::optional<RankParams> kind[2];
   for (int blk = stage.first_block; blk < end; ++blk) {
-    const RankParams b = BlockParams(m, blk);
-    r.dense += b.dense;
-    r.expert += b.expert;
+    std::optional<RankParams>& b = kind[m.IsMoeBlock(blk) ? 1 : 0];
+    if (!b) b = BlockParams(m, blk);
+    r.dense += b->dense;
+    r.expert += b->expert;
   }
   const double M = static_cast<double>(m.hidden_size);
   const double v = static_cast<double>(m.vocab_size / m.parallel.mp);
@@ -154,8 +159,10 @@ void ModelPlanner::Impl::Configure(const ModelConfig& model, const ModelPlanOpti
                                 zero_stage, dense_group_stride] = stage;
   context_salt = absl::HashOf(model, local_dispatch, zero_stage == 3, dp_shape.ranks,
                               dp_shape.nodes, edp_shape.ranks, edp_shape.nodes, &cost);
-  if (p_cache.size() > (1u << 18) || family_costs.size() > (1u << 21)) {
+  if (p_cache.size() > (1u << 18) || family_costs.size() > (1u << 21) ||
+      pair_bounds.size() > (1u << 18)) {
     p_cache.clear();
+    pair_bounds.clear();
     family_cache.clear();
     family_costs.clear();
   }
@@ -274,6 +281,8 @@ absl::Status ComputeBound(ModelPlanner::Impl& s, std::span<const Schedule> sched
       s.algo = a;
       double chain = 0.0;
       MOEPLAN_RETURN_IF_ERROR(s.PhaseBound(busy, s.bound_chain ? &chain : nullptr));
+      // The pair's bound, which the stage's plans read (FastestSearch).
+      if (s.bound_chain) s.pair_bounds.emplace(s.PairKey(), s.PairBoundOf(busy, chain));
       bound->fwd_us = std::min(bound->fwd_us, *std::max_element(busy[0], busy[0] + kNumResources));
       double fwd3 = 0.0;
       for (size_t r = 0; r < kNumResources; ++r) fwd3 = std::max(fwd3, busy[0][r] + gathers[0][r]);
@@ -342,6 +351,7 @@ absl::Status ModelPlanner::Run(const ModelConfig& model, const ModelPlanOptions&
   // caller reads times only.
   s.g0.RecordExec(scope != Scope::kFastestTimesOnly);
   s.final_graph.RecordExec(scope != Scope::kFastestTimesOnly);
+  s.describe = scope != Scope::kFastestTimesOnly;
   MOEPLAN_ASSIGN_OR_RETURN(const std::vector<Schedule> schedules,
                            SchedulesToTry(model, options, stage, s.moe_layer));
   MOEPLAN_ASSIGN_OR_RETURN(const std::vector<AllToAllAlgo> algos,

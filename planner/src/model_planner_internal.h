@@ -10,6 +10,7 @@
 //                       algorithms to try, the variants
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <limits>
@@ -135,9 +136,11 @@ struct Bucket {
 };
 
 // One backward AlltoAll (a linear collective, the ops of a hierarchical one,
-// or an SAA's steps): where dW ops may go.
+// or an SAA's steps): where dW ops may go. Named "b<block>.moe.<site>" when
+// a plan describes its placements (ModelPlanner::Impl::Describe).
 struct Slot {
-  std::string name;
+  int block = -1;
+  std::string_view site;  // Site() of a static op base
   OpId first = kNoOp;
   OpId last = kNoOp;
   std::vector<OpId> ops;
@@ -238,6 +241,9 @@ struct ModelPlanner::Impl {
   uint64_t combo_salt = 0;
   uint64_t context_salt = 0;  // the model, layout and stage a range's costs depend on
   bool bound_chain = false;   // StageComputeBound's `chain`
+  // Whether the plan names its partitions and dW placements (not for
+  // Scope::kFastestTimesOnly, whose callers read times only).
+  bool describe = true;
   // ---- Scratch ----
   OpGraph scratch, range_graph, forward_graph, g0, final_graph;
   OpGraph held_graph;  // FastestSearch's best graph so far
@@ -253,9 +259,17 @@ struct ModelPlanner::Impl {
   std::vector<OpId> dw_ops;
   std::vector<OpId> range_first, range_last;
   absl::flat_hash_map<uint64_t, double> p_cache;
-  std::vector<uint32_t> key_buf;
-  // The partition DP's scratch: range_graph's size after each unit, the
-  // span's keys, its table of range costs.
+  // The current pair's lower bound on every variant (FastestSearch's), by
+  // PairKey: StageComputeBound's (with `chain`) serve the stage's plans
+  // (cleared with p_cache).
+  absl::flat_hash_map<uint64_t, double> pair_bounds;
+  // The partition DP's scratch: each segment i's span structure (SpanKeys,
+  // for every k), range_graph's size after each unit, the span's keys, its
+  // table of range costs.
+  std::vector<uint8_t> span_ready;    // per i
+  std::vector<uint64_t> span_family;  // per i: the whole span's structure
+  std::vector<uint64_t> span_prefix;  // [i * span + j - i - 1]: units to segment j's end
+  std::vector<uint8_t> span_moe;      // the same: whether those units hold MoE ones
   std::vector<OpId> unit_end;
   std::vector<double> unit_makespan;             // SimulateUnits', after each unit
   std::vector<double> op_end;                    // SimulateUnits': a unit's ops' ends, per piece
@@ -275,6 +289,11 @@ struct ModelPlanner::Impl {
   std::array<int64_t, 2> reach_of = {-1, -1};
   int64_t plan_count = 0;  // plans configured so far
   std::vector<int16_t> layer_map;
+  // PlaceDw's: each slot's AlltoAll time and its dW ops (indices into
+  // dw_ops); empty without dW placement.
+  std::vector<double> slot_us_, dw_us_;
+  std::vector<std::vector<int>> picks_;
+  const OpGraph* described_ = &g0;  // the graph Evaluate's forward and backward ops are in
   // Finalize's and IssueOrder's scratch.
   std::vector<internal::Bucket> buckets_;
   std::vector<int> bucket_of_, param_first_, param_next_, after_first_, after_last_, after_next_;
@@ -331,9 +350,14 @@ struct ModelPlanner::Impl {
     std::vector<PartitionRange> partitions;
     std::vector<DwPlacement> dw;
   };
-  // `bindings` false: final_sim without them (Simulator::Schedule).
+  // `bindings` false: final_sim without them (Simulator::Schedule). `built`
+  // (if not null): the graph's partitions and dW placements by name
+  // (Describe); null where a planner reads times only.
   absl::Status Evaluate(const std::vector<Range>& ranges, bool schedule_dw, Built* built,
                         bool bindings = true);
+  // The partitions and dW placements of the graph Evaluate built last (of
+  // `ranges`), by name: what a plan reports, built only for one it keeps.
+  void Describe(const std::vector<Range>& ranges, Built* built) const;
   // The forward of `ranges` alone, simulated: its end (forward_graph holds it).
   absl::StatusOr<double> ForwardEnd(const std::vector<Range>& ranges);
   // A lower bound on that end: the busiest resource's ops (each unit's
@@ -341,12 +365,24 @@ struct ModelPlanner::Impl {
   double ForwardBusy(const std::vector<Range>& ranges);
   Deps EmitForward(const std::vector<Range>& ranges, OpGraph* g);
   // `reach`: the backward's reachability, its op 0 being g0's op `shift`.
-  absl::Status PlaceDw(const Reachability& reach, OpId shift, std::vector<std::vector<int>>* picks,
-                       std::vector<DwPlacement>* placements);
+  absl::Status PlaceDw(const Reachability& reach, OpId shift);
   std::vector<OpId> IssueOrder(const std::vector<std::vector<int>>& picks);
   // Per phase and resource, the pair's ops' busy time; `chain` (if not
   // null): its backward simulated without dW ops (model_evaluate.cc).
   absl::Status PhaseBound(double (&busy)[2][kNumResources], double* chain);
+  // A lower bound on every variant of the current pair, from PhaseBound: the
+  // forward lasts at least its busiest resource's ops, and the backward,
+  // which starts after it, at least its busiest resource's ops and its
+  // dependency chain. Gradient buckets, the optimizer and ZeRO-3's gathers
+  // are left out, which only lowers it. Cached in pair_bounds.
+  absl::StatusOr<double> PairBound();
+  static double PairBoundOf(const double (&busy)[2][kNumResources], double chain) {
+    return *std::max_element(busy[0], busy[0] + kNumResources) +
+           std::max(*std::max_element(busy[1], busy[1] + kNumResources), chain);
+  }
+  // What PhaseBound reads: the context (which holds whether ZeRO 3 gathers,
+  // the only ZeRO stage the ops depend on), the stage's blocks and the pair.
+  uint64_t PairKey() const;
   // ZeRO-3's parameter gathers of the stage's blocks per phase and resource,
   // whatever st.zero_stage is.
   void GatherBound(double (&busy)[2][kNumResources]);
@@ -372,6 +408,9 @@ struct ModelPlanner::Impl {
   bool RangeAllowed(int u0, int u1, int k) const;
   // P(i, j, k) for every j of the DP's span from segment i into out[j - i - 1].
   void RangeCosts(int i, int k, double* out);
+  // span_* of segment i: its units' kinds and inputs relative to its first,
+  // hashed unit by unit to each segment end of its span.
+  void SpanKeys(int i);
   void RangeCostsOf(int i, int k, int last, double* out);
   double SingleRangeCost(int u0, int u1, int k);
   // SimulateUnits' state from range to range.

@@ -185,7 +185,8 @@ class FastestSearch {
         if (sc == Schedule::kS2 && a == AllToAllAlgo::kHierarchical && algos.size() > 1) continue;
         const Pair p{sc, a};
         SetPair(p);
-        MOEPLAN_ASSIGN_OR_RETURN(const double bound, PairBound());
+        // A lower bound on every variant of the pair (Impl::PairBound).
+        MOEPLAN_ASSIGN_OR_RETURN(const double bound, s_.PairBound());
         pairs.push_back({p, static_cast<int>(pairs.size()), bound});
       }
     }
@@ -280,19 +281,6 @@ class FastestSearch {
     }
     return s_.WholeRanges();
   }
-  // A lower bound on every variant of the current pair (Impl::PhaseBound):
-  // the forward lasts at least its busiest resource's ops, and the backward,
-  // which starts after it, at least its busiest resource's ops and its
-  // dependency chain. Gradient buckets, the optimizer and ZeRO-3's gathers
-  // are left out, which only lowers it.
-  absl::StatusOr<double> PairBound() {
-    double busy[2][kNumResources];
-    double chain = 0.0;
-    MOEPLAN_RETURN_IF_ERROR(s_.PhaseBound(busy, &chain));
-    const double fwd = *std::max_element(busy[0], busy[0] + kNumResources);
-    const double bwd = *std::max_element(busy[1], busy[1] + kNumResources);
-    return fwd + std::max(bwd, chain);
-  }
   // The least time of an entry simulated whole so far (kInf: none).
   double LeastSimulated() const {
     return held_ < 0 ? kInf : entries_[static_cast<size_t>(held_)].us;
@@ -302,7 +290,7 @@ class FastestSearch {
     MOEPLAN_RETURN_IF_ERROR(options_.deadline.Check("model plan"));
     SetPair(e.pair);
     ranges_ = RangesOf(variants_[e.vi], e.degree, e.pair_index);
-    MOEPLAN_RETURN_IF_ERROR(s_.Evaluate(ranges_, Dw(variants_[e.vi]), &built_, false));
+    MOEPLAN_RETURN_IF_ERROR(s_.Evaluate(ranges_, Dw(variants_[e.vi]), nullptr, false));
     const double us = s_.final_sim.makespan_us;
     const Entry* held = held_ < 0 ? nullptr : &entries_[static_cast<size_t>(held_)];
     if (held == nullptr || us < held->us || (us == held->us && Before(e, *held))) {
@@ -310,7 +298,7 @@ class FastestSearch {
       held_graph_ = s_.final_graph;
       held_sim_ = s_.final_sim;
       held_layers_ = s_.Layers(ranges_);
-      held_built_ = built_;
+      if (s_.describe) s_.Describe(ranges_, &held_built_);
     }
     return us;
   }
@@ -385,7 +373,7 @@ class FastestSearch {
   // held plan untouched).
   absl::Status CheckSum(const Entry& e) {
     MOEPLAN_RETURN_IF_ERROR(s_.Evaluate(RangesOf(variants_[e.vi], e.degree, e.pair_index),
-                                        Dw(variants_[e.vi]), &check_built_, false));
+                                        Dw(variants_[e.vi]), nullptr, false));
     const double whole = s_.final_sim.makespan_us;
     if (std::abs(e.us - whole) <= kNear * whole) return absl::OkStatus();
     return absl::InternalError(Cat("fastest variant: ", VariantName(variants_[e.vi]), " (",
@@ -408,7 +396,7 @@ class FastestSearch {
   std::vector<std::pair<uint64_t, double>> fwd_;  // per pair: forward end by KeyOf
   std::vector<Range> ranges_;
   std::vector<std::vector<Range>> dp_ranges_;
-  ModelPlanner::Impl::Built built_, check_built_;
+
   const bool checked_;
   // The least entry simulated whole so far (its index; -1: none) and its plan.
   ptrdiff_t held_ = -1;

@@ -55,7 +55,9 @@ struct PipelineResult {
 };
 
 // Builds the pipeline's op graph (op "s<stage>.fwd.c<chunk>.mb<i>" on the
-// stage's device, p2p "s<stage>.send_fwd..." on its link) and simulates it.
+// stage's device, p2p "s<stage>.send_fwd..." on its link) and simulates it:
+// `result` holds its times (Simulator::Schedule without bindings; no
+// critical path), `out` the summary.
 absl::Status SimulatePipeline(const PipelineSpec& spec, OpGraph* graph, Simulator* sim,
                               SimResult* result, PipelineResult* out);
 
