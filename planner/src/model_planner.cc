@@ -351,6 +351,7 @@ absl::Status ModelPlanner::Run(const ModelConfig& model, const ModelPlanOptions&
   // caller reads times only.
   s.g0.RecordExec(scope != Scope::kFastestTimesOnly);
   s.final_graph.RecordExec(scope != Scope::kFastestTimesOnly);
+  s.held_graph.RecordExec(scope != Scope::kFastestTimesOnly);  // swapped with final_graph
   s.describe = scope != Scope::kFastestTimesOnly;
   MOEPLAN_ASSIGN_OR_RETURN(const std::vector<Schedule> schedules,
                            SchedulesToTry(model, options, stage, s.moe_layer));

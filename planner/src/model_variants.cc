@@ -285,20 +285,25 @@ class FastestSearch {
   double LeastSimulated() const {
     return held_ < 0 ? kInf : entries_[static_cast<size_t>(held_)].us;
   }
-  // e's whole graph simulated, and held if it is the least so far.
+  // e's whole graph simulated, and held if it is the least so far (its
+  // graph and times then move into the held ones: read forward_end_ after).
   absl::StatusOr<double> Simulate(const Entry& e) {
     MOEPLAN_RETURN_IF_ERROR(options_.deadline.Check("model plan"));
     SetPair(e.pair);
     ranges_ = RangesOf(variants_[e.vi], e.degree, e.pair_index);
     MOEPLAN_RETURN_IF_ERROR(s_.Evaluate(ranges_, Dw(variants_[e.vi]), nullptr, false));
     const double us = s_.final_sim.makespan_us;
+    forward_end_ = s_.final_sim.forward_end_us;
     const Entry* held = held_ < 0 ? nullptr : &entries_[static_cast<size_t>(held_)];
     if (held == nullptr || us < held->us || (us == held->us && Before(e, *held))) {
       held_ = &e - entries_.data();
-      held_graph_ = s_.final_graph;
-      held_sim_ = s_.final_sim;
       held_layers_ = s_.Layers(ranges_);
+      // Described while its graph is where Evaluate left it.
       if (s_.describe) s_.Describe(ranges_, &held_built_);
+      // Swapped, not copied: final_graph and final_sim are scratch that the
+      // next Evaluate overwrites.
+      std::swap(held_graph_, s_.final_graph);
+      std::swap(held_sim_, s_.final_sim);
     }
     return us;
   }
@@ -340,7 +345,7 @@ class FastestSearch {
       if (whole == nullptr) continue;
       MOEPLAN_ASSIGN_OR_RETURN(whole->us, Simulate(*whole));
       whole->exact = true;
-      const double f = s_.final_sim.forward_end_us;
+      const double f = forward_end_;
       rest[dw] = whole->us - f;
       fwd_.push_back({KeyOf(*whole), f});
     }
@@ -394,6 +399,7 @@ class FastestSearch {
   std::span<const Variant> variants_;
   std::vector<Entry> entries_;
   std::vector<std::pair<uint64_t, double>> fwd_;  // per pair: forward end by KeyOf
+  double forward_end_ = 0.0;                       // Simulate's last graph's
   std::vector<Range> ranges_;
   std::vector<std::vector<Range>> dp_ranges_;
 
