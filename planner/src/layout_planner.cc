@@ -249,7 +249,7 @@ absl::Status LayoutPlanner::Impl::Run(const ModelConfig& model, const Layout& l,
   }
   P2p(model, l, mbs, &spec);
   PipelineResult pr;
-  MOEPLAN_RETURN_IF_ERROR(SimulatePipeline(spec, &pipe_graph, &pipe_sim, &pipe_result, &pr));
+  MOEPLAN_RETURN_IF_ERROR(TimePipeline(spec, &pipe_scratch, &pr));
   if (stats) ++stats->simulated;
 
   out->layout = l;
@@ -375,7 +375,7 @@ absl::StatusOr<double> LayoutPlanner::Impl::Bound(const ModelConfig& model, cons
   }
   P2p(model, l, mbs, &spec);
   PipelineResult pr;
-  MOEPLAN_RETURN_IF_ERROR(SimulatePipeline(spec, &pipe_graph, &pipe_sim, &pipe_result, &pr));
+  MOEPLAN_RETURN_IF_ERROR(TimePipeline(spec, &pipe_scratch, &pr));
   return std::max(pr.makespan_us, load);
 }
 

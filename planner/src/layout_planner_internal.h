@@ -73,12 +73,11 @@ struct LayoutPlanner::Impl {
   absl::flat_hash_map<ChunkKey, ModelPlanner::StageBound> bounds;
   // Chunks checked against the plan's max_plan_bytes (ModelPlanner::CheckStage).
   absl::flat_hash_map<ChunkKey, absl::Status> checked;
-  OpGraph pipe_graph;
+  PipelineScratch pipe_scratch;  // TimePipeline's
   Simulator pipe_sim;
   // Times' scratch: a chunk's graph with its synchronisation passed through.
   OpGraph quiet_graph;
   SimResult quiet_sim;
-  SimResult pipe_result;
   SearchStats* stats = nullptr;
   ModelPlanOptions plan_options;
 

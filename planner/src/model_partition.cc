@@ -207,23 +207,16 @@ void ModelPlanner::Impl::RangeCostsOf(int i, int k, int last, double* out) {
 }
 
 // Units [u0, u1) split k ways simulated as EmitRange would issue them into
-// a graph, without building it: each op starts at the latest end of its
-// dependencies and of the previous op on each resource it holds, its end
-// start + cost, in the same order, so the times are Simulator::Schedule's to
-// the bit. `standalone`: inputs from before u0 ready at 0 (else every piece
+// a graph, without building it: each op timed by the simulator's rule
+// (TimeOp) in the same order, so the times are Simulator::Schedule's to the
+// bit. `standalone`: inputs from before u0 ready at 0 (else every piece
 // of them, as simulated into piece_end before). `sim` carries the resources
 // and the latest ends from range to range; unit_makespan gets the latest end
 // after each unit (0 before any op). False where an op is not on device 0
 // (the caller builds the graph then).
 bool ModelPlanner::Impl::SimulateUnits(int u0, int u1, int k, bool standalone, UnitSim* sim) {
   auto run = [&](const Op& op, double start) {
-    for (int r = 0; r < kNumResources; ++r) {
-      if ((op.resources & (1u << r)) && sim->free_at[r] > start) start = sim->free_at[r];
-    }
-    const double end = start + op.cost_us;
-    for (int r = 0; r < kNumResources; ++r) {
-      if (op.resources & (1u << r)) sim->free_at[r] = end;
-    }
+    const double end = TimeOp(op.resources, op.cost_us, start, sim->free_at);
     if (!sim->any || end > sim->makespan) sim->makespan = end;
     if (op.phase == internal::F && end > sim->forward_end) sim->forward_end = end;
     sim->any = true;
@@ -247,7 +240,8 @@ bool ModelPlanner::Impl::SimulateUnits(int u0, int u1, int k, bool standalone, U
     }
     const internal::UnitOps& ops = UnitTemplate(u, k);
     const OpGraph& t = ops.graph;
-    op_end.assign(static_cast<size_t>(t.size()) * k, 0.0);
+    // Every entry is written before it is read (dependencies come first).
+    op_end.resize(static_cast<size_t>(t.size()) * k);
     for (OpId l = 0; l < t.size(); ++l) {
       const Op& op = t.op(l);
       if (op.device != 0) return false;

@@ -120,11 +120,48 @@ absl::Status WalkPipeline(PipelineSchedule schedule, int p, int v, int m,
 
 namespace {
 
-// A pipeline's op graph being built: each step's op and the send after it,
-// indexed ((s * v + c) * m + i) * 2 + fwd, and each stage's last op.
+// Where a pipeline's ops go as the walk issues them: into an op graph,
+// simulated after (GraphSink), or timed on the spot (TimeSink).
+struct GraphSink {
+  OpGraph* g;
+  void Begin(size_t steps, int stages) {
+    g->Clear();
+    g->Reserve(static_cast<int>(steps * 2 + static_cast<size_t>(stages)),
+               static_cast<int>(steps * 4));
+  }
+  OpId Add(const Op& op, OpId a, OpId b = kNoOp) { return g->Add(op, {a, b}); }
+};
+
+// Each op timed by the simulator's rule (TimeOp) in issue order: its end
+// and the latest end so far, as Simulator::Schedule computes them.
+struct TimeSink {
+  PipelineScratch* s;
+  double makespan = 0.0;
+  void Begin(size_t steps, int stages) {
+    s->ends.clear();
+    s->ends.reserve(steps * 2 + static_cast<size_t>(stages));
+    s->free_at.assign(static_cast<size_t>(stages) * kNumResources, 0.0);
+  }
+  OpId Add(const Op& op, OpId a, OpId b = kNoOp) {
+    double ready = 0.0;
+    for (OpId d : {a, b}) {
+      if (d != kNoOp) ready = std::max(ready, s->ends[static_cast<size_t>(d)]);
+    }
+    const double end = TimeOp(op.resources, op.cost_us, ready,
+                              s->free_at.data() + static_cast<size_t>(op.device) * kNumResources);
+    const OpId id = static_cast<OpId>(s->ends.size());
+    s->ends.push_back(end);
+    if (id == 0 || end > makespan) makespan = end;
+    return id;
+  }
+};
+
+// A pipeline's ops being issued into `Sink`: each step's op and the send
+// after it, indexed ((s * v + c) * m + i) * 2 + fwd, and each stage's last op.
+template <typename Sink>
 class PipelineGraph {
  public:
-  PipelineGraph(const PipelineSpec& spec, OpGraph* g)
+  PipelineGraph(const PipelineSpec& spec, Sink* g)
       : spec_(spec),
         p_(spec.stages),
         v_(spec.chunks),
@@ -134,8 +171,7 @@ class PipelineGraph {
         send_of_(op_of_.size(), kNoOp),
         last_of_(static_cast<size_t>(p_), kNoOp),
         p2p_(p_ > 1 || v_ > 1 ? spec.p2p_us : 0.0) {
-    g->Clear();
-    g->Reserve(static_cast<int>(op_of_.size() * 2 + p_), static_cast<int>(op_of_.size() * 4));
+    g->Begin(op_of_.size(), p_);
   }
 
   // The step's compute op on its stage and, unless it ends the micro-batch's
@@ -153,7 +189,7 @@ class PipelineGraph {
     const size_t cs = static_cast<size_t>(s) * v_ + st.chunk;
     op.cost_us = st.forward ? spec_.fwd_us[cs] : spec_.bwd_us[cs];
     const OpId own_fwd = st.forward ? kNoOp : op_of_[Idx(s, st.chunk, st.mb, true)];
-    const OpId id = g_->Add(op, {Input(s, st), own_fwd});
+    const OpId id = g_->Add(op, Input(s, st), own_fwd);
     op_of_[Idx(s, st.chunk, st.mb, st.forward)] = id;
     last_of_[static_cast<size_t>(s)] = id;
     const bool last_fwd = st.forward && s == p_ - 1 && st.chunk == v_ - 1;
@@ -170,7 +206,7 @@ class PipelineGraph {
     send.term = Term::kSendRecv;
     send.resources = spec_.p2p_resource;
     send.cost_us = p2p_;
-    send_of_[Idx(s, st.chunk, st.mb, st.forward)] = g_->Add(send, {id});
+    send_of_[Idx(s, st.chunk, st.mb, st.forward)] = g_->Add(send, id);
   }
 
   // Each stage's tail after its last step.
@@ -185,7 +221,7 @@ class PipelineGraph {
       tail.term = Term::kOptimizer;
       tail.resources = 0;
       tail.cost_us = spec_.tail_us[static_cast<size_t>(s)];
-      g_->Add(tail, {last_of_[static_cast<size_t>(s)]});
+      g_->Add(tail, last_of_[static_cast<size_t>(s)]);
     }
   }
 
@@ -212,21 +248,20 @@ class PipelineGraph {
 
   const PipelineSpec& spec_;
   const int p_, v_, m_;
-  OpGraph* g_;
+  Sink* g_;
   std::vector<OpId> op_of_, send_of_, last_of_;
   const double p2p_;
 };
 
-// The pipeline's end, busiest stage and bubble from its simulation.
-void Summarize(const PipelineSpec& spec, const SimResult& result,
-               const std::vector<OpId>& bwd_last, PipelineResult* out) {
+// The pipeline's end, busiest stage and bubble from its times: the
+// makespan and `end_of(id)`, an op's end.
+template <typename EndOf>
+void Summarize(const PipelineSpec& spec, double makespan, const std::vector<OpId>& bwd_last,
+               EndOf end_of, PipelineResult* out) {
   const int p = spec.stages, v = spec.chunks, m = spec.microbatches;
-  out->makespan_us = result.makespan_us;
+  out->makespan_us = makespan;
   out->pipeline_end_us = 0.0;
-  for (OpId id : bwd_last) {
-    out->pipeline_end_us =
-        std::max(out->pipeline_end_us, result.times[static_cast<size_t>(id)].end_us);
-  }
+  for (OpId id : bwd_last) out->pipeline_end_us = std::max(out->pipeline_end_us, end_of(id));
   double busiest = -1.0;
   for (int s = 0; s < p; ++s) {
     double busy = 0.0;
@@ -243,24 +278,48 @@ void Summarize(const PipelineSpec& spec, const SimResult& result,
   out->bubble_fraction = out->pipeline_end_us > 0.0 ? out->bubble_us / out->pipeline_end_us : 0.0;
 }
 
-}  // namespace
-
-absl::Status SimulatePipeline(const PipelineSpec& spec, OpGraph* g, Simulator* sim,
-                              SimResult* result, PipelineResult* out) {
+absl::Status CheckSpec(const PipelineSpec& spec) {
   const int p = spec.stages, v = spec.chunks, m = spec.microbatches;
   if (p < 1 || v < 1 || m < 1 || static_cast<int>(spec.fwd_us.size()) != p * v ||
       static_cast<int>(spec.bwd_us.size()) != p * v ||
       (!spec.tail_us.empty() && static_cast<int>(spec.tail_us.size()) != p)) {
     return absl::InvalidArgumentError("pipeline: costs must have stages * chunks entries");
   }
-  PipelineGraph graph(spec, g);
-  MOEPLAN_RETURN_IF_ERROR(WalkPipeline(spec.schedule, p, v, m, [&](int s, const PipeStep& st) {
-    graph.Step(s, st);
-  }));
+  return absl::OkStatus();
+}
+
+// The walk's steps issued into `sink`, then the tails.
+template <typename Sink>
+absl::Status Issue(const PipelineSpec& spec, PipelineGraph<Sink>& graph) {
+  MOEPLAN_RETURN_IF_ERROR(WalkPipeline(spec.schedule, spec.stages, spec.chunks, spec.microbatches,
+                                       [&](int s, const PipeStep& st) { graph.Step(s, st); }));
   graph.Tails();
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status SimulatePipeline(const PipelineSpec& spec, OpGraph* g, Simulator* sim,
+                              SimResult* result, PipelineResult* out) {
+  MOEPLAN_RETURN_IF_ERROR(CheckSpec(spec));
+  GraphSink sink{g};
+  PipelineGraph<GraphSink> graph(spec, &sink);
+  MOEPLAN_RETURN_IF_ERROR(Issue(spec, graph));
   // Times only: the summary reads no critical path.
   MOEPLAN_RETURN_IF_ERROR(sim->Schedule(*g, result, 0, /*bindings=*/false));
-  Summarize(spec, *result, graph.last_of(), out);
+  Summarize(spec, result->makespan_us, graph.last_of(),
+            [&](OpId id) { return result->times[static_cast<size_t>(id)].end_us; }, out);
+  return absl::OkStatus();
+}
+
+absl::Status TimePipeline(const PipelineSpec& spec, PipelineScratch* scratch,
+                          PipelineResult* out) {
+  MOEPLAN_RETURN_IF_ERROR(CheckSpec(spec));
+  TimeSink sink{scratch};
+  PipelineGraph<TimeSink> graph(spec, &sink);
+  MOEPLAN_RETURN_IF_ERROR(Issue(spec, graph));
+  Summarize(spec, sink.makespan, graph.last_of(),
+            [&](OpId id) { return scratch->ends[static_cast<size_t>(id)]; }, out);
   return absl::OkStatus();
 }
 

@@ -174,6 +174,49 @@ TEST(Pipeline, P2pAndTailsAddToTheMakespan) {
   EXPECT_REL(out.makespan_us, 11.0);
 }
 
+// TimePipeline times each op as the walk issues it: the summary equals the
+// simulated graph's to the bit, for every schedule, uneven costs, p2p on
+// either link and tails, with its scratch reused from call to call.
+TEST(Pipeline, TimedWithoutAGraphAsSimulated) {
+  OpGraph g;
+  Simulator sim;
+  SimResult r;
+  PipelineScratch scratch;
+  int cases = 0;
+  for (PipelineSchedule ps : {PipelineSchedule::kGpipe, PipelineSchedule::k1F1B,
+                              PipelineSchedule::kInterleaved}) {
+    for (auto [p, v, m] : {std::tuple{1, 1, 3}, std::tuple{2, 1, 4}, std::tuple{4, 1, 8},
+                           std::tuple{4, 2, 8}, std::tuple{3, 3, 6}}) {
+      if (v > 1 && ps != PipelineSchedule::kInterleaved) continue;
+      PipelineSpec spec = Equal(ps, p, v, m, 1.0, 2.0);
+      for (size_t i = 0; i < spec.fwd_us.size(); ++i) {
+        spec.fwd_us[i] = 1.0 + 0.37 * static_cast<double>(i % 3);
+        spec.bwd_us[i] = 2.1 + 0.53 * static_cast<double>((i * 7) % 5);
+      }
+      spec.p2p_us = 0.3;
+      spec.p2p_resource = (p + m) % 2 ? kInter : kIntra;
+      spec.tail_us.assign(static_cast<size_t>(p), 0.0);
+      for (int s = 0; s < p; ++s) spec.tail_us[static_cast<size_t>(s)] = 0.7 * (s + 1);
+      PipelineResult simulated, timed;
+      ASSERT_TRUE(SimulatePipeline(spec, &g, &sim, &r, &simulated).ok());
+      ASSERT_TRUE(TimePipeline(spec, &scratch, &timed).ok());
+      const std::string at = "p=" + std::to_string(p) + " v=" + std::to_string(v) +
+                             " m=" + std::to_string(m);
+      EXPECT_EQ(timed.makespan_us, simulated.makespan_us) << at;
+      EXPECT_EQ(timed.pipeline_end_us, simulated.pipeline_end_us) << at;
+      EXPECT_EQ(timed.bubble_us, simulated.bubble_us) << at;
+      EXPECT_EQ(timed.busiest_stage, simulated.busiest_stage) << at;
+      EXPECT_GT(timed.makespan_us, timed.pipeline_end_us) << at;  // the tails count
+      ++cases;
+    }
+  }
+  EXPECT_EQ(cases, 11);
+  PipelineSpec bad = Equal(PipelineSchedule::k1F1B, 2, 1, 2, 1.0, 2.0);
+  bad.fwd_us.pop_back();
+  PipelineResult out;
+  EXPECT_EQ(TimePipeline(bad, &scratch, &out).code(), absl::StatusCode::kInvalidArgument);
+}
+
 // ---- Memory ----
 
 TEST(Memory, HandComputedPerZeroStage) {

@@ -61,6 +61,17 @@ struct PipelineResult {
 absl::Status SimulatePipeline(const PipelineSpec& spec, OpGraph* graph, Simulator* sim,
                               SimResult* result, PipelineResult* out);
 
+// TimePipeline's buffers, reused between calls: each op's end and each
+// (stage, resource)'s free time.
+struct PipelineScratch {
+  std::vector<double> ends, free_at;
+};
+// SimulatePipeline's summary without a graph: each op timed as the walk
+// issues it (TimeOp), so the same times to the bit (the layout search's
+// bounds and candidates, which read the summary only).
+absl::Status TimePipeline(const PipelineSpec& spec, PipelineScratch* scratch,
+                          PipelineResult* out);
+
 // Every stage's steps in one issue order (the pipeline's only schedule): a
 // step is issued once the step feeding it has been (the previous chunk's
 // forward, the next chunk's backward, or its own forward), stage by stage.

@@ -5,6 +5,7 @@
 // the result's vectors have grown to the graph's size.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <vector>
 
@@ -37,6 +38,24 @@ struct SimResult {
   // Critical-path time per term (indexed by Term); sums to makespan_us.
   std::array<double, kNumTerms> critical_term_us{};
 };
+
+// One op by the simulator's rule, for planners that time ops as they issue
+// them instead of building a graph (Simulator::Schedule gives the same times
+// to the bit): it starts at `ready`, the latest end of its dependencies
+// (>= 0), or when each resource of `held` frees, whichever is later, and
+// holds them to its end. `free_at`: its device's kNumResources resources.
+// Returns the end.
+inline double TimeOp(ResourceMask held, double cost_us, double ready, double* free_at) {
+  double start = ready;
+  for (int r = 0; r < kNumResources; ++r) {
+    if (held & (1u << r)) start = std::max(start, free_at[r]);
+  }
+  const double end = start + cost_us;
+  for (int r = 0; r < kNumResources; ++r) {
+    if (held & (1u << r)) free_at[r] = end;
+  }
+  return end;
+}
 
 // Reusable: keeps scratch buffers between runs.
 class Simulator {
