@@ -399,7 +399,7 @@ class FastestSearch {
   std::span<const Variant> variants_;
   std::vector<Entry> entries_;
   std::vector<std::pair<uint64_t, double>> fwd_;  // per pair: forward end by KeyOf
-  double forward_end_ = 0.0;                       // Simulate's last graph's
+  double forward_end_ = 0.0;                      // Simulate's last graph's
   std::vector<Range> ranges_;
   std::vector<std::vector<Range>> dp_ranges_;
 

@@ -307,19 +307,20 @@ absl::Status SimulatePipeline(const PipelineSpec& spec, OpGraph* g, Simulator* s
   MOEPLAN_RETURN_IF_ERROR(Issue(spec, graph));
   // Times only: the summary reads no critical path.
   MOEPLAN_RETURN_IF_ERROR(sim->Schedule(*g, result, 0, /*bindings=*/false));
-  Summarize(spec, result->makespan_us, graph.last_of(),
-            [&](OpId id) { return result->times[static_cast<size_t>(id)].end_us; }, out);
+  Summarize(
+      spec, result->makespan_us, graph.last_of(),
+      [&](OpId id) { return result->times[static_cast<size_t>(id)].end_us; }, out);
   return absl::OkStatus();
 }
 
-absl::Status TimePipeline(const PipelineSpec& spec, PipelineScratch* scratch,
-                          PipelineResult* out) {
+absl::Status TimePipeline(const PipelineSpec& spec, PipelineScratch* scratch, PipelineResult* out) {
   MOEPLAN_RETURN_IF_ERROR(CheckSpec(spec));
   TimeSink sink{scratch};
   PipelineGraph<TimeSink> graph(spec, &sink);
   MOEPLAN_RETURN_IF_ERROR(Issue(spec, graph));
-  Summarize(spec, sink.makespan, graph.last_of(),
-            [&](OpId id) { return scratch->ends[static_cast<size_t>(id)]; }, out);
+  Summarize(
+      spec, sink.makespan, graph.last_of(),
+      [&](OpId id) { return scratch->ends[static_cast<size_t>(id)]; }, out);
   return absl::OkStatus();
 }
 

@@ -183,8 +183,8 @@ TEST(Pipeline, TimedWithoutAGraphAsSimulated) {
   SimResult r;
   PipelineScratch scratch;
   int cases = 0;
-  for (PipelineSchedule ps : {PipelineSchedule::kGpipe, PipelineSchedule::k1F1B,
-                              PipelineSchedule::kInterleaved}) {
+  for (PipelineSchedule ps :
+       {PipelineSchedule::kGpipe, PipelineSchedule::k1F1B, PipelineSchedule::kInterleaved}) {
     for (auto [p, v, m] : {std::tuple{1, 1, 3}, std::tuple{2, 1, 4}, std::tuple{4, 1, 8},
                            std::tuple{4, 2, 8}, std::tuple{3, 3, 6}}) {
       if (v > 1 && ps != PipelineSchedule::kInterleaved) continue;
@@ -200,8 +200,8 @@ TEST(Pipeline, TimedWithoutAGraphAsSimulated) {
       PipelineResult simulated, timed;
       ASSERT_TRUE(SimulatePipeline(spec, &g, &sim, &r, &simulated).ok());
       ASSERT_TRUE(TimePipeline(spec, &scratch, &timed).ok());
-      const std::string at = "p=" + std::to_string(p) + " v=" + std::to_string(v) +
-                             " m=" + std::to_string(m);
+      const std::string at =
+          "p=" + std::to_string(p) + " v=" + std::to_string(v) + " m=" + std::to_string(m);
       EXPECT_EQ(timed.makespan_us, simulated.makespan_us) << at;
       EXPECT_EQ(timed.pipeline_end_us, simulated.pipeline_end_us) << at;
       EXPECT_EQ(timed.bubble_us, simulated.bubble_us) << at;

@@ -69,8 +69,7 @@ struct PipelineScratch {
 // SimulatePipeline's summary without a graph: each op timed as the walk
 // issues it (TimeOp), so the same times to the bit (the layout search's
 // bounds and candidates, which read the summary only).
-absl::Status TimePipeline(const PipelineSpec& spec, PipelineScratch* scratch,
-                          PipelineResult* out);
+absl::Status TimePipeline(const PipelineSpec& spec, PipelineScratch* scratch, PipelineResult* out);
 
 // Every stage's steps in one issue order (the pipeline's only schedule): a
 // step is issued once the step feeding it has been (the previous chunk's
