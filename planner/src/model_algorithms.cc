@@ -50,6 +50,25 @@ bool Reachability::Path(OpId from, OpId to) const {
   return (anc_[static_cast<size_t>(v) * words_ + static_cast<size_t>(b / 64)] >> (b % 64)) & 1;
 }
 
+void Reachability::Reaching(std::span<const OpId> ops, OpId shift,
+                            std::vector<uint64_t>* reached) const {
+  reached->assign(static_cast<size_t>(words_), 0);
+  const int n = static_cast<int>(bit_.size());
+  for (OpId o : ops) {
+    const int v = o - shift - first_;
+    if (v < 0 || v >= n) continue;
+    const uint64_t* row = anc_.data() + static_cast<size_t>(v) * words_;
+    for (int w = 0; w < words_; ++w) (*reached)[static_cast<size_t>(w)] |= row[w];
+  }
+}
+
+bool Reachability::Reaches(const std::vector<uint64_t>& reached, OpId source) const {
+  const int u = source - first_;
+  if (u < 0 || u >= static_cast<int>(bit_.size())) return false;
+  const int b = bit_[static_cast<size_t>(u)];
+  return b >= 0 && ((reached[static_cast<size_t>(b / 64)] >> (b % 64)) & 1);
+}
+
 // ---- Best-fit dW placement ----
 
 std::vector<std::vector<int>> BestFitDw(std::span<const double> slot_us,

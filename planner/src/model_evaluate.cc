@@ -98,14 +98,16 @@ absl::Status ModelPlanner::Impl::PlaceDw(const Reachability& reach, OpId shift) 
                       sim0.times[static_cast<size_t>(s.first)].start_us);
   }
   for (OpId d : dw_ops) dw_us.push_back(g0.op(d).cost_us);
+  // A dW op issued before a slot is independent of it when it reaches none
+  // of its ops (no path runs from a later op to an earlier one): the dW ops
+  // reaching each slot, once.
+  slot_reached_.resize(slots.size());
+  for (size_t s = 0; s < slots.size(); ++s) reach.Reaching(slots[s].ops, shift, &slot_reached_[s]);
   picks_ = BestFitDw(slot_us, dw_us, [&](int s, int d) {
     const OpId dw = dw_ops[static_cast<size_t>(d)];
     const Slot& slot = slots[static_cast<size_t>(s)];
     if (dw >= slot.first) return false;  // only delayed, never hoisted
-    for (OpId o : slot.ops) {
-      if (!reach.Independent(dw - shift, o - shift)) return false;
-    }
-    return true;
+    return !reach.Reaches(slot_reached_[static_cast<size_t>(s)], dw - shift);
   });
   return absl::OkStatus();
 }

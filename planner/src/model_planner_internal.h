@@ -293,6 +293,7 @@ struct ModelPlanner::Impl {
   // dw_ops); empty without dW placement.
   std::vector<double> slot_us_, dw_us_;
   std::vector<std::vector<int>> picks_;
+  std::vector<std::vector<uint64_t>> slot_reached_;  // per slot: the dW ops reaching it
   const OpGraph* described_ = &g0;  // the graph Evaluate's forward and backward ops are in
   // Finalize's and IssueOrder's scratch.
   std::vector<internal::Bucket> buckets_;

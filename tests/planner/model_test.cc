@@ -52,6 +52,7 @@ ModelConfig SmallModel(int mp = 1, Gate gate = Gate::kSwitch) {
 
 TEST(Reachability, MatchesDepthFirstSearchOnRandomDags) {
   std::mt19937 rng(7);
+  int reaching = 0;  // sources found reaching a set: the check below is not vacuous
   for (int trial = 0; trial < 30; ++trial) {
     const int n = 5 + static_cast<int>(rng() % 150);
     OpGraph g;
@@ -100,7 +101,25 @@ TEST(Reachability, MatchesDepthFirstSearchOnRandomDags) {
             << a << " -> " << b << " (sources)";
       }
     }
+    // Reaching a set of ops, shifted ids included: a source reaches the set
+    // exactly when it has a path to one of them.
+    const OpId shift = static_cast<OpId>(rng() % 3);
+    for (int round = 0; round < 5; ++round) {
+      std::vector<OpId> set;
+      for (int v = 0; v < n; ++v) {
+        if (rng() % 6 == 0) set.push_back(v + shift);
+      }
+      std::vector<uint64_t> reached;
+      from_some.Reaching(set, shift, &reached);
+      for (int a = 0; a < n; ++a) {
+        bool any = false;
+        for (OpId o : set) any = any || from_some.Path(a, o - shift);
+        ASSERT_EQ(from_some.Reaches(reached, a), any) << a << " reaches the set";
+        reaching += any;
+      }
+    }
   }
+  EXPECT_GT(reaching, 100);
 }
 
 // ---- Best fit ----

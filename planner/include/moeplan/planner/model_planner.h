@@ -243,6 +243,11 @@ class Reachability {
   bool Path(OpId from, OpId to) const;
   // Neither reaches the other (both sources).
   bool Independent(OpId a, OpId b) const { return a != b && !Path(a, b) && !Path(b, a); }
+  // The sources with a path to any of `ops` (op o here is o - shift), one
+  // bit each: Path(s, o) for some o is Reaches(*reached, s), from one pass
+  // over the ops' rows.
+  void Reaching(std::span<const OpId> ops, OpId shift, std::vector<uint64_t>* reached) const;
+  bool Reaches(const std::vector<uint64_t>& reached, OpId source) const;
 
  private:
   OpId first_ = 0;
