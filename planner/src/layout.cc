@@ -98,14 +98,28 @@ absl::Status ValidateFamily(const Layout& l) {
   const int64_t experts = int64_t{l.ep} * l.esp;
   switch (l.family) {
     case Family::kDpMoe:
-      if (l.esp != l.tp) {
-        return Bad("layout.esp", "dpmoe shards each expert like the dense TP: must equal tp",
-                   Cat("esp=", l.esp, ", tp=", l.tp));
+      if (l.esp == l.tp) {
+        if (l.dp % l.ep != 0) {
+          return Bad("layout.ep",
+                     "dpmoe spreads the experts over data-parallel ranks: must divide dp",
+                     Cat("ep=", l.ep, ", dp=", l.dp));
+        }
+        break;
       }
-      if (l.dp % l.ep != 0) {
+      // A folded expert grid (Megatron-Core's --expert-tensor-parallel-size
+      // != --tensor-model-parallel-size): ep x esp x edp over the stage's
+      // tp x dp ranks, each rank routing its own tokens.
+      if (!l.sequence_parallel) {
+        return Bad("layout.esp",
+                   "dpmoe with esp != tp (a folded expert grid: etp != tp) needs sequence "
+                   "parallelism, sp=1 with tp >= 2, so that each rank routes its own tokens",
+                   Cat("esp=", l.esp, ", tp=", l.tp, ", sp=0"));
+      }
+      if (stage % experts != 0) {
         return Bad("layout.ep",
-                   "dpmoe spreads the experts over data-parallel ranks: must divide dp",
-                   Cat("ep=", l.ep, ", dp=", l.dp));
+                   "a folded expert grid (esp != tp) places ep*esp ranks per expert replica: "
+                   "ep*esp must divide the stage's tp*dp ranks",
+                   Cat("ep*esp=", experts, ", tp*dp=", stage));
       }
       break;
     case Family::kPpMoe:

@@ -102,8 +102,13 @@ MemoryBreakdown StageMemory(const ModelConfig& model, const Layout& l, int64_t m
   const double E = static_cast<double>(m.moe.num_experts);
   const double cap = ExpertCapacity(m, S);
   // Rows a rank's experts hold: every token slot of the layer (E * T), or of
-  // its own E/ep experts when the dispatch is local (PPMoE).
-  const double rows = l.family == Family::kPpMoe ? E / l.ep * cap : E * cap;
+  // its own E/ep experts when the dispatch is local (PPMoE). DPMoE's ESP
+  // group gathers the rows of its esp ranks, each routing 1/tp of the TP
+  // group's tokens when the grid is folded (esp != tp; 1 when esp == tp).
+  const bool folded = l.family == Family::kDpMoe && l.esp != l.tp;
+  const double rows = l.family == Family::kPpMoe ? E / l.ep * cap
+                      : folded                   ? E * cap * l.esp / t
+                                                 : E * cap;
   const double shard = static_cast<double>(m.moe.expert_ffn_hidden_size) / l.esp;
   const double glu = static_cast<double>(m.FfnInputFactor());
   const RankDims dm = DimsOf(m);

@@ -54,10 +54,13 @@ namespace {
 // every rank routing the TP group's tokens (the default schedule); with
 // sequence parallelism each rank holds its own S/t tokens, and S1 (gather
 // over ESP on the expert side) is Megatron-Core's dispatch of them, so it is
-// tried too.
+// tried too. A folded expert grid (esp != tp, sequence parallel) has only
+// that dispatch.
 ModelPlanOptions OptionsFor(const ModelPlanOptions& options, const Layout& l) {
   ModelPlanOptions opt = options;
-  if (l.family == Family::kDpMoe) {
+  if (l.family == Family::kDpMoe && l.esp != l.tp) {
+    opt.schedules = {Schedule::kS1};
+  } else if (l.family == Family::kDpMoe) {
     const bool s1 =
         l.sequence_parallel && l.tp > 1 &&
         (options.schedules.empty() || std::find(options.schedules.begin(), options.schedules.end(),

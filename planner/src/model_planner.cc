@@ -226,8 +226,11 @@ absl::StatusOr<std::vector<Schedule>> SchedulesToTry(const ModelConfig& model,
       if (ValidateForSchedule(moe_layer, sc).ok()) schedules.push_back(sc);
     }
   }
+  // With sequence parallelism each rank routes its own tokens: S1 applies to
+  // any ESP group asked for (a folded expert grid asks for it alone).
+  const bool own_tokens = model.parallel.mp > 1 && model.parallel.sequence_parallel;
   for (Schedule sc : schedules) {
-    if (absl::Status st = ValidateForSchedule(moe_layer, sc); !st.ok()) {
+    if (absl::Status st = ValidateForSchedule(moe_layer, sc, own_tokens); !st.ok()) {
       return absl::InvalidArgumentError(Cat("schedules: ", ScheduleName(sc),
                                             " does not apply to this model: ", View(st.message())));
     }

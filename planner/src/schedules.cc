@@ -292,7 +292,10 @@ Deps SectionS1(MoeSection sec, const LayerContext& ctx, Builder& b, Deps x) {
   const LayerConfig& l = *ctx.layer;
   const Topology& t = ctx.topo;
   const Kernels k(ctx);
-  const int n = l.parallel.mp;
+  // The tokens are split over the n MP ranks; each expert is split over the
+  // `shards` ranks of the ESP group, which gathers their rows (n on its own
+  // unless each rank routes its own tokens: ValidateForSchedule).
+  const int n = l.parallel.mp, shards = l.parallel.esp;
   const DerivedShape d = Derive(l);
   const int64_t s1 = d.tokens / n;            // tokens per rank after the MP split
   const int64_t cap1 = RouteCapacity(l, s1);  // per rank
@@ -300,13 +303,13 @@ Deps SectionS1(MoeSection sec, const LayerContext& ctx, Builder& b, Deps x) {
   const double x1 = static_cast<double>(d.activation_bytes) / n;
   const double skew = ExpertSkew(l);
   const double a2a = SkewedA2a(ctx, d1);
-  const int64_t rows = k.Skewed(int64_t{n} * l.parallel.ep * cap1);
+  const int64_t rows = k.Skewed(int64_t{shards} * l.parallel.ep * cap1);
   const double gate_grad = static_cast<double>(l.model_dim) * l.num_experts * l.bytes_per_element;
   const int q = t.ep_ranks_per_node;
   // Executed (elements): the rank's slice, an AlltoAll block per peer, the
-  // rank's whole dispatch buffer; the expert side is N*W groups of cap1 rows.
+  // rank's whole dispatch buffer; the expert side is shards*W groups of cap1 rows.
   const bool rag = l.dropless;
-  const int64_t m = l.model_dim, groups = int64_t{n} * l.parallel.ep;
+  const int64_t m = l.model_dim, groups = int64_t{shards} * l.parallel.ep;
   const int64_t slice = s1 * m, peer = k.LocalExperts() * cap1 * m, part = l.num_experts * cap1 * m;
   switch (sec) {
     case MoeSection::kFwdRoute:

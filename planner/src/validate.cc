@@ -174,10 +174,10 @@ absl::Status ValidateDenseParallel(const ParallelLayout& p, const ClusterShape& 
   return CheckStageFitsCluster(p, c);
 }
 
-absl::Status ValidateForSchedule(const LayerConfig& l, Schedule schedule) {
+absl::Status ValidateForSchedule(const LayerConfig& l, Schedule schedule, bool own_tokens) {
   if (schedule == Schedule::kDefault) return absl::OkStatus();
   const ParallelLayout& p = l.parallel;
-  if (p.mp != p.esp) {
+  if (p.mp != p.esp && !(own_tokens && schedule == Schedule::kS1)) {
     return Bad("parallel.esp",
                Cat("schedules s1 and s2 need esp == mp (the ESP group is the MP group); "
                    "plan only the default schedule for this layout"),

@@ -19,8 +19,8 @@ namespace p = ::moeplan::planner;
 absl::StatusOr<v1::Layout> LayoutFromSpec(std::string_view spec) {
   v1::Layout l;
   static constexpr std::string_view kKeys =
-      "dp, tp, pp, ep, esp, microbatches, zero, family, pipeline, v, recompute, sp, layout "
-      "(last)";
+      "dp, tp, pp, ep, esp (or etp), microbatches, zero, family, pipeline, v, recompute, sp, "
+      "layout (last)";
   std::vector<std::string> seen;
   size_t begin = 0;
   while (begin <= spec.size()) {
@@ -65,7 +65,12 @@ absl::StatusOr<v1::Layout> LayoutFromSpec(std::string_view spec) {
       l.set_pp(n);
     } else if (key == "ep") {
       l.set_ep(n);
-    } else if (key == "esp") {
+    } else if (key == "esp" || key == "etp") {
+      // etp: Megatron-Core's --expert-tensor-parallel-size, the same degree.
+      if (std::find(seen.begin(), seen.end(), key == "esp" ? "etp" : "esp") != seen.end()) {
+        return absl::InvalidArgumentError(
+            "--layout: esp and etp name the same degree (etp is Megatron-Core's name); give one");
+      }
       l.set_esp(n);
     } else if (key == "microbatches") {
       l.set_microbatches(n);

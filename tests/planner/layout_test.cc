@@ -275,6 +275,12 @@ TEST(Memory, InfeasibleSaysWhichTermAndByHowMuch) {
 
 // ---- Layout rules ----
 
+// `l` with sequence parallelism: its expert grid may differ from its TP.
+Layout Folded(Layout l) {
+  l.sequence_parallel = true;
+  return l;
+}
+
 TEST(Layout, BadLayoutsNameTheField) {
   const ModelConfig m = EightBlocks();
   const ClusterShape c{4, 8};
@@ -290,7 +296,12 @@ TEST(Layout, BadLayoutsNameTheField) {
       {Make(8, 1, 1, 1, 1, Family::kPpMoe),
        "layout.tp: ppmoe spreads a layer's experts over the TP group: needs tp >= 2"},
       {Make(8, 2, 1, 16, 2, Family::kDpMoe), "layout.ep: dpmoe spreads the experts"},
-      {Make(8, 2, 1, 8, 1, Family::kDpMoe), "layout.esp: dpmoe shards each expert"},
+      {Make(8, 2, 1, 8, 1, Family::kDpMoe),
+       "layout.esp: dpmoe with esp != tp (a folded expert grid: etp != tp) needs sequence "
+       "parallelism"},
+      {Folded(Make(8, 2, 1, 32, 1, Family::kDpMoe)),
+       "layout.ep: a folded expert grid (esp != tp) places ep*esp ranks per expert replica: "
+       "ep*esp must divide the stage's tp*dp ranks (got ep*esp=32, tp*dp=16)"},
       {Make(16, 2, 2, 32, 1, Family::kParm), "layout: dp*tp*pp must be <= the GPUs (32)"},
   };
   for (const Case& k : cases) {

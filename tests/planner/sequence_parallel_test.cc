@@ -15,6 +15,7 @@
 
 #include "moeplan/planner/layout.h"
 #include "moeplan/planner/layout_memory.h"
+#include "moeplan/planner/layout_planner.h"
 #include "moeplan/planner/model.h"
 #include "moeplan/planner/model_planner.h"
 #include "moeplan/planner/validate.h"
@@ -199,6 +200,91 @@ TEST(SequenceParallel, SplitsTheTpReplicatedActivations) {
 }
 
 std::string Message(const absl::Status& s) { return std::string(s.message()); }
+
+// A folded expert grid (Megatron-Core's expert tensor parallelism != TP):
+// with sequence parallelism each rank routes its own S/t tokens, so S1
+// applies to an ESP (ETP) group of any size: it dispatches the rank's own
+// slots over EP, gathers the ESP group's rows before the experts only when
+// the group has several ranks, and neither splits nor gathers the tokens.
+// ETP = TP (esp = mp = 2) is the plain S1 plan.
+TEST(FoldedExpertGrid, S1RoutesEachRanksOwnTokensOverAnyEspGroup) {
+  const ModelConfig base = Mixed(true);
+  const int64_t s1 = base.micro_batch_size * base.seq_length / 2;  // 128 tokens per rank
+  const int64_t cap1 = (base.moe.top_k * s1 + base.moe.num_experts - 1) / base.moe.num_experts;
+  ASSERT_EQ(cap1, 32);  // 2 x 128 / 8 slots per expert, capacity factor 1
+  const int64_t d1 = base.moe.num_experts * cap1 * base.hidden_size * base.bytes_per_element;
+  // (A model file's ESP group sits inside its MP group; a layout's may be
+  // larger: below.)
+  for (int esp : {1, 2}) {
+    const VariantPlan v = PlanOne(Mixed(true, 8 / esp, esp), Schedule::kS1);
+    ASSERT_GT(v.graph.size(), 0) << "esp " << esp;
+    for (std::string_view name : {"fwd.mp_split", "fwd.mp_allgather", "bwd.mp_split",
+                                  "bwd.mp_allgather", "fwd.sp_allgather", "bwd.sp_allgather"}) {
+      EXPECT_EQ(Count(v, name), 0) << name << " esp " << esp;
+    }
+    int dispatches = 0, gathers = 0;
+    for (OpId id = 0; id < v.graph.size(); ++id) {
+      const Op& op = v.graph.op(id);
+      if (op.base == "fwd.ep_alltoall_dispatch") {
+        ++dispatches;
+        EXPECT_EQ(op.bytes, d1) << "esp " << esp;  // the rank's own E x cap1 slots
+      }
+      if (op.base == "fwd.esp_allgather") {
+        ++gathers;
+        EXPECT_EQ(op.bytes, d1) << "esp " << esp;  // each shard's piece: the same slots
+      }
+    }
+    EXPECT_EQ(dispatches, 2) << "esp " << esp;  // two MoE blocks
+    EXPECT_EQ(gathers, esp > 1 ? 2 : 0) << "esp " << esp;
+    EXPECT_EQ(Count(v, "fwd.expert"), 2);
+  }
+  // Without sequence parallelism the MP group's tokens are replicated: S1
+  // still needs the ESP group to be the MP group.
+  ModelConfig off = Mixed(false, 8, 1);
+  ModelPlanner planner(RoundNumberModel());
+  ModelPlanOptions o;
+  o.schedules = {Schedule::kS1};
+  ModelPlan plan;
+  EXPECT_EQ(Message(planner.Plan(off, o, &plan)).rfind("schedules: s1 does not apply", 0), 0u);
+}
+
+// A folded DPMoE layout: ep x esp x edp over the stage's tp x dp ranks, esp
+// smaller or larger than tp. Its chunks plan S1 alone; its ESP group holds
+// esp / tp of the capacity rows the TP-sharded grid holds (each rank routed
+// 1/tp of the tokens).
+TEST(FoldedExpertGrid, LayoutsPlanItAndCountItsRows) {
+  const ModelConfig m = Mixed(false);
+  Layout l;
+  l.dp = 4;
+  l.tp = 2;
+  l.ep = 2;
+  l.esp = 2;
+  l.family = Family::kDpMoe;
+  l.microbatches = 1;
+  l.sequence_parallel = true;
+  MemoryOptions o;
+  const MemoryBreakdown tied = StageMemory(m, l, 2, 0, 1.0, o);
+  Layout folded = l;
+  folded.esp = 1;  // 2 x 1 x 4 over 2 x 4 ranks
+  const ClusterShape c{1, 8};
+  ASSERT_TRUE(ValidateLayout(m, folded, 8, c).ok());
+  EXPECT_EQ(folded.ExpertReplicas(), 4);
+  const MemoryBreakdown f = StageMemory(m, folded, 2, 0, 1.0, o);
+  EXPECT_DOUBLE_EQ(f.capacity_buffers * 2.0, tied.capacity_buffers);
+  LayoutPlanner planner(RoundNumberModel());
+  Layout wide = l;
+  wide.esp = 4;  // 2 x 4 x 1
+  ASSERT_TRUE(ValidateLayout(m, wide, 8, c).ok());
+  EXPECT_DOUBLE_EQ(StageMemory(m, wide, 2, 0, 1.0, o).capacity_buffers,
+                   2.0 * tied.capacity_buffers);
+  for (const Layout& x : {folded, wide}) {
+    LayoutCandidate cand;
+    const absl::Status s = planner.Evaluate(m, x, {}, {}, &cand);
+    ASSERT_TRUE(s.ok()) << s;
+    EXPECT_EQ(cand.schedule, Schedule::kS1) << "esp " << x.esp;
+    EXPECT_GT(cand.iteration_us, 0.0);
+  }
+}
 
 TEST(SequenceParallel, FieldRulesNameTheField) {
   const ModelConfig m = Mixed(false);

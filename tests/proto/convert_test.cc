@@ -109,6 +109,19 @@ TEST(LayoutFromSpec, PipelineLayoutTakesTheRestOfTheSpec) {
 // sp=1 is Megatron-Core's --sequence-parallel: parsed into the layout and
 // written back; anything but 0 or 1 names the key. The search's values are
 // each tried once.
+// etp is Megatron-Core's name for esp (--expert-tensor-parallel-size): the
+// same degree, given once.
+TEST(LayoutFromSpec, EtpIsEsp) {
+  absl::StatusOr<v1::Layout> spec = LayoutFromSpec("dp=8,tp=2,pp=8,ep=8,etp=1,sp=1");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->esp(), 1);
+  EXPECT_EQ(LayoutFromSpec("dp=8,tp=2,pp=8,ep=4,etp=2")->esp(), 2);
+  EXPECT_EQ(Msg(LayoutFromSpec("dp=8,tp=2,pp=8,esp=2,etp=2").status()),
+            "--layout: esp and etp name the same degree (etp is Megatron-Core's name); give one");
+  EXPECT_EQ(Msg(LayoutFromSpec("dp=8,tp=2,pp=8,etp=1,esp=1").status()),
+            "--layout: esp and etp name the same degree (etp is Megatron-Core's name); give one");
+}
+
 TEST(LayoutFromSpec, SequenceParallelIsZeroOrOne) {
   absl::StatusOr<v1::Layout> spec = LayoutFromSpec("dp=4,tp=2,pp=1,sp=1");
   ASSERT_TRUE(spec.ok()) << spec.status();

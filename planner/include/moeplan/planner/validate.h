@@ -17,7 +17,11 @@ absl::Status ValidateLayer(const LayerConfig& layer, const ClusterShape& cluster
 absl::Status ValidateDenseParallel(const ParallelLayout& parallel, const ClusterShape& cluster);
 
 // The extra rules of one schedule (S1/S2: mp == esp; S1: tokens divisible by mp).
-// Assumes ValidateLayer passed.
-absl::Status ValidateForSchedule(const LayerConfig& layer, Schedule schedule);
+// Assumes ValidateLayer passed. `own_tokens`: each rank enters the layer with
+// its own S/mp tokens (a model's sequence parallelism), which S1 routes with
+// an ESP group of any size (Megatron-Core's dispatch over a folded expert
+// grid, docs/layouts.md "Expert grids"); S2 still needs esp == mp.
+absl::Status ValidateForSchedule(const LayerConfig& layer, Schedule schedule,
+                                 bool own_tokens = false);
 
 }  // namespace moeplan::planner
