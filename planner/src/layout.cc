@@ -77,6 +77,15 @@ absl::Status ValidateDegrees(const ModelConfig& m, const Layout& l, const Cluste
     MOEPLAN_RETURN_IF_ERROR(MustDivide("layout.ep", "moe.num_experts", l.ep, m.moe.num_experts));
     MOEPLAN_RETURN_IF_ERROR(MustDivide("layout.esp", "moe.expert_ffn_hidden_size", l.esp,
                                        m.moe.expert_ffn_hidden_size));
+    // An expert's shards are consecutive ranks (ESP innermost): inside a
+    // node or whole nodes, as TP (a folded grid's esp need not divide tp).
+    if (!(g % l.esp == 0 || l.esp % g == 0)) {
+      return Bad("layout.esp",
+                 Cat("must divide gpus_per_node (", g,
+                     ") or be a multiple of it: an expert's "
+                     "shards are consecutive ranks"),
+                 Cat(l.esp));
+    }
   }
   const int64_t gpus = int64_t{l.dp} * l.tp * l.pp;
   if (gpus > c.TotalGpus()) {

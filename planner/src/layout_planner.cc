@@ -55,14 +55,16 @@ namespace {
 // sequence parallelism each rank holds its own S/t tokens, and S1 (gather
 // over ESP on the expert side) is Megatron-Core's dispatch of them, so it is
 // tried too. A folded expert grid (esp != tp, sequence parallel) has only
-// that dispatch.
-ModelPlanOptions OptionsFor(const ModelPlanOptions& options, const Layout& l) {
+// that dispatch. A dense model (no MoE layer to route) plans the default.
+ModelPlanOptions OptionsFor(const ModelConfig& model, const ModelPlanOptions& options,
+                            const Layout& l) {
   ModelPlanOptions opt = options;
-  if (l.family == Family::kDpMoe && l.esp != l.tp) {
+  const bool dense = model.IsDense();
+  if (l.family == Family::kDpMoe && l.esp != l.tp && !dense) {
     opt.schedules = {Schedule::kS1};
   } else if (l.family == Family::kDpMoe) {
     const bool s1 =
-        l.sequence_parallel && l.tp > 1 &&
+        !dense && l.sequence_parallel && l.tp > 1 &&
         (options.schedules.empty() || std::find(options.schedules.begin(), options.schedules.end(),
                                                 Schedule::kS1) != options.schedules.end());
     opt.schedules = {Schedule::kDefault};
@@ -106,7 +108,7 @@ absl::StatusOr<ChunkTimes> LayoutPlanner::Impl::Chunk(const ModelConfig& model, 
   }
   if (stats) ++stats->stage_plans;
   const ModelConfig m = ModelForLayout(model, l, mbs);
-  const ModelPlanOptions opt = OptionsFor(plan_options, l);
+  const ModelPlanOptions opt = OptionsFor(model, plan_options, l);
   MOEPLAN_RETURN_IF_ERROR(
       planner.PlanStage(m, opt, so, &plan, ModelPlanner::Scope::kFastestTimesOnly));
   const VariantPlan& vp = plan.variants[static_cast<size_t>(plan.best)];
@@ -314,7 +316,7 @@ absl::StatusOr<internal::ChunkBound> LayoutPlanner::Impl::BoundOf(const ModelCon
   const ChunkKey key = KeyOf(model, l, mbs, so, /*zero=*/0);  // the bounds hold for every stage
   auto it = bounds.find(key);
   if (it == bounds.end()) {
-    const ModelPlanOptions opt = OptionsFor(plan_options, l);
+    const ModelPlanOptions opt = OptionsFor(model, plan_options, l);
     ModelPlanner::StageBound b;
     MOEPLAN_RETURN_IF_ERROR(
         planner.StageComputeBound(ModelForLayout(model, l, mbs), opt, so, &b, /*chain=*/true));
@@ -406,7 +408,7 @@ absl::Status LayoutPlanner::Impl::CheckChunks(const ModelConfig& model, const La
       const ChunkKey key = KeyOf(model, l, mbs, so, /*zero=*/0);  // the estimate reads no ZeRO
       auto it = checked.find(key);
       if (it == checked.end()) {
-        const ModelPlanOptions opt = OptionsFor(plan_options, l);
+        const ModelPlanOptions opt = OptionsFor(model, plan_options, l);
         it = checked.emplace(key, planner.CheckStage(ModelForLayout(model, l, mbs), opt, so)).first;
       }
       if (!it->second.ok()) return it->second;
@@ -511,7 +513,7 @@ absl::Status LayoutPlanner::Program(const ModelConfig& model, const Layout& layo
   const int p = l.pp, v = std::max(1, l.virtual_stages);
   const int64_t mbs = model.GlobalBatch() / (int64_t{l.dp} * l.microbatches);
   const ModelConfig m = ModelForLayout(model, l, mbs);
-  const ModelPlanOptions opt = OptionsFor(plan, l);
+  const ModelPlanOptions opt = OptionsFor(model, plan, l);
   std::vector<VariantPlan> chunks(static_cast<size_t>(p * v));
   std::vector<const OpGraph*> graphs(chunks.size());
   *out = VariantPlan{};

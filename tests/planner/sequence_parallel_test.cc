@@ -284,6 +284,26 @@ TEST(FoldedExpertGrid, LayoutsPlanItAndCountItsRows) {
     EXPECT_EQ(cand.schedule, Schedule::kS1) << "esp " << x.esp;
     EXPECT_GT(cand.iteration_us, 0.0);
   }
+  // An expert's shards are consecutive ranks: esp tiles nodes, like tp.
+  ModelConfig wide_ffn = m;
+  wide_ffn.moe.expert_ffn_hidden_size = 768;
+  Layout three = l;
+  three.dp = 12;
+  three.ep = 8;
+  three.esp = 3;  // 8 x 3 x 1 over 2 x 12 ranks
+  EXPECT_EQ(Message(ValidateLayout(wide_ffn, three, 24, ClusterShape{4, 8})),
+            "layout.esp: must divide gpus_per_node (8) or be a multiple of it: an expert's "
+            "shards are consecutive ranks (got 3)");
+  // A dense model's family places no experts: dpmoe with tp 2 (esp 1) and
+  // sequence parallelism plans its default schedule.
+  ModelConfig dense = testing::SmallDenseModel(2);
+  Layout d = l;
+  d.ep = 1;
+  d.esp = 1;
+  LayoutCandidate cand;
+  const absl::Status s = planner.Evaluate(dense, d, {}, {}, &cand);
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_EQ(cand.schedule, Schedule::kDefault);
 }
 
 TEST(SequenceParallel, FieldRulesNameTheField) {
