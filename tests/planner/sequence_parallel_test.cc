@@ -48,6 +48,19 @@ VariantPlan PlanOne(const ModelConfig& m, Schedule schedule) {
   return plan.variants.empty() ? VariantPlan{} : plan.variants[0];
 }
 
+// Mixed's stage as a layout: dp 4 x tp 2, one micro-batch.
+Layout StageOf(int ep, int esp, Family family, bool sp) {
+  Layout l;
+  l.dp = 4;
+  l.tp = 2;
+  l.ep = ep;
+  l.esp = esp;
+  l.family = family;
+  l.microbatches = 1;
+  l.sequence_parallel = sp;
+  return l;
+}
+
 bool EndsWith(std::string_view s, std::string_view tail) {
   return s.size() >= tail.size() && s.substr(s.size() - tail.size()) == tail;
 }
@@ -172,13 +185,7 @@ TEST(SequenceParallel, TheMoeScheduleTakesTheSliceOrGathersIt) {
 // output is split too. Everything else is unchanged.
 TEST(SequenceParallel, SplitsTheTpReplicatedActivations) {
   const ModelConfig m = Mixed(false);
-  Layout l;
-  l.dp = 4;
-  l.tp = 2;
-  l.ep = 8;
-  l.esp = 1;
-  l.family = Family::kParm;
-  l.microbatches = 1;
+  Layout l = StageOf(8, 1, Family::kParm, false);
   MemoryOptions o;
   const int64_t mbs = 2;
   const MemoryBreakdown off = StageMemory(m, l, mbs, 0, 1.0, o);
@@ -254,14 +261,7 @@ TEST(FoldedExpertGrid, S1RoutesEachRanksOwnTokensOverAnyEspGroup) {
 // 1/tp of the tokens).
 TEST(FoldedExpertGrid, LayoutsPlanItAndCountItsRows) {
   const ModelConfig m = Mixed(false);
-  Layout l;
-  l.dp = 4;
-  l.tp = 2;
-  l.ep = 2;
-  l.esp = 2;
-  l.family = Family::kDpMoe;
-  l.microbatches = 1;
-  l.sequence_parallel = true;
+  const Layout l = StageOf(2, 2, Family::kDpMoe, true);
   MemoryOptions o;
   const MemoryBreakdown tied = StageMemory(m, l, 2, 0, 1.0, o);
   Layout folded = l;
@@ -309,13 +309,7 @@ TEST(FoldedExpertGrid, LayoutsPlanItAndCountItsRows) {
 TEST(SequenceParallel, FieldRulesNameTheField) {
   const ModelConfig m = Mixed(false);
   const ClusterShape c{2, 8};
-  Layout l;
-  l.dp = 4;
-  l.tp = 2;
-  l.ep = 8;
-  l.family = Family::kParm;
-  l.microbatches = 1;
-  l.sequence_parallel = true;
+  const Layout l = StageOf(8, 1, Family::kParm, true);
   EXPECT_TRUE(ValidateLayout(m, l, 8, c).ok());
   Layout one = l;
   one.tp = 1;
