@@ -23,13 +23,14 @@ search, docs/model.md).
         [--search] [--gpus 32] [--top 5]
     /usr/bin/python3 examples/launcher.py --server 127.0.0.1:50051 \\
         --model examples/models/gpt3-medium-moe.json --cluster v100-8x8 \\
-        --layout dp=8,tp=4,pp=1,ep=8,esp=4[,microbatches=4,zero=1,family=parm,
+        --layout dp=8,tp=4,pp=1,ep=8,esp=4[,cp=2,microbatches=4,zero=1,family=parm,
                  pipeline=1f1b,v=2,recompute=1,sp=1,layout=Et|(tt|)*3L]
 
 --model FILE is a moeplan.v1.ModelConfig JSON (examples/models/). --search (the
 default with --model) ranks every layout on --gpus GPUs (default: the whole
 cluster) and keeps the best --top (default 5); --layout evaluates one layout
-(keys dp, tp, pp, ep, esp required; microbatches, zero, family (dpmoe, ppmoe,
+(keys dp, tp, pp, ep, esp (or Megatron-Core's etp) required; cp (context
+parallelism; printed back as --context-parallel-size), microbatches, zero, family (dpmoe, ppmoe,
 parm), pipeline (gpipe, 1f1b, interleaved), v (virtual stages), recompute
 (0/1), sp (sequence parallelism, 0/1; printed back as --sequence-parallel) and,
 last, layout (Megatron-Core's pipeline layout string, which may hold
@@ -124,6 +125,10 @@ LAYOUT_KEYS = {
     "pp": ("pp", "int"),
     "ep": ("ep", "int"),
     "esp": ("esp", "int"),
+    # Megatron-Core's name for esp (--expert-tensor-parallel-size): give one of the two.
+    "etp": ("esp", "int"),
+    # Megatron-Core's --context-parallel-size (unset: 1).
+    "cp": ("cp", "int"),
     "microbatches": ("microbatches", "int"),
     "zero": ("zero_stage", "int"),
     "family": ("family", ("dpmoe", "ppmoe", "parm")),
@@ -163,15 +168,19 @@ def parse_layout(spec: str) -> dict:
             fail(f"--layout: {key} needs a value ({key}=...)")
         if key in seen:
             fail(f"--layout: {key} given twice")
-        seen.add(key)
+        if key in ("esp", "etp") and {"esp", "etp"} & seen:
+            fail("--layout: esp and etp name the same degree (etp is Megatron-Core's name); "
+                 "give one")
+        seen.add("esp" if key == "etp" else key)
         field, kind = LAYOUT_KEYS[key]
         if kind == "int":
             try:
                 number = int(value, 10)
             except ValueError:
                 number = -1
-            if number < 0 or (key in LAYOUT_REQUIRED and number < 1):
-                least = 1 if key in LAYOUT_REQUIRED else 0
+            positive = key in LAYOUT_REQUIRED or key in ("etp", "cp")
+            if number < 0 or (positive and number < 1):
+                least = 1 if positive else 0
                 fail(f"--layout: {key} must be an integer >= {least} (got {value!r})")
             layout[field] = number
         elif kind == "bool":
@@ -234,6 +243,8 @@ def megatron_flags(model: dict, cand: dict, global_batch: int) -> list:
         flags += ["--recompute-granularity", "full", "--recompute-method", "uniform"]
     if lay.get("sequence_parallel"):
         flags += ["--sequence-parallel"]
+    if _int(lay.get("cp"), 1) > 1:
+        flags += ["--context-parallel-size", str(_int(lay.get("cp")))]
     flags += ["--seq-length", str(_int(model.get("seq_length"))),
               "--num-layers", str(_int(model.get("num_layers"))),
               "--hidden-size", str(_int(model.get("hidden_size"))),
@@ -280,6 +291,8 @@ def print_candidates(candidates: list) -> None:
             pipeline += "+rc"
         if lay.get("sequence_parallel"):
             pipeline += "+sp"
+        if _int(lay.get("cp"), 1) > 1:
+            pipeline += f"+cp{_int(lay.get('cp'))}"
         gib = _int(c.get("memory_bytes_per_gpu")) / float(1 << 30)
         print(f"{_int(c.get('rank'), i + 1):>4} {c.get('family') or lay.get('family') or '-':<6} "
               f"{_int(lay.get('dp')):>4} {_int(lay.get('tp')):>3} {_int(lay.get('pp')):>3} "
@@ -295,7 +308,7 @@ def run_model(args, mc) -> int:
     if args.search and args.layout is not None:
         fail("--search and --layout: give one (--search is the default with --model)")
     if args.layout is not None and (args.gpus is not None or args.top is not None):
-        fail("--gpus and --top apply to --search; a --layout has dp*tp*pp GPUs")
+        fail("--gpus and --top apply to --search; a --layout has dp*tp*cp*pp GPUs")
     if args.gpus is not None and args.gpus < 1:
         fail(f"--gpus: must be >= 1 (got {args.gpus})")
     if args.top is not None and args.top < 1:

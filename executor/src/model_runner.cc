@@ -30,6 +30,11 @@ absl::Status ValidateModelForExecutor(const planner::ModelConfig& model, int wor
     return absl::UnimplementedError(
         "parallel.sequence_parallel: sequence parallelism is planned but not executable yet");
   }
+  if (p.cp != 1) {
+    return absl::UnimplementedError(
+        "parallel.cp: context parallelism is planned but not executable (no ring attention "
+        "kernel in the executor)");
+  }
   if (int64_t{p.mp} * p.dp * std::max(1, p.pp) != world_size) {
     return absl::InvalidArgumentError(
         Cat("parallel: mp*dp*pp must equal the number of ranks the executor runs on (got mp*dp*pp=",
@@ -73,6 +78,11 @@ absl::StatusOr<planner::VariantPlan> PlanLayoutRun(const planner::ModelConfig& m
                                                    planner::ModelConfig* run_model,
                                                    planner::ModelPlanOptions o) {
   const planner::Layout l = planner::ResolveLayout(layout);
+  if (l.cp != 1) {
+    return absl::UnimplementedError(
+        "layout.cp: context parallelism is planned but not executable (no ring attention kernel "
+        "in the executor)");
+  }
   if (l.Gpus() != world_size) {
     return absl::InvalidArgumentError(
         Cat("layout: dp*tp*pp must equal the ranks (", world_size, ") (got ", l.Gpus(), ")"));

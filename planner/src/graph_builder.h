@@ -80,8 +80,16 @@ class Builder {
 
   Deps Compute(std::string_view name, Phase phase, Term term, double cost_us, double bytes,
                Deps dep, uint8_t flags = 0, const OpExec& exec = {}) {
+    return {ChunkCompute(name, -1, phase, term, cost_us, bytes, {dep.a, dep.b}, flags, exec)};
+  }
+
+  // Step i of a chain of compute ops (a ring's blocks; -1: a single op).
+  OpId ChunkCompute(std::string_view name, int i, Phase phase, Term term, double cost_us,
+                    double bytes, std::initializer_list<OpId> deps, uint8_t flags = 0,
+                    const OpExec& exec = {}) {
     Op op;
     op.base = name;
+    op.step = i;
     op.flags = flags;
     op.kind = OpKind::kCompute;
     op.phase = phase;
@@ -89,7 +97,7 @@ class Builder {
     op.resources = kCompute;
     op.cost_us = cost_.InContextUs(name, kCompute, cost_us);
     op.bytes = Bytes(bytes);
-    return {Add(op, {dep.a, dep.b}, exec)};
+    return Add(op, deps, exec);
   }
 
   // A collective on `shape` with per-rank size n; no op for a group of one rank,

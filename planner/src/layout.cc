@@ -36,6 +36,7 @@ absl::Status ValidateDegrees(const ModelConfig& m, const Layout& l, const Cluste
   MOEPLAN_RETURN_IF_ERROR(Degree("layout.pp", l.pp));
   MOEPLAN_RETURN_IF_ERROR(Degree("layout.ep", l.ep));
   MOEPLAN_RETURN_IF_ERROR(Degree("layout.esp", l.esp));
+  MOEPLAN_RETURN_IF_ERROR(Degree("layout.cp", l.cp));
   const int g = c.gpus_per_node;
   if (l.tp > g || g % l.tp != 0) {
     return Bad("layout.tp",
@@ -87,31 +88,33 @@ absl::Status ValidateDegrees(const ModelConfig& m, const Layout& l, const Cluste
                  Cat(l.esp));
     }
   }
-  const int64_t gpus = int64_t{l.dp} * l.tp * l.pp;
+  const int64_t gpus = int64_t{l.dp} * l.tp * l.cp * l.pp;
   if (gpus > c.TotalGpus()) {
-    return Bad("layout", Cat("dp*tp*pp must be <= the GPUs (", c.TotalGpus(), ")"), Cat(gpus));
+    return Bad("layout", Cat("dp*tp*cp*pp must be <= the GPUs (", c.TotalGpus(), ")"), Cat(gpus));
   }
-  const int64_t stage = int64_t{l.dp} * l.tp;
+  const int64_t stage = int64_t{l.dp} * l.tp * l.cp;
   if (!(g % stage == 0 || stage % g == 0)) {
-    return Bad(
-        "layout",
-        Cat("dp*tp (a stage's ranks) must divide gpus_per_node (", g, ") or be a multiple of it"),
-        Cat(stage));
+    return Bad("layout",
+               Cat("dp*tp*cp (a stage's ranks) must divide gpus_per_node (", g,
+                   ") or be a multiple of it"),
+               Cat(stage));
   }
   return absl::OkStatus();
 }
 
-// How the family places the experts over the stage's dp * tp ranks.
+// How the family places the experts over the stage's tp * cp * dp ranks
+// (context-parallel ranks hold other tokens, as data-parallel ones do).
 absl::Status ValidateFamily(const Layout& l) {
-  const int64_t stage = int64_t{l.dp} * l.tp;
+  const int64_t dp = l.GradientRanks();
+  const int64_t stage = dp * l.tp;
   const int64_t experts = int64_t{l.ep} * l.esp;
   switch (l.family) {
     case Family::kDpMoe:
       if (l.esp == l.tp) {
-        if (l.dp % l.ep != 0) {
+        if (dp % l.ep != 0) {
           return Bad("layout.ep",
-                     "dpmoe spreads the experts over data-parallel ranks: must divide dp",
-                     Cat("ep=", l.ep, ", dp=", l.dp));
+                     "dpmoe spreads the experts over data-parallel ranks: must divide dp*cp",
+                     Cat("ep=", l.ep, ", dp*cp=", dp));
         }
         break;
       }
@@ -127,8 +130,8 @@ absl::Status ValidateFamily(const Layout& l) {
       if (stage % experts != 0) {
         return Bad("layout.ep",
                    "a folded expert grid (esp != tp) places ep*esp ranks per expert replica: "
-                   "ep*esp must divide the stage's tp*dp ranks",
-                   Cat("ep*esp=", experts, ", tp*dp=", stage));
+                   "ep*esp must divide the stage's tp*cp*dp ranks",
+                   Cat("ep*esp=", experts, ", tp*cp*dp=", stage));
       }
       break;
     case Family::kPpMoe:
@@ -146,8 +149,8 @@ absl::Status ValidateFamily(const Layout& l) {
       break;
     case Family::kParm:
       if (experts != stage) {
-        return Bad("layout.ep", "parm (MP+EP+ESP) needs ep*esp == tp*dp",
-                   Cat("ep*esp=", experts, ", tp*dp=", stage));
+        return Bad("layout.ep", "parm (MP+EP+ESP) needs ep*esp == tp*cp*dp",
+                   Cat("ep*esp=", experts, ", tp*cp*dp=", stage));
       }
       if (l.tp % l.esp != 0) {
         return Bad("layout.esp",
@@ -215,16 +218,35 @@ absl::Status ValidateSequenceParallel(const ModelConfig& m, const Layout& l) {
     return Bad("layout.sequence_parallel", "splits the sequence over the TP group: needs tp >= 2",
                Cat("tp=", l.tp));
   }
-  if (m.seq_length % l.tp != 0) {
+  if (m.seq_length % (int64_t{l.tp} * l.cp) != 0) {
     return Bad("layout.sequence_parallel",
-               "splits each sequence over the TP group: seq_length must be divisible by tp",
-               Cat("seq_length=", m.seq_length, ", tp=", l.tp));
+               "splits each sequence (each context-parallel chunk) over the TP group: "
+               "seq_length must be divisible by tp*cp",
+               Cat("seq_length=", m.seq_length, ", tp*cp=", int64_t{l.tp} * l.cp));
   }
   if (!m.IsDense() && l.family == Family::kPpMoe) {
     return Bad("layout.sequence_parallel",
                "ppmoe dispatches locally from tokens replicated over the TP group: use dpmoe or "
                "parm",
                "family=ppmoe");
+  }
+  return absl::OkStatus();
+}
+
+// Context parallelism: Megatron-Core splits each sequence into 2*cp chunks,
+// rank r holding chunks r and 2cp-1-r (an even share of the causal mask).
+absl::Status ValidateContextParallel(const ModelConfig& m, const Layout& l) {
+  if (l.cp == 1) return absl::OkStatus();
+  if (m.seq_length % (2 * int64_t{l.cp}) != 0) {
+    return Bad("layout.cp",
+               "splits each sequence into 2*cp chunks (two per rank, balancing the causal mask): "
+               "seq_length must be divisible by 2*cp",
+               Cat("seq_length=", m.seq_length, ", cp=", l.cp));
+  }
+  if (!m.FusedAttention()) {
+    return Bad("layout.cp",
+               "runs attention as a ring of fused kernels: needs attention_backend flash or fused",
+               Cat("cp=", l.cp));
   }
   return absl::OkStatus();
 }
@@ -277,7 +299,7 @@ bool ParsePipelineSchedule(std::string_view name, PipelineSchedule* out) {
 
 Family InferFamily(const Layout& l) {
   if (l.tp > 1 && int64_t{l.ep} * l.esp == l.tp) return Family::kPpMoe;
-  if (l.esp == l.tp && l.ep < l.dp) return Family::kDpMoe;
+  if (l.esp == l.tp && l.ep < l.GradientRanks()) return Family::kDpMoe;
   return Family::kParm;
 }
 
@@ -291,7 +313,9 @@ Layout ResolveLayout(const Layout& layout) {
 ModelConfig ModelForLayout(const ModelConfig& model, const Layout& l, int64_t micro_batch_size) {
   ModelConfig m = model;
   m.micro_batch_size = micro_batch_size;
-  m.parallel = ParallelLayout{l.tp, l.ep, l.esp, l.dp, l.pp, l.sequence_parallel};
+  m.parallel =
+      ParallelLayout{l.tp, l.ep, l.esp, l.GradientRanks(), l.pp, l.sequence_parallel, l.cp};
+  if (l.cp > 1) m.seq_length /= l.cp;
   return m;
 }
 
@@ -315,6 +339,7 @@ absl::Status ValidateLayout(const ModelConfig& m, const Layout& l, int64_t globa
   // A dense model's family names nothing: no experts to place.
   if (!m.IsDense()) MOEPLAN_RETURN_IF_ERROR(ValidateFamily(l));
   MOEPLAN_RETURN_IF_ERROR(ValidatePipeline(m, l, global_batch));
+  MOEPLAN_RETURN_IF_ERROR(ValidateContextParallel(m, l));
   MOEPLAN_RETURN_IF_ERROR(ValidateSequenceParallel(m, l));
   // The MoE layer's own rules at one micro-batch (S1/S2 are checked per
   // schedule); the rest of the model's shape was checked before (model.h).

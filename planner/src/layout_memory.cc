@@ -83,6 +83,22 @@ double AttentionKept(const ModelConfig& m, const RankDims& dm) {
   return 2.0 * (hp * qk + kvh * qk + kvh * dv + hp * dv);
 }
 
+// Parameters, gradients and optimizer states, each sharded by ZeRO from its
+// stage on: the dense state over DP x CP (Megatron-Core's distributed
+// optimizer), the experts' over their replicas.
+void HeldState(const Layout& l, const RankParams& params, double param_bytes,
+               const MemoryOptions& o, MemoryBreakdown* r) {
+  const double dp = l.GradientRanks(), edp = l.ExpertReplicas();
+  auto held = [&](double bytes_per_param, int from_stage) {
+    const bool sharded = l.zero_stage >= from_stage;
+    return bytes_per_param *
+           (params.dense / (sharded ? dp : 1.0) + params.expert / (sharded ? edp : 1.0));
+  };
+  r->params = held(param_bytes, 3);
+  r->grads = held(o.grad_bytes, 2);
+  r->optimizer = held(o.optimizer_bytes, 1);
+}
+
 }  // namespace
 
 MemoryBreakdown StageMemory(const ModelConfig& model, const Layout& l, int64_t mbs, int stage,
@@ -156,16 +172,7 @@ MemoryBreakdown StageMemory(const ModelConfig& model, const Layout& l, int64_t m
   r.activation_per_microbatch = act;
   r.activations = act * in_flight + (l.recompute ? largest_block : 0.0);
   r.capacity_buffers = buffers;
-  const double pb = o.param_bytes > 0.0 ? o.param_bytes : e;
-  const double dp = l.dp, edp = l.ExpertReplicas();
-  auto held = [&](double bytes_per_param, int from_stage) {
-    const bool sharded = l.zero_stage >= from_stage;
-    return bytes_per_param *
-           (params.dense / (sharded ? dp : 1.0) + params.expert / (sharded ? edp : 1.0));
-  };
-  r.params = held(pb, 3);
-  r.grads = held(o.grad_bytes, 2);
-  r.optimizer = held(o.optimizer_bytes, 1);
+  HeldState(l, params, o.param_bytes > 0.0 ? o.param_bytes : e, o, &r);
   r.total = r.params + r.grads + r.optimizer + r.activations + r.capacity_buffers;
   r.limit = std::max(0.0, o.gpu_memory_bytes);
   return r;

@@ -85,6 +85,7 @@ ChunkKey LayoutPlanner::Impl::KeyOf(const ModelConfig& model, const Layout& l, i
   };
   return ChunkKey{mbs,
                   l.tp,
+                  l.cp,
                   l.dp,
                   l.ep,
                   l.esp,
@@ -201,18 +202,19 @@ absl::StatusOr<ChunkTimes> LayoutPlanner::Impl::Times(const VariantPlan& vp,
 }
 
 // The time of one micro-batch's activation (or gradient) to the next stage:
-// each TP rank sends its 1/tp (Megatron-LM's scatter-gather), across nodes
-// once a stage fills a node, and the receiving TP group AllGathers the
-// pieces (inside its node). Both are charged to the send, which holds the
-// sender's link.
+// each TP rank sends its 1/tp (Megatron-LM's scatter-gather) of its
+// context-parallel chunk, across nodes once a stage fills a node, and the
+// receiving TP group AllGathers the pieces (inside its node). Both are
+// charged to the send, which holds the sender's link.
 PipelineLinks LayoutPlanner::Impl::Links(const ModelConfig& model, const Layout& l,
                                          int64_t mbs) const {
   const int g = cost.profile().shape.gpus_per_node;
-  const bool across = int64_t{l.dp} * l.tp >= g;
-  const double bytes = static_cast<double>(mbs) * model.seq_length * model.hidden_size *
-                       model.bytes_per_element / l.tp;
+  const bool across = int64_t{l.dp} * l.tp * l.cp >= g;
+  const int64_t tokens = mbs * model.seq_length / l.cp;
+  const double bytes =
+      static_cast<double>(tokens) * model.hidden_size * model.bytes_per_element / l.tp;
   PipelineLinks k;
-  k.elements = mbs * model.seq_length * model.hidden_size / l.tp;
+  k.elements = tokens * model.hidden_size / l.tp;
   k.bytes = static_cast<int64_t>(bytes);
   k.send_us = cost.CollectiveUs(Collective::kSendRecv, GroupShape{2, across ? 2 : 1}, bytes);
   k.send_resources = across ? kInter : kIntra;
@@ -482,7 +484,7 @@ absl::StatusOr<Layout> OneLayout(const ModelConfig& model, const Layout& layout,
                                  const ClusterShape& shape) {
   const Layout l = ResolveLayout(layout);
   const int64_t nodes =
-      (int64_t{l.dp} * l.tp * l.pp + shape.gpus_per_node - 1) / shape.gpus_per_node;
+      (int64_t{l.dp} * l.tp * l.cp * l.pp + shape.gpus_per_node - 1) / shape.gpus_per_node;
   const ClusterShape cluster{static_cast<int>(std::clamp<int64_t>(nodes, shape.nodes, 1 << 20)),
                              shape.gpus_per_node};
   MOEPLAN_RETURN_IF_ERROR(ValidateLayout(model, l, model.GlobalBatch(), cluster));

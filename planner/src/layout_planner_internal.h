@@ -40,7 +40,7 @@ struct ChunkBound {
 
 struct ChunkKey {
   int64_t mbs;
-  int tp, dp, ep, esp, edp, zero, blocks, phase;
+  int tp, cp, dp, ep, esp, edp, zero, blocks, phase;
   uint8_t family;
   bool embed, head, sequence_parallel;
   // With moe.layer_pattern (phase 0): the chunk's blocks' entries, which
@@ -49,7 +49,7 @@ struct ChunkKey {
   friend bool operator==(const ChunkKey&, const ChunkKey&) = default;
   template <typename H>
   friend H AbslHashValue(H h, const ChunkKey& k) {
-    return H::combine(std::move(h), k.mbs, k.tp, k.dp, k.ep, k.esp, k.edp, k.zero, k.blocks,
+    return H::combine(std::move(h), k.mbs, k.tp, k.cp, k.dp, k.ep, k.esp, k.edp, k.zero, k.blocks,
                       k.phase, k.family, k.embed, k.head, k.sequence_parallel, k.pattern);
   }
 };

@@ -249,6 +249,9 @@ LayerConfig ModelConfig::MoeLayer() const {
   // The model's blocks split the sequence around the layer; the layer's
   // sections read it from the model (LayerContext::sequence_parallel).
   l.parallel.sequence_parallel = false;
+  // Context parallelism splits the sequence before the layer: its tokens are
+  // the rank's chunks (seq_length), its cp ranks counted in dp.
+  l.parallel.cp = 1;
   return l;
 }
 
@@ -315,6 +318,19 @@ absl::Status ValidateModel(const ModelConfig& m, const ClusterShape& c) {
                  "splits each sequence over the TP group: seq_length must be divisible by "
                  "parallel.mp",
                  Cat("seq_length=", m.seq_length, ", parallel.mp=", p.mp));
+    }
+  }
+  if (p.cp != 1) {
+    // Set by a layout (ModelForLayout), which checked its own rules.
+    if (p.cp < 1 || p.dp % p.cp != 0) {
+      return Bad("parallel.cp", "must be >= 1 and divide parallel.dp (which counts the cp ranks)",
+                 Cat("cp=", p.cp, ", dp=", p.dp));
+    }
+    if (!m.FusedAttention()) {
+      return Bad("parallel.cp",
+                 "context parallelism runs the attention as a ring of fused kernels: needs "
+                 "attention_backend flash or fused",
+                 Cat("cp=", p.cp));
     }
   }
   const std::string mp = Cat("parallel.mp=", p.mp);

@@ -398,7 +398,9 @@ class BackwardEmitter {
     x = Gather("bwd.proj_allgather", x);
     x = Linear("bwd.proj_dx", "bwd.proj_dw", dm_.attn_out, M_,
                static_cast<double>(M_) * dm_.attn_out + (m_.add_bias_linear ? M_ : 0), x);
-    if (m_.FusedAttention()) {
+    if (s_.cp_shape.ranks > 1) {
+      x = s_.RingAttention(b_, B, Bq_, x);
+    } else if (m_.FusedAttention()) {
       x = b_.Compute(
           "bwd.flash_attn", B, Term::kDense,
           internal::kFlashBackwardRatio * internal::FlashAttentionUs(c, Bq_, hp_, L_, dm_),

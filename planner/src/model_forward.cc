@@ -167,6 +167,54 @@ Deps ModelPlanner::Impl::SpGather(Builder& b, std::string_view name, double sm, 
                 DenseColl(ExecKind::kAllGather, ExecGroup::kMp, piece, m->bytes_per_element));
 }
 
+// Context parallelism (docs/model.md "Context parallelism"): each rank holds
+// a cp-th of every sequence (seq_length here: Megatron-Core's two chunks of
+// 1/(2 cp), which even out the causal mask) and attends its queries to every
+// rank's keys in cp blocks, block i on the K/V of the rank i places back
+// around the ring, each a cp-th of the work (a fused kernel over L/cp x L/cp,
+// half of it masked). Forward: step i of the ring (1 <= i < cp) brings the
+// K/V for block i while block i - 1 runs. Backward: the K/V go around again
+// the same way, and each chunk's dK/dV partial follows it, every rank adding
+// its block's part (a memory-bound add): cp - 1 dK/dV steps beside the
+// blocks, and a last hop that returns the summed dK/dV to the chunk's owner.
+Deps ModelPlanner::Impl::RingAttention(Builder& b, Phase phase, int64_t seqs, Deps x) const {
+  const int cp = cp_shape.ranks;
+  const int64_t L = m->seq_length, hp = dims.heads;
+  const double e = m->bytes_per_element;
+  const bool fwd = phase == F;
+  const double block_us = (fwd ? 1.0 : internal::kFlashBackwardRatio) *
+                          internal::FlashAttentionUs(cost, seqs, hp, L, dims);
+  const double block_bytes = (fwd ? 1.0 : 2.0) * e * seqs * hp * L * (2.0 * dims.qk + 2.0 * dims.v);
+  const OpExec block_exec = DenseGemm(L, L, dims.qk, seqs * hp, fwd ? 2 : 5);
+  const double kv = e * seqs * L * dims.groups * (dims.qk + dims.v);
+  const GroupShape pair{2, cp_shape.SpansNodes() ? 2 : 1};
+  const std::string_view block_name = fwd ? "fwd.flash_attn" : "bwd.flash_attn";
+  const std::string_view kv_name = fwd ? "fwd.cp_kv_sendrecv" : "bwd.cp_kv_sendrecv";
+  OpId kv_at = kNoOp, block = kNoOp, partial = kNoOp, dkv = kNoOp;
+  for (int i = 0; i < cp; ++i) {
+    // K/V chunk i: the rank's own (i = 0), else the ring's step i.
+    kv_at = i == 0 ? kNoOp
+                   : b.ChunkColl(kv_name, i, phase, Collective::kSendRecv, pair, kv,
+                                 {i == 1 ? x.a : kv_at, i == 1 ? x.b : kNoOp});
+    block = i == 0 ? b.ChunkCompute(block_name, i, phase, Term::kDense, block_us, block_bytes,
+                                    {x.a, x.b}, 0, block_exec)
+                   : b.ChunkCompute(block_name, i, phase, Term::kDense, block_us, block_bytes,
+                                    {block, kv_at}, 0, block_exec);
+    if (fwd) continue;
+    if (i == 0) {
+      partial = block;
+      continue;
+    }
+    // The partial dK/dV of chunk i from the previous rank, added to.
+    dkv = b.ChunkColl("bwd.cp_dkv_sendrecv", i, phase, Collective::kSendRecv, pair, kv, {partial});
+    partial = b.ChunkCompute("bwd.cp_dkv_add", i, phase, Term::kDense, cost.MemoryBoundUs(3.0 * kv),
+                             3.0 * kv, {block, dkv}, 0, DenseMemory(3.0 * kv, e));
+  }
+  if (fwd) return {block};
+  dkv = b.ChunkColl("bwd.cp_dkv_sendrecv", cp, phase, Collective::kSendRecv, pair, kv, {partial});
+  return {partial, dkv};
+}
+
 // The attention's projections and core (BuildUnit's attention units).
 Deps ModelPlanner::Impl::BuildAttentionUnit(UnitKind kind, int k, Builder& b, Deps x) {
   const ModelConfig& mm = *m;
@@ -208,6 +256,7 @@ Deps ModelPlanner::Impl::BuildAttentionUnit(UnitKind kind, int k, Builder& b, De
                        e * q * hp * (L * dm.v + L * L + L * dm.v), x, 0,
                        DenseGemm(L, dm.v, L, q * hp));
     case UnitKind::kFlashAttn:
+      if (cp_shape.ranks > 1) return RingAttention(b, F, q, x);
       return b.Compute(
           "fwd.flash_attn", F, Term::kDense, internal::FlashAttentionUs(c, q, hp, L, dm),
           e * q * hp * L * (2.0 * dm.qk + 2.0 * dm.v), x, 0, DenseGemm(L, L, dm.qk, q * hp, 2));

@@ -146,6 +146,7 @@ void ModelPlanner::Impl::Configure(const ModelConfig& model, const ModelPlanOpti
       model.parallel.dp,
       stage.dense_group_stride > 0 ? static_cast<int>(stage.dense_group_stride) : model.parallel.mp,
       g);
+  cp_shape = ShapeOfGroup(model.parallel.cp, model.parallel.mp, g);
   edp_shape = ShapeOfGroup(
       std::max(1, stage.expert_replicas),
       stage.local_dispatch ? model.parallel.mp : model.parallel.ep * model.parallel.esp, g);

@@ -232,6 +232,8 @@ struct ModelPlanner::Impl {
   RankDims dims;
   Topology topo;
   GroupShape mp_shape, dp_shape;
+  // Context parallelism's ring (cp ranks at stride mp; one rank without).
+  GroupShape cp_shape;
   std::vector<Unit> units;
   std::vector<int> bounds;  // segment boundaries, unit indices, 0 ... units.size()
   int max_span = 1;
@@ -325,6 +327,9 @@ struct ModelPlanner::Impl {
   Deps TpReduce(Builder& b, std::string_view allreduce, std::string_view reducescatter, double sm,
                 Deps x) const;
   Deps SpGather(Builder& b, std::string_view name, double sm, Deps x) const;
+  // Context parallelism (docs/model.md): the fused attention of `seqs`
+  // sequences as a ring of cp blocks, forward or backward, after `x`.
+  Deps RingAttention(Builder& b, Phase phase, int64_t seqs, Deps x) const;
   void AppendInputs(const Unit& u, int range_begin, int p, bool standalone);
   // `unit_ends`, if given: g's size after each unit.
   const internal::UnitOps& UnitTemplate(const Unit& u, int k);

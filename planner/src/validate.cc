@@ -130,6 +130,12 @@ absl::Status ValidateLayerParallel(const LayerConfig& l, const ClusterShape& c) 
                "the sequence around",
                "true");
   }
+  if (p.cp != 1) {
+    return Bad("parallel.cp",
+               "applies to layouts: a single MoE layer has no attention to split the sequence "
+               "for",
+               Cat(p.cp));
+  }
   const int64_t dense = int64_t{p.mp} * p.dp;
   const int64_t expert = int64_t{p.ep} * p.esp;
   if (dense != expert) {

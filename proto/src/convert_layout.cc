@@ -16,10 +16,44 @@ namespace moeplan::proto {
 
 namespace p = ::moeplan::planner;
 
+namespace {
+
+// An integer --layout key's field set to `n`; false for an unknown key.
+bool SetIntegerKey(std::string_view key, int n, v1::Layout* l) {
+  if (key == "dp") {
+    l->set_dp(n);
+  } else if (key == "tp") {
+    l->set_tp(n);
+  } else if (key == "pp") {
+    l->set_pp(n);
+  } else if (key == "cp") {
+    l->set_cp(n);
+  } else if (key == "ep") {
+    l->set_ep(n);
+  } else if (key == "esp" || key == "etp") {
+    l->set_esp(n);
+  } else if (key == "microbatches") {
+    l->set_microbatches(n);
+  } else if (key == "zero") {
+    l->set_zero_stage(n);
+  } else if (key == "v") {
+    l->set_virtual_stages(n);
+  } else if (key == "recompute") {
+    l->set_recompute(n == 1);
+  } else if (key == "sp") {
+    l->set_sequence_parallel(n == 1);
+  } else {
+    return false;
+  }
+  return true;
+}
+
+}  // namespace
+
 absl::StatusOr<v1::Layout> LayoutFromSpec(std::string_view spec) {
   v1::Layout l;
   static constexpr std::string_view kKeys =
-      "dp, tp, pp, ep, esp (or etp), microbatches, zero, family, pipeline, v, recompute, sp, "
+      "dp, tp, cp, pp, ep, esp (or etp), microbatches, zero, family, pipeline, v, recompute, sp, "
       "layout (last)";
   std::vector<std::string> seen;
   size_t begin = 0;
@@ -57,40 +91,19 @@ absl::StatusOr<v1::Layout> LayoutFromSpec(std::string_view spec) {
       return absl::InvalidArgumentError(
           Cat("--layout: ", key, " must be an integer (got ", Quoted(value), ")"));
     }
-    if (key == "dp") {
-      l.set_dp(n);
-    } else if (key == "tp") {
-      l.set_tp(n);
-    } else if (key == "pp") {
-      l.set_pp(n);
-    } else if (key == "ep") {
-      l.set_ep(n);
-    } else if (key == "esp" || key == "etp") {
+    if (key == "esp" || key == "etp") {
       // etp: Megatron-Core's --expert-tensor-parallel-size, the same degree.
       if (std::find(seen.begin(), seen.end(), key == "esp" ? "etp" : "esp") != seen.end()) {
         return absl::InvalidArgumentError(
             "--layout: esp and etp name the same degree (etp is Megatron-Core's name); give one");
       }
-      l.set_esp(n);
-    } else if (key == "microbatches") {
-      l.set_microbatches(n);
-    } else if (key == "zero") {
-      l.set_zero_stage(n);
-    } else if (key == "v") {
-      l.set_virtual_stages(n);
-    } else if (key == "recompute") {
-      if (n != 0 && n != 1) {
-        return absl::InvalidArgumentError(Cat("--layout: recompute must be 0 or 1 (got ", n, ")"));
-      }
-      l.set_recompute(n == 1);
-    } else if (key == "sp") {
-      if (n != 0 && n != 1) {
-        return absl::InvalidArgumentError(Cat("--layout: sp must be 0 or 1 (got ", n, ")"));
-      }
-      l.set_sequence_parallel(n == 1);
-    } else {
+    }
+    if (!SetIntegerKey(key, n, &l)) {
       return absl::InvalidArgumentError(
           Cat("--layout: unknown key ", Quoted(key), " (keys: ", kKeys, ")"));
+    }
+    if ((key == "recompute" || key == "sp") && n != 0 && n != 1) {
+      return absl::InvalidArgumentError(Cat("--layout: ", key, " must be 0 or 1 (got ", n, ")"));
     }
   }
   // ep and esp may be left out: 1, as in a layout message (LayoutFromProto).
@@ -110,6 +123,7 @@ absl::StatusOr<p::Layout> LayoutFromProto(const v1::Layout& m) {
   // Unset (0): 1, Megatron-Core's default (every rank holds every expert whole).
   l.ep = m.ep() == 0 ? 1 : m.ep();
   l.esp = m.esp() == 0 ? 1 : m.esp();
+  l.cp = m.cp() == 0 ? 1 : m.cp();
   l.microbatches = m.microbatches();
   l.zero_stage = m.zero_stage();
   l.virtual_stages = m.virtual_stages() == 0 ? 1 : m.virtual_stages();
@@ -150,6 +164,7 @@ v1::Layout LayoutToProto(const p::Layout& l, int64_t micro_batch_size) {
   o.set_pp(l.pp);
   o.set_ep(l.ep);
   o.set_esp(l.esp);
+  o.set_cp(l.cp);
   o.set_microbatches(l.microbatches);
   o.set_zero_stage(l.zero_stage);
   o.set_family(std::string(p::FamilyName(l.family)));

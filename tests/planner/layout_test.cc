@@ -301,8 +301,8 @@ TEST(Layout, BadLayoutsNameTheField) {
        "parallelism"},
       {Folded(Make(8, 2, 1, 32, 1, Family::kDpMoe)),
        "layout.ep: a folded expert grid (esp != tp) places ep*esp ranks per expert replica: "
-       "ep*esp must divide the stage's tp*dp ranks (got ep*esp=32, tp*dp=16)"},
-      {Make(16, 2, 2, 32, 1, Family::kParm), "layout: dp*tp*pp must be <= the GPUs (32)"},
+       "ep*esp must divide the stage's tp*cp*dp ranks (got ep*esp=32, tp*cp*dp=16)"},
+      {Make(16, 2, 2, 32, 1, Family::kParm), "layout: dp*tp*cp*pp must be <= the GPUs (32)"},
   };
   for (const Case& k : cases) {
     const absl::Status s = ValidateLayout(m, k.l, 64, c);

@@ -321,8 +321,8 @@ TEST(SequenceParallel, FieldRulesNameTheField) {
   odd.seq_length = 127;
   Layout four = l;
   EXPECT_EQ(Message(ValidateLayout(odd, four, 8, c)),
-            "layout.sequence_parallel: splits each sequence over the TP group: seq_length must be "
-            "divisible by tp (got seq_length=127, tp=2)");
+            "layout.sequence_parallel: splits each sequence (each context-parallel chunk) over "
+            "the TP group: seq_length must be divisible by tp*cp (got seq_length=127, tp*cp=2)");
   Layout pp = l;
   pp.family = Family::kPpMoe;
   pp.ep = 2;

@@ -122,6 +122,23 @@ TEST(LayoutFromSpec, EtpIsEsp) {
             "--layout: esp and etp name the same degree (etp is Megatron-Core's name); give one");
 }
 
+// cp: Megatron-Core's --context-parallel-size; unset or 0 is 1, and the
+// family inferred counts the cp ranks with dp (ep 4 < dp 2 x cp 4: dpmoe).
+TEST(LayoutFromSpec, ContextParallel) {
+  absl::StatusOr<v1::Layout> spec = LayoutFromSpec("dp=2,tp=2,cp=4,pp=1,ep=4,etp=2");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->cp(), 4);
+  absl::StatusOr<planner::Layout> l = LayoutFromProto(*spec);
+  ASSERT_TRUE(l.ok()) << l.status();
+  EXPECT_EQ(l->cp, 4);
+  EXPECT_EQ(l->Gpus(), 16);
+  EXPECT_EQ(l->family, planner::Family::kDpMoe);
+  EXPECT_EQ(LayoutToProto(*l, 1).cp(), 4);
+  EXPECT_EQ(LayoutFromProto(*LayoutFromSpec("dp=2,tp=2,pp=1"))->cp, 1);
+  EXPECT_EQ(Msg(LayoutFromSpec("dp=2,tp=2,pp=1,cp=two").status()),
+            "--layout: cp must be an integer (got 'two')");
+}
+
 TEST(LayoutFromSpec, SequenceParallelIsZeroOrOne) {
   absl::StatusOr<v1::Layout> spec = LayoutFromSpec("dp=4,tp=2,pp=1,sp=1");
   ASSERT_TRUE(spec.ok()) << spec.status();

@@ -129,6 +129,17 @@ grep -q -- '^megatron flags: .*--sequence-parallel' "$work/sp.out" ||
   fail "launcher: no --sequence-parallel: $(cat "$work/sp.out")"
 grep -q -- '+sp' "$work/sp.out" || fail "launcher: the table does not mark sp: $(cat "$work/sp.out")"
 
+# --- the launcher: context parallelism and the etp alias (cp=2 -> --context-parallel-size)
+rc=0
+"$py" "$src/examples/launcher.py" --server "$addr" --stubs "$stubs" --cluster h100-8x8 \
+  --model "$src/examples/models/llama3-8b-dense.json" \
+  --layout 'dp=8,tp=4,cp=2,pp=1,ep=1,etp=1,microbatches=4,sp=1' \
+  >"$work/cp.out" 2>"$work/cp.err" || rc=$?
+[[ $rc -eq 0 ]] || fail "launcher --layout ...,cp=2 exited $rc: $(cat "$work/cp.err")"
+grep -q -- '^megatron flags: .*--expert-tensor-parallel-size 1 .*--context-parallel-size 2' \
+  "$work/cp.out" || fail "launcher: no --context-parallel-size 2: $(cat "$work/cp.out")"
+grep -q -- '+sp+cp2' "$work/cp.out" || fail "launcher: the table does not mark cp: $(cat "$work/cp.out")"
+
 # --- the launcher: a bad --layout key, and a layout the server refuses --------------
 rc=0
 "$py" "$src/examples/launcher.py" --server "$addr" --stubs "$stubs" \

@@ -19,8 +19,9 @@
 namespace moeplan::planner {
 
 enum class Family : uint8_t {
-  kDpMoe =
-      0,  // experts over data-parallel ranks (ep | dp), each sharded like the dense TP (esp = tp)
+  // Experts over data-parallel ranks (ep | dp*cp), each sharded like the dense
+  // TP (esp = tp), or a folded grid (esp != tp with sp: ep*esp | tp*cp*dp).
+  kDpMoe = 0,
   kPpMoe = 1,  // experts over the TP group (ep * esp = tp): local dispatch, TP-AllReduce combine
   kParm = 2,   // MP+EP+ESP: ep * esp = tp * dp, per-layer default / S1 / S2
 };
@@ -34,11 +35,16 @@ inline constexpr PipelineSchedule kAllPipelineSchedules[] = {
 std::string_view PipelineScheduleName(PipelineSchedule s);  // "gpipe", "1f1b", "interleaved"
 bool ParsePipelineSchedule(std::string_view name, PipelineSchedule* out);
 
-// One layout of P = dp * tp * pp GPUs. Rank order: TP innermost (consecutive
-// ranks of a node), then DP, then PP (stages on different nodes once a stage
-// fills them). Experts: ESP innermost, then EP, then expert replicas.
+// One layout of P = dp * tp * cp * pp GPUs. Rank order: TP innermost
+// (consecutive ranks of a node), then CP, then DP, then PP (stages on
+// different nodes once a stage fills them). Experts: ESP innermost, then EP,
+// then expert replicas, over the stage's tp * cp * dp ranks.
 struct Layout {
   int dp = 1, tp = 1, pp = 1, ep = 1, esp = 1;
+  // Megatron-Core's --context-parallel-size: each sequence split over cp
+  // ranks, attention exchanging K/V around their ring (docs/layouts.md
+  // "Context parallelism"); the cp ranks join dp for gradients and experts.
+  int cp = 1;
   int microbatches = 1;  // m per iteration per replica
   int zero_stage = 0;
   Family family = Family::kParm;
@@ -52,13 +58,17 @@ struct Layout {
   // layers spread evenly, the embedding first and the loss last.
   std::vector<PipelineStageLayers> stage_layers;
 
-  int Gpus() const { return dp * tp * pp; }
+  int Gpus() const { return dp * tp * cp * pp; }
+  // Ranks a dense gradient is reduced over (Megatron-Core's DP x CP group).
+  int GradientRanks() const { return dp * cp; }
   // Ranks holding the same expert shard (their gradients are synchronised).
-  int ExpertReplicas() const { return family == Family::kPpMoe ? dp : dp * tp / (ep * esp); }
+  int ExpertReplicas() const {
+    return family == Family::kPpMoe ? dp * cp : dp * cp * tp / (ep * esp);
+  }
 };
 
-// The family a (dp, tp, ep, esp) belongs to when none is named: ppmoe when
-// ep * esp = tp > 1, dpmoe when esp = tp and ep < dp, else parm.
+// The family a (dp, tp, cp, ep, esp) belongs to when none is named: ppmoe
+// when ep * esp = tp > 1, dpmoe when esp = tp and ep < dp * cp, else parm.
 Family InferFamily(const Layout& l);
 
 // Field rules of a layout for `model` on `cluster` with `global_batch`
@@ -77,7 +87,9 @@ absl::Status CheckPipelineSteps(const Layout& layout);
 Layout ResolveLayout(const Layout& layout);
 
 // The model as one stage of the layout runs it: micro_batch_size per
-// micro-batch, parallel {mp = tp, ep, esp, dp, pp, sequence_parallel}.
+// micro-batch, parallel {mp = tp, ep, esp, dp = dp * cp, pp,
+// sequence_parallel, cp}; with cp > 1 seq_length is each rank's seq_length / cp
+// tokens of a sequence (attention reads the ring's cp chunks).
 ModelConfig ModelForLayout(const ModelConfig& model, const Layout& layout,
                            int64_t micro_batch_size);
 

@@ -21,6 +21,10 @@ struct ParallelLayout {
   // ReduceScatter + AllGather (docs/model.md "Sequence parallelism"). Models
   // only: a single MoE layer has no TP sub-blocks.
   bool sequence_parallel = false;
+  // Context parallelism (models only, set by a layout): cp of the dp ranks
+  // split each sequence (seq_length is then a rank's chunk) and exchange K/V
+  // around a ring in attention (docs/model.md "Context parallelism").
+  int cp = 1;
 
   int StageRanks() const { return mp * dp; }
   int TotalRanks() const { return mp * dp * pp; }
@@ -28,8 +32,8 @@ struct ParallelLayout {
 // Every field (a structured binding: a field added without it fails to compile).
 template <typename H>
 H AbslHashValue(H h, const ParallelLayout& p) {
-  const auto& [mp, ep, esp, dp, pp, sequence_parallel] = p;
-  return H::combine(std::move(h), mp, ep, esp, dp, pp, sequence_parallel);
+  const auto& [mp, ep, esp, dp, pp, sequence_parallel, cp] = p;
+  return H::combine(std::move(h), mp, ep, esp, dp, pp, sequence_parallel, cp);
 }
 
 // One MoE layer. Dimensions are element counts.
