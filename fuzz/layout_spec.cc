@@ -15,7 +15,7 @@ namespace {
 constexpr std::string_view kModel = R"({
   "name": "fuzz-8", "num_layers": 8, "hidden_size": 256, "num_attention_heads": 8,
   "ffn_hidden_size": 1024, "seq_length": 256, "micro_batch_size": 1, "global_batch_size": 64,
-  "vocab_size": 1024, "bytes_per_element": 2, "mtp_num_layers": 1,
+  "vocab_size": 1024, "bytes_per_element": 2, "mtp_num_layers": 1, "attention_backend": "flash",
   "moe": {"layer_freq": 2, "num_experts": 16, "top_k": 2, "expert_ffn_hidden_size": 512,
           "capacity_factor": 1.0, "gate": "GATE_TOP_K"}
 })";

@@ -300,6 +300,10 @@ bool ParsePipelineSchedule(std::string_view name, PipelineSchedule* out) {
 Family InferFamily(const Layout& l) {
   if (l.tp > 1 && int64_t{l.ep} * l.esp == l.tp) return Family::kPpMoe;
   if (l.esp == l.tp && l.ep < l.GradientRanks()) return Family::kDpMoe;
+  // A folded expert grid: with sequence parallelism, ep * esp ranks per
+  // expert replica, fewer than the stage's.
+  const int64_t stage = int64_t{l.tp} * l.GradientRanks(), experts = int64_t{l.ep} * l.esp;
+  if (l.sequence_parallel && experts < stage && stage % experts == 0) return Family::kDpMoe;
   return Family::kParm;
 }
 

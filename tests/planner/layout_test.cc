@@ -319,6 +319,15 @@ TEST(Layout, InferredFamilies) {
   EXPECT_EQ(InferFamily(Make(4, 8, 1, 8, 1, Family::kParm)), Family::kPpMoe);
   EXPECT_EQ(InferFamily(Make(8, 2, 1, 4, 2, Family::kParm)), Family::kDpMoe);
   EXPECT_EQ(InferFamily(Make(8, 2, 1, 8, 2, Family::kParm)), Family::kParm);
+  // Folded expert grids (sp=1): Mixtral-8x22B's EP8 x ETP1 over TP2 x DP8.
+  EXPECT_EQ(InferFamily(Folded(Make(8, 2, 8, 8, 1, Family::kParm))), Family::kDpMoe);
+  EXPECT_EQ(InferFamily(Make(8, 2, 8, 8, 1, Family::kParm)), Family::kParm);
+  // ep * esp = tp * dp under sp: parm's S1 with a smaller esp.
+  EXPECT_EQ(InferFamily(Folded(Make(8, 2, 1, 16, 1, Family::kParm))), Family::kParm);
+  // cp ranks count with dp: ep 8 < dp 4 x cp 4.
+  Layout cp = Make(4, 2, 1, 8, 2, Family::kParm);
+  cp.cp = 4;
+  EXPECT_EQ(InferFamily(cp), Family::kDpMoe);
 }
 
 // ---- Stages and evaluation ----

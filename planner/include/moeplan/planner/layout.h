@@ -68,7 +68,9 @@ struct Layout {
 };
 
 // The family a (dp, tp, cp, ep, esp) belongs to when none is named: ppmoe
-// when ep * esp = tp > 1, dpmoe when esp = tp and ep < dp * cp, else parm.
+// when ep * esp = tp > 1, dpmoe when esp = tp and ep < dp * cp or, with
+// sequence parallelism, when ep * esp divides tp * cp * dp and is smaller (a
+// folded expert grid), else parm.
 Family InferFamily(const Layout& l);
 
 // Field rules of a layout for `model` on `cluster` with `global_batch`
