@@ -24,7 +24,7 @@ search, docs/model.md).
     /usr/bin/python3 examples/launcher.py --server 127.0.0.1:50051 \\
         --model examples/models/gpt3-medium-moe.json --cluster v100-8x8 \\
         --layout dp=8,tp=4,pp=1,ep=8,esp=4[,cp=2,microbatches=4,zero=1,family=parm,
-                 pipeline=1f1b,v=2,recompute=1,sp=1,layout=Et|(tt|)*3L]
+                 pipeline=1f1b,v=2,recompute=1|core_attn+moe_act,sp=1,layout=Et|(tt|)*3L]
 
 --model FILE is a moeplan.v1.ModelConfig JSON (examples/models/). --search (the
 default with --model) ranks every layout on --gpus GPUs (default: the whole
@@ -32,7 +32,8 @@ cluster) and keeps the best --top (default 5); --layout evaluates one layout
 (keys dp, tp, pp, ep, esp (or Megatron-Core's etp) required; cp (context
 parallelism; printed back as --context-parallel-size), microbatches, zero, family (dpmoe, ppmoe,
 parm), pipeline (gpipe, 1f1b, interleaved), v (virtual stages), recompute
-(0/1), sp (sequence parallelism, 0/1; printed back as --sequence-parallel) and,
+(0/1 full, or modules such as core_attn+moe_act: selective, printed back as
+--recompute-modules), sp (sequence parallelism, 0/1; printed back as --sequence-parallel) and,
 last, layout (Megatron-Core's pipeline layout string, which may hold
 commas; printed back as --pipeline-model-parallel-layout) optional). It prints the ranked table (rank, family, dp/tp/pp/ep/esp,
 micro-batches m, ZeRO stage, pipeline, iteration time, tokens/s per GPU, memory
@@ -134,12 +135,14 @@ LAYOUT_KEYS = {
     "family": ("family", ("dpmoe", "ppmoe", "parm")),
     "pipeline": ("pipeline", ("gpipe", "1f1b", "interleaved")),
     "v": ("virtual_stages", "int"),
-    "recompute": ("recompute", "bool"),
+    # 0/1 (full), or Megatron-Core's --recompute-modules joined by '+' (selective).
+    "recompute": ("recompute", "recompute"),
     "sp": ("sequence_parallel", "bool"),
     # Megatron-Core's --pipeline-model-parallel-layout (it may hold commas: last).
     "layout": ("pipeline_model_parallel_layout", "str"),
 }
 LAYOUT_REQUIRED = ("dp", "tp", "pp", "ep", "esp")
+RECOMPUTE_MODULES = ("core_attn", "layernorm", "mlp", "moe_act", "shared_experts", "mla_up_proj")
 DEFAULT_TOP = 5
 
 
@@ -190,6 +193,17 @@ def parse_layout(spec: str) -> dict:
             layout[field] = lowered in ("1", "true", "yes")
         elif kind == "str":
             layout[field] = value
+        elif kind == "recompute":
+            lowered = value.lower()
+            if lowered in ("0", "1", "false", "true", "no", "yes"):
+                layout["recompute"] = lowered in ("1", "true", "yes")
+            else:
+                modules = value.split("+")
+                unknown = [m for m in modules if m not in RECOMPUTE_MODULES]
+                if unknown:
+                    fail(f"--layout: recompute must be 0, 1 or modules joined by + "
+                         f"({', '.join(RECOMPUTE_MODULES)}) (got {unknown[0]!r})")
+                layout["recompute_modules"] = modules
         else:
             if value not in kind:
                 fail(f"--layout: {key} must be one of {', '.join(kind)} (got {value!r})")
@@ -241,6 +255,9 @@ def megatron_flags(model: dict, cand: dict, global_batch: int) -> list:
         flags += ["--use-distributed-optimizer"]
     if lay.get("recompute"):
         flags += ["--recompute-granularity", "full", "--recompute-method", "uniform"]
+    elif lay.get("recompute_modules"):
+        flags += ["--recompute-granularity", "selective",
+                  "--recompute-modules"] + list(lay["recompute_modules"])
     if lay.get("sequence_parallel"):
         flags += ["--sequence-parallel"]
     if _int(lay.get("cp"), 1) > 1:
@@ -289,6 +306,8 @@ def print_candidates(candidates: list) -> None:
             pipeline += f"/v{v}"
         if lay.get("recompute"):
             pipeline += "+rc"
+        elif lay.get("recompute_modules"):
+            pipeline += "+rc:" + "+".join(lay["recompute_modules"])
         if lay.get("sequence_parallel"):
             pipeline += "+sp"
         if _int(lay.get("cp"), 1) > 1:

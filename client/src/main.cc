@@ -87,14 +87,17 @@ void AddLayoutOptions(CLI::App* plan, PlanModelArgs* a) {
                      "Rank every (dp, tp, pp, ep, esp) layout of the GPUs with its ZeRO stage, "
                      "pipeline schedule and micro-batches (docs/layouts.md)");
   CLI::Option* layout =
-      plan->add_option("--layout", a->layout,
-                       "Evaluate one layout: dp=..,tp=..,pp=..[,cp=.. (context parallel, default "
-                       "1),ep=..,esp=.. (or etp=..; "
-                       "default 1; a dense model's must be 1),microbatches=..,zero=..,"
-                       "family=dpmoe|ppmoe|parm,"
-                       "pipeline=gpipe|1f1b|interleaved,v=..,recompute=0|1,sp=0|1,layout=STRING "
-                       "(last: "
-                       "Megatron-Core's --pipeline-model-parallel-layout, e.g. Et|(tt|)*30mL)]")
+      plan->add_option(
+              "--layout", a->layout,
+              "Evaluate one layout: dp=..,tp=..,pp=..[,cp=.. (context parallel, default "
+              "1),ep=..,esp=.. (or etp=..; "
+              "default 1; a dense model's must be 1),microbatches=..,zero=..,"
+              "family=dpmoe|ppmoe|parm,"
+              "pipeline=gpipe|1f1b|interleaved,v=..,recompute=0|1|MODULE+MODULE.. (selective: "
+              "core_attn, layernorm, mlp, moe_act, shared_experts, mla_up_proj),sp=0|1,"
+              "layout=STRING "
+              "(last: "
+              "Megatron-Core's --pipeline-model-parallel-layout, e.g. Et|(tt|)*30mL)]")
           ->check(flags::NonEmpty());
   search->excludes(layout);
   plan->add_option("--top", a->top, "With --search: candidates to print, best first")

@@ -1,6 +1,7 @@
 // FormatModelTable (report.h): a whole-model plan as text. Renders from the
 // response only, so local and --server plans print the same bytes.
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <map>
 #include <string>
@@ -265,7 +266,12 @@ std::string FormatLayoutTable(const v1::ModelConfig& m, const v1::PlanModelRespo
                    100.0 * c.mfu(), Gib(c.memory_bytes_per_gpu()), 100.0 * c.bubble_fraction(),
                    c.variant(), proto::ScheduleLabel(c.schedule()),
                    c.alltoall() == v1::ALLTOALL_ALGORITHM_HIERARCHICAL ? "+2dh" : "",
-                   l.recompute() ? " recompute" : "", l.sequence_parallel() ? " sp" : "",
+                   l.recompute() ? " recompute"
+                   : l.recompute_modules().empty()
+                       ? ""
+                       : fmt::format(" recompute={}", fmt::join(l.recompute_modules().begin(),
+                                                                l.recompute_modules().end(), "+")),
+                   l.sequence_parallel() ? " sp" : "",
                    l.cp() > 1 ? fmt::format(" cp={}", l.cp()) : "");
   }
   for (const v1::LayoutCandidate& c : plan.candidates()) {

@@ -96,6 +96,10 @@ absl::StatusOr<planner::VariantPlan> PlanLayoutRun(const planner::ModelConfig& m
     return absl::InvalidArgumentError(
         "layout.recompute: runs with full activation recomputation are not executable yet");
   }
+  if (l.recompute_modules != 0) {
+    return absl::InvalidArgumentError(
+        "layout.recompute_modules: runs with selective recomputation are not executable yet");
+  }
   if (l.sequence_parallel) {
     return absl::UnimplementedError(
         "layout.sequence_parallel: sequence parallelism is planned but not executable yet");

@@ -233,6 +233,39 @@ absl::Status ValidateSequenceParallel(const ModelConfig& m, const Layout& l) {
   return absl::OkStatus();
 }
 
+// Selective recomputation names modules the model has, and not with full.
+absl::Status ValidateRecompute(const ModelConfig& m, const Layout& l) {
+  if (l.recompute_modules == 0) return absl::OkStatus();
+  if (l.recompute) {
+    return Bad("layout.recompute_modules",
+               "selective recomputation names modules; full recomputation (recompute) runs "
+               "every one: give one of the two",
+               "recompute=true");
+  }
+  if (l.recompute_modules >= (1u << kNumRecomputeModules)) {
+    return Bad("layout.recompute_modules", "unknown module bits", Cat(int{l.recompute_modules}));
+  }
+  bool dense_block = false;
+  for (int blk = 0; blk < m.num_layers && !dense_block; ++blk) dense_block = !m.IsMoeBlock(blk);
+  // What each module needs the model to have.
+  const bool has[kNumRecomputeModules] = {
+      true, true, dense_block, !m.IsDense(), m.moe.SharedFfnSize() > 0, m.multi_latent_attention};
+  static constexpr std::string_view kLacks[kNumRecomputeModules] = {
+      "",
+      "",
+      "every layer is an MoE layer (mlp is a dense block's MLP)",
+      "the model has no MoE layer",
+      "the model has no shared experts",
+      "the model has no multi-latent attention"};
+  for (int i = 0; i < kNumRecomputeModules; ++i) {
+    if ((l.recompute_modules & (1u << i)) && !has[i]) {
+      return Bad("layout.recompute_modules", Cat("names a module the model lacks: ", kLacks[i]),
+                 RecomputeModuleName(i));
+    }
+  }
+  return absl::OkStatus();
+}
+
 // Context parallelism: Megatron-Core splits each sequence into 2*cp chunks,
 // rank r holding chunks r and 2cp-1-r (an even share of the causal mask).
 absl::Status ValidateContextParallel(const ModelConfig& m, const Layout& l) {
@@ -297,6 +330,22 @@ bool ParsePipelineSchedule(std::string_view name, PipelineSchedule* out) {
   return false;
 }
 
+std::string_view RecomputeModuleName(int i) {
+  static constexpr std::string_view kNames[kNumRecomputeModules] = {
+      "core_attn", "layernorm", "mlp", "moe_act", "shared_experts", "mla_up_proj"};
+  return i >= 0 && i < kNumRecomputeModules ? kNames[i] : "unknown";
+}
+
+bool ParseRecomputeModule(std::string_view name, uint8_t* bit) {
+  for (int i = 0; i < kNumRecomputeModules; ++i) {
+    if (RecomputeModuleName(i) == name) {
+      *bit = static_cast<uint8_t>(1u << i);
+      return true;
+    }
+  }
+  return false;
+}
+
 Family InferFamily(const Layout& l) {
   if (l.tp > 1 && int64_t{l.ep} * l.esp == l.tp) return Family::kPpMoe;
   if (l.esp == l.tp && l.ep < l.GradientRanks()) return Family::kDpMoe;
@@ -344,6 +393,7 @@ absl::Status ValidateLayout(const ModelConfig& m, const Layout& l, int64_t globa
   if (!m.IsDense()) MOEPLAN_RETURN_IF_ERROR(ValidateFamily(l));
   MOEPLAN_RETURN_IF_ERROR(ValidatePipeline(m, l, global_batch));
   MOEPLAN_RETURN_IF_ERROR(ValidateContextParallel(m, l));
+  MOEPLAN_RETURN_IF_ERROR(ValidateRecompute(m, l));
   MOEPLAN_RETURN_IF_ERROR(ValidateSequenceParallel(m, l));
   // The MoE layer's own rules at one micro-batch (S1/S2 are checked per
   // schedule); the rest of the model's shape was checked before (model.h).

@@ -83,6 +83,34 @@ double AttentionKept(const ModelConfig& m, const RankDims& dm) {
   return 2.0 * (hp * qk + kvh * qk + kvh * dv + hp * dv);
 }
 
+// What selective recomputation does not keep of block `blk`, in 2-byte units
+// (StageMemory's): core_attn the unfused scores, softmax and dropout (5as^2b/t;
+// a fused kernel keeps nothing beyond its inputs and output, which the
+// projections around it keep anyway), layernorm the two norms' outputs (the
+// QKV and MLP inputs, 4sbh), mla_up_proj the up-projected Q, K and V, mlp a
+// dense block's FC1 and activation outputs, moe_act the experts' activation
+// output, shared_experts the shared experts' hidden tensors.
+double NotKept(const ModelConfig& m, const Layout& l, const RankDims& dm, int blk, double S,
+               double rows, double seq) {
+  const uint8_t r = l.recompute_modules;
+  if (r == 0) return 0.0;
+  const double M = static_cast<double>(m.hidden_size), e = m.bytes_per_element;
+  double out = 0.0;
+  if ((r & kRecomputeCoreAttn) && !m.FusedAttention()) {
+    out += 5.0 * static_cast<double>(m.num_attention_heads) * m.seq_length * S / l.tp;
+  }
+  if (r & kRecomputeLayernorm) out += 4.0 * S * M * seq;
+  if (r & kRecomputeMlaUpProj) out += 2.0 * S * static_cast<double>(dm.heads * (2 * dm.qk + dm.v));
+  if (!m.IsMoeBlock(blk)) {
+    if (r & kRecomputeMlp) out += 2.0 * S * static_cast<double>(dm.ffn_in + dm.ffn);
+    return out;
+  }
+  const double shard = static_cast<double>(m.moe.expert_ffn_hidden_size) / l.esp;
+  if (r & kRecomputeMoeAct) out += rows * shard * e / (e / 2.0);
+  if (r & kRecomputeSharedExperts) out += 2.0 * S * static_cast<double>(dm.shared_in + dm.shared);
+  return out;
+}
+
 // Parameters, gradients and optimizer states, each sharded by ZeRO from its
 // stage on: the dense state over DP x CP (Megatron-Core's distributed
 // optimizer), the experts' over their replicas.
@@ -101,6 +129,17 @@ void HeldState(const Layout& l, const RankParams& params, double param_bytes,
 
 }  // namespace
 
+double ExpertRows(const ModelConfig& m, const Layout& l, double tokens) {
+  const double E = static_cast<double>(m.moe.num_experts);
+  const double cap = ExpertCapacity(m, tokens);
+  // Every token slot of the layer (E * T), or of its own E/ep experts when
+  // the dispatch is local (PPMoE). DPMoE's ESP group gathers the rows of its
+  // esp ranks, each routing 1/tp of the TP group's tokens when the grid is
+  // folded (esp != tp; 1 when esp == tp).
+  const bool folded = l.family == Family::kDpMoe && l.esp != l.tp;
+  return l.family == Family::kPpMoe ? E / l.ep * cap : folded ? E * cap * l.esp / l.tp : E * cap;
+}
+
 MemoryBreakdown StageMemory(const ModelConfig& model, const Layout& l, int64_t mbs, int stage,
                             double in_flight, const MemoryOptions& o) {
   const ModelConfig m = ModelForLayout(model, l, mbs);
@@ -116,21 +155,13 @@ MemoryBreakdown StageMemory(const ModelConfig& model, const Layout& l, int64_t m
   const double seq = l.sequence_parallel ? 1.0 / t : 1.0;
   const double a = static_cast<double>(m.num_attention_heads), L = m.seq_length;
   const double E = static_cast<double>(m.moe.num_experts);
-  const double cap = ExpertCapacity(m, S);
-  // Rows a rank's experts hold: every token slot of the layer (E * T), or of
-  // its own E/ep experts when the dispatch is local (PPMoE). DPMoE's ESP
-  // group gathers the rows of its esp ranks, each routing 1/tp of the TP
-  // group's tokens when the grid is folded (esp != tp; 1 when esp == tp).
-  const bool folded = l.family == Family::kDpMoe && l.esp != l.tp;
-  const double rows = l.family == Family::kPpMoe ? E / l.ep * cap
-                      : folded                   ? E * cap * l.esp / t
-                                                 : E * cap;
+  const double rows = ExpertRows(m, l, S);
   const double shard = static_cast<double>(m.moe.expert_ffn_hidden_size) / l.esp;
   const double glu = static_cast<double>(m.FfnInputFactor());
   const RankDims dm = DimsOf(m);
   const double attn_kept = AttentionKept(m, dm);
   RankParams params;
-  double act = 0.0, largest_block = 0.0, buffers = 0.0;
+  double act = 0.0, largest_block = 0.0, largest_recomputed = 0.0, buffers = 0.0;
   for (int c = 0; c < v; ++c) {
     const StageOptions so = ChunkOptions(m, l, stage, c);
     const RankParams p = StageParams(m, so);
@@ -154,9 +185,11 @@ MemoryBreakdown StageMemory(const ModelConfig& model, const Layout& l, int64_t m
       } else {
         block += 2.0 * S * static_cast<double>(dm.ffn_in + dm.ffn);
       }
+      const double not_kept = NotKept(m, l, dm, blk, S, rows, seq) * e / 2.0;
       block *= e / 2.0;
       largest_block = std::max(largest_block, block);
-      act += l.recompute ? S * M * e * seq : block;
+      largest_recomputed = std::max(largest_recomputed, not_kept);
+      act += l.recompute ? S * M * e * seq : block - not_kept;
     };
     for (int blk = so.first_block; blk < so.end_block; ++blk) add_block(blk);
     // The last chunk also runs the MTP depths (blocks num_layers on).
@@ -170,7 +203,8 @@ MemoryBreakdown StageMemory(const ModelConfig& model, const Layout& l, int64_t m
     }
   }
   r.activation_per_microbatch = act;
-  r.activations = act * in_flight + (l.recompute ? largest_block : 0.0);
+  // Recomputed activations live again for one block at a time.
+  r.activations = act * in_flight + (l.recompute ? largest_block : largest_recomputed);
   r.capacity_buffers = buffers;
   HeldState(l, params, o.param_bytes > 0.0 ? o.param_bytes : e, o, &r);
   r.total = r.params + r.grads + r.optimizer + r.activations + r.capacity_buffers;

@@ -118,9 +118,52 @@ absl::StatusOr<ChunkTimes> LayoutPlanner::Impl::Chunk(const ModelConfig& model, 
   for (int z : {l.zero_stage, l.zero_stage == 1 ? 2 : l.zero_stage == 2 ? 1 : -1}) {
     if (z < 0) continue;
     MOEPLAN_ASSIGN_OR_RETURN(ChunkTimes t, Times(vp, z >= 2));
+    ModuleTimes(m, l, so, vp.graph, &t);
     cache.emplace(KeyOf(model, l, mbs, so, z), t);
   }
   return cache.find(KeyOf(model, l, mbs, so, l.zero_stage))->second;
+}
+
+// The forward compute ops of each recomputation module, by name (the
+// experts' activation is inside fwd.expert: timed apart below).
+struct ModuleOp {
+  std::string_view base;
+  int module;
+};
+constexpr ModuleOp kModuleOps[] = {
+    {"fwd.flash_attn", 0}, {"fwd.attn_score", 0},  {"fwd.softmax", 0},    {"fwd.attn_ctx", 0},
+    {"fwd.ln1", 1},        {"fwd.ln2", 1},         {"fwd.fc1", 2},        {"fwd.gelu", 2},
+    {"fwd.swiglu", 2},     {"fwd.fc2", 2},         {"fwd.shared_fc1", 4}, {"fwd.shared_act", 4},
+    {"fwd.shared_fc2", 4}, {"fwd.shared_gate", 4}, {"fwd.q_up", 5},       {"fwd.kv_up", 5},
+};
+
+void LayoutPlanner::Impl::ModuleTimes(const ModelConfig& m, const Layout& l, const StageOptions& so,
+                                      const OpGraph& g, ChunkTimes* t) const {
+  t->module_fwd.fill(0.0);
+  for (OpId id = 0; id < g.size(); ++id) {
+    const Op& op = g.op(id);
+    if (op.phase != Phase::kForward || op.kind != OpKind::kCompute) continue;
+    for (const ModuleOp& mo : kModuleOps) {
+      if (op.base == mo.base) {
+        t->module_fwd[static_cast<size_t>(mo.module)] += op.cost_us;
+        break;
+      }
+    }
+  }
+  // moe_act: the activation over the rows a rank's experts hold, per MoE
+  // block (the MTP depths' with the head).
+  int moe_blocks = 0;
+  for (int blk = so.first_block; blk < so.end_block; ++blk) moe_blocks += m.IsMoeBlock(blk);
+  if (so.head && m.vocab_size > 0 && m.mtp_num_layers > 0 && m.IsMoeBlock(m.num_layers)) {
+    moe_blocks += m.mtp_num_layers;
+  }
+  if (moe_blocks > 0) {
+    const double rows = ExpertRows(m, l, static_cast<double>(m.micro_batch_size) * m.seq_length);
+    const double act =
+        rows * static_cast<double>(m.moe.expert_ffn_hidden_size) / l.esp * m.bytes_per_element;
+    t->module_fwd[3] =
+        moe_blocks * cost.ActivationUs((1.0 + m.FfnInputFactor()) * act, /*backward=*/false);
+  }
 }
 
 // A planned chunk's times (layout_planner_internal.h). The chunk's graph is
@@ -248,8 +291,9 @@ absl::Status LayoutPlanner::Impl::Run(const ModelConfig& model, const Layout& l,
       MOEPLAN_ASSIGN_OR_RETURN(ChunkTimes t, Chunk(model, l, mbs, s, c));
       const size_t i = static_cast<size_t>(s) * v + c;
       spec.fwd_us[i] = t.fwd;
-      // Full recomputation runs the chunk's forward again before its backward.
-      spec.bwd_us[i] = t.bwd + (l.recompute ? t.fwd : 0.0);
+      // Recomputation runs the chunk's forward (full) or its modules'
+      // forward (selective) again before its backward.
+      spec.bwd_us[i] = t.bwd + RecomputeUs(l, t);
       spec.tail_us[static_cast<size_t>(s)] += t.tail;
       chunks[i] = t;
     }
@@ -308,7 +352,7 @@ absl::StatusOr<internal::ChunkBound> LayoutPlanner::Impl::BoundOf(const ModelCon
     if (it != cache.end()) {
       const ChunkTimes& t = it->second;
       out.fwd = t.fwd;
-      out.bwd = t.bwd + (l.recompute ? t.fwd : 0.0);
+      out.bwd = t.bwd + RecomputeUs(l, t);
       out.tail = t.tail;
       // Its load is the pipeline's own: simulated exactly, left out here.
       out.exact = true;
@@ -446,6 +490,8 @@ void LayoutPlanner::Impl::Breakdown(const Layout& l, const PipelineSpec& spec,
     out->optimizer_us += t.optimizer;
     out->stage_forward_us += t.fwd;
     out->stage_backward_us += spec.bwd_us[static_cast<size_t>(s) * v + c];
+    // Selective recomputation's modules: compute, added to the backward.
+    if (!l.recompute) out->compute_us += m * RecomputeUs(l, t);
     if (c == 0) {
       out->variant = t.variant;
       out->schedule = t.schedule;

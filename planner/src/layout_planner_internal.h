@@ -25,6 +25,9 @@ struct ChunkTimes {
   double fwd = 0.0, bwd = 0.0, tail = 0.0;
   double grad_sync = 0.0, optimizer = 0.0;
   std::array<double, kNumTerms> fwd_terms{}, bwd_terms{};
+  // The forward compute time of each selective recomputation module
+  // (RecomputeModule index) in one micro-batch.
+  std::array<double, kNumRecomputeModules> module_fwd{};
   Variant variant = Variant::kNone;
   Schedule schedule = Schedule::kDefault;
   AllToAllAlgo algo = AllToAllAlgo::kLinear;
@@ -53,6 +56,17 @@ struct ChunkKey {
                       k.phase, k.family, k.embed, k.head, k.sequence_parallel, k.pattern);
   }
 };
+
+// What recomputation adds to a chunk's backward per micro-batch: full, the
+// whole forward; selective, its modules' forward compute.
+inline double RecomputeUs(const Layout& l, const ChunkTimes& t) {
+  if (l.recompute) return t.fwd;
+  double us = 0.0;
+  for (int i = 0; i < kNumRecomputeModules; ++i) {
+    if (l.recompute_modules & (1u << i)) us += t.module_fwd[static_cast<size_t>(i)];
+  }
+  return us;
+}
 
 inline bool IsComm(Term t) {
   return t == Term::kAllToAll || t == Term::kAllGather || t == Term::kReduceScatter ||
@@ -91,6 +105,9 @@ struct LayoutPlanner::Impl {
   // last micro-batch synchronises: the backward is the chunk's without its
   // buckets, and what they add to the last one is in the tail.
   absl::StatusOr<ChunkTimes> Times(const VariantPlan& vp, bool sync_in_backward);
+  // ChunkTimes::module_fwd of a chunk's plan: `m` the stage's model.
+  void ModuleTimes(const ModelConfig& m, const Layout& l, const StageOptions& so, const OpGraph& g,
+                   ChunkTimes* t) const;
   PipelineLinks Links(const ModelConfig& model, const Layout& l, int64_t mbs) const;
   void P2p(const ModelConfig& model, const Layout& l, int64_t mbs, PipelineSpec* spec) const;
   // Evaluates a validated layout with `mbs` sequences per micro-batch.

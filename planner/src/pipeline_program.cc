@@ -280,6 +280,10 @@ absl::Status BuildPipelineProgram(const Layout& l, std::span<const OpGraph* cons
     return absl::InvalidArgumentError(
         "layout.recompute: programs with full activation recomputation are not built yet");
   }
+  if (l.recompute_modules != 0) {
+    return absl::InvalidArgumentError(
+        "layout.recompute_modules: programs with selective recomputation are not built yet");
+  }
   if (int64_t{p} * v * m * 2 > kMaxPipelineSteps) return CheckPipelineSteps(l);
   std::vector<ChunkShape> shapes(chunks.size());
   int64_t total = 0;

@@ -7,6 +7,7 @@
 #include <string_view>
 #include <vector>
 
+#include "absl/strings/str_split.h"
 #include "convert_internal.h"
 #include "moeplan/base/status.h"
 #include "moeplan/base/strings.h"
@@ -53,7 +54,8 @@ bool SetIntegerKey(std::string_view key, int n, v1::Layout* l) {
 absl::StatusOr<v1::Layout> LayoutFromSpec(std::string_view spec) {
   v1::Layout l;
   static constexpr std::string_view kKeys =
-      "dp, tp, cp, pp, ep, esp (or etp), microbatches, zero, family, pipeline, v, recompute, sp, "
+      "dp, tp, cp, pp, ep, esp (or etp), microbatches, zero, family, pipeline, v, recompute (0, 1 "
+      "or modules joined by +), sp, "
       "layout (last)";
   std::vector<std::string> seen;
   size_t begin = 0;
@@ -83,6 +85,13 @@ absl::StatusOr<v1::Layout> LayoutFromSpec(std::string_view spec) {
     }
     if (key == "layout") {
       l.set_pipeline_model_parallel_layout(value);
+      continue;
+    }
+    if (key == "recompute" && value != "0" && value != "1") {
+      // Selective: Megatron-Core's module names joined by '+'.
+      for (absl::string_view name : absl::StrSplit(value, '+')) {
+        l.add_recompute_modules(std::string(name));
+      }
       continue;
     }
     int n = 0;
@@ -128,6 +137,20 @@ absl::StatusOr<p::Layout> LayoutFromProto(const v1::Layout& m) {
   l.zero_stage = m.zero_stage();
   l.virtual_stages = m.virtual_stages() == 0 ? 1 : m.virtual_stages();
   l.recompute = m.recompute();
+  for (const std::string& name : m.recompute_modules()) {
+    uint8_t bit = 0;
+    if (!p::ParseRecomputeModule(name, &bit)) {
+      return absl::InvalidArgumentError(
+          Cat("layout.recompute_modules: each must be core_attn, layernorm, mlp, moe_act, "
+              "shared_experts or mla_up_proj (got ",
+              Quoted(name), ")"));
+    }
+    if (l.recompute_modules & bit) {
+      return absl::InvalidArgumentError(
+          Cat("layout.recompute_modules: each may be listed once (got ", Quoted(name), " twice)"));
+    }
+    l.recompute_modules |= bit;
+  }
   l.sequence_parallel = m.sequence_parallel();
   if (!m.pipeline_model_parallel_layout().empty()) {
     absl::StatusOr<std::vector<p::PipelineStageLayers>> stages =
@@ -171,6 +194,10 @@ v1::Layout LayoutToProto(const p::Layout& l, int64_t micro_batch_size) {
   o.set_pipeline(std::string(p::PipelineScheduleName(l.pipeline)));
   o.set_virtual_stages(l.virtual_stages);
   o.set_recompute(l.recompute);
+  for (int i = 0; i < p::kNumRecomputeModules; ++i) {
+    if (l.recompute_modules & (1u << i))
+      o.add_recompute_modules(std::string(p::RecomputeModuleName(i)));
+  }
   o.set_sequence_parallel(l.sequence_parallel);
   o.set_micro_batch_size(static_cast<int32_t>(micro_batch_size));
   if (!l.stage_layers.empty()) {

@@ -117,11 +117,7 @@ TEST(ModernModel, SwigluDoublesTheFirstGemmEverywhere) {
 TEST(ModernModel, MlaProjectsDownAndUp) {
   ModelConfig m = Base(/*mp=*/2);
   m.multi_latent_attention = true;
-  m.mla = {.q_lora_rank = 96,
-           .kv_lora_rank = 64,
-           .qk_head_dim = 32,
-           .qk_pos_emb_head_dim = 16,
-           .v_head_dim = 32};
+  m.mla = testing::SmallMla();
   const VariantPlan v = PlanNone(m);
   EXPECT_EQ(Count(v, "fwd.qkv"), 0);
   // Down projections whole on each TP rank; up projections over its 4 heads.

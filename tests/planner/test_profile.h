@@ -104,4 +104,13 @@ inline ModelConfig SmallDenseFirstModel(int mp = 2) {
   return m;
 }
 
+// A small multi-latent attention (DeepSeek-V2/V3's MLA at toy sizes).
+inline MlaSpec SmallMla() {
+  return {.q_lora_rank = 96,
+          .kv_lora_rank = 64,
+          .qk_head_dim = 32,
+          .qk_pos_emb_head_dim = 16,
+          .v_head_dim = 32};
+}
+
 }  // namespace moeplan::planner::testing

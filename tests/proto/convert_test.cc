@@ -139,6 +139,31 @@ TEST(LayoutFromSpec, ContextParallel) {
             "--layout: cp must be an integer (got 'two')");
 }
 
+// recompute=MODULE+MODULE: selective recomputation by Megatron-Core's module
+// names, written back in module order; 0/1 stays full recomputation.
+TEST(LayoutFromSpec, RecomputeModules) {
+  absl::StatusOr<v1::Layout> spec = LayoutFromSpec("dp=4,tp=2,pp=1,recompute=moe_act+core_attn");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_FALSE(spec->recompute());
+  ASSERT_EQ(spec->recompute_modules_size(), 2);
+  absl::StatusOr<planner::Layout> l = LayoutFromProto(*spec);
+  ASSERT_TRUE(l.ok()) << l.status();
+  EXPECT_EQ(l->recompute_modules, planner::kRecomputeMoeAct | planner::kRecomputeCoreAttn);
+  const v1::Layout back = LayoutToProto(*l, 1);
+  ASSERT_EQ(back.recompute_modules_size(), 2);
+  EXPECT_EQ(back.recompute_modules(0), "core_attn");
+  EXPECT_EQ(back.recompute_modules(1), "moe_act");
+  EXPECT_TRUE(LayoutFromProto(*LayoutFromSpec("dp=4,tp=2,pp=1,recompute=1"))->recompute);
+  EXPECT_EQ(Msg(LayoutFromProto(*LayoutFromSpec("dp=4,tp=2,pp=1,recompute=moe")).status()),
+            "layout.recompute_modules: each must be core_attn, layernorm, mlp, moe_act, "
+            "shared_experts or mla_up_proj (got 'moe')");
+  EXPECT_EQ(Msg(LayoutFromProto(*LayoutFromSpec("dp=4,tp=2,pp=1,recompute=mlp+mlp")).status()),
+            "layout.recompute_modules: each may be listed once (got 'mlp' twice)");
+  EXPECT_EQ(Msg(LayoutFromProto(*LayoutFromSpec("dp=4,tp=2,pp=1,recompute=mlp+")).status()),
+            "layout.recompute_modules: each must be core_attn, layernorm, mlp, moe_act, "
+            "shared_experts or mla_up_proj (got '')");
+}
+
 TEST(LayoutFromSpec, SequenceParallelIsZeroOrOne) {
   absl::StatusOr<v1::Layout> spec = LayoutFromSpec("dp=4,tp=2,pp=1,sp=1");
   ASSERT_TRUE(spec.ok()) << spec.status();
@@ -229,7 +254,7 @@ TEST(Errors, EchoABoundedPrefixOfAUserValue) {
   EXPECT_EQ(Msg(SearchFromProto(search).status()),
             "search.pipelines: each may be listed once (got '1f1b' twice)");
   const std::string spec = Msg(LayoutFromSpec("dp=1,family" + big).status());
-  EXPECT_LT(spec.size(), 240u) << spec;
+  EXPECT_LT(spec.size(), 280u) << spec;
   EXPECT_NE(spec.find("'... (102406 bytes) (keys: "), std::string::npos) << spec;
   EXPECT_EQ(Msg(LayoutFromSpec("dp=1,dp=\x1b[2J").status()), "--layout: 'dp' given twice");
   EXPECT_EQ(Msg(LayoutFromSpec("dp=\x1b[2J").status()),

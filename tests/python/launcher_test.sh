@@ -108,37 +108,44 @@ assert c["train_micro_batch_size_per_gpu"] >= 1 and c["gradient_accumulation_ste
 assert c["moe"]["num_experts"] == 64 and c["moe"]["top_k"] == 2, c
 ' || fail "launcher --model: no valid 'deepspeed config: {json}' line"
 
-# --- the launcher: an uneven pipeline layout (layout= last, written back) ----------
-rc=0
-"$py" "$src/examples/launcher.py" --server "$addr" --stubs "$stubs" --cluster v100-8x8 \
-  --model "$src/examples/models/gpt3-medium-moe.json" \
-  --layout 'dp=16,tp=1,pp=2,ep=16,esp=1,microbatches=16,layout=Et*14|t*10,L' \
-  >"$work/pplayout.out" 2>"$work/pplayout.err" || rc=$?
-[[ $rc -eq 0 ]] || fail "launcher --layout ...,layout= exited $rc: $(cat "$work/pplayout.err")"
-grep -q -- '--pipeline-model-parallel-layout Et\{14\}|t\{10\}L' "$work/pplayout.out" ||
-  fail "launcher: no --pipeline-model-parallel-layout: $(cat "$work/pplayout.out")"
+# --- the launcher: one --layout evaluated, its flags printed back -------------------
+# layout_case NAME CLUSTER MODEL LAYOUT: runs the launcher into $work/NAME.out and
+# fails unless it exits 0.
+layout_case() {
+  local name=$1 cluster=$2 model=$3 layout=$4 rc=0
+  "$py" "$src/examples/launcher.py" --server "$addr" --stubs "$stubs" --cluster "$cluster" \
+    --model "$src/examples/models/$model" --layout "$layout" \
+    >"$work/$name.out" 2>"$work/$name.err" || rc=$?
+  [[ $rc -eq 0 ]] || fail "launcher --layout $layout exited $rc: $(cat "$work/$name.err")"
+}
+# expect NAME PATTERN WHAT: the launcher's output of case NAME holds PATTERN (grep -e).
+expect() {
+  grep -q -e "$2" "$work/$1.out" || fail "launcher ($1): $3: $(cat "$work/$1.out")"
+}
 
-# --- the launcher: sequence parallelism (sp=1 -> --sequence-parallel) --------------
-rc=0
-"$py" "$src/examples/launcher.py" --server "$addr" --stubs "$stubs" --cluster v100-8x8 \
-  --model "$src/examples/models/gpt3-medium-moe.json" \
-  --layout 'dp=8,tp=4,pp=1,ep=8,esp=4,microbatches=4,sp=1' \
-  >"$work/sp.out" 2>"$work/sp.err" || rc=$?
-[[ $rc -eq 0 ]] || fail "launcher --layout ...,sp=1 exited $rc: $(cat "$work/sp.err")"
-grep -q -- '^megatron flags: .*--sequence-parallel' "$work/sp.out" ||
-  fail "launcher: no --sequence-parallel: $(cat "$work/sp.out")"
-grep -q -- '+sp' "$work/sp.out" || fail "launcher: the table does not mark sp: $(cat "$work/sp.out")"
+# An uneven pipeline layout (layout= last, written back).
+layout_case pplayout v100-8x8 gpt3-medium-moe.json \
+  'dp=16,tp=1,pp=2,ep=16,esp=1,microbatches=16,layout=Et*14|t*10,L'
+expect pplayout '--pipeline-model-parallel-layout Et\{14\}|t\{10\}L' \
+  'no --pipeline-model-parallel-layout'
 
-# --- the launcher: context parallelism and the etp alias (cp=2 -> --context-parallel-size)
-rc=0
-"$py" "$src/examples/launcher.py" --server "$addr" --stubs "$stubs" --cluster h100-8x8 \
-  --model "$src/examples/models/llama3-8b-dense.json" \
-  --layout 'dp=8,tp=4,cp=2,pp=1,ep=1,etp=1,microbatches=4,sp=1' \
-  >"$work/cp.out" 2>"$work/cp.err" || rc=$?
-[[ $rc -eq 0 ]] || fail "launcher --layout ...,cp=2 exited $rc: $(cat "$work/cp.err")"
-grep -q -- '^megatron flags: .*--expert-tensor-parallel-size 1 .*--context-parallel-size 2' \
-  "$work/cp.out" || fail "launcher: no --context-parallel-size 2: $(cat "$work/cp.out")"
-grep -q -- '+sp+cp2' "$work/cp.out" || fail "launcher: the table does not mark cp: $(cat "$work/cp.out")"
+# Sequence parallelism (sp=1 -> --sequence-parallel).
+layout_case sp v100-8x8 gpt3-medium-moe.json 'dp=8,tp=4,pp=1,ep=8,esp=4,microbatches=4,sp=1'
+expect sp '^megatron flags: .*--sequence-parallel' 'no --sequence-parallel'
+expect sp '+sp' 'the table does not mark sp'
+
+# Context parallelism and the etp alias (cp=2 -> --context-parallel-size).
+layout_case cp h100-8x8 llama3-8b-dense.json 'dp=8,tp=4,cp=2,pp=1,ep=1,etp=1,microbatches=4,sp=1'
+expect cp '^megatron flags: .*--expert-tensor-parallel-size 1 .*--context-parallel-size 2' \
+  'no --context-parallel-size 2'
+expect cp '+sp+cp2' 'the table does not mark cp'
+
+# Selective recomputation (recompute=MODULES -> --recompute-modules).
+layout_case rc v100-8x8 gpt3-medium-moe.json \
+  'dp=8,tp=4,pp=1,ep=8,esp=4,microbatches=4,recompute=core_attn+moe_act'
+expect rc '^megatron flags: .*--recompute-granularity selective --recompute-modules core_attn moe_act' \
+  'no --recompute-modules'
+expect rc '+rc:core_attn+moe_act' 'the table does not mark the recomputed modules'
 
 # --- the launcher: a bad --layout key, and a layout the server refuses --------------
 rc=0

@@ -35,6 +35,24 @@ inline constexpr PipelineSchedule kAllPipelineSchedules[] = {
 std::string_view PipelineScheduleName(PipelineSchedule s);  // "gpipe", "1f1b", "interleaved"
 bool ParsePipelineSchedule(std::string_view name, PipelineSchedule* out);
 
+// Megatron-Core's --recompute-modules (selective recomputation; docs/layouts.md
+// "Recomputation"): each module's forward runs again before its backward,
+// and its activations are not kept. Bits of Layout::recompute_modules.
+enum RecomputeModule : uint8_t {
+  kRecomputeCoreAttn = 1 << 0,       // the attention core (scores, softmax, context)
+  kRecomputeLayernorm = 1 << 1,      // the two norms before attention and the MLP / MoE
+  kRecomputeMlp = 1 << 2,            // a dense block's MLP
+  kRecomputeMoeAct = 1 << 3,         // the experts' activation
+  kRecomputeSharedExperts = 1 << 4,  // the shared experts
+  kRecomputeMlaUpProj = 1 << 5,      // MLA's query and key/value up projections
+};
+inline constexpr int kNumRecomputeModules = 6;
+// "core_attn", "layernorm", "mlp", "moe_act", "shared_experts", "mla_up_proj"
+// for module index i (bit 1 << i).
+std::string_view RecomputeModuleName(int i);
+// The bit of a module's name; false for an unknown name.
+bool ParseRecomputeModule(std::string_view name, uint8_t* bit);
+
 // One layout of P = dp * tp * cp * pp GPUs. Rank order: TP innermost
 // (consecutive ranks of a node), then CP, then DP, then PP (stages on
 // different nodes once a stage fills them). Experts: ESP innermost, then EP,
@@ -51,6 +69,8 @@ struct Layout {
   PipelineSchedule pipeline = PipelineSchedule::k1F1B;
   int virtual_stages = 1;  // v (interleaved)
   bool recompute = false;  // full activation recomputation
+  // Selective recomputation: RecomputeModule bits (not with `recompute`).
+  uint8_t recompute_modules = 0;
   // Megatron-Core's --sequence-parallel (tp >= 2; not ppmoe): docs/layouts.md.
   bool sequence_parallel = false;
   // The layers of each of the pp * virtual_stages stages, in forward order

@@ -35,6 +35,11 @@ struct MemoryBreakdown {
   std::string OverReason() const;
 };
 
+// Rows a rank's experts hold for `tokens` tokens of a micro-batch, over its
+// local experts (0 for a dense model): `m` is the stage's model
+// (ModelForLayout).
+double ExpertRows(const ModelConfig& m, const Layout& l, double tokens);
+
 // Stage `stage`'s memory with `in_flight` micro-batches of activations held
 // (the pipeline schedule's peak at that stage).
 MemoryBreakdown StageMemory(const ModelConfig& model, const Layout& layout,
