@@ -128,6 +128,18 @@ void AddLayoutOptions(CLI::App* plan, PlanModelArgs* a) {
       ->check(CLI::IsMember({"off", "on", "both"}))
       ->needs(search)
       ->capture_default_str();
+  plan->add_option("--context-parallel", a->context_parallel,
+                   "With --search: context-parallel degrees to try, e.g. 1,2,4 (where seq_length "
+                   "divides by 2*cp and attention is fused); a --layout names it with cp=")
+      ->check(flags::NonEmpty())
+      ->needs(search)
+      ->capture_default_str();
+  plan->add_option("--expert-tensor-parallel", a->expert_tensor_parallel,
+                   "With --search and --sequence-parallel on|both: expert tensor-parallel "
+                   "degrees to try as folded expert grids (etp != tp) beside each dpmoe layout, "
+                   "e.g. 1; a --layout names it with etp=")
+      ->check(flags::NonEmpty())
+      ->needs(search);
   plan->add_option("--max-microbatches", a->max_microbatches,
                    "With --search: most micro-batches per iteration tried")
       ->check(flags::IntInRange(1, 4096))

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <string>
 #include <string_view>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -54,6 +55,8 @@ absl::Status InFile(const std::string& path, const absl::Status& s) {
       {"search.zero_stages", "--zero-stages"},
       {"search.max_microbatches", "--max-microbatches"},
       {"search.sequence_parallel", "--sequence-parallel"},
+      {"search.context_parallel", "--context-parallel"},
+      {"search.expert_tensor_parallel", "--expert-tensor-parallel"},
       {"memory.gpu_memory_gib", "--gpu-memory-gib"},
       {"memory.optimizer_bytes", "--optimizer-bytes"},
       {"memory.grad_bytes", "--grad-bytes"},
@@ -89,6 +92,15 @@ absl::StatusOr<v1::ModelPlanOptions> OptionsFromFlags(const PlanModelArgs& a) {
 bool ParseZero(std::string_view name, int* out) {
   if (name.size() != 1 || name[0] < '0' || name[0] > '3') return false;
   *out = name[0] - '0';
+  return true;
+}
+
+// A parallel degree of a list flag: 1 to 1024.
+bool ParseDegree(std::string_view name, int* out) {
+  int n = 0;
+  const auto [ptr, ec] = std::from_chars(name.data(), name.data() + name.size(), n);
+  if (ec != std::errc() || ptr != name.data() + name.size() || n < 1 || n > 1024) return false;
+  *out = n;
   return true;
 }
 
@@ -131,6 +143,14 @@ absl::Status SearchFromFlags(const PlanModelArgs& a, v1::PlanModelRequest* reque
   for (int z : zeros) s->add_zero_stages(z);
   if (a.sequence_parallel != "on") s->add_sequence_parallel(false);
   if (a.sequence_parallel != "off") s->add_sequence_parallel(true);
+  for (const auto& [flag, list, field] :
+       {std::tuple{"--context-parallel", &a.context_parallel, s->mutable_context_parallel()},
+        std::tuple{"--expert-tensor-parallel", &a.expert_tensor_parallel,
+                   s->mutable_expert_tensor_parallel()}}) {
+    MOEPLAN_ASSIGN_OR_RETURN(auto degrees, ParseNameList<int>(flag, "degree", *list, ParseDegree,
+                                                              "1 to 1024, comma-separated,"));
+    field->Add(degrees.begin(), degrees.end());
+  }
   s->set_max_microbatches(a.max_microbatches);
   s->set_exhaustive(a.exhaustive);
   return absl::OkStatus();

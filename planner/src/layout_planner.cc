@@ -24,30 +24,6 @@ using internal::ChunkOptions;
 using internal::ChunkTimes;
 using internal::IsComm;
 
-absl::Status ValidateSearchOptions(const SearchOptions& o) {
-  if (o.top < 1 || o.top > 1000) return Bad("search.top", "must be between 1 and 1000", Cat(o.top));
-  if (o.gpus < 0 || o.gpus > (1 << 20)) {
-    return Bad("search.gpus", "must be between 1 and 2^20 (0: the profile's)", Cat(o.gpus));
-  }
-  for (int z : o.zero_stages) {
-    if (z < 0 || z > 3) return Bad("search.zero_stages", "each must be 0, 1, 2 or 3", Cat(z));
-  }
-  if (o.max_microbatches < 1 || o.max_microbatches > 4096) {
-    return Bad("search.max_microbatches", "must be between 1 and 4096", Cat(o.max_microbatches));
-  }
-  if (o.sequence_parallel.size() > 2 ||
-      (o.sequence_parallel.size() == 2 && o.sequence_parallel[0] == o.sequence_parallel[1])) {
-    return Bad("search.sequence_parallel", "each of false and true may be listed once",
-               Cat(o.sequence_parallel.size(), " values"));
-  }
-  if (o.virtual_stages.empty()) return Bad("search.virtual_stages", "must not be empty", "[]");
-  for (int v : o.virtual_stages) {
-    if (v < 2 || v > 64)
-      return Bad("search.virtual_stages", "each must be between 2 and 64", Cat(v));
-  }
-  return absl::OkStatus();
-}
-
 namespace {
 
 // The plan options of a layout's chunks. DPMoE's TP group is its ESP group,

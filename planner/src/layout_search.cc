@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <iterator>
 #include <span>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -58,7 +59,8 @@ std::vector<std::pair<int, int>> ExpertGrids(Family f, int dp, int tp, bool has_
 
 // Every valid (dp, tp, pp, ep, esp, family) of `gpus` GPUs, one micro-batch.
 std::vector<Layout> EnumerateLayouts(const ModelConfig& model, std::span<const Family> families,
-                                     int gpus, const ClusterShape& cluster) {
+                                     std::span<const int> cps, int gpus,
+                                     const ClusterShape& cluster) {
   const int g = cluster.gpus_per_node;
   const int64_t global = model.GlobalBatch();
   const bool has_parm = std::count(families.begin(), families.end(), Family::kParm) > 0;
@@ -76,25 +78,31 @@ std::vector<Layout> EnumerateLayouts(const ModelConfig& model, std::span<const F
     std::sort(pps.begin(), pps.end());
     for (int pp : pps) {
       if (gpus % (tp * pp) != 0) continue;
-      const int dp = gpus / (tp * pp);
-      for (Family f : families) {
-        // A dense model has no experts to place: one layout, ep = esp = 1.
-        const std::vector<std::pair<int, int>> grids =
-            !model.IsDense()        ? ExpertGrids(f, dp, tp, has_parm)
-            : f == families.front() ? std::vector<std::pair<int, int>>{{1, 1}}
-                                    : std::vector<std::pair<int, int>>{};
-        for (auto [ep, esp] : grids) {
-          Layout l;
-          l.dp = dp;
-          l.tp = tp;
-          l.pp = pp;
-          l.ep = ep;
-          l.esp = esp;
-          l.family = model.IsDense() ? InferFamily(l) : f;
-          l.microbatches = 1;
-          if (global % dp != 0) continue;
-          if (!ValidateLayout(model, l, global, cluster).ok()) continue;
-          layouts.push_back(l);
+      // The stage's data-parallel ranks, cp of them splitting each sequence.
+      const int stage_dp = gpus / (tp * pp);
+      for (int cp : cps) {
+        if (stage_dp % cp != 0) continue;
+        const int dp = stage_dp / cp;
+        for (Family f : families) {
+          // A dense model has no experts to place: one layout, ep = esp = 1.
+          const std::vector<std::pair<int, int>> grids =
+              !model.IsDense()        ? ExpertGrids(f, stage_dp, tp, has_parm)
+              : f == families.front() ? std::vector<std::pair<int, int>>{{1, 1}}
+                                      : std::vector<std::pair<int, int>>{};
+          for (auto [ep, esp] : grids) {
+            Layout l;
+            l.dp = dp;
+            l.tp = tp;
+            l.pp = pp;
+            l.ep = ep;
+            l.esp = esp;
+            l.cp = cp;
+            l.family = model.IsDense() ? InferFamily(l) : f;
+            l.microbatches = 1;
+            if (global % dp != 0) continue;
+            if (!ValidateLayout(model, l, global, cluster).ok()) continue;
+            layouts.push_back(l);
+          }
         }
       }
     }
@@ -176,21 +184,51 @@ struct Axes {
   std::vector<PipelineSchedule> pipelines;
   std::vector<int> zeros;
   std::vector<bool> sequence_parallel;
+  std::vector<int> expert_tensor_parallel;  // folded grids tried
+  ClusterShape cluster;
 };
 
+// The folded expert grids of a tied dpmoe layout `l` with sequence
+// parallelism: each etp of the axes (!= tp) with every ep dividing
+// moe.num_experts whose ep * etp divides the stage's tp * cp * dp ranks.
+void AddFoldedGrids(const ModelConfig& model, const Layout& l, const Axes& axes,
+                    std::vector<Layout>* out) {
+  const int64_t stage = int64_t{l.tp} * l.GradientRanks();
+  for (int etp : axes.expert_tensor_parallel) {
+    if (etp == l.tp || stage % etp != 0) continue;
+    for (int ep : Divisors(model.moe.num_experts, stage / etp)) {
+      if ((stage / etp) % ep != 0) continue;
+      Layout f = l;
+      f.ep = ep;
+      f.esp = etp;
+      if (ValidateLayout(model, f, model.GlobalBatch(), axes.cluster).ok()) out->push_back(f);
+    }
+  }
+}
+
 // Each layout with each sequence-parallel value that applies to it (tp >= 2,
-// seq_length divisible by tp, not ppmoe), in order.
+// seq_length divisible by tp * cp, not ppmoe), in order; after the first
+// tied dpmoe layout of a stage shape with it, that shape's folded grids.
 std::vector<Layout> WithSequenceParallel(const ModelConfig& model, std::span<const Layout> layouts,
                                          const Axes& axes) {
   std::vector<Layout> out;
+  const Layout* shape = nullptr;  // the last stage shape given folded grids
   for (const Layout& l : layouts) {
     for (bool sp : axes.sequence_parallel) {
-      if (sp && (l.tp < 2 || model.seq_length % l.tp != 0 ||
+      if (sp && (l.tp < 2 || model.seq_length % (int64_t{l.tp} * l.cp) != 0 ||
                  (!model.IsDense() && l.family == Family::kPpMoe))) {
         continue;
       }
       out.push_back(l);
       out.back().sequence_parallel = sp;
+      const bool tied_dpmoe = !model.IsDense() && l.family == Family::kDpMoe && l.esp == l.tp;
+      if (sp && tied_dpmoe && !axes.expert_tensor_parallel.empty() &&
+          (shape == nullptr || shape->tp != l.tp || shape->pp != l.pp || shape->dp != l.dp ||
+           shape->cp != l.cp)) {
+        shape = &l;
+        const Layout tied = out.back();  // out grows below
+        AddFoldedGrids(model, tied, axes, &out);
+      }
     }
   }
   return out;
@@ -346,6 +384,50 @@ absl::Status Rank(LayoutPlanner::Impl& s, const ModelConfig& model, const Search
 
 }  // namespace
 
+absl::Status ValidateSearchOptions(const SearchOptions& o) {
+  if (o.top < 1 || o.top > 1000) return Bad("search.top", "must be between 1 and 1000", Cat(o.top));
+  if (o.gpus < 0 || o.gpus > (1 << 20)) {
+    return Bad("search.gpus", "must be between 1 and 2^20 (0: the profile's)", Cat(o.gpus));
+  }
+  for (int z : o.zero_stages) {
+    if (z < 0 || z > 3) return Bad("search.zero_stages", "each must be 0, 1, 2 or 3", Cat(z));
+  }
+  if (o.max_microbatches < 1 || o.max_microbatches > 4096) {
+    return Bad("search.max_microbatches", "must be between 1 and 4096", Cat(o.max_microbatches));
+  }
+  if (o.sequence_parallel.size() > 2 ||
+      (o.sequence_parallel.size() == 2 && o.sequence_parallel[0] == o.sequence_parallel[1])) {
+    return Bad("search.sequence_parallel", "each of false and true may be listed once",
+               Cat(o.sequence_parallel.size(), " values"));
+  }
+  for (const auto& [field, list] : {std::pair<std::string_view, const std::vector<int>*>{
+                                        "search.context_parallel", &o.context_parallel},
+                                    {"search.expert_tensor_parallel", &o.expert_tensor_parallel}}) {
+    for (size_t i = 0; i < list->size(); ++i) {
+      const int d = (*list)[i];
+      if (d < 1 || d > 1024) return Bad(field, "each must be between 1 and 1024", Cat(d));
+      if (std::find(list->begin(), list->begin() + static_cast<ptrdiff_t>(i), d) !=
+          list->begin() + static_cast<ptrdiff_t>(i)) {
+        return Bad(field, "each may be listed once", Cat(d, " twice"));
+      }
+    }
+  }
+  if (!o.expert_tensor_parallel.empty() &&
+      std::find(o.sequence_parallel.begin(), o.sequence_parallel.end(), true) ==
+          o.sequence_parallel.end()) {
+    return Bad("search.expert_tensor_parallel",
+               "folded expert grids run with sequence parallelism, which the search must try "
+               "(search.sequence_parallel with true; --sequence-parallel on or both)",
+               Cat(o.expert_tensor_parallel.size(), " degrees"));
+  }
+  if (o.virtual_stages.empty()) return Bad("search.virtual_stages", "must not be empty", "[]");
+  for (int v : o.virtual_stages) {
+    if (v < 2 || v > 64)
+      return Bad("search.virtual_stages", "each must be between 2 and 64", Cat(v));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status LayoutPlanner::Search(const ModelConfig& model, const SearchOptions& options,
                                    const ModelPlanOptions& plan, const MemoryOptions& memory,
                                    LayoutSearchResult* out) {
@@ -370,13 +452,16 @@ absl::Status LayoutPlanner::Search(const ModelConfig& model, const SearchOptions
 
   std::vector<Family> families = options.families;
   if (families.empty()) families.assign(std::begin(kAllFamilies), std::end(kAllFamilies));
-  Axes axes{options.pipelines, options.zero_stages, options.sequence_parallel};
+  Axes axes{options.pipelines, options.zero_stages, options.sequence_parallel,
+            options.expert_tensor_parallel, cluster};
   if (axes.sequence_parallel.empty()) axes.sequence_parallel = {false};
   if (axes.pipelines.empty()) {
     axes.pipelines.assign(std::begin(kAllPipelineSchedules), std::end(kAllPipelineSchedules));
   }
   if (axes.zeros.empty()) axes.zeros = {0, 1, 2, 3};
-  const std::vector<Layout> layouts = EnumerateLayouts(model, families, gpus, cluster);
+  std::vector<int> cps = options.context_parallel;
+  if (cps.empty()) cps = {1};
+  const std::vector<Layout> layouts = EnumerateLayouts(model, families, cps, gpus, cluster);
   std::vector<Pending> pending;
   MOEPLAN_RETURN_IF_ERROR(EnumerateCandidates(model, layouts, options, axes, mem, plan.deadline,
                                               &out->stats, &pending));

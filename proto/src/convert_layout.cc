@@ -250,6 +250,9 @@ absl::StatusOr<p::SearchOptions> SearchFromProto(const v1::SearchOptions& m) {
   }
   o.exhaustive = m.exhaustive();
   o.sequence_parallel.assign(m.sequence_parallel().begin(), m.sequence_parallel().end());
+  o.context_parallel.assign(m.context_parallel().begin(), m.context_parallel().end());
+  o.expert_tensor_parallel.assign(m.expert_tensor_parallel().begin(),
+                                  m.expert_tensor_parallel().end());
   MOEPLAN_RETURN_IF_ERROR(p::ValidateSearchOptions(o));
   return o;
 }

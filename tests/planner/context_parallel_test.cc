@@ -216,5 +216,63 @@ TEST(ContextParallel, EvaluatesAndCountsItsGpus) {
   EXPECT_REL(cand.tokens_per_s_per_gpu, 8.0 * 128 / (cand.iteration_us * 1e-6) / 8);
 }
 
+// The search's context_parallel and expert_tensor_parallel axes: every
+// candidate the search would simulate, with cp 1 and 2 and the folded etp 1
+// grids beside the tied dpmoe ones under sequence parallelism, each valid
+// and each degree where it applies; and the field rules.
+TEST(ContextParallel, TheSearchTriesTheDegreesAndFoldedGridsAsked) {
+  LayoutPlanner planner(RoundNumberModel());
+  ModelConfig m = Model();
+  m.global_batch_size = 8;
+  SearchOptions so;
+  so.top = 1000;
+  so.gpus = 8;
+  so.exhaustive = true;
+  so.pipelines = {PipelineSchedule::k1F1B};
+  so.zero_stages = {0};
+  so.max_microbatches = 1;
+  so.sequence_parallel = {false, true};
+  MemoryOptions no_check;
+  no_check.gpu_memory_bytes = 0;
+  LayoutSearchResult plain, wide;
+  ASSERT_TRUE(planner.Search(m, so, {}, no_check, &plain).ok());
+  so.context_parallel = {1, 2};
+  so.expert_tensor_parallel = {1};
+  ASSERT_TRUE(planner.Search(m, so, {}, no_check, &wide).ok());
+  EXPECT_GT(wide.stats.enumerated, plain.stats.enumerated);
+  int cp2 = 0, folded = 0;
+  for (const LayoutCandidate& c : wide.candidates) {
+    const Layout& l = c.layout;
+    EXPECT_TRUE(ValidateLayout(m, l, 8, ClusterShape{1, 8}).ok()) << l.dp << " " << l.cp;
+    EXPECT_EQ(l.Gpus(), 8);
+    cp2 += l.cp == 2;
+    const bool is_folded = l.family == Family::kDpMoe && l.esp != l.tp;
+    folded += is_folded;
+    if (is_folded) {
+      EXPECT_TRUE(l.sequence_parallel);
+      EXPECT_EQ(l.esp, 1);
+    }
+  }
+  EXPECT_GT(cp2, 0);
+  EXPECT_GT(folded, 0);
+  for (const LayoutCandidate& c : plain.candidates) {
+    EXPECT_EQ(c.layout.cp, 1);
+    EXPECT_FALSE(c.layout.family == Family::kDpMoe && c.layout.esp != c.layout.tp);
+  }
+  SearchOptions bad;
+  bad.context_parallel = {2, 2};
+  EXPECT_EQ(Message(ValidateSearchOptions(bad)),
+            "search.context_parallel: each may be listed once (got 2 twice)");
+  bad.context_parallel = {0};
+  EXPECT_EQ(Message(ValidateSearchOptions(bad)),
+            "search.context_parallel: each must be between 1 and 1024 (got 0)");
+  bad.context_parallel = {};
+  bad.expert_tensor_parallel = {1};
+  EXPECT_EQ(Message(ValidateSearchOptions(bad)),
+            "search.expert_tensor_parallel: folded expert grids run with sequence parallelism, "
+            "which the search must try (search.sequence_parallel with true; --sequence-parallel "
+            "on or both) (got 1 degrees)");
+}
+
 }  // namespace
 }  // namespace moeplan::planner

@@ -56,6 +56,13 @@ struct SearchOptions {
   // Sequence parallelism tried (each at most once) where it applies: tp >= 2,
   // seq_length divisible by tp, not ppmoe. Empty: off.
   std::vector<bool> sequence_parallel;
+  // Context-parallel degrees tried (each at most once, 1 to 1024), where
+  // they apply (docs/layouts.md "Context parallelism"). Empty: 1 only.
+  std::vector<int> context_parallel;
+  // Expert tensor-parallel degrees tried as folded grids (etp != tp) beside
+  // each dpmoe layout with sequence parallelism, every ep the stage allows
+  // (each at most once, 1 to 1024; docs/layouts.md "Expert grids"). Empty: none.
+  std::vector<int> expert_tensor_parallel;
   // Simulate every candidate that fits instead of stopping at the lower
   // bound (docs/layouts.md "Search"): for profiles whose costs are not
   // subadditive (a piece costing less than its share of the whole).
