@@ -91,10 +91,13 @@ absl::StatusOr<ChunkTimes> LayoutPlanner::Impl::Chunk(const ModelConfig& model, 
   const VariantPlan& vp = plan.variants[static_cast<size_t>(plan.best)];
   // ZeRO 1 and 2 build the same graph (reduce-scatter buckets, gathers after
   // the step); 2 only counts the buckets as part of every micro-batch's backward.
+  // The modules' forward times read no ZeRO: once for both.
+  ChunkTimes modules;
+  ModuleTimes(m, l, so, vp.graph, &modules);
   for (int z : {l.zero_stage, l.zero_stage == 1 ? 2 : l.zero_stage == 2 ? 1 : -1}) {
     if (z < 0) continue;
     MOEPLAN_ASSIGN_OR_RETURN(ChunkTimes t, Times(vp, z >= 2));
-    ModuleTimes(m, l, so, vp.graph, &t);
+    t.module_fwd = modules.module_fwd;
     cache.emplace(KeyOf(model, l, mbs, so, z), t);
   }
   return cache.find(KeyOf(model, l, mbs, so, l.zero_stage))->second;
