@@ -24,16 +24,18 @@ search, docs/model.md).
     /usr/bin/python3 examples/launcher.py --server 127.0.0.1:50051 \\
         --model examples/models/gpt3-medium-moe.json --cluster v100-8x8 \\
         --layout dp=8,tp=4,pp=1,ep=8,esp=4[,cp=2,microbatches=4,zero=1,family=parm,
-                 pipeline=1f1b,v=2,recompute=1|core_attn+moe_act,sp=1,layout=Et|(tt|)*3L]
+                 pipeline=1f1b,v=2,recompute=1|core_attn+moe_act,sp=1,a2a_overlap=1,
+                 layout=Et|(tt|)*3L]
 
 --model FILE is a moeplan.v1.ModelConfig JSON (examples/models/). --search (the
 default with --model) ranks every layout on --gpus GPUs (default: the whole
 cluster) and keeps the best --top (default 5); --layout evaluates one layout
 (keys dp, tp, pp, ep, esp (or Megatron-Core's etp) required; cp (context
 parallelism; printed back as --context-parallel-size), microbatches, zero, family (dpmoe, ppmoe,
-parm), pipeline (gpipe, 1f1b, interleaved), v (virtual stages), recompute
+parm), pipeline (gpipe, 1f1b, interleaved, dualpipe), v (virtual stages), recompute
 (0/1 full, or modules such as core_attn+moe_act: selective, printed back as
---recompute-modules), sp (sequence parallelism, 0/1; printed back as --sequence-parallel) and,
+--recompute-modules), sp (sequence parallelism, 0/1; printed back as --sequence-parallel),
+a2a_overlap (0/1; printed back as --overlap-moe-expert-parallel-comm) and,
 last, layout (Megatron-Core's pipeline layout string, which may hold
 commas; printed back as --pipeline-model-parallel-layout) optional). It prints the ranked table (rank, family, dp/tp/pp/ep/esp,
 micro-batches m, ZeRO stage, pipeline, iteration time, tokens/s per GPU, memory
@@ -133,11 +135,13 @@ LAYOUT_KEYS = {
     "microbatches": ("microbatches", "int"),
     "zero": ("zero_stage", "int"),
     "family": ("family", ("dpmoe", "ppmoe", "parm")),
-    "pipeline": ("pipeline", ("gpipe", "1f1b", "interleaved")),
+    "pipeline": ("pipeline", ("gpipe", "1f1b", "interleaved", "dualpipe")),
     "v": ("virtual_stages", "int"),
     # 0/1 (full), or Megatron-Core's --recompute-modules joined by '+' (selective).
     "recompute": ("recompute", "recompute"),
     "sp": ("sequence_parallel", "bool"),
+    # Megatron-Core's --overlap-moe-expert-parallel-comm (0/1).
+    "a2a_overlap": ("a2a_overlap", "bool"),
     # Megatron-Core's --pipeline-model-parallel-layout (it may hold commas: last).
     "layout": ("pipeline_model_parallel_layout", "str"),
 }
@@ -262,6 +266,9 @@ def megatron_flags(model: dict, cand: dict, global_batch: int) -> list:
         flags += ["--sequence-parallel"]
     if _int(lay.get("cp"), 1) > 1:
         flags += ["--context-parallel-size", str(_int(lay.get("cp")))]
+    if lay.get("a2a_overlap"):
+        # Megatron-Core overlaps the AlltoAll dispatcher's exchanges.
+        flags += ["--overlap-moe-expert-parallel-comm", "--moe-token-dispatcher-type", "alltoall"]
     flags += ["--seq-length", str(_int(model.get("seq_length"))),
               "--num-layers", str(_int(model.get("num_layers"))),
               "--hidden-size", str(_int(model.get("hidden_size"))),
@@ -312,6 +319,8 @@ def print_candidates(candidates: list) -> None:
             pipeline += "+sp"
         if _int(lay.get("cp"), 1) > 1:
             pipeline += f"+cp{_int(lay.get('cp'))}"
+        if lay.get("a2a_overlap"):
+            pipeline += "+a2a"
         gib = _int(c.get("memory_bytes_per_gpu")) / float(1 << 30)
         print(f"{_int(c.get('rank'), i + 1):>4} {c.get('family') or lay.get('family') or '-':<6} "
               f"{_int(lay.get('dp')):>4} {_int(lay.get('tp')):>3} {_int(lay.get('pp')):>3} "
@@ -405,6 +414,11 @@ def run_model(args, mc) -> int:
           f"iteration, {best.get('tokens_per_s_per_gpu', 0.0):.1f} tokens/s per GPU, "
           f"overlap {best.get('variant') or '-'}, MoE schedule {schedule}, bubble "
           f"{100.0 * float(best.get('bubble_fraction', 0.0)):.1f}%")
+    if best["layout"].get("pipeline") == "dualpipe":
+        # DeepSeek's schedule has no Megatron-LM flag: the degrees still apply.
+        print("note: pipeline=dualpipe is DeepSeek's DualPipe schedule, which Megatron-LM does "
+              "not run; the flags below give its degrees (each rank holds two of the pp "
+              "segments)")
     print("megatron flags: " + " ".join(megatron_flags(model, best, global_batch)))
     print("deepspeed config: " + json.dumps(deepspeed_config(model, best, global_batch),
                                             separators=(", ", ": ")))

@@ -36,7 +36,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   // What came back is the layout asked for (its pipeline layout written out).
   if (response.candidates_size() != 1) std::abort();
   const v1::Layout& back = response.candidates(0).layout();
-  if (back.dp() != layout->dp() || back.tp() != layout->tp() || back.pp() != layout->pp()) {
+  if (back.dp() != layout->dp() || back.tp() != layout->tp() || back.pp() != layout->pp() ||
+      back.a2a_overlap() != layout->a2a_overlap()) {
     std::abort();
   }
   if (layout->pipeline_model_parallel_layout().empty() !=

@@ -114,7 +114,8 @@ void AddLayoutOptions(CLI::App* plan, PlanModelArgs* a) {
       ->needs(search)
       ->capture_default_str();
   plan->add_option("--pipelines", a->pipelines,
-                   "With --search: subset of gpipe,1f1b,interleaved, or all")
+                   "With --search: subset of gpipe,1f1b,interleaved,dualpipe, or all (all: the "
+                   "first three; dualpipe when named)")
       ->check(flags::NonEmpty())
       ->needs(search)
       ->capture_default_str();
@@ -125,6 +126,13 @@ void AddLayoutOptions(CLI::App* plan, PlanModelArgs* a) {
   plan->add_option("--sequence-parallel", a->sequence_parallel,
                    "With --search: try sequence parallelism off, on (where tp >= 2, not "
                    "ppmoe) or both; a --layout names it with sp=1")
+      ->check(CLI::IsMember({"off", "on", "both"}))
+      ->needs(search)
+      ->capture_default_str();
+  plan->add_option("--a2a-overlap", a->a2a_overlap,
+                   "With --search: try Megatron-Core's A2A overlap across micro-batches off, on "
+                   "(where ep >= 2 with one stage, interleaved or dualpipe) or both; a --layout "
+                   "names it with a2a_overlap=1")
       ->check(CLI::IsMember({"off", "on", "both"}))
       ->needs(search)
       ->capture_default_str();

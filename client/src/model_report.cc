@@ -259,7 +259,7 @@ std::string FormatLayoutTable(const v1::ModelConfig& m, const v1::PlanModelRespo
     const v1::Layout& l = c.layout();
     fmt::format_to(w,
                    "{:>4}  {:<6} {:>4} {:>3} {:>3} {:>4} {:>4} {:>4} {:>4} {:>4}  {:<15} {:>12.2f} "
-                   "{:>13.0f} {:>8.1f} {:>5.1f}% {:>8} {:>6.1f}%  {:<9} {}{}{}{}{}\n",
+                   "{:>13.0f} {:>8.1f} {:>5.1f}% {:>8} {:>6.1f}%  {:<9} {}{}{}{}{}{}\n",
                    c.rank(), dense ? "dense" : c.family(), l.dp(), l.tp(), l.pp(), l.ep(), l.esp(),
                    l.microbatches(), l.micro_batch_size(), l.zero_stage(), PipelineLabel(l),
                    c.iteration_us() / 1000.0, c.tokens_per_s_per_gpu(), c.tflops_per_gpu(),
@@ -272,7 +272,8 @@ std::string FormatLayoutTable(const v1::ModelConfig& m, const v1::PlanModelRespo
                        : fmt::format(" recompute={}", fmt::join(l.recompute_modules().begin(),
                                                                 l.recompute_modules().end(), "+")),
                    l.sequence_parallel() ? " sp" : "",
-                   l.cp() > 1 ? fmt::format(" cp={}", l.cp()) : "");
+                   l.cp() > 1 ? fmt::format(" cp={}", l.cp()) : "",
+                   l.a2a_overlap() ? " a2a_overlap" : "");
   }
   for (const v1::LayoutCandidate& c : plan.candidates()) {
     const v1::MemoryBreakdown& mb = c.memory();
@@ -282,10 +283,13 @@ std::string FormatLayoutTable(const v1::ModelConfig& m, const v1::PlanModelRespo
     }
     fmt::format_to(w,
                    "\n#{} {}: compute {:.2f} ms, exposed comm [{}] ms, grad sync {:.2f} ms, "
-                   "optimizer {:.2f} ms, bubble {:.2f} ms\n",
+                   "optimizer {:.2f} ms, bubble {:.2f} ms{}\n",
                    c.rank(), dense ? "dense" : c.family(), c.compute_us() / 1000.0,
                    comm.empty() ? "none" : comm, c.grad_sync_us() / 1000.0,
-                   c.optimizer_us() / 1000.0, c.bubble_us() / 1000.0);
+                   c.optimizer_us() / 1000.0, c.bubble_us() / 1000.0,
+                   c.overlap_hidden_us() > 0.0 ? fmt::format(", overlapped pairs hide {:.2f} ms",
+                                                             c.overlap_hidden_us() / 1000.0)
+                                               : "");
     fmt::format_to(w,
                    "   memory (stage {}): params {} + grads {} + optimizer {} + activations {} "
                    "({:.2f} micro-batches in flight) + capacity buffers {} = {} GiB{}\n",

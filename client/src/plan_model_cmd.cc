@@ -55,6 +55,7 @@ absl::Status InFile(const std::string& path, const absl::Status& s) {
       {"search.zero_stages", "--zero-stages"},
       {"search.max_microbatches", "--max-microbatches"},
       {"search.sequence_parallel", "--sequence-parallel"},
+      {"search.a2a_overlap", "--a2a-overlap"},
       {"search.context_parallel", "--context-parallel"},
       {"search.expert_tensor_parallel", "--expert-tensor-parallel"},
       {"memory.gpu_memory_gib", "--gpu-memory-gib"},
@@ -135,14 +136,17 @@ absl::Status SearchFromFlags(const PlanModelArgs& a, v1::PlanModelRequest* reque
                                                 "dpmoe, ppmoe, parm"));
   for (const std::string& f : families) s->add_families(f);
   MOEPLAN_ASSIGN_OR_RETURN(
-      auto pipelines, ParseNameList<std::string>("--pipelines", "pipeline schedule", a.pipelines,
-                                                 ParsePipelineName, "gpipe, 1f1b, interleaved"));
+      auto pipelines,
+      ParseNameList<std::string>("--pipelines", "pipeline schedule", a.pipelines, ParsePipelineName,
+                                 "gpipe, 1f1b, interleaved, dualpipe"));
   for (const std::string& ps : pipelines) s->add_pipelines(ps);
   MOEPLAN_ASSIGN_OR_RETURN(auto zeros, ParseNameList<int>("--zero-stages", "ZeRO stage",
                                                           a.zero_stages, ParseZero, "0, 1, 2, 3"));
   for (int z : zeros) s->add_zero_stages(z);
   if (a.sequence_parallel != "on") s->add_sequence_parallel(false);
   if (a.sequence_parallel != "off") s->add_sequence_parallel(true);
+  if (a.a2a_overlap != "on") s->add_a2a_overlap(false);
+  if (a.a2a_overlap != "off") s->add_a2a_overlap(true);
   for (const auto& [flag, list, field] :
        {std::tuple{"--context-parallel", &a.context_parallel, s->mutable_context_parallel()},
         std::tuple{"--expert-tensor-parallel", &a.expert_tensor_parallel,

@@ -11,6 +11,7 @@
 #include "moeplan/base/status.h"
 #include "moeplan/base/strings.h"
 #include "moeplan/planner/limits.h"
+#include "moeplan/planner/pipeline.h"
 
 namespace moeplan::planner {
 namespace {
@@ -196,6 +197,35 @@ absl::Status ValidatePipeline(const ModelConfig& m, const Layout& l, int64_t glo
   } else if (v != 1) {
     return Bad("layout.virtual_stages", "must be 1 unless pipeline is interleaved", Cat(v));
   }
+  if (l.pipeline == PipelineSchedule::kDualPipe) {
+    // DeepSeek's schedule: two micro-batch streams entering at either end.
+    if (l.pp < 2 || l.pp % 2 != 0) {
+      return Bad("layout.pp", "dualpipe needs an even pp >= 2 (stages pair from both ends)",
+                 Cat(l.pp));
+    }
+    if (l.microbatches % 2 != 0 || l.microbatches < 2 * l.pp) {
+      return Bad("layout.microbatches",
+                 "dualpipe needs an even number >= 2*pp (half enter at each end)",
+                 Cat("microbatches=", l.microbatches, ", pp=", l.pp));
+    }
+  }
+  if (l.a2a_overlap) {
+    if (m.IsDense() || l.ep < 2) {
+      return Bad("layout.a2a_overlap",
+                 "needs expert parallelism (ep >= 2): it hides the experts' AlltoAlls",
+                 Cat("ep=", l.ep));
+    }
+    // As Megatron-Core: one stage, or interleaved chunks. With 1F1B over
+    // stages a pair's backward would wait for the next stage's pair, which
+    // waits for this stage's last forward: neighbours would take turns.
+    if (l.pp > 1 && l.pipeline != PipelineSchedule::kInterleaved &&
+        l.pipeline != PipelineSchedule::kDualPipe) {
+      return Bad("layout.a2a_overlap",
+                 "with pp > 1 needs pipeline=interleaved (Megatron-Core's overlapped 1F1B runs "
+                 "one stage or virtual stages) or dualpipe",
+                 Cat("pipeline=", PipelineScheduleName(l.pipeline)));
+    }
+  }
   if (!l.stage_layers.empty()) {
     const int64_t stages = int64_t{l.pp} * v;
     if (static_cast<int64_t>(l.stage_layers.size()) != stages) {
@@ -316,6 +346,8 @@ std::string_view PipelineScheduleName(PipelineSchedule s) {
       return "1f1b";
     case PipelineSchedule::kInterleaved:
       return "interleaved";
+    case PipelineSchedule::kDualPipe:
+      return "dualpipe";
   }
   return "unknown";
 }
@@ -404,11 +436,13 @@ absl::Status ValidateLayout(const ModelConfig& m, const Layout& l, int64_t globa
 namespace internal {
 
 StageOptions ChunkOptions(const ModelConfig& m, const Layout& l, int stage, int chunk) {
-  const int v = std::max(1, l.virtual_stages);
+  const bool dual = l.pipeline == PipelineSchedule::kDualPipe;
+  const int v = dual ? 1 : std::max(1, l.virtual_stages);
   // Chunk i of n holds layers [i L / n, (i + 1) L / n): equal when n divides
-  // L, else each chunk floor(L / n) or one more, spread evenly.
+  // L, else each chunk floor(L / n) or one more, spread evenly. DualPipe's
+  // stages hold two of the pp segments each (DualPipeChunkOf).
   const int64_t n = int64_t{l.pp} * v, L = m.num_layers;
-  const int index = chunk * l.pp + stage;
+  const int index = dual ? DualPipeChunkOf(l.pp, stage, chunk).segment : chunk * l.pp + stage;
   StageOptions o;
   if (!l.stage_layers.empty()) {
     // A pipeline layout (ValidateLayout checked it has pp * v stages and

@@ -2,6 +2,7 @@
 #include "moeplan/planner/layout_memory.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <iterator>
 #include <string>
@@ -14,6 +15,7 @@
 #include "moeplan/base/status.h"
 #include "moeplan/base/strings.h"
 #include "moeplan/planner/model_planner.h"
+#include "moeplan/planner/pipeline.h"
 
 namespace moeplan::planner {
 
@@ -143,7 +145,7 @@ double ExpertRows(const ModelConfig& m, const Layout& l, double tokens) {
 MemoryBreakdown StageMemory(const ModelConfig& model, const Layout& l, int64_t mbs, int stage,
                             double in_flight, const MemoryOptions& o) {
   const ModelConfig m = ModelForLayout(model, l, mbs);
-  const int v = std::max(1, l.virtual_stages);
+  const int v = l.Chunks();
   MemoryBreakdown r;
   r.stage = stage;
   r.in_flight = in_flight;
@@ -162,7 +164,15 @@ MemoryBreakdown StageMemory(const ModelConfig& model, const Layout& l, int64_t m
   const double attn_kept = AttentionKept(m, dm);
   RankParams params;
   double act = 0.0, largest_block = 0.0, largest_recomputed = 0.0, buffers = 0.0;
+  // DualPipe's two segments are held for very different times: each
+  // chunk's activations count at its own peak (DualPipeHeld), the stage's
+  // `in_flight` (their sum over 2) is what the breakdown reports.
+  const bool dual = l.pipeline == PipelineSchedule::kDualPipe;
+  const std::array<int, 2> held =
+      dual ? DualPipeHeld(l.pp, l.microbatches, stage) : std::array<int, 2>{};
+  double held_act = 0.0;
   for (int c = 0; c < v; ++c) {
+    const double act_before = act;
     const StageOptions so = ChunkOptions(m, l, stage, c);
     const RankParams p = StageParams(m, so);
     params.dense += p.dense;
@@ -201,10 +211,12 @@ MemoryBreakdown StageMemory(const ModelConfig& model, const Layout& l, int64_t m
       // The logits and their fp32 loss, of the main output layer and each MTP depth's.
       act += (1.0 + m.mtp_num_layers) * S * static_cast<double>(m.vocab_size) / t * (e + 4.0);
     }
+    if (dual) held_act += (act - act_before) * held[static_cast<size_t>(c)];
   }
   r.activation_per_microbatch = act;
   // Recomputed activations live again for one block at a time.
-  r.activations = act * in_flight + (l.recompute ? largest_block : largest_recomputed);
+  r.activations =
+      (dual ? held_act : act * in_flight) + (l.recompute ? largest_block : largest_recomputed);
   r.capacity_buffers = buffers;
   HeldState(l, params, o.param_bytes > 0.0 ? o.param_bytes : e, o, &r);
   r.total = r.params + r.grads + r.optimizer + r.activations + r.capacity_buffers;

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <array>
+#include <memory>
 #include <vector>
 
 #include "field_rules.h"
@@ -73,6 +74,7 @@ ChunkKey LayoutPlanner::Impl::KeyOf(const ModelConfig& model, const Layout& l, i
                   so.embed,
                   so.head,
                   l.sequence_parallel,
+                  l.OverlapsPairs(),
                   std::vector<uint8_t>(at(so.first_block), at(so.end_block))};
 }
 
@@ -96,131 +98,11 @@ absl::StatusOr<ChunkTimes> LayoutPlanner::Impl::Chunk(const ModelConfig& model, 
   ModuleTimes(m, l, so, vp.graph, &modules);
   for (int z : {l.zero_stage, l.zero_stage == 1 ? 2 : l.zero_stage == 2 ? 1 : -1}) {
     if (z < 0) continue;
-    MOEPLAN_ASSIGN_OR_RETURN(ChunkTimes t, Times(vp, z >= 2));
+    MOEPLAN_ASSIGN_OR_RETURN(ChunkTimes t, Times(vp, z >= 2, l.OverlapsPairs()));
     t.module_fwd = modules.module_fwd;
     cache.emplace(KeyOf(model, l, mbs, so, z), t);
   }
   return cache.find(KeyOf(model, l, mbs, so, l.zero_stage))->second;
-}
-
-// The forward compute ops of each recomputation module, by name (the
-// experts' activation is inside fwd.expert: timed apart below).
-struct ModuleOp {
-  std::string_view base;
-  int module;
-};
-constexpr ModuleOp kModuleOps[] = {
-    {"fwd.flash_attn", 0}, {"fwd.attn_score", 0},  {"fwd.softmax", 0},    {"fwd.attn_ctx", 0},
-    {"fwd.ln1", 1},        {"fwd.ln2", 1},         {"fwd.fc1", 2},        {"fwd.gelu", 2},
-    {"fwd.swiglu", 2},     {"fwd.fc2", 2},         {"fwd.shared_fc1", 4}, {"fwd.shared_act", 4},
-    {"fwd.shared_fc2", 4}, {"fwd.shared_gate", 4}, {"fwd.q_up", 5},       {"fwd.kv_up", 5},
-};
-
-void LayoutPlanner::Impl::ModuleTimes(const ModelConfig& m, const Layout& l, const StageOptions& so,
-                                      const OpGraph& g, ChunkTimes* t) const {
-  t->module_fwd.fill(0.0);
-  for (OpId id = 0; id < g.size(); ++id) {
-    const Op& op = g.op(id);
-    if (op.phase != Phase::kForward || op.kind != OpKind::kCompute) continue;
-    for (const ModuleOp& mo : kModuleOps) {
-      if (op.base == mo.base) {
-        t->module_fwd[static_cast<size_t>(mo.module)] += op.cost_us;
-        break;
-      }
-    }
-  }
-  // moe_act: the activation over the rows a rank's experts hold, per MoE
-  // block (the MTP depths' with the head).
-  int moe_blocks = 0;
-  for (int blk = so.first_block; blk < so.end_block; ++blk) moe_blocks += m.IsMoeBlock(blk);
-  if (so.head && m.vocab_size > 0 && m.mtp_num_layers > 0 && m.IsMoeBlock(m.num_layers)) {
-    moe_blocks += m.mtp_num_layers;
-  }
-  if (moe_blocks > 0) {
-    const double rows = ExpertRows(m, l, static_cast<double>(m.micro_batch_size) * m.seq_length);
-    const double act =
-        rows * static_cast<double>(m.moe.expert_ffn_hidden_size) / l.esp * m.bytes_per_element;
-    t->module_fwd[3] =
-        moe_blocks * cost.ActivationUs((1.0 + m.FfnInputFactor()) * act, /*backward=*/false);
-  }
-}
-
-// A planned chunk's times (layout_planner_internal.h). The chunk's graph is
-// one micro-batch with its gradient synchronisation and optimizer step.
-// ZeRO 0-1 synchronise once per iteration, overlapping the last
-// micro-batch's backward: every micro-batch's backward is the graph's with
-// the buckets, optimizer and parameter gathers passed through (no cost, no
-// resource, dependencies kept), and the last one's extra time to the graph's
-// end is the tail. ZeRO 2-3 reduce-scatter every micro-batch's gradients: the
-// buckets end each backward.
-absl::StatusOr<ChunkTimes> LayoutPlanner::Impl::Times(const VariantPlan& vp,
-                                                      bool sync_in_backward) {
-  ChunkTimes t;
-  t.variant = vp.variant;
-  t.schedule = vp.schedule;
-  t.algo = vp.algo;
-  const OpGraph& g = vp.graph;
-  const SimResult& r = vp.sim;
-  auto synchronises = [&](const Op& op) {
-    return op.term == Term::kOptimizer || (op.flags & kGradSync) != 0;
-  };
-  // The backward without the synchronisation: its end, and the graph its
-  // critical path is read from.
-  const OpGraph* steps = &g;
-  const SimResult* times = &r;
-  double bwd_end = r.forward_end_us;
-  if (sync_in_backward) {
-    for (OpId id = 0; id < g.size(); ++id) {
-      const Op& op = g.op(id);
-      if (op.term == Term::kOptimizer) continue;
-      // ZeRO 2-3: the gradients' ReduceScatters end the backward; the
-      // parameter gathers after the step do not.
-      if ((op.flags & kGradSync) && op.base.substr(0, 4) != "bwd.") continue;
-      bwd_end = std::max(bwd_end, r.times[static_cast<size_t>(id)].end_us);
-    }
-  } else {
-    quiet_graph.Clear();
-    quiet_graph.CopyTables(g);
-    for (OpId id = 0; id < g.size(); ++id) {
-      Op op = g.op(id);
-      if (synchronises(op)) {
-        op.cost_us = 0.0;
-        op.resources = 0;
-      }
-      quiet_graph.Add(op, g.deps(id), g.exec(id));
-    }
-    MOEPLAN_RETURN_IF_ERROR(pipe_sim.Run(quiet_graph, &quiet_sim));
-    for (OpId id = 0; id < g.size(); ++id) {
-      if (synchronises(g.op(id))) continue;
-      bwd_end = std::max(bwd_end, quiet_sim.times[static_cast<size_t>(id)].end_us);
-    }
-    steps = &quiet_graph;
-    times = &quiet_sim;
-  }
-  t.fwd = r.forward_end_us;
-  t.bwd = bwd_end - t.fwd;
-  t.tail = std::max(0.0, r.makespan_us - bwd_end);
-  for (OpId id : times->critical_path) {
-    const Op& op = steps->op(id);
-    const double end = times->times[static_cast<size_t>(id)].end_us;
-    if (end <= t.fwd + 1e-9) {
-      t.fwd_terms[static_cast<size_t>(op.term)] += op.cost_us;
-    } else if (end <= bwd_end + 1e-9 && (sync_in_backward || !synchronises(g.op(id)))) {
-      t.bwd_terms[static_cast<size_t>(op.term)] += op.cost_us;
-    }
-  }
-  // What the iteration adds after the backward, from the whole graph.
-  for (OpId id : r.critical_path) {
-    const Op& op = g.op(id);
-    if (r.times[static_cast<size_t>(id)].end_us <= bwd_end + 1e-9 && !synchronises(op)) continue;
-    if (op.term == Term::kOptimizer) {
-      t.optimizer += op.cost_us;
-    } else if (sync_in_backward ? r.times[static_cast<size_t>(id)].end_us > bwd_end + 1e-9
-                                : synchronises(op)) {
-      t.grad_sync += op.cost_us;
-    }
-  }
-  return t;
 }
 
 // The time of one micro-batch's activation (or gradient) to the next stage:
@@ -255,7 +137,7 @@ void LayoutPlanner::Impl::P2p(const ModelConfig& model, const Layout& l, int64_t
 // Evaluates a validated layout with `mbs` sequences per micro-batch.
 absl::Status LayoutPlanner::Impl::Run(const ModelConfig& model, const Layout& l, int64_t mbs,
                                       const MemoryOptions& mem, LayoutCandidate* out) {
-  const int p = l.pp, v = std::max(1, l.virtual_stages), m = l.microbatches;
+  const int p = l.pp, v = l.Chunks(), m = l.microbatches;
   PipelineSpec spec;
   spec.schedule = l.pipeline;
   spec.stages = p;
@@ -277,6 +159,19 @@ absl::Status LayoutPlanner::Impl::Run(const ModelConfig& model, const Layout& l,
       chunks[i] = t;
     }
   }
+  if (l.OverlapsPairs()) {
+    // Each pair of a stage's chunks: one's forward with the other's backward.
+    spec.pairs.assign(static_cast<size_t>(p) * v * v, PairTime{});
+    for (int st = 0; st < p; ++st) {
+      for (int f = 0; f < v; ++f) {
+        for (int b = 0; b < v; ++b) {
+          const size_t fi = static_cast<size_t>(st) * v + f, bi = static_cast<size_t>(st) * v + b;
+          spec.pairs[fi * v + b] = PairUs(*chunks[fi].phases, *chunks[bi].phases, spec.fwd_us[fi],
+                                          spec.bwd_us[bi], RecomputeUs(l, chunks[bi]));
+        }
+      }
+    }
+  }
   P2p(model, l, mbs, &spec);
   PipelineResult pr;
   MOEPLAN_RETURN_IF_ERROR(TimePipeline(spec, &pipe_scratch, &pr));
@@ -294,11 +189,24 @@ absl::Status LayoutPlanner::Impl::Run(const ModelConfig& model, const Layout& l,
   out->bubble_us = pr.bubble_us;
   out->bubble_fraction = pr.makespan_us > 0.0 ? pr.bubble_us / pr.makespan_us : 0.0;
   Breakdown(l, spec, pr, chunks, out);
+  out->overlap_hidden_us = 0.0;
+  if (!spec.pairs.empty()) {
+    const int s = pr.busiest_stage;
+    const std::vector<PipeStep> order = PipelineOrder(l.pipeline, p, v, m, s, l.a2a_overlap);
+    for (size_t i = 0; i + 1 < order.size(); ++i) {
+      if (!order[i].with_next) continue;
+      const size_t f = static_cast<size_t>(s) * v + order[i].chunk,
+                   b = static_cast<size_t>(s) * v + order[i + 1].chunk;
+      out->overlap_hidden_us +=
+          spec.fwd_us[f] + spec.bwd_us[b] -
+          spec.pairs[f * v + static_cast<size_t>(order[i + 1].chunk)].total_us;
+    }
+  }
   // Memory: the stage that needs the most.
   out->memory = MemoryBreakdown{};
   for (int st = 0; st < p; ++st) {
-    const MemoryBreakdown mb =
-        StageMemory(model, l, mbs, st, InFlightMicrobatches(l.pipeline, p, v, m, st), mem);
+    const MemoryBreakdown mb = StageMemory(
+        model, l, mbs, st, InFlightMicrobatches(l.pipeline, p, v, m, st, l.a2a_overlap), mem);
     if (st == 0 || mb.total > out->memory.total) out->memory = mb;
   }
   out->feasible = out->memory.fits();
@@ -335,6 +243,8 @@ absl::StatusOr<internal::ChunkBound> LayoutPlanner::Impl::BoundOf(const ModelCon
       out.tail = t.tail;
       // Its load is the pipeline's own: simulated exactly, left out here.
       out.exact = true;
+      out.phases = t.phases;
+      out.recompute = RecomputeUs(l, t);
       return out;
     }
   }
@@ -375,7 +285,7 @@ absl::StatusOr<internal::ChunkBound> LayoutPlanner::Impl::BoundOf(const ModelCon
 // largest (-1: none).
 absl::StatusOr<double> LayoutPlanner::Impl::Bound(const ModelConfig& model, const Layout& l,
                                                   int64_t mbs, bool refined, int* unplanned) {
-  const int p = l.pp, v = std::max(1, l.virtual_stages);
+  const int p = l.pp, v = l.Chunks();
   PipelineSpec spec;
   spec.schedule = l.pipeline;
   spec.stages = p;
@@ -386,11 +296,15 @@ absl::StatusOr<double> LayoutPlanner::Impl::Bound(const ModelConfig& model, cons
   spec.tail_us.assign(static_cast<size_t>(p), 0.0);
   double load = 0.0, heaviest = -1.0;
   if (unplanned != nullptr) *unplanned = -1;
+  const bool pairs = l.OverlapsPairs();
+  if (pairs) spec.pairs.assign(static_cast<size_t>(p) * v * v, PairTime{});
+  std::vector<internal::ChunkBound> stage(static_cast<size_t>(v));
   for (int st = 0; st < p; ++st) {
     double stage_load = 0.0;
     for (int c = 0; c < v; ++c) {
-      MOEPLAN_ASSIGN_OR_RETURN(const internal::ChunkBound b,
+      MOEPLAN_ASSIGN_OR_RETURN(stage[static_cast<size_t>(c)],
                                BoundOf(model, l, mbs, ChunkOptions(model, l, st, c), refined));
+      const internal::ChunkBound& b = stage[static_cast<size_t>(c)];
       const size_t i = static_cast<size_t>(st) * v + c;
       spec.fwd_us[i] = b.fwd;
       spec.bwd_us[i] = b.bwd;
@@ -399,6 +313,17 @@ absl::StatusOr<double> LayoutPlanner::Impl::Bound(const ModelConfig& model, cons
       if (unplanned != nullptr && !b.exact && b.load > heaviest) {
         heaviest = b.load;
         *unplanned = static_cast<int>(i);
+      }
+    }
+    // A pair takes at least either step alone (PairUs); planned chunks' pairs exactly.
+    for (int f = 0; pairs && f < v; ++f) {
+      for (int c = 0; c < v; ++c) {
+        const internal::ChunkBound &fb = stage[static_cast<size_t>(f)],
+                                   &bb = stage[static_cast<size_t>(c)];
+        // Unplanned: the pair's outputs ready at its start (a lower bound).
+        spec.pairs[(static_cast<size_t>(st) * v + f) * v + c] =
+            fb.phases && bb.phases ? PairUs(*fb.phases, *bb.phases, fb.fwd, bb.bwd, bb.recompute)
+                                   : PairTime{0.0, 0.0, std::max(fb.fwd, bb.bwd)};
       }
     }
     load = std::max(load, stage_load);
@@ -415,7 +340,7 @@ absl::StatusOr<double> LayoutPlanner::Impl::Bound(const ModelConfig& model, cons
 // times, simulated as Run does).
 absl::StatusOr<double> LayoutPlanner::Impl::NoFasterThan(const ModelConfig& model, const Layout& l,
                                                          int64_t mbs, double cut) {
-  const int v = std::max(1, l.virtual_stages);
+  const int v = l.Chunks();
   for (;;) {
     int next = -1;
     MOEPLAN_ASSIGN_OR_RETURN(const double bound, Bound(model, l, mbs, true, &next));
@@ -426,7 +351,7 @@ absl::StatusOr<double> LayoutPlanner::Impl::NoFasterThan(const ModelConfig& mode
 
 absl::Status LayoutPlanner::Impl::CheckChunks(const ModelConfig& model, const Layout& l,
                                               int64_t mbs) {
-  const int v = std::max(1, l.virtual_stages);
+  const int v = l.Chunks();
   for (int st = 0; st < l.pp; ++st) {
     for (int c = 0; c < v; ++c) {
       const StageOptions so = ChunkOptions(model, l, st, c);
@@ -447,13 +372,14 @@ void LayoutPlanner::Impl::Begin(const ModelConfig& model, const ModelPlanOptions
   cache.clear();
   bounds.clear();
   checked.clear();
+  merged.clear();
   plan_options = options;
 }
 
 void LayoutPlanner::Impl::Breakdown(const Layout& l, const PipelineSpec& spec,
                                     const PipelineResult& pr, const std::vector<ChunkTimes>& chunks,
                                     LayoutCandidate* out) const {
-  const int v = std::max(1, l.virtual_stages), m = l.microbatches;
+  const int v = l.Chunks(), m = l.microbatches;
   const int s = pr.busiest_stage;
   std::array<double, kNumTerms> terms{};
   out->compute_us = out->grad_sync_us = out->optimizer_us = 0.0;
@@ -537,7 +463,7 @@ absl::Status LayoutPlanner::Program(const ModelConfig& model, const Layout& layo
   Impl& s = *impl_;
   MOEPLAN_RETURN_IF_ERROR(ValidateModelPlanOptions(plan));
   MOEPLAN_ASSIGN_OR_RETURN(const Layout l, OneLayout(model, layout, s.cost.profile().shape));
-  const int p = l.pp, v = std::max(1, l.virtual_stages);
+  const int p = l.pp, v = l.Chunks();
   const int64_t mbs = model.GlobalBatch() / (int64_t{l.dp} * l.microbatches);
   const ModelConfig m = ModelForLayout(model, l, mbs);
   const ModelPlanOptions opt = OptionsFor(model, plan, l);

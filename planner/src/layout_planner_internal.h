@@ -6,6 +6,7 @@
 
 #include <array>
 #include <cstdint>
+#include <memory>
 #include <utility>
 #include <vector>
 
@@ -13,6 +14,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "moeplan/planner/layout_planner.h"
+#include "moeplan/planner/pair_overlap.h"
 #include "moeplan/planner/pipeline.h"
 #include "moeplan/planner/pipeline_program.h"
 
@@ -31,6 +33,9 @@ struct ChunkTimes {
   Variant variant = Variant::kNone;
   Schedule schedule = Schedule::kDefault;
   AllToAllAlgo algo = AllToAllAlgo::kLinear;
+  // The forward and backward phases, kept for layouts that overlap
+  // forward-backward pairs (Layout::OverlapsPairs); shared by the copies.
+  std::shared_ptr<const ChunkPhases> phases;
 };
 
 // A chunk's part of a layout's lower bound (LayoutPlanner::Impl::BoundOf):
@@ -39,6 +44,9 @@ struct ChunkTimes {
 struct ChunkBound {
   double fwd = 0.0, bwd = 0.0, tail = 0.0, load = 0.0;
   bool exact = false;
+  // Exact: its phases (overlapping layouts) and its recomputation per backward.
+  std::shared_ptr<const ChunkPhases> phases;
+  double recompute = 0.0;
 };
 
 struct ChunkKey {
@@ -46,6 +54,7 @@ struct ChunkKey {
   int tp, cp, dp, ep, esp, edp, zero, blocks, phase;
   uint8_t family;
   bool embed, head, sequence_parallel;
+  bool pairs;  // ChunkTimes::phases kept
   // With moe.layer_pattern (phase 0): the chunk's blocks' entries, which
   // decide its MoE blocks as the phase does for moe.layer_freq.
   std::vector<uint8_t> pattern;
@@ -53,7 +62,7 @@ struct ChunkKey {
   template <typename H>
   friend H AbslHashValue(H h, const ChunkKey& k) {
     return H::combine(std::move(h), k.mbs, k.tp, k.cp, k.dp, k.ep, k.esp, k.edp, k.zero, k.blocks,
-                      k.phase, k.family, k.embed, k.head, k.sequence_parallel, k.pattern);
+                      k.phase, k.family, k.embed, k.head, k.sequence_parallel, k.pairs, k.pattern);
   }
 };
 
@@ -94,6 +103,9 @@ struct LayoutPlanner::Impl {
   SimResult quiet_sim;
   SearchStats* stats = nullptr;
   ModelPlanOptions plan_options;
+  // PairUs's merges by (forward's phases, backward's phases).
+  absl::flat_hash_map<std::pair<const ChunkPhases*, const ChunkPhases*>, PairTime> merged;
+  MergeScratch merge_scratch;
 
   ChunkKey KeyOf(const ModelConfig& model, const Layout& l, int64_t mbs, const StageOptions& so,
                  int zero) const;
@@ -104,7 +116,14 @@ struct LayoutPlanner::Impl {
   // buckets end every micro-batch's backward. Otherwise (ZeRO 0-1) only the
   // last micro-batch synchronises: the backward is the chunk's without its
   // buckets, and what they add to the last one is in the tail.
-  absl::StatusOr<ChunkTimes> Times(const VariantPlan& vp, bool sync_in_backward);
+  // `phases`: with ChunkTimes::phases.
+  absl::StatusOr<ChunkTimes> Times(const VariantPlan& vp, bool sync_in_backward, bool phases);
+  // An overlapped pair's times (PipelineSpec::pairs): chunk `f`'s forward
+  // (f_us) with chunk `b`'s backward (b_us, `recompute` of it its
+  // recomputation, run first) merged (MergedUs, cached); never below either
+  // step alone, and when no faster than both in turn, those.
+  PairTime PairUs(const ChunkPhases& f, const ChunkPhases& b, double f_us, double b_us,
+                  double recompute);
   // ChunkTimes::module_fwd of a chunk's plan: `m` the stage's model.
   void ModuleTimes(const ModelConfig& m, const Layout& l, const StageOptions& so, const OpGraph& g,
                    ChunkTimes* t) const;

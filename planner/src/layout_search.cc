@@ -186,6 +186,7 @@ struct Axes {
   std::vector<bool> sequence_parallel;
   std::vector<int> expert_tensor_parallel;  // folded grids tried
   ClusterShape cluster;
+  std::vector<bool> a2a_overlap;
 };
 
 // The folded expert grids of a tied dpmoe layout `l` with sequence
@@ -241,10 +242,10 @@ bool FitsSomeWay(const ModelConfig& model, int64_t mbs, const MemoryOptions& mem
     l->recompute = rc;
     bool ok = true;
     for (int stage = 0; stage < l->pp && ok; ++stage) {
-      ok = StageMemory(
-               model, *l, mbs, stage,
-               InFlightMicrobatches(l->pipeline, l->pp, l->virtual_stages, l->microbatches, stage),
-               mem)
+      ok = StageMemory(model, *l, mbs, stage,
+                       InFlightMicrobatches(l->pipeline, l->pp, l->Chunks(), l->microbatches, stage,
+                                            l->a2a_overlap),
+                       mem)
                .fits();
     }
     if (ok) return true;
@@ -252,7 +253,24 @@ bool FitsSomeWay(const ModelConfig& model, int64_t mbs, const MemoryOptions& mem
   return false;
 }
 
-// Every (layout, zero, pipeline, v, m) candidate that fits memory.
+// Whether `base` can run pipeline `ps` with v chunks, m micro-batches and
+// the A2A overlap `ov` (the rules of ValidateLayout the axes can break).
+bool Schedulable(const ModelConfig& model, const Layout& base, PipelineSchedule ps, int v, int m,
+                 bool ov) {
+  if (ps == PipelineSchedule::kInterleaved &&
+      (base.pp < 2 || m % base.pp != 0 || !EvenOrTwoEach(model.num_layers, base.pp * v))) {
+    return false;
+  }
+  if (ps == PipelineSchedule::kDualPipe && (base.pp % 2 != 0 || m % 2 != 0 || m < 2 * base.pp)) {
+    return false;
+  }
+  // Overlap needs EP AlltoAlls to hide, and one stage, interleaving or DualPipe.
+  return !ov || (!model.IsDense() && base.ep >= 2 &&
+                 (base.pp == 1 || ps == PipelineSchedule::kInterleaved ||
+                  ps == PipelineSchedule::kDualPipe));
+}
+
+// Every (layout, zero, pipeline, v, m, overlap) candidate that fits memory.
 absl::Status EnumerateCandidates(const ModelConfig& model, std::span<const Layout> layouts,
                                  const SearchOptions& options, const Axes& axes,
                                  const MemoryOptions& mem, const Deadline& deadline,
@@ -267,36 +285,35 @@ absl::Status EnumerateCandidates(const ModelConfig& model, std::span<const Layou
           std::vector<int> vs = {1};
           if (ps == PipelineSchedule::kInterleaved) vs = options.virtual_stages;
           for (int v : vs) {
-            Layout l = base;
-            l.microbatches = m;
-            l.zero_stage = z;
-            l.pipeline = ps;
-            l.virtual_stages = v;
-            if (ps == PipelineSchedule::kInterleaved &&
-                (base.pp < 2 || m % base.pp != 0 ||
-                 !EvenOrTwoEach(model.num_layers, base.pp * v))) {
-              continue;
+            for (bool ov : axes.a2a_overlap) {
+              if (!Schedulable(model, base, ps, v, m, ov)) continue;
+              Layout l = base;
+              l.microbatches = m;
+              l.zero_stage = z;
+              l.pipeline = ps;
+              l.virtual_stages = v;
+              l.a2a_overlap = ov;
+              // Enumeration alone can take seconds on the largest searches.
+              if (st->enumerated % 1024 == 0) {
+                MOEPLAN_RETURN_IF_ERROR(deadline.Check("search"));
+              }
+              if (++st->enumerated > kMaxSearchCandidates) {
+                return absl::ResourceExhaustedError(
+                    Cat("search: more than ", kMaxSearchCandidates,
+                        " candidate layouts to enumerate; narrow search.gpus, search.families, "
+                        "search.pipelines, search.zero_stages or search.max_microbatches"));
+              }
+              if (PipelineSteps(l) > kMaxPipelineSteps) {
+                ++st->over_limit;
+                continue;
+              }
+              const int64_t mbs = per_replica / m;
+              if (!FitsSomeWay(model, mbs, mem, &l)) {
+                ++st->pruned_memory;
+                continue;
+              }
+              pending->push_back({l, mbs, 0.0, -1.0, pending->size()});
             }
-            // Enumeration alone can take seconds on the largest searches.
-            if (st->enumerated % 1024 == 0) {
-              MOEPLAN_RETURN_IF_ERROR(deadline.Check("search"));
-            }
-            if (++st->enumerated > kMaxSearchCandidates) {
-              return absl::ResourceExhaustedError(
-                  Cat("search: more than ", kMaxSearchCandidates,
-                      " candidate layouts to enumerate; narrow search.gpus, search.families, "
-                      "search.pipelines, search.zero_stages or search.max_microbatches"));
-            }
-            if (PipelineSteps(l) > kMaxPipelineSteps) {
-              ++st->over_limit;
-              continue;
-            }
-            const int64_t mbs = per_replica / m;
-            if (!FitsSomeWay(model, mbs, mem, &l)) {
-              ++st->pruned_memory;
-              continue;
-            }
-            pending->push_back({l, mbs, 0.0, -1.0, pending->size()});
           }
         }
       }
@@ -395,10 +412,13 @@ absl::Status ValidateSearchOptions(const SearchOptions& o) {
   if (o.max_microbatches < 1 || o.max_microbatches > 4096) {
     return Bad("search.max_microbatches", "must be between 1 and 4096", Cat(o.max_microbatches));
   }
-  if (o.sequence_parallel.size() > 2 ||
-      (o.sequence_parallel.size() == 2 && o.sequence_parallel[0] == o.sequence_parallel[1])) {
-    return Bad("search.sequence_parallel", "each of false and true may be listed once",
-               Cat(o.sequence_parallel.size(), " values"));
+  for (const auto& [field, values] : {std::pair<std::string_view, const std::vector<bool>*>{
+                                          "search.sequence_parallel", &o.sequence_parallel},
+                                      {"search.a2a_overlap", &o.a2a_overlap}}) {
+    if (values->size() > 2 || (values->size() == 2 && (*values)[0] == (*values)[1])) {
+      return Bad(field, "each of false and true may be listed once",
+                 Cat(values->size(), " values"));
+    }
   }
   for (const auto& [field, list] : {std::pair<std::string_view, const std::vector<int>*>{
                                         "search.context_parallel", &o.context_parallel},
@@ -455,8 +475,10 @@ absl::Status LayoutPlanner::Search(const ModelConfig& model, const SearchOptions
   Axes axes{options.pipelines, options.zero_stages, options.sequence_parallel,
             options.expert_tensor_parallel, cluster};
   if (axes.sequence_parallel.empty()) axes.sequence_parallel = {false};
+  axes.a2a_overlap = options.a2a_overlap;
+  if (axes.a2a_overlap.empty()) axes.a2a_overlap = {false};
   if (axes.pipelines.empty()) {
-    axes.pipelines.assign(std::begin(kAllPipelineSchedules), std::end(kAllPipelineSchedules));
+    axes.pipelines.assign(std::begin(kDefaultSearchPipelines), std::end(kDefaultSearchPipelines));
   }
   if (axes.zeros.empty()) axes.zeros = {0, 1, 2, 3};
   std::vector<int> cps = options.context_parallel;

@@ -3,16 +3,119 @@
 #include "moeplan/planner/pipeline.h"
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
+#include <initializer_list>
+#include <optional>
 #include <vector>
 
 #include "moeplan/base/status.h"
 
 namespace moeplan::planner {
 
-std::vector<PipeStep> PipelineOrder(PipelineSchedule schedule, int p, int v, int m, int s) {
+namespace {
+
+// A 1F1B-style order from the stage's forward and backward sequences:
+// `warm` forwards, then one forward and one backward (run overlapped, with
+// `overlap`), then the backwards left.
+std::vector<PipeStep> OneFOneB(const std::vector<PipeStep>& f, const std::vector<PipeStep>& b,
+                               size_t warm, bool overlap) {
   std::vector<PipeStep> out;
-  if (schedule == PipelineSchedule::kGpipe || p == 1) {
+  out.reserve(f.size() + b.size());
+  warm = std::min(warm, f.size());
+  out.insert(out.end(), f.begin(), f.begin() + static_cast<ptrdiff_t>(warm));
+  for (size_t i = 0; i + warm < f.size(); ++i) {
+    out.push_back(f[warm + i]);
+    out.back().with_next = overlap;
+    out.push_back(b[i]);
+  }
+  out.insert(out.end(), b.begin() + static_cast<ptrdiff_t>(f.size() - warm), b.end());
+  return out;
+}
+
+// DeepSeek's DualPipe on stage s (half rank h = min(s, p-1-s)), its eight
+// phases: chunk 0's warm-up forwards, both chunks' forwards, chunk 1's
+// backward-forward steps, the main loop of overlapped pairs (chunk 0's
+// forward with chunk 1's backward, then the reverse; the middle ranks run
+// their first pair apart), chunk 1's backwards with pairs, then the
+// backwards left. Its zero-bubble split of backwards into input and weight
+// gradients is not modelled: each backward holds both.
+std::vector<PipeStep> DualPipeOrder(int p, int m, int s) {
+  const int half = p / 2, h = std::min(s, p - 1 - s), n = m / 2;
+  std::array<int, 2> next_f{}, next_b{};
+  std::vector<PipeStep> out;
+  out.reserve(static_cast<size_t>(m) * 2);
+  auto f = [&](int c, bool with_next = false) {
+    out.push_back({true, c, next_f[static_cast<size_t>(c)]++, with_next});
+  };
+  auto b = [&](int c) { out.push_back({false, c, next_b[static_cast<size_t>(c)]++}); };
+  for (int i = 0; i < (half - h - 1) * 2; ++i) f(0);
+  for (int i = 0; i < h + 1; ++i) f(0), f(1);
+  for (int i = 0; i < half - h - 1; ++i) b(1), f(1);
+  for (int i = 0; i < n - p + h + 1; ++i) {
+    f(0, !(i == 0 && h == half - 1)), b(1);
+    f(1, true), b(0);
+  }
+  for (int i = 0; i < half - h - 1; ++i) b(1), f(1, true), b(0);
+  for (int i = 0; i < h + 1; ++i) b(1), b(0);
+  for (int i = 0; i < half - h - 1; ++i) b(0);
+  return out;
+}
+
+}  // namespace
+
+DualPipeChunk DualPipeChunkOf(int p, int s, int c) {
+  const int h = std::min(s, p - 1 - s);
+  const int segment = c == 0 ? h : p - 1 - h;
+  return {segment == s ? 0 : 1, segment};
+}
+
+std::array<int, 2> DualPipeHeld(int p, int m, int s) {
+  std::array<int, 2> held{}, peak{};
+  for (const PipeStep& st : DualPipeOrder(p, m, s)) {
+    int& h = held[static_cast<size_t>(st.chunk)];
+    h += st.forward ? 1 : -1;
+    peak[static_cast<size_t>(st.chunk)] = std::max(peak[static_cast<size_t>(st.chunk)], h);
+  }
+  return peak;
+}
+
+PipeFeed FeedOf(PipelineSchedule schedule, int p, int v, int s, const PipeStep& st) {
+  PipeFeed in;
+  const int c = st.chunk;
+  if (schedule == PipelineSchedule::kDualPipe) {
+    // Segment k of direction d sits on stage k (d = 0) or p - 1 - k, as
+    // chunk 0 when k < p / 2.
+    const DualPipeChunk at = DualPipeChunkOf(p, s, c);
+    const int k = at.segment + (st.forward ? -1 : 1);
+    in.last = st.forward ? at.segment == p - 1 : at.segment == 0;
+    if (k < 0) {
+      in.none = true;
+    } else if (k >= p) {
+      in = {s, c, true, false, in.last};
+    } else {
+      in = {at.direction == 0 ? k : p - 1 - k, k < p / 2 ? 0 : 1, st.forward, false, in.last};
+    }
+    return in;
+  }
+  if (st.forward) {
+    in.last = s == p - 1 && c == v - 1;
+    if (s > 0) return {s - 1, c, true, false, in.last};
+    if (c > 0) return {p - 1, c - 1, true, false, in.last};
+    in.none = true;
+    return in;
+  }
+  in.last = s == 0 && c == 0;
+  if (s < p - 1) return {s + 1, c, false, false, in.last};
+  if (c < v - 1) return {0, c + 1, false, false, in.last};
+  return {s, c, true, false, in.last};
+}
+
+std::vector<PipeStep> PipelineOrder(PipelineSchedule schedule, int p, int v, int m, int s,
+                                    bool overlap) {
+  if (schedule == PipelineSchedule::kDualPipe) return DualPipeOrder(p, m, s);
+  std::vector<PipeStep> out;
+  if (schedule == PipelineSchedule::kGpipe || (p == 1 && !overlap)) {
     if (p == 1 && schedule != PipelineSchedule::kGpipe) {
       // One stage: each micro-batch's backward right after its forward.
       for (int i = 0; i < m; ++i) {
@@ -29,15 +132,22 @@ std::vector<PipeStep> PipelineOrder(PipelineSchedule schedule, int p, int v, int
     }
     return out;
   }
-  if (schedule == PipelineSchedule::k1F1B || v == 1) {
-    const int warm = std::min(p - s - 1, m);
-    for (int i = 0; i < warm; ++i) out.push_back({true, 0, i});
-    for (int i = 0; i < m - warm; ++i) {
-      out.push_back({true, 0, warm + i});
-      out.push_back({false, 0, i});
+  // Each order is warm forwards, then forward-backward pairs, then the
+  // backwards left (OneFOneB); overlapping adds one warm-up forward so that
+  // a pair's two steps are different micro-batches.
+  const size_t more = overlap ? 1 : 0;
+  std::vector<PipeStep> f, b;
+  if (p == 1) {
+    // One stage, overlapped: micro-batch i + 1's chunks forward with i's backward.
+    for (int i = 0; i < m; ++i) {
+      for (int c = 0; c < v; ++c) f.push_back({true, c, i});
+      for (int c = v - 1; c >= 0; --c) b.push_back({false, c, i});
     }
-    for (int i = m - warm; i < m; ++i) out.push_back({false, 0, i});
-    return out;
+    return OneFOneB(f, b, static_cast<size_t>(v) - 1 + more, overlap);
+  }
+  if (schedule == PipelineSchedule::k1F1B || v == 1) {
+    for (int i = 0; i < m; ++i) f.push_back({true, 0, i}), b.push_back({false, 0, i});
+    return OneFOneB(f, b, static_cast<size_t>(std::min(p - s - 1, m)) + more, overlap);
   }
   // Megatron-LM's interleaved 1F1B: micro-steps k over m * v, in groups of p
   // micro-batches per chunk.
@@ -48,13 +158,8 @@ std::vector<PipeStep> PipelineOrder(PipelineSchedule schedule, int p, int v, int
     const int chunk = fwd ? in_group / p : v - 1 - in_group / p;
     return PipeStep{fwd, chunk, (k / (p * v)) * p + k % p};
   };
-  for (int k = 0; k < warm; ++k) out.push_back(step(k, true));
-  for (int i = 0; i < n - warm; ++i) {
-    out.push_back(step(warm + i, true));
-    out.push_back(step(i, false));
-  }
-  for (int k = n - warm; k < n; ++k) out.push_back(step(k, false));
-  return out;
+  for (int k = 0; k < n; ++k) f.push_back(step(k, true)), b.push_back(step(k, false));
+  return OneFOneB(f, b, static_cast<size_t>(warm) + more, overlap);
 }
 
 // The peak of PipelineOrder's held forwards in closed form (the search asks
@@ -62,54 +167,75 @@ std::vector<PipeStep> PipelineOrder(PipelineSchedule schedule, int p, int v, int
 // 1,024-stage search quadratic). Every order is `warm` forwards, then pairs of
 // one forward and one backward, then the remaining backwards: the peak is
 // `warm`, plus one when a pair follows. One stage runs each micro-batch's v
-// chunks forward, then back; GPipe holds every forward.
-double InFlightMicrobatches(PipelineSchedule schedule, int p, int v, int m, int s) {
+// chunks forward, then back; GPipe holds every forward. DualPipe's order is
+// walked (a schedule asked for by name, not enumerated).
+double InFlightMicrobatches(PipelineSchedule schedule, int p, int v, int m, int s, bool overlap) {
   int64_t peak = 0;
+  if (schedule == PipelineSchedule::kDualPipe) {
+    int64_t held = 0;
+    for (const PipeStep& st : DualPipeOrder(p, m, s)) {
+      held += st.forward ? 1 : -1;
+      peak = std::max(peak, held);
+    }
+    return static_cast<double>(peak) / 2.0;
+  }
   if (schedule == PipelineSchedule::kGpipe) {
     peak = int64_t{m} * v;
-  } else if (p == 1) {
+  } else if (p == 1 && !overlap) {
     peak = m > 0 ? v : 0;
   } else {
     const bool one = schedule == PipelineSchedule::k1F1B || v == 1;
-    const int64_t n = one ? m : int64_t{m} * v;
-    const int64_t warm = one        ? std::min<int64_t>(p - s - 1, m)
-                         : m == p ? n
-                                  : std::min<int64_t>(int64_t{p - s - 1} * 2 + int64_t{v - 1} * p, n);
+    const int64_t n = one && p > 1 ? m : int64_t{m} * v;
+    const int64_t more = overlap ? 1 : 0;
+    const int64_t warm = std::min<int64_t>(
+        (p == 1   ? int64_t{v} - 1
+         : one    ? std::min<int64_t>(p - s - 1, m)
+         : m == p ? n
+                  : std::min<int64_t>(int64_t{p - s - 1} * 2 + int64_t{v - 1} * p, n)) +
+            more,
+        n);
     peak = warm + (n > warm ? 1 : 0);
   }
   return static_cast<double>(peak) / v;
 }
 
 absl::Status WalkPipeline(PipelineSchedule schedule, int p, int v, int m,
-                          absl::FunctionRef<void(int stage, const PipeStep& step)> visit) {
+                          absl::FunctionRef<void(int stage, const PipeStep& step)> visit,
+                          bool overlap) {
+  const bool dual = schedule == PipelineSchedule::kDualPipe;
+  const int mbs = dual ? m / 2 : m;  // micro-batches per chunk
   std::vector<std::vector<PipeStep>> order(static_cast<size_t>(p));
-  for (int s = 0; s < p; ++s) order[static_cast<size_t>(s)] = PipelineOrder(schedule, p, v, m, s);
+  for (int s = 0; s < p; ++s) {
+    order[static_cast<size_t>(s)] = PipelineOrder(schedule, p, v, m, s, overlap);
+  }
   auto idx = [&](int s, int c, int i, bool fwd) {
-    return ((static_cast<size_t>(s) * v + c) * m + i) * 2 + (fwd ? 1 : 0);
+    return ((static_cast<size_t>(s) * v + c) * mbs + i) * 2 + (fwd ? 1 : 0);
   };
-  std::vector<uint8_t> issued(static_cast<size_t>(p) * v * m * 2, 0);
+  std::vector<uint8_t> issued(static_cast<size_t>(p) * v * mbs * 2, 0);
   std::vector<size_t> next(static_cast<size_t>(p), 0);
   size_t left = issued.size();
+  auto ready = [&](int s, const PipeStep& st) {
+    const PipeFeed in = FeedOf(schedule, p, v, s, st);
+    return in.none || issued[idx(in.stage, in.chunk, st.mb, in.forward)] != 0;
+  };
   while (left > 0) {
     bool progress = false;
     for (int s = 0; s < p; ++s) {
+      const std::vector<PipeStep>& os = order[static_cast<size_t>(s)];
       auto& ns = next[static_cast<size_t>(s)];
-      while (ns < order[static_cast<size_t>(s)].size()) {
-        const PipeStep st = order[static_cast<size_t>(s)][ns];
-        // The input: the previous chunk's forward, or the next one's backward
-        // (the last chunk's backward: its own forward).
-        const int c = st.chunk, i = st.mb;
-        const bool ready = st.forward ? (s > 0   ? issued[idx(s - 1, c, i, true)] != 0
-                                         : c > 0 ? issued[idx(p - 1, c - 1, i, true)] != 0
-                                                 : true)
-                                      : (s < p - 1   ? issued[idx(s + 1, c, i, false)] != 0
-                                         : c < v - 1 ? issued[idx(0, c + 1, i, false)] != 0
-                                                     : issued[idx(s, c, i, true)] != 0);
-        if (!ready) break;
-        visit(s, st);
-        issued[idx(s, c, i, st.forward)] = 1;
-        --left;
-        ++ns;
+      while (ns < os.size()) {
+        // A step, or an overlapped pair: both steps' inputs issued.
+        const size_t n = os[ns].with_next && ns + 1 < os.size() ? 2 : 1;
+        bool go = true;
+        for (size_t k = 0; k < n; ++k) go = go && ready(s, os[ns + k]);
+        if (!go) break;
+        for (size_t k = 0; k < n; ++k) {
+          const PipeStep& st = os[ns + k];
+          visit(s, st);
+          issued[idx(s, st.chunk, st.mb, st.forward)] = 1;
+        }
+        left -= n;
+        ns += n;
         progress = true;
       }
     }
@@ -129,7 +255,7 @@ struct GraphSink {
     g->Reserve(static_cast<int>(steps * 2 + static_cast<size_t>(stages)),
                static_cast<int>(steps * 4));
   }
-  OpId Add(const Op& op, OpId a, OpId b = kNoOp) { return g->Add(op, {a, b}); }
+  OpId Add(const Op& op, std::initializer_list<OpId> deps) { return g->Add(op, deps); }
 };
 
 // Each op timed by the simulator's rule (TimeOp) in issue order: its end
@@ -142,9 +268,9 @@ struct TimeSink {
     s->ends.reserve(steps * 2 + static_cast<size_t>(stages));
     s->free_at.assign(static_cast<size_t>(stages) * kNumResources, 0.0);
   }
-  OpId Add(const Op& op, OpId a, OpId b = kNoOp) {
+  OpId Add(const Op& op, std::initializer_list<OpId> deps) {
     double ready = 0.0;
-    for (OpId d : {a, b}) {
+    for (OpId d : deps) {
       if (d != kNoOp) ready = std::max(ready, s->ends[static_cast<size_t>(d)]);
     }
     const double end = TimeOp(op.resources, op.cost_us, ready,
@@ -156,8 +282,9 @@ struct TimeSink {
   }
 };
 
-// A pipeline's ops being issued into `Sink`: each step's op and the send
-// after it, indexed ((s * v + c) * m + i) * 2 + fwd, and each stage's last op.
+// A pipeline's ops being issued into `Sink`: each step's op (a pair's one
+// op for both) and the send after it, indexed ((s * v + c) * mbs + i) * 2 +
+// fwd, each stage's last op and the time its steps hold its device.
 template <typename Sink>
 class PipelineGraph {
  public:
@@ -165,18 +292,32 @@ class PipelineGraph {
       : spec_(spec),
         p_(spec.stages),
         v_(spec.chunks),
-        m_(spec.microbatches),
+        mbs_(spec.schedule == PipelineSchedule::kDualPipe ? spec.microbatches / 2
+                                                          : spec.microbatches),
         g_(g),
-        op_of_(static_cast<size_t>(p_) * v_ * m_ * 2, kNoOp),
+        op_of_(static_cast<size_t>(p_) * v_ * mbs_ * 2, kNoOp),
         send_of_(op_of_.size(), kNoOp),
         last_of_(static_cast<size_t>(p_), kNoOp),
+        busy_(static_cast<size_t>(p_), 0.0),
         p2p_(p_ > 1 || v_ > 1 ? spec.p2p_us : 0.0) {
     g->Begin(op_of_.size(), p_);
+    // Without pairs each chunk's m forwards and backwards; with them the
+    // steps' own times, summed as they are issued.
+    for (int s = 0; s < p_ && spec.pairs.empty(); ++s) {
+      for (int c = 0; c < v_; ++c) {
+        const size_t i = static_cast<size_t>(s) * v_ + c;
+        busy_[static_cast<size_t>(s)] += mbs_ * (spec.fwd_us[i] + spec.bwd_us[i]);
+      }
+    }
   }
 
-  // The step's compute op on its stage and, unless it ends the micro-batch's
-  // pass, the send to the next chunk.
+  // The step's compute op on its stage (a pair's first step waits for the
+  // second) and, unless nothing downstream reads it, the send after it.
   void Step(int s, const PipeStep& st) {
+    if (st.with_next && !spec_.pairs.empty() && !pending_) {
+      pending_ = st;
+      return;
+    }
     Op op;
     op.base = st.forward ? "pipe.fwd" : "pipe.bwd";
     op.block = static_cast<int16_t>(s);  // names read b<stage>.pipe.fwd.<mb>.p<chunk>
@@ -189,24 +330,29 @@ class PipelineGraph {
     const size_t cs = static_cast<size_t>(s) * v_ + st.chunk;
     op.cost_us = st.forward ? spec_.fwd_us[cs] : spec_.bwd_us[cs];
     const OpId own_fwd = st.forward ? kNoOp : op_of_[Idx(s, st.chunk, st.mb, true)];
-    const OpId id = g_->Add(op, Input(s, st), own_fwd);
-    op_of_[Idx(s, st.chunk, st.mb, st.forward)] = id;
-    last_of_[static_cast<size_t>(s)] = id;
-    const bool last_fwd = st.forward && s == p_ - 1 && st.chunk == v_ - 1;
-    const bool first_bwd = !st.forward && s == 0 && st.chunk == 0;
-    if (last_fwd || first_bwd) return;
-    Op send;
-    send.base = st.forward ? "pipe.send_fwd" : "pipe.send_bwd";
-    send.block = op.block;
-    send.step = op.step;
-    send.part = op.part;
-    send.device = op.device;
-    send.kind = OpKind::kComm;
-    send.phase = op.phase;
-    send.term = Term::kSendRecv;
-    send.resources = spec_.p2p_resource;
-    send.cost_us = p2p_;
-    send_of_[Idx(s, st.chunk, st.mb, st.forward)] = g_->Add(send, id);
+    if (pending_) {
+      // The pair: an op up to the first step's end (its send after it),
+      // then one to the pair's end, waiting for both steps' inputs.
+      const PipeStep f = *pending_;
+      pending_.reset();
+      const PairTime& t = spec_.pairs[(static_cast<size_t>(s) * v_ + f.chunk) * v_ + st.chunk];
+      const bool fwd_first = t.fwd_end_us <= t.bwd_end_us;
+      op.base = "pipe.fb";
+      op.step = f.mb;
+      op.part = static_cast<int16_t>(f.chunk);
+      op.cost_us = std::min(t.fwd_end_us, t.bwd_end_us);
+      const OpId first = g_->Add(op, {Input(s, f), Input(s, st), own_fwd});
+      op.base = "pipe.fb_rest";
+      op.cost_us = std::max(0.0, t.total_us - op.cost_us);
+      const OpId rest = g_->Add(op, {first});
+      busy_[static_cast<size_t>(s)] += t.total_us;
+      Done(s, fwd_first ? f : st, first);
+      Done(s, fwd_first ? st : f, rest);
+      return;
+    }
+    const OpId id = g_->Add(op, {Input(s, st), own_fwd});
+    if (!spec_.pairs.empty()) busy_[static_cast<size_t>(s)] += op.cost_us;
+    Done(s, st, id);
   }
 
   // Each stage's tail after its last step.
@@ -221,57 +367,72 @@ class PipelineGraph {
       tail.term = Term::kOptimizer;
       tail.resources = 0;
       tail.cost_us = spec_.tail_us[static_cast<size_t>(s)];
-      g_->Add(tail, last_of_[static_cast<size_t>(s)]);
+      g_->Add(tail, {last_of_[static_cast<size_t>(s)]});
     }
   }
 
   // Each stage's last step (its last backward).
   const std::vector<OpId>& last_of() const { return last_of_; }
+  // The time each stage's steps hold its device.
+  const std::vector<double>& busy() const { return busy_; }
 
  private:
   size_t Idx(int s, int c, int i, bool fwd) const {
-    return ((static_cast<size_t>(s) * v_ + c) * m_ + i) * 2 + (fwd ? 1 : 0);
+    return ((static_cast<size_t>(s) * v_ + c) * mbs_ + i) * 2 + (fwd ? 1 : 0);
   }
 
-  // The input: the previous chunk's send (forward) or the next one's
-  // (backward); the last chunk's backward waits for its own forward.
+  // Step `st` ran as op `id`: the send after it, unless nothing reads it.
+  void Done(int s, const PipeStep& st, OpId id) {
+    op_of_[Idx(s, st.chunk, st.mb, st.forward)] = id;
+    last_of_[static_cast<size_t>(s)] = id;
+    if (FeedOf(spec_.schedule, p_, v_, s, st).last) return;
+    Op send;
+    send.base = st.forward ? "pipe.send_fwd" : "pipe.send_bwd";
+    send.block = static_cast<int16_t>(s);
+    send.step = st.mb;
+    send.part = static_cast<int16_t>(st.chunk);
+    send.device = static_cast<int16_t>(s);
+    send.kind = OpKind::kComm;
+    send.phase = st.forward ? Phase::kForward : Phase::kBackward;
+    send.term = Term::kSendRecv;
+    send.resources = spec_.p2p_resource;
+    send.cost_us = p2p_;
+    send_of_[Idx(s, st.chunk, st.mb, st.forward)] = g_->Add(send, {id});
+  }
+
+  // The input: the send of the step feeding it (FeedOf); the last chunk's
+  // backward waits for its own forward.
   OpId Input(int s, const PipeStep& st) const {
-    if (st.forward) {
-      if (s > 0) return send_of_[Idx(s - 1, st.chunk, st.mb, true)];
-      if (st.chunk > 0) return send_of_[Idx(p_ - 1, st.chunk - 1, st.mb, true)];
-      return kNoOp;
+    const PipeFeed in = FeedOf(spec_.schedule, p_, v_, s, st);
+    if (in.none) return kNoOp;
+    if (in.stage == s && in.chunk == st.chunk && in.forward != st.forward) {
+      return op_of_[Idx(s, st.chunk, st.mb, true)];
     }
-    if (s < p_ - 1) return send_of_[Idx(s + 1, st.chunk, st.mb, false)];
-    if (st.chunk < v_ - 1) return send_of_[Idx(0, st.chunk + 1, st.mb, false)];
-    return op_of_[Idx(s, st.chunk, st.mb, true)];
+    return send_of_[Idx(in.stage, in.chunk, st.mb, in.forward)];
   }
 
   const PipelineSpec& spec_;
-  const int p_, v_, m_;
+  const int p_, v_, mbs_;
   Sink* g_;
   std::vector<OpId> op_of_, send_of_, last_of_;
+  std::vector<double> busy_;
+  std::optional<PipeStep> pending_;
   const double p2p_;
 };
 
 // The pipeline's end, busiest stage and bubble from its times: the
 // makespan and `end_of(id)`, an op's end.
 template <typename EndOf>
-void Summarize(const PipelineSpec& spec, double makespan, const std::vector<OpId>& bwd_last,
+void Summarize(double makespan, const std::vector<OpId>& bwd_last, const std::vector<double>& busy,
                EndOf end_of, PipelineResult* out) {
-  const int p = spec.stages, v = spec.chunks, m = spec.microbatches;
   out->makespan_us = makespan;
   out->pipeline_end_us = 0.0;
   for (OpId id : bwd_last) out->pipeline_end_us = std::max(out->pipeline_end_us, end_of(id));
   double busiest = -1.0;
-  for (int s = 0; s < p; ++s) {
-    double busy = 0.0;
-    for (int c = 0; c < v; ++c) {
-      busy += m * (spec.fwd_us[static_cast<size_t>(s) * v + c] +
-                   spec.bwd_us[static_cast<size_t>(s) * v + c]);
-    }
-    if (busy > busiest) {
-      busiest = busy;
-      out->busiest_stage = s;
+  for (size_t s = 0; s < busy.size(); ++s) {
+    if (busy[s] > busiest) {
+      busiest = busy[s];
+      out->busiest_stage = static_cast<int>(s);
     }
   }
   out->bubble_us = std::max(0.0, out->pipeline_end_us - busiest);
@@ -285,14 +446,24 @@ absl::Status CheckSpec(const PipelineSpec& spec) {
       (!spec.tail_us.empty() && static_cast<int>(spec.tail_us.size()) != p)) {
     return absl::InvalidArgumentError("pipeline: costs must have stages * chunks entries");
   }
+  if (!spec.pairs.empty() && spec.pairs.size() != static_cast<size_t>(p) * v * v) {
+    return absl::InvalidArgumentError("pipeline: pairs must have stages * chunks^2 entries");
+  }
+  if (spec.schedule == PipelineSchedule::kDualPipe &&
+      (v != 2 || p % 2 != 0 || m % 2 != 0 || m < 2 * p || spec.pairs.empty())) {
+    return absl::InvalidArgumentError(
+        "pipeline: dualpipe needs 2 chunks, even stages, an even number of micro-batches >= "
+        "2 * stages and its pairs' times");
+  }
   return absl::OkStatus();
 }
 
 // The walk's steps issued into `sink`, then the tails.
 template <typename Sink>
 absl::Status Issue(const PipelineSpec& spec, PipelineGraph<Sink>& graph) {
-  MOEPLAN_RETURN_IF_ERROR(WalkPipeline(spec.schedule, spec.stages, spec.chunks, spec.microbatches,
-                                       [&](int s, const PipeStep& st) { graph.Step(s, st); }));
+  MOEPLAN_RETURN_IF_ERROR(WalkPipeline(
+      spec.schedule, spec.stages, spec.chunks, spec.microbatches,
+      [&](int s, const PipeStep& st) { graph.Step(s, st); }, !spec.pairs.empty()));
   graph.Tails();
   return absl::OkStatus();
 }
@@ -308,7 +479,7 @@ absl::Status SimulatePipeline(const PipelineSpec& spec, OpGraph* g, Simulator* s
   // Times only: the summary reads no critical path.
   MOEPLAN_RETURN_IF_ERROR(sim->Schedule(*g, result, 0, /*bindings=*/false));
   Summarize(
-      spec, result->makespan_us, graph.last_of(),
+      result->makespan_us, graph.last_of(), graph.busy(),
       [&](OpId id) { return result->times[static_cast<size_t>(id)].end_us; }, out);
   return absl::OkStatus();
 }
@@ -319,7 +490,7 @@ absl::Status TimePipeline(const PipelineSpec& spec, PipelineScratch* scratch, Pi
   PipelineGraph<TimeSink> graph(spec, &sink);
   MOEPLAN_RETURN_IF_ERROR(Issue(spec, graph));
   Summarize(
-      spec, sink.makespan, graph.last_of(),
+      sink.makespan, graph.last_of(), graph.busy(),
       [&](OpId id) { return scratch->ends[static_cast<size_t>(id)]; }, out);
   return absl::OkStatus();
 }

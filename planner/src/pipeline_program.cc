@@ -270,6 +270,12 @@ class ProgramBuilder {
 
 absl::Status BuildPipelineProgram(const Layout& l, std::span<const OpGraph* const> chunks,
                                   const PipelineLinks& links, OpGraph* out) {
+  if (l.OverlapsPairs()) {
+    return absl::InvalidArgumentError(
+        Cat("layout.", l.a2a_overlap ? "a2a_overlap" : "pipeline",
+            ": programs with overlapped forward-backward pairs (a2a_overlap, dualpipe) are not "
+            "built yet: the executor runs gpipe, 1f1b and interleaved pipelines"));
+  }
   const int p = l.pp, v = std::max(1, l.virtual_stages), m = l.microbatches;
   if (p < 1 || m < 1 || static_cast<int>(chunks.size()) != p * v) {
     return absl::InvalidArgumentError(

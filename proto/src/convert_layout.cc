@@ -43,6 +43,8 @@ bool SetIntegerKey(std::string_view key, int n, v1::Layout* l) {
     l->set_recompute(n == 1);
   } else if (key == "sp") {
     l->set_sequence_parallel(n == 1);
+  } else if (key == "a2a_overlap") {
+    l->set_a2a_overlap(n == 1);
   } else {
     return false;
   }
@@ -56,7 +58,7 @@ absl::StatusOr<v1::Layout> LayoutFromSpec(std::string_view spec) {
   static constexpr std::string_view kKeys =
       "dp, tp, cp, pp, ep, esp (or etp), microbatches, zero, family, pipeline, v, recompute (0, 1 "
       "or modules joined by +), sp, "
-      "layout (last)";
+      "a2a_overlap, layout (last)";
   std::vector<std::string> seen;
   size_t begin = 0;
   while (begin <= spec.size()) {
@@ -111,7 +113,7 @@ absl::StatusOr<v1::Layout> LayoutFromSpec(std::string_view spec) {
       return absl::InvalidArgumentError(
           Cat("--layout: unknown key ", Quoted(key), " (keys: ", kKeys, ")"));
     }
-    if ((key == "recompute" || key == "sp") && n != 0 && n != 1) {
+    if ((key == "recompute" || key == "sp" || key == "a2a_overlap") && n != 0 && n != 1) {
       return absl::InvalidArgumentError(Cat("--layout: ", key, " must be 0 or 1 (got ", n, ")"));
     }
   }
@@ -152,6 +154,7 @@ absl::StatusOr<p::Layout> LayoutFromProto(const v1::Layout& m) {
     l.recompute_modules |= bit;
   }
   l.sequence_parallel = m.sequence_parallel();
+  l.a2a_overlap = m.a2a_overlap();
   if (!m.pipeline_model_parallel_layout().empty()) {
     absl::StatusOr<std::vector<p::PipelineStageLayers>> stages =
         p::ParsePipelineLayout(m.pipeline_model_parallel_layout());
@@ -174,8 +177,9 @@ absl::StatusOr<p::Layout> LayoutFromProto(const v1::Layout& m) {
     l.pipeline =
         l.virtual_stages > 1 ? p::PipelineSchedule::kInterleaved : p::PipelineSchedule::k1F1B;
   } else if (!p::ParsePipelineSchedule(m.pipeline(), &l.pipeline)) {
-    return absl::InvalidArgumentError(Cat(
-        "layout.pipeline: must be gpipe, 1f1b or interleaved (got ", Quoted(m.pipeline()), ")"));
+    return absl::InvalidArgumentError(
+        Cat("layout.pipeline: must be gpipe, 1f1b, interleaved or dualpipe (got ",
+            Quoted(m.pipeline()), ")"));
   }
   return l;
 }
@@ -199,6 +203,7 @@ v1::Layout LayoutToProto(const p::Layout& l, int64_t micro_batch_size) {
       o.add_recompute_modules(std::string(p::RecomputeModuleName(i)));
   }
   o.set_sequence_parallel(l.sequence_parallel);
+  o.set_a2a_overlap(l.a2a_overlap);
   o.set_micro_batch_size(static_cast<int32_t>(micro_batch_size));
   if (!l.stage_layers.empty()) {
     o.set_pipeline_model_parallel_layout(p::FormatPipelineLayout(l.stage_layers));
@@ -234,8 +239,9 @@ absl::StatusOr<p::SearchOptions> SearchFromProto(const v1::SearchOptions& m) {
   for (const std::string& name : m.pipelines()) {
     p::PipelineSchedule ps;
     if (!p::ParsePipelineSchedule(name, &ps)) {
-      return absl::InvalidArgumentError(Cat(
-          "search.pipelines: each must be gpipe, 1f1b or interleaved (got ", Quoted(name), ")"));
+      return absl::InvalidArgumentError(
+          Cat("search.pipelines: each must be gpipe, 1f1b, interleaved or dualpipe (got ",
+              Quoted(name), ")"));
     }
     if (std::find(o.pipelines.begin(), o.pipelines.end(), ps) != o.pipelines.end()) {
       return absl::InvalidArgumentError(
@@ -250,6 +256,7 @@ absl::StatusOr<p::SearchOptions> SearchFromProto(const v1::SearchOptions& m) {
   }
   o.exhaustive = m.exhaustive();
   o.sequence_parallel.assign(m.sequence_parallel().begin(), m.sequence_parallel().end());
+  o.a2a_overlap.assign(m.a2a_overlap().begin(), m.a2a_overlap().end());
   o.context_parallel.assign(m.context_parallel().begin(), m.context_parallel().end());
   o.expert_tensor_parallel.assign(m.expert_tensor_parallel().begin(),
                                   m.expert_tensor_parallel().end());
@@ -294,6 +301,7 @@ void CandidateToProto(const p::LayoutCandidate& c, int rank, v1::LayoutCandidate
   o->set_bubble_fraction(c.bubble_fraction);
   o->set_stage_forward_us(c.stage_forward_us);
   o->set_stage_backward_us(c.stage_backward_us);
+  o->set_overlap_hidden_us(c.overlap_hidden_us);
   o->set_rank(rank);
 }
 

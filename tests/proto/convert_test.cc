@@ -164,6 +164,24 @@ TEST(LayoutFromSpec, RecomputeModules) {
             "shared_experts or mla_up_proj (got '')");
 }
 
+// a2a_overlap=0|1 and pipeline=dualpipe, read and written back.
+TEST(LayoutFromSpec, A2aOverlapAndDualPipe) {
+  absl::StatusOr<v1::Layout> spec =
+      LayoutFromSpec("dp=8,tp=1,pp=4,ep=8,microbatches=8,pipeline=dualpipe,a2a_overlap=1");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_TRUE(spec->a2a_overlap());
+  absl::StatusOr<planner::Layout> l = LayoutFromProto(*spec);
+  ASSERT_TRUE(l.ok()) << l.status();
+  EXPECT_TRUE(l->a2a_overlap);
+  EXPECT_EQ(l->pipeline, planner::PipelineSchedule::kDualPipe);
+  EXPECT_EQ(l->Chunks(), 2);
+  const v1::Layout back = LayoutToProto(*l, 1);
+  EXPECT_TRUE(back.a2a_overlap());
+  EXPECT_EQ(back.pipeline(), "dualpipe");
+  EXPECT_EQ(Msg(LayoutFromSpec("dp=4,tp=2,pp=1,a2a_overlap=2").status()),
+            "--layout: a2a_overlap must be 0 or 1 (got 2)");
+}
+
 TEST(LayoutFromSpec, SequenceParallelIsZeroOrOne) {
   absl::StatusOr<v1::Layout> spec = LayoutFromSpec("dp=4,tp=2,pp=1,sp=1");
   ASSERT_TRUE(spec.ok()) << spec.status();
@@ -238,7 +256,7 @@ TEST(Errors, EchoABoundedPrefixOfAUserValue) {
   layout.clear_family();
   layout.set_pipeline(big);
   EXPECT_EQ(Msg(LayoutFromProto(layout).status()),
-            "layout.pipeline: must be gpipe, 1f1b or interleaved (got " + quoted + ")");
+            "layout.pipeline: must be gpipe, 1f1b, interleaved or dualpipe (got " + quoted + ")");
   v1::SearchOptions search;
   search.add_families("parm");
   search.add_families(big);
@@ -246,8 +264,9 @@ TEST(Errors, EchoABoundedPrefixOfAUserValue) {
             "search.families: each must be dpmoe, ppmoe or parm (got " + quoted + ")");
   search.clear_families();
   search.add_pipelines(big);
-  EXPECT_EQ(Msg(SearchFromProto(search).status()),
-            "search.pipelines: each must be gpipe, 1f1b or interleaved (got " + quoted + ")");
+  EXPECT_EQ(
+      Msg(SearchFromProto(search).status()),
+      "search.pipelines: each must be gpipe, 1f1b, interleaved or dualpipe (got " + quoted + ")");
   search.clear_pipelines();
   search.add_pipelines("1f1b");
   search.add_pipelines("1f1b");

@@ -147,6 +147,18 @@ expect rc '^megatron flags: .*--recompute-granularity selective --recompute-modu
   'no --recompute-modules'
 expect rc '+rc:core_attn+moe_act' 'the table does not mark the recomputed modules'
 
+# A2A overlap across micro-batches (a2a_overlap=1 -> --overlap-moe-expert-parallel-comm).
+layout_case a2a v100-8x8 gpt3-medium-moe.json \
+  'dp=32,tp=1,pp=1,ep=32,esp=1,microbatches=8,a2a_overlap=1'
+expect a2a '^megatron flags: .*--overlap-moe-expert-parallel-comm --moe-token-dispatcher-type alltoall' \
+  'no --overlap-moe-expert-parallel-comm'
+expect a2a '+a2a' 'the table does not mark the overlap'
+
+# DualPipe: no Megatron-LM schedule, said in a note before the degrees.
+layout_case dual v100-8x8 gpt3-medium-moe.json 'dp=16,tp=1,pp=4,ep=16,esp=1,microbatches=16,pipeline=dualpipe'
+expect dual '^note: pipeline=dualpipe is DeepSeek' 'no note that Megatron-LM has no DualPipe'
+expect dual 'dualpipe' 'the table does not name dualpipe'
+
 # --- the launcher: a bad --layout key, and a layout the server refuses --------------
 rc=0
 "$py" "$src/examples/launcher.py" --server "$addr" --stubs "$stubs" \

@@ -279,8 +279,9 @@ TEST_F(AnswerTest, ErrorsEchoABoundedPrefixOfAValue) {
   req.mutable_search()->add_pipelines(big);
   msg = Msg(AnswerPlanModel(req, planner, profile_.profile, &out));
   EXPECT_LT(msg.size(), 200u) << msg;
-  EXPECT_EQ(msg.rfind("search.pipelines: each must be gpipe, 1f1b or interleaved (got 'ppp", 0),
-            0u);
+  EXPECT_EQ(
+      msg.rfind("search.pipelines: each must be gpipe, 1f1b, interleaved or dualpipe (got 'ppp", 0),
+      0u);
   req.clear_search();
   v1::Layout* layout = req.mutable_layout();
   layout->set_dp(1);

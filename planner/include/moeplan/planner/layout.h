@@ -29,10 +29,15 @@ inline constexpr Family kAllFamilies[] = {Family::kDpMoe, Family::kPpMoe, Family
 std::string_view FamilyName(Family f);  // "dpmoe", "ppmoe", "parm"
 bool ParseFamily(std::string_view name, Family* out);
 
-enum class PipelineSchedule : uint8_t { kGpipe = 0, k1F1B = 1, kInterleaved = 2 };
+enum class PipelineSchedule : uint8_t { kGpipe = 0, k1F1B = 1, kInterleaved = 2, kDualPipe = 3 };
 inline constexpr PipelineSchedule kAllPipelineSchedules[] = {
+    PipelineSchedule::kGpipe, PipelineSchedule::k1F1B, PipelineSchedule::kInterleaved,
+    PipelineSchedule::kDualPipe};
+// What the search tries when search.pipelines is empty (DualPipe when named).
+inline constexpr PipelineSchedule kDefaultSearchPipelines[] = {
     PipelineSchedule::kGpipe, PipelineSchedule::k1F1B, PipelineSchedule::kInterleaved};
-std::string_view PipelineScheduleName(PipelineSchedule s);  // "gpipe", "1f1b", "interleaved"
+// "gpipe", "1f1b", "interleaved", "dualpipe"
+std::string_view PipelineScheduleName(PipelineSchedule s);
 bool ParsePipelineSchedule(std::string_view name, PipelineSchedule* out);
 
 // Megatron-Core's --recompute-modules (selective recomputation; docs/layouts.md
@@ -73,12 +78,23 @@ struct Layout {
   uint8_t recompute_modules = 0;
   // Megatron-Core's --sequence-parallel (tp >= 2; not ppmoe): docs/layouts.md.
   bool sequence_parallel = false;
+  // Megatron-Core's --overlap-moe-expert-parallel-comm: in a pipeline's
+  // steady state each forward runs with the backward after it, a
+  // micro-batch's AlltoAlls under the other's compute (docs/layouts.md
+  // "Overlapping micro-batches"). DualPipe always overlaps its pairs.
+  bool a2a_overlap = false;
   // The layers of each of the pp * virtual_stages stages, in forward order
   // (a parsed Megatron-Core pipeline layout, pipeline_layout.h); empty: the
   // layers spread evenly, the embedding first and the loss last.
   std::vector<PipelineStageLayers> stage_layers;
 
   int Gpus() const { return dp * tp * cp * pp; }
+  // Model chunks each stage holds: v interleaved, 2 with DualPipe.
+  int Chunks() const {
+    return pipeline == PipelineSchedule::kDualPipe ? 2 : virtual_stages > 1 ? virtual_stages : 1;
+  }
+  // Whether the pipeline runs overlapped forward-backward pairs.
+  bool OverlapsPairs() const { return a2a_overlap || pipeline == PipelineSchedule::kDualPipe; }
   // Ranks a dense gradient is reduced over (Megatron-Core's DP x CP group).
   int GradientRanks() const { return dp * cp; }
   // Ranks holding the same expert shard (their gradients are synchronised).

@@ -43,13 +43,18 @@ struct LayoutCandidate {
   double grad_sync_us = 0.0, optimizer_us = 0.0;
   double bubble_us = 0.0, bubble_fraction = 0.0;
   double stage_forward_us = 0.0, stage_backward_us = 0.0;
+  // Time the busiest stage's overlapped forward-backward pairs save over
+  // running their steps in turn, per iteration (a2a_overlap, dualpipe):
+  // communication hidden under the other micro-batch's compute, which
+  // exposed_comm (each step alone) still counts.
+  double overlap_hidden_us = 0.0;
 };
 
 struct SearchOptions {
   int top = 10;
   int gpus = 0;                             // 0: the profile's
   std::vector<Family> families;             // empty: all
-  std::vector<PipelineSchedule> pipelines;  // empty: all
+  std::vector<PipelineSchedule> pipelines;  // empty: gpipe, 1f1b, interleaved
   std::vector<int> zero_stages;             // empty: 0-3
   int max_microbatches = 64;
   std::vector<int> virtual_stages = {2};  // interleaved v
@@ -63,6 +68,10 @@ struct SearchOptions {
   // each dpmoe layout with sequence parallelism, every ep the stage allows
   // (each at most once, 1 to 1024; docs/layouts.md "Expert grids"). Empty: none.
   std::vector<int> expert_tensor_parallel;
+  // Megatron-Core's A2A overlap across micro-batches tried (each at most
+  // once) where it applies: ep >= 2, and one stage, interleaved or dualpipe
+  // (docs/layouts.md "Overlapping micro-batches"). Empty: off.
+  std::vector<bool> a2a_overlap;
   // Simulate every candidate that fits instead of stopping at the lower
   // bound (docs/layouts.md "Search"): for profiles whose costs are not
   // subadditive (a piece costing less than its share of the whole).

@@ -1,9 +1,10 @@
 // Pipelines of a layout (docs/layouts.md "Pipelines"): each stage's order of
-// forward and backward steps (GPipe, 1F1B, interleaved 1F1B), the walk that
-// issues every stage's steps in one order, and the pipeline as an op graph of
-// per-stage compute and p2p transfers, simulated.
+// forward and backward steps (GPipe, 1F1B, interleaved 1F1B, DualPipe), the
+// walk that issues every stage's steps in one order, and the pipeline as an
+// op graph of per-stage compute and p2p transfers, simulated.
 #pragma once
 
+#include <array>
 #include <vector>
 
 #include "absl/functional/function_ref.h"
@@ -14,23 +15,49 @@
 
 namespace moeplan::planner {
 
-// One step of a stage's program: forward or backward of chunk `chunk` for micro-batch `mb`.
+// One step of a stage's program: forward or backward of chunk `chunk` for
+// micro-batch `mb`. `with_next`: it runs overlapped with the order's next
+// step, a forward and a backward of different micro-batches as one
+// (docs/layouts.md "Overlapping micro-batches").
 struct PipeStep {
   bool forward = true;
   int chunk = 0;
   int mb = 0;
+  bool with_next = false;
   friend bool operator==(const PipeStep&, const PipeStep&) = default;
 };
 // The order stage `stage` runs its steps in (GPipe: all forwards then all
 // backwards; 1F1B: p - s - 1 warm-up forwards, then one forward one backward;
 // interleaved: Megatron-LM's order over v chunks, m a multiple of p).
+// `overlap` (Megatron-Core's 1F1B A2A overlap; not GPipe): one more warm-up
+// forward, and each forward then runs with the backward after it.
+// DualPipe (p even, m even and >= 2p, v = 2 by construction): DeepSeek's
+// bidirectional order of PipelineChunks' two chunks, m / 2 micro-batches
+// each, its forward-backward pairs overlapped whatever `overlap` says.
 std::vector<PipeStep> PipelineOrder(PipelineSchedule schedule, int stages, int chunks,
-                                    int microbatches, int stage);
+                                    int microbatches, int stage, bool overlap = false);
 
 // Peak micro-batches whose activations stage `stage` holds under `schedule`
-// (interleaved: in chunks, divided by v).
+// (interleaved and DualPipe: in chunks, divided by the chunks).
 double InFlightMicrobatches(PipelineSchedule schedule, int stages, int chunks, int microbatches,
-                            int stage);
+                            int stage, bool overlap = false);
+
+// Where DualPipe's chunk `chunk` of stage `stage` sits: micro-batches enter
+// direction 0 at stage 0 and direction 1 at stage p - 1; each stage holds
+// model segment min(s, p-1-s) as chunk 0 and p-1-min(s, p-1-s) as chunk 1.
+struct DualPipeChunk {
+  int direction = 0, segment = 0;
+};
+DualPipeChunk DualPipeChunkOf(int stages, int stage, int chunk);
+// The most forwards of each chunk stage `stage` holds at once under DualPipe
+// (chunk 0, the earlier segment, holds many; chunk 1 few).
+std::array<int, 2> DualPipeHeld(int stages, int microbatches, int stage);
+
+// An overlapped forward-backward pair's times from its start: when each
+// step's output is ready (<= total) and when the pair frees its stage.
+struct PairTime {
+  double fwd_end_us = 0.0, bwd_end_us = 0.0, total_us = 0.0;
+};
 
 // Per-micro-batch costs of each (stage, chunk) (index stage * chunks + chunk),
 // the p2p transfers between consecutive chunks and each stage's tail (its
@@ -38,9 +65,13 @@ double InFlightMicrobatches(PipelineSchedule schedule, int stages, int chunks, i
 struct PipelineSpec {
   PipelineSchedule schedule = PipelineSchedule::k1F1B;
   int stages = 1;
-  int chunks = 1;
+  int chunks = 1;  // DualPipe: 2
   int microbatches = 1;
   std::vector<double> fwd_us, bwd_us;  // stages * chunks
+  // Overlapped forward-backward pairs (PipelineOrder's `overlap`; DualPipe
+  // needs them): chunk f's forward run with chunk b's backward, index
+  // (stage * chunks + f) * chunks + b. Empty: no overlap.
+  std::vector<PairTime> pairs;
   std::vector<double> tail_us;         // stages (empty: none)
   double p2p_us = 0.0;                 // one activation (or its gradient) to the next stage
   ResourceMask p2p_resource = kInter;
@@ -49,13 +80,14 @@ struct PipelineSpec {
 struct PipelineResult {
   double makespan_us = 0.0;
   double pipeline_end_us = 0.0;  // end of the last backward, before tails
-  double bubble_us = 0.0;        // pipeline_end_us minus the busiest stage's compute
+  double bubble_us = 0.0;        // pipeline_end_us minus the busiest stage's steps
   double bubble_fraction = 0.0;  // bubble_us / pipeline_end_us
   int busiest_stage = 0;
 };
 
 // Builds the pipeline's op graph (op "s<stage>.fwd.c<chunk>.mb<i>" on the
-// stage's device, p2p "s<stage>.send_fwd..." on its link) and simulates it:
+// stage's device, an overlapped pair "pipe.fb", p2p "s<stage>.send_fwd..."
+// on its link) and simulates it:
 // `result` holds its times (Simulator::Schedule without bindings; no
 // critical path), `out` the summary.
 absl::Status SimulatePipeline(const PipelineSpec& spec, OpGraph* graph, Simulator* sim,
@@ -73,10 +105,23 @@ absl::Status TimePipeline(const PipelineSpec& spec, PipelineScratch* scratch, Pi
 
 // Every stage's steps in one issue order (the pipeline's only schedule): a
 // step is issued once the step feeding it has been (the previous chunk's
-// forward, the next chunk's backward, or its own forward), stage by stage.
-// `visit(stage, step)` is called once per step; Internal when the orders
-// deadlock (a builder bug).
+// forward, the next chunk's backward, or its own forward), stage by stage;
+// an overlapped pair once both its steps' inputs have been. `visit(stage,
+// step)` is called once per step, a pair's two in a row; Internal when the
+// orders deadlock (a builder bug).
 absl::Status WalkPipeline(PipelineSchedule schedule, int stages, int chunks, int microbatches,
-                          absl::FunctionRef<void(int stage, const PipeStep& step)> visit);
+                          absl::FunctionRef<void(int stage, const PipeStep& step)> visit,
+                          bool overlap = false);
+
+// The step feeding step `st` of stage `stage`: `none` for a micro-batch's
+// first forward, else (stage, chunk, forward) of the step before it in the
+// model's forward or backward pass (the last chunk's backward: its own
+// forward). `last`: nothing downstream reads it (the model's last forward,
+// its first chunk's backward), so it sends nothing.
+struct PipeFeed {
+  int stage = 0, chunk = 0;
+  bool forward = true, none = false, last = false;
+};
+PipeFeed FeedOf(PipelineSchedule schedule, int stages, int chunks, int stage, const PipeStep& st);
 
 }  // namespace moeplan::planner
