@@ -25,7 +25,7 @@ search, docs/model.md).
         --model examples/models/gpt3-medium-moe.json --cluster v100-8x8 \\
         --layout dp=8,tp=4,pp=1,ep=8,esp=4[,cp=2,microbatches=4,zero=1,family=parm,
                  pipeline=1f1b,v=2,recompute=1|core_attn+moe_act,sp=1,a2a_overlap=1,
-                 layout=Et|(tt|)*3L]
+                 dispatcher=deepep,layout=Et|(tt|)*3L]
 
 --model FILE is a moeplan.v1.ModelConfig JSON (examples/models/). --search (the
 default with --model) ranks every layout on --gpus GPUs (default: the whole
@@ -35,7 +35,8 @@ parallelism; printed back as --context-parallel-size), microbatches, zero, famil
 parm), pipeline (gpipe, 1f1b, interleaved, dualpipe), v (virtual stages), recompute
 (0/1 full, or modules such as core_attn+moe_act: selective, printed back as
 --recompute-modules), sp (sequence parallelism, 0/1; printed back as --sequence-parallel),
-a2a_overlap (0/1; printed back as --overlap-moe-expert-parallel-comm) and,
+a2a_overlap (0/1; printed back as --overlap-moe-expert-parallel-comm), dispatcher
+(alltoall or deepep; printed back as --moe-token-dispatcher-type) and,
 last, layout (Megatron-Core's pipeline layout string, which may hold
 commas; printed back as --pipeline-model-parallel-layout) optional). It prints the ranked table (rank, family, dp/tp/pp/ep/esp,
 micro-batches m, ZeRO stage, pipeline, iteration time, tokens/s per GPU, memory
@@ -142,6 +143,8 @@ LAYOUT_KEYS = {
     "sp": ("sequence_parallel", "bool"),
     # Megatron-Core's --overlap-moe-expert-parallel-comm (0/1).
     "a2a_overlap": ("a2a_overlap", "bool"),
+    # Megatron-Core's --moe-token-dispatcher-type (deepep: flex with the DeepEP backend).
+    "dispatcher": ("dispatcher", ("alltoall", "deepep")),
     # Megatron-Core's --pipeline-model-parallel-layout (it may hold commas: last).
     "layout": ("pipeline_model_parallel_layout", "str"),
 }
@@ -266,9 +269,13 @@ def megatron_flags(model: dict, cand: dict, global_batch: int) -> list:
         flags += ["--sequence-parallel"]
     if _int(lay.get("cp"), 1) > 1:
         flags += ["--context-parallel-size", str(_int(lay.get("cp")))]
+    if lay.get("dispatcher") == "deepep":
+        flags += ["--moe-token-dispatcher-type", "flex", "--moe-flex-dispatcher-backend", "deepep"]
+    elif lay.get("a2a_overlap"):
+        # Megatron-Core overlaps the AlltoAll or flex dispatcher's exchanges.
+        flags += ["--moe-token-dispatcher-type", "alltoall"]
     if lay.get("a2a_overlap"):
-        # Megatron-Core overlaps the AlltoAll dispatcher's exchanges.
-        flags += ["--overlap-moe-expert-parallel-comm", "--moe-token-dispatcher-type", "alltoall"]
+        flags += ["--overlap-moe-expert-parallel-comm"]
     flags += ["--seq-length", str(_int(model.get("seq_length"))),
               "--num-layers", str(_int(model.get("num_layers"))),
               "--hidden-size", str(_int(model.get("hidden_size"))),
@@ -321,6 +328,8 @@ def print_candidates(candidates: list) -> None:
             pipeline += f"+cp{_int(lay.get('cp'))}"
         if lay.get("a2a_overlap"):
             pipeline += "+a2a"
+        if lay.get("dispatcher") == "deepep":
+            pipeline += "+deepep"
         gib = _int(c.get("memory_bytes_per_gpu")) / float(1 << 30)
         print(f"{_int(c.get('rank'), i + 1):>4} {c.get('family') or lay.get('family') or '-':<6} "
               f"{_int(lay.get('dp')):>4} {_int(lay.get('tp')):>3} {_int(lay.get('pp')):>3} "

@@ -246,7 +246,9 @@ CLI::App* AddPlanModel(CLI::App* app, PlanModelArgs* a) {
       ->check(flags::NonEmpty())
       ->capture_default_str();
   plan->add_option("--alltoall", a->alltoall,
-                   "AlltoAll algorithms to try: linear, 2dh (hierarchical), or all")
+                   "AlltoAll algorithms to try: linear, 2dh (hierarchical), deepep (DeepEP's "
+                   "node-deduplicated dispatch), or all (linear and 2dh; a --layout names "
+                   "deepep with dispatcher=deepep)")
       ->check(flags::NonEmpty())
       ->capture_default_str();
   plan->add_option("--bucket-mb", a->bucket_mb, "DDP gradient bucket size in MiB")

@@ -265,7 +265,9 @@ std::string FormatLayoutTable(const v1::ModelConfig& m, const v1::PlanModelRespo
                    c.iteration_us() / 1000.0, c.tokens_per_s_per_gpu(), c.tflops_per_gpu(),
                    100.0 * c.mfu(), Gib(c.memory_bytes_per_gpu()), 100.0 * c.bubble_fraction(),
                    c.variant(), proto::ScheduleLabel(c.schedule()),
-                   c.alltoall() == v1::ALLTOALL_ALGORITHM_HIERARCHICAL ? "+2dh" : "",
+                   c.alltoall() == v1::ALLTOALL_ALGORITHM_HIERARCHICAL ? "+2dh"
+                   : c.alltoall() == v1::ALLTOALL_ALGORITHM_DEEPEP     ? "+deepep"
+                                                                       : "",
                    l.recompute() ? " recompute"
                    : l.recompute_modules().empty()
                        ? ""

@@ -78,9 +78,9 @@ absl::StatusOr<v1::ModelPlanOptions> OptionsFromFlags(const PlanModelArgs& a) {
   for (p::Variant v : variants) o.add_variants(proto::VariantToProto(v));
   MOEPLAN_ASSIGN_OR_RETURN(auto schedules, ParseSchedules(a.schedules));
   for (p::Schedule s : schedules) o.add_schedules(proto::ScheduleToProto(s));
-  MOEPLAN_ASSIGN_OR_RETURN(auto algos,
-                           ParseNameList<p::AllToAllAlgo>("--alltoall", "algorithm", a.alltoall,
-                                                          p::ParseAllToAllAlgo, "linear, 2dh"));
+  MOEPLAN_ASSIGN_OR_RETURN(
+      auto algos, ParseNameList<p::AllToAllAlgo>("--alltoall", "algorithm", a.alltoall,
+                                                 p::ParseAllToAllAlgo, "linear, 2dh, deepep"));
   for (p::AllToAllAlgo x : algos) o.add_alltoall_algorithms(proto::AllToAllAlgoToProto(x));
   // --bucket-mb is finite and in (0, 1048576] (main.cc, flags::FiniteAbove).
   o.set_bucket_bytes(std::max<int64_t>(1, std::llround(a.bucket_mb * 1024.0 * 1024.0)));

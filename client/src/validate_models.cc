@@ -44,12 +44,13 @@ absl::StatusOr<std::string> CanonicalLayout(const v1::Layout& msg) {
   MOEPLAN_ASSIGN_OR_RETURN(const p::Layout parsed, proto::LayoutFromProto(msg));
   const p::Layout l = p::ResolveLayout(parsed);
   return fmt::format(
-      "dp={},tp={},pp={},ep={},esp={},microbatches={},zero={},family={},pipeline={}{}{}{}{}", l.dp,
-      l.tp, l.pp, l.ep, l.esp, l.microbatches, l.zero_stage, p::FamilyName(l.family),
+      "dp={},tp={},pp={},ep={},esp={},microbatches={},zero={},family={},pipeline={}{}{}{}{}{}",
+      l.dp, l.tp, l.pp, l.ep, l.esp, l.microbatches, l.zero_stage, p::FamilyName(l.family),
       p::PipelineScheduleName(l.pipeline),
       l.virtual_stages > 1 ? fmt::format(",v={}", l.virtual_stages) : "",
       l.sequence_parallel ? ",sp=1" : "", l.cp > 1 ? fmt::format(",cp={}", l.cp) : "",
-      l.a2a_overlap ? ",a2a_overlap=1" : "");
+      l.a2a_overlap ? ",a2a_overlap=1" : "",
+      l.dispatcher == p::Dispatcher::kDeepEp ? ",dispatcher=deepep" : "");
 }
 
 absl::StatusOr<std::string> CanonicalSpec(std::string_view spec) {

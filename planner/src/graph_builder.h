@@ -131,9 +131,18 @@ class Builder {
     std::string_view linear, intra, reorder, inter;
   };
   // The hierarchical form's ops carry no executable semantics yet (kNone).
+  // DeepEP's (docs/model.md "AlltoAll algorithms"): one op holding both
+  // links, the `inter_share` of the linear form's inter-node bytes sent over
+  // RDMA (one copy per remote node a token reaches) while NVLink forwards
+  // every copy inside the nodes, as long as the slower; its data moves as the
+  // linear form's (the same executable AlltoAll).
   Deps AllToAll(const A2aNames& names, Phase phase, AllToAllAlgo algo, GroupShape shape,
-                int ranks_per_node, double n, Deps dep, const OpExec& exec = {}) {
-    if (algo == AllToAllAlgo::kLinear || !shape.SpansNodes() || ranks_per_node <= 1) {
+                int ranks_per_node, double n, Deps dep, const OpExec& exec = {},
+                double inter_share = 1.0) {
+    if (algo == AllToAllAlgo::kDeepEp && shape.SpansNodes()) {
+      return DeepEp(names.linear, phase, shape, n, inter_share, dep, exec);
+    }
+    if (algo != AllToAllAlgo::kHierarchical || !shape.SpansNodes() || ranks_per_node <= 1) {
       return Coll(names.linear, phase, Collective::kAllToAll, shape, n, dep, exec);
     }
     const GroupShape local{ranks_per_node, 1};
@@ -143,6 +152,25 @@ class Builder {
     dep =
         Compute(names.reorder, phase, Term::kAllToAll, cost_.MemoryBoundUs(2.0 * n), 2.0 * n, dep);
     return Coll(names.inter, phase, Collective::kAllToAll, remote, n, dep);
+  }
+
+  Deps DeepEp(std::string_view name, Phase phase, GroupShape shape, double n, double inter_share,
+              Deps dep, const OpExec& exec) {
+    const int q = shape.RanksPerNode();
+    const double rdma = n * inter_share;
+    const double inter =
+        cost_.CollectiveUs(Collective::kAllToAll, {shape.nodes, shape.nodes}, rdma);
+    const double intra = q > 1 ? cost_.CollectiveUs(Collective::kAllToAll, {q, 1}, n) : 0.0;
+    Op op;
+    op.base = name;
+    op.kind = OpKind::kComm;
+    op.phase = phase;
+    op.term = Term::kAllToAll;
+    op.resources = kIntra | kInter;
+    op.cost_us = cost_.InContextUs(name, op.resources, std::max(inter, intra));
+    op.bytes = Bytes(n);
+    op.inter_node_bytes = Bytes(rdma * (shape.nodes - 1) / shape.nodes);
+    return {Add(op, {dep.a, dep.b}, exec)};
   }
 
   // Step i (1 <= i < W) of a pairwise AlltoAll over `a2a`: one chunk to peer +i,

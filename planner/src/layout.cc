@@ -209,6 +209,13 @@ absl::Status ValidatePipeline(const ModelConfig& m, const Layout& l, int64_t glo
                  Cat("microbatches=", l.microbatches, ", pp=", l.pp));
     }
   }
+  if (l.dispatcher == Dispatcher::kDeepEp &&
+      (m.IsDense() || l.ep < 2 || l.family == Family::kPpMoe)) {
+    return Bad("layout.dispatcher",
+               "deepep needs expert parallelism (ep >= 2) over an AlltoAll (not ppmoe, which "
+               "dispatches inside the TP group)",
+               Cat("ep=", l.ep, ", family=", FamilyName(l.family)));
+  }
   if (l.a2a_overlap) {
     if (m.IsDense() || l.ep < 2) {
       return Bad("layout.a2a_overlap",
@@ -356,6 +363,20 @@ bool ParsePipelineSchedule(std::string_view name, PipelineSchedule* out) {
   for (PipelineSchedule s : kAllPipelineSchedules) {
     if (PipelineScheduleName(s) == name) {
       *out = s;
+      return true;
+    }
+  }
+  return false;
+}
+
+std::string_view DispatcherName(Dispatcher d) {
+  return d == Dispatcher::kDeepEp ? "deepep" : "alltoall";
+}
+
+bool ParseDispatcher(std::string_view name, Dispatcher* out) {
+  for (Dispatcher d : {Dispatcher::kAllToAll, Dispatcher::kDeepEp}) {
+    if (DispatcherName(d) == name) {
+      *out = d;
       return true;
     }
   }

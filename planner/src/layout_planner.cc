@@ -37,6 +37,7 @@ ModelPlanOptions OptionsFor(const ModelConfig& model, const ModelPlanOptions& op
                             const Layout& l) {
   ModelPlanOptions opt = options;
   const bool dense = model.IsDense();
+  if (l.dispatcher == Dispatcher::kDeepEp) opt.algos = {AllToAllAlgo::kDeepEp};
   if (l.family == Family::kDpMoe && l.esp != l.tp && !dense) {
     opt.schedules = {Schedule::kS1};
   } else if (l.family == Family::kDpMoe) {
@@ -75,6 +76,7 @@ ChunkKey LayoutPlanner::Impl::KeyOf(const ModelConfig& model, const Layout& l, i
                   so.head,
                   l.sequence_parallel,
                   l.OverlapsPairs(),
+                  static_cast<uint8_t>(l.dispatcher),
                   std::vector<uint8_t>(at(so.first_block), at(so.end_block))};
 }
 

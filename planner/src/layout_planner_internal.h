@@ -55,6 +55,7 @@ struct ChunkKey {
   uint8_t family;
   bool embed, head, sequence_parallel;
   bool pairs;  // ChunkTimes::phases kept
+  uint8_t dispatcher;
   // With moe.layer_pattern (phase 0): the chunk's blocks' entries, which
   // decide its MoE blocks as the phase does for moe.layer_freq.
   std::vector<uint8_t> pattern;
@@ -62,7 +63,8 @@ struct ChunkKey {
   template <typename H>
   friend H AbslHashValue(H h, const ChunkKey& k) {
     return H::combine(std::move(h), k.mbs, k.tp, k.cp, k.dp, k.ep, k.esp, k.edp, k.zero, k.blocks,
-                      k.phase, k.family, k.embed, k.head, k.sequence_parallel, k.pairs, k.pattern);
+                      k.phase, k.family, k.embed, k.head, k.sequence_parallel, k.pairs,
+                      k.dispatcher, k.pattern);
   }
 };
 

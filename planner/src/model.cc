@@ -245,6 +245,8 @@ LayerConfig ModelConfig::MoeLayer() const {
   l.dropless = moe.dropless;
   l.token_skew = moe.token_skew;
   l.gated_linear_unit = gated_linear_unit;
+  l.router_num_groups = dense ? 0 : moe.router_num_groups;
+  l.router_group_topk = dense ? 0 : moe.router_group_topk;
   l.parallel = parallel;
   // The model's blocks split the sequence around the layer; the layer's
   // sections read it from the model (LayerContext::sequence_parallel).

@@ -15,6 +15,14 @@
 namespace moeplan::planner {
 namespace {
 
+// S2's AlltoAlls are the SAA's pairwise steps: no algorithm to choose, one
+// stands for all (linear when tried, else the first).
+bool S2Repeats(Schedule sc, AllToAllAlgo a, std::span<const AllToAllAlgo> algos) {
+  if (sc != Schedule::kS2) return false;
+  const bool linear = std::find(algos.begin(), algos.end(), AllToAllAlgo::kLinear) != algos.end();
+  return a != (linear ? AllToAllAlgo::kLinear : algos.front());
+}
+
 using internal::kInf;
 using internal::Range;
 
@@ -41,8 +49,7 @@ class VariantSearch {
   absl::Status Plan(std::span<const Schedule> schedules, std::span<const AllToAllAlgo> algos) {
     for (Schedule sc : schedules) {
       for (AllToAllAlgo a : algos) {
-        // S2's AlltoAlls are the SAA's pairwise steps: no algorithm to choose.
-        if (sc == Schedule::kS2 && a == AllToAllAlgo::kHierarchical && algos.size() > 1) continue;
+        if (S2Repeats(sc, a, algos)) continue;
         s_.sched = sc;
         s_.algo = a;
         s_.combo_salt = 1 + static_cast<uint64_t>(sc) * 4 + static_cast<uint64_t>(a);
@@ -182,7 +189,7 @@ class FastestSearch {
     std::vector<Bounded> pairs;
     for (Schedule sc : schedules) {
       for (AllToAllAlgo a : algos) {
-        if (sc == Schedule::kS2 && a == AllToAllAlgo::kHierarchical && algos.size() > 1) continue;
+        if (S2Repeats(sc, a, algos)) continue;
         const Pair p{sc, a};
         SetPair(p);
         // A lower bound on every variant of the pair (Impl::PairBound).

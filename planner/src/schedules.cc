@@ -176,6 +176,35 @@ constexpr A2aNames kBwdDispatch{"bwd.ep_alltoall_dispatch", "bwd.ep_alltoall_dis
                                 "bwd.ep_alltoall_dispatch.2dh_reorder",
                                 "bwd.ep_alltoall_dispatch.2dh_inter"};
 
+// DeepEP's inter-node bytes as a share of the linear AlltoAll's: it sends a
+// token once to each remote node holding one of its k experts (NVLink fans
+// it out there), where the linear AlltoAll sends each (token, expert) copy.
+// Uniform routing over the R nodes a token may reach (all N of the EP group,
+// or with group-limited routing the nodes its router_group_topk groups of
+// num_experts / router_num_groups experts span) reaches R (1 - (1 - 1/R)^k)
+// distinct nodes, the share of them off the token's node as of its k copies.
+double DeepEpInterShare(const LayerConfig& l, GroupShape ep) {
+  const int nodes = ep.nodes;
+  if (nodes <= 1 || l.top_k <= 0) return 1.0;
+  double reach = nodes;
+  if (l.router_num_groups > 0) {
+    const double span =
+        std::ceil(static_cast<double>(nodes) / static_cast<double>(l.router_num_groups));
+    reach = std::min(reach, static_cast<double>(l.router_group_topk) * span);
+  }
+  const double k = static_cast<double>(l.top_k);
+  const double distinct = reach * (1.0 - std::pow(1.0 - 1.0 / reach, k));
+  return std::min(1.0, distinct / k);
+}
+
+// One of the layer's EP AlltoAlls by ctx.a2a (linear, 2DH or DeepEP's).
+Deps EpAllToAll(Builder& b, const LayerContext& ctx, const A2aNames& names, Phase phase, double n,
+                Deps x, const OpExec& exec) {
+  const Topology& t = ctx.topo;
+  return b.AllToAll(names, phase, ctx.a2a, t.ep, t.ep_ranks_per_node, n, x, exec,
+                    ctx.a2a == AllToAllAlgo::kDeepEp ? DeepEpInterShare(*ctx.layer, t.ep) : 1.0);
+}
+
 // Each schedule is written once, as five sections (schedules.h MoeSection);
 // a single layer chains them, a whole model interleaves other ops between them.
 // The expert backward is dX then dW; with detach_dw the dW op hangs off the
@@ -243,13 +272,13 @@ Deps SectionDefault(MoeSection sec, const LayerContext& ctx, Builder& b, Deps x)
                        RouteX(EK::kOrder, Buf::kX, Buf::kNone, Buf::kDisp, s, xcap, 1, rag));
     case MoeSection::kFwdExchange:
       x = DroplessCounts(b, ctx, x);
-      x = b.AllToAll(kFwdDispatch, F, ctx.a2a, t.ep, q, a2a, x,
+      x = EpAllToAll(b, ctx, kFwdDispatch, F, a2a, x,
                      CollX(EK::kAllToAll, EG::kEp, Buf::kDisp, Buf::kEin, peer, rag, true));
       x = b.Compute("fwd.expert", F, Term::kExpert, k.ExpertFwd(rows), k.ExpertBytes(rows), x, 0,
                     ExpertX(EK::kExpertForward, Buf::kEin, Buf::kNone, Buf::kEout, w, cap, rag));
       x = b.Coll("fwd.esp_allreduce", F, Collective::kAllReduce, t.esp, n, x,
                  CollX(EK::kAllReduce, EG::kEsp, Buf::kEout, Buf::kEout, w * peer, rag));
-      x = b.AllToAll(kFwdCombine, F, ctx.a2a, t.ep, q, a2a, x,
+      x = EpAllToAll(b, ctx, kFwdCombine, F, a2a, x,
                      CollX(EK::kAllToAll, EG::kEp, Buf::kEout, Buf::kComb, peer, rag, false));
       return b.Compute("fwd.iorder", F, Term::kOrder, k.Gather(s, cap), k.OrderBytes(s, cap), x, 0,
                        RouteX(EK::kIOrder, Buf::kComb, Buf::kNone, Buf::kY, s, xcap, 1, rag));
@@ -258,7 +287,7 @@ Deps SectionDefault(MoeSection sec, const LayerContext& ctx, Builder& b, Deps x)
           "bwd.iorder", B, Term::kOrder, k.Unroute(s, cap), k.UnrouteBytes(s, cap), x, 0,
           RouteX(EK::kIOrderBackward, Buf::kDy, Buf::kComb, Buf::kDcomb, s, xcap, 1, rag));
     case MoeSection::kBwdExchange:
-      x = b.AllToAll(kBwdCombine, B, ctx.a2a, t.ep, q, a2a, x,
+      x = EpAllToAll(b, ctx, kBwdCombine, B, a2a, x,
                      CollX(EK::kAllToAll, EG::kEp, Buf::kDcomb, Buf::kDeout, peer, rag, true));
       // The output gradient is replicated over the ESP group, so the forward
       // AllReduce's dual is the sum of the shards' partial input gradients,
@@ -267,7 +296,7 @@ Deps SectionDefault(MoeSection sec, const LayerContext& ctx, Builder& b, Deps x)
       x = ExpertBackward(b, ctx, k, rows, x, w, cap, dw_scale);
       x = b.Coll("bwd.esp_allreduce", B, Collective::kAllReduce, t.esp, n, x,
                  CollX(EK::kAllReduce, EG::kEsp, Buf::kDein, Buf::kDein, w * peer, rag));
-      return b.AllToAll(kBwdDispatch, B, ctx.a2a, t.ep, q, a2a, x,
+      return EpAllToAll(b, ctx, kBwdDispatch, B, a2a, x,
                         CollX(EK::kAllToAll, EG::kEp, Buf::kDein, Buf::kDdisp, peer, rag, false));
     case MoeSection::kBwdRoute:
       x = b.Compute("bwd.order", B, Term::kOrder, k.Gather(s, cap), k.OrderBytes(s, cap), x, 0,
@@ -320,7 +349,7 @@ Deps SectionS1(MoeSection sec, const LayerContext& ctx, Builder& b, Deps x) {
                        0, RouteX(EK::kOrder, Buf::kXs, Buf::kNone, Buf::kDisp, s1, cap1, 1, rag));
     case MoeSection::kFwdExchange:
       x = DroplessCounts(b, ctx, x);
-      x = b.AllToAll(kFwdDispatch, F, ctx.a2a, t.ep, q, a2a, x,
+      x = EpAllToAll(b, ctx, kFwdDispatch, F, a2a, x,
                      CollX(EK::kAllToAll, EG::kEp, Buf::kDisp, Buf::kRecv, peer, rag, true));
       x = b.Coll("fwd.esp_allgather", F, Collective::kAllGather, t.esp, d1 * skew, x,
                  CollX(EK::kAllGather, EG::kEsp, Buf::kRecv, Buf::kEin, part, rag));
@@ -329,7 +358,7 @@ Deps SectionS1(MoeSection sec, const LayerContext& ctx, Builder& b, Deps x) {
           ExpertX(EK::kExpertForward, Buf::kEin, Buf::kNone, Buf::kEout, groups, cap1, rag));
       x = b.Coll("fwd.esp_reducescatter", F, Collective::kReduceScatter, t.esp, d1 * skew, x,
                  CollX(EK::kReduceScatter, EG::kEsp, Buf::kEout, Buf::kBack, part, rag));
-      x = b.AllToAll(kFwdCombine, F, ctx.a2a, t.ep, q, a2a, x,
+      x = EpAllToAll(b, ctx, kFwdCombine, F, a2a, x,
                      CollX(EK::kAllToAll, EG::kEp, Buf::kBack, Buf::kComb, peer, rag, false));
       x = b.Compute("fwd.iorder", F, Term::kOrder, k.Gather(s1, cap1), k.OrderBytes(s1, cap1), x, 0,
                     RouteX(EK::kIOrder, Buf::kComb, Buf::kNone, Buf::kYs, s1, cap1, 1, rag));
@@ -344,14 +373,14 @@ Deps SectionS1(MoeSection sec, const LayerContext& ctx, Builder& b, Deps x) {
           "bwd.iorder", B, Term::kOrder, k.Unroute(s1, cap1), k.UnrouteBytes(s1, cap1), x, 0,
           RouteX(EK::kIOrderBackward, Buf::kDys, Buf::kComb, Buf::kDcomb, s1, cap1, 1, rag));
     case MoeSection::kBwdExchange:
-      x = b.AllToAll(kBwdCombine, B, ctx.a2a, t.ep, q, a2a, x,
+      x = EpAllToAll(b, ctx, kBwdCombine, B, a2a, x,
                      CollX(EK::kAllToAll, EG::kEp, Buf::kDcomb, Buf::kDrecv, peer, rag, true));
       x = b.Coll("bwd.esp_allgather", B, Collective::kAllGather, t.esp, d1 * skew, x,
                  CollX(EK::kAllGather, EG::kEsp, Buf::kDrecv, Buf::kDeout, part, rag));
       x = ExpertBackward(b, ctx, k, rows, x, groups, cap1);
       x = b.Coll("bwd.esp_reducescatter", B, Collective::kReduceScatter, t.esp, d1 * skew, x,
                  CollX(EK::kReduceScatter, EG::kEsp, Buf::kDein, Buf::kDback, part, rag));
-      return b.AllToAll(kBwdDispatch, B, ctx.a2a, t.ep, q, a2a, x,
+      return EpAllToAll(b, ctx, kBwdDispatch, B, a2a, x,
                         CollX(EK::kAllToAll, EG::kEp, Buf::kDback, Buf::kDdisp, peer, rag, false));
     case MoeSection::kBwdRoute:
       x = b.Compute(

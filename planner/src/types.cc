@@ -28,7 +28,15 @@ bool ParseSchedule(std::string_view name, Schedule* out) {
 }
 
 std::string_view AllToAllAlgoName(AllToAllAlgo a) {
-  return a == AllToAllAlgo::kHierarchical ? "2dh" : "linear";
+  switch (a) {
+    case AllToAllAlgo::kHierarchical:
+      return "2dh";
+    case AllToAllAlgo::kDeepEp:
+      return "deepep";
+    case AllToAllAlgo::kLinear:
+      break;
+  }
+  return "linear";
 }
 
 bool ParseAllToAllAlgo(std::string_view name, AllToAllAlgo* out) {

@@ -52,6 +52,7 @@ inline constexpr EnumPair<p::Variant, v1::OverlapVariant> kVariants[] = {
 inline constexpr EnumPair<p::AllToAllAlgo, v1::AllToAllAlgorithm> kAlgos[] = {
     {p::AllToAllAlgo::kLinear, v1::ALLTOALL_ALGORITHM_LINEAR},
     {p::AllToAllAlgo::kHierarchical, v1::ALLTOALL_ALGORITHM_HIERARCHICAL},
+    {p::AllToAllAlgo::kDeepEp, v1::ALLTOALL_ALGORITHM_DEEPEP},
 };
 
 template <class P, class W, size_t N>

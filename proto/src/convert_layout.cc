@@ -58,7 +58,7 @@ absl::StatusOr<v1::Layout> LayoutFromSpec(std::string_view spec) {
   static constexpr std::string_view kKeys =
       "dp, tp, cp, pp, ep, esp (or etp), microbatches, zero, family, pipeline, v, recompute (0, 1 "
       "or modules joined by +), sp, "
-      "a2a_overlap, layout (last)";
+      "a2a_overlap, dispatcher, layout (last)";
   std::vector<std::string> seen;
   size_t begin = 0;
   while (begin <= spec.size()) {
@@ -83,6 +83,10 @@ absl::StatusOr<v1::Layout> LayoutFromSpec(std::string_view spec) {
     }
     if (key == "pipeline") {
       l.set_pipeline(value);
+      continue;
+    }
+    if (key == "dispatcher") {
+      l.set_dispatcher(value);
       continue;
     }
     if (key == "layout") {
@@ -155,6 +159,10 @@ absl::StatusOr<p::Layout> LayoutFromProto(const v1::Layout& m) {
   }
   l.sequence_parallel = m.sequence_parallel();
   l.a2a_overlap = m.a2a_overlap();
+  if (!m.dispatcher().empty() && !p::ParseDispatcher(m.dispatcher(), &l.dispatcher)) {
+    return absl::InvalidArgumentError(
+        Cat("layout.dispatcher: must be alltoall or deepep (got ", Quoted(m.dispatcher()), ")"));
+  }
   if (!m.pipeline_model_parallel_layout().empty()) {
     absl::StatusOr<std::vector<p::PipelineStageLayers>> stages =
         p::ParsePipelineLayout(m.pipeline_model_parallel_layout());
@@ -204,6 +212,7 @@ v1::Layout LayoutToProto(const p::Layout& l, int64_t micro_batch_size) {
   }
   o.set_sequence_parallel(l.sequence_parallel);
   o.set_a2a_overlap(l.a2a_overlap);
+  o.set_dispatcher(std::string(p::DispatcherName(l.dispatcher)));
   o.set_micro_batch_size(static_cast<int32_t>(micro_batch_size));
   if (!l.stage_layers.empty()) {
     o.set_pipeline_model_parallel_layout(p::FormatPipelineLayout(l.stage_layers));

@@ -164,7 +164,7 @@ TEST(LayoutFromSpec, RecomputeModules) {
             "shared_experts or mla_up_proj (got '')");
 }
 
-// a2a_overlap=0|1 and pipeline=dualpipe, read and written back.
+// a2a_overlap=0|1, pipeline=dualpipe and dispatcher=, read and written back.
 TEST(LayoutFromSpec, A2aOverlapAndDualPipe) {
   absl::StatusOr<v1::Layout> spec =
       LayoutFromSpec("dp=8,tp=1,pp=4,ep=8,microbatches=8,pipeline=dualpipe,a2a_overlap=1");
@@ -180,6 +180,13 @@ TEST(LayoutFromSpec, A2aOverlapAndDualPipe) {
   EXPECT_EQ(back.pipeline(), "dualpipe");
   EXPECT_EQ(Msg(LayoutFromSpec("dp=4,tp=2,pp=1,a2a_overlap=2").status()),
             "--layout: a2a_overlap must be 0 or 1 (got 2)");
+  absl::StatusOr<planner::Layout> deepep =
+      LayoutFromProto(*LayoutFromSpec("dp=8,tp=1,pp=1,ep=8,dispatcher=deepep"));
+  ASSERT_TRUE(deepep.ok()) << deepep.status();
+  EXPECT_EQ(deepep->dispatcher, planner::Dispatcher::kDeepEp);
+  EXPECT_EQ(LayoutToProto(*deepep, 1).dispatcher(), "deepep");
+  EXPECT_EQ(Msg(LayoutFromProto(*LayoutFromSpec("dp=8,tp=1,pp=1,dispatcher=allgather")).status()),
+            "layout.dispatcher: must be alltoall or deepep (got 'allgather')");
 }
 
 TEST(LayoutFromSpec, SequenceParallelIsZeroOrOne) {
@@ -273,7 +280,7 @@ TEST(Errors, EchoABoundedPrefixOfAUserValue) {
   EXPECT_EQ(Msg(SearchFromProto(search).status()),
             "search.pipelines: each may be listed once (got '1f1b' twice)");
   const std::string spec = Msg(LayoutFromSpec("dp=1,family" + big).status());
-  EXPECT_LT(spec.size(), 280u) << spec;
+  EXPECT_LT(spec.size(), 320u) << spec;  // a 64-byte prefix and the keys
   EXPECT_NE(spec.find("'... (102406 bytes) (keys: "), std::string::npos) << spec;
   EXPECT_EQ(Msg(LayoutFromSpec("dp=1,dp=\x1b[2J").status()), "--layout: 'dp' given twice");
   EXPECT_EQ(Msg(LayoutFromSpec("dp=\x1b[2J").status()),

@@ -150,9 +150,16 @@ expect rc '+rc:core_attn+moe_act' 'the table does not mark the recomputed module
 # A2A overlap across micro-batches (a2a_overlap=1 -> --overlap-moe-expert-parallel-comm).
 layout_case a2a v100-8x8 gpt3-medium-moe.json \
   'dp=32,tp=1,pp=1,ep=32,esp=1,microbatches=8,a2a_overlap=1'
-expect a2a '^megatron flags: .*--overlap-moe-expert-parallel-comm --moe-token-dispatcher-type alltoall' \
+expect a2a '^megatron flags: .*--moe-token-dispatcher-type alltoall --overlap-moe-expert-parallel-comm' \
   'no --overlap-moe-expert-parallel-comm'
 expect a2a '+a2a' 'the table does not mark the overlap'
+
+# DeepEP's dispatcher (dispatcher=deepep -> the flex dispatcher with its backend).
+layout_case deepep v100-8x8 gpt3-medium-moe.json \
+  'dp=32,tp=1,pp=1,ep=32,esp=1,microbatches=8,dispatcher=deepep'
+expect deepep '^megatron flags: .*--moe-token-dispatcher-type flex --moe-flex-dispatcher-backend deepep' \
+  'no --moe-flex-dispatcher-backend deepep'
+expect deepep '+deepep' 'the table does not mark the dispatcher'
 
 # DualPipe: no Megatron-LM schedule, said in a note before the degrees.
 layout_case dual v100-8x8 gpt3-medium-moe.json 'dp=16,tp=1,pp=4,ep=16,esp=1,microbatches=16,pipeline=dualpipe'

@@ -40,6 +40,12 @@ inline constexpr PipelineSchedule kDefaultSearchPipelines[] = {
 std::string_view PipelineScheduleName(PipelineSchedule s);
 bool ParsePipelineSchedule(std::string_view name, PipelineSchedule* out);
 
+// Megatron-Core's --moe-token-dispatcher-type: AlltoAll (linear or 2DH, the
+// faster) or DeepEP's (flex; AllToAllAlgo::kDeepEp).
+enum class Dispatcher : uint8_t { kAllToAll = 0, kDeepEp = 1 };
+std::string_view DispatcherName(Dispatcher d);  // "alltoall", "deepep"
+bool ParseDispatcher(std::string_view name, Dispatcher* out);
+
 // Megatron-Core's --recompute-modules (selective recomputation; docs/layouts.md
 // "Recomputation"): each module's forward runs again before its backward,
 // and its activations are not kept. Bits of Layout::recompute_modules.
@@ -83,6 +89,7 @@ struct Layout {
   // micro-batch's AlltoAlls under the other's compute (docs/layouts.md
   // "Overlapping micro-batches"). DualPipe always overlaps its pairs.
   bool a2a_overlap = false;
+  Dispatcher dispatcher = Dispatcher::kAllToAll;
   // The layers of each of the pp * virtual_stages stages, in forward order
   // (a parsed Megatron-Core pipeline layout, pipeline_layout.h); empty: the
   // layers spread evenly, the embedding first and the loss last.

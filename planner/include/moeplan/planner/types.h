@@ -59,6 +59,9 @@ struct LayerConfig {
   // SwiGLU experts: the first GEMM projects to 2 x hidden_dim (gate and up),
   // silu(gate) * up brings it back to hidden_dim.
   bool gated_linear_unit = false;
+  // Group-limited routing (ModelConfig's moe.router_num_groups and
+  // router_group_topk; 0: none): what DeepEP's inter-node bytes depend on.
+  int64_t router_num_groups = 0, router_group_topk = 0;
   ParallelLayout parallel;
 };
 
@@ -78,10 +81,12 @@ bool ParseSchedule(std::string_view name, Schedule* out);
 
 // How an MoE layer's EP AlltoAlls run (docs/model.md): one pairwise exchange
 // over the EP group, or hierarchically (inside the node, then between nodes).
-enum class AllToAllAlgo : uint8_t { kLinear = 0, kHierarchical = 1 };
-inline constexpr AllToAllAlgo kAllAllToAllAlgos[] = {AllToAllAlgo::kLinear,
-                                                     AllToAllAlgo::kHierarchical};
-std::string_view AllToAllAlgoName(AllToAllAlgo a);  // "linear", "2dh"
+// DeepEP's: a token sent once per remote node over RDMA, then forwarded
+// inside the node over NVLink (tried only when asked: a dispatcher choice).
+enum class AllToAllAlgo : uint8_t { kLinear = 0, kHierarchical = 1, kDeepEp = 2 };
+inline constexpr AllToAllAlgo kAllAllToAllAlgos[] = {
+    AllToAllAlgo::kLinear, AllToAllAlgo::kHierarchical, AllToAllAlgo::kDeepEp};
+std::string_view AllToAllAlgoName(AllToAllAlgo a);  // "linear", "2dh", "deepep"
 bool ParseAllToAllAlgo(std::string_view name, AllToAllAlgo* out);
 
 // Derived sizes of docs/notation.md (per MP group / per rank, bytes where named so).

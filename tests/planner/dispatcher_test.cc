@@ -1,0 +1,119 @@
+// Token dispatchers (docs/model.md "AlltoAll algorithms"): DeepEP's
+// node-deduplicated dispatch and group-limited routing's inter-node bytes,
+// and the layout's dispatcher= that picks it.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+#include <tuple>
+
+#include "moeplan/planner/layout.h"
+#include "moeplan/planner/layout_planner.h"
+#include "moeplan/planner/model.h"
+#include "moeplan/planner/model_planner.h"
+#include "test_profile.h"
+
+namespace moeplan::planner {
+namespace {
+
+using testing::RoundNumberModel;
+
+// Four blocks, MoE every other one: 32 experts, top 4, EP 32 over the
+// round-number profile's 4 nodes of 8 (linear AlltoAlls only: one variant).
+ModelConfig Ep32(int groups, int group_topk) {
+  ModelConfig m;
+  m.name = "ep32";
+  m.num_layers = 4;
+  m.hidden_size = 256;
+  m.num_attention_heads = 8;
+  m.ffn_hidden_size = 1024;
+  m.seq_length = 128;
+  m.micro_batch_size = 2;
+  m.bytes_per_element = 2;
+  m.moe.layer_freq = 2;
+  m.moe.num_experts = 32;
+  m.moe.top_k = 4;
+  m.moe.capacity_factor = 1.0;
+  m.moe.expert_ffn_hidden_size = 512;
+  m.moe.router_num_groups = groups;
+  m.moe.router_group_topk = group_topk;
+  m.parallel = {.mp = 1, .ep = 32, .esp = 1, .dp = 32, .pp = 1};
+  return m;
+}
+
+// The forward dispatch op of the plan of `m` with AlltoAll algorithm `a`.
+Op Dispatch(const ModelConfig& m, AllToAllAlgo a) {
+  ModelPlanner planner(RoundNumberModel());
+  ModelPlanOptions o;
+  o.variants = {Variant::kNone};
+  o.schedules = {Schedule::kDefault};
+  o.algos = {a};
+  ModelPlan plan;
+  EXPECT_TRUE(planner.Plan(m, o, &plan).ok());
+  const OpGraph& g = plan.variants[static_cast<size_t>(plan.best)].graph;
+  for (OpId id = 0; id < g.size(); ++id) {
+    if (g.op(id).base == "fwd.ep_alltoall_dispatch") return g.op(id);
+  }
+  ADD_FAILURE() << "no fwd.ep_alltoall_dispatch";
+  return {};
+}
+
+// By hand, n bytes per rank over 4 nodes of 8: the linear AlltoAll sends
+// 3/4 of n off-node. DeepEP sends a token once per remote node it reaches:
+// with top 4 of 32 experts spread over 4 nodes, 4 (1 - (3/4)^4) = 2.734
+// distinct nodes of its 4 copies (share 0.6836); with 4 groups (one per
+// node) and top 2 groups, 2 nodes reachable, 2 (1 - (1/2)^4) = 1.875
+// (share 0.46875). The op holds both links for the slower of RDMA (an
+// AlltoAll among the 4 nodes of n x share) and NVLink forwarding (among the
+// node's 8, of n): 3 (10 + n s / 4 x 0.01) against 7 (2 + n / 8 x 0.001).
+TEST(DeepEp, SendsATokenOncePerRemoteNode) {
+  const Op linear = Dispatch(Ep32(0, 0), AllToAllAlgo::kLinear);
+  const double n = static_cast<double>(linear.bytes);
+  EXPECT_EQ(linear.inter_node_bytes, static_cast<int64_t>(std::llround(n * 3.0 / 4.0)));
+  for (auto [groups, topk, share] :
+       {std::tuple{0, 0, (4.0 * (1.0 - std::pow(0.75, 4))) / 4.0}, std::tuple{4, 2, 0.46875}}) {
+    const Op deepep = Dispatch(Ep32(groups, topk), AllToAllAlgo::kDeepEp);
+    EXPECT_EQ(deepep.bytes, linear.bytes);
+    EXPECT_EQ(deepep.resources, kIntra | kInter);
+    const double inter = 3.0 * (10.0 + n * share / 4.0 * 0.01);
+    const double intra = 7.0 * (2.0 + n / 8.0 * 0.001);
+    EXPECT_REL(deepep.cost_us, std::max(inter, intra)) << "groups " << groups;
+    EXPECT_NEAR(static_cast<double>(deepep.inter_node_bytes), n * share * 3.0 / 4.0, 1.0);
+  }
+  // The linear AlltoAll's bytes do not depend on the groups.
+  EXPECT_EQ(Dispatch(Ep32(4, 2), AllToAllAlgo::kLinear).cost_us, linear.cost_us);
+}
+
+Layout Ep32Layout() {
+  Layout l;
+  l.dp = 32;
+  l.ep = 32;
+  l.microbatches = 2;
+  l.family = Family::kDpMoe;
+  return l;
+}
+
+// dispatcher=deepep plans every MoE layer with DeepEP's dispatch: on this
+// inter-node-bound layout the iteration is faster than the AlltoAll
+// dispatcher's (linear or 2DH, the faster).
+TEST(DeepEp, LayoutDispatcherPicksIt) {
+  ModelConfig m = Ep32(4, 2);
+  m.global_batch_size = 128;
+  LayoutPlanner lp(RoundNumberModel());
+  Layout l = Ep32Layout();
+  LayoutCandidate a2a, deepep;
+  ASSERT_TRUE(lp.Evaluate(m, l, {}, {}, &a2a).ok());
+  l.dispatcher = Dispatcher::kDeepEp;
+  ASSERT_TRUE(lp.Evaluate(m, l, {}, {}, &deepep).ok());
+  EXPECT_EQ(deepep.algo, AllToAllAlgo::kDeepEp);
+  EXPECT_NE(a2a.algo, AllToAllAlgo::kDeepEp);
+  EXPECT_LT(deepep.iteration_us, a2a.iteration_us);
+  l.ep = 1;
+  l.family = Family::kDpMoe;
+  EXPECT_EQ(ValidateLayout(m, l, 128, {4, 8}).message(),
+            "layout.dispatcher: deepep needs expert parallelism (ep >= 2) over an AlltoAll (not "
+            "ppmoe, which dispatches inside the TP group) (got ep=1, family=dpmoe)");
+}
+
+}  // namespace
+}  // namespace moeplan::planner
