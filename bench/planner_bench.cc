@@ -153,10 +153,9 @@ BENCHMARK(BM_PlanDeepSeekV3)->Unit(benchmark::kMillisecond);
 // iteration: nothing is cached between searches.
 // One search of `model` on `gpus` GPUs per iteration, its counts reported.
 void RunSearch(benchmark::State& state, const planner::ModelConfig& model, const char* profile,
-               int gpus) {
+               int gpus, planner::SearchOptions options = {}) {
   const planner::CostModel cost =
       OrDie(planner::CostModel::Create(OrDie(calibration::LoadProfile(profile)).profile));
-  planner::SearchOptions options;
   options.gpus = gpus;
   options.top = 10;
   planner::LayoutSearchResult r;
@@ -190,6 +189,32 @@ BENCHMARK_CAPTURE(BM_SearchLayouts, qwen_moe_1024_a100, "qwen-moe-like.json", "a
 void BM_SearchHf(benchmark::State& state, const char* dir) {
   RunSearch(state, HfModel(dir, 1, 1, 8192), "h100-8x8", 1024);
 }
+
+// DeepSeek-V3 on 1,024 or 8,192 H100s, global batch 8,192: the default axes,
+// or every opt-in axis of issue 37 too (sequence parallelism both ways,
+// folded grids of ETP 1, CP 1 and 2, the A2A overlap both ways, DualPipe
+// beside the three schedules).
+void BM_SearchDeepSeekV3(benchmark::State& state, int gpus, bool every_axis) {
+  planner::SearchOptions o;
+  if (every_axis) {
+    o.sequence_parallel = {false, true};
+    o.expert_tensor_parallel = {1};
+    o.context_parallel = {1, 2};
+    o.a2a_overlap = {false, true};
+    o.pipelines = {planner::PipelineSchedule::kGpipe, planner::PipelineSchedule::k1F1B,
+                   planner::PipelineSchedule::kInterleaved, planner::PipelineSchedule::kDualPipe};
+  }
+  RunSearch(state, HfModel("deepseek-v3", 1, 1, 8192), "h100-8x8", gpus, o);
+}
+BENCHMARK_CAPTURE(BM_SearchDeepSeekV3, h100_8192, 8192, false)
+    ->Unit(benchmark::kMillisecond)
+    ->Iterations(1);
+BENCHMARK_CAPTURE(BM_SearchDeepSeekV3, h100_1024_every_axis, 1024, true)
+    ->Unit(benchmark::kMillisecond)
+    ->Iterations(1);
+BENCHMARK_CAPTURE(BM_SearchDeepSeekV3, h100_8192_every_axis, 8192, true)
+    ->Unit(benchmark::kMillisecond)
+    ->Iterations(1);
 BENCHMARK_CAPTURE(BM_SearchHf, qwen3_235b_1024_h100, "qwen3-235b-a22b")
     ->Unit(benchmark::kMillisecond)
     ->Iterations(1);

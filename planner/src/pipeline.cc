@@ -15,21 +15,21 @@ namespace moeplan::planner {
 
 namespace {
 
-// A 1F1B-style order from the stage's forward and backward sequences:
-// `warm` forwards, then one forward and one backward (run overlapped, with
+// A 1F1B-style order of n forwards f(i) and n backwards b(i): `warm`
+// forwards, then one forward and one backward (run overlapped, with
 // `overlap`), then the backwards left.
-std::vector<PipeStep> OneFOneB(const std::vector<PipeStep>& f, const std::vector<PipeStep>& b,
-                               size_t warm, bool overlap) {
+template <typename Fwd, typename Bwd>
+std::vector<PipeStep> OneFOneB(int n, int warm, bool overlap, Fwd f, Bwd b) {
   std::vector<PipeStep> out;
-  out.reserve(f.size() + b.size());
-  warm = std::min(warm, f.size());
-  out.insert(out.end(), f.begin(), f.begin() + static_cast<ptrdiff_t>(warm));
-  for (size_t i = 0; i + warm < f.size(); ++i) {
-    out.push_back(f[warm + i]);
+  out.reserve(static_cast<size_t>(n) * 2);
+  warm = std::min(warm, n);
+  for (int i = 0; i < warm; ++i) out.push_back(f(i));
+  for (int i = 0; i + warm < n; ++i) {
+    out.push_back(f(warm + i));
     out.back().with_next = overlap;
-    out.push_back(b[i]);
+    out.push_back(b(i));
   }
-  out.insert(out.end(), b.begin() + static_cast<ptrdiff_t>(f.size() - warm), b.end());
+  for (int i = n - warm; i < n; ++i) out.push_back(b(i));
   return out;
 }
 
@@ -80,35 +80,15 @@ std::array<int, 2> DualPipeHeld(int p, int m, int s) {
   return peak;
 }
 
-PipeFeed FeedOf(PipelineSchedule schedule, int p, int v, int s, const PipeStep& st) {
-  PipeFeed in;
-  const int c = st.chunk;
-  if (schedule == PipelineSchedule::kDualPipe) {
-    // Segment k of direction d sits on stage k (d = 0) or p - 1 - k, as
-    // chunk 0 when k < p / 2.
-    const DualPipeChunk at = DualPipeChunkOf(p, s, c);
-    const int k = at.segment + (st.forward ? -1 : 1);
-    in.last = st.forward ? at.segment == p - 1 : at.segment == 0;
-    if (k < 0) {
-      in.none = true;
-    } else if (k >= p) {
-      in = {s, c, true, false, in.last};
-    } else {
-      in = {at.direction == 0 ? k : p - 1 - k, k < p / 2 ? 0 : 1, st.forward, false, in.last};
-    }
-    return in;
-  }
-  if (st.forward) {
-    in.last = s == p - 1 && c == v - 1;
-    if (s > 0) return {s - 1, c, true, false, in.last};
-    if (c > 0) return {p - 1, c - 1, true, false, in.last};
-    in.none = true;
-    return in;
-  }
-  in.last = s == 0 && c == 0;
-  if (s < p - 1) return {s + 1, c, false, false, in.last};
-  if (c < v - 1) return {0, c + 1, false, false, in.last};
-  return {s, c, true, false, in.last};
+PipeFeed DualPipeFeedOf(int p, int s, const PipeStep& st) {
+  // Segment k of direction d sits on stage k (d = 0) or p - 1 - k, as
+  // chunk 0 when k < p / 2.
+  const DualPipeChunk at = DualPipeChunkOf(p, s, st.chunk);
+  const int k = at.segment + (st.forward ? -1 : 1);
+  const bool last = st.forward ? at.segment == p - 1 : at.segment == 0;
+  if (k < 0) return {0, 0, true, true, last};
+  if (k >= p) return {s, st.chunk, true, false, last};
+  return {at.direction == 0 ? k : p - 1 - k, k < p / 2 ? 0 : 1, st.forward, false, last};
 }
 
 std::vector<PipeStep> PipelineOrder(PipelineSchedule schedule, int p, int v, int m, int s,
@@ -135,19 +115,27 @@ std::vector<PipeStep> PipelineOrder(PipelineSchedule schedule, int p, int v, int
   // Each order is warm forwards, then forward-backward pairs, then the
   // backwards left (OneFOneB); overlapping adds one warm-up forward so that
   // a pair's two steps are different micro-batches.
-  const size_t more = overlap ? 1 : 0;
-  std::vector<PipeStep> f, b;
+  const int more = overlap ? 1 : 0;
   if (p == 1) {
     // One stage, overlapped: micro-batch i + 1's chunks forward with i's backward.
-    for (int i = 0; i < m; ++i) {
-      for (int c = 0; c < v; ++c) f.push_back({true, c, i});
-      for (int c = v - 1; c >= 0; --c) b.push_back({false, c, i});
-    }
-    return OneFOneB(f, b, static_cast<size_t>(v) - 1 + more, overlap);
+    return OneFOneB(
+        m * v, v - 1 + more, overlap,
+        [v](int k) {
+          return PipeStep{true, k % v, k / v};
+        },
+        [v](int k) {
+          return PipeStep{false, v - 1 - k % v, k / v};
+        });
   }
   if (schedule == PipelineSchedule::k1F1B || v == 1) {
-    for (int i = 0; i < m; ++i) f.push_back({true, 0, i}), b.push_back({false, 0, i});
-    return OneFOneB(f, b, static_cast<size_t>(std::min(p - s - 1, m)) + more, overlap);
+    return OneFOneB(
+        m, std::min(p - s - 1, m) + more, overlap,
+        [](int i) {
+          return PipeStep{true, 0, i};
+        },
+        [](int i) {
+          return PipeStep{false, 0, i};
+        });
   }
   // Megatron-LM's interleaved 1F1B: micro-steps k over m * v, in groups of p
   // micro-batches per chunk.
@@ -158,8 +146,9 @@ std::vector<PipeStep> PipelineOrder(PipelineSchedule schedule, int p, int v, int
     const int chunk = fwd ? in_group / p : v - 1 - in_group / p;
     return PipeStep{fwd, chunk, (k / (p * v)) * p + k % p};
   };
-  for (int k = 0; k < n; ++k) f.push_back(step(k, true)), b.push_back(step(k, false));
-  return OneFOneB(f, b, static_cast<size_t>(warm) + more, overlap);
+  return OneFOneB(
+      n, warm + more, overlap, [&](int k) { return step(k, true); },
+      [&](int k) { return step(k, false); });
 }
 
 // The peak of PipelineOrder's held forwards in closed form (the search asks

@@ -122,6 +122,21 @@ struct PipeFeed {
   int stage = 0, chunk = 0;
   bool forward = true, none = false, last = false;
 };
-PipeFeed FeedOf(PipelineSchedule schedule, int stages, int chunks, int stage, const PipeStep& st);
+PipeFeed DualPipeFeedOf(int stages, int stage, const PipeStep& st);
+// Inline: the walks of the search's bounds ask it for every step.
+inline PipeFeed FeedOf(PipelineSchedule schedule, int p, int v, int s, const PipeStep& st) {
+  if (schedule == PipelineSchedule::kDualPipe) return DualPipeFeedOf(p, s, st);
+  const int c = st.chunk;
+  if (st.forward) {
+    const bool last = s == p - 1 && c == v - 1;
+    if (s > 0) return {s - 1, c, true, false, last};
+    if (c > 0) return {p - 1, c - 1, true, false, last};
+    return {0, 0, true, true, last};
+  }
+  const bool last = s == 0 && c == 0;
+  if (s < p - 1) return {s + 1, c, false, false, last};
+  if (c < v - 1) return {0, c + 1, false, false, last};
+  return {s, c, true, false, last};
+}
 
 }  // namespace moeplan::planner
