@@ -234,7 +234,7 @@ absl::StatusOr<internal::ChunkBound> LayoutPlanner::Impl::BoundOf(const ModelCon
                                                                   const Layout& l, int64_t mbs,
                                                                   const StageOptions& so,
                                                                   bool refined) {
-  const double m = l.microbatches;
+  const double m = l.ChunkMicrobatches();
   internal::ChunkBound out;
   if (refined) {
     auto it = cache.find(KeyOf(model, l, mbs, so, l.zero_stage));
@@ -381,7 +381,7 @@ void LayoutPlanner::Impl::Begin(const ModelConfig& model, const ModelPlanOptions
 void LayoutPlanner::Impl::Breakdown(const Layout& l, const PipelineSpec& spec,
                                     const PipelineResult& pr, const std::vector<ChunkTimes>& chunks,
                                     LayoutCandidate* out) const {
-  const int v = l.Chunks(), m = l.microbatches;
+  const int v = l.Chunks(), m = l.ChunkMicrobatches();
   const int s = pr.busiest_stage;
   std::array<double, kNumTerms> terms{};
   out->compute_us = out->grad_sync_us = out->optimizer_us = 0.0;

@@ -278,6 +278,10 @@ TEST(DualPipe, StagesHoldTwoSegments) {
   l.pipeline = PipelineSchedule::k1F1B;
   ASSERT_TRUE(lp.Evaluate(m, l, {}, {}, &one).ok());
   EXPECT_GT(dual.iteration_us, 0.0);
+  // Each chunk runs half the micro-batches: the busiest stage's compute is
+  // within its iteration (counting m per chunk would double it).
+  EXPECT_LT(dual.compute_us, dual.iteration_us);
+  EXPECT_GT(dual.compute_us, 0.5 * one.compute_us);
   const MemoryBreakdown d1 = StageMemory(m, Base(8, 4, 8), 2, 1, 1.0, {});
   Layout dl = Base(8, 4, 8);
   dl.pipeline = PipelineSchedule::kDualPipe;

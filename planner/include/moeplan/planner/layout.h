@@ -100,6 +100,10 @@ struct Layout {
   int Chunks() const {
     return pipeline == PipelineSchedule::kDualPipe ? 2 : virtual_stages > 1 ? virtual_stages : 1;
   }
+  // Micro-batches each chunk runs: DualPipe's two chunks half each.
+  int ChunkMicrobatches() const {
+    return pipeline == PipelineSchedule::kDualPipe ? microbatches / 2 : microbatches;
+  }
   // Whether the pipeline runs overlapped forward-backward pairs.
   bool OverlapsPairs() const { return a2a_overlap || pipeline == PipelineSchedule::kDualPipe; }
   // Ranks a dense gradient is reduced over (Megatron-Core's DP x CP group).
