@@ -204,7 +204,17 @@ absl::Status WalkPipeline(PipelineSchedule schedule, int p, int v, int m,
   std::vector<size_t> next(static_cast<size_t>(p), 0);
   size_t left = issued.size();
   auto ready = [&](int s, const PipeStep& st) {
-    const PipeFeed in = FeedOf(schedule, p, v, s, st);
+    if (!dual) {
+      // FeedOf's rule, inline: the search's bounds walk every candidate.
+      const int c = st.chunk, i = st.mb;
+      return st.forward ? (s > 0   ? issued[idx(s - 1, c, i, true)] != 0
+                           : c > 0 ? issued[idx(p - 1, c - 1, i, true)] != 0
+                                   : true)
+                        : (s < p - 1   ? issued[idx(s + 1, c, i, false)] != 0
+                           : c < v - 1 ? issued[idx(0, c + 1, i, false)] != 0
+                                       : issued[idx(s, c, i, true)] != 0);
+    }
+    const PipeFeed in = DualPipeFeedOf(p, s, st);
     return in.none || issued[idx(in.stage, in.chunk, st.mb, in.forward)] != 0;
   };
   while (left > 0) {
@@ -215,9 +225,7 @@ absl::Status WalkPipeline(PipelineSchedule schedule, int p, int v, int m,
       while (ns < os.size()) {
         // A step, or an overlapped pair: both steps' inputs issued.
         const size_t n = os[ns].with_next && ns + 1 < os.size() ? 2 : 1;
-        bool go = true;
-        for (size_t k = 0; k < n; ++k) go = go && ready(s, os[ns + k]);
-        if (!go) break;
+        if (!ready(s, os[ns]) || (n == 2 && !ready(s, os[ns + 1]))) break;
         for (size_t k = 0; k < n; ++k) {
           const PipeStep& st = os[ns + k];
           visit(s, st);
@@ -319,10 +327,12 @@ class PipelineGraph {
     const size_t cs = static_cast<size_t>(s) * v_ + st.chunk;
     op.cost_us = st.forward ? spec_.fwd_us[cs] : spec_.bwd_us[cs];
     const OpId own_fwd = st.forward ? kNoOp : op_of_[Idx(s, st.chunk, st.mb, true)];
+    const PipeFeed in = FeedOf(spec_.schedule, p_, v_, s, st);
     if (pending_) {
       // The pair: an op up to the first step's end (its send after it),
       // then one to the pair's end, waiting for both steps' inputs.
       const PipeStep f = *pending_;
+      const PipeFeed f_in = FeedOf(spec_.schedule, p_, v_, s, f);
       pending_.reset();
       const PairTime& t = spec_.pairs[(static_cast<size_t>(s) * v_ + f.chunk) * v_ + st.chunk];
       const bool fwd_first = t.fwd_end_us <= t.bwd_end_us;
@@ -330,18 +340,18 @@ class PipelineGraph {
       op.step = f.mb;
       op.part = static_cast<int16_t>(f.chunk);
       op.cost_us = std::min(t.fwd_end_us, t.bwd_end_us);
-      const OpId first = g_->Add(op, {Input(s, f), Input(s, st), own_fwd});
+      const OpId first = g_->Add(op, {Input(s, f, f_in), Input(s, st, in), own_fwd});
       op.base = "pipe.fb_rest";
       op.cost_us = std::max(0.0, t.total_us - op.cost_us);
       const OpId rest = g_->Add(op, {first});
       busy_[static_cast<size_t>(s)] += t.total_us;
-      Done(s, fwd_first ? f : st, first);
-      Done(s, fwd_first ? st : f, rest);
+      Done(s, fwd_first ? f : st, first, (fwd_first ? f_in : in).last);
+      Done(s, fwd_first ? st : f, rest, (fwd_first ? in : f_in).last);
       return;
     }
-    const OpId id = g_->Add(op, {Input(s, st), own_fwd});
+    const OpId id = g_->Add(op, {Input(s, st, in), own_fwd});
     if (!spec_.pairs.empty()) busy_[static_cast<size_t>(s)] += op.cost_us;
-    Done(s, st, id);
+    Done(s, st, id, in.last);
   }
 
   // Each stage's tail after its last step.
@@ -370,11 +380,12 @@ class PipelineGraph {
     return ((static_cast<size_t>(s) * v_ + c) * mbs_ + i) * 2 + (fwd ? 1 : 0);
   }
 
-  // Step `st` ran as op `id`: the send after it, unless nothing reads it.
-  void Done(int s, const PipeStep& st, OpId id) {
+  // Step `st` ran as op `id`: the send after it, unless nothing reads it
+  // (`last`).
+  void Done(int s, const PipeStep& st, OpId id, bool last) {
     op_of_[Idx(s, st.chunk, st.mb, st.forward)] = id;
     last_of_[static_cast<size_t>(s)] = id;
-    if (FeedOf(spec_.schedule, p_, v_, s, st).last) return;
+    if (last) return;
     Op send;
     send.base = st.forward ? "pipe.send_fwd" : "pipe.send_bwd";
     send.block = static_cast<int16_t>(s);
@@ -389,10 +400,9 @@ class PipelineGraph {
     send_of_[Idx(s, st.chunk, st.mb, st.forward)] = g_->Add(send, {id});
   }
 
-  // The input: the send of the step feeding it (FeedOf); the last chunk's
-  // backward waits for its own forward.
-  OpId Input(int s, const PipeStep& st) const {
-    const PipeFeed in = FeedOf(spec_.schedule, p_, v_, s, st);
+  // The input: the send of the step feeding it (`in`, its FeedOf); the last
+  // chunk's backward waits for its own forward.
+  OpId Input(int s, const PipeStep& st, const PipeFeed& in) const {
     if (in.none) return kNoOp;
     if (in.stage == s && in.chunk == st.chunk && in.forward != st.forward) {
       return op_of_[Idx(s, st.chunk, st.mb, true)];
