@@ -75,7 +75,6 @@ ChunkKey LayoutPlanner::Impl::KeyOf(const ModelConfig& model, const Layout& l, i
                   so.embed,
                   so.head,
                   l.sequence_parallel,
-                  l.OverlapsPairs(),
                   static_cast<uint8_t>(l.dispatcher),
                   std::vector<uint8_t>(at(so.first_block), at(so.end_block))};
 }
@@ -83,7 +82,10 @@ ChunkKey LayoutPlanner::Impl::KeyOf(const ModelConfig& model, const Layout& l, i
 absl::StatusOr<ChunkTimes> LayoutPlanner::Impl::Chunk(const ModelConfig& model, const Layout& l,
                                                       int64_t mbs, int stage, int chunk) {
   const StageOptions so = ChunkOptions(model, l, stage, chunk);
-  if (auto it = cache.find(KeyOf(model, l, mbs, so, l.zero_stage)); it != cache.end()) {
+  // A chunk planned without its phases is planned again for a layout that
+  // overlaps pairs (not in a search that keeps them all: keep_phases).
+  if (auto it = cache.find(KeyOf(model, l, mbs, so, l.zero_stage));
+      it != cache.end() && (it->second.phases || !l.OverlapsPairs())) {
     if (stats) ++stats->stage_cache_hits;
     return it->second;
   }
@@ -100,9 +102,9 @@ absl::StatusOr<ChunkTimes> LayoutPlanner::Impl::Chunk(const ModelConfig& model, 
   ModuleTimes(m, l, so, vp.graph, &modules);
   for (int z : {l.zero_stage, l.zero_stage == 1 ? 2 : l.zero_stage == 2 ? 1 : -1}) {
     if (z < 0) continue;
-    MOEPLAN_ASSIGN_OR_RETURN(ChunkTimes t, Times(vp, z >= 2, l.OverlapsPairs()));
+    MOEPLAN_ASSIGN_OR_RETURN(ChunkTimes t, Times(vp, z >= 2, keep_phases || l.OverlapsPairs()));
     t.module_fwd = modules.module_fwd;
-    cache.emplace(KeyOf(model, l, mbs, so, z), t);
+    cache.insert_or_assign(KeyOf(model, l, mbs, so, z), t);
   }
   return cache.find(KeyOf(model, l, mbs, so, l.zero_stage))->second;
 }
@@ -375,6 +377,7 @@ void LayoutPlanner::Impl::Begin(const ModelConfig& model, const ModelPlanOptions
   bounds.clear();
   checked.clear();
   merged.clear();
+  keep_phases = false;
   plan_options = options;
 }
 

@@ -54,7 +54,6 @@ struct ChunkKey {
   int tp, cp, dp, ep, esp, edp, zero, blocks, phase;
   uint8_t family;
   bool embed, head, sequence_parallel;
-  bool pairs;  // ChunkTimes::phases kept
   uint8_t dispatcher;
   // With moe.layer_pattern (phase 0): the chunk's blocks' entries, which
   // decide its MoE blocks as the phase does for moe.layer_freq.
@@ -63,8 +62,8 @@ struct ChunkKey {
   template <typename H>
   friend H AbslHashValue(H h, const ChunkKey& k) {
     return H::combine(std::move(h), k.mbs, k.tp, k.cp, k.dp, k.ep, k.esp, k.edp, k.zero, k.blocks,
-                      k.phase, k.family, k.embed, k.head, k.sequence_parallel, k.pairs,
-                      k.dispatcher, k.pattern);
+                      k.phase, k.family, k.embed, k.head, k.sequence_parallel, k.dispatcher,
+                      k.pattern);
   }
 };
 
@@ -105,6 +104,9 @@ struct LayoutPlanner::Impl {
   SimResult quiet_sim;
   SearchStats* stats = nullptr;
   ModelPlanOptions plan_options;
+  // Keep every planned chunk's phases (a search that tries overlapped
+  // pairs: one plan serves both kinds of layout).
+  bool keep_phases = false;
   // PairUs's merges by (forward's phases, backward's phases).
   absl::flat_hash_map<std::pair<const ChunkPhases*, const ChunkPhases*>, PairTime> merged;
   MergeScratch merge_scratch;

@@ -477,6 +477,11 @@ absl::Status LayoutPlanner::Search(const ModelConfig& model, const SearchOptions
   if (axes.sequence_parallel.empty()) axes.sequence_parallel = {false};
   axes.a2a_overlap = options.a2a_overlap;
   if (axes.a2a_overlap.empty()) axes.a2a_overlap = {false};
+  // Layouts with and without overlapped pairs share their chunks' plans.
+  s.keep_phases =
+      std::find(axes.a2a_overlap.begin(), axes.a2a_overlap.end(), true) != axes.a2a_overlap.end() ||
+      std::find(options.pipelines.begin(), options.pipelines.end(), PipelineSchedule::kDualPipe) !=
+          options.pipelines.end();
   if (axes.pipelines.empty()) {
     axes.pipelines.assign(std::begin(kDefaultSearchPipelines), std::end(kDefaultSearchPipelines));
   }
