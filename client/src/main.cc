@@ -129,6 +129,12 @@ void AddLayoutOptions(CLI::App* plan, PlanModelArgs* a) {
       ->check(CLI::IsMember({"off", "on", "both"}))
       ->needs(search)
       ->capture_default_str();
+  plan->add_option("--dispatchers", a->dispatchers,
+                   "With --search: token dispatchers to try, alltoall, deepep (where ep >= 2, not "
+                   "ppmoe) or all; a --layout names one with dispatcher=")
+      ->check(flags::NonEmpty())
+      ->needs(search)
+      ->capture_default_str();
   plan->add_option("--a2a-overlap", a->a2a_overlap,
                    "With --search: try Megatron-Core's A2A overlap across micro-batches off, on "
                    "(where ep >= 2 with one stage, interleaved or dualpipe) or both; a --layout "

@@ -56,6 +56,7 @@ absl::Status InFile(const std::string& path, const absl::Status& s) {
       {"search.max_microbatches", "--max-microbatches"},
       {"search.sequence_parallel", "--sequence-parallel"},
       {"search.a2a_overlap", "--a2a-overlap"},
+      {"search.dispatchers", "--dispatchers"},
       {"search.context_parallel", "--context-parallel"},
       {"search.expert_tensor_parallel", "--expert-tensor-parallel"},
       {"memory.gpu_memory_gib", "--gpu-memory-gib"},
@@ -112,6 +113,13 @@ bool ParseFamilyName(std::string_view name, std::string* out) {
   return true;
 }
 
+bool ParseDispatcherName(std::string_view name, std::string* out) {
+  p::Dispatcher d;
+  if (!p::ParseDispatcher(name, &d)) return false;
+  *out = std::string(name);
+  return true;
+}
+
 bool ParsePipelineName(std::string_view name, std::string* out) {
   p::PipelineSchedule ps;
   if (!p::ParsePipelineSchedule(name, &ps)) return false;
@@ -147,6 +155,15 @@ absl::Status SearchFromFlags(const PlanModelArgs& a, v1::PlanModelRequest* reque
   if (a.sequence_parallel != "off") s->add_sequence_parallel(true);
   if (a.a2a_overlap != "on") s->add_a2a_overlap(false);
   if (a.a2a_overlap != "off") s->add_a2a_overlap(true);
+  if (a.dispatchers == "all") {
+    s->add_dispatchers("alltoall");
+    s->add_dispatchers("deepep");
+  } else {
+    MOEPLAN_ASSIGN_OR_RETURN(
+        auto dispatchers, ParseNameList<std::string>("--dispatchers", "dispatcher", a.dispatchers,
+                                                     ParseDispatcherName, "alltoall, deepep"));
+    for (const std::string& d : dispatchers) s->add_dispatchers(d);
+  }
   for (const auto& [flag, list, field] :
        {std::tuple{"--context-parallel", &a.context_parallel, s->mutable_context_parallel()},
         std::tuple{"--expert-tensor-parallel", &a.expert_tensor_parallel,

@@ -187,6 +187,7 @@ struct Axes {
   std::vector<int> expert_tensor_parallel;  // folded grids tried
   ClusterShape cluster;
   std::vector<bool> a2a_overlap;
+  std::vector<Dispatcher> dispatchers;
 };
 
 // The folded expert grids of a tied dpmoe layout `l` with sequence
@@ -270,13 +271,32 @@ bool Schedulable(const ModelConfig& model, const Layout& base, PipelineSchedule 
                   ps == PipelineSchedule::kDualPipe));
 }
 
-// Every (layout, zero, pipeline, v, m, overlap) candidate that fits memory.
+// Each layout with each dispatcher of the axes that applies to it (DeepEP's:
+// a MoE model, ep >= 2, not ppmoe), in order.
+std::vector<Layout> WithDispatchers(const ModelConfig& model, std::vector<Layout> layouts,
+                                    const Axes& axes) {
+  if (axes.dispatchers.size() == 1 && axes.dispatchers[0] == Dispatcher::kAllToAll) return layouts;
+  std::vector<Layout> out;
+  for (const Layout& l : layouts) {
+    for (Dispatcher d : axes.dispatchers) {
+      if (d == Dispatcher::kDeepEp && (model.IsDense() || l.ep < 2 || l.family == Family::kPpMoe)) {
+        continue;
+      }
+      out.push_back(l);
+      out.back().dispatcher = d;
+    }
+  }
+  return out;
+}
+
+// Every (layout, dispatcher, zero, pipeline, v, m, overlap) candidate that fits memory.
 absl::Status EnumerateCandidates(const ModelConfig& model, std::span<const Layout> layouts,
                                  const SearchOptions& options, const Axes& axes,
                                  const MemoryOptions& mem, const Deadline& deadline,
                                  SearchStats* st, std::vector<Pending>* pending) {
   const int64_t global = model.GlobalBatch();
-  for (const Layout& base : WithSequenceParallel(model, layouts, axes)) {
+  for (const Layout& base :
+       WithDispatchers(model, WithSequenceParallel(model, layouts, axes), axes)) {
     const int64_t per_replica = global / base.dp;
     for (int m : Divisors(per_replica, options.max_microbatches)) {
       for (int z : axes.zeros) {
@@ -420,6 +440,11 @@ absl::Status ValidateSearchOptions(const SearchOptions& o) {
                  Cat(values->size(), " values"));
     }
   }
+  if (o.dispatchers.size() > 2 ||
+      (o.dispatchers.size() == 2 && o.dispatchers[0] == o.dispatchers[1])) {
+    return Bad("search.dispatchers", "each of alltoall and deepep may be listed once",
+               Cat(o.dispatchers.size(), " values"));
+  }
   for (const auto& [field, list] : {std::pair<std::string_view, const std::vector<int>*>{
                                         "search.context_parallel", &o.context_parallel},
                                     {"search.expert_tensor_parallel", &o.expert_tensor_parallel}}) {
@@ -477,6 +502,8 @@ absl::Status LayoutPlanner::Search(const ModelConfig& model, const SearchOptions
   if (axes.sequence_parallel.empty()) axes.sequence_parallel = {false};
   axes.a2a_overlap = options.a2a_overlap;
   if (axes.a2a_overlap.empty()) axes.a2a_overlap = {false};
+  axes.dispatchers = options.dispatchers;
+  if (axes.dispatchers.empty()) axes.dispatchers = {Dispatcher::kAllToAll};
   // Layouts with and without overlapped pairs share their chunks' plans.
   s.keep_phases =
       std::find(axes.a2a_overlap.begin(), axes.a2a_overlap.end(), true) != axes.a2a_overlap.end() ||

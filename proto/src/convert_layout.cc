@@ -266,6 +266,14 @@ absl::StatusOr<p::SearchOptions> SearchFromProto(const v1::SearchOptions& m) {
   o.exhaustive = m.exhaustive();
   o.sequence_parallel.assign(m.sequence_parallel().begin(), m.sequence_parallel().end());
   o.a2a_overlap.assign(m.a2a_overlap().begin(), m.a2a_overlap().end());
+  for (const std::string& name : m.dispatchers()) {
+    p::Dispatcher d;
+    if (!p::ParseDispatcher(name, &d)) {
+      return absl::InvalidArgumentError(
+          Cat("search.dispatchers: each must be alltoall or deepep (got ", Quoted(name), ")"));
+    }
+    o.dispatchers.push_back(d);
+  }
   o.context_parallel.assign(m.context_parallel().begin(), m.context_parallel().end());
   o.expert_tensor_parallel.assign(m.expert_tensor_parallel().begin(),
                                   m.expert_tensor_parallel().end());

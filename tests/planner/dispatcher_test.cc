@@ -115,5 +115,32 @@ TEST(DeepEp, LayoutDispatcherPicksIt) {
             "ppmoe, which dispatches inside the TP group) (got ep=1, family=dpmoe)");
 }
 
+// The search tries DeepEP beside the AlltoAll dispatcher when asked, and
+// its bounds still keep the exhaustive top N.
+TEST(DeepEp, SearchTriesItWhenAsked) {
+  ModelConfig m = Ep32(4, 2);
+  m.global_batch_size = 128;
+  LayoutPlanner lp(RoundNumberModel());
+  SearchOptions so;
+  so.top = 6;
+  so.max_microbatches = 4;
+  so.zero_stages = {1};
+  so.dispatchers = {Dispatcher::kAllToAll, Dispatcher::kDeepEp};
+  LayoutSearchResult pruned, all;
+  ASSERT_TRUE(lp.Search(m, so, {}, {}, &pruned).ok());
+  so.exhaustive = true;
+  ASSERT_TRUE(lp.Search(m, so, {}, {}, &all).ok());
+  ASSERT_EQ(pruned.candidates.size(), all.candidates.size());
+  int deepep = 0;
+  for (size_t i = 0; i < all.candidates.size(); ++i) {
+    EXPECT_EQ(pruned.candidates[i].iteration_us, all.candidates[i].iteration_us) << "rank " << i;
+    deepep += all.candidates[i].layout.dispatcher == Dispatcher::kDeepEp;
+  }
+  EXPECT_GT(deepep, 0);
+  so.dispatchers = {Dispatcher::kDeepEp, Dispatcher::kDeepEp};
+  EXPECT_EQ(lp.Search(m, so, {}, {}, &all).message(),
+            "search.dispatchers: each of alltoall and deepep may be listed once (got 2 values)");
+}
+
 }  // namespace
 }  // namespace moeplan::planner

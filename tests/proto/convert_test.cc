@@ -279,6 +279,12 @@ TEST(Errors, EchoABoundedPrefixOfAUserValue) {
   search.add_pipelines("1f1b");
   EXPECT_EQ(Msg(SearchFromProto(search).status()),
             "search.pipelines: each may be listed once (got '1f1b' twice)");
+  search.clear_pipelines();
+  search.add_dispatchers("deepep");
+  search.add_dispatchers("allgather");
+  EXPECT_EQ(Msg(SearchFromProto(search).status()),
+            "search.dispatchers: each must be alltoall or deepep (got 'allgather')");
+  search.clear_dispatchers();
   const std::string spec = Msg(LayoutFromSpec("dp=1,family" + big).status());
   EXPECT_LT(spec.size(), 320u) << spec;  // a 64-byte prefix and the keys
   EXPECT_NE(spec.find("'... (102406 bytes) (keys: "), std::string::npos) << spec;

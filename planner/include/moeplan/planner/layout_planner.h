@@ -72,6 +72,9 @@ struct SearchOptions {
   // once) where it applies: ep >= 2, and one stage, interleaved or dualpipe
   // (docs/layouts.md "Overlapping micro-batches"). Empty: off.
   std::vector<bool> a2a_overlap;
+  // Token dispatchers tried (each at most once) where they apply (deepep:
+  // ep >= 2, not ppmoe). Empty: alltoall only.
+  std::vector<Dispatcher> dispatchers;
   // Simulate every candidate that fits instead of stopping at the lower
   // bound (docs/layouts.md "Search"): for profiles whose costs are not
   // subadditive (a piece costing less than its share of the whole).
