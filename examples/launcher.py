@@ -289,6 +289,11 @@ def megatron_flags(model: dict, cand: dict, global_batch: int) -> list:
     capacity = moe.get("capacity_factor")
     if capacity:
         flags += ["--moe-expert-capacity-factor", f"{float(capacity):g}"]
+    if model.get("fp8_format") not in (None, "", "none"):
+        flags += ["--fp8-format", model["fp8_format"],
+                  "--fp8-recipe", model.get("fp8_recipe") or "delayed"]
+        if model.get("fp8_param_gather"):
+            flags += ["--fp8-param-gather"]
     return flags
 
 

@@ -36,7 +36,9 @@ struct HfFlags {
   int seq_length = 0;         // --seq-length; absent: 4096
   int micro_batch_size = 0;   // --micro-batch-size; absent: 1
   int global_batch_size = 0;  // --global-batch-size; absent: unset (micro-batch x dp)
-  bool fp8 = false;           // --fp8: bytes_per_element 1 (else 2, bf16)
+  std::string fp8_format;     // --fp8-format: e4m3 | hybrid (empty: BF16)
+  std::string fp8_recipe;     // --fp8-recipe
+  bool fp8_param_gather = false;  // --fp8-param-gather
 };
 // Reads a model file of either kind into `model`: a moeplan.v1.ModelConfig,
 // or a Hugging Face config.json (proto::LooksLikeHfConfig) imported with `hf`

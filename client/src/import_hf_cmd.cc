@@ -39,7 +39,9 @@ proto::HfTraining Training(const HfFlags& f) {
   if (f.seq_length > 0) t.seq_length = f.seq_length;
   if (f.micro_batch_size > 0) t.micro_batch_size = f.micro_batch_size;
   t.global_batch_size = f.global_batch_size;
-  t.fp8 = f.fp8;
+  t.fp8_format = f.fp8_format;
+  t.fp8_recipe = f.fp8_recipe;
+  t.fp8_param_gather = f.fp8_param_gather;
   return t;
 }
 
@@ -56,9 +58,15 @@ absl::Status RefuseHfFlags(const HfFlags& f) {
       {f.global_batch_size > 0,
        "--global-batch-size: applies to Hugging Face config.json models "
        "only; set global_batch_size in the model file"},
-      {f.fp8,
-       "--fp8: applies to Hugging Face config.json models only; set bytes_per_element in "
+      {!f.fp8_format.empty(),
+       "--fp8-format: applies to Hugging Face config.json models only; set fp8_format in "
        "the model file"},
+      {!f.fp8_recipe.empty(),
+       "--fp8-recipe: applies to Hugging Face config.json models only; set fp8_recipe in "
+       "the model file"},
+      {f.fp8_param_gather,
+       "--fp8-param-gather: applies to Hugging Face config.json models only; set "
+       "fp8_param_gather in the model file"},
   };
   for (const auto& [given, error] : flags) {
     if (given) return absl::InvalidArgumentError(std::string(error));

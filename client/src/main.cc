@@ -210,7 +210,15 @@ void AddHfOptions(CLI::App* cmd, HfFlags* f, std::string_view only) {
          help("Sequences per iteration (default unset: micro-batch size x parallel.dp, and "
               "an import's dp is 1: give it with --layout or --search)"))
       ->check(flags::IntInRange(1, 1 << 24));
-  cmd->add_flag("--fp8", f->fp8, help("Train in fp8 (bytes_per_element 1; default bf16, 2)"));
+  cmd->add_option("--fp8-format", f->fp8_format,
+                  help("FP8 training (Megatron-LM's --fp8-format): the linear layers' GEMMs in "
+                       "FP8, the rest in BF16 (default: BF16 only)"))
+      ->check(CLI::IsMember({"e4m3", "hybrid"}));
+  cmd->add_option("--fp8-recipe", f->fp8_recipe,
+                  help("FP8 scaling (--fp8-recipe; default delayed; needs --fp8-format)"))
+      ->check(CLI::IsMember({"delayed", "tensorwise", "blockwise", "mxfp8"}));
+  cmd->add_flag("--fp8-param-gather", f->fp8_param_gather,
+                help("FP8 weights, gathered in FP8 (--fp8-param-gather; needs --fp8-format)"));
 }
 
 CLI::App* AddImportHf(CLI::App* app, ImportHfArgs* a) {

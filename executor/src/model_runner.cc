@@ -35,6 +35,11 @@ absl::Status ValidateModelForExecutor(const planner::ModelConfig& model, int wor
         "parallel.cp: context parallelism is planned but not executable (no ring attention "
         "kernel in the executor)");
   }
+  if (model.Fp8()) {
+    return absl::UnimplementedError(
+        "fp8_format: FP8 training is planned but not executable (the executor's kernels run "
+        "f32 or bf16)");
+  }
   if (int64_t{p.mp} * p.dp * std::max(1, p.pp) != world_size) {
     return absl::InvalidArgumentError(
         Cat("parallel: mp*dp*pp must equal the number of ranks the executor runs on (got mp*dp*pp=",

@@ -113,6 +113,35 @@ double NotKept(const ModelConfig& m, const Layout& l, const RankDims& dm, int bl
   return out;
 }
 
+// FP8 training: the linear layers keep the 1-byte column-wise copies of
+// their inputs for dW (Transformer Engine), not bytes_per_element ones: the
+// attention's input (QKV or MLA's down projections) and MLA's latents, the
+// output projection's input, and the FFNs' two inputs (a dense block's FC1
+// and FC2; an MoE block's experts' rows and the shared experts' FC2: its
+// layer input stays kept for the router, which is not FP8). Bytes saved.
+double Fp8Saved(const ModelConfig& m, const RankDims& dm, int blk, double S, double rows,
+                double seq, double shard) {
+  if (!m.Fp8()) return 0.0;
+  const double M = static_cast<double>(m.hidden_size);
+  double elements = S * M * seq + S * static_cast<double>(dm.attn_out);
+  if (m.multi_latent_attention) elements += S * static_cast<double>(dm.q_lora + dm.kv_lora);
+  if (m.IsMoeBlock(blk)) {
+    elements += rows * (M + shard) + S * static_cast<double>(dm.shared);
+  } else {
+    elements += S * M * seq + S * static_cast<double>(dm.ffn);
+  }
+  return elements * (m.bytes_per_element - 1.0);
+}
+
+// A parameter's bytes held on a rank, unless memory.param_bytes says: the
+// model's element, and with FP8 training the row- and column-wise 1-byte
+// copies of the weights the GEMMs read (cached from a step's first
+// micro-batch), which with fp8_param_gather are the weights themselves.
+double HeldParamBytes(const ModelConfig& m) {
+  if (!m.Fp8()) return m.bytes_per_element;
+  return m.fp8_param_gather ? 2.0 : m.bytes_per_element + 2.0;
+}
+
 // Parameters, gradients and optimizer states, each sharded by ZeRO from its
 // stage on: the dense state over DP x CP (Megatron-Core's distributed
 // optimizer), the experts' over their replicas.
@@ -196,7 +225,7 @@ MemoryBreakdown StageMemory(const ModelConfig& model, const Layout& l, int64_t m
         block += 2.0 * S * static_cast<double>(dm.ffn_in + dm.ffn);
       }
       const double not_kept = NotKept(m, l, dm, blk, S, rows, seq) * e / 2.0;
-      block *= e / 2.0;
+      block = block * e / 2.0 - Fp8Saved(m, dm, blk, S, rows, seq, shard);
       largest_block = std::max(largest_block, block);
       largest_recomputed = std::max(largest_recomputed, not_kept);
       act += l.recompute ? S * M * e * seq : block - not_kept;
@@ -218,7 +247,7 @@ MemoryBreakdown StageMemory(const ModelConfig& model, const Layout& l, int64_t m
   r.activations =
       (dual ? held_act : act * in_flight) + (l.recompute ? largest_block : largest_recomputed);
   r.capacity_buffers = buffers;
-  HeldState(l, params, o.param_bytes > 0.0 ? o.param_bytes : e, o, &r);
+  HeldState(l, params, o.param_bytes > 0.0 ? o.param_bytes : HeldParamBytes(m), o, &r);
   r.total = r.params + r.grads + r.optimizer + r.activations + r.capacity_buffers;
   r.limit = std::max(0.0, o.gpu_memory_bytes);
   return r;

@@ -497,12 +497,15 @@ absl::Status LayoutPlanner::Search(const ModelConfig& model, const SearchOptions
 
   std::vector<Family> families = options.families;
   if (families.empty()) families.assign(std::begin(kAllFamilies), std::end(kAllFamilies));
-  Axes axes{options.pipelines, options.zero_stages, options.sequence_parallel,
-            options.expert_tensor_parallel, cluster};
+  Axes axes{options.pipelines,
+            options.zero_stages,
+            options.sequence_parallel,
+            options.expert_tensor_parallel,
+            cluster,
+            options.a2a_overlap,
+            options.dispatchers};
   if (axes.sequence_parallel.empty()) axes.sequence_parallel = {false};
-  axes.a2a_overlap = options.a2a_overlap;
   if (axes.a2a_overlap.empty()) axes.a2a_overlap = {false};
-  axes.dispatchers = options.dispatchers;
   if (axes.dispatchers.empty()) axes.dispatchers = {Dispatcher::kAllToAll};
   // Layouts with and without overlapped pairs share their chunks' plans.
   s.keep_phases =

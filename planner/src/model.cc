@@ -220,6 +220,53 @@ std::string_view PositionEmbeddingName(PositionEmbedding p) {
   return "unknown";
 }
 
+std::string_view Fp8FormatName(Fp8Format f) {
+  switch (f) {
+    case Fp8Format::kNone:
+      return "none";
+    case Fp8Format::kE4M3:
+      return "e4m3";
+    case Fp8Format::kHybrid:
+      return "hybrid";
+  }
+  return "unknown";
+}
+
+bool ParseFp8Format(std::string_view name, Fp8Format* out) {
+  for (Fp8Format f : {Fp8Format::kNone, Fp8Format::kE4M3, Fp8Format::kHybrid}) {
+    if (Fp8FormatName(f) == name) {
+      *out = f;
+      return true;
+    }
+  }
+  return false;
+}
+
+std::string_view Fp8RecipeName(Fp8Recipe r) {
+  switch (r) {
+    case Fp8Recipe::kDelayed:
+      return "delayed";
+    case Fp8Recipe::kTensorwise:
+      return "tensorwise";
+    case Fp8Recipe::kBlockwise:
+      return "blockwise";
+    case Fp8Recipe::kMxfp8:
+      return "mxfp8";
+  }
+  return "unknown";
+}
+
+bool ParseFp8Recipe(std::string_view name, Fp8Recipe* out) {
+  for (Fp8Recipe r :
+       {Fp8Recipe::kDelayed, Fp8Recipe::kTensorwise, Fp8Recipe::kBlockwise, Fp8Recipe::kMxfp8}) {
+    if (Fp8RecipeName(r) == name) {
+      *out = r;
+      return true;
+    }
+  }
+  return false;
+}
+
 int ModelConfig::NumMoeLayers() const {
   if (IsDense()) return 0;
   if (moe.layer_pattern.empty()) return (num_layers + moe.layer_freq - 1) / moe.layer_freq;
@@ -257,6 +304,29 @@ LayerConfig ModelConfig::MoeLayer() const {
   return l;
 }
 
+namespace {
+
+// Element sizes and FP8 training (docs/model.md "FP8").
+absl::Status ValidatePrecision(const ModelConfig& m) {
+  if (m.bytes_per_element == 1) {
+    return Bad("bytes_per_element",
+               "must be 2 (bf16/fp16) or 4 (fp32) in a model: FP8 training keeps activations, "
+               "communication and the output layer in BF16; set fp8_format (e4m3 or hybrid) for "
+               "FP8 GEMMs",
+               "1");
+  }
+  if (m.Fp8() && m.bytes_per_element != 2) {
+    return Bad("fp8_format", "needs bytes_per_element 2 (FP8 GEMMs beside BF16 activations)",
+               Cat(Fp8FormatName(m.fp8_format), ", bytes_per_element=", m.bytes_per_element));
+  }
+  if (m.fp8_param_gather && !m.Fp8()) {
+    return Bad("fp8_param_gather", "needs fp8_format (the weights it gathers are FP8)", "true");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::Status ValidateModelShape(const ModelConfig& m) {
   if (m.num_layers < 1 || m.num_layers > kMaxLayers) {
     return Bad("num_layers", Cat("must be between 1 and ", kMaxLayers), Cat(m.num_layers));
@@ -269,6 +339,7 @@ absl::Status ValidateModelShape(const ModelConfig& m) {
   if (m.vocab_size != 0) MOEPLAN_RETURN_IF_ERROR(CheckDim("vocab_size", m.vocab_size));
   MOEPLAN_RETURN_IF_ERROR(ValidateAttention(m));
   MOEPLAN_RETURN_IF_ERROR(ValidateMoeRouting(m));
+  MOEPLAN_RETURN_IF_ERROR(ValidatePrecision(m));
   if (m.mtp_num_layers < 0 || m.mtp_num_layers > kMaxMtpLayers) {
     return Bad("mtp_num_layers", Cat("must be between 0 and ", kMaxMtpLayers),
                Cat(m.mtp_num_layers));

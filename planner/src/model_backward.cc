@@ -16,7 +16,6 @@ using internal::DenseGemm;
 using internal::DenseMemory;
 using internal::Deps;
 using internal::kJoin;
-using internal::Site;
 using internal::Slot;
 
 namespace {
@@ -48,6 +47,7 @@ class BackwardEmitter {
         e_(m_.bytes_per_element),
         sm_(static_cast<double>(S_) * M_ * e_),
         sp_(t_ > 1 && m_.parallel.sequence_parallel),
+        fp8_(m_.Fp8()),
         seq_(sp_ ? sm_ / static_cast<double>(t_) : sm_),
         b_(s.cost, &s.g0) {}
 
@@ -84,10 +84,15 @@ class BackwardEmitter {
     return b_.Compute(name, B, Term::kDense, s_.cost.MemoryBoundUs(bytes), bytes, in, 0,
                       DenseMemory(bytes, e_));
   }
-  Deps Gemm(std::string_view name, int64_t mm, int64_t nn, int64_t kk, Deps in, uint8_t flags = 0) {
-    return b_.Compute(name, B, Term::kDense, s_.cost.GemmUs(mm, nn, kk),
-                      e_ * static_cast<double>(mm * kk + kk * nn + mm * nn), in, flags,
-                      DenseGemm(mm, nn, kk));
+  // A GEMM in bytes_per_element, or (`linear`) a linear layer's: FP8 with
+  // FP8 training, after `cast` elements (dX: the output gradient) are
+  // quantized; dW reads the column-wise copies the casts wrote.
+  Deps Gemm(std::string_view name, int64_t mm, int64_t nn, int64_t kk, Deps in, uint8_t flags = 0,
+            bool linear = false, double cast = 0.0) {
+    const bool fp8 = linear && fp8_;
+    const internal::GemmCost g =
+        internal::GemmOf(s_.cost, fp8 ? *s_.linear : s_.cost, mm, nn, kk, e_, fp8 ? cast : 0.0);
+    return b_.Compute(name, B, Term::kDense, g.us, g.bytes, in, flags, DenseGemm(mm, nn, kk));
   }
   Deps AllReduce(std::string_view name, Deps in) {
     return b_.Coll(name, B, Collective::kAllReduce, s_.mp_shape, sm_, in,
@@ -119,13 +124,13 @@ class BackwardEmitter {
   // column-parallel linears do.
   Deps Linear(std::string_view dx_name, std::string_view dw_name, int64_t in_f, int64_t out_f,
               double param_elements, Deps in, std::string_view regather = {}) {
-    const Deps dx = Gemm(dx_name, S_, in_f, out_f, in);
+    const Deps dx = Gemm(dx_name, S_, in_f, out_f, in, 0, true, static_cast<double>(S_) * out_f);
     Deps dw_in = detach_ ? in : dx;
     if (sp_ && !regather.empty()) {
       const Deps input = Gather(regather, in);
       dw_in = detach_ ? input : Deps{dx.a, input.a};
     }
-    const Deps dw = Gemm(dw_name, out_f, in_f, S_, dw_in, kWeightGrad);
+    const Deps dw = Gemm(dw_name, out_f, in_f, S_, dw_in, kWeightGrad, true);
     s_.dw_ops.push_back(dw.a);
     Param(param_elements, dw);
     return detach_ ? dx : dw;
@@ -471,6 +476,7 @@ class BackwardEmitter {
   const int64_t S_, Bq_, M_, L_, t_, hp_, f_, fs_, v_;
   const double e_, sm_;
   const bool sp_;     // sequence parallelism
+  const bool fp8_;    // FP8 training: linear layers' GEMMs at the FP8 peak
   const double seq_;  // an activation between the TP sub-blocks: S/t tokens with sp_
   Builder b_;
   Source sources_[2];  // the first dense and MoE block emitted, to copy
@@ -526,72 +532,6 @@ internal::BackwardOps& ModelPlanner::Impl::BackwardTemplate(bool detach) {
     t.param_first[static_cast<size_t>(p)] = static_cast<int>(i);
   }
   return t;
-}
-
-// The backward of the current pair after forward op `x` (x.b kNoOp: what
-// EmitForward returns), copied from a template built once per plan: the
-// backward reads nothing of the forward but its last op, so it is the same
-// graph after any forward, its ids shifted, x standing for the template's
-// op 0, its layer instances and aliases added to g0 in the order it added
-// them (AddLayer and Alias keep the first of equals, as emitting does).
-// Returns the template (for its reachability), or null where x.b is set and
-// the backward was emitted. Templates keep their storage from plan to plan.
-internal::BackwardOps* ModelPlanner::Impl::CopyBackward(Deps x, bool detach) {
-  if (x.b != kNoOp) {
-    EmitBackward(x, detach);
-    return nullptr;
-  }
-  internal::BackwardOps& t = BackwardTemplate(detach);
-  const OpGraph& tg = t.graph;
-  const OpId shift = g0.size() - 1;  // template op i is g0's op i + shift
-  auto id = [&](OpId v) { return v == 0 ? x.a : v == kNoOp ? kNoOp : v + shift; };
-  layer_map.assign(1, 0);
-  for (const ExecLayer& l : tg.layers()) layer_map.push_back(g0.AddLayer(l));
-  for (const BufAlias& a : tg.aliases()) g0.Alias(a);
-  for (OpId v = 1; v < tg.size(); ++v) {
-    dep_buf.clear();
-    for (OpId d : tg.deps(v)) dep_buf.push_back(id(d));
-    OpExec exec = tg.exec(v);
-    exec.layer = layer_map[static_cast<size_t>(exec.layer)];
-    g0.Add(tg.op(v), dep_buf, exec);
-  }
-  for (internal::Param p : t.params) {
-    p.producer = id(p.producer);
-    params.push_back(p);
-  }
-  slots.resize(t.slots.size());
-  for (size_t i = 0; i < t.slots.size(); ++i) {
-    const Slot& from = t.slots[i];
-    Slot& to = slots[i];
-    to.block = from.block;
-    to.site = from.site;
-    to.first = id(from.first);
-    to.last = id(from.last);
-    to.ops.clear();
-    for (OpId o : from.ops) to.ops.push_back(id(o));
-  }
-  for (OpId d : t.dw_ops) dw_ops.push_back(id(d));
-  return &t;
-}
-
-void ModelPlanner::Impl::RecordSlots(OpId begin, int blk) {
-  for (OpId id = begin; id < g0.size(); ++id) {
-    const Op& op = g0.op(id);
-    if (op.kind != OpKind::kComm || op.term != Term::kAllToAll) continue;
-    const std::string_view site = Site(op.base);
-    if (!slots.empty() && slots.back().first >= begin &&
-        Site(g0.op(slots.back().first).base) == site) {
-      slots.back().ops.push_back(id);
-      slots.back().last = id;
-      continue;
-    }
-    Slot s;
-    s.block = blk;
-    s.site = site;
-    s.first = s.last = id;
-    s.ops.push_back(id);
-    slots.push_back(std::move(s));
-  }
 }
 
 }  // namespace moeplan::planner

@@ -380,7 +380,10 @@ std::pair<Op, OpExec> SyncOp(const ModelPlanner::Impl& s, const internal::Bucket
                              std::string_view base, Collective c) {
   const GroupShape shape = bk.expert ? s.edp_shape : s.dp_shape;
   // AllReduce: n is the bucket; ReduceScatter / AllGather: a rank's shard.
-  const double n = c == Collective::kAllReduce ? bk.bytes : bk.bytes / shape.ranks;
+  // The gathers move parameters (1 byte each with fp8_param_gather).
+  const double scale =
+      c == Collective::kAllGather ? s.ParamGatherBytes() / s.m->bytes_per_element : 1.0;
+  const double n = (c == Collective::kAllReduce ? bk.bytes : bk.bytes / shape.ranks) * scale;
   Op op;
   op.base = base;
   op.kind = OpKind::kComm;

@@ -30,6 +30,7 @@ LayerContext ModelPlanner::Impl::MoeContext(const LayerConfig* layer, int block,
   ctx.block = block;
   ctx.local_dispatch = st.local_dispatch;
   ctx.sequence_parallel = m->parallel.mp > 1 && m->parallel.sequence_parallel;
+  if (m->Fp8()) ctx.fp8_gemm = linear;
   return ctx;
 }
 
@@ -124,11 +125,12 @@ Deps ModelPlanner::Impl::ForwardMemory(Builder& b, std::string_view name, double
                    DenseMemory(bytes, e));
 }
 Deps ModelPlanner::Impl::ForwardGemm(Builder& b, std::string_view name, int64_t mm, int64_t nn,
-                                     int64_t kk, Deps x) const {
-  const double e = m->bytes_per_element;
-  return b.Compute(name, F, Term::kDense, cost.GemmUs(mm, nn, kk),
-                   e * static_cast<double>(mm * kk + kk * nn + mm * nn), x, 0,
-                   DenseGemm(mm, nn, kk));
+                                     int64_t kk, Deps x, bool linear_layer) const {
+  // FP8: a linear layer's input [mm x kk] is quantized first.
+  const bool fp8 = linear_layer && Fp8();
+  const internal::GemmCost g = internal::GemmOf(cost, fp8 ? *linear : cost, mm, nn, kk,
+                                                m->bytes_per_element, fp8 ? mm * kk : 0);
+  return b.Compute(name, F, Term::kDense, g.us, g.bytes, x, 0, DenseGemm(mm, nn, kk));
 }
 
 // The routed experts' forward section of `kind` over `s` tokens (the
@@ -344,7 +346,7 @@ Deps ModelPlanner::Impl::BuildUnit(const Unit& u, int k, Builder& b, Deps x,
     case UnitKind::kHeadGather:
       return gather("fwd.ln_f_allgather");
     case UnitKind::kLmHead:
-      return gemm("fwd.lm_head", s, v, M);
+      return ForwardGemm(b, "fwd.lm_head", s, v, M, x, /*linear_layer=*/false);  // not FP8
     case UnitKind::kLoss:
       return mem("fwd.loss", 3.0 * e * s * v);
   }
@@ -456,7 +458,7 @@ Deps ModelPlanner::Impl::ZeroGather(OpGraph* g, int block, Phase phase) {
   if (st.zero_stage < 3) return {};
   Builder b(cost, g);
   b.Stamp(block, kPrefetch);
-  const double e = m->bytes_per_element;
+  const double e = ParamGatherBytes();
   const bool moe = m->IsMoeBlock(block);
   const RankParams params = BlockParams(*m, block);
   const double dense = params.dense * e;

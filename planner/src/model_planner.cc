@@ -167,6 +167,8 @@ void ModelPlanner::Impl::Configure(const ModelConfig& model, const ModelPlanOpti
     family_cache.clear();
     family_costs.clear();
   }
+  if (model.Fp8() && !fp8_cost) fp8_cost.emplace(cost.AtElementBytes(1));
+  linear = model.Fp8() ? &*fp8_cost : &cost;
   unit_ops.clear();
   ++plan_count;
 }

@@ -14,6 +14,7 @@
 #include <array>
 #include <cstdint>
 #include <limits>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -205,6 +206,30 @@ inline double FlashAttentionUs(const CostModel& c, int64_t seqs, int64_t heads, 
 }
 inline constexpr double kFlashBackwardRatio = 2.5;
 
+// FP8 training's quantization of a linear layer's input (or, in the
+// backward, of its output gradient) of `elements`: a memory-bound cast that
+// reads the bytes_per_element copy and writes two 1-byte ones, row-wise for
+// this GEMM and column-wise for the weight gradient's (docs/model.md "FP8").
+inline double Fp8CastBytes(double elements, double bytes_per_element) {
+  return elements * (bytes_per_element + 2.0);
+}
+
+// A GEMM m x n x k op's time and bytes: on `gemm` (the FP8 copy for a linear
+// layer under FP8 training), after a cast of `cast` elements priced on `cost`
+// (0: none).
+struct GemmCost {
+  double us = 0.0, bytes = 0.0;
+};
+inline GemmCost GemmOf(const CostModel& cost, const CostModel& gemm, int64_t mm, int64_t nn,
+                       int64_t kk, double e, double cast) {
+  GemmCost g{gemm.GemmUs(mm, nn, kk), e * static_cast<double>(mm * kk + kk * nn + mm * nn)};
+  if (cast > 0.0) {
+    g.us += cost.MemoryBoundUs(Fp8CastBytes(cast, e));
+    g.bytes += Fp8CastBytes(cast, e);
+  }
+  return g;
+}
+
 }  // namespace internal
 
 struct ModelPlanner::Impl {
@@ -222,6 +247,10 @@ struct ModelPlanner::Impl {
   }
 
   const CostModel& cost;
+  // The linear layers' GEMMs: `cost`, or with FP8 training a copy at the FP8
+  // peak (made once: fp8_cost).
+  const CostModel* linear = &cost;
+  std::optional<CostModel> fp8_cost;
   // ---- Per plan ----
   const ModelConfig* m = nullptr;
   ModelPlanOptions opt;
@@ -320,8 +349,13 @@ struct ModelPlanner::Impl {
   Deps BuildRoutedUnit(internal::UnitKind kind, int64_t s, Builder& b, Deps x,
                        LayerConfig* piece_layer);
   Deps ForwardMemory(Builder& b, std::string_view name, double bytes, Deps x) const;
-  Deps ForwardGemm(Builder& b, std::string_view name, int64_t mm, int64_t nn, int64_t kk,
-                   Deps x) const;
+  // `linear`: a linear layer's GEMM (FP8 with FP8 training, its input cast
+  // first); else the output layer's, in bytes_per_element.
+  Deps ForwardGemm(Builder& b, std::string_view name, int64_t mm, int64_t nn, int64_t kk, Deps x,
+                   bool linear = true) const;
+  bool Fp8() const { return m->Fp8(); }
+  // A parameter's bytes in ZeRO's gathers: 1 with fp8_param_gather.
+  double ParamGatherBytes() const { return m->fp8_param_gather ? 1.0 : m->bytes_per_element; }
   // Sequence parallelism (docs/model.md): on, with TP.
   bool SequenceParallel() const { return m->parallel.mp > 1 && m->parallel.sequence_parallel; }
   Deps TpReduce(Builder& b, std::string_view allreduce, std::string_view reducescatter, double sm,

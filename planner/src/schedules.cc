@@ -5,6 +5,7 @@
 #include <string_view>
 
 #include "graph_builder.h"
+#include "schedule_kernels.h"
 #include "moeplan/base/status.h"
 #include "moeplan/planner/validate.h"
 
@@ -29,86 +30,7 @@ Topology MakeTopology(const ParallelLayout& p, const ClusterShape& c) {
 
 namespace {
 
-// Compute-op costs shared by all schedules. Sizes in elements, b bytes each.
-class Kernels {
- public:
-  explicit Kernels(const LayerContext& ctx) : l_(*ctx.layer), c_(*ctx.cost) {
-    b_ = l_.bytes_per_element;
-  }
-
-  // Gate: logits GEMM [S x M]·[M x E], then softmax and top-k over S x E
-  // (read logits, write probabilities, read them for top-k: 3 S E b bytes).
-  double GateBytes(int64_t s) const { return 3.0 * s * l_.num_experts * b_; }
-  double GateFwd(int64_t s) const {
-    return c_.GemmUs(s, l_.num_experts, l_.model_dim) + c_.RouteUs(GateBytes(s));
-  }
-  // dX = dL·Wg^T and dWg = X^T·dL, plus the softmax backward (charged like
-  // the forward's softmax and top-k: the same small per-token kernels).
-  double GateBwd(int64_t s) const {
-    return c_.GemmUs(s, l_.model_dim, l_.num_experts) + c_.GemmUs(l_.model_dim, l_.num_experts, s) +
-           c_.RouteUs(GateBytes(s));
-  }
-  // Order / i-order: scatter S tokens into the (E, T, M) buffer or gather back.
-  double OrderBytes(int64_t s, int64_t t) const {
-    return static_cast<double>(s) * l_.model_dim * b_ +
-           static_cast<double>(l_.num_experts) * t * l_.model_dim * b_;
-  }
-  // Scatter (fwd.order) and gather (fwd.iorder; bwd.order gathers the
-  // dispatch gradient back).
-  double Scatter(int64_t s, int64_t t) const { return c_.OrderUs(OrderBytes(s, t), false); }
-  double Gather(int64_t s, int64_t t) const { return c_.OrderUs(OrderBytes(s, t), true); }
-  // bwd.iorder scatters the output gradient like fwd.order and also reads the
-  // combined expert outputs for the gate weights' gradient (one dot product
-  // per routed row): the dispatch buffer is touched twice.
-  double UnrouteBytes(int64_t s, int64_t t) const {
-    return OrderBytes(s, t) + static_cast<double>(l_.num_experts) * t * l_.model_dim * b_;
-  }
-  double Unroute(int64_t s, int64_t t) const { return c_.OrderUs(UnrouteBytes(s, t), false); }
-  // A local split copies its slice: read + write.
-  double Split(double slice_bytes) const { return c_.MemoryBoundUs(2.0 * slice_bytes); }
-
-  // Expert FFN shard on `rows` tokens per local expert: [rows x M]·[M x gH'] and
-  // [rows x H']·[H' x M] for each of E / ep local experts, plus the activation
-  // (g = 2 with a gated linear unit: the first GEMM projects to gate and up,
-  // silu(gate) * up reads both and writes H').
-  int64_t LocalExperts() const { return l_.num_experts / l_.parallel.ep; }
-  int64_t Shard() const { return l_.hidden_dim / l_.parallel.esp; }
-  int64_t Glu() const { return l_.gated_linear_unit ? 2 : 1; }
-  double ActBytes(int64_t rows) const {
-    return static_cast<double>(LocalExperts()) * rows * Shard() * b_;
-  }
-  double ExpertFwd(int64_t rows) const {
-    const int64_t h = Shard(), m = l_.model_dim;
-    return LocalExperts() * (c_.GemmUs(rows, Glu() * h, m) + c_.GemmUs(rows, m, h)) +
-           c_.ActivationUs((1.0 + Glu()) * ActBytes(rows), /*backward=*/false);
-  }
-  // Input gradients: the two GEMMs transposed, and the activation backward
-  // (reads its input and the output gradient, writes the input gradient).
-  double ExpertDx(int64_t rows) const {
-    const int64_t h = Shard(), m = l_.model_dim;
-    return LocalExperts() * (c_.GemmUs(rows, h, m) + c_.GemmUs(rows, m, Glu() * h)) +
-           c_.ActivationUs((1.0 + 2.0 * Glu()) * ActBytes(rows), /*backward=*/true);
-  }
-  // Weight gradients: dW2 = A^T·dY [H' x M], dW1 = X^T·dA [M x gH'], reducing over rows.
-  double ExpertDw(int64_t rows) const {
-    const int64_t h = Shard(), m = l_.model_dim;
-    return LocalExperts() * (c_.GemmUs(h, m, rows) + c_.GemmUs(m, Glu() * h, rows));
-  }
-  double ExpertBytes(int64_t rows) const {
-    return static_cast<double>(LocalExperts()) * rows * l_.model_dim * b_ * 2.0 +
-           (1.0 + Glu()) * ActBytes(rows);
-  }
-  // Dropless token skew scales the heaviest rank's expert-side rows (a padded
-  // buffer holds T rows however the tokens were routed).
-  int64_t Skewed(int64_t rows) const {
-    return static_cast<int64_t>(std::ceil(static_cast<double>(rows) * ExpertSkew(l_) - 1e-9));
-  }
-
- private:
-  const LayerConfig& l_;
-  const CostModel& c_;
-  int b_;
-};
+using internal::Kernels;
 
 constexpr Phase F = Phase::kForward;
 constexpr Phase B = Phase::kBackward;
@@ -198,11 +120,21 @@ double DeepEpInterShare(const LayerConfig& l, GroupShape ep) {
 }
 
 // One of the layer's EP AlltoAlls by ctx.a2a (linear, 2DH or DeepEP's).
+// An FP8 element with its share of a 4-byte scale per 128.
+constexpr double kFp8DispatchBytes = 1.0 + 4.0 / 128.0;
+
 Deps EpAllToAll(Builder& b, const LayerContext& ctx, const A2aNames& names, Phase phase, double n,
                 Deps x, const OpExec& exec) {
   const Topology& t = ctx.topo;
+  const bool deepep = ctx.a2a == AllToAllAlgo::kDeepEp;
+  // FP8 training: DeepEP sends the tokens (and output gradients) towards the
+  // experts quantized, one byte each and a 4-byte scale per 128 (DeepSeek-V3's
+  // 1 x 128 tiles); what comes back stays in bytes_per_element.
+  if (deepep && ctx.fp8_gemm != nullptr && exec.to_experts) {
+    n *= kFp8DispatchBytes / ctx.layer->bytes_per_element;
+  }
   return b.AllToAll(names, phase, ctx.a2a, t.ep, t.ep_ranks_per_node, n, x, exec,
-                    ctx.a2a == AllToAllAlgo::kDeepEp ? DeepEpInterShare(*ctx.layer, t.ep) : 1.0);
+                    deepep ? DeepEpInterShare(*ctx.layer, t.ep) : 1.0);
 }
 
 // Each schedule is written once, as five sections (schedules.h MoeSection);
@@ -257,7 +189,6 @@ Deps SectionDefault(MoeSection sec, const LayerContext& ctx, Builder& b, Deps x)
   const double n = static_cast<double>(d.dispatch_bytes) * ExpertSkew(l);  // expert side
   const double a2a = SkewedA2a(ctx, static_cast<double>(d.dispatch_bytes));
   const int64_t rows = k.Skewed(int64_t{l.parallel.ep} * cap);  // per local expert
-  const int q = t.ep_ranks_per_node;
   // Executed: a dropless layer keeps every choice (capacity S) in a compact
   // buffer; the expert side is W groups of `cap` rows per local expert.
   const bool rag = l.dropless;
@@ -334,7 +265,6 @@ Deps SectionS1(MoeSection sec, const LayerContext& ctx, Builder& b, Deps x) {
   const double a2a = SkewedA2a(ctx, d1);
   const int64_t rows = k.Skewed(int64_t{shards} * l.parallel.ep * cap1);
   const double gate_grad = static_cast<double>(l.model_dim) * l.num_experts * l.bytes_per_element;
-  const int q = t.ep_ranks_per_node;
   // Executed (elements): the rank's slice, an AlltoAll block per peer, the
   // rank's whole dispatch buffer; the expert side is shards*W groups of cap1 rows.
   const bool rag = l.dropless;

@@ -62,6 +62,15 @@ constexpr std::pair<std::string_view, p::AttentionBackend> kBackends[] = {
     {"unfused", p::AttentionBackend::kUnfused},
     {"flash", p::AttentionBackend::kFlash},
     {"fused", p::AttentionBackend::kFused}};
+constexpr std::pair<std::string_view, p::Fp8Format> kFp8Formats[] = {
+    {"none", p::Fp8Format::kNone},
+    {"e4m3", p::Fp8Format::kE4M3},
+    {"hybrid", p::Fp8Format::kHybrid}};
+constexpr std::pair<std::string_view, p::Fp8Recipe> kFp8Recipes[] = {
+    {"delayed", p::Fp8Recipe::kDelayed},
+    {"tensorwise", p::Fp8Recipe::kTensorwise},
+    {"blockwise", p::Fp8Recipe::kBlockwise},
+    {"mxfp8", p::Fp8Recipe::kMxfp8}};
 
 absl::Status MoeFromProto(const v1::MoeConfig& moe, p::MoeSpec* out) {
   out->layer_freq = moe.layer_freq();
@@ -133,6 +142,9 @@ absl::Status ShapeFromProto(const v1::ModelConfig& m, p::ModelConfig* out) {
       Named("position_embedding_type", m.position_embedding_type(), kPositions));
   MOEPLAN_ASSIGN_OR_RETURN(out->attention_backend,
                            Named("attention_backend", m.attention_backend(), kBackends));
+  MOEPLAN_ASSIGN_OR_RETURN(out->fp8_format, Named("fp8_format", m.fp8_format(), kFp8Formats));
+  MOEPLAN_ASSIGN_OR_RETURN(out->fp8_recipe, Named("fp8_recipe", m.fp8_recipe(), kFp8Recipes));
+  out->fp8_param_gather = m.fp8_param_gather();
   return absl::OkStatus();
 }
 
@@ -242,6 +254,11 @@ v1::ModelConfig ModelToProto(const p::ModelConfig& m) {
   out.set_add_bias_linear(m.add_bias_linear);
   out.set_position_embedding_type(std::string(p::PositionEmbeddingName(m.position_embedding_type)));
   out.set_attention_backend(std::string(p::AttentionBackendName(m.attention_backend)));
+  if (m.Fp8()) {
+    out.set_fp8_format(std::string(p::Fp8FormatName(m.fp8_format)));
+    out.set_fp8_recipe(std::string(p::Fp8RecipeName(m.fp8_recipe)));
+  }
+  out.set_fp8_param_gather(m.fp8_param_gather);
   return out;
 }
 

@@ -346,7 +346,10 @@ void SetTraining(const HfTraining& t, v1::ModelConfig* m) {
   m->set_seq_length(t.seq_length);
   m->set_micro_batch_size(t.micro_batch_size);
   if (t.global_batch_size != 0) m->set_global_batch_size(t.global_batch_size);
-  m->set_bytes_per_element(t.fp8 ? 1 : 2);
+  m->set_bytes_per_element(2);
+  m->set_fp8_format(t.fp8_format);
+  m->set_fp8_recipe(t.fp8_recipe);
+  m->set_fp8_param_gather(t.fp8_param_gather);
   if (m->has_moe()) {  // a dense model has none
     m->mutable_moe()->set_gate(v1::GATE_TOP_K);
     m->mutable_moe()->set_dropless(true);

@@ -509,7 +509,7 @@ absl::Status MapHfDeepseek(HfType type, HfReader& r, v1::ModelConfig* m) {
     }
   }
   r.Ignore("quantization_config",
-           "(the checkpoint's storage format; --fp8 sets the training precision)");
+           "(the checkpoint's storage format; --fp8-format sets FP8 training)");
   return absl::OkStatus();
 }
 

@@ -64,10 +64,6 @@ absl::Status AnswerPlanLayer(const p::LayerConfig& layer, const v1::PlanLayerReq
 
 namespace {
 
-absl::Status AnswerPlanModelAt(const p::ModelConfig& model, const v1::PlanModelRequest& request,
-                               p::ModelPlanner& planner, const p::ClusterProfile& profile,
-                               v1::PlanModelResponse* out, p::Deadline deadline);
-
 // Option rules name options fields; layout, memory and search rules name
 // theirs; everything else is a model field.
 absl::Status UnderRequest(const absl::Status& s) {
@@ -120,25 +116,11 @@ absl::Status AnswerLayouts(const p::ModelConfig& model, const v1::PlanModelReque
 
 }  // namespace
 
+// FP8 training (model.fp8_format) is the planner's: its linear layers' GEMMs
+// at the FP8 peak, the rest at the profile's own.
 absl::Status AnswerPlanModel(const p::ModelConfig& model, const v1::PlanModelRequest& request,
                              p::ModelPlanner& planner, const p::ClusterProfile& profile,
                              v1::PlanModelResponse* out, p::Deadline deadline) {
-  if (model.bytes_per_element == 1 &&
-      planner.cost().PeakTflops(1) != planner.cost().PeakTflops(2)) {
-    // 1-byte elements (FP8) run their GEMMs at the profile's FP8 peak: a
-    // planner of their own (its range costs are the FP8 ones).
-    const p::CostModel fp8 = planner.cost().AtElementBytes(1);
-    p::ModelPlanner fp8_planner(fp8);
-    return AnswerPlanModelAt(model, request, fp8_planner, profile, out, deadline);
-  }
-  return AnswerPlanModelAt(model, request, planner, profile, out, deadline);
-}
-
-namespace {
-
-absl::Status AnswerPlanModelAt(const p::ModelConfig& model, const v1::PlanModelRequest& request,
-                               p::ModelPlanner& planner, const p::ClusterProfile& profile,
-                               v1::PlanModelResponse* out, p::Deadline deadline) {
   MOEPLAN_ASSIGN_OR_RETURN(p::ModelPlanOptions options,
                            proto::ModelOptionsFromProto(request.options()));
   options.deadline = deadline;
@@ -175,8 +157,6 @@ absl::Status AnswerPlanModelAt(const p::ModelConfig& model, const v1::PlanModelR
   proto::ModelPlanToProto(plan, model, profile, request.include_timeline(), out);
   return absl::OkStatus();
 }
-
-}  // namespace
 
 absl::Status AnswerPlanModel(const v1::PlanModelRequest& request, p::ModelPlanner& planner,
                              const p::ClusterProfile& profile, v1::PlanModelResponse* out,

@@ -546,14 +546,21 @@ TEST(PlanModelCli, PlansAHuggingFaceConfig) {
   EXPECT_NE(r.out.find("global batch 8"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("8 experts, top-2, expert ffn 14336"), std::string::npos) << r.out;
   CliResult v = RunCli(
-      "plan-model --model examples/hf/deepseek-v3/config.json --seq-length 1024 --fp8 "
-      "--variants none --format json");
+      "plan-model --model examples/hf/deepseek-v3/config.json --seq-length 1024 "
+      "--fp8-format e4m3 --variants none --format json");
   ASSERT_EQ(v.exit_code, 0) << v.err;
   v1::PlanModelResponse response;
   ASSERT_TRUE(proto::ParseJson(v.out, &response).ok());
   EXPECT_EQ(response.model().seq_length(), 1024);
-  EXPECT_EQ(response.model().bytes_per_element(), 1);
+  EXPECT_EQ(response.model().bytes_per_element(), 2);
+  EXPECT_EQ(response.model().fp8_format(), "e4m3");
+  EXPECT_EQ(response.model().fp8_recipe(), "delayed");
   EXPECT_EQ(response.moe_layers(), 58);
+  // A value the flag does not know is CLI11's error, naming the flag.
+  CliResult bad = RunCli(
+      "plan-model --model examples/hf/deepseek-v3/config.json --fp8-format e5m2 --variants none");
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.err.find("--fp8-format"), std::string::npos) << bad.err;
 }
 
 // A dense model (no moe), from a Hugging Face config and a model file: a
@@ -588,11 +595,14 @@ TEST(PlanModelCli, PlansDenseModels) {
 TEST(PlanModelCli, HuggingFaceFlagsWithANativeModelAreRefused) {
   struct Case {
     std::string flag, field;
-  } cases[] = {{"--seq-length 2048", "--seq-length: applies to Hugging Face config.json models "
-                                     "only; set seq_length in the model file"},
+  } cases[] = {{"--seq-length 2048",
+                "--seq-length: applies to Hugging Face config.json models "
+                "only; set seq_length in the model file"},
                {"--micro-batch-size 2", "--micro-batch-size: applies to Hugging Face"},
                {"--global-batch-size 64", "--global-batch-size: applies to Hugging Face"},
-               {"--fp8", "--fp8: applies to Hugging Face"}};
+               {"--fp8-format hybrid", "--fp8-format: applies to Hugging Face"},
+               {"--fp8-recipe blockwise", "--fp8-recipe: applies to Hugging Face"},
+               {"--fp8-param-gather", "--fp8-param-gather: applies to Hugging Face"}};
   for (const Case& c : cases) {
     SCOPED_TRACE(c.flag);
     CliResult r = RunCli("plan-model --model examples/models/gpt2-s-moe.a100.json " + c.flag);

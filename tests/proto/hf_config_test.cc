@@ -224,13 +224,18 @@ TEST(ImportHfConfig, TrainingSettingsAndName) {
   t.seq_length = 2048;
   t.micro_batch_size = 2;
   t.global_batch_size = 512;
-  t.fp8 = true;
+  t.fp8_format = "hybrid";
+  t.fp8_recipe = "blockwise";
+  t.fp8_param_gather = true;
   absl::StatusOr<HfImport> r = ImportHfConfig(Example("olmoe-1b-7b"), t, "a\x1b[2Jb\xff");
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->model.seq_length(), 2048);
   EXPECT_EQ(r->model.micro_batch_size(), 2);
   EXPECT_EQ(r->model.global_batch_size(), 512);
-  EXPECT_EQ(r->model.bytes_per_element(), 1);
+  EXPECT_EQ(r->model.bytes_per_element(), 2);  // FP8 training keeps BF16 activations
+  EXPECT_EQ(r->model.fp8_format(), "hybrid");
+  EXPECT_EQ(r->model.fp8_recipe(), "blockwise");
+  EXPECT_TRUE(r->model.fp8_param_gather());
   EXPECT_EQ(r->model.name(), "a_[2Jb_");
   EXPECT_FALSE(Import("olmoe-1b-7b").has_global_batch_size());
   absl::StatusOr<HfImport> unnamed = ImportHfConfig(Example("olmoe-1b-7b"), {}, "");

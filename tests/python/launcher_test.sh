@@ -166,6 +166,19 @@ layout_case dual v100-8x8 gpt3-medium-moe.json 'dp=16,tp=1,pp=4,ep=16,esp=1,micr
 expect dual '^note: pipeline=dualpipe is DeepSeek' 'no note that Megatron-LM has no DualPipe'
 expect dual 'dualpipe' 'the table does not name dualpipe'
 
+# FP8 training, a model field (fp8_format -> --fp8-format, --fp8-recipe, --fp8-param-gather).
+"$py" -c '
+import json, sys
+m = json.load(open(sys.argv[1]))
+m.update(fp8_format="hybrid", fp8_recipe="blockwise", fp8_param_gather=True)
+json.dump(m, open(sys.argv[2], "w"))
+' "$src/examples/models/gpt3-medium-moe.json" "$work/fp8-model.json"
+"$py" "$src/examples/launcher.py" --server "$addr" --stubs "$stubs" --cluster h100-8x8 \
+  --model "$work/fp8-model.json" --layout 'dp=32,tp=1,pp=1,ep=32,esp=1,microbatches=8,zero=1' \
+  >"$work/fp8.out" 2>"$work/fp8.err" || fail "launcher (fp8) failed: $(cat "$work/fp8.err")"
+expect fp8 '^megatron flags: .*--fp8-format hybrid --fp8-recipe blockwise --fp8-param-gather' \
+  'no --fp8-format hybrid --fp8-recipe blockwise --fp8-param-gather'
+
 # --- the launcher: a bad --layout key, and a layout the server refuses --------------
 rc=0
 "$py" "$src/examples/launcher.py" --server "$addr" --stubs "$stubs" \

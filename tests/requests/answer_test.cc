@@ -230,33 +230,49 @@ TEST_F(AnswerTest, ATimelineOverTheLimitIsRefusedBeforeItIsBuilt) {
   EXPECT_LE(out.variants(0).ops_size(), planner::kMaxTimelineOps);
 }
 
-// FP8 (bytes_per_element 1) plans its GEMMs at the profile's FP8 peak and
-// reports MFU against it; a profile without an FP8 peak plans at its own.
-TEST(AnswerFp8, GemmsRunAtTheFp8Peak) {
+// FP8 training (fp8_format) plans the linear layers' GEMMs at the profile's
+// FP8 peak after their casts, and reports MFU against the BF16 peak as
+// Megatron-Core does; without an FP8 peak only the casts remain, slower than
+// BF16. A model in 1-byte elements is refused with the reason.
+TEST(AnswerFp8, LinearGemmsRunAtTheFp8Peak) {
   v1::PlanModelRequest req;
   ASSERT_TRUE(proto::ReadJsonFile(MOEPLAN_SOURCE_DIR "/examples/models/gpt2-s-moe.a100.json",
                                   req.mutable_model())
                   .ok());
-  req.mutable_model()->set_bytes_per_element(1);
   req.mutable_options()->add_variants(v1::OVERLAP_VARIANT_NONE);
-  auto plan = [&](const planner::ClusterProfile& p) {
+  auto plan = [&](const planner::ClusterProfile& p, std::string_view format) {
+    req.mutable_model()->set_fp8_format(std::string(format));
     const planner::CostModel cost = *planner::CostModel::Create(p);
     planner::ModelPlanner planner(cost);
     v1::PlanModelResponse out;
     const absl::Status s = AnswerPlanModel(req, planner, p, &out);
     EXPECT_TRUE(s.ok()) << s;
+    EXPECT_EQ(out.variants_size(), 1);
     return out;
   };
   planner::ClusterProfile h100 = calibration::LoadProfile("h100-8x8")->profile;
-  const v1::PlanModelResponse fp8 = plan(h100);
-  EXPECT_EQ(fp8.accounting().peak_tflops(), 1979.0);
-  h100.gemm.fp8_peak_tflops = 0.0;  // no FP8 tensor cores: GEMMs at the BF16 peak
-  const v1::PlanModelResponse no_fp8 = plan(h100);
-  EXPECT_EQ(no_fp8.accounting().peak_tflops(), 989.5);
-  ASSERT_EQ(fp8.variants_size(), 1);
-  EXPECT_LT(fp8.variants(0).compute_us(), no_fp8.variants(0).compute_us());
+  const v1::PlanModelResponse bf16 = plan(h100, "");
+  const v1::PlanModelResponse fp8 = plan(h100, "hybrid");
+  EXPECT_EQ(fp8.accounting().peak_tflops(), 989.5);
+  EXPECT_EQ(bf16.accounting().peak_tflops(), 989.5);
+  EXPECT_LT(fp8.variants(0).compute_us(), bf16.variants(0).compute_us());
   EXPECT_NEAR(fp8.variants(0).mfu(),
               fp8.variants(0).tflops_per_gpu() / fp8.accounting().peak_tflops(), 1e-12);
+  EXPECT_EQ(fp8.model().fp8_format(), "hybrid");
+  h100.gemm.fp8_peak_tflops = 0.0;  // no FP8 tensor cores: the casts cost, nothing gains
+  const v1::PlanModelResponse casts_only = plan(h100, "e4m3");
+  EXPECT_GT(casts_only.variants(0).compute_us(), bf16.variants(0).compute_us());
+
+  req.mutable_model()->set_fp8_format("");
+  req.mutable_model()->set_bytes_per_element(1);
+  const planner::CostModel cost = *planner::CostModel::Create(h100);
+  planner::ModelPlanner planner(cost);
+  v1::PlanModelResponse out;
+  const absl::Status s = AnswerPlanModel(req, planner, h100, &out);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("bytes_per_element: must be 2 (bf16/fp16) or 4 (fp32) in a model"),
+            std::string::npos)
+      << s;
 }
 
 // A 100 KB family, families or pipelines value came back whole in the error,

@@ -13,7 +13,7 @@
 namespace moeplan::planner {
 
 struct MemoryOptions {
-  double param_bytes = 0.0;  // per parameter; 0: the model's bytes_per_element
+  double param_bytes = 0.0;  // per parameter; 0: the model's (bytes_per_element, + 2 with FP8)
   double grad_bytes = 4.0;
   double optimizer_bytes = 12.0;
   double gpu_memory_bytes = -1.0;  // < 0: the profile's; 0: not checked

@@ -64,6 +64,19 @@ std::string_view AttentionBackendName(AttentionBackend a);  // "unfused", "flash
 enum class PositionEmbedding : uint8_t { kLearnedAbsolute = 0, kRope = 1, kNone = 2 };
 std::string_view PositionEmbeddingName(PositionEmbedding p);  // "learned_absolute", "rope", "none"
 
+// FP8 training (Megatron-Core's --fp8-format, --fp8-recipe; docs/model.md
+// "FP8"): the linear layers' GEMMs at the FP8 peak, their inputs quantized by
+// memory-bound casts; activations, attention, communication and the optimizer
+// stay in bytes_per_element. kNone: no FP8.
+enum class Fp8Format : uint8_t { kNone = 0, kE4M3 = 1, kHybrid = 2 };
+std::string_view Fp8FormatName(Fp8Format f);  // "none", "e4m3", "hybrid"
+bool ParseFp8Format(std::string_view name, Fp8Format* out);
+// How scales are kept; priced alike (the casts' traffic), printed as the
+// launcher's --fp8-recipe.
+enum class Fp8Recipe : uint8_t { kDelayed = 0, kTensorwise = 1, kBlockwise = 2, kMxfp8 = 3 };
+std::string_view Fp8RecipeName(Fp8Recipe r);  // "delayed", "tensorwise", "blockwise", "mxfp8"
+bool ParseFp8Recipe(std::string_view name, Fp8Recipe* out);
+
 // One transformer as Megatron-LM users describe it. Sizes are element counts.
 struct ModelConfig {
   std::string name;
@@ -91,7 +104,13 @@ struct ModelConfig {
   bool add_bias_linear = true;
   PositionEmbedding position_embedding_type = PositionEmbedding::kLearnedAbsolute;
   AttentionBackend attention_backend = AttentionBackend::kUnfused;
+  Fp8Format fp8_format = Fp8Format::kNone;
+  Fp8Recipe fp8_recipe = Fp8Recipe::kDelayed;
+  // Megatron-Core's --fp8-param-gather: FP8 weights held (1 byte each) and
+  // gathered after the optimizer step in FP8.
+  bool fp8_param_gather = false;
 
+  bool Fp8() const { return fp8_format != Fp8Format::kNone; }
   // A flash / fused attention kernel: no L x L tensor in memory.
   bool FusedAttention() const { return attention_backend != AttentionBackend::kUnfused; }
   // A dense model (Llama, GPT): no MoE layer at all; moe is left unset
@@ -199,14 +218,16 @@ H AbslHashValue(H h, const ModelConfig& m) {
                micro_batch_size, vocab_size, bytes_per_element, moe, parallel, global_batch_size,
                num_query_groups, kv_channels, gated_linear_unit, multi_latent_attention, mla,
                untie_embeddings_and_output_weights, mtp_num_layers, add_qkv_bias, normalization,
-               qk_layernorm, add_bias_linear, position_embedding_type, attention_backend] = m;
+               qk_layernorm, add_bias_linear, position_embedding_type, attention_backend,
+               fp8_format, fp8_recipe, fp8_param_gather] = m;
   return H::combine(
       std::move(h), name, num_layers, hidden_size, num_attention_heads, ffn_hidden_size, seq_length,
       micro_batch_size, vocab_size, bytes_per_element, moe, parallel, global_batch_size,
       num_query_groups, kv_channels, gated_linear_unit, multi_latent_attention, mla,
       untie_embeddings_and_output_weights, mtp_num_layers, add_qkv_bias,
       static_cast<uint8_t>(normalization), qk_layernorm, add_bias_linear,
-      static_cast<uint8_t>(position_embedding_type), static_cast<uint8_t>(attention_backend));
+      static_cast<uint8_t>(position_embedding_type), static_cast<uint8_t>(attention_backend),
+      static_cast<uint8_t>(fp8_format), static_cast<uint8_t>(fp8_recipe), fp8_param_gather);
 }
 
 }  // namespace moeplan::planner

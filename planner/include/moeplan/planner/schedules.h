@@ -48,6 +48,11 @@ struct LayerContext {
   // over MP first (and the output gradient in the backward), and each rank
   // keeps its slice of their replicated output.
   bool sequence_parallel = false;
+  // FP8 training (whole models; docs/model.md "FP8"): the experts' GEMMs at
+  // this cost model's peak (the FP8 one), their inputs and output gradients
+  // quantized first, and DeepEP's exchanges towards the experts in FP8 (the
+  // combine stays in bytes_per_element). Null: no FP8.
+  const CostModel* fp8_gemm = nullptr;
 };
 
 // A schedule's ops in five sections, in issue order. A single layer chains

@@ -19,7 +19,11 @@ struct HfTraining {
   int seq_length = 4096;
   int micro_batch_size = 1;
   int global_batch_size = 0;  // 0: unset (micro_batch_size x dp)
-  bool fp8 = false;           // bytes_per_element 1; else 2 (bf16)
+  // FP8 training (ModelConfig's fp8_format, fp8_recipe, fp8_param_gather);
+  // empty format: BF16 only.
+  std::string fp8_format;
+  std::string fp8_recipe;
+  bool fp8_param_gather = false;
 };
 
 // One key of the file (or a default the import applied for an absent one).
