@@ -215,6 +215,18 @@ BENCHMARK_CAPTURE(BM_SearchDeepSeekV3, h100_1024_every_axis, 1024, true)
 BENCHMARK_CAPTURE(BM_SearchDeepSeekV3, h100_8192_every_axis, 8192, true)
     ->Unit(benchmark::kMillisecond)
     ->Iterations(1);
+// DeepSeek-V3 trained as published (FP8) on 1,024 H100s: the default axes with
+// the FLOP-balanced pipeline split and every dispatcher tried too.
+void BM_SearchDeepSeekV3Fp8Splits(benchmark::State& state) {
+  planner::SearchOptions o;
+  o.balanced_pipeline = {false, true};
+  o.dispatchers = {planner::Dispatcher::kAllToAll, planner::Dispatcher::kDeepEp,
+                   planner::Dispatcher::kAllGather};
+  planner::ModelConfig m = HfModel("deepseek-v3", 1, 1, 8192);
+  m.fp8_format = planner::Fp8Format::kHybrid;
+  RunSearch(state, m, "h100-8x8", 1024, o);
+}
+BENCHMARK(BM_SearchDeepSeekV3Fp8Splits)->Unit(benchmark::kMillisecond)->Iterations(1);
 BENCHMARK_CAPTURE(BM_SearchHf, qwen3_235b_1024_h100, "qwen3-235b-a22b")
     ->Unit(benchmark::kMillisecond)
     ->Iterations(1);

@@ -144,7 +144,7 @@ LAYOUT_KEYS = {
     # Megatron-Core's --overlap-moe-expert-parallel-comm (0/1).
     "a2a_overlap": ("a2a_overlap", "bool"),
     # Megatron-Core's --moe-token-dispatcher-type (deepep: flex with the DeepEP backend).
-    "dispatcher": ("dispatcher", ("alltoall", "deepep")),
+    "dispatcher": ("dispatcher", ("alltoall", "deepep", "allgather")),
     # Megatron-Core's --pipeline-model-parallel-layout (it may hold commas: last).
     "layout": ("pipeline_model_parallel_layout", "str"),
 }
@@ -271,6 +271,8 @@ def megatron_flags(model: dict, cand: dict, global_batch: int) -> list:
         flags += ["--context-parallel-size", str(_int(lay.get("cp")))]
     if lay.get("dispatcher") == "deepep":
         flags += ["--moe-token-dispatcher-type", "flex", "--moe-flex-dispatcher-backend", "deepep"]
+    elif lay.get("dispatcher") == "allgather":
+        flags += ["--moe-token-dispatcher-type", "allgather"]
     elif lay.get("a2a_overlap"):
         # Megatron-Core overlaps the AlltoAll or flex dispatcher's exchanges.
         flags += ["--moe-token-dispatcher-type", "alltoall"]
@@ -333,8 +335,8 @@ def print_candidates(candidates: list) -> None:
             pipeline += f"+cp{_int(lay.get('cp'))}"
         if lay.get("a2a_overlap"):
             pipeline += "+a2a"
-        if lay.get("dispatcher") == "deepep":
-            pipeline += "+deepep"
+        if lay.get("dispatcher") in ("deepep", "allgather"):
+            pipeline += "+" + lay["dispatcher"]
         gib = _int(c.get("memory_bytes_per_gpu")) / float(1 << 30)
         print(f"{_int(c.get('rank'), i + 1):>4} {c.get('family') or lay.get('family') or '-':<6} "
               f"{_int(lay.get('dp')):>4} {_int(lay.get('tp')):>3} {_int(lay.get('pp')):>3} "

@@ -82,6 +82,7 @@ struct PlanModelArgs {
   std::string zero_stages = "all";
   std::string sequence_parallel = "off";  // off, on, both
   std::string a2a_overlap = "off";        // off, on, both
+  std::string balanced_pipeline = "off";  // off, on, both
   std::string dispatchers = "alltoall";   // alltoall, deepep, or all
   std::string context_parallel = "1";     // degrees tried, e.g. 1,2,4
   std::string expert_tensor_parallel;     // folded grids' etp tried, e.g. 1; empty: none

@@ -129,9 +129,10 @@ void AddLayoutOptions(CLI::App* plan, PlanModelArgs* a) {
       ->check(CLI::IsMember({"off", "on", "both"}))
       ->needs(search)
       ->capture_default_str();
-  plan->add_option("--dispatchers", a->dispatchers,
-                   "With --search: token dispatchers to try, alltoall, deepep (where ep >= 2, not "
-                   "ppmoe) or all; a --layout names one with dispatcher=")
+  plan->add_option(
+          "--dispatchers", a->dispatchers,
+          "With --search: token dispatchers to try, alltoall, deepep, allgather (these two "
+          "where ep >= 2, not ppmoe) or all; a --layout names one with dispatcher=")
       ->check(flags::NonEmpty())
       ->needs(search)
       ->capture_default_str();
@@ -139,6 +140,13 @@ void AddLayoutOptions(CLI::App* plan, PlanModelArgs* a) {
                    "With --search: try Megatron-Core's A2A overlap across micro-batches off, on "
                    "(where ep >= 2 with one stage, interleaved or dualpipe) or both; a --layout "
                    "names it with a2a_overlap=1")
+      ->check(CLI::IsMember({"off", "on", "both"}))
+      ->needs(search)
+      ->capture_default_str();
+  plan->add_option("--balanced-pipeline", a->balanced_pipeline,
+                   "With --search: split pipelines evenly (off), by FLOPs with the embedding, MTP "
+                   "depths and loss counted with their stages (on), or try both; a --layout "
+                   "names a split with layout=")
       ->check(CLI::IsMember({"off", "on", "both"}))
       ->needs(search)
       ->capture_default_str();

@@ -259,15 +259,16 @@ std::string FormatLayoutTable(const v1::ModelConfig& m, const v1::PlanModelRespo
     const v1::Layout& l = c.layout();
     fmt::format_to(w,
                    "{:>4}  {:<6} {:>4} {:>3} {:>3} {:>4} {:>4} {:>4} {:>4} {:>4}  {:<15} {:>12.2f} "
-                   "{:>13.0f} {:>8.1f} {:>5.1f}% {:>8} {:>6.1f}%  {:<9} {}{}{}{}{}{}\n",
+                   "{:>13.0f} {:>8.1f} {:>5.1f}% {:>8} {:>6.1f}%  {:<9} {}{}{}{}{}{}{}\n",
                    c.rank(), dense ? "dense" : c.family(), l.dp(), l.tp(), l.pp(), l.ep(), l.esp(),
                    l.microbatches(), l.micro_batch_size(), l.zero_stage(), PipelineLabel(l),
                    c.iteration_us() / 1000.0, c.tokens_per_s_per_gpu(), c.tflops_per_gpu(),
                    100.0 * c.mfu(), Gib(c.memory_bytes_per_gpu()), 100.0 * c.bubble_fraction(),
                    c.variant(), proto::ScheduleLabel(c.schedule()),
-                   c.alltoall() == v1::ALLTOALL_ALGORITHM_HIERARCHICAL ? "+2dh"
-                   : c.alltoall() == v1::ALLTOALL_ALGORITHM_DEEPEP     ? "+deepep"
-                                                                       : "",
+                   c.alltoall() == v1::ALLTOALL_ALGORITHM_LINEAR ||
+                           c.alltoall() == v1::ALLTOALL_ALGORITHM_UNSPECIFIED
+                       ? ""
+                       : fmt::format("+{}", proto::AllToAllAlgoLabel(c.alltoall())),
                    l.recompute() ? " recompute"
                    : l.recompute_modules().empty()
                        ? ""
@@ -275,7 +276,10 @@ std::string FormatLayoutTable(const v1::ModelConfig& m, const v1::PlanModelRespo
                                                                 l.recompute_modules().end(), "+")),
                    l.sequence_parallel() ? " sp" : "",
                    l.cp() > 1 ? fmt::format(" cp={}", l.cp()) : "",
-                   l.a2a_overlap() ? " a2a_overlap" : "");
+                   l.a2a_overlap() ? " a2a_overlap" : "",
+                   l.pipeline_model_parallel_layout().empty()
+                       ? ""
+                       : fmt::format(" layout={}", l.pipeline_model_parallel_layout()));
   }
   for (const v1::LayoutCandidate& c : plan.candidates()) {
     const v1::MemoryBreakdown& mb = c.memory();

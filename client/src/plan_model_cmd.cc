@@ -57,6 +57,7 @@ absl::Status InFile(const std::string& path, const absl::Status& s) {
       {"search.sequence_parallel", "--sequence-parallel"},
       {"search.a2a_overlap", "--a2a-overlap"},
       {"search.dispatchers", "--dispatchers"},
+      {"search.balanced_pipeline", "--balanced-pipeline"},
       {"search.context_parallel", "--context-parallel"},
       {"search.expert_tensor_parallel", "--expert-tensor-parallel"},
       {"memory.gpu_memory_gib", "--gpu-memory-gib"},
@@ -79,9 +80,9 @@ absl::StatusOr<v1::ModelPlanOptions> OptionsFromFlags(const PlanModelArgs& a) {
   for (p::Variant v : variants) o.add_variants(proto::VariantToProto(v));
   MOEPLAN_ASSIGN_OR_RETURN(auto schedules, ParseSchedules(a.schedules));
   for (p::Schedule s : schedules) o.add_schedules(proto::ScheduleToProto(s));
-  MOEPLAN_ASSIGN_OR_RETURN(
-      auto algos, ParseNameList<p::AllToAllAlgo>("--alltoall", "algorithm", a.alltoall,
-                                                 p::ParseAllToAllAlgo, "linear, 2dh, deepep"));
+  MOEPLAN_ASSIGN_OR_RETURN(auto algos, ParseNameList<p::AllToAllAlgo>(
+                                           "--alltoall", "algorithm", a.alltoall,
+                                           p::ParseAllToAllAlgo, "linear, 2dh, deepep, allgather"));
   for (p::AllToAllAlgo x : algos) o.add_alltoall_algorithms(proto::AllToAllAlgoToProto(x));
   // --bucket-mb is finite and in (0, 1048576] (main.cc, flags::FiniteAbove).
   o.set_bucket_bytes(std::max<int64_t>(1, std::llround(a.bucket_mb * 1024.0 * 1024.0)));
@@ -155,13 +156,16 @@ absl::Status SearchFromFlags(const PlanModelArgs& a, v1::PlanModelRequest* reque
   if (a.sequence_parallel != "off") s->add_sequence_parallel(true);
   if (a.a2a_overlap != "on") s->add_a2a_overlap(false);
   if (a.a2a_overlap != "off") s->add_a2a_overlap(true);
+  if (a.balanced_pipeline != "on") s->add_balanced_pipeline(false);
+  if (a.balanced_pipeline != "off") s->add_balanced_pipeline(true);
   if (a.dispatchers == "all") {
-    s->add_dispatchers("alltoall");
-    s->add_dispatchers("deepep");
+    for (p::Dispatcher d : p::kAllDispatchers)
+      s->add_dispatchers(std::string(p::DispatcherName(d)));
   } else {
     MOEPLAN_ASSIGN_OR_RETURN(
-        auto dispatchers, ParseNameList<std::string>("--dispatchers", "dispatcher", a.dispatchers,
-                                                     ParseDispatcherName, "alltoall, deepep"));
+        auto dispatchers,
+        ParseNameList<std::string>("--dispatchers", "dispatcher", a.dispatchers,
+                                   ParseDispatcherName, "alltoall, deepep, allgather"));
     for (const std::string& d : dispatchers) s->add_dispatchers(d);
   }
   for (const auto& [flag, list, field] :

@@ -50,7 +50,9 @@ absl::StatusOr<std::string> CanonicalLayout(const v1::Layout& msg) {
       l.virtual_stages > 1 ? fmt::format(",v={}", l.virtual_stages) : "",
       l.sequence_parallel ? ",sp=1" : "", l.cp > 1 ? fmt::format(",cp={}", l.cp) : "",
       l.a2a_overlap ? ",a2a_overlap=1" : "",
-      l.dispatcher == p::Dispatcher::kDeepEp ? ",dispatcher=deepep" : "");
+      l.dispatcher == p::Dispatcher::kAllToAll
+          ? ""
+          : fmt::format(",dispatcher={}", p::DispatcherName(l.dispatcher)));
 }
 
 absl::StatusOr<std::string> CanonicalSpec(std::string_view spec) {

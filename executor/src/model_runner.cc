@@ -97,6 +97,10 @@ absl::StatusOr<planner::VariantPlan> PlanLayoutRun(const planner::ModelConfig& m
         "layout.family: the executor runs parm layouts (ep*esp = tp*dp); ",
         planner::FamilyName(l.family), "'s expert placement is planned but not executable yet"));
   }
+  if (l.dispatcher == planner::Dispatcher::kAllGather) {
+    return absl::UnimplementedError(
+        "layout.dispatcher: the allgather dispatcher is planned but not executable yet");
+  }
   if (l.recompute) {
     return absl::InvalidArgumentError(
         "layout.recompute: runs with full activation recomputation are not executable yet");

@@ -103,14 +103,11 @@ ParamCounts CountParams(const ModelConfig& m) {
   return c;
 }
 
-double FlopsPerToken(const ModelConfig& m) {
+FlopTerms FlopTermsOf(const ModelConfig& m) {
   const double M = static_cast<double>(m.hidden_size);
   const double h = static_cast<double>(m.num_attention_heads);
   const double s = static_cast<double>(m.seq_length);
-  const double V = static_cast<double>(m.vocab_size);
-  const double D = m.mtp_num_layers;
-  // Per token and layer, before the factor 6 (3 passes x 2 flops a multiply-add):
-  // the attention's weights and its core (QK^T and PV, causal: half of s).
+  // The attention's weights and its core (QK^T and PV, causal: half of s).
   double attn_linear = 0.0, attn_core = 0.0;
   if (m.multi_latent_attention) {
     const MlaSpec& a = m.mla;
@@ -130,18 +127,28 @@ double FlopsPerToken(const ModelConfig& m) {
     attn_core = h * d * s;  // (1/2 causal) x (2 GEMMs)
   }
   const double c = FfnMatrices(m);
-  const double dense_ffn = M * c * static_cast<double>(m.ffn_hidden_size);
-  const double moe_ffn =
+  FlopTerms t;
+  t.attention = attn_linear + attn_core;
+  t.dense_ffn = M * c * static_cast<double>(m.ffn_hidden_size);
+  t.moe_ffn =
       M * c *
       (static_cast<double>(m.moe.expert_ffn_hidden_size) * static_cast<double>(m.moe.top_k) +
        static_cast<double>(m.moe.SharedFfnSize()));
+  t.mtp_input = 3.0 * M + 2.0 * M * M;
+  t.output_layer = M * static_cast<double>(m.vocab_size);
+  return t;
+}
+
+double FlopsPerToken(const ModelConfig& m) {
+  const FlopTerms t = FlopTermsOf(m);
+  const double D = m.mtp_num_layers;
   const int moe_layers = m.NumMoeLayers();
   const bool last_moe = m.IsMoeBlock(m.num_layers - 1);
   const double n_moe = moe_layers + (last_moe ? D : 0.0);
   const double n_dense = (m.num_layers - moe_layers) + (last_moe ? 0.0 : D);
   const double n_attn = m.num_layers + D;
-  double per_token = n_attn * (attn_linear + attn_core) + n_dense * dense_ffn + n_moe * moe_ffn +
-                     D * (3.0 * M + 2.0 * M * M) + M * V * (D + 1.0);
+  const double per_token = n_attn * t.attention + n_dense * t.dense_ffn + n_moe * t.moe_ffn +
+                           D * t.mtp_input + t.output_layer * (D + 1.0);
   return 6.0 * per_token;
 }
 

@@ -129,6 +129,7 @@ class Builder {
   // nodes with q > 1 (otherwise the linear op is built).
   struct A2aNames {
     std::string_view linear, intra, reorder, inter;
+    std::string_view gather_form;  // the allgather dispatcher's AllGather or ReduceScatter
   };
   // The hierarchical form's ops carry no executable semantics yet (kNone).
   // DeepEP's (docs/model.md "AlltoAll algorithms"): one op holding both

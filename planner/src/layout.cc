@@ -209,11 +209,11 @@ absl::Status ValidatePipeline(const ModelConfig& m, const Layout& l, int64_t glo
                  Cat("microbatches=", l.microbatches, ", pp=", l.pp));
     }
   }
-  if (l.dispatcher == Dispatcher::kDeepEp &&
-      (m.IsDense() || l.ep < 2 || l.family == Family::kPpMoe)) {
+  if (!DispatcherApplies(m, l, l.dispatcher)) {
     return Bad("layout.dispatcher",
-               "deepep needs expert parallelism (ep >= 2) over an AlltoAll (not ppmoe, which "
-               "dispatches inside the TP group)",
+               Cat(DispatcherName(l.dispatcher),
+                   " needs expert parallelism (ep >= 2) over an exchange (not ppmoe, which "
+                   "dispatches inside the TP group)"),
                Cat("ep=", l.ep, ", family=", FamilyName(l.family)));
   }
   if (l.a2a_overlap) {
@@ -370,11 +370,23 @@ bool ParsePipelineSchedule(std::string_view name, PipelineSchedule* out) {
 }
 
 std::string_view DispatcherName(Dispatcher d) {
-  return d == Dispatcher::kDeepEp ? "deepep" : "alltoall";
+  switch (d) {
+    case Dispatcher::kDeepEp:
+      return "deepep";
+    case Dispatcher::kAllGather:
+      return "allgather";
+    case Dispatcher::kAllToAll:
+      break;
+  }
+  return "alltoall";
+}
+
+bool DispatcherApplies(const ModelConfig& m, const Layout& l, Dispatcher d) {
+  return d == Dispatcher::kAllToAll || (!m.IsDense() && l.ep >= 2 && l.family != Family::kPpMoe);
 }
 
 bool ParseDispatcher(std::string_view name, Dispatcher* out) {
-  for (Dispatcher d : {Dispatcher::kAllToAll, Dispatcher::kDeepEp}) {
+  for (Dispatcher d : kAllDispatchers) {
     if (DispatcherName(d) == name) {
       *out = d;
       return true;

@@ -38,6 +38,12 @@ ModelPlanOptions OptionsFor(const ModelConfig& model, const ModelPlanOptions& op
   ModelPlanOptions opt = options;
   const bool dense = model.IsDense();
   if (l.dispatcher == Dispatcher::kDeepEp) opt.algos = {AllToAllAlgo::kDeepEp};
+  if (l.dispatcher == Dispatcher::kAllGather) {
+    // Its exchanges are the default's and S1's (S2's SAA is an AlltoAll of
+    // its own): without them listed, SchedulesToTry leaves S2 out.
+    opt.algos = {AllToAllAlgo::kAllGather};
+    std::erase(opt.schedules, Schedule::kS2);
+  }
   if (l.family == Family::kDpMoe && l.esp != l.tp && !dense) {
     opt.schedules = {Schedule::kS1};
   } else if (l.family == Family::kDpMoe) {

@@ -188,6 +188,7 @@ struct Axes {
   ClusterShape cluster;
   std::vector<bool> a2a_overlap;
   std::vector<Dispatcher> dispatchers;
+  std::vector<bool> balanced;  // pipeline splits: even (false), FLOP-balanced (true)
 };
 
 // The folded expert grids of a tied dpmoe layout `l` with sequence
@@ -279,9 +280,7 @@ std::vector<Layout> WithDispatchers(const ModelConfig& model, std::vector<Layout
   std::vector<Layout> out;
   for (const Layout& l : layouts) {
     for (Dispatcher d : axes.dispatchers) {
-      if (d == Dispatcher::kDeepEp && (model.IsDense() || l.ep < 2 || l.family == Family::kPpMoe)) {
-        continue;
-      }
+      if (!DispatcherApplies(model, l, d)) continue;
       out.push_back(l);
       out.back().dispatcher = d;
     }
@@ -289,12 +288,56 @@ std::vector<Layout> WithDispatchers(const ModelConfig& model, std::vector<Layout
   return out;
 }
 
-// Every (layout, dispatcher, zero, pipeline, v, m, overlap) candidate that fits memory.
+// The FLOP-balanced split of `model` over `chunks` chunks, made once per
+// chunk count; empty where there is none or it is the even split.
+class BalancedSplits {
+ public:
+  explicit BalancedSplits(const ModelConfig& model) : model_(model) {}
+  const std::vector<PipelineStageLayers>& Of(int chunks) {
+    auto [it, added] = splits_.try_emplace(chunks);
+    if (!added) return it->second;
+    std::vector<PipelineStageLayers> s = BalancedPipelineLayout(model_, chunks);
+    const int64_t L = model_.num_layers;
+    bool even = true;
+    for (int i = 0; i < static_cast<int>(s.size()); ++i) {
+      even = even && s[static_cast<size_t>(i)].first_block == i * L / chunks &&
+             s[static_cast<size_t>(i)].end_block == (i + 1) * L / chunks;
+    }
+    if (!even) it->second = std::move(s);
+    return it->second;
+  }
+
+ private:
+  const ModelConfig& model_;
+  absl::flat_hash_map<int, std::vector<PipelineStageLayers>> splits_;
+};
+
+// Every (layout, dispatcher, zero, pipeline, v, m, overlap, split) candidate that fits memory.
 absl::Status EnumerateCandidates(const ModelConfig& model, std::span<const Layout> layouts,
                                  const SearchOptions& options, const Axes& axes,
                                  const MemoryOptions& mem, const Deadline& deadline,
                                  SearchStats* st, std::vector<Pending>* pending) {
   const int64_t global = model.GlobalBatch();
+  BalancedSplits balanced(model);
+  // One candidate: counted, then kept if it fits the step limit and memory.
+  auto add = [&](Layout& l, int64_t mbs) -> absl::Status {
+    // Enumeration alone can take seconds on the largest searches.
+    if (st->enumerated % 1024 == 0) MOEPLAN_RETURN_IF_ERROR(deadline.Check("search"));
+    if (++st->enumerated > kMaxSearchCandidates) {
+      return absl::ResourceExhaustedError(
+          Cat("search: more than ", kMaxSearchCandidates,
+              " candidate layouts to enumerate; narrow search.gpus, search.families, "
+              "search.pipelines, search.zero_stages or search.max_microbatches"));
+    }
+    if (PipelineSteps(l) > kMaxPipelineSteps) {
+      ++st->over_limit;
+    } else if (!FitsSomeWay(model, mbs, mem, &l)) {
+      ++st->pruned_memory;
+    } else {
+      pending->push_back({l, mbs, 0.0, -1.0, pending->size()});
+    }
+    return absl::OkStatus();
+  };
   for (const Layout& base :
        WithDispatchers(model, WithSequenceParallel(model, layouts, axes), axes)) {
     const int64_t per_replica = global / base.dp;
@@ -305,34 +348,24 @@ absl::Status EnumerateCandidates(const ModelConfig& model, std::span<const Layou
           std::vector<int> vs = {1};
           if (ps == PipelineSchedule::kInterleaved) vs = options.virtual_stages;
           for (int v : vs) {
+            // The pipeline's model chunks (DualPipe: its pp segments).
+            const int chunks = ps == PipelineSchedule::kDualPipe ? base.pp : base.pp * v;
             for (bool ov : axes.a2a_overlap) {
               if (!Schedulable(model, base, ps, v, m, ov)) continue;
-              Layout l = base;
-              l.microbatches = m;
-              l.zero_stage = z;
-              l.pipeline = ps;
-              l.virtual_stages = v;
-              l.a2a_overlap = ov;
-              // Enumeration alone can take seconds on the largest searches.
-              if (st->enumerated % 1024 == 0) {
-                MOEPLAN_RETURN_IF_ERROR(deadline.Check("search"));
+              for (bool split : axes.balanced) {
+                Layout l = base;
+                l.microbatches = m;
+                l.zero_stage = z;
+                l.pipeline = ps;
+                l.virtual_stages = v;
+                l.a2a_overlap = ov;
+                if (split) {
+                  if (base.pp < 2 || !base.stage_layers.empty()) continue;
+                  l.stage_layers = balanced.Of(chunks);
+                  if (l.stage_layers.empty()) continue;
+                }
+                MOEPLAN_RETURN_IF_ERROR(add(l, per_replica / m));
               }
-              if (++st->enumerated > kMaxSearchCandidates) {
-                return absl::ResourceExhaustedError(
-                    Cat("search: more than ", kMaxSearchCandidates,
-                        " candidate layouts to enumerate; narrow search.gpus, search.families, "
-                        "search.pipelines, search.zero_stages or search.max_microbatches"));
-              }
-              if (PipelineSteps(l) > kMaxPipelineSteps) {
-                ++st->over_limit;
-                continue;
-              }
-              const int64_t mbs = per_replica / m;
-              if (!FitsSomeWay(model, mbs, mem, &l)) {
-                ++st->pruned_memory;
-                continue;
-              }
-              pending->push_back({l, mbs, 0.0, -1.0, pending->size()});
             }
           }
         }
@@ -434,15 +467,17 @@ absl::Status ValidateSearchOptions(const SearchOptions& o) {
   }
   for (const auto& [field, values] : {std::pair<std::string_view, const std::vector<bool>*>{
                                           "search.sequence_parallel", &o.sequence_parallel},
-                                      {"search.a2a_overlap", &o.a2a_overlap}}) {
+                                      {"search.a2a_overlap", &o.a2a_overlap},
+                                      {"search.balanced_pipeline", &o.balanced_pipeline}}) {
     if (values->size() > 2 || (values->size() == 2 && (*values)[0] == (*values)[1])) {
       return Bad(field, "each of false and true may be listed once",
                  Cat(values->size(), " values"));
     }
   }
-  if (o.dispatchers.size() > 2 ||
-      (o.dispatchers.size() == 2 && o.dispatchers[0] == o.dispatchers[1])) {
-    return Bad("search.dispatchers", "each of alltoall and deepep may be listed once",
+  std::vector<Dispatcher> listed = o.dispatchers;
+  std::sort(listed.begin(), listed.end());
+  if (std::adjacent_find(listed.begin(), listed.end()) != listed.end()) {
+    return Bad("search.dispatchers", "each of alltoall, deepep and allgather may be listed once",
                Cat(o.dispatchers.size(), " values"));
   }
   for (const auto& [field, list] : {std::pair<std::string_view, const std::vector<int>*>{
@@ -503,7 +538,9 @@ absl::Status LayoutPlanner::Search(const ModelConfig& model, const SearchOptions
             options.expert_tensor_parallel,
             cluster,
             options.a2a_overlap,
-            options.dispatchers};
+            options.dispatchers,
+            options.balanced_pipeline};
+  if (axes.balanced.empty()) axes.balanced = {false};
   if (axes.sequence_parallel.empty()) axes.sequence_parallel = {false};
   if (axes.a2a_overlap.empty()) axes.a2a_overlap = {false};
   if (axes.dispatchers.empty()) axes.dispatchers = {Dispatcher::kAllToAll};

@@ -223,9 +223,13 @@ absl::StatusOr<std::vector<Schedule>> SchedulesToTry(const ModelConfig& model,
   }
   if (stage.local_dispatch) return std::vector<Schedule>{Schedule::kDefault};
   if (schedules.empty()) {
-    // With mp = 1 there is no MP group to pause: S1 and S2 only rename the default.
+    // With mp = 1 there is no MP group to pause: S1 and S2 only rename the
+    // default. The allgather dispatcher alone has no S2 (its SAA is an
+    // AlltoAll of its own).
+    const bool gathers = options.algos.size() == 1 && options.algos[0] == AllToAllAlgo::kAllGather;
     for (Schedule sc : kAllSchedules) {
       if (sc != Schedule::kDefault && model.parallel.mp == 1) continue;
+      if (sc == Schedule::kS2 && gathers) continue;
       if (ValidateForSchedule(moe_layer, sc).ok()) schedules.push_back(sc);
     }
   }

@@ -5,11 +5,13 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
+#include <limits>
 #include <string>
 
 #include "field_rules.h"
 #include "moeplan/base/status.h"
 #include "moeplan/base/strings.h"
+#include "moeplan/planner/accounting.h"
 
 namespace moeplan::planner {
 namespace {
@@ -194,6 +196,60 @@ std::string FormatPipelineLayout(const std::vector<PipelineStageLayers>& stages)
     out.append(static_cast<size_t>(std::max(0, s.end_block - s.first_block)), 't');
     out.append(static_cast<size_t>(std::max(0, s.end_mtp - s.first_mtp)), 'm');
     if (s.loss) out += 'L';
+  }
+  return out;
+}
+
+std::vector<PipelineStageLayers> BalancedPipelineLayout(const ModelConfig& model, int stages) {
+  const int L = model.num_layers, n = stages, D = model.mtp_num_layers;
+  if (n < 2 || L < n - 2) return {};
+  const FlopTerms t = FlopTermsOf(model);
+  std::vector<double> prefix(static_cast<size_t>(L) + 1, 0.0);
+  for (int i = 0; i < L; ++i) {
+    prefix[static_cast<size_t>(i) + 1] = prefix[static_cast<size_t>(i)] + t.Block(model, i);
+  }
+  const double tail = t.output_layer + D * (t.Block(model, L) + t.mtp_input + t.output_layer);
+  auto at = [&](int j, int i) { return static_cast<size_t>(j) * (L + 1) + static_cast<size_t>(i); };
+  constexpr double kInf = std::numeric_limits<double>::infinity();
+  // best[j, i]: the least heaviest chunk of chunks 0..j over layers [0, i),
+  // chunk j ending at i; from[j, i] where chunk j starts. Chunk 0 may hold
+  // the embedding alone, chunks 1..n-2 a layer at least.
+  std::vector<double> best(static_cast<size_t>(n - 1) * (L + 1), kInf);
+  std::vector<int> from(best.size(), 0);
+  for (int i = 0; i <= L; ++i) best[at(0, i)] = prefix[static_cast<size_t>(i)];
+  for (int j = 1; j < n - 1; ++j) {
+    for (int i = j; i <= L; ++i) {
+      for (int k = j - 1; k < i; ++k) {
+        const double w = std::max(best[at(j - 1, k)], prefix[static_cast<size_t>(i)] - prefix[k]);
+        if (w < best[at(j, i)]) {
+          best[at(j, i)] = w;
+          from[at(j, i)] = k;
+        }
+      }
+    }
+  }
+  // The last chunk: layers [k, L) and the tail, maybe no layer.
+  int start = L;
+  double least = kInf;
+  for (int k = n - 2; k <= L; ++k) {
+    const double w =
+        std::max(best[at(n - 2, k)], prefix[static_cast<size_t>(L)] - prefix[k] + tail);
+    if (w < least) {
+      least = w;
+      start = k;
+    }
+  }
+  std::vector<PipelineStageLayers> out(static_cast<size_t>(n));
+  int end = L;
+  for (int j = n - 1; j >= 0; --j) {
+    PipelineStageLayers& c = out[static_cast<size_t>(j)];
+    c.first_block = j == 0 ? 0 : start;
+    c.end_block = end;
+    c.embed = j == 0;
+    c.loss = j == n - 1;
+    if (c.loss) c.end_mtp = D;
+    end = start;
+    if (j >= 1 && j - 1 >= 1) start = from[at(j - 1, start)];
   }
   return out;
 }

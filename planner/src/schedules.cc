@@ -87,16 +87,17 @@ using A2aNames = Builder::A2aNames;
 // The four EP AlltoAll sites, linear and hierarchical names.
 constexpr A2aNames kFwdDispatch{"fwd.ep_alltoall_dispatch", "fwd.ep_alltoall_dispatch.2dh_intra",
                                 "fwd.ep_alltoall_dispatch.2dh_reorder",
-                                "fwd.ep_alltoall_dispatch.2dh_inter"};
+                                "fwd.ep_alltoall_dispatch.2dh_inter", "fwd.ep_allgather_dispatch"};
 constexpr A2aNames kFwdCombine{"fwd.ep_alltoall_combine", "fwd.ep_alltoall_combine.2dh_intra",
                                "fwd.ep_alltoall_combine.2dh_reorder",
-                               "fwd.ep_alltoall_combine.2dh_inter"};
+                               "fwd.ep_alltoall_combine.2dh_inter", "fwd.ep_reducescatter_combine"};
 constexpr A2aNames kBwdCombine{"bwd.ep_alltoall_combine", "bwd.ep_alltoall_combine.2dh_intra",
                                "bwd.ep_alltoall_combine.2dh_reorder",
-                               "bwd.ep_alltoall_combine.2dh_inter"};
+                               "bwd.ep_alltoall_combine.2dh_inter", "bwd.ep_allgather_combine"};
 constexpr A2aNames kBwdDispatch{"bwd.ep_alltoall_dispatch", "bwd.ep_alltoall_dispatch.2dh_intra",
                                 "bwd.ep_alltoall_dispatch.2dh_reorder",
-                                "bwd.ep_alltoall_dispatch.2dh_inter"};
+                                "bwd.ep_alltoall_dispatch.2dh_inter",
+                                "bwd.ep_reducescatter_dispatch"};
 
 // DeepEP's inter-node bytes as a share of the linear AlltoAll's: it sends a
 // token once to each remote node holding one of its k experts (NVLink fans
@@ -119,12 +120,34 @@ double DeepEpInterShare(const LayerConfig& l, GroupShape ep) {
   return std::min(1.0, distinct / k);
 }
 
-// One of the layer's EP AlltoAlls by ctx.a2a (linear, 2DH or DeepEP's).
 // An FP8 element with its share of a 4-byte scale per 128.
 constexpr double kFp8DispatchBytes = 1.0 + 4.0 / 128.0;
 
+// Megatron-Core's allgather dispatcher (docs/model.md "AlltoAll algorithms"):
+// towards the experts each EP rank AllGathers the group's `tokens` per rank
+// (the forward's with their routing, probabilities and expert map: 5 bytes
+// per expert) and keeps its experts' rows; back, the experts' partial
+// outputs are ReduceScattered to the ranks the tokens came from. Planned
+// only: its ops carry no executable semantics.
+Deps EpGather(Builder& b, const LayerContext& ctx, const A2aNames& names, Phase phase,
+              int64_t tokens, Deps x, bool to_experts) {
+  const LayerConfig& l = *ctx.layer;
+  const double piece = static_cast<double>(tokens) * l.model_dim * l.bytes_per_element;
+  if (!to_experts) {
+    return b.Coll(names.gather_form, phase, Collective::kReduceScatter, ctx.topo.ep, piece, x);
+  }
+  const double routing = phase == Phase::kForward ? 5.0 * tokens * l.num_experts : 0.0;
+  return b.Coll(names.gather_form, phase, Collective::kAllGather, ctx.topo.ep, piece + routing, x);
+}
+
+// One of the layer's EP exchanges of the rank's `tokens` (`n` bytes in the
+// dispatch buffer) by ctx.a2a: an AlltoAll (linear, 2DH or DeepEP's), or
+// the allgather dispatcher's AllGather or ReduceScatter.
 Deps EpAllToAll(Builder& b, const LayerContext& ctx, const A2aNames& names, Phase phase, double n,
-                Deps x, const OpExec& exec) {
+                int64_t tokens, Deps x, const OpExec& exec) {
+  if (ctx.a2a == AllToAllAlgo::kAllGather) {
+    return EpGather(b, ctx, names, phase, tokens, x, exec.to_experts);
+  }
   const Topology& t = ctx.topo;
   const bool deepep = ctx.a2a == AllToAllAlgo::kDeepEp;
   // FP8 training: DeepEP sends the tokens (and output gradients) towards the
@@ -174,7 +197,8 @@ constexpr std::string_view kCountsOp = "fwd.ep_alltoall_counts";
 constexpr int kCountBytes = 8;
 Deps DroplessCounts(Builder& b, const LayerContext& ctx, Deps x) {
   const LayerConfig& l = *ctx.layer;
-  if (!l.dropless) return x;
+  // The allgather dispatcher's ranks see every token's routing: no counts.
+  if (!l.dropless || ctx.a2a == AllToAllAlgo::kAllGather) return x;
   return b.Coll(kCountsOp, F, Collective::kAllToAll, ctx.topo.ep,
                 static_cast<double>(kCountBytes) * l.num_experts, x,
                 {.kind = EK::kCounts, .group = EG::kEp});
@@ -203,13 +227,13 @@ Deps SectionDefault(MoeSection sec, const LayerContext& ctx, Builder& b, Deps x)
                        RouteX(EK::kOrder, Buf::kX, Buf::kNone, Buf::kDisp, s, xcap, 1, rag));
     case MoeSection::kFwdExchange:
       x = DroplessCounts(b, ctx, x);
-      x = EpAllToAll(b, ctx, kFwdDispatch, F, a2a, x,
+      x = EpAllToAll(b, ctx, kFwdDispatch, F, a2a, s, x,
                      CollX(EK::kAllToAll, EG::kEp, Buf::kDisp, Buf::kEin, peer, rag, true));
       x = b.Compute("fwd.expert", F, Term::kExpert, k.ExpertFwd(rows), k.ExpertBytes(rows), x, 0,
                     ExpertX(EK::kExpertForward, Buf::kEin, Buf::kNone, Buf::kEout, w, cap, rag));
       x = b.Coll("fwd.esp_allreduce", F, Collective::kAllReduce, t.esp, n, x,
                  CollX(EK::kAllReduce, EG::kEsp, Buf::kEout, Buf::kEout, w * peer, rag));
-      x = EpAllToAll(b, ctx, kFwdCombine, F, a2a, x,
+      x = EpAllToAll(b, ctx, kFwdCombine, F, a2a, s, x,
                      CollX(EK::kAllToAll, EG::kEp, Buf::kEout, Buf::kComb, peer, rag, false));
       return b.Compute("fwd.iorder", F, Term::kOrder, k.Gather(s, cap), k.OrderBytes(s, cap), x, 0,
                        RouteX(EK::kIOrder, Buf::kComb, Buf::kNone, Buf::kY, s, xcap, 1, rag));
@@ -218,7 +242,7 @@ Deps SectionDefault(MoeSection sec, const LayerContext& ctx, Builder& b, Deps x)
           "bwd.iorder", B, Term::kOrder, k.Unroute(s, cap), k.UnrouteBytes(s, cap), x, 0,
           RouteX(EK::kIOrderBackward, Buf::kDy, Buf::kComb, Buf::kDcomb, s, xcap, 1, rag));
     case MoeSection::kBwdExchange:
-      x = EpAllToAll(b, ctx, kBwdCombine, B, a2a, x,
+      x = EpAllToAll(b, ctx, kBwdCombine, B, a2a, s, x,
                      CollX(EK::kAllToAll, EG::kEp, Buf::kDcomb, Buf::kDeout, peer, rag, true));
       // The output gradient is replicated over the ESP group, so the forward
       // AllReduce's dual is the sum of the shards' partial input gradients,
@@ -227,7 +251,7 @@ Deps SectionDefault(MoeSection sec, const LayerContext& ctx, Builder& b, Deps x)
       x = ExpertBackward(b, ctx, k, rows, x, w, cap, dw_scale);
       x = b.Coll("bwd.esp_allreduce", B, Collective::kAllReduce, t.esp, n, x,
                  CollX(EK::kAllReduce, EG::kEsp, Buf::kDein, Buf::kDein, w * peer, rag));
-      return EpAllToAll(b, ctx, kBwdDispatch, B, a2a, x,
+      return EpAllToAll(b, ctx, kBwdDispatch, B, a2a, s, x,
                         CollX(EK::kAllToAll, EG::kEp, Buf::kDein, Buf::kDdisp, peer, rag, false));
     case MoeSection::kBwdRoute:
       x = b.Compute("bwd.order", B, Term::kOrder, k.Gather(s, cap), k.OrderBytes(s, cap), x, 0,
@@ -279,7 +303,7 @@ Deps SectionS1(MoeSection sec, const LayerContext& ctx, Builder& b, Deps x) {
                        0, RouteX(EK::kOrder, Buf::kXs, Buf::kNone, Buf::kDisp, s1, cap1, 1, rag));
     case MoeSection::kFwdExchange:
       x = DroplessCounts(b, ctx, x);
-      x = EpAllToAll(b, ctx, kFwdDispatch, F, a2a, x,
+      x = EpAllToAll(b, ctx, kFwdDispatch, F, a2a, s1, x,
                      CollX(EK::kAllToAll, EG::kEp, Buf::kDisp, Buf::kRecv, peer, rag, true));
       x = b.Coll("fwd.esp_allgather", F, Collective::kAllGather, t.esp, d1 * skew, x,
                  CollX(EK::kAllGather, EG::kEsp, Buf::kRecv, Buf::kEin, part, rag));
@@ -288,7 +312,7 @@ Deps SectionS1(MoeSection sec, const LayerContext& ctx, Builder& b, Deps x) {
           ExpertX(EK::kExpertForward, Buf::kEin, Buf::kNone, Buf::kEout, groups, cap1, rag));
       x = b.Coll("fwd.esp_reducescatter", F, Collective::kReduceScatter, t.esp, d1 * skew, x,
                  CollX(EK::kReduceScatter, EG::kEsp, Buf::kEout, Buf::kBack, part, rag));
-      x = EpAllToAll(b, ctx, kFwdCombine, F, a2a, x,
+      x = EpAllToAll(b, ctx, kFwdCombine, F, a2a, s1, x,
                      CollX(EK::kAllToAll, EG::kEp, Buf::kBack, Buf::kComb, peer, rag, false));
       x = b.Compute("fwd.iorder", F, Term::kOrder, k.Gather(s1, cap1), k.OrderBytes(s1, cap1), x, 0,
                     RouteX(EK::kIOrder, Buf::kComb, Buf::kNone, Buf::kYs, s1, cap1, 1, rag));
@@ -303,14 +327,14 @@ Deps SectionS1(MoeSection sec, const LayerContext& ctx, Builder& b, Deps x) {
           "bwd.iorder", B, Term::kOrder, k.Unroute(s1, cap1), k.UnrouteBytes(s1, cap1), x, 0,
           RouteX(EK::kIOrderBackward, Buf::kDys, Buf::kComb, Buf::kDcomb, s1, cap1, 1, rag));
     case MoeSection::kBwdExchange:
-      x = EpAllToAll(b, ctx, kBwdCombine, B, a2a, x,
+      x = EpAllToAll(b, ctx, kBwdCombine, B, a2a, s1, x,
                      CollX(EK::kAllToAll, EG::kEp, Buf::kDcomb, Buf::kDrecv, peer, rag, true));
       x = b.Coll("bwd.esp_allgather", B, Collective::kAllGather, t.esp, d1 * skew, x,
                  CollX(EK::kAllGather, EG::kEsp, Buf::kDrecv, Buf::kDeout, part, rag));
       x = ExpertBackward(b, ctx, k, rows, x, groups, cap1);
       x = b.Coll("bwd.esp_reducescatter", B, Collective::kReduceScatter, t.esp, d1 * skew, x,
                  CollX(EK::kReduceScatter, EG::kEsp, Buf::kDein, Buf::kDback, part, rag));
-      return EpAllToAll(b, ctx, kBwdDispatch, B, a2a, x,
+      return EpAllToAll(b, ctx, kBwdDispatch, B, a2a, s1, x,
                         CollX(EK::kAllToAll, EG::kEp, Buf::kDback, Buf::kDdisp, peer, rag, false));
     case MoeSection::kBwdRoute:
       x = b.Compute(

@@ -33,6 +33,8 @@ std::string_view AllToAllAlgoName(AllToAllAlgo a) {
       return "2dh";
     case AllToAllAlgo::kDeepEp:
       return "deepep";
+    case AllToAllAlgo::kAllGather:
+      return "allgather";
     case AllToAllAlgo::kLinear:
       break;
   }

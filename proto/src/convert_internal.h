@@ -53,6 +53,7 @@ inline constexpr EnumPair<p::AllToAllAlgo, v1::AllToAllAlgorithm> kAlgos[] = {
     {p::AllToAllAlgo::kLinear, v1::ALLTOALL_ALGORITHM_LINEAR},
     {p::AllToAllAlgo::kHierarchical, v1::ALLTOALL_ALGORITHM_HIERARCHICAL},
     {p::AllToAllAlgo::kDeepEp, v1::ALLTOALL_ALGORITHM_DEEPEP},
+    {p::AllToAllAlgo::kAllGather, v1::ALLTOALL_ALGORITHM_ALLGATHER},
 };
 
 template <class P, class W, size_t N>

@@ -161,7 +161,8 @@ absl::StatusOr<p::Layout> LayoutFromProto(const v1::Layout& m) {
   l.a2a_overlap = m.a2a_overlap();
   if (!m.dispatcher().empty() && !p::ParseDispatcher(m.dispatcher(), &l.dispatcher)) {
     return absl::InvalidArgumentError(
-        Cat("layout.dispatcher: must be alltoall or deepep (got ", Quoted(m.dispatcher()), ")"));
+        Cat("layout.dispatcher: must be alltoall, deepep or allgather (got ",
+            Quoted(m.dispatcher()), ")"));
   }
   if (!m.pipeline_model_parallel_layout().empty()) {
     absl::StatusOr<std::vector<p::PipelineStageLayers>> stages =
@@ -266,11 +267,13 @@ absl::StatusOr<p::SearchOptions> SearchFromProto(const v1::SearchOptions& m) {
   o.exhaustive = m.exhaustive();
   o.sequence_parallel.assign(m.sequence_parallel().begin(), m.sequence_parallel().end());
   o.a2a_overlap.assign(m.a2a_overlap().begin(), m.a2a_overlap().end());
+  o.balanced_pipeline.assign(m.balanced_pipeline().begin(), m.balanced_pipeline().end());
   for (const std::string& name : m.dispatchers()) {
     p::Dispatcher d;
     if (!p::ParseDispatcher(name, &d)) {
       return absl::InvalidArgumentError(
-          Cat("search.dispatchers: each must be alltoall or deepep (got ", Quoted(name), ")"));
+          Cat("search.dispatchers: each must be alltoall, deepep or allgather (got ", Quoted(name),
+              ")"));
     }
     o.dispatchers.push_back(d);
   }

@@ -288,8 +288,8 @@ absl::StatusOr<p::ModelPlanOptions> ModelOptionsFromProto(const v1::ModelPlanOpt
     if (a == nullptr) {
       return absl::InvalidArgumentError(
           Cat("options.alltoall_algorithms[", i,
-              "]: must be ALLTOALL_ALGORITHM_LINEAR, ALLTOALL_ALGORITHM_HIERARCHICAL or "
-              "ALLTOALL_ALGORITHM_DEEPEP (got ",
+              "]: must be ALLTOALL_ALGORITHM_LINEAR, ALLTOALL_ALGORITHM_HIERARCHICAL, "
+              "ALLTOALL_ALGORITHM_DEEPEP or ALLTOALL_ALGORITHM_ALLGATHER (got ",
               static_cast<int>(m.alltoall_algorithms(i)), ")"));
     }
     o.algos.push_back(*a);

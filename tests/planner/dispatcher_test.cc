@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <string>
+#include <string_view>
 #include <tuple>
 
 #include "moeplan/planner/layout.h"
@@ -111,7 +112,7 @@ TEST(DeepEp, LayoutDispatcherPicksIt) {
   l.ep = 1;
   l.family = Family::kDpMoe;
   EXPECT_EQ(ValidateLayout(m, l, 128, {4, 8}).message(),
-            "layout.dispatcher: deepep needs expert parallelism (ep >= 2) over an AlltoAll (not "
+            "layout.dispatcher: deepep needs expert parallelism (ep >= 2) over an exchange (not "
             "ppmoe, which dispatches inside the TP group) (got ep=1, family=dpmoe)");
 }
 
@@ -139,7 +140,67 @@ TEST(DeepEp, SearchTriesItWhenAsked) {
   EXPECT_GT(deepep, 0);
   so.dispatchers = {Dispatcher::kDeepEp, Dispatcher::kDeepEp};
   EXPECT_EQ(lp.Search(m, so, {}, {}, &all).message(),
-            "search.dispatchers: each of alltoall and deepep may be listed once (got 2 values)");
+            "search.dispatchers: each of alltoall, deepep and allgather may be listed once (got 2 "
+            "values)");
+}
+
+// The op of `base` in the plan of `m` with algorithm `a` (null when none).
+const Op* OpOf(const ModelPlan& plan, std::string_view base) {
+  const OpGraph& g = plan.variants[static_cast<size_t>(plan.best)].graph;
+  for (OpId id = 0; id < g.size(); ++id) {
+    if (g.op(id).base == base) return &g.op(id);
+  }
+  return nullptr;
+}
+
+// The allgather dispatcher: EP 4 inside a node, 256 tokens of hidden 256 in
+// 2 bytes per rank. Towards the experts each rank AllGathers its 131,072
+// bytes of tokens (the forward's with 5 bytes per expert of routing: 40,960
+// more); back, the outputs are ReduceScattered, 131,072 bytes a rank. No
+// AlltoAll is left, and the layout's dispatcher= plans it.
+TEST(AllGatherDispatcher, GathersTokensAndReduceScattersOutputs) {
+  ModelConfig m = Ep32(0, 0);
+  m.parallel = {.mp = 1, .ep = 4, .esp = 1, .dp = 4, .pp = 1};
+  ModelPlanner planner(RoundNumberModel());
+  ModelPlanOptions o;
+  o.variants = {Variant::kNone};
+  o.algos = {AllToAllAlgo::kAllGather};
+  ModelPlan plan;
+  ASSERT_TRUE(planner.Plan(m, o, &plan).ok());
+  const GroupShape ep{4, 1};
+  const double tokens = 256.0 * 256 * 2, routing = 5.0 * 256 * 32;
+  const struct {
+    std::string_view base;
+    Collective c;
+    double bytes;
+  } expected[] = {{"fwd.ep_allgather_dispatch", Collective::kAllGather, tokens + routing},
+                  {"fwd.ep_reducescatter_combine", Collective::kReduceScatter, tokens},
+                  {"bwd.ep_allgather_combine", Collective::kAllGather, tokens},
+                  {"bwd.ep_reducescatter_dispatch", Collective::kReduceScatter, tokens}};
+  for (const auto& e : expected) {
+    const Op* op = OpOf(plan, e.base);
+    ASSERT_NE(op, nullptr) << e.base;
+    EXPECT_EQ(op->bytes, static_cast<int64_t>(e.bytes)) << e.base;
+    EXPECT_REL(op->cost_us, RoundNumberModel().CollectiveUs(e.c, ep, e.bytes));
+  }
+  EXPECT_EQ(OpOf(plan, "fwd.ep_alltoall_dispatch"), nullptr);
+  EXPECT_EQ(plan.variants[0].schedule, Schedule::kDefault);
+
+  m.global_batch_size = 64;
+  LayoutPlanner lp(RoundNumberModel());
+  Layout l;
+  l.dp = 16;
+  l.ep = 4;
+  l.microbatches = 1;
+  l.family = Family::kDpMoe;
+  l.dispatcher = Dispatcher::kAllGather;
+  LayoutCandidate c;
+  ASSERT_TRUE(lp.Evaluate(m, l, {}, {}, &c).ok());
+  EXPECT_EQ(c.algo, AllToAllAlgo::kAllGather);
+  l.ep = 1;
+  EXPECT_EQ(ValidateLayout(m, l, 64, {4, 8}).message(),
+            "layout.dispatcher: allgather needs expert parallelism (ep >= 2) over an exchange (not "
+            "ppmoe, which dispatches inside the TP group) (got ep=1, family=dpmoe)");
 }
 
 }  // namespace

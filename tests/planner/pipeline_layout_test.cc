@@ -4,8 +4,13 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <string>
 #include <vector>
+
+#include "moeplan/planner/accounting.h"
+#include "moeplan/planner/layout_planner.h"
+#include "test_profile.h"
 
 namespace moeplan::planner {
 namespace {
@@ -135,6 +140,71 @@ TEST(PipelineLayout, RulesAgainstTheModelNameTheField) {
             "pipeline_model_parallel_layout: MTP layers (m) must share the loss's stage: moeplan "
             "plans them with "
             "the output layer they share (got stage 1)");
+}
+
+// Eight equal dense blocks (hidden 64, one head, sequence 64, FFN 256: each
+// 4 M^2 + M s + 2 M F = 53,248 flops a token) and an output layer of twice
+// that (vocabulary 1,664): over 4 chunks the even split's last chunk carries
+// 2 + 2 blocks' worth, the balanced one's at most 3, which is the least any
+// split can do (10 blocks' worth over 4 chunks of whole blocks).
+TEST(BalancedPipelineLayout, CountsTheOutputLayerWithTheLastChunk) {
+  ModelConfig m = Layers(8);
+  m.hidden_size = 64;
+  m.num_attention_heads = 1;
+  m.seq_length = 64;
+  m.ffn_hidden_size = 256;
+  m.vocab_size = 1664;
+  const FlopTerms t = FlopTermsOf(m);
+  ASSERT_EQ(t.Block(m, 0), 53248.0);
+  ASSERT_EQ(t.output_layer, 2.0 * 53248.0);
+  const Stages s = BalancedPipelineLayout(m, 4);
+  ASSERT_EQ(s.size(), 4u);
+  EXPECT_TRUE(ValidatePipelineLayout(s, m, 4).ok()) << FormatPipelineLayout(s);
+  double heaviest = 0.0;
+  for (size_t i = 0; i < s.size(); ++i) {
+    const double blocks = s[i].end_block - s[i].first_block + (s[i].loss ? 2.0 : 0.0);
+    heaviest = std::max(heaviest, blocks);
+  }
+  EXPECT_EQ(heaviest, 3.0) << FormatPipelineLayout(s);
+  EXPECT_LE(s.back().end_block - s.back().first_block, 1) << FormatPipelineLayout(s);
+  // An MTP depth (a block and its projection, and an output layer more)
+  // goes with the loss; too few layers for the chunks: no split.
+  m.mtp_num_layers = 1;
+  const Stages mtp = BalancedPipelineLayout(m, 4);
+  ASSERT_EQ(mtp.size(), 4u);
+  EXPECT_EQ(mtp.back().end_mtp, 1);
+  EXPECT_EQ(mtp.back().first_block, 8) << FormatPipelineLayout(mtp);
+  EXPECT_TRUE(BalancedPipelineLayout(Layers(2), 5).empty());
+}
+
+// The search tries the balanced split beside the even one where they
+// differ, picks it on a model whose output layer outweighs a block, and its
+// bounds still keep the exhaustive top N.
+TEST(BalancedPipelineLayout, SearchTriesItWhenAsked) {
+  ModelConfig m = testing::SmallDenseModel(1);
+  m.vocab_size = 8192;
+  m.global_batch_size = 16;
+  LayoutPlanner lp(testing::RoundNumberModel());
+  SearchOptions so;
+  so.top = 8;
+  so.gpus = 8;
+  so.max_microbatches = 8;
+  so.zero_stages = {1};
+  so.balanced_pipeline = {false, true};
+  LayoutSearchResult pruned, all;
+  ASSERT_TRUE(lp.Search(m, so, {}, {}, &pruned).ok());
+  so.exhaustive = true;
+  ASSERT_TRUE(lp.Search(m, so, {}, {}, &all).ok());
+  ASSERT_EQ(pruned.candidates.size(), all.candidates.size());
+  int balanced = 0;
+  for (size_t i = 0; i < all.candidates.size(); ++i) {
+    EXPECT_EQ(pruned.candidates[i].iteration_us, all.candidates[i].iteration_us) << "rank " << i;
+    balanced += !all.candidates[i].layout.stage_layers.empty();
+  }
+  EXPECT_GT(balanced, 0);
+  so.balanced_pipeline = {true, true};
+  EXPECT_EQ(lp.Search(m, so, {}, {}, &all).message(),
+            "search.balanced_pipeline: each of false and true may be listed once (got 2 values)");
 }
 
 }  // namespace

@@ -185,8 +185,12 @@ TEST(LayoutFromSpec, A2aOverlapAndDualPipe) {
   ASSERT_TRUE(deepep.ok()) << deepep.status();
   EXPECT_EQ(deepep->dispatcher, planner::Dispatcher::kDeepEp);
   EXPECT_EQ(LayoutToProto(*deepep, 1).dispatcher(), "deepep");
-  EXPECT_EQ(Msg(LayoutFromProto(*LayoutFromSpec("dp=8,tp=1,pp=1,dispatcher=allgather")).status()),
-            "layout.dispatcher: must be alltoall or deepep (got 'allgather')");
+  absl::StatusOr<planner::Layout> gather =
+      LayoutFromProto(*LayoutFromSpec("dp=8,tp=1,pp=1,ep=2,dispatcher=allgather"));
+  ASSERT_TRUE(gather.ok()) << gather.status();
+  EXPECT_EQ(LayoutToProto(*gather, 1).dispatcher(), "allgather");
+  EXPECT_EQ(Msg(LayoutFromProto(*LayoutFromSpec("dp=8,tp=1,pp=1,dispatcher=flex")).status()),
+            "layout.dispatcher: must be alltoall, deepep or allgather (got 'flex')");
 }
 
 TEST(LayoutFromSpec, SequenceParallelIsZeroOrOne) {
@@ -281,9 +285,9 @@ TEST(Errors, EchoABoundedPrefixOfAUserValue) {
             "search.pipelines: each may be listed once (got '1f1b' twice)");
   search.clear_pipelines();
   search.add_dispatchers("deepep");
-  search.add_dispatchers("allgather");
+  search.add_dispatchers("flex");
   EXPECT_EQ(Msg(SearchFromProto(search).status()),
-            "search.dispatchers: each must be alltoall or deepep (got 'allgather')");
+            "search.dispatchers: each must be alltoall, deepep or allgather (got 'flex')");
   search.clear_dispatchers();
   const std::string spec = Msg(LayoutFromSpec("dp=1,family" + big).status());
   EXPECT_LT(spec.size(), 320u) << spec;  // a 64-byte prefix and the keys

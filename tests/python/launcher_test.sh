@@ -161,6 +161,13 @@ expect deepep '^megatron flags: .*--moe-token-dispatcher-type flex --moe-flex-di
   'no --moe-flex-dispatcher-backend deepep'
 expect deepep '+deepep' 'the table does not mark the dispatcher'
 
+# The allgather dispatcher (dispatcher=allgather -> --moe-token-dispatcher-type allgather).
+layout_case allgather v100-8x8 gpt3-medium-moe.json \
+  'dp=32,tp=1,pp=1,ep=32,esp=1,microbatches=8,dispatcher=allgather'
+expect allgather '^megatron flags: .*--moe-token-dispatcher-type allgather' \
+  'no --moe-token-dispatcher-type allgather'
+expect allgather '+allgather' 'the table does not mark the dispatcher'
+
 # DualPipe: no Megatron-LM schedule, said in a note before the degrees.
 layout_case dual v100-8x8 gpt3-medium-moe.json 'dp=16,tp=1,pp=4,ep=16,esp=1,microbatches=16,pipeline=dualpipe'
 expect dual '^note: pipeline=dualpipe is DeepSeek' 'no note that Megatron-LM has no DualPipe'

@@ -56,6 +56,19 @@ MtpInputParams CountMtpInputParams(const ModelConfig& model);
 // element-wise ops and recomputation not counted.
 double FlopsPerToken(const ModelConfig& model);
 
+// Its parts per token, before the factor 6 (3 passes x 2 flops a
+// multiply-add): a block's attention (weights and causal core), a dense
+// block's FFN, a MoE block's experts (top_k routed and the shared ones), an
+// MTP depth's input projection and norms (besides its block), the output
+// layer.
+struct FlopTerms {
+  double attention = 0.0, dense_ffn = 0.0, moe_ffn = 0.0, mtp_input = 0.0, output_layer = 0.0;
+  double Block(const ModelConfig& m, int block) const {
+    return attention + (m.IsMoeBlock(block) ? moe_ffn : dense_ffn);
+  }
+};
+FlopTerms FlopTermsOf(const ModelConfig& model);
+
 // What a step of `iteration_us` for `tokens` tokens on `gpus` GPUs makes.
 struct Throughput {
   double tokens_per_s_per_gpu = 0.0;

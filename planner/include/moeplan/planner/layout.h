@@ -42,8 +42,12 @@ bool ParsePipelineSchedule(std::string_view name, PipelineSchedule* out);
 
 // Megatron-Core's --moe-token-dispatcher-type: AlltoAll (linear or 2DH, the
 // faster) or DeepEP's (flex; AllToAllAlgo::kDeepEp).
-enum class Dispatcher : uint8_t { kAllToAll = 0, kDeepEp = 1 };
-std::string_view DispatcherName(Dispatcher d);  // "alltoall", "deepep"
+// kAllGather: Megatron-Core's allgather dispatcher (AllToAllAlgo::kAllGather),
+// the small-EP choice.
+enum class Dispatcher : uint8_t { kAllToAll = 0, kDeepEp = 1, kAllGather = 2 };
+inline constexpr Dispatcher kAllDispatchers[] = {Dispatcher::kAllToAll, Dispatcher::kDeepEp,
+                                                 Dispatcher::kAllGather};
+std::string_view DispatcherName(Dispatcher d);  // "alltoall", "deepep", "allgather"
 bool ParseDispatcher(std::string_view name, Dispatcher* out);
 
 // Megatron-Core's --recompute-modules (selective recomputation; docs/layouts.md
@@ -118,6 +122,9 @@ struct Layout {
 // when ep * esp = tp > 1, dpmoe when esp = tp and ep < dp * cp or, with
 // sequence parallelism, when ep * esp divides tp * cp * dp and is smaller (a
 // folded expert grid), else parm.
+// DeepEP's and the allgather dispatcher need expert parallelism over an
+// exchange (a MoE model, ep >= 2, not ppmoe); the AlltoAll's fits any layout.
+bool DispatcherApplies(const ModelConfig& m, const Layout& l, Dispatcher d);
 Family InferFamily(const Layout& l);
 
 // Field rules of a layout for `model` on `cluster` with `global_batch`

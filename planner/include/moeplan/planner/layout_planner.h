@@ -72,9 +72,14 @@ struct SearchOptions {
   // once) where it applies: ep >= 2, and one stage, interleaved or dualpipe
   // (docs/layouts.md "Overlapping micro-batches"). Empty: off.
   std::vector<bool> a2a_overlap;
-  // Token dispatchers tried (each at most once) where they apply (deepep:
-  // ep >= 2, not ppmoe). Empty: alltoall only.
+  // Token dispatchers tried (each at most once) where they apply (deepep,
+  // allgather: ep >= 2, not ppmoe). Empty: alltoall only.
   std::vector<Dispatcher> dispatchers;
+  // Pipeline splits tried (each at most once): false the even one (each
+  // chunk floor(L / n) or one more layers), true the FLOP-balanced one
+  // (BalancedPipelineLayout: the embedding, MTP depths and loss counted with
+  // their chunks), where pp >= 2 and it differs. Empty: even only.
+  std::vector<bool> balanced_pipeline;
   // Simulate every candidate that fits instead of stopping at the lower
   // bound (docs/layouts.md "Search"): for profiles whose costs are not
   // subadditive (a piece costing less than its share of the whole).

@@ -56,4 +56,12 @@ absl::Status ValidatePipelineLayout(const std::vector<PipelineStageLayers>& stag
 // ParsePipelineLayout reads back as the same stages.
 std::string FormatPipelineLayout(const std::vector<PipelineStageLayers>& stages);
 
+// The split of the model over `stages` (>= 2) chunks whose heaviest chunk
+// computes the least (model FLOPs, FlopTermsOf): decoder layers in order,
+// the embedding with the first chunk, the MTP depths and the loss with the
+// last (which carries the output layers' FLOPs), every chunk between them
+// holding a layer. Empty when the model has fewer than stages - 2 layers.
+// What the search tries as search.pipeline_splits "balanced".
+std::vector<PipelineStageLayers> BalancedPipelineLayout(const ModelConfig& model, int stages);
+
 }  // namespace moeplan::planner

@@ -83,10 +83,13 @@ bool ParseSchedule(std::string_view name, Schedule* out);
 // over the EP group, or hierarchically (inside the node, then between nodes).
 // DeepEP's: a token sent once per remote node over RDMA, then forwarded
 // inside the node over NVLink (tried only when asked: a dispatcher choice).
-enum class AllToAllAlgo : uint8_t { kLinear = 0, kHierarchical = 1, kDeepEp = 2 };
+// kAllGather: Megatron-Core's allgather dispatcher (the EP group's tokens
+// AllGathered, the outputs ReduceScattered), not an AlltoAll.
+enum class AllToAllAlgo : uint8_t { kLinear = 0, kHierarchical = 1, kDeepEp = 2, kAllGather = 3 };
 inline constexpr AllToAllAlgo kAllAllToAllAlgos[] = {
-    AllToAllAlgo::kLinear, AllToAllAlgo::kHierarchical, AllToAllAlgo::kDeepEp};
-std::string_view AllToAllAlgoName(AllToAllAlgo a);  // "linear", "2dh", "deepep"
+    AllToAllAlgo::kLinear, AllToAllAlgo::kHierarchical, AllToAllAlgo::kDeepEp,
+    AllToAllAlgo::kAllGather};
+std::string_view AllToAllAlgoName(AllToAllAlgo a);  // "linear", "2dh", "deepep", "allgather"
 bool ParseAllToAllAlgo(std::string_view name, AllToAllAlgo* out);
 
 // Derived sizes of docs/notation.md (per MP group / per rank, bytes where named so).
