@@ -6,6 +6,7 @@
 #include <string_view>
 #include <utility>
 
+#include "enum_names.h"
 #include "field_rules.h"
 #include "layout_internal.h"
 #include "moeplan/base/status.h"
@@ -336,13 +337,7 @@ std::string_view FamilyName(Family f) {
 }
 
 bool ParseFamily(std::string_view name, Family* out) {
-  for (Family f : kAllFamilies) {
-    if (FamilyName(f) == name) {
-      *out = f;
-      return true;
-    }
-  }
-  return false;
+  return internal::ParseByName(name, kAllFamilies, FamilyName, out);
 }
 
 std::string_view PipelineScheduleName(PipelineSchedule s) {
@@ -360,13 +355,7 @@ std::string_view PipelineScheduleName(PipelineSchedule s) {
 }
 
 bool ParsePipelineSchedule(std::string_view name, PipelineSchedule* out) {
-  for (PipelineSchedule s : kAllPipelineSchedules) {
-    if (PipelineScheduleName(s) == name) {
-      *out = s;
-      return true;
-    }
-  }
-  return false;
+  return internal::ParseByName(name, kAllPipelineSchedules, PipelineScheduleName, out);
 }
 
 std::string_view DispatcherName(Dispatcher d) {
@@ -386,13 +375,7 @@ bool DispatcherApplies(const ModelConfig& m, const Layout& l, Dispatcher d) {
 }
 
 bool ParseDispatcher(std::string_view name, Dispatcher* out) {
-  for (Dispatcher d : kAllDispatchers) {
-    if (DispatcherName(d) == name) {
-      *out = d;
-      return true;
-    }
-  }
-  return false;
+  return internal::ParseByName(name, kAllDispatchers, DispatcherName, out);
 }
 
 std::string_view RecomputeModuleName(int i) {

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <limits>
 
+#include "enum_names.h"
 #include "field_rules.h"
 #include "moeplan/base/status.h"
 #include "moeplan/base/strings.h"
@@ -233,13 +234,7 @@ std::string_view Fp8FormatName(Fp8Format f) {
 }
 
 bool ParseFp8Format(std::string_view name, Fp8Format* out) {
-  for (Fp8Format f : {Fp8Format::kNone, Fp8Format::kE4M3, Fp8Format::kHybrid}) {
-    if (Fp8FormatName(f) == name) {
-      *out = f;
-      return true;
-    }
-  }
-  return false;
+  return internal::ParseByName(name, kAllFp8Formats, Fp8FormatName, out);
 }
 
 std::string_view Fp8RecipeName(Fp8Recipe r) {
@@ -257,14 +252,7 @@ std::string_view Fp8RecipeName(Fp8Recipe r) {
 }
 
 bool ParseFp8Recipe(std::string_view name, Fp8Recipe* out) {
-  for (Fp8Recipe r :
-       {Fp8Recipe::kDelayed, Fp8Recipe::kTensorwise, Fp8Recipe::kBlockwise, Fp8Recipe::kMxfp8}) {
-    if (Fp8RecipeName(r) == name) {
-      *out = r;
-      return true;
-    }
-  }
-  return false;
+  return internal::ParseByName(name, kAllFp8Recipes, Fp8RecipeName, out);
 }
 
 int ModelConfig::NumMoeLayers() const {

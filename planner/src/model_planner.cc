@@ -10,6 +10,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/hash/hash.h"
+#include "enum_names.h"
 #include "field_rules.h"
 #include "model_planner_internal.h"
 #include "moeplan/base/status.h"
@@ -40,13 +41,7 @@ std::string_view VariantName(Variant v) {
 }
 
 bool ParseVariant(std::string_view name, Variant* out) {
-  for (Variant v : kAllVariants) {
-    if (VariantName(v) == name) {
-      *out = v;
-      return true;
-    }
-  }
-  return false;
+  return internal::ParseByName(name, kAllVariants, VariantName, out);
 }
 
 absl::Status ValidateModelPlanOptions(const ModelPlanOptions& o) {

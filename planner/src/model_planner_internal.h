@@ -25,6 +25,7 @@
 #include "graph_builder.h"
 #include "moeplan/planner/model_planner.h"
 #include "moeplan/planner/schedules.h"
+#include "schedule_kernels.h"
 
 namespace moeplan::planner {
 namespace internal {
@@ -205,14 +206,6 @@ inline double FlashAttentionUs(const CostModel& c, int64_t seqs, int64_t heads, 
          (c.BatchedGemmUs(seqs * heads, L, L, d.qk) + c.BatchedGemmUs(seqs * heads, L, d.v, L));
 }
 inline constexpr double kFlashBackwardRatio = 2.5;
-
-// FP8 training's quantization of a linear layer's input (or, in the
-// backward, of its output gradient) of `elements`: a memory-bound cast that
-// reads the bytes_per_element copy and writes two 1-byte ones, row-wise for
-// this GEMM and column-wise for the weight gradient's (docs/model.md "FP8").
-inline double Fp8CastBytes(double elements, double bytes_per_element) {
-  return elements * (bytes_per_element + 2.0);
-}
 
 // A GEMM m x n x k op's time and bytes: on `gemm` (the FP8 copy for a linear
 // layer under FP8 training), after a cast of `cast` elements priced on `cost`

@@ -12,6 +12,15 @@
 
 namespace moeplan::planner::internal {
 
+// FP8 training's quantization of a linear layer's input (or, in the
+// backward, of its output gradient) of `elements`: a memory-bound cast that
+// reads the bytes_per_element copy and writes two 1-byte ones, row-wise for
+// this GEMM and column-wise for the weight gradient's (docs/model.md "FP8
+// training"). The experts' (Kernels) and the dense linear layers' (GemmOf).
+inline double Fp8CastBytes(double elements, double bytes_per_element) {
+  return elements * (bytes_per_element + 2.0);
+}
+
 // Compute-op costs shared by all schedules. Sizes in elements, b bytes each.
 class Kernels {
  public:
@@ -68,7 +77,7 @@ class Kernels {
   // per local expert quantized first, a memory-bound cast reading b bytes
   // and writing the row- and column-wise 1-byte copies (dW reads those).
   double Cast(double elements) const {
-    return fp8_ ? c_.MemoryBoundUs(static_cast<double>(LocalExperts()) * elements * (b_ + 2.0))
+    return fp8_ ? c_.MemoryBoundUs(Fp8CastBytes(static_cast<double>(LocalExperts()) * elements, b_))
                 : 0.0;
   }
   double ExpertFwd(int64_t rows) const {

@@ -3,6 +3,8 @@
 #include <cmath>
 #include <cstdint>
 
+#include "enum_names.h"
+
 namespace moeplan::planner {
 
 std::string_view ScheduleName(Schedule s) {
@@ -18,13 +20,7 @@ std::string_view ScheduleName(Schedule s) {
 }
 
 bool ParseSchedule(std::string_view name, Schedule* out) {
-  for (Schedule s : kAllSchedules) {
-    if (ScheduleName(s) == name) {
-      *out = s;
-      return true;
-    }
-  }
-  return false;
+  return internal::ParseByName(name, kAllSchedules, ScheduleName, out);
 }
 
 std::string_view AllToAllAlgoName(AllToAllAlgo a) {
@@ -42,13 +38,7 @@ std::string_view AllToAllAlgoName(AllToAllAlgo a) {
 }
 
 bool ParseAllToAllAlgo(std::string_view name, AllToAllAlgo* out) {
-  for (AllToAllAlgo a : kAllAllToAllAlgos) {
-    if (AllToAllAlgoName(a) == name) {
-      *out = a;
-      return true;
-    }
-  }
-  return false;
+  return internal::ParseByName(name, kAllAllToAllAlgos, AllToAllAlgoName, out);
 }
 
 int64_t Capacity(int64_t top_k, double capacity_factor, int64_t tokens, int64_t num_experts) {

@@ -69,11 +69,15 @@ std::string_view PositionEmbeddingName(PositionEmbedding p);  // "learned_absolu
 // memory-bound casts; activations, attention, communication and the optimizer
 // stay in bytes_per_element. kNone: no FP8.
 enum class Fp8Format : uint8_t { kNone = 0, kE4M3 = 1, kHybrid = 2 };
+inline constexpr Fp8Format kAllFp8Formats[] = {Fp8Format::kNone, Fp8Format::kE4M3,
+                                               Fp8Format::kHybrid};
 std::string_view Fp8FormatName(Fp8Format f);  // "none", "e4m3", "hybrid"
 bool ParseFp8Format(std::string_view name, Fp8Format* out);
 // How scales are kept; priced alike (the casts' traffic), printed as the
 // launcher's --fp8-recipe.
 enum class Fp8Recipe : uint8_t { kDelayed = 0, kTensorwise = 1, kBlockwise = 2, kMxfp8 = 3 };
+inline constexpr Fp8Recipe kAllFp8Recipes[] = {Fp8Recipe::kDelayed, Fp8Recipe::kTensorwise,
+                                               Fp8Recipe::kBlockwise, Fp8Recipe::kMxfp8};
 std::string_view Fp8RecipeName(Fp8Recipe r);  // "delayed", "tensorwise", "blockwise", "mxfp8"
 bool ParseFp8Recipe(std::string_view name, Fp8Recipe* out);
 
