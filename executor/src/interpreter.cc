@@ -25,8 +25,12 @@ RankPlace PlaceOf(const planner::ParallelLayout& p, int rank) {
   r.mp_rank = rank % p.mp;
   r.esp_group = rank / p.esp;
   r.esp_rank = rank % p.esp;
-  r.ep_group = rank % p.esp;
-  r.ep_rank = rank / p.esp;
+  // One expert replica is ep * esp consecutive ranks (ESP innermost, then
+  // EP); a folded grid (dpmoe) repeats it over the stage, each replica an
+  // EP group of its own per ESP rank.
+  const int grid = std::max(1, p.ep) * p.esp;
+  r.ep_group = rank / grid * p.esp + rank % p.esp;
+  r.ep_rank = rank / p.esp % std::max(1, p.ep);
   return r;
 }
 

@@ -9,8 +9,10 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <map>
 #include <span>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "moe_layer.h"
@@ -26,10 +28,6 @@ using planner::OpExec;
 
 absl::Status ValidateModelForExecutor(const planner::ModelConfig& model, int world_size) {
   const planner::ParallelLayout& p = model.parallel;
-  if (p.sequence_parallel) {
-    return absl::UnimplementedError(
-        "parallel.sequence_parallel: sequence parallelism is planned but not executable yet");
-  }
   if (p.cp != 1) {
     return absl::UnimplementedError(
         "parallel.cp: context parallelism is planned but not executable (no ring attention "
@@ -46,6 +44,42 @@ absl::Status ValidateModelForExecutor(const planner::ModelConfig& model, int wor
             int64_t{p.mp} * p.dp * std::max(1, p.pp), ", ranks=", world_size, ")"));
   }
   return absl::OkStatus();
+}
+
+planner::Layout PlainLayout(const planner::Layout& layout) {
+  planner::Layout ref = layout;
+  ref.sequence_parallel = false;
+  ref.a2a_overlap = false;
+  ref.dispatcher = planner::Dispatcher::kAllToAll;
+  ref.esp = layout.tp;
+  ref.ep = layout.GradientRanks();
+  if (layout.pipeline == planner::PipelineSchedule::kDualPipe) {
+    ref.pipeline = planner::PipelineSchedule::k1F1B;
+    ref.virtual_stages = 1;
+    ref.stage_layers.clear();
+  }
+  ref.family = planner::InferFamily(ref);
+  return ref;
+}
+
+std::vector<InstanceDiff> CompareInstances(const std::vector<InstanceResults>& ref,
+                                           const std::vector<InstanceResults>& got) {
+  using Key = std::tuple<int, int, int>;
+  auto key = [](const planner::ExecLayer& l) { return Key{l.block, l.mb, l.part}; };
+  std::map<Key, const InstanceResults*> by_key;
+  for (const InstanceResults& g : got) by_key[key(g.layer)] = &g;
+  std::vector<InstanceDiff> out;
+  for (const InstanceResults& r : ref) {
+    InstanceDiff& d = out.emplace_back();
+    d.layer = r.layer;
+    const auto it = by_key.find(key(r.layer));
+    d.missing = it == by_key.end();
+    if (d.missing) continue;
+    d.tensors = CompareResults(r.tensors, it->second->tensors);
+    by_key.erase(it);
+  }
+  for (const auto& [k, g] : by_key) out.push_back({g->layer, {}, true});  // only in `got`
+  return out;
 }
 
 namespace {
@@ -92,10 +126,11 @@ absl::StatusOr<planner::VariantPlan> PlanLayoutRun(const planner::ModelConfig& m
     return absl::InvalidArgumentError(
         Cat("layout: dp*tp*pp must equal the ranks (", world_size, ") (got ", l.Gpus(), ")"));
   }
-  if (l.family != planner::Family::kParm) {
-    return absl::InvalidArgumentError(Cat(
-        "layout.family: the executor runs parm layouts (ep*esp = tp*dp); ",
-        planner::FamilyName(l.family), "'s expert placement is planned but not executable yet"));
+  if (l.family == planner::Family::kPpMoe) {
+    return absl::InvalidArgumentError(
+        "layout.family: the executor runs parm and dpmoe layouts (an expert grid of ep*esp ranks "
+        "over the stage, once or replicated); ppmoe's local dispatch is planned but not "
+        "executable yet");
   }
   if (l.dispatcher == planner::Dispatcher::kAllGather) {
     return absl::UnimplementedError(
@@ -108,10 +143,6 @@ absl::StatusOr<planner::VariantPlan> PlanLayoutRun(const planner::ModelConfig& m
   if (l.recompute_modules != 0) {
     return absl::InvalidArgumentError(
         "layout.recompute_modules: runs with selective recomputation are not executable yet");
-  }
-  if (l.sequence_parallel) {
-    return absl::UnimplementedError(
-        "layout.sequence_parallel: sequence parallelism is planned but not executable yet");
   }
   const planner::CostModel& c = cost != nullptr ? *cost : internal::NeutralCostModel();
   planner::LayoutPlanner planner(c);
@@ -296,6 +327,10 @@ std::vector<Instance> InstancesOf(const planner::ModelConfig& model, const plann
     in.layer.seq_len = l.tokens;
     in.layer.bytes_per_element = static_cast<int>(SizeOf(options.dtype));
     in.options = options;
+    // Each block and micro-batch its own data (the same in every layout of
+    // the model, so GlobalResults compare instance by instance).
+    in.options.seed = options.seed + (static_cast<uint64_t>(l.block) + 1) * 0x9E3779B97F4A7C15ull +
+                      (static_cast<uint64_t>(l.mb + 1) << 24);
     in.options.plan_name = Cat(model.name, "'s MoE layers up to block ", l.block,
                                l.part >= 0 ? Cat(" piece ", l.part) : std::string(),
                                l.mb >= 0 ? Cat(" of micro-batch ", l.mb) : std::string());
@@ -349,6 +384,11 @@ class ModelRunner::Impl {
   std::unique_ptr<RankGroups> groups;
   std::unique_ptr<ModelOps> ops;
   std::unique_ptr<PlanInterpreter> interpreter;
+  std::vector<planner::ExecLayer> layers;  // the plan's instances
+  std::vector<planner::LayerConfig> configs;
+  int mp_groups = 1;  // MP groups per stage
+  Device* device = nullptr;
+  Communicator* world = nullptr;
 };
 
 ModelRunner::ModelRunner(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -387,6 +427,11 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> ModelRunner::Create(const planner::
   impl->ops = std::make_unique<ModelOps>(impl->groups.get(), device, kernels, options.dtype);
   impl->ops->Size(plan);
   std::vector<Instance> instances = InstancesOf(model, plan, options, impl->groups->stage());
+  impl->layers.assign(plan.layers().begin(), plan.layers().end());
+  for (const Instance& in : instances) impl->configs.push_back(in.layer);
+  impl->mp_groups = world->size() / stages / std::max(1, model.parallel.mp);
+  impl->device = device;
+  impl->world = world;
   // Every buffer is added up before the first is allocated (docs/executor.md
   // "Whole models"): dense scratch, communication buffers, each MoE instance.
   MOEPLAN_RETURN_IF_ERROR(CheckMemory(model.name, plan, instances, impl->ops->ScratchBytes(),
@@ -411,6 +456,33 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> ModelRunner::Create(const planner::
 }
 
 absl::Status ModelRunner::RunIteration() { return impl_->interpreter->RunIteration(); }
+
+absl::StatusOr<std::vector<InstanceResults>> ModelRunner::GlobalResults() {
+  Impl& m = *impl_;
+  std::vector<InstanceResults> out(m.layers.size());
+  for (size_t i = 0; i < m.layers.size(); ++i) {
+    const planner::LayerConfig& l = m.configs[i];
+    const int64_t s = l.batch_size * l.seq_len, f = l.gated_linear_unit ? 2 : 1;
+    LayerResults& g = out[i].tensors;
+    out[i].layer = m.layers[i];
+    g.y.assign(static_cast<size_t>(m.mp_groups * s * l.model_dim), 0.0f);
+    g.dx.assign(g.y.size(), 0.0f);
+    g.dgate.assign(static_cast<size_t>(l.model_dim * l.num_experts), 0.0f);
+    g.dw1.assign(static_cast<size_t>(l.num_experts * l.model_dim * f * l.hidden_dim), 0.0f);
+    g.dw2.assign(static_cast<size_t>(l.num_experts * l.hidden_dim * l.model_dim), 0.0f);
+    if (m.ops->layers_[i] != nullptr) MOEPLAN_RETURN_IF_ERROR(m.ops->layers_[i]->AddGlobal(&g));
+    // Every rank's share summed over the world (other stages add zeros).
+    for (std::vector<float>* t : {&g.y, &g.dx, &g.dgate, &g.dw1, &g.dw2}) {
+      const size_t bytes = t->size() * sizeof(float);
+      MOEPLAN_ASSIGN_OR_RETURN(DeviceBuffer send, DeviceBuffer::Make(m.device, bytes));
+      MOEPLAN_ASSIGN_OR_RETURN(DeviceBuffer recv, DeviceBuffer::Make(m.device, bytes));
+      MOEPLAN_RETURN_IF_ERROR(m.device->Upload(send.data(), t->data(), bytes));
+      MOEPLAN_RETURN_IF_ERROR(m.world->AllReduce(send.data(), recv.data(), t->size(), DType::kF32));
+      MOEPLAN_RETURN_IF_ERROR(m.device->Download(t->data(), recv.data(), bytes));
+    }
+  }
+  return out;
+}
 const std::vector<OpTime>& ModelRunner::timings() const { return impl_->interpreter->timings(); }
 double ModelRunner::forward_us() const { return impl_->interpreter->forward_us(); }
 double ModelRunner::total_us() const { return impl_->interpreter->total_us(); }

@@ -338,11 +338,13 @@ absl::StatusOr<const OpExec*> MoeLayerOps::SizeAndRoute(const planner::OpGraph& 
     }
   };
   int routed_by = 0;
+  written_.fill(false);
   for (planner::OpId id = 0; id < plan.size(); ++id) {
     const planner::Op& op = plan.op(id);
     const OpExec& x = plan.exec(id);
     if (x.layer != instance) continue;
     dropless_ = dropless_ || x.ragged;
+    if (x.out != Buf::kNone) written_[Root(x.out)] = true;
     if (rank_of(x.kind) > routed_by) {
       routed_by = rank_of(x.kind);
       gate_in_ = routed_by == 1 ? Buf::kX : x.in;
@@ -366,6 +368,13 @@ absl::StatusOr<const OpExec*> MoeLayerOps::SizeAndRoute(const planner::OpGraph& 
   }
   if (slice_to_gate != nullptr) {
     route_offset_ = int64_t{groups_->Of(slice_to_gate->group)->rank()} * gated_;
+  }
+  // Sequence parallelism: the layer reads the rank's MP slice of its input
+  // (and of the output gradient) and nothing of it writes that slice.
+  sp_input_ =
+      need_[Root(Buf::kXs)] > 0 && Root(Buf::kXs) != Root(Buf::kX) && !written_[Root(Buf::kXs)];
+  if (sp_input_ && gate_in_ == Buf::kXs) {
+    route_offset_ = int64_t{groups_->Of(planner::ExecGroup::kMp)->rank()} * gated_;
   }
   return slice_to_gate;
 }
@@ -521,6 +530,17 @@ absl::Status MoeLayerOps::FillInputs() {
   MOEPLAN_RETURN_IF_ERROR(upload(Ptr(Buf::kX), dt_));
   for (uint64_t i = 0; i < tok; ++i) host[i] = SeededValue(seed, kTensorDy, g * tok + i, 1.0f);
   MOEPLAN_RETURN_IF_ERROR(upload(Ptr(Buf::kDy), dt_));
+  if (sp_input_) {  // the rank's rows of x and dy: its MP rank's slice of the group's
+    const int64_t n = groups_->Of(planner::ExecGroup::kMp)->size();
+    const uint64_t slice = tok / static_cast<uint64_t>(n);
+    const uint64_t at = g * tok + static_cast<uint64_t>(place.mp_rank) * slice;
+    for (const auto& [b, t] : {std::pair{Buf::kXs, kTensorX}, std::pair{Buf::kDys, kTensorDy}}) {
+      if (need_[Root(b)] == 0) continue;
+      host.resize(slice);
+      for (uint64_t i = 0; i < slice; ++i) host[i] = SeededValue(seed, t, at + i, 1.0f);
+      MOEPLAN_RETURN_IF_ERROR(upload(Ptr(b), dt_));
+    }
+  }
 
   host.resize(static_cast<size_t>(M_ * E_));
   for (size_t i = 0; i < host.size(); ++i) host[i] = SeededValue(seed, kTensorGate, i, ws1);

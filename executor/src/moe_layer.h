@@ -56,6 +56,15 @@ class MoeLayerOps final : public OpHandler {
   absl::Status Run(const planner::Op& op, const planner::OpExec& exec, Request* comm) override;
 
   absl::StatusOr<LayerResults> Results();
+  // This rank's share of the layer's global tensors (docs/executor.md
+  // "Layouts checked"), added into `g`, sized by the caller: y, dx [groups x
+  // S x M] (MP group g's tokens at g*S), dgate [M x E], dw1 [E x M x F] (F
+  // columns of the global w1: 2H gated, else H), dw2 [E x H x M]. Tokens
+  // replicated over an MP group count once (its rank 0's; with sequence
+  // parallelism each rank's slice), the gate gradient once per MP group,
+  // every expert shard where it lives (replicas add up: the gradient
+  // reduction over edp).
+  absl::Status AddGlobal(LayerResults* g);
   LayerTensors Tensors() const;
   size_t AllocatedBytes() const;  // every buffer this layer holds
   absl::StatusOr<RouteCounts> Routing();
@@ -151,6 +160,8 @@ class MoeLayerOps final : public OpHandler {
   int64_t gated_ = 0, route_cap_ = 0;
   int64_t route_offset_ = 0;  // the first token this rank gates (an MP slice)
   bool route_once_ = false;   // no forward gate op: routed once at Init
+  bool sp_input_ = false;     // sequence parallelism: xs and dys are the inputs
+  std::array<bool, kBufs> written_{};  // roots some op of the layer writes
 
   // Gate and weights.
   DeviceBuffer x32_, dxg32_, logits_, probs_, expert_, slot_, weight_, dweight_, dlogits_;

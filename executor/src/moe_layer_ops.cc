@@ -225,6 +225,58 @@ absl::StatusOr<LayerResults> MoeLayerOps::Results() {
   return r;
 }
 
+absl::Status MoeLayerOps::AddGlobal(LayerResults* g) {
+  MOEPLAN_RETURN_IF_ERROR(dev_->Synchronize());
+  const RankPlace& place = groups_->place();
+  const int64_t n = groups_->Of(planner::ExecGroup::kMp)->size();
+  std::vector<uint16_t> half;
+  std::vector<float> host;
+  auto fetch = [&](const void* src, int64_t elems, DType t) {
+    host.resize(static_cast<size_t>(elems));
+    return DownloadAs(*dev_, absl::MakeSpan(host), src, t, &half);
+  };
+  // Tokens: the rank's rows of the MP group's output (or input gradient),
+  // from the full buffer where the layer wrote it, else from its slice.
+  auto add_rows = [&](Buf full, Buf slice, std::vector<float>* out) -> absl::Status {
+    if (!sp_input_ && place.mp_rank != 0) return absl::OkStatus();
+    const int64_t rows = sp_input_ ? S_ / n : S_, first = sp_input_ ? place.mp_rank * rows : 0;
+    const bool from_full = written_[Root(full)] || !sp_input_;
+    MOEPLAN_RETURN_IF_ERROR(fetch(from_full ? At(full, first * M_) : Ptr(slice), rows * M_, dt_));
+    float* at = out->data() + (int64_t{place.mp_group} * S_ + first) * M_;
+    for (size_t i = 0; i < host.size(); ++i) at[i] += host[i];
+    return absl::OkStatus();
+  };
+  MOEPLAN_RETURN_IF_ERROR(add_rows(Buf::kY, Buf::kYs, &g->y));
+  MOEPLAN_RETURN_IF_ERROR(add_rows(Buf::kDx, Buf::kDxs, &g->dx));
+  if (place.mp_rank == 0) {
+    MOEPLAN_RETURN_IF_ERROR(fetch(Ptr(Buf::kGateGrad), M_ * E_, DType::kF32));
+    for (size_t i = 0; i < host.size(); ++i) g->dgate[i] += host[i];
+  }
+  // Expert shards as FillInputs lays them out.
+  const int64_t e0 = int64_t{place.ep_rank} * El_, h0 = int64_t{place.esp_rank} * Hs_;
+  const int64_t global_f = layer_.gated_linear_unit ? 2 * H_ : H_;
+  MOEPLAN_RETURN_IF_ERROR(fetch(dw1_.data(), El_ * M_ * F_, dt_));
+  size_t i = 0;
+  for (int64_t l = 0; l < El_; ++l) {
+    for (int64_t m = 0; m < M_; ++m) {
+      for (int64_t j = 0; j < F_; ++j) {
+        const int64_t col = j < Hs_ ? h0 + j : H_ + h0 + (j - Hs_);
+        g->dw1[static_cast<size_t>(((e0 + l) * M_ + m) * global_f + col)] += host[i++];
+      }
+    }
+  }
+  MOEPLAN_RETURN_IF_ERROR(fetch(dw2_.data(), El_ * Hs_ * M_, dt_));
+  i = 0;
+  for (int64_t l = 0; l < El_; ++l) {
+    for (int64_t j = 0; j < Hs_; ++j) {
+      for (int64_t m = 0; m < M_; ++m) {
+        g->dw2[static_cast<size_t>(((e0 + l) * H_ + h0 + j) * M_ + m)] += host[i++];
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<RouteCounts> MoeLayerOps::Routing() {
   MOEPLAN_RETURN_IF_ERROR(dev_->Synchronize());
   const size_t n = static_cast<size_t>(gated_ * K_);

@@ -35,6 +35,7 @@ struct Args {
   uint64_t seed = 1;
   double skew = 0.0;  // Zipf exponent of the gate bias; 0: none
   bool check = false;
+  std::string check_against;  // --model --layout --check: the reference layout
   bool json = false;
   bool sequential = false;
   double max_memory_gib = 0.0;  // 0: what the device has free (CPU: shared by this host's ranks)

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "exec_common.h"
+#include "exec_model_check.h"
 #include "exec_report.h"
 #include "moeplan/base/stats.h"
 #include "moeplan/base/status.h"
@@ -42,6 +43,11 @@ struct ModelSetup {
   std::optional<v1::PlanModelResponse> saved;  // --plan
   std::optional<p::Layout> layout;             // --layout
   p::ModelConfig run_model;                    // --layout: the model as each stage runs it
+  // --check: the layout held against, its model as each stage runs it and
+  // its variants' plans (PlanVariants).
+  std::optional<p::Layout> reference;
+  p::ModelConfig reference_model;
+  std::vector<p::VariantPlan> reference_plans;
 };
 
 // --plan's variant `name`.
@@ -123,6 +129,11 @@ absl::Status Prepare(const Args& a, int hosts, ModelSetup* s) {
     }
     s->layout = *layout;
     if (absl::Status st = p::ValidateModelShape(s->model); !st.ok()) return in_file(st);
+    if (a.check) {
+      absl::StatusOr<p::Layout> ref = CheckReference(a, s->model, *layout);
+      if (!ref.ok()) return ref.status();
+      s->reference = *ref;
+    }
   } else {
     if (s->model.parallel.pp > 1) {
       return in_file(absl::InvalidArgumentError(
@@ -175,16 +186,17 @@ struct Run {
   std::vector<double> scratch;
 };
 
-std::unique_ptr<ex::ModelRunner> CreateRunner(const Args& a, const ModelSetup& s,
-                                              const p::VariantPlan& plan, ex::Backend& b) {
+std::unique_ptr<ex::ModelRunner> CreateRunner(const Args& a, const p::ModelConfig& model,
+                                              ex::DType dtype, const p::VariantPlan& plan,
+                                              ex::Backend& b) {
   ex::RunOptions opt;
-  opt.dtype = s.dtype;
+  opt.dtype = dtype;
   opt.seed = a.seed;
-  opt.plan_name = Cat(s.model.name, "'s ", p::VariantName(plan.variant), " plan");
+  opt.plan_name = Cat(model.name, "'s ", p::VariantName(plan.variant), " plan");
   // What this rank's buffers may take, read now (runners already alive hold theirs).
   SetMemoryLimit(a, *b.device, &opt);
   absl::StatusOr<std::unique_ptr<ex::ModelRunner>> runner = ex::ModelRunner::Create(
-      s.model, plan.graph, opt, b.device.get(), b.kernels.get(), b.world.get());
+      model, plan.graph, opt, b.device.get(), b.kernels.get(), b.world.get());
   if (absl::Status st = Agree(runner.status()); !st.ok()) {
     MPI_Finalize();  // every rank agreed to stop here
     std::exit(1);
@@ -214,7 +226,7 @@ std::vector<Run> MeasureAll(const Args& a, const ModelSetup& s,
   for (size_t j = 0; j < n; ++j) runs[j].variant = plans[j].variant;
   if (a.sequential || n == 1) {
     for (size_t j = 0; j < n; ++j) {
-      std::unique_ptr<ex::ModelRunner> r = CreateRunner(a, s, plans[j], b);
+      std::unique_ptr<ex::ModelRunner> r = CreateRunner(a, s.model, s.dtype, plans[j], b);
       for (int i = 0; i < a.warmup; ++i) Warm(*r);
       for (int it = 0; it < a.iters; ++it) TimeIteration(a, it, *r, &runs[j]);
     }
@@ -222,7 +234,8 @@ std::vector<Run> MeasureAll(const Args& a, const ModelSetup& s,
   }
   std::vector<std::unique_ptr<ex::ModelRunner>> runners;
   runners.reserve(n);
-  for (const p::VariantPlan& plan : plans) runners.push_back(CreateRunner(a, s, plan, b));
+  for (const p::VariantPlan& plan : plans)
+    runners.push_back(CreateRunner(a, s.model, s.dtype, plan, b));
   for (int i = 0; i < a.warmup; ++i) {
     for (auto& r : runners) Warm(*r);
   }
@@ -328,6 +341,7 @@ std::string RenderModelTable(const v1::ExecModelReport& r) {
     out += fmt::format("\nfastest: predicted {}, measured {}\n", r.predicted().best_variant(),
                        r.measured().best_variant());
   }
+  if (r.has_check()) out += RenderLayoutCheck(r.check());
   return out;
 }
 
@@ -380,6 +394,17 @@ absl::Status PlanVariants(const std::string& file, const PredictionModel& pm, in
     plan->variants.push_back(*std::move(vp));
     // What each stage runs: the layout's parallel and micro-batch size.
     if (s->layout.has_value()) s->run_model = run_model;
+    if (s->reference.has_value()) {
+      vp = ex::PlanLayoutRun(s->model, *s->reference, v, ex::WorldSize(), &pm.cost,
+                             &s->reference_model, options);
+      if (!vp.ok()) {
+        planned =
+            absl::Status(vp.status().code(),
+                         Cat(file, ": --check's reference layout: ", View(vp.status().message())));
+        break;
+      }
+      s->reference_plans.push_back(*std::move(vp));
+    }
   }
   if (s->layout.has_value() && planned.ok()) {
     s->model = s->run_model;
@@ -473,6 +498,12 @@ v1::ExecModelReport ModelReport(const Args& a, const ModelSetup& s, int hosts,
 // Rank 0: prints the report and sends it to --report-to; the exit code.
 int PublishModel(const Args& a, const PredictionModel& pm, const v1::ExecModelReport& report) {
   if (!PrintReport(report, a.json, a.json ? std::string() : RenderModelTable(report))) return 1;
+  if (report.has_check() && !report.check().passed()) {
+    std::fprintf(stderr,
+                 "moeplan-exec: check failed: a MoE layer's results differ from the reference "
+                 "layout's\n");
+    return 1;
+  }
   if (a.report_to.empty()) return 0;
   absl::StatusOr<std::vector<v1::ReportMeasurementRequest>> reports =
       ModelReports(pm.profile, report);
@@ -518,9 +549,22 @@ int RunModel(const Args& a) {
   absl::StatusOr<ex::Backend> backend = ex::MakeBackend(a.backend);
   if (!Agree(backend.status()).ok()) return 1;
   const std::vector<Run> runs = MeasureAll(a, s, plan.variants, *backend);
+  std::optional<v1::LayoutCheck> check;
+  if (s.reference.has_value()) {
+    const p::ModelConfig reference_model = s.reference_model;
+    check =
+        CheckLayout(a, {&s.model, plan.variants}, {&reference_model, s.reference_plans},
+                    *s.reference, s.dtype, [&](const p::ModelConfig& m, const p::VariantPlan& vp) {
+                      return CreateRunner(a, m, s.dtype, vp, *backend);
+                    });
+  }
+  // Rank 0 alone says how the check went (exit 1 after printing the report):
+  // a peer exiting 1 first could have mpirun stop rank 0 mid-report.
   if (ex::WorldRank() != 0) return 0;
-  return PublishModel(a, *prediction,
-                      ModelReport(a, s, hosts, plan, *prediction, std::move(rebuilt), runs));
+  v1::ExecModelReport report =
+      ModelReport(a, s, hosts, plan, *prediction, std::move(rebuilt), runs);
+  if (check.has_value()) *report.mutable_check() = *std::move(check);
+  return PublishModel(a, *prediction, report);
 }
 
 }  // namespace moeplan::exec

@@ -27,7 +27,7 @@ namespace {
 // The flags main and the flags' exclusions refer to.
 struct Flags {
   CLI::Option *layer, *model, *plan, *layout, *variant, *schedule;
-  CLI::Option *skew, *profile, *report_to, *check;
+  CLI::Option *skew, *profile, *report_to, *check, *check_against;
 };
 
 // What runs: --layer, --model or --plan, and which layout, variants and
@@ -43,8 +43,8 @@ void AddInputFlags(CLI::App& app, Args* args, Flags* out) {
       "ranks; pipelines: --layout): runs each --variant's forward, backward, gradient buckets and "
       "optimizer step as "
       "the planner plans it (linear AlltoAll) and reports predicted and measured timelines in "
-      "plan-model's shape (moeplan.v1.ExecModelReport); --schedule, --skew, --check and "
-      "--report-to are for layers");
+      "plan-model's shape (moeplan.v1.ExecModelReport); --schedule and --skew are for layers, "
+      "--check needs --layout");
   f.model->check(flags::NonEmpty());
   f.model->excludes(f.layer);
   f.plan =
@@ -59,7 +59,8 @@ void AddInputFlags(CLI::App& app, Args* args, Flags* out) {
   f.layout = app.add_option(
       "--layout", a.layout,
       "with --model: run this layout's program (plan-model --layout's syntax, e.g. "
-      "dp=2,tp=1,pp=2,ep=2,esp=1,microbatches=4,pipeline=1f1b; dp*tp*pp ranks, parm family): "
+      "dp=2,tp=1,pp=2,ep=2,esp=1,microbatches=4,pipeline=1f1b; dp*tp*pp ranks; parm or dpmoe "
+      "family, sequence parallelism and a2a_overlap included): "
       "every stage's micro-batches in the pipeline schedule's order with their p2p transfers, "
       "then each stage's gradient buckets and optimizer step; the model's parallel and "
       "micro_batch_size are the layout's");
@@ -134,8 +135,17 @@ void AddRunFlags(CLI::App& app, Args* args, Flags* out) {
                  "with --report-to: file whose first line is the server's bearer token")
       ->check(flags::NonEmpty());
   f.check = app.add_flag("--check", a.check,
-                         "also run every schedule the layout allows on the same inputs and compare "
-                         "outputs, gradients and routing with the default's (exit 1 on mismatch)");
+                         "--layer: also run every schedule the layout allows on the same inputs "
+                         "and compare outputs, gradients and routing with the default's; --model "
+                         "--layout: run the plain layout (no sp, no a2a_overlap, esp=tp, ep=dp) on "
+                         "the same inputs and compare every MoE layer's outputs and gradients, "
+                         "assembled over all ranks (exit 1 on mismatch)");
+  f.check_against =
+      app.add_option("--check-against", a.check_against,
+                     "with --layout --check: the reference layout instead of the plain one "
+                     "(same tp, dp, pp and microbatches)")
+          ->check(flags::NonEmpty());
+  f.check_against->needs(f.check);
   app.add_flag("--json", a.json,
                "print the report as JSON (moeplan.v1.ExecReport; with --model "
                "moeplan.v1.ExecModelReport)");
@@ -151,10 +161,11 @@ Flags AddFlags(CLI::App& app, Args* a) {
   AddInputFlags(app, a, &f);
   AddRunFlags(app, a, &f);
   f.layout->excludes(f.report_to);
-  for (CLI::Option* o : {f.schedule, f.skew, f.check}) {
+  for (CLI::Option* o : {f.schedule, f.skew}) {
     f.model->excludes(o);
     f.plan->excludes(o);
   }
+  f.plan->excludes(f.check);
   return f;
 }
 
@@ -182,6 +193,9 @@ int main(int argc, char** argv) {
     app.parse(argc, argv);
     if (a.layer.empty() && a.model.empty() && a.plan.empty()) {
       throw CLI::RequiredError("--layer, --model or --plan");
+    }
+    if (a.check && !a.model.empty() && a.layout.empty()) {
+      throw CLI::ValidationError("--check", "with --model needs --layout (layouts are checked)");
     }
     if (f.variant->count() > 0 && a.model.empty() && a.plan.empty()) {
       throw CLI::ValidationError("--variant", "needs --model or --plan");

@@ -3,10 +3,39 @@
 
 #include <algorithm>
 #include <limits>
+#include <span>
 
 namespace moeplan::planner {
 
 namespace {
+
+// The ops `ids` of `g` in that order; `start` their start, `quiet` whether
+// one is a pass-through.
+PhaseOps ItemsOf(const OpGraph& g, std::span<const OpId> ids, absl::FunctionRef<double(OpId)> start,
+                 absl::FunctionRef<bool(const Op&)> quiet) {
+  std::vector<int32_t> at(static_cast<size_t>(g.size()), -1);
+  for (size_t i = 0; i < ids.size(); ++i) at[static_cast<size_t>(ids[i])] = static_cast<int32_t>(i);
+  PhaseOps out;
+  out.items.reserve(ids.size());
+  for (OpId id : ids) {
+    const Op& op = g.op(id);
+    PhaseOps::Item it;
+    const bool pass = quiet(op);
+    it.cost_us = pass ? 0.0 : op.cost_us;
+    it.resources = pass ? 0 : op.resources;
+    it.start_us = start(id);
+    it.device = op.device;
+    out.devices = std::max(out.devices, op.device + 1);
+    it.first_dep = static_cast<uint32_t>(out.deps.size());
+    for (OpId d : g.deps(id)) {
+      if (at[static_cast<size_t>(d)] >= 0)
+        out.deps.push_back(static_cast<uint32_t>(at[static_cast<size_t>(d)]));
+    }
+    it.end_dep = static_cast<uint32_t>(out.deps.size());
+    out.items.push_back(it);
+  }
+  return out;
+}
 
 // The ops of one phase of `g`, in start order, `origin` their start's zero.
 PhaseOps PhaseOf(const OpGraph& g, const SimResult& r, bool forward, double origin,
@@ -19,28 +48,9 @@ PhaseOps PhaseOf(const OpGraph& g, const SimResult& r, bool forward, double orig
   std::stable_sort(ids.begin(), ids.end(), [&](OpId a, OpId b) {
     return r.times[static_cast<size_t>(a)].start_us < r.times[static_cast<size_t>(b)].start_us;
   });
-  std::vector<int32_t> at(static_cast<size_t>(g.size()), -1);
-  for (size_t i = 0; i < ids.size(); ++i) at[static_cast<size_t>(ids[i])] = static_cast<int32_t>(i);
-  PhaseOps out;
-  out.items.reserve(ids.size());
-  for (OpId id : ids) {
-    const Op& op = g.op(id);
-    PhaseOps::Item it;
-    const bool quiet = !forward && passive(op);
-    it.cost_us = quiet ? 0.0 : op.cost_us;
-    it.resources = quiet ? 0 : op.resources;
-    it.start_us = r.times[static_cast<size_t>(id)].start_us - origin;
-    it.device = op.device;
-    out.devices = std::max(out.devices, op.device + 1);
-    it.first_dep = static_cast<uint32_t>(out.deps.size());
-    for (OpId d : g.deps(id)) {
-      if (at[static_cast<size_t>(d)] >= 0)
-        out.deps.push_back(static_cast<uint32_t>(at[static_cast<size_t>(d)]));
-    }
-    it.end_dep = static_cast<uint32_t>(out.deps.size());
-    out.items.push_back(it);
-  }
-  return out;
+  return ItemsOf(
+      g, ids, [&](OpId id) { return r.times[static_cast<size_t>(id)].start_us - origin; },
+      [&](const Op& op) { return !forward && passive(op); });
 }
 
 // When item `it` of `ph` could start: its dependencies' ends in `ends`,
@@ -58,6 +68,11 @@ double StartOf(const PhaseOps& ph, const PhaseOps::Item& it, const std::vector<d
 
 }  // namespace
 
+PhaseOps PhaseInOrder(const OpGraph& g, std::span<const OpId> ids) {
+  return ItemsOf(
+      g, ids, [](OpId) { return 0.0; }, [](const Op&) { return false; });
+}
+
 ChunkPhases PhasesOf(const OpGraph& g, const SimResult& r,
                      absl::FunctionRef<bool(const Op&)> passive) {
   ChunkPhases out;
@@ -66,7 +81,9 @@ ChunkPhases PhasesOf(const OpGraph& g, const SimResult& r,
   return out;
 }
 
-PairTime MergedUs(const PhaseOps& f, const PhaseOps& b, MergeScratch* s) {
+PairTime MergedUs(const PhaseOps& f, const PhaseOps& b, MergeScratch* s,
+                  std::vector<uint8_t>* order) {
+  if (order != nullptr) order->clear();
   s->f_end.assign(f.items.size(), 0.0);
   s->b_end.assign(b.items.size(), 0.0);
   s->free_at.assign(static_cast<size_t>(std::max(f.devices, b.devices)) * kNumResources, 0.0);
@@ -80,6 +97,7 @@ PairTime MergedUs(const PhaseOps& f, const PhaseOps& b, MergeScratch* s) {
     const double bs = j < b.items.size() ? StartOf(b, b.items[j], s->b_end, s->free_at.data())
                                          : std::numeric_limits<double>::infinity();
     const bool fwd = fs <= bs;
+    if (order != nullptr) order->push_back(fwd ? 1 : 0);
     const PhaseOps::Item& it = fwd ? f.items[i] : b.items[j];
     const double end = (fwd ? fs : bs) + it.cost_us;
     double* at = s->free_at.data() + static_cast<size_t>(it.device) * kNumResources;

@@ -4,11 +4,13 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "moeplan/base/status.h"
 #include "moeplan/base/strings.h"
 #include "moeplan/planner/limits.h"
+#include "moeplan/planner/pair_overlap.h"
 #include "moeplan/planner/pipeline.h"
 
 namespace moeplan::planner {
@@ -97,8 +99,9 @@ class ProgramBuilder {
   ProgramBuilder(const Layout& l, std::span<const OpGraph* const> chunks,
                  const std::vector<ChunkShape>& shapes, const PipelineLinks& links, OpGraph* out)
       : p_(l.pp),
-        v_(std::max(1, l.virtual_stages)),
-        m_(l.microbatches),
+        v_(l.Chunks()),
+        m_(l.ChunkMicrobatches()),
+        dual_(l.pipeline == PipelineSchedule::kDualPipe),
         chunks_(chunks),
         shapes_(shapes),
         links_(links),
@@ -107,8 +110,24 @@ class ProgramBuilder {
         instances_(ids_.size()),
         input_(ids_.size() * 2, kNoOp) {}
 
-  // One step: the receiver's gather, the chunk's ops, the transfer after them.
+  // One step: the receiver's gather, the chunk's ops, the transfer after
+  // them. An overlapped pair (the first step `with_next`) is issued with its
+  // second step: both gathers, the two steps' ops merged, both transfers.
   void Step(int s, const PipeStep& st) {
+    if (st.with_next && !pending_) {
+      pending_ = st;
+      return;
+    }
+    if (pending_) {
+      const PipeStep first = *pending_;
+      pending_.reset();
+      Gather(s, first);
+      Gather(s, st);
+      Pair(s, first.forward ? first : st, first.forward ? st : first);
+      Transfer(s, first);
+      Transfer(s, st);
+      return;
+    }
     Gather(s, st);
     Copy(s, st.chunk, st.mb, st.forward ? Role::kForward : Role::kBackward);
     Transfer(s, st);
@@ -147,35 +166,66 @@ class ProgramBuilder {
     return mine;
   }
 
-  // Copies ops of `role` of chunk (s, c) for micro-batch i (tail: i = m - 1's
-  // maps, the copies without a micro-batch).
+  // The copies of one role of chunk (s, c) for micro-batch i (tail: i =
+  // m - 1's maps, the copies without a micro-batch).
+  struct CopyOf {
+    int s, c, i;
+    Role role;
+  };
+  // Copies every op of `role` of chunk (s, c) for micro-batch i.
   void Copy(int s, int c, int i, Role role) {
-    const size_t k = static_cast<size_t>(s) * v_ + c;
-    const OpGraph& g = *chunks_[k];
-    const ChunkShape& sh = shapes_[k];
+    const CopyOf to{s, c, i, role};
+    for (OpId id : shapes_[Chunk(s, c)].ops[static_cast<size_t>(role)]) CopyOp(to, id);
+  }
+  // The forward step `f` and the backward step `b` of stage s merged: their
+  // ops in the order the planner's pair simulation issues them (MergedUs,
+  // each step's ops in its order), so the lanes overlap them as planned.
+  void Pair(int s, const PipeStep& f, const PipeStep& b) {
+    const std::vector<OpId>& fo = shapes_[Chunk(s, f.chunk)].ops[0];
+    const std::vector<OpId>& bo = shapes_[Chunk(s, b.chunk)].ops[1];
+    MergedUs(PhaseInOrder(*chunks_[Chunk(s, f.chunk)], fo),
+             PhaseInOrder(*chunks_[Chunk(s, b.chunk)], bo), &merge_, &order_);
+    size_t i = 0, j = 0;
+    for (uint8_t from_f : order_) {
+      if (from_f) {
+        CopyOp({s, f.chunk, f.mb, Role::kForward}, fo[i++]);
+      } else {
+        CopyOp({s, b.chunk, b.mb, Role::kBackward}, bo[j++]);
+      }
+    }
+  }
+  size_t Chunk(int s, int c) const { return static_cast<size_t>(s) * v_ + c; }
+  // A micro-batch's number in the model: DualPipe's direction-1 micro-batch
+  // i is m/2 + i (the two directions carry different micro-batches).
+  int ModelMicrobatch(int s, int c, int i) const {
+    return dual_ && DualPipeChunkOf(p_, s, c).direction == 1 ? m_ + i : i;
+  }
+  void CopyOp(const CopyOf& to, OpId id) {
+    const auto [s, c, i, role] = to;
+    const OpGraph& g = *chunks_[Chunk(s, c)];
+    const ChunkShape& sh = shapes_[Chunk(s, c)];
     std::vector<OpId>& map = ids_[Slot(s, c, i)];
     if (map.empty()) map.assign(static_cast<size_t>(g.size()), kNoOp);
     std::vector<int16_t>& inst = instances_[Slot(s, c, i)];
     if (inst.empty()) inst.assign(g.layers().size() + 1, 0);
     const OpId in =
         role == Role::kTail ? kNoOp : input_[Slot(s, c, i) * 2 + (role == Role::kForward)];
-    for (OpId id : sh.ops[static_cast<size_t>(role)]) {
-      deps_.clear();
-      for (OpId d : g.deps(id)) {
-        const OpId nd = map[static_cast<size_t>(d)];
-        if (nd == kNoOp && error_.ok()) {
-          error_ = absl::InternalError(Cat("pipeline program: ", g.op(id).Name(),
-                                           " issued before its dependency ", g.op(d).Name()));
-        }
-        deps_.push_back(nd);
+    deps_.clear();
+    for (OpId d : g.deps(id)) {
+      const OpId nd = map[static_cast<size_t>(d)];
+      if (nd == kNoOp && error_.ok()) {
+        error_ = absl::InternalError(Cat("pipeline program: ", g.op(id).Name(),
+                                         " issued before its dependency ", g.op(d).Name()));
       }
-      if (sh.root[static_cast<size_t>(id)] && in != kNoOp) deps_.push_back(in);
-      Op op = g.op(id);
-      Stamp(&op, s, c, role == Role::kTail ? -1 : i);
-      OpExec x = g.exec(id);
-      if (x.layer > 0) x.layer = Instance(g, inst, x.layer, i);
-      map[static_cast<size_t>(id)] = out_->Add(op, deps_, x);
+      deps_.push_back(nd);
     }
+    if (sh.root[static_cast<size_t>(id)] && in != kNoOp) deps_.push_back(in);
+    Op op = g.op(id);
+    const int mb = ModelMicrobatch(s, c, i);
+    Stamp(&op, s, c, role == Role::kTail ? -1 : mb);
+    OpExec x = g.exec(id);
+    if (x.layer > 0) x.layer = Instance(g, inst, x.layer, mb);
+    map[static_cast<size_t>(id)] = out_->Add(op, deps_, x);
   }
 
   // The step a transfer after (s, st) feeds, or false when none does: the
@@ -184,6 +234,16 @@ class ProgramBuilder {
   bool Destination(int s, const PipeStep& st, int* ds, int* dc) const {
     *ds = s;
     *dc = st.chunk;
+    if (dual_) {
+      // Segment k of direction d: stage k (d = 0) or p - 1 - k, chunk 0 when
+      // k < p / 2 (DualPipeFeedOf's placement).
+      const DualPipeChunk at = DualPipeChunkOf(p_, s, st.chunk);
+      const int k = at.segment + (st.forward ? 1 : -1);
+      if (k < 0 || k >= p_) return false;
+      *ds = at.direction == 0 ? k : p_ - 1 - k;
+      *dc = k < p_ / 2 ? 0 : 1;
+      return true;
+    }
     if (st.forward) {
       if (s < p_ - 1) {
         *ds = s + 1;
@@ -221,7 +281,7 @@ class ProgramBuilder {
     send.cost_us = links_.send_us;
     send.bytes = links_.bytes;
     send.inter_node_bytes = links_.send_resources & kInter ? links_.bytes : 0;
-    Stamp(&send, s, st.chunk, st.mb);
+    Stamp(&send, s, st.chunk, ModelMicrobatch(s, st.chunk, st.mb));
     OpExec sx;
     sx.kind = ExecKind::kSendRecv;
     sx.group = s % 2 == 0 ? ExecGroup::kPpEven : ExecGroup::kPpOdd;
@@ -244,7 +304,7 @@ class ProgramBuilder {
     op.resources = kIntra;
     op.cost_us = links_.gather_us;
     op.bytes = links_.bytes;
-    Stamp(&op, s, st.chunk, st.mb);
+    Stamp(&op, s, st.chunk, ModelMicrobatch(s, st.chunk, st.mb));
     OpExec x;
     x.kind = ExecKind::kAllGather;
     x.group = ExecGroup::kMp;
@@ -252,7 +312,8 @@ class ProgramBuilder {
     in = out_->Add(op, {in}, x);
   }
 
-  const int p_, v_, m_;
+  const int p_, v_, m_;  // m_: micro-batches per chunk (DualPipe: per direction)
+  const bool dual_;
   std::span<const OpGraph* const> chunks_;
   const std::vector<ChunkShape>& shapes_;
   const PipelineLinks& links_;
@@ -263,6 +324,9 @@ class ProgramBuilder {
   // The transfer each step waits for (forward, backward).
   std::vector<OpId> input_;
   std::vector<OpId> deps_;
+  std::optional<PipeStep> pending_;  // a pair's first step, until its second
+  MergeScratch merge_;
+  std::vector<uint8_t> order_;
   absl::Status error_;
 };
 
@@ -270,13 +334,7 @@ class ProgramBuilder {
 
 absl::Status BuildPipelineProgram(const Layout& l, std::span<const OpGraph* const> chunks,
                                   const PipelineLinks& links, OpGraph* out) {
-  if (l.OverlapsPairs()) {
-    return absl::InvalidArgumentError(
-        Cat("layout.", l.a2a_overlap ? "a2a_overlap" : "pipeline",
-            ": programs with overlapped forward-backward pairs (a2a_overlap, dualpipe) are not "
-            "built yet: the executor runs gpipe, 1f1b and interleaved pipelines"));
-  }
-  const int p = l.pp, v = std::max(1, l.virtual_stages), m = l.microbatches;
+  const int p = l.pp, v = l.Chunks(), m = l.ChunkMicrobatches();
   if (p < 1 || m < 1 || static_cast<int>(chunks.size()) != p * v) {
     return absl::InvalidArgumentError(
         Cat("pipeline program: needs pp * virtual_stages chunk graphs (got ", chunks.size(),
@@ -305,9 +363,9 @@ absl::Status BuildPipelineProgram(const Layout& l, std::span<const OpGraph* cons
   out->Clear();
   out->Reserve(static_cast<int>(total + 4 * int64_t{p} * v * m), static_cast<int>(total * 3));
   ProgramBuilder builder(l, chunks, shapes, links, out);
-  MOEPLAN_RETURN_IF_ERROR(WalkPipeline(l.pipeline, p, v, m, [&](int s, const PipeStep& st) {
-    builder.Step(s, st);
-  }));
+  MOEPLAN_RETURN_IF_ERROR(WalkPipeline(
+      l.pipeline, p, v, l.microbatches, [&](int s, const PipeStep& st) { builder.Step(s, st); },
+      l.a2a_overlap));
   builder.Tails();
   MOEPLAN_RETURN_IF_ERROR(builder.error());
   for (const OpGraph* g : chunks) {

@@ -19,6 +19,8 @@
 #   shape, op for op under the same names; its bad inputs named;
 # - --model --layout: a two-stage 1F1B program, both stages' ops and the
 #   transfers measured under the predicted names; bad layouts named;
+#   --check of sequence parallelism, a folded expert grid and the A2A
+#   overlap against the plain layout: every MoE layer's tensors agree;
 # - --plan: a plan saved by plan-model --format json runs as saved (its
 #   variants, op for op its names), --variant auto its best; a plan that
 #   another profile would not rebuild, without its model, a search, or a
@@ -229,6 +231,27 @@ if not ok:
 sys.exit(0 if ok else 1)
 PYEOF
 
+# 1e''. --check: sequence parallelism with the expert grid folded over TP and
+# DP (ep=4, etp=1) and the A2A overlap, held against the plain layout on the
+# same seeded inputs: every MoE layer's tensors, assembled over the ranks.
+CHECKM=$SRC/tests/executor/models/tiny-check.json
+if ! timeout 120 mpirun -np 4 "$EXEC" --model "$CHECKM" --check --json --iters 1 --warmup 0 \
+    --variant none --layout dp=2,tp=2,pp=1,ep=4,etp=1,microbatches=2,sp=1,a2a_overlap=1 \
+    >"$TMP/lcheck.json" 2>"$TMP/lcheck.err"; then
+  bad "moeplan-exec --layout --check failed: $(cat "$TMP/lcheck.err")"
+fi
+$PY - "$TMP/lcheck.json" <<'PYEOF' || fail=1
+import json, sys
+c = json.load(open(sys.argv[1]))["check"]
+ref = c["reference"]
+ok = (c.get("passed") and len(c["instances"]) == 8
+      and all(len(i["tensors"]) == 5 and i["passed"] for i in c["instances"])
+      and (ref["ep"], ref["esp"], ref.get("sequence_parallel", False)) == (2, 2, False))
+if not ok:
+    print("FAIL: --layout --check:", json.dumps(c)[:600], file=sys.stderr)
+sys.exit(0 if ok else 1)
+PYEOF
+
 # 1d. A saved plan runs as saved.
 "$CLI" plan-model --model "$MODEL" --cluster cpu-testbed-1x4 --variants none,dw,lancet --timeline \
   --format json >"$TMP/saved.json" || bad "plan-model --format json failed"
@@ -287,7 +310,9 @@ expect_error "endless input" 4 "larger than 67108864 bytes" --layer /dev/zero
 sed 's/"dp": 2}/"dp": 2, "pp": 2}/' "$MODEL" >"$TMP/pp.json"
 expect_error "pipelined model without a layout" 4 "parallel.pp: a pipelined model runs as a layout's program: pass --layout" --model "$TMP/pp.json"
 expect_error "layout of other ranks" 4 "layout: dp\*tp\*pp must equal the ranks (4) (got 8)" --model "$MODEL" --layout dp=2,tp=2,pp=2,ep=4,esp=1
-expect_error "ppmoe layout" 4 "layout.family: the executor runs parm layouts" --model "$MODEL" --layout dp=1,tp=2,pp=2,ep=2,esp=1
+expect_error "ppmoe layout" 4 "layout.family: the executor runs parm and dpmoe layouts" --model "$MODEL" --layout dp=1,tp=2,pp=2,ep=2,esp=1
+expect_error "--check with drops" 4 "--check: layouts are compared only when no token is dropped" --model "$MODEL" --check --layout dp=2,tp=2,pp=1,ep=2,esp=2,microbatches=1,sp=1
+expect_error "--check-against other ranks" 4 "--check-against: must have the checked layout's tp, dp, cp, pp and microbatches" --model "$SRC/tests/executor/models/tiny-check.json" --check --layout dp=2,tp=2,pp=1,ep=2,esp=2,microbatches=2,sp=1 --check-against dp=4,tp=1,pp=1,ep=4,esp=1,microbatches=2
 expect_error "bad layout spec" 4 "--layout: unknown key 'depth'" --model "$MODEL" --layout dp=2,tp=1,pp=2,ep=2,esp=1,depth=3
 expect_error "bad variant" 4 "--variant: must be none, tutel, dw, partition, lancet, auto or all" --model "$MODEL" --variant fast
 expect_error "variant not in the plan" 4 "--variant: tutel is not in $TMP/saved.json (it holds none, dw, lancet)" \
@@ -315,7 +340,8 @@ expect_cli_error() {  # name, pattern, args...
   grep -q -- "$pattern" "$TMP/err" || bad "$name: no '$pattern' in: $(cat "$TMP/err")"
 }
 expect_cli_error "model and layer" "excludes --model" --model "$MODEL" --layer "$LAYER"
-expect_cli_error "--check with a model" "--model excludes --check" --model "$MODEL" --check
+expect_cli_error "--check with a model" "--check: with --model needs --layout" --model "$MODEL" --check
+expect_cli_error "--check-against without --check" "--check-against requires --check" --model "$MODEL" --layout dp=2,tp=2,pp=1,ep=2,esp=2 --check-against dp=2,tp=2,pp=1,ep=2,esp=2
 expect_cli_error "neither layer nor model" "--layer, --model or --plan is required" --iters 2
 expect_cli_error "plan and model" "--model excludes --plan" --plan "$TMP/saved.json" --model "$MODEL"
 expect_cli_error "variant without a model" "--variant: needs --model or --plan" --layer "$LAYER" --variant dw

@@ -25,18 +25,20 @@
 #include "moeplan/planner/planner.h"
 #include "moeplan/planner/schedules.h"
 #include "moeplan/planner/simulator.h"
+#include "mpi_world.h"
 #include "plan_timeline.h"
 
 namespace moeplan::executor {
+
+Backend* mpi_test::g_backend = nullptr;
+
 namespace {
 
+using mpi_test::g_backend;
+using mpi_test::WorldRank;
+using mpi_test::WorldSize;
 using planner::LayerConfig;
 using planner::Schedule;
-
-Backend* g_backend = nullptr;
-
-int WorldSize() { return g_backend->world->size(); }
-int WorldRank() { return g_backend->world->rank(); }
 
 // S = 32 tokens per MP group, E = 8 experts, top-2. capacity_factor 4 = E/k
 // gives T = S: no token can be dropped.
@@ -1094,7 +1096,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "mpi backend: %s\n", std::string(b.status().message()).c_str());
     MPI_Abort(MPI_COMM_WORLD, 2);
   }
-  moeplan::executor::g_backend = &*b;
+  moeplan::executor::mpi_test::g_backend = &*b;
   const int local = RUN_ALL_TESTS();
   int worst = local;
   MPI_Allreduce(&local, &worst, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);

@@ -5,8 +5,10 @@
 
 #include <algorithm>
 #include <set>
+#include <span>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "moeplan/planner/layout_memory.h"
@@ -911,6 +913,96 @@ TEST(Program, ZeroStagesPlaceTheGradientBuckets) {
       EXPECT_EQ(per_mb % 4, 0) << "every micro-batch's";
     }
   }
+}
+
+// Megatron-Core's A2A overlap: each forward of the steady state is one
+// program step with the backward after it, their ops merged in the order the
+// planner's pair simulation issues them (MergedUs): each step keeps its own
+// order, and the two interleave, so the executor's lanes overlap them.
+TEST(Program, OverlappedPairsMergeTheirSteps) {
+  const ModelConfig m = EightBlocks();
+  Layout l = Make(16, 1, 2, 16, 1, Family::kParm);
+  l.microbatches = 4;
+  l.pipeline = PipelineSchedule::kInterleaved;
+  l.virtual_stages = 2;
+  l.a2a_overlap = true;
+  const VariantPlan vp = ProgramOf(m, l);
+  const OpGraph& g = vp.graph;
+  for (int s = 0; s < 2; ++s) {
+    const std::vector<PipeStep> order = PipelineOrder(l.pipeline, 2, 2, 4, s, /*overlap=*/true);
+    int pairs = 0;
+    for (size_t k = 0; k + 1 < order.size(); ++k) {
+      if (!order[k].with_next) continue;
+      ++pairs;
+      const PipeStep& f = order[k].forward ? order[k] : order[k + 1];
+      const PipeStep& b = order[k].forward ? order[k + 1] : order[k];
+      // The pair's ops in program order: 1 a forward op of f, 0 a backward op of b.
+      std::vector<uint8_t> seq;
+      for (OpId id = 0; id < g.size(); ++id) {
+        const Op& op = g.op(id);
+        if (op.device != s || op.base.substr(0, 5) == "pipe.") continue;
+        const int c = std::max<int>(0, op.chunk);
+        if (op.phase == Phase::kForward && op.mb == f.mb && c == f.chunk) seq.push_back(1);
+        if (op.phase == Phase::kBackward && op.mb == b.mb && c == b.chunk) seq.push_back(0);
+      }
+      ASSERT_FALSE(seq.empty());
+      EXPECT_EQ(seq.front(), 1) << "a tie goes to the forward";
+      // Interleaved: some forward op comes after the backward's first op.
+      const auto first_b = std::find(seq.begin(), seq.end(), 0);
+      ASSERT_NE(first_b, seq.end());
+      EXPECT_NE(std::find(first_b, seq.end(), 1), seq.end())
+          << "stage " << s << ": forward mb " << f.mb << " not interleaved with backward mb "
+          << b.mb;
+    }
+    EXPECT_GT(pairs, 0) << "stage " << s;
+  }
+  // Every op of every micro-batch is there once: the plain program's count.
+  Layout plain = l;
+  plain.a2a_overlap = false;
+  EXPECT_EQ(g.size(), ProgramOf(m, plain).graph.size());
+  EXPECT_EQ(g.layers().size(), ProgramOf(m, plain).graph.layers().size());
+}
+
+// DualPipe: stage s holds segments s and p-1-s as its two chunks; micro-batches
+// of direction 0 enter at stage 0, those of direction 1 (numbered m/2 on) at
+// stage p-1, and each transfer goes to the chunk holding the next segment of
+// its direction.
+TEST(Program, DualPipeTransfersFollowTheSegments) {
+  const ModelConfig m = EightBlocks();
+  Layout l = Make(16, 1, 2, 16, 1, Family::kParm);
+  l.microbatches = 4;
+  l.pipeline = PipelineSchedule::kDualPipe;
+  const VariantPlan vp = ProgramOf(m, l);
+  const OpGraph& g = vp.graph;
+  int sends = 0;
+  for (OpId id = 0; id < g.size(); ++id) {
+    const Op& op = g.op(id);
+    if (op.base != "pipe.send_fwd" && op.base != "pipe.send_bwd") continue;
+    ++sends;
+    // Direction 0 (mb 0-1) forwards from stage 0 to 1, direction 1 (mb 2-3)
+    // from stage 1 to 0; backwards the other way.
+    const bool dir1 = op.mb >= 2;
+    const bool fwd = op.base == "pipe.send_fwd";
+    EXPECT_EQ(op.device, fwd != dir1 ? 0 : 1) << op.Name();
+    EXPECT_EQ(g.exec(id).parts, 1 - op.device) << op.Name();
+    // The receiving step is the next segment's chunk: 1 forwards, 0 backwards.
+    for (OpId next = id + 1; next < g.size(); ++next) {
+      const std::span<const OpId> deps = g.deps(next);
+      if (std::find(deps.begin(), deps.end(), id) == deps.end()) continue;
+      EXPECT_EQ(g.op(next).device, 1 - op.device);
+      EXPECT_EQ(std::max<int>(0, g.op(next).chunk), fwd ? 1 : 0) << g.op(next).Name();
+      EXPECT_EQ(g.op(next).mb, op.mb);
+      break;
+    }
+  }
+  // One activation and one gradient per micro-batch between the two segments.
+  EXPECT_EQ(sends, 2 * 4);
+  // Every MoE block (0, 2, 4, 6) once per micro-batch, each (block, mb) once.
+  std::set<std::pair<int, int>> seen;
+  for (const ExecLayer& e : g.layers()) {
+    EXPECT_TRUE(seen.insert({e.block, e.mb}).second) << e.block << " " << e.mb;
+  }
+  EXPECT_EQ(seen.size(), 4u * 4u);
 }
 
 TEST(Program, RecomputationIsRefusedNamingTheField) {

@@ -25,7 +25,9 @@
 namespace moeplan::executor {
 
 // A rank's place in the layout of docs/notation.md: MP and ESP groups are consecutive
-// ranks, EP groups strided by esp.
+// ranks, EP groups strided by esp inside an expert replica of ep * esp
+// consecutive ranks (a folded expert grid, dpmoe: several replicas per stage,
+// their gradients summed over edp).
 struct RankPlace {
   int rank = 0;
   int mp_group = 0, mp_rank = 0;

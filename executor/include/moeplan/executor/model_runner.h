@@ -15,6 +15,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "moeplan/executor/check.h"
 #include "moeplan/executor/comm.h"
 #include "moeplan/executor/device.h"
 #include "moeplan/executor/interpreter.h"
@@ -47,15 +48,46 @@ absl::StatusOr<planner::VariantPlan> PlanModelRun(const planner::ModelConfig& mo
 // every chunk planned with `variant` and the linear AlltoAll) on
 // dp * tp * pp = `world_size` ranks; `run_model` receives the model as each
 // stage runs it (its parallel and micro_batch_size are the layout's), what
-// ModelRunner::Create takes. The executor runs parm layouts (dpmoe's expert
-// replicas and ppmoe's local dispatch are not executable yet) without
-// recomputation; InvalidArgument naming the layout field otherwise.
+// ModelRunner::Create takes. The executor runs parm and dpmoe layouts
+// (folded expert grids and replicas), sequence parallelism, the A2A overlap
+// and DualPipe; ppmoe's local dispatch, context parallelism, the allgather
+// dispatcher, FP8 and recomputation are refused naming the layout field.
 absl::StatusOr<planner::VariantPlan> PlanLayoutRun(const planner::ModelConfig& model,
                                                    const planner::Layout& layout,
                                                    planner::Variant variant, int world_size,
                                                    const planner::CostModel* cost,
                                                    planner::ModelConfig* run_model,
                                                    planner::ModelPlanOptions options = {});
+
+// One MoE layer instance of a model's plan, its tensors assembled from every
+// rank (ModelRunner::GlobalResults): y and dx of every MP group's tokens of
+// the stage ([groups x S x M]), the gate gradient summed over MP groups, the
+// full expert weight gradients ([E x M x F], F = 2H gated else H, and
+// [E x H x M]) summed over their replicas. No routing.
+struct InstanceResults {
+  planner::ExecLayer layer;
+  LayerResults tensors;
+};
+
+// The layout a checked layout is held against (moeplan-exec --check,
+// docs/executor.md "Layouts checked"): the same tp, dp, cp, pp, micro-batches
+// and ZeRO stage, without sequence parallelism or A2A overlap, the AlltoAll
+// dispatcher, the expert grid tied to the attention grid (esp = tp, ep =
+// dp * cp, family re-inferred) and, for DualPipe, 1F1B over the even split.
+// Not validated (ep must still divide the experts).
+planner::Layout PlainLayout(const planner::Layout& layout);
+
+// One instance of a checked run against the reference run's (matched by
+// block, micro-batch and piece): y, dx, dgate, dw1, dw2 (CompareResults), or
+// `missing` when one run lacks it.
+struct InstanceDiff {
+  planner::ExecLayer layer;
+  std::vector<TensorDiff> tensors;
+  bool missing = false;
+};
+// Every instance of `ref` and of `got` (those only `got` has: missing).
+std::vector<InstanceDiff> CompareInstances(const std::vector<InstanceResults>& ref,
+                                           const std::vector<InstanceResults>& got);
 
 class ModelRunner {
  public:
@@ -78,6 +110,12 @@ class ModelRunner {
   double total_us() const;
   bool threaded() const;
   int layer_instances() const;  // MoE layer instances built
+  // Collective over the world, after an iteration: every instance of the
+  // plan assembled from every rank's share (docs/executor.md "Layouts
+  // checked"), in the plan's order. Tokens are the stage's, so two layouts
+  // of one model with the same tp, dp and micro-batches compare instance by
+  // instance whatever their expert grid, sequence parallelism or overlap.
+  absl::StatusOr<std::vector<InstanceResults>> GlobalResults();
 
   class Impl;
 

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "absl/functional/function_ref.h"
@@ -41,6 +42,10 @@ struct ChunkPhases {
 ChunkPhases PhasesOf(const OpGraph& g, const SimResult& r,
                      absl::FunctionRef<bool(const Op&)> passive);
 
+// The ops `ids` of `g`, one phase in issue order (no start times): what a
+// pipeline program merges (pipeline_program.h).
+PhaseOps PhaseInOrder(const OpGraph& g, std::span<const OpId> ids);
+
 // Reused between merges.
 struct MergeScratch {
   std::vector<double> f_end, b_end, free_at;
@@ -50,7 +55,9 @@ struct MergeScratch {
 // simulator's rule (an op starts once its dependencies end and its
 // resources free): each phase keeps its order, and of the two phases' next
 // ops the one that can start first is issued first. Each phase's end and
-// the pair's.
-PairTime MergedUs(const PhaseOps& f, const PhaseOps& b, MergeScratch* scratch);
+// the pair's. `order` (optional) receives the issue order: 1 where the
+// next op issued is f's, 0 where it is b's.
+PairTime MergedUs(const PhaseOps& f, const PhaseOps& b, MergeScratch* scratch,
+                  std::vector<uint8_t>* order = nullptr);
 
 }  // namespace moeplan::planner
