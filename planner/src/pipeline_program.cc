@@ -166,31 +166,48 @@ class ProgramBuilder {
     return mine;
   }
 
-  // The copies of one role of chunk (s, c) for micro-batch i (tail: i =
-  // m - 1's maps, the copies without a micro-batch).
-  struct CopyOf {
-    int s, c, i;
-    Role role;
+  // Where the copies of one role of chunk (s, c) for micro-batch i go (tail:
+  // i = m - 1's maps, the copies without a micro-batch), looked up once.
+  struct CopyTo {
+    const OpGraph* g;
+    const ChunkShape* shape;
+    std::vector<OpId>* map;
+    std::vector<int16_t>* inst;
+    OpId in;  // the transfer its first ops wait for
+    int s, c, mb;
+    bool tail;
   };
+  CopyTo Target(int s, int c, int i, Role role) {
+    const size_t k = Chunk(s, c), slot = Slot(s, c, i);
+    const OpGraph& g = *chunks_[k];
+    std::vector<OpId>& map = ids_[slot];
+    if (map.empty()) map.assign(static_cast<size_t>(g.size()), kNoOp);
+    std::vector<int16_t>& inst = instances_[slot];
+    if (inst.empty()) inst.assign(g.layers().size() + 1, 0);
+    const bool tail = role == Role::kTail;
+    return {&g,    &shapes_[k], &map, &inst, tail ? kNoOp : input_[slot * 2 + (role == Role::kForward)],
+            s,     c,           ModelMicrobatch(s, c, i), tail};
+  }
   // Copies every op of `role` of chunk (s, c) for micro-batch i.
   void Copy(int s, int c, int i, Role role) {
-    const CopyOf to{s, c, i, role};
-    for (OpId id : shapes_[Chunk(s, c)].ops[static_cast<size_t>(role)]) CopyOp(to, id);
+    const CopyTo to = Target(s, c, i, role);
+    for (OpId id : to.shape->ops[static_cast<size_t>(role)]) CopyOp(to, id);
   }
   // The forward step `f` and the backward step `b` of stage s merged: their
   // ops in the order the planner's pair simulation issues them (MergedUs,
   // each step's ops in its order), so the lanes overlap them as planned.
   void Pair(int s, const PipeStep& f, const PipeStep& b) {
-    const std::vector<OpId>& fo = shapes_[Chunk(s, f.chunk)].ops[0];
-    const std::vector<OpId>& bo = shapes_[Chunk(s, b.chunk)].ops[1];
-    MergedUs(PhaseInOrder(*chunks_[Chunk(s, f.chunk)], fo),
-             PhaseInOrder(*chunks_[Chunk(s, b.chunk)], bo), &merge_, &order_);
+    const CopyTo ft = Target(s, f.chunk, f.mb, Role::kForward);
+    const CopyTo bt = Target(s, b.chunk, b.mb, Role::kBackward);
+    const std::vector<OpId>& fo = ft.shape->ops[0];
+    const std::vector<OpId>& bo = bt.shape->ops[1];
+    MergedUs(PhaseInOrder(*ft.g, fo), PhaseInOrder(*bt.g, bo), &merge_, &order_);
     size_t i = 0, j = 0;
     for (uint8_t from_f : order_) {
       if (from_f) {
-        CopyOp({s, f.chunk, f.mb, Role::kForward}, fo[i++]);
+        CopyOp(ft, fo[i++]);
       } else {
-        CopyOp({s, b.chunk, b.mb, Role::kBackward}, bo[j++]);
+        CopyOp(bt, bo[j++]);
       }
     }
   }
@@ -200,16 +217,9 @@ class ProgramBuilder {
   int ModelMicrobatch(int s, int c, int i) const {
     return dual_ && DualPipeChunkOf(p_, s, c).direction == 1 ? m_ + i : i;
   }
-  void CopyOp(const CopyOf& to, OpId id) {
-    const auto [s, c, i, role] = to;
-    const OpGraph& g = *chunks_[Chunk(s, c)];
-    const ChunkShape& sh = shapes_[Chunk(s, c)];
-    std::vector<OpId>& map = ids_[Slot(s, c, i)];
-    if (map.empty()) map.assign(static_cast<size_t>(g.size()), kNoOp);
-    std::vector<int16_t>& inst = instances_[Slot(s, c, i)];
-    if (inst.empty()) inst.assign(g.layers().size() + 1, 0);
-    const OpId in =
-        role == Role::kTail ? kNoOp : input_[Slot(s, c, i) * 2 + (role == Role::kForward)];
+  void CopyOp(const CopyTo& to, OpId id) {
+    const OpGraph& g = *to.g;
+    std::vector<OpId>& map = *to.map;
     deps_.clear();
     for (OpId d : g.deps(id)) {
       const OpId nd = map[static_cast<size_t>(d)];
@@ -219,12 +229,11 @@ class ProgramBuilder {
       }
       deps_.push_back(nd);
     }
-    if (sh.root[static_cast<size_t>(id)] && in != kNoOp) deps_.push_back(in);
+    if (to.shape->root[static_cast<size_t>(id)] && to.in != kNoOp) deps_.push_back(to.in);
     Op op = g.op(id);
-    const int mb = ModelMicrobatch(s, c, i);
-    Stamp(&op, s, c, role == Role::kTail ? -1 : mb);
+    Stamp(&op, to.s, to.c, to.tail ? -1 : to.mb);
     OpExec x = g.exec(id);
-    if (x.layer > 0) x.layer = Instance(g, inst, x.layer, mb);
+    if (x.layer > 0) x.layer = Instance(g, *to.inst, x.layer, to.mb);
     map[static_cast<size_t>(id)] = out_->Add(op, deps_, x);
   }
 
