@@ -552,34 +552,12 @@ absl::Status MoeLayerOps::FillInputs() {
     MOEPLAN_RETURN_IF_ERROR(upload(ones_.data(), DType::kF32));
   }
 
-  // Expert shards: global expert e = ep_rank * El + l, global hidden column
-  // h = esp_rank * Hs + j. SwiGLU: the global w1 is [E][M][2H], gate columns
-  // [0, H) then up columns [H, 2H); the shard's column j < Hs is gate column
-  // h, its column Hs + j up column H + h.
+  // Expert shards: each element the global tensor's (ForW1Shard, ForW2Shard).
   host.resize(static_cast<size_t>(El_ * M_ * F_));
-  const int64_t e0 = int64_t{place.ep_rank} * El_, h0 = int64_t{place.esp_rank} * Hs_;
-  const int64_t global_f = layer_.gated_linear_unit ? 2 * H_ : H_;  // columns of the global w1
-  size_t i = 0;
-  for (int64_t l = 0; l < El_; ++l) {
-    for (int64_t m = 0; m < M_; ++m) {
-      for (int64_t j = 0; j < F_; ++j) {
-        const int64_t col = j < Hs_ ? h0 + j : H_ + h0 + (j - Hs_);
-        host[i++] = SeededValue(seed, kTensorW1,
-                                static_cast<uint64_t>(((e0 + l) * M_ + m) * global_f + col), ws1);
-      }
-    }
-  }
+  ForW1Shard([&](size_t i, uint64_t at) { host[i] = SeededValue(seed, kTensorW1, at, ws1); });
   MOEPLAN_RETURN_IF_ERROR(upload(w1_.data(), dt_));
   host.resize(static_cast<size_t>(El_ * Hs_ * M_));
-  i = 0;
-  for (int64_t l = 0; l < El_; ++l) {
-    for (int64_t j = 0; j < Hs_; ++j) {
-      for (int64_t m = 0; m < M_; ++m) {
-        host[i++] = SeededValue(seed, kTensorW2,
-                                static_cast<uint64_t>(((e0 + l) * H_ + h0 + j) * M_ + m), ws2);
-      }
-    }
-  }
+  ForW2Shard([&](size_t i, uint64_t at) { host[i] = SeededValue(seed, kTensorW2, at, ws2); });
   return upload(w2_.data(), dt_);
 }
 

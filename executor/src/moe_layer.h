@@ -111,6 +111,38 @@ class MoeLayerOps final : public OpHandler {
   absl::Status Allocate(bool token_side, bool expert_side, Estimate* estimate);
   absl::StatusOr<size_t> AllocateChecked(bool token_side, bool expert_side, size_t before);
   absl::Status FillInputs();
+  // fn(i, global) for each element i of this rank's w1 (or w2) shard, in the
+  // shard's order, with its index in the global [E x M x F] w1 (F = 2H
+  // gated, else H: gate columns, then up columns) or [E x H x M] w2: global
+  // expert ep_rank * El + l, hidden column esp_rank * Hs + j.
+  template <class Fn>
+  void ForW1Shard(Fn&& fn) const {
+    const int64_t e0 = int64_t{groups_->place().ep_rank} * El_;
+    const int64_t h0 = int64_t{groups_->place().esp_rank} * Hs_;
+    const int64_t global_f = layer_.gated_linear_unit ? 2 * H_ : H_;
+    size_t i = 0;
+    for (int64_t l = 0; l < El_; ++l) {
+      for (int64_t m = 0; m < M_; ++m) {
+        for (int64_t j = 0; j < F_; ++j) {
+          const int64_t col = j < Hs_ ? h0 + j : H_ + h0 + (j - Hs_);
+          fn(i++, static_cast<uint64_t>(((e0 + l) * M_ + m) * global_f + col));
+        }
+      }
+    }
+  }
+  template <class Fn>
+  void ForW2Shard(Fn&& fn) const {
+    const int64_t e0 = int64_t{groups_->place().ep_rank} * El_;
+    const int64_t h0 = int64_t{groups_->place().esp_rank} * Hs_;
+    size_t i = 0;
+    for (int64_t l = 0; l < El_; ++l) {
+      for (int64_t j = 0; j < Hs_; ++j) {
+        for (int64_t m = 0; m < M_; ++m) {
+          fn(i++, static_cast<uint64_t>(((e0 + l) * H_ + h0 + j) * M_ + m));
+        }
+      }
+    }
+  }
 
   // ---- op semantics ----
   absl::Status Copy(void* dst, const void* src, int64_t elems, LaneId lane = kComputeLane) {

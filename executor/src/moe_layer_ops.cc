@@ -252,28 +252,11 @@ absl::Status MoeLayerOps::AddGlobal(LayerResults* g) {
     MOEPLAN_RETURN_IF_ERROR(fetch(Ptr(Buf::kGateGrad), M_ * E_, DType::kF32));
     for (size_t i = 0; i < host.size(); ++i) g->dgate[i] += host[i];
   }
-  // Expert shards as FillInputs lays them out.
-  const int64_t e0 = int64_t{place.ep_rank} * El_, h0 = int64_t{place.esp_rank} * Hs_;
-  const int64_t global_f = layer_.gated_linear_unit ? 2 * H_ : H_;
+  // Expert shards where FillInputs took them from.
   MOEPLAN_RETURN_IF_ERROR(fetch(dw1_.data(), El_ * M_ * F_, dt_));
-  size_t i = 0;
-  for (int64_t l = 0; l < El_; ++l) {
-    for (int64_t m = 0; m < M_; ++m) {
-      for (int64_t j = 0; j < F_; ++j) {
-        const int64_t col = j < Hs_ ? h0 + j : H_ + h0 + (j - Hs_);
-        g->dw1[static_cast<size_t>(((e0 + l) * M_ + m) * global_f + col)] += host[i++];
-      }
-    }
-  }
+  ForW1Shard([&](size_t i, uint64_t at) { g->dw1[at] += host[i]; });
   MOEPLAN_RETURN_IF_ERROR(fetch(dw2_.data(), El_ * Hs_ * M_, dt_));
-  i = 0;
-  for (int64_t l = 0; l < El_; ++l) {
-    for (int64_t j = 0; j < Hs_; ++j) {
-      for (int64_t m = 0; m < M_; ++m) {
-        g->dw2[static_cast<size_t>(((e0 + l) * H_ + h0 + j) * M_ + m)] += host[i++];
-      }
-    }
-  }
+  ForW2Shard([&](size_t i, uint64_t at) { g->dw2[at] += host[i]; });
   return absl::OkStatus();
 }
 
