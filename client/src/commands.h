@@ -174,6 +174,7 @@ struct ValidateArgs {
   double holdout = 0.0;  // fraction of each layout's configs held out; 0: no split
   uint64_t seed = 1;
   std::string from_runs;  // an earlier --out-dir whose exec/ reports are re-predicted
+  std::string published;  // a dataset of published runs (file or directory) instead
 };
 // Runs every config (every schedule the layout allows; every overlap variant
 // of a model), predicts them, and
@@ -181,5 +182,10 @@ struct ValidateArgs {
 // configs, moeplan-exec reports and logs it ran; prints a summary (or the
 // moeplan.v1.ValidationSummary as JSON).
 absl::Status ValidateCmd(const ValidateArgs& a);
+// --published: every case of the dataset predicted at its layout on its own
+// profile (no execution) against the published figure, in model TFLOP/s per
+// GPU; a Markdown table and summary (MAPE, p90, max, bias by family and
+// profile) or, with --json, moeplan.v1.PublishedReport.
+absl::Status ValidatePublishedCmd(const ValidateArgs& a);
 
 }  // namespace moeplan::client

@@ -428,18 +428,19 @@ CLI::App* AddValidate(CLI::App* app, ValidateArgs* a) {
       "Run moeplan-exec (under mpirun) on every config of a grid and schedule (or every model "
       "and overlap variant), predict the same with the planner, and report the error (Markdown "
       "+ PNG scatter plot)");
-  validate->add_option("--profile", a->profile, "Profile to validate (name or file)")
-      ->required()
-      ->check(flags::NonEmpty());
+  CLI::Option* profile =
+      validate->add_option("--profile", a->profile, "Profile to validate (name or file)")
+          ->check(flags::NonEmpty());
   CLI::Option* layers =
       validate->add_option("--layers", a->layers, "Layer grid (moeplan.v1.LayerGrid JSON)")
           ->check(flags::NonEmpty());
-  validate
-      ->add_option("--models", a->models,
-                   "Whole models instead (moeplan.v1.ModelGrid JSON): each run with "
-                   "moeplan-exec --model --variant all")
-      ->check(flags::NonEmpty())
-      ->excludes(layers);
+  CLI::Option* models =
+      validate
+          ->add_option("--models", a->models,
+                       "Whole models instead (moeplan.v1.ModelGrid JSON): each run with "
+                       "moeplan-exec --model --variant all")
+          ->check(flags::NonEmpty())
+          ->excludes(layers);
   validate->add_option("--ranks", a->ranks, "Ranks to launch (default: the profile's nodes x GPUs)")
       ->check(flags::PositiveInt());
   validate
@@ -481,6 +482,17 @@ CLI::App* AddValidate(CLI::App* app, ValidateArgs* a) {
   validate->add_option("--seed", a->seed, "Seed of the --holdout split")
       ->check(flags::IntInRange(0, INT64_MAX))
       ->capture_default_str();
+  CLI::Option* published =
+      validate
+          ->add_option("--published", a->published,
+                       "A dataset of published training runs (a moeplan.v1.PublishedRun JSON, or "
+                       "a directory of them, e.g. calibration/published): predict each at its "
+                       "layout on its own profile, no execution, and report the error in model "
+                       "TFLOP/s per GPU")
+          ->check(flags::NonEmpty());
+  published->excludes(profile);
+  published->excludes(layers);
+  published->excludes(models);
   validate
       ->add_option("--from-runs", a->from_runs,
                    "Re-predict the moeplan-exec reports of an earlier --out-dir "
@@ -565,7 +577,7 @@ int Main(int argc, char** argv) {
   } else if (calibrate->parsed()) {
     status = CalibrateCmd(ca);
   } else if (validate->parsed()) {
-    status = ValidateCmd(va);
+    status = va.published.empty() ? ValidateCmd(va) : ValidatePublishedCmd(va);
   } else if (profile_check->parsed()) {
     status = ProfileCheckCmd(pc);
   } else if (import_hf->parsed()) {

@@ -352,7 +352,11 @@ std::string SummaryRow(std::string_view part, std::string_view model,
 absl::Status ValidateCmd(const ValidateArgs& a) {
   if (a.layers.empty() == a.models.empty()) {
     return absl::InvalidArgumentError(
-        "give one of --layers GRID (layer configs) or --models GRID (whole models)");
+        "give one of --layers GRID (layer configs), --models GRID (whole models) or --published "
+        "DATASET (published training runs)");
+  }
+  if (a.profile.empty()) {
+    return absl::InvalidArgumentError("--profile: required with --layers or --models");
   }
   MOEPLAN_ASSIGN_OR_RETURN(calibration::LoadedProfile profile, calibration::LoadProfile(a.profile));
   if (a.holdout < 0.0 || a.holdout > 0.9) {

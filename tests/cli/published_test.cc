@@ -1,0 +1,130 @@
+// `moeplan validate --published`: the dataset of published training runs
+// (calibration/published) predicted case by case, the conversions between the
+// sources' conventions, and bad cases refused naming the field.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <map>
+#include <string>
+
+#include "moeplan/proto/json.h"
+#include "moeplan/v1/published.pb.h"
+#include "run_cli.h"
+
+namespace moeplan::testing {
+namespace {
+
+v1::PublishedReport Report(const std::string& dataset) {
+  const CliResult r = RunCli("validate --published " + dataset + " --json");
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  v1::PublishedReport report;
+  const absl::Status st = proto::ParseJson(r.out, &report);
+  EXPECT_TRUE(st.ok()) << st << "\n" << r.out;
+  return report;
+}
+
+// Every case of the dataset is predicted at its own layout, on its own
+// profile; the summaries count the families.
+TEST(PublishedCli, EveryCaseOfTheDatasetIsPredicted) {
+  const v1::PublishedReport report = Report("calibration/published");
+  ASSERT_EQ(report.cases_size(), 14);
+  std::map<std::string, const v1::PublishedCase*> by_name;
+  for (const v1::PublishedCase& c : report.cases()) {
+    by_name[c.name()] = &c;
+    EXPECT_GT(c.predicted_tflops_per_gpu(), 0.0) << c.name();
+    EXPECT_TRUE(std::isfinite(c.error_pct())) << c.name();
+    EXPECT_NEAR(c.error_pct(),
+                100.0 * (c.predicted_tflops_per_gpu() / c.published_tflops_per_gpu() - 1.0), 1e-9);
+    EXPECT_GT(c.predicted().iteration_us(), 0.0) << c.name();
+    EXPECT_FALSE(c.source().empty()) << c.name();
+  }
+  // The 2021 paper's eq. 3 counts the recomputed forward: 137 hardware
+  // TFLOP/s are 3/4 of that in the model convention.
+  ASSERT_TRUE(by_name.count("d2-gpt-1.7b-a100"));
+  EXPECT_DOUBLE_EQ(by_name["d2-gpt-1.7b-a100"]->published_tflops_per_gpu(), 137.0 * 0.75);
+  EXPECT_EQ(by_name["d2-gpt-1.7b-a100"]->gpus(), 32);
+  ASSERT_TRUE(by_name.count("m2-deepseek-v3-h100"));
+  EXPECT_EQ(by_name["m2-deepseek-v3-h100"]->family(), "moe");
+  EXPECT_EQ(by_name["m2-deepseek-v3-h100"]->gpus(), 1024);
+  std::map<std::string, int> counts;
+  for (const v1::PublishedSummary& s : report.summaries()) counts[s.group()] = s.cases();
+  EXPECT_EQ(counts["all"], 14);
+  EXPECT_EQ(counts["dense"], 9);
+  EXPECT_EQ(counts["moe"], 5);
+  EXPECT_EQ(counts["a100-8x8"], 5);
+  EXPECT_EQ(counts["h100-8x8"], 9);
+}
+
+// The source states DeepSeek-V3's run both ways: 368 TFLOP/s/GPU and 1,412
+// tokens/s/GPU (260.6 GFLOP per token). Given in tokens/s, the case converts
+// with moeplan's own FLOP count, which must land on the same TFLOP/s.
+TEST(PublishedCli, TokensPerSecondConvertWithTheModelsFlops) {
+  TempDir tmp;
+  std::string text = Slurp(MOEPLAN_SOURCE_DIR "/calibration/published/m2-deepseek-v3-h100.json");
+  const std::string tflops = R"("value": 368,)";
+  const size_t at = text.find(tflops);
+  ASSERT_NE(at, std::string::npos);
+  text.replace(at, tflops.size(), R"("value": 1412,)");
+  const std::string unit = R"("unit": "tflops_per_gpu",)";
+  text.replace(text.find(unit), unit.size(), R"("unit": "tokens_per_second_per_gpu",)");
+  const std::string flops = R"("flops": "model")";
+  text.replace(text.find(flops), flops.size(), R"("flops": "")");
+  const std::string hf = "../../examples/hf/deepseek-v3/config.json";
+  text.replace(text.find(hf), hf.size(), MOEPLAN_SOURCE_DIR "/examples/hf/deepseek-v3/config.json");
+  tmp.Write("m2-deepseek-v3-h100.json", text);
+  const v1::PublishedReport report = Report(tmp.path());
+  ASSERT_EQ(report.cases_size(), 1);
+  EXPECT_NEAR(report.cases(0).published_tflops_per_gpu(), 368.0, 368.0 * 0.01);
+}
+
+struct BadCase {
+  const char* name;
+  const char* edit_from;  // replaced in d2-gpt-1.7b-a100.json
+  const char* edit_to;
+  const char* error;
+};
+
+class PublishedBadCase : public ::testing::TestWithParam<BadCase> {};
+
+TEST_P(PublishedBadCase, RefusedNamingTheField) {
+  const BadCase& c = GetParam();
+  TempDir tmp;
+  std::string text = Slurp(MOEPLAN_SOURCE_DIR "/calibration/published/d2-gpt-1.7b-a100.json");
+  const size_t at = text.find(c.edit_from);
+  ASSERT_NE(at, std::string::npos) << c.edit_from;
+  text.replace(at, std::string(c.edit_from).size(), c.edit_to);
+  const std::string file = tmp.Write("d2-gpt-1.7b-a100.json", text);
+  const CliResult r = RunCli("validate --published " + file);
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_TRUE(r.out.empty()) << r.out;
+  EXPECT_NE(r.err.find(c.error), std::string::npos) << r.err;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Fields, PublishedBadCase,
+    ::testing::Values(
+        BadCase{"unit", R"("unit": "tflops_per_gpu")", R"("unit": "mfu")",
+                "measured.unit: must be"},
+        BadCase{"flops", R"("flops": "hardware")", R"("flops": "peak")",
+                "measured.flops: must be model or hardware"},
+        BadCase{"hardware without recomputation", ",recompute=1", "",
+                "measured.flops: hardware FLOPs (the recomputed forward counted) need a layout"},
+        BadCase{"value", R"("value": 137)", R"("value": -1)", "measured.value: must be"},
+        BadCase{"name", R"("name": "d2-gpt-1.7b-a100")", R"("name": "other")",
+                "name: must be the file's stem"},
+        BadCase{"layout", "dp=32,", "dp=33,", "layout"},
+        BadCase{"profile", R"("profile": "a100-8x8")", R"("profile": "nosuch")", "profile"},
+        BadCase{"unknown field", R"("schema_version": 1,)", R"("schema_version": 1, "bogus": 2,)",
+                "bogus"},
+        BadCase{"source", R"("locator": "Table 1")", R"("locator": "")",
+                "source: citation and locator are required"}),
+    [](const ::testing::TestParamInfo<BadCase>& i) {
+      std::string n = i.param.name;
+      for (char& ch : n) {
+        if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
+      }
+      return n;
+    });
+
+}  // namespace
+}  // namespace moeplan::testing
