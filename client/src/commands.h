@@ -175,6 +175,7 @@ struct ValidateArgs {
   uint64_t seed = 1;
   std::string from_runs;  // an earlier --out-dir whose exec/ reports are re-predicted
   std::string published;  // a dataset of published runs (file or directory) instead
+  bool search = false;    // --published: each case's layout search too
 };
 // Runs every config (every schedule the layout allows; every overlap variant
 // of a model), predicts them, and

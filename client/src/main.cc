@@ -490,6 +490,12 @@ CLI::App* AddValidate(CLI::App* app, ValidateArgs* a) {
                        "layout on its own profile, no execution, and report the error in model "
                        "TFLOP/s per GPU")
           ->check(flags::NonEmpty());
+  validate
+      ->add_flag(
+          "--search", a->search,
+          "with --published: also search each case's model on its GPUs (the default axes and "
+          "every opt-in axis its layout uses) and report the best predicted layout")
+      ->needs(published);
   published->excludes(profile);
   published->excludes(layers);
   published->excludes(models);

@@ -2,6 +2,7 @@
 // runs (docs/calibration.md "Published runs") predicted at its layout, no
 // execution, and compared in model TFLOP/s per GPU.
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <cmath>
@@ -127,10 +128,68 @@ class Planners {
   std::map<std::string, calibration::LoadedProfile> profiles_;
 };
 
+// A layout as plan-model --layout takes it (the fields that differ from
+// their defaults).
+std::string SpecOf(const v1::Layout& l) {
+  std::string s = Cat("dp=", l.dp(), ",tp=", l.tp(), ",pp=", l.pp(), ",ep=", std::max(1, l.ep()),
+                      ",esp=", std::max(1, l.esp()));
+  if (l.cp() > 1) s += Cat(",cp=", l.cp());
+  s += Cat(",microbatches=", l.microbatches());
+  if (l.zero_stage() > 0) s += Cat(",zero=", l.zero_stage());
+  if (!l.family().empty() && l.ep() > 1) s += Cat(",family=", l.family());
+  if (!l.pipeline().empty() && l.pp() > 1) s += Cat(",pipeline=", l.pipeline());
+  if (l.virtual_stages() > 1) s += Cat(",v=", l.virtual_stages());
+  if (l.recompute()) s += ",recompute=1";
+  if (l.sequence_parallel()) s += ",sp=1";
+  if (l.a2a_overlap()) s += ",a2a_overlap=1";
+  if (!l.dispatcher().empty() && l.dispatcher() != "alltoall")
+    s += Cat(",dispatcher=", l.dispatcher());
+  if (!l.pipeline_model_parallel_layout().empty()) {
+    s += Cat(",layout=", l.pipeline_model_parallel_layout());
+  }
+  return s;
+}
+
+// What --search tries for a case: the default axes on the case's GPUs, and
+// every opt-in axis its published layout uses, so that layout is in reach
+// (selective recomputation and uneven splits aside, which the search does not
+// enumerate).
+v1::SearchOptions SearchFor(const v1::Layout& l, int gpus) {
+  v1::SearchOptions o;
+  o.set_top(1);
+  o.set_gpus(gpus);
+  if (l.sequence_parallel()) {
+    o.add_sequence_parallel(false);
+    o.add_sequence_parallel(true);
+  }
+  if (l.esp() > 0 && l.esp() != l.tp()) o.add_expert_tensor_parallel(l.esp());
+  if (l.cp() > 1) {
+    o.add_context_parallel(1);
+    o.add_context_parallel(l.cp());
+  }
+  if (l.a2a_overlap()) {
+    o.add_a2a_overlap(false);
+    o.add_a2a_overlap(true);
+  }
+  if (!l.dispatcher().empty() && l.dispatcher() != "alltoall") {
+    o.add_dispatchers("alltoall");
+    o.add_dispatchers(l.dispatcher());
+  }
+  if (l.pipeline() == "dualpipe") {
+    for (const char* ps : {"gpipe", "1f1b", "interleaved", "dualpipe"}) o.add_pipelines(ps);
+  }
+  if (l.virtual_stages() > 2) {
+    o.add_virtual_stages(2);
+    o.add_virtual_stages(l.virtual_stages());
+  }
+  o.set_max_microbatches(std::max(64, l.microbatches()));
+  return o;
+}
+
 // One case predicted: the layout planned on its profile, both sides in model
-// TFLOP/s per GPU.
+// TFLOP/s per GPU; with `search`, the search's best next to it.
 absl::StatusOr<v1::PublishedCase> Predict(const std::string& file, const v1::PublishedRun& r,
-                                          Planners& planners) {
+                                          bool search, Planners& planners) {
   v1::PlanModelRequest req;
   MOEPLAN_ASSIGN_OR_RETURN(*req.mutable_model(), CaseModel(file, r));
   absl::StatusOr<v1::Layout> layout = proto::LayoutFromSpec(r.layout());
@@ -175,7 +234,46 @@ absl::StatusOr<v1::PublishedCase> Predict(const std::string& file, const v1::Pub
   c.set_published_tflops_per_gpu(published);
   c.set_predicted_tflops_per_gpu(resp.candidates(0).tflops_per_gpu());
   c.set_error_pct(100.0 * (c.predicted_tflops_per_gpu() - published) / published);
+  if (!search) return c;
+  req.clear_layout();
+  *req.mutable_search() = SearchFor(*layout, resp.gpus());
+  v1::PlanModelResponse found;
+  if (absl::Status st = requests::AnswerPlanModel(req, planner, (*profile)->profile, &found);
+      !st.ok()) {
+    return absl::Status(st.code(), Cat(file, ": --search: ", View(st.message())));
+  }
+  if (found.candidates_size() > 0) {
+    *c.mutable_searched() = found.candidates(0);
+    c.set_searched_layout(SpecOf(found.candidates(0).layout()));
+    c.set_searched_gain_pct(
+        100.0 * (found.candidates(0).tflops_per_gpu() / c.predicted_tflops_per_gpu() - 1.0));
+  }
   return c;
+}
+
+// Each comparison's cases, fastest first as published and as predicted.
+void AddRankings(const std::map<std::string, std::string>& comparison_of, v1::PublishedReport* r) {
+  std::map<std::string, std::vector<const v1::PublishedCase*>> groups;
+  for (const v1::PublishedCase& c : r->cases()) {
+    const auto it = comparison_of.find(c.name());
+    if (it != comparison_of.end() && !it->second.empty()) groups[it->second].push_back(&c);
+  }
+  for (auto& [name, cases] : groups) {
+    if (cases.size() < 2) continue;
+    v1::PublishedRanking* k = r->add_rankings();
+    k->set_comparison(name);
+    auto order = [&](auto key, auto* out) {
+      std::vector<const v1::PublishedCase*> v = cases;
+      std::stable_sort(v.begin(), v.end(), [&](auto* a, auto* b) { return key(*a) > key(*b); });
+      for (const v1::PublishedCase* c : v) out->Add(std::string(c->name()));
+    };
+    order([](const v1::PublishedCase& c) { return c.published_tflops_per_gpu(); },
+          k->mutable_published_order());
+    order([](const v1::PublishedCase& c) { return c.predicted_tflops_per_gpu(); },
+          k->mutable_predicted_order());
+    k->set_same(std::equal(k->published_order().begin(), k->published_order().end(),
+                           k->predicted_order().begin()));
+  }
 }
 
 v1::PublishedSummary Summarize(std::string group, const std::vector<double>& errors) {
@@ -220,17 +318,37 @@ std::string RenderPublished(const v1::PublishedReport& r) {
       "Published runs against moeplan's predictions (model TFLOP/s per GPU, Megatron-LM's "
       "convention; each case on its own profile)\n\n"
       "| case | family | GPUs | profile | published | predicted | error | compute ms | exposed "
-      "comm ms | bubble ms | iteration ms |\n|---|---|--:|---|--:|--:|--:|--:|--:|--:|--:|\n";
+      "comm ms | bubble ms | iteration ms | GiB/GPU |\n"
+      "|---|---|--:|---|--:|--:|--:|--:|--:|--:|--:|--:|\n";
   for (const v1::PublishedCase& c : r.cases()) {
     const v1::LayoutCandidate& p = c.predicted();
     double comm = 0.0;
     for (const v1::TermTime& t : p.exposed_comm()) comm += t.us();
+    // A layout the memory model says does not fit (it ran nonetheless): "(over)".
     out += fmt::format(
         "| {} | {} | {} | {} | {:.1f} | {:.1f} | {:+.1f} % | {:.0f} | {:.0f} | {:.0f} "
-        "| {:.0f} |\n",
+        "| {:.0f} | {:.1f}{} |\n",
         c.name(), c.family(), c.gpus(), c.profile(), c.published_tflops_per_gpu(),
         c.predicted_tflops_per_gpu(), c.error_pct(), p.compute_us() / 1e3, comm / 1e3,
-        p.bubble_us() / 1e3, p.iteration_us() / 1e3);
+        p.bubble_us() / 1e3, p.iteration_us() / 1e3,
+        p.memory_bytes_per_gpu() / (1024.0 * 1024 * 1024), p.feasible() ? "" : " (over)");
+  }
+  bool searched = false;
+  for (const v1::PublishedCase& c : r.cases()) searched = searched || c.has_searched();
+  if (searched) {
+    out +=
+        "\n| case | search's best layout (predicted) | TFLOP/s | vs the published layout |\n"
+        "|---|---|--:|--:|\n";
+    for (const v1::PublishedCase& c : r.cases()) {
+      if (!c.has_searched()) continue;
+      out += fmt::format("| {} | `{}` | {:.1f} | {:+.1f} % |\n", c.name(), c.searched_layout(),
+                         c.searched().tflops_per_gpu(), c.searched_gain_pct());
+    }
+  }
+  for (const v1::PublishedRanking& k : r.rankings()) {
+    out += fmt::format("\nranking {}: published {}, predicted {}: {}\n", k.comparison(),
+                       fmt::join(k.published_order(), " > "), fmt::join(k.predicted_order(), " > "),
+                       k.same() ? "same" : "DIFFERENT");
   }
   out += "\n| group | cases | MAPE | p90 abs | max abs | bias |\n|---|--:|--:|--:|--:|--:|\n";
   for (const v1::PublishedSummary& s : r.summaries()) {
@@ -248,6 +366,7 @@ absl::Status ValidatePublishedCmd(const ValidateArgs& a) {
   Planners planners;
   v1::PublishedReport report;
   std::set<std::string> names;
+  std::map<std::string, std::string> comparison_of;
   // Everything is read, checked and predicted before anything is printed.
   for (const std::string& file : files) {
     v1::PublishedRun run;
@@ -256,9 +375,11 @@ absl::Status ValidatePublishedCmd(const ValidateArgs& a) {
     if (!names.insert(run.name()).second) {
       return Bad(file, "name", Cat("\"", run.name(), "\" is another case's too"));
     }
-    MOEPLAN_ASSIGN_OR_RETURN(*report.add_cases(), Predict(file, run, planners));
+    comparison_of[run.name()] = run.comparison();
+    MOEPLAN_ASSIGN_OR_RETURN(*report.add_cases(), Predict(file, run, a.search, planners));
   }
   AddSummaries(&report);
+  AddRankings(comparison_of, &report);
   if (a.json) {
     MOEPLAN_ASSIGN_OR_RETURN(std::string json, proto::ToJson(report));
     return WriteStdout(json + "\n");

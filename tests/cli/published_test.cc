@@ -3,6 +3,7 @@
 // sources' conventions, and bad cases refused naming the field.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <string>
@@ -75,6 +76,40 @@ TEST(PublishedCli, TokensPerSecondConvertWithTheModelsFlops) {
   const v1::PublishedReport report = Report(tmp.path());
   ASSERT_EQ(report.cases_size(), 1);
   EXPECT_NEAR(report.cases(0).published_tflops_per_gpu(), 368.0, 368.0 * 0.01);
+}
+
+// The cases of one comparison are ranked both ways (Mixtral-8x22B: the
+// folded expert grid measured faster than the tied one), and --search
+// reports the best layout it predicts for a case's model and GPUs.
+TEST(PublishedCli, RanksComparisonsAndSearches) {
+  TempDir tmp;
+  for (const char* name : {"m5-mixtral-8x22b-folded-h100", "m5-mixtral-8x22b-tied-h100"}) {
+    std::string text =
+        Slurp(std::string(MOEPLAN_SOURCE_DIR "/calibration/published/") + name + ".json");
+    const std::string hf = "../../examples/hf/mixtral-8x22b/config.json";
+    text.replace(text.find(hf), hf.size(),
+                 MOEPLAN_SOURCE_DIR "/examples/hf/mixtral-8x22b/config.json");
+    tmp.Write(std::string(name) + ".json", text);
+  }
+  const CliResult r = RunCli("validate --published " + tmp.path() + " --search --json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  v1::PublishedReport report;
+  ASSERT_TRUE(proto::ParseJson(r.out, &report).ok()) << r.out;
+  ASSERT_EQ(report.rankings_size(), 1);
+  const v1::PublishedRanking& k = report.rankings(0);
+  EXPECT_EQ(k.comparison(), "m5-mixtral-8x22b-128-h100");
+  ASSERT_EQ(k.published_order_size(), 2);
+  EXPECT_EQ(k.published_order(0), "m5-mixtral-8x22b-folded-h100");
+  EXPECT_TRUE(k.same()) << "the planner ranks the tied grid first";
+  for (const v1::PublishedCase& c : report.cases()) {
+    EXPECT_TRUE(c.has_searched()) << c.name();
+    EXPECT_EQ(c.searched().layout().dp() * c.searched().layout().tp() * c.searched().layout().pp() *
+                  std::max(1, c.searched().layout().cp()),
+              128)
+        << c.searched_layout();
+    EXPECT_NEAR(c.searched_gain_pct(),
+                100.0 * (c.searched().tflops_per_gpu() / c.predicted_tflops_per_gpu() - 1.0), 1e-9);
+  }
 }
 
 struct BadCase {
