@@ -200,7 +200,7 @@ expect_error() {  # expect_error WANT ARGS...: fails unless the CLI fails saying
     bad "validate $*: expected '$want', got: $(cat "$TMP/bad.err")"
   fi
 }
-expect_error "give one of --layers GRID (layer configs) or --models GRID (whole models)"
+expect_error "give one of --layers GRID (layer configs), --models GRID (whole models) or --published DATASET"
 expect_error "excludes" --layers "$SRC/tests/calibration/quick-grid.json" \
   --models "$SRC/tests/calibration/quick-models.json"
 echo '{"name": "g", "models": []}' >"$TMP/empty.json"
