@@ -176,6 +176,8 @@ struct ValidateArgs {
   std::string from_runs;  // an earlier --out-dir whose exec/ reports are re-predicted
   std::string published;  // a dataset of published runs (file or directory) instead
   bool search = false;    // --published: each case's layout search too
+  // --published: profile files used in place of the built-ins they name.
+  std::vector<std::string> profile_overrides;
 };
 // Runs every config (every schedule the layout allows; every overlap variant
 // of a model), predicts them, and

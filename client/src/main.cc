@@ -496,6 +496,14 @@ CLI::App* AddValidate(CLI::App* app, ValidateArgs* a) {
           "with --published: also search each case's model on its GPUs (the default axes and "
           "every opt-in axis its layout uses) and report the best predicted layout")
       ->needs(published);
+  validate
+      ->add_option("--profile-overrides", a->profile_overrides,
+                   "with --published: profile files (e.g. a calibrated h100-8x8.json) used in "
+                   "place of the built-in profiles of the same name the cases name; "
+                   "comma-separated or repeated")
+      ->delimiter(',')
+      ->check(flags::NonEmpty())
+      ->needs(published);
   published->excludes(profile);
   published->excludes(layers);
   published->excludes(models);

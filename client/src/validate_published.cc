@@ -112,9 +112,20 @@ absl::StatusOr<v1::ModelConfig> CaseModel(const std::string& file, const v1::Pub
   return imported->model;
 }
 
-// Cost models by profile name, loaded once.
+// Cost models by profile name, loaded once; --profile-overrides' files take
+// the place of the built-in profiles they name.
 class Planners {
  public:
+  absl::Status Override(const std::string& file) {
+    MOEPLAN_ASSIGN_OR_RETURN(calibration::LoadedProfile lp, calibration::LoadProfile(file));
+    const std::string name = lp.message.name();
+    if (!profiles_.emplace(name, std::move(lp)).second) {
+      return absl::InvalidArgumentError(Cat("--profile-overrides: ", file, " names profile ", name,
+                                            ", which another file "
+                                            "overrides already"));
+    }
+    return absl::OkStatus();
+  }
   absl::StatusOr<const calibration::LoadedProfile*> Profile(const std::string& name) {
     auto it = profiles_.find(name);
     if (it == profiles_.end()) {
@@ -364,6 +375,9 @@ std::string RenderPublished(const v1::PublishedReport& r) {
 absl::Status ValidatePublishedCmd(const ValidateArgs& a) {
   MOEPLAN_ASSIGN_OR_RETURN(const std::vector<std::string> files, CaseFiles(a.published));
   Planners planners;
+  for (const std::string& file : a.profile_overrides) {
+    MOEPLAN_RETURN_IF_ERROR(planners.Override(file));
+  }
   v1::PublishedReport report;
   std::set<std::string> names;
   std::map<std::string, std::string> comparison_of;

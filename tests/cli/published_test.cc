@@ -112,6 +112,35 @@ TEST(PublishedCli, RanksComparisonsAndSearches) {
   }
 }
 
+// --profile-overrides: a profile file takes the place of the built-in one of
+// its name (here the H100's with half the GEMM peak: its cases predict slower,
+// the A100's do not move); two files naming one profile are refused.
+TEST(PublishedCli, ProfileOverridesReplaceTheBuiltins) {
+  TempDir tmp;
+  std::string profile = RunCli("profiles show h100-8x8").out;
+  const std::string peak = R"("peak_tflops": 989.5,)";
+  const size_t at = profile.find(peak);
+  ASSERT_NE(at, std::string::npos) << profile.substr(0, 400);
+  profile.replace(at, peak.size(), R"("peak_tflops": 494.75,)");
+  const std::string file = tmp.Write("h100.json", profile);
+  const v1::PublishedReport base = Report("calibration/published");
+  const v1::PublishedReport slow = Report("calibration/published --profile-overrides " + file);
+  ASSERT_EQ(base.cases_size(), slow.cases_size());
+  for (int i = 0; i < base.cases_size(); ++i) {
+    const double ratio =
+        slow.cases(i).predicted_tflops_per_gpu() / base.cases(i).predicted_tflops_per_gpu();
+    if (base.cases(i).profile() == "h100-8x8") {
+      EXPECT_LT(ratio, 0.9) << base.cases(i).name();
+    } else {
+      EXPECT_DOUBLE_EQ(ratio, 1.0) << base.cases(i).name();
+    }
+  }
+  const CliResult twice =
+      RunCli("validate --published calibration/published --profile-overrides " + file + "," + file);
+  EXPECT_EQ(twice.exit_code, 1);
+  EXPECT_NE(twice.err.find("--profile-overrides: "), std::string::npos) << twice.err;
+}
+
 struct BadCase {
   const char* name;
   const char* edit_from;  // replaced in d2-gpt-1.7b-a100.json
