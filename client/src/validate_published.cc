@@ -112,9 +112,9 @@ absl::StatusOr<v1::ModelConfig> CaseModel(const std::string& file, const v1::Pub
   return imported->model;
 }
 
-// Cost models by profile name, loaded once; --profile-overrides' files take
+// Profiles by name, loaded once; --profile-overrides' files take
 // the place of the built-in profiles they name.
-class Planners {
+class Profiles {
  public:
   absl::Status Override(const std::string& file) {
     MOEPLAN_ASSIGN_OR_RETURN(calibration::LoadedProfile lp, calibration::LoadProfile(file));
@@ -138,28 +138,6 @@ class Planners {
  private:
   std::map<std::string, calibration::LoadedProfile> profiles_;
 };
-
-// A layout as plan-model --layout takes it (the fields that differ from
-// their defaults).
-std::string SpecOf(const v1::Layout& l) {
-  std::string s = Cat("dp=", l.dp(), ",tp=", l.tp(), ",pp=", l.pp(), ",ep=", std::max(1, l.ep()),
-                      ",esp=", std::max(1, l.esp()));
-  if (l.cp() > 1) s += Cat(",cp=", l.cp());
-  s += Cat(",microbatches=", l.microbatches());
-  if (l.zero_stage() > 0) s += Cat(",zero=", l.zero_stage());
-  if (!l.family().empty() && l.ep() > 1) s += Cat(",family=", l.family());
-  if (!l.pipeline().empty() && l.pp() > 1) s += Cat(",pipeline=", l.pipeline());
-  if (l.virtual_stages() > 1) s += Cat(",v=", l.virtual_stages());
-  if (l.recompute()) s += ",recompute=1";
-  if (l.sequence_parallel()) s += ",sp=1";
-  if (l.a2a_overlap()) s += ",a2a_overlap=1";
-  if (!l.dispatcher().empty() && l.dispatcher() != "alltoall")
-    s += Cat(",dispatcher=", l.dispatcher());
-  if (!l.pipeline_model_parallel_layout().empty()) {
-    s += Cat(",layout=", l.pipeline_model_parallel_layout());
-  }
-  return s;
-}
 
 // What --search tries for a case: the default axes on the case's GPUs, and
 // every opt-in axis its published layout uses, so that layout is in reach
@@ -200,14 +178,14 @@ v1::SearchOptions SearchFor(const v1::Layout& l, int gpus) {
 // One case predicted: the layout planned on its profile, both sides in model
 // TFLOP/s per GPU; with `search`, the search's best next to it.
 absl::StatusOr<v1::PublishedCase> Predict(const std::string& file, const v1::PublishedRun& r,
-                                          bool search, Planners& planners) {
+                                          bool search, Profiles& profiles) {
   v1::PlanModelRequest req;
   MOEPLAN_ASSIGN_OR_RETURN(*req.mutable_model(), CaseModel(file, r));
   absl::StatusOr<v1::Layout> layout = proto::LayoutFromSpec(r.layout());
   if (!layout.ok()) return Bad(file, "layout", View(layout.status().message()));
   *req.mutable_layout() = *layout;
   *req.mutable_memory() = r.memory();
-  absl::StatusOr<const calibration::LoadedProfile*> profile = planners.Profile(r.profile());
+  absl::StatusOr<const calibration::LoadedProfile*> profile = profiles.Profile(r.profile());
   if (!profile.ok()) return Bad(file, "profile", View(profile.status().message()));
   MOEPLAN_ASSIGN_OR_RETURN(p::CostModel cost, p::CostModel::Create((*profile)->profile));
   p::ModelPlanner planner(cost);
@@ -255,7 +233,7 @@ absl::StatusOr<v1::PublishedCase> Predict(const std::string& file, const v1::Pub
   }
   if (found.candidates_size() > 0) {
     *c.mutable_searched() = found.candidates(0);
-    c.set_searched_layout(SpecOf(found.candidates(0).layout()));
+    c.set_searched_layout(proto::LayoutToSpec(found.candidates(0).layout()));
     c.set_searched_gain_pct(
         100.0 * (found.candidates(0).tflops_per_gpu() / c.predicted_tflops_per_gpu() - 1.0));
   }
@@ -377,9 +355,9 @@ std::string RenderPublished(const v1::PublishedReport& r) {
 
 absl::Status ValidatePublishedCmd(const ValidateArgs& a) {
   MOEPLAN_ASSIGN_OR_RETURN(const std::vector<std::string> files, CaseFiles(a.published));
-  Planners planners;
+  Profiles profiles;
   for (const std::string& file : a.profile_overrides) {
-    MOEPLAN_RETURN_IF_ERROR(planners.Override(file));
+    MOEPLAN_RETURN_IF_ERROR(profiles.Override(file));
   }
   v1::PublishedReport report;
   std::set<std::string> names;
@@ -393,7 +371,7 @@ absl::Status ValidatePublishedCmd(const ValidateArgs& a) {
       return Bad(file, "name", Cat("\"", run.name(), "\" is another case's too"));
     }
     comparison_of[run.name()] = run.comparison();
-    MOEPLAN_ASSIGN_OR_RETURN(*report.add_cases(), Predict(file, run, a.search, planners));
+    MOEPLAN_ASSIGN_OR_RETURN(*report.add_cases(), Predict(file, run, a.search, profiles));
   }
   AddSummaries(&report);
   AddRankings(comparison_of, &report);

@@ -12,9 +12,23 @@
 #include "moeplan/base/watchdog.h"
 #include "moeplan/client/planner_client.h"
 #include "moeplan/executor/mpi_job.h"
+#include "moeplan/proto/convert.h"
 #include "moeplan/proto/json.h"
 
 namespace moeplan::exec {
+
+absl::StatusOr<planner::Layout> LayoutOfFlag(std::string_view flag, std::string_view spec) {
+  auto named = [&](const absl::Status& st) {
+    std::string_view m = View(st.message());
+    if (m.substr(0, 10) == "--layout: ") m.remove_prefix(10);  // LayoutFromSpec's own prefix
+    return absl::Status(st.code(), Cat(flag, ": ", m));
+  };
+  absl::StatusOr<v1::Layout> msg = proto::LayoutFromSpec(spec);
+  if (!msg.ok()) return named(msg.status());
+  absl::StatusOr<planner::Layout> layout = proto::LayoutFromProto(*msg);
+  if (!layout.ok()) return named(layout.status());
+  return layout;
+}
 
 absl::Status CheckRunFlags(const Args& a) {
   if (a.iters < 1) {

@@ -15,6 +15,7 @@
 #include "moeplan/executor/interpreter.h"
 #include "moeplan/executor/runner.h"
 #include "moeplan/planner/cost_model.h"
+#include "moeplan/planner/layout.h"
 #include "moeplan/v1/service.pb.h"
 
 namespace moeplan::exec {
@@ -49,6 +50,10 @@ inline constexpr std::string_view kProgram = "moeplan-exec";
 
 // --iters, --warmup and --backend.
 absl::Status CheckRunFlags(const Args& a);
+
+// The layout of a flag taking plan-model's --layout syntax (--layout,
+// --check-against); errors name `flag`.
+absl::StatusOr<planner::Layout> LayoutOfFlag(std::string_view flag, std::string_view spec);
 
 // The element type of a run of a config with `bytes_per_element` read from
 // `file`: --dtype, or auto (mpi: f32; nccl: the config's size). The mpi

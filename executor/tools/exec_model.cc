@@ -65,14 +65,10 @@ absl::Status ReadSavedPlan(const std::string& file, ModelSetup* s) {
   auto bad = [&](std::string_view why) { return absl::InvalidArgumentError(Cat(file, ": ", why)); };
   if (saved.candidates_size() > 0) {
     // Its layouts run as programs from the model (--layout); say the spec.
-    const v1::Layout& l = saved.candidates(0).layout();
     return bad(
         Cat("candidates: a layout or search plan is not run from the file; run its first "
-            "layout with --model MODEL.json --layout dp=",
-            l.dp(), ",tp=", l.tp(), ",pp=", l.pp(), ",ep=", l.ep(), ",esp=", l.esp(),
-            ",microbatches=", l.microbatches(), ",zero=", l.zero_stage(), ",family=", l.family(),
-            ",pipeline=", l.pipeline(), ",v=", std::max(1, l.virtual_stages()),
-            l.recompute() ? ",recompute=1" : "", l.sequence_parallel() ? ",sp=1" : ""));
+            "layout with --model MODEL.json --layout ",
+            proto::LayoutToSpec(saved.candidates(0).layout())));
   }
   if (!saved.has_model()) {
     return bad("model: not set (save the plan with moeplan plan-model --format json)");
@@ -120,13 +116,8 @@ absl::Status Prepare(const Args& a, int hosts, ModelSetup* s) {
       world % hosts == 0 ? p::ClusterShape{hosts, world / hosts} : p::ClusterShape{1, world};
   if (!a.layout.empty()) {
     // The layout's rules are checked when its program is built (every rank).
-    absl::StatusOr<v1::Layout> msg = proto::LayoutFromSpec(a.layout);
-    if (!msg.ok()) return msg.status();
-    absl::StatusOr<p::Layout> layout = proto::LayoutFromProto(*msg);
-    if (!layout.ok()) {
-      return absl::Status(layout.status().code(),
-                          Cat("--layout: ", View(layout.status().message())));
-    }
+    absl::StatusOr<p::Layout> layout = LayoutOfFlag("--layout", a.layout);
+    if (!layout.ok()) return layout.status();
     s->layout = *layout;
     if (absl::Status st = p::ValidateModelShape(s->model); !st.ok()) return in_file(st);
     if (a.check) {
@@ -551,9 +542,8 @@ int RunModel(const Args& a) {
   const std::vector<Run> runs = MeasureAll(a, s, plan.variants, *backend);
   std::optional<v1::LayoutCheck> check;
   if (s.reference.has_value()) {
-    const p::ModelConfig reference_model = s.reference_model;
     check =
-        CheckLayout(a, {&s.model, plan.variants}, {&reference_model, s.reference_plans},
+        CheckLayout(a, {&s.model, plan.variants}, {&s.reference_model, s.reference_plans},
                     *s.reference, s.dtype, [&](const p::ModelConfig& m, const p::VariantPlan& vp) {
                       return CreateRunner(a, m, s.dtype, vp, *backend);
                     });

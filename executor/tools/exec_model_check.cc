@@ -45,14 +45,7 @@ absl::StatusOr<p::Layout> CheckReference(const Args& a, const p::ModelConfig& mo
   }
   p::Layout ref;
   if (!a.check_against.empty()) {
-    absl::StatusOr<v1::Layout> msg = proto::LayoutFromSpec(a.check_against);
-    absl::StatusOr<p::Layout> parsed =
-        msg.ok() ? proto::LayoutFromProto(*msg) : absl::StatusOr<p::Layout>(msg.status());
-    if (!parsed.ok()) {
-      return absl::Status(parsed.status().code(),
-                          Cat("--check-against: ", View(parsed.status().message())));
-    }
-    ref = *parsed;
+    MOEPLAN_ASSIGN_OR_RETURN(ref, LayoutOfFlag("--check-against", a.check_against));
   } else {
     ref = ex::PlainLayout(layout);
     if (moe.num_experts % ref.ep != 0) {

@@ -7,6 +7,7 @@
 #include <string_view>
 #include <vector>
 
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "convert_internal.h"
 #include "moeplan/base/status.h"
@@ -128,6 +129,34 @@ absl::StatusOr<v1::Layout> LayoutFromSpec(std::string_view spec) {
     }
   }
   return l;
+}
+
+std::string LayoutToSpec(const v1::Layout& l) {
+  std::string s = Cat("dp=", l.dp(), ",tp=", l.tp(), ",pp=", l.pp());
+  auto number = [&](std::string_view key, int n) {
+    if (n != 0) s += Cat(",", key, "=", n);
+  };
+  number("ep", l.ep());
+  number("esp", l.esp());
+  auto text = [&](std::string_view key, const std::string& v) {
+    if (!v.empty()) s += Cat(",", key, "=", v);
+  };
+  number("cp", l.cp());
+  number("microbatches", l.microbatches());
+  number("zero", l.zero_stage());
+  text("family", l.family());
+  text("pipeline", l.pipeline());
+  number("v", l.virtual_stages());
+  if (l.recompute()) {
+    s += ",recompute=1";
+  } else if (l.recompute_modules_size() > 0) {
+    s += Cat(",recompute=", absl::StrJoin(l.recompute_modules(), "+"));
+  }
+  number("sp", l.sequence_parallel() ? 1 : 0);
+  number("a2a_overlap", l.a2a_overlap() ? 1 : 0);
+  text("dispatcher", l.dispatcher());
+  text("layout", l.pipeline_model_parallel_layout());  // last: it may hold commas
+  return s;
 }
 
 absl::StatusOr<p::Layout> LayoutFromProto(const v1::Layout& m) {

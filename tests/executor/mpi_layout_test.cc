@@ -16,6 +16,8 @@
 #include "moeplan/executor/model_runner.h"
 #include "moeplan/planner/layout.h"
 #include "moeplan/planner/pipeline.h"
+#include "moeplan/proto/convert.h"
+#include "moeplan/proto/json.h"
 #include "mpi_world.h"
 
 namespace moeplan::executor {
@@ -26,26 +28,21 @@ using mpi_test::WorldSize;
 using planner::Family;
 using planner::PipelineSchedule;
 
-// Four MoE blocks (every block), 8 experts top-2, capacity factor E/k: no
-// token is dropped, so S1 (which a folded grid runs) keeps what the default
-// keeps.
+// tests/executor/models/tiny-check.json, the model moeplan-exec --check's
+// CLI test runs: four MoE blocks (every block), 8 experts top-2, capacity
+// factor E/k, so no token is dropped and S1 (which a folded grid runs) keeps
+// what the default keeps.
 planner::ModelConfig CheckModel() {
-  planner::ModelConfig m;
-  m.name = "tiny-check";
-  m.num_layers = 4;
-  m.hidden_size = 32;
-  m.num_attention_heads = 4;
-  m.ffn_hidden_size = 64;
-  m.seq_length = 16;
-  m.micro_batch_size = 1;
-  m.vocab_size = 128;
-  m.bytes_per_element = 4;
-  m.moe.layer_freq = 1;
-  m.moe.num_experts = 8;
-  m.moe.top_k = 2;
-  m.moe.capacity_factor = 4.0;
-  m.moe.expert_ffn_hidden_size = 64;
-  return m;
+  v1::ModelConfig msg;
+  absl::Status st =
+      proto::ReadJsonFile(MOEPLAN_SOURCE_DIR "/tests/executor/models/tiny-check.json", &msg);
+  absl::StatusOr<planner::ModelConfig> m =
+      st.ok() ? proto::ModelFromProto(msg) : absl::StatusOr<planner::ModelConfig>(st);
+  if (!m.ok()) {  // the same file on every rank: all stop here
+    ADD_FAILURE() << m.status();
+    std::abort();
+  }
+  return *m;
 }
 
 struct Case {

@@ -111,6 +111,29 @@ TEST(LayoutFromSpec, PipelineLayoutTakesTheRestOfTheSpec) {
 // each tried once.
 // etp is Megatron-Core's name for esp (--expert-tensor-parallel-size): the
 // same degree, given once.
+// LayoutToSpec is LayoutFromSpec's inverse: what it prints reads back as
+// the same layout, every key included (selective recomputation, the
+// pipeline layout with its commas last).
+TEST(LayoutToSpec, ReadsBackAsTheSameLayout) {
+  for (const char* spec :
+       {"dp=2,tp=1,pp=1", "dp=8,tp=2,pp=8,ep=8,etp=1,microbatches=32,sp=1,pipeline=interleaved,v=7",
+        "dp=64,tp=2,pp=8,ep=64,etp=1,microbatches=128,zero=1,sp=1,recompute=mla_up_proj+mlp,"
+        "a2a_overlap=1,dispatcher=deepep,layout=Et|(tt|)*30mL",
+        "dp=4,tp=2,cp=2,pp=2,ep=4,esp=2,microbatches=8,zero=3,family=parm,pipeline=dualpipe,"
+        "recompute=1,layout=Et*3|(t|)*2,tmL"}) {
+    SCOPED_TRACE(spec);
+    absl::StatusOr<v1::Layout> first = LayoutFromSpec(spec);
+    ASSERT_TRUE(first.ok()) << first.status();
+    const std::string printed = LayoutToSpec(*first);
+    absl::StatusOr<v1::Layout> again = LayoutFromSpec(printed);
+    ASSERT_TRUE(again.ok()) << printed << ": " << again.status();
+    EXPECT_EQ(again->SerializeAsString(), first->SerializeAsString()) << printed;
+  }
+  absl::StatusOr<v1::Layout> l = LayoutFromSpec("dp=2,tp=1,pp=1");
+  ASSERT_TRUE(l.ok());
+  EXPECT_EQ(LayoutToSpec(*l), "dp=2,tp=1,pp=1");
+}
+
 TEST(LayoutFromSpec, EtpIsEsp) {
   absl::StatusOr<v1::Layout> spec = LayoutFromSpec("dp=8,tp=2,pp=8,ep=8,etp=1,sp=1");
   ASSERT_TRUE(spec.ok()) << spec.status();

@@ -85,6 +85,10 @@ absl::StatusOr<planner::Layout> LayoutFromProto(const v1::Layout& msg);
 // "dp=8,tp=4,pp=2,ep=8,esp=4[,microbatches=8,zero=1,family=..,pipeline=..,v=2,recompute=1]";
 // errors name --layout and the key.
 absl::StatusOr<v1::Layout> LayoutFromSpec(std::string_view spec);
+// The inverse: the spec LayoutFromSpec reads back as `layout` (dp, tp, pp
+// always; every other key where it is set; the pipeline layout last). What tools print for a user
+// to pass as --layout.
+std::string LayoutToSpec(const v1::Layout& layout);
 v1::Layout LayoutToProto(const planner::Layout& layout, int64_t micro_batch_size);
 planner::MemoryOptions MemoryFromProto(const v1::MemoryOptions& msg);
 absl::StatusOr<planner::SearchOptions> SearchFromProto(const v1::SearchOptions& msg);
