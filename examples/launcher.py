@@ -35,7 +35,8 @@ parallelism; printed back as --context-parallel-size), microbatches, zero, famil
 parm), pipeline (gpipe, 1f1b, interleaved, dualpipe), v (virtual stages), recompute
 (0/1 full, or modules such as core_attn+moe_act: selective, printed back as
 --recompute-modules), sp (sequence parallelism, 0/1; printed back as --sequence-parallel),
-a2a_overlap (0/1; printed back as --overlap-moe-expert-parallel-comm), dispatcher
+a2a_overlap (0/1; printed back as --overlap-moe-expert-parallel-comm), overlap_param_gather
+and tp_comm_overlap (0/1; printed back as --overlap-param-gather, --tp-comm-overlap), dispatcher
 (alltoall or deepep; printed back as --moe-token-dispatcher-type) and,
 last, layout (Megatron-Core's pipeline layout string, which may hold
 commas; printed back as --pipeline-model-parallel-layout) optional). It prints the ranked table (rank, family, dp/tp/pp/ep/esp,
@@ -143,6 +144,9 @@ LAYOUT_KEYS = {
     "sp": ("sequence_parallel", "bool"),
     # Megatron-Core's --overlap-moe-expert-parallel-comm (0/1).
     "a2a_overlap": ("a2a_overlap", "bool"),
+    # Megatron-Core's --overlap-param-gather (0/1; zero 1-2) and --tp-comm-overlap (0/1; sp).
+    "overlap_param_gather": ("overlap_param_gather", "bool"),
+    "tp_comm_overlap": ("tp_comm_overlap", "bool"),
     # Megatron-Core's --moe-token-dispatcher-type (deepep: flex with the DeepEP backend).
     "dispatcher": ("dispatcher", ("alltoall", "deepep", "allgather")),
     # Megatron-Core's --pipeline-model-parallel-layout (it may hold commas: last).
@@ -278,6 +282,12 @@ def megatron_flags(model: dict, cand: dict, global_batch: int) -> list:
         flags += ["--moe-token-dispatcher-type", "alltoall"]
     if lay.get("a2a_overlap"):
         flags += ["--overlap-moe-expert-parallel-comm"]
+    if lay.get("overlap_param_gather"):
+        # Megatron-Core overlaps the gathers only with the gradient reduction overlapped
+        # too, which moeplan always assumes.
+        flags += ["--overlap-grad-reduce", "--overlap-param-gather"]
+    if lay.get("tp_comm_overlap"):
+        flags += ["--tp-comm-overlap"]
     flags += ["--seq-length", str(_int(model.get("seq_length"))),
               "--num-layers", str(_int(model.get("num_layers"))),
               "--hidden-size", str(_int(model.get("hidden_size"))),

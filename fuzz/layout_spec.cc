@@ -37,7 +37,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (response.candidates_size() != 1) std::abort();
   const v1::Layout& back = response.candidates(0).layout();
   if (back.dp() != layout->dp() || back.tp() != layout->tp() || back.pp() != layout->pp() ||
-      back.a2a_overlap() != layout->a2a_overlap()) {
+      back.a2a_overlap() != layout->a2a_overlap() ||
+      back.overlap_param_gather() != layout->overlap_param_gather() ||
+      back.tp_comm_overlap() != layout->tp_comm_overlap()) {
     std::abort();
   }
   if (layout->pipeline_model_parallel_layout().empty() !=

@@ -91,6 +91,21 @@ PROFILES = [
         inter_gbs=4 * 12.5 / 8, inter_alpha=8.0, tflops=312.0, launch_us=4.0,
         hbm_gbs=2039.0, e_max=0.8),
     profile(
+        "a100-8x8-hdr",
+        "8 nodes x 8 NVIDIA A100-SXM4-80GB (DGX A100) on NVLink 3 (NVSwitch), 8 x 200 Gb/s "
+        "HDR InfiniBand NICs per node for compute: the DGX A100 SuperPOD's fabric (Selene, "
+        "where the 2021 Megatron-LM runs were measured). Intra link: 300 GB/s per direction "
+        "per GPU. Inter link: one 200 Gb/s NIC per GPU = 25 GB/s.",
+        [
+            "NVIDIA A100 Tensor Core GPU datasheet: BF16/FP16 Tensor Core 312 TFLOPS (dense), "
+            "80 GB HBM2e at 2,039 GB/s (SXM), NVLink 600 GB/s (bidirectional, 12 links)",
+            "NVIDIA DGX A100 datasheet: 8x single-port ConnectX-6 VPI, 200 Gb/s HDR "
+            "InfiniBand, for the compute fabric",
+        ],
+        nodes=8, gpus=8, mem_gib=80, intra_gbs=300.0, intra_alpha=3.0,
+        inter_gbs=200 / 8, inter_alpha=8.0, tflops=312.0, launch_us=4.0,
+        hbm_gbs=2039.0, e_max=0.8),
+    profile(
         "rtx2080ti-8x4",
         "8 nodes x 4 NVIDIA GeForce RTX 2080 Ti on PCIe 3.0 x16, 1 x 100 Gb/s NIC per node. "
         "Intra link: PCIe 3.0 x16, 15.75 GB/s per direction (no NVLink). Inter link: per-GPU "

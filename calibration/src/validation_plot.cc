@@ -88,42 +88,36 @@ std::string_view TimeLabel(const v1::ValidationSummary& s) {
 
 }  // namespace
 
-std::string PlotData(const v1::ValidationSummary& s) {
-  const std::vector<std::string> candidates = CandidatesOf(s);
-  const std::string_view noun = CandidateNoun(s.models());
+std::string ScatterData(const Scatter& p) {
   std::string data;
   auto out = std::back_inserter(data);
-  fmt::format_to(out, "# moeplan validation, profile {}: predicted vs measured {}\n",
-                 DataText(s.profile()), TimeLabel(s));
-  fmt::format_to(out, "# one block per {} (gnuplot index 0, 1, ...):", noun);
-  for (const std::string& cand : candidates) fmt::format_to(out, " {}", DataText(cand));
-  fmt::format_to(out, "\n# {} measured_ms predicted_ms config_name\n", noun);
-  for (std::size_t i = 0; i < candidates.size(); ++i) {
+  fmt::format_to(out, "# {}\n", DataText(p.comment));
+  fmt::format_to(out, "# one block per {} (gnuplot index 0, 1, ...):", DataText(p.series_noun));
+  for (const ScatterSeries& series : p.series) fmt::format_to(out, " {}", DataText(series.name));
+  fmt::format_to(out, "\n# {} {} {} {}\n", DataText(p.series_noun), DataText(p.x_column),
+                 DataText(p.y_column), DataText(p.label_column));
+  for (std::size_t i = 0; i < p.series.size(); ++i) {
     // Two blank lines end a block: that is what gnuplot's `index` counts.
     if (i > 0) data += "\n\n";
-    for (const v1::ValidationConfig& c : s.results()) {
-      const v1::ValidationPoint* p = PointOf(c, candidates[i]);
-      if (p == nullptr) continue;
-      fmt::format_to(out, "{} {:.6g} {:.6g} \"{}\"\n", DataText(p->candidate()),
-                     p->measured_us() / 1000.0, p->predicted_us() / 1000.0, DataText(c.name()));
+    for (const ScatterPoint& q : p.series[i].points) {
+      fmt::format_to(out, "{} {:.6g} {:.6g} \"{}\"\n", DataText(p.series[i].name), q.x, q.y,
+                     DataText(q.label));
     }
   }
   return data;
 }
 
-std::string GnuplotScript(const v1::ValidationSummary& s, const std::string& data_file,
+std::string ScatterScript(const Scatter& p, const std::string& data_file,
                           const std::string& png_file) {
-  const std::vector<std::string> candidates = CandidatesOf(s);
   // Equal x and y ranges around every point, so y = x is the diagonal.
   double lo = 0.0;
   double hi = 0.0;
-  for (const v1::ValidationConfig& c : s.results()) {
-    for (const v1::ValidationPoint& p : c.points()) {
-      for (double us : {p.measured_us(), p.predicted_us()}) {
-        if (!(us > 0.0)) continue;  // not drawable on a log axis
-        const double ms = us / 1000.0;
-        lo = lo == 0.0 ? ms : std::min(lo, ms);
-        hi = std::max(hi, ms);
+  for (const ScatterSeries& series : p.series) {
+    for (const ScatterPoint& q : series.points) {
+      for (double v : {q.x, q.y}) {
+        if (!(v > 0.0)) continue;  // not drawable on a log axis
+        lo = lo == 0.0 ? v : std::min(lo, v);
+        hi = std::max(hi, v);
       }
     }
   }
@@ -137,7 +131,8 @@ std::string GnuplotScript(const v1::ValidationSummary& s, const std::string& dat
 
   std::string gp;
   auto out = std::back_inserter(gp);
-  gp += "# moeplan validation scatter plot; run as `gnuplot <this file>`.\n";
+  fmt::format_to(out, "# {} scatter plot; run as `gnuplot <this file>`.\n",
+                 DataText(p.script_noun));
   fmt::format_to(out, "data_file = {}\npng_file = {}\n", GnuplotString(data_file),
                  GnuplotString(png_file));
   // Debian's gnuplot-nox 5.4 has pngcairo (it links cairo/pango), but other
@@ -149,12 +144,9 @@ std::string GnuplotScript(const v1::ValidationSummary& s, const std::string& dat
       "  set terminal png size 900,700 noenhanced\n"
       "}\n"
       "set output png_file\n";
-  fmt::format_to(out, "set title {}\n",
-                 GnuplotString(Cat("moeplan validation (profile ", s.profile(), ", ", s.ranks(),
-                                   " ranks): predicted vs measured iteration time")));
-  fmt::format_to(out, "set xlabel {}\nset ylabel {}\nset logscale xy\n",
-                 GnuplotString(Cat("measured ", TimeLabel(s), " (ms)")),
-                 GnuplotString(Cat("predicted ", TimeLabel(s), " (ms)")));
+  fmt::format_to(out, "set title {}\n", GnuplotString(p.title));
+  fmt::format_to(out, "set xlabel {}\nset ylabel {}\nset logscale xy\n", GnuplotString(p.x_label),
+                 GnuplotString(p.y_label));
   fmt::format_to(out, "set xrange [{0:.6g}:{1:.6g}]\nset yrange [{0:.6g}:{1:.6g}]\n", lo, hi);
   const std::string tics = LogTics(lo, hi);
   if (!tics.empty()) fmt::format_to(out, "set xtics ({0})\nset ytics ({0})\n", tics);
@@ -170,16 +162,49 @@ std::string GnuplotScript(const v1::ValidationSummary& s, const std::string& dat
   constexpr int kPointTypes[] = {7, 5, 9, 13, 11, 15};
   constexpr std::string_view kColours[] = {"#1f77b4", "#d62728", "#2ca02c",
                                            "#9467bd", "#ff7f0e", "#8c564b"};
-  for (std::size_t i = 0; i < candidates.size(); ++i) {
+  for (std::size_t i = 0; i < p.series.size(); ++i) {
     fmt::format_to(out,
                    ", \\\n     data_file index {} using 2:3 with points pt {} ps 1.3 lc rgb '{}' "
                    "title {}",
                    i, kPointTypes[i % std::size(kPointTypes)], kColours[i % std::size(kColours)],
-                   GnuplotString(candidates[i]));
+                   GnuplotString(p.series[i].name));
   }
   // Closing the output flushes the PNG before gnuplot exits.
   gp += "\nset output\n";
   return gp;
+}
+
+Scatter ValidationScatter(const v1::ValidationSummary& s) {
+  Scatter p;
+  p.comment =
+      Cat("moeplan validation, profile ", s.profile(), ": predicted vs measured ", TimeLabel(s));
+  p.series_noun = std::string(CandidateNoun(s.models()));
+  p.x_column = "measured_ms";
+  p.y_column = "predicted_ms";
+  p.label_column = "config_name";
+  p.script_noun = "moeplan validation";
+  p.title = Cat("moeplan validation (profile ", s.profile(), ", ", s.ranks(),
+                " ranks): predicted vs measured iteration time");
+  p.x_label = Cat("measured ", TimeLabel(s), " (ms)");
+  p.y_label = Cat("predicted ", TimeLabel(s), " (ms)");
+  for (const std::string& cand : CandidatesOf(s)) {
+    ScatterSeries series;
+    series.name = cand;
+    for (const v1::ValidationConfig& c : s.results()) {
+      const v1::ValidationPoint* q = PointOf(c, cand);
+      if (q == nullptr) continue;
+      series.points.push_back({q->measured_us() / 1000.0, q->predicted_us() / 1000.0, c.name()});
+    }
+    p.series.push_back(std::move(series));
+  }
+  return p;
+}
+
+std::string PlotData(const v1::ValidationSummary& s) { return ScatterData(ValidationScatter(s)); }
+
+std::string GnuplotScript(const v1::ValidationSummary& s, const std::string& data_file,
+                          const std::string& png_file) {
+  return ScatterScript(ValidationScatter(s), data_file, png_file);
 }
 
 }  // namespace moeplan::calibration

@@ -46,6 +46,26 @@ absl::StatusOr<std::vector<v1::LayerConfig>> ReadGrid(const std::string& path,
   return configs;
 }
 
+absl::StatusOr<std::string> DrawScatter(const calibration::Scatter& plot, const std::string& dir,
+                                        const std::string& stem, std::string* note) {
+  namespace fs = std::filesystem;
+  const std::string data_file = (fs::path(dir) / (stem + ".dat")).string();
+  const std::string script_file = (fs::path(dir) / (stem + ".gp")).string();
+  const std::string png_file = (fs::path(dir) / (stem + ".png")).string();
+  MOEPLAN_RETURN_IF_ERROR(proto::WriteFileAtomic(data_file, calibration::ScatterData(plot)));
+  MOEPLAN_RETURN_IF_ERROR(
+      proto::WriteFileAtomic(script_file, calibration::ScatterScript(plot, data_file, png_file)));
+  note->clear();
+  if (std::system("command -v gnuplot >/dev/null 2>&1") != 0) {
+    *note = Cat("gnuplot not found (apt-get install gnuplot-nox): plot data in ", data_file);
+  } else if (std::system(Cat("gnuplot ", ShellQuote(script_file)).c_str()) != 0) {
+    *note = Cat("gnuplot failed on ", script_file);
+  } else {
+    return stem + ".png";
+  }
+  return std::string();
+}
+
 absl::Status WriteStdout(const std::string& text) {
   if (std::fwrite(text.data(), 1, text.size(), stdout) != text.size() || std::fflush(stdout) != 0) {
     return absl::InternalError("stdout: write failed");

@@ -8,6 +8,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "moeplan/calibration/validation.h"
 #include "moeplan/planner/types.h"
 #include "moeplan/v1/layer.pb.h"
 
@@ -60,6 +61,12 @@ absl::StatusOr<std::vector<v1::LayerConfig>> ReadGrid(const std::string& path, v
 
 // Writes `text` to stdout and flushes it: InternalError "stdout: write failed".
 absl::Status WriteStdout(const std::string& text);
+
+// A scatter plot into `dir`: STEM.dat and STEM.gp written, STEM.png drawn by
+// gnuplot where it can. Returns the PNG's file name, or "" with `note` saying
+// why there is none (no gnuplot: the data are in STEM.dat).
+absl::StatusOr<std::string> DrawScatter(const calibration::Scatter& plot, const std::string& dir,
+                                        const std::string& stem, std::string* note);
 
 // A binary of this build tree (build/client/moeplan -> build/<dir>/<name>) or
 // installed beside this one; else `name`, found on the PATH.

@@ -88,6 +88,8 @@ struct PlanModelArgs {
   std::string expert_tensor_parallel;     // folded grids' etp tried, e.g. 1; empty: none
   int max_microbatches = 64;
   bool exhaustive = false;
+  bool overlap_param_gather = false;  // --search: on every zero 1-2 candidate
+  bool tp_comm_overlap = false;       // --search: on every sequence-parallel candidate
   std::string layout;            // "dp=..,tp=..,pp=..,ep=..,esp=..[,microbatches=..,zero=..,...]"
   double gpu_memory_gib = -1.0;  // < 0: the profile's
   double optimizer_bytes = 12.0;
@@ -139,10 +141,19 @@ struct CalibrateArgs {
   // measurements jobs reported to it (RefitProfile).
   ClientOptions from_server;
   std::string profile;
+  // Instead: the stack calibration on a dataset of published runs
+  // (docs/calibration.md "Stack calibration"), one profile per profile its
+  // cases name written into out_dir.
+  std::string published;
+  std::string out_dir;
+  bool json = false;
+  bool no_holdout = false;
 };
 // Prints the fit report to stdout and writes the profile (--from-server: the
 // server stores the new version; --out also writes it here).
 absl::Status CalibrateCmd(const CalibrateArgs& a);
+// calibrate --published: fits, writes the profiles and prints the report.
+absl::Status CalibratePublishedCmd(const CalibrateArgs& a);
 
 struct ProfileCheckArgs {
   std::string profile;  // built-in name or file
@@ -170,6 +181,7 @@ struct ValidateArgs {
   int warmup = 2;
   double skew = 0.0;  // moeplan-exec --skew (Zipf exponent of the gate bias)
   std::string out_dir = "validation";
+  bool out_dir_given = false;  // --out-dir on the command line (--published writes only then)
   bool json = false;
   double holdout = 0.0;  // fraction of each layout's configs held out; 0: no split
   uint64_t seed = 1;

@@ -172,6 +172,16 @@ void AddLayoutOptions(CLI::App* plan, PlanModelArgs* a) {
                  "lower bound (slower; for measured profiles whose small messages cost less "
                  "per byte than large ones)")
       ->needs(search);
+  plan->add_flag("--overlap-param-gather", a->overlap_param_gather,
+                 "With --search: Megatron-Core's --overlap-param-gather on every candidate with "
+                 "zero 1 or 2 (the parameter AllGathers under the next forward; --layout: "
+                 "overlap_param_gather=1)")
+      ->needs(search);
+  plan->add_flag("--tp-comm-overlap", a->tp_comm_overlap,
+                 "With --search: Megatron-Core's --tp-comm-overlap on every candidate with "
+                 "sequence parallelism (TP collectives pipelined with their GEMMs; --layout: "
+                 "tp_comm_overlap=1)")
+      ->needs(search);
   // The memory check sizes layouts: with --search or --layout, never alone,
   // where it would be ignored.
   const CLI::Option* memory[] = {
@@ -412,6 +422,31 @@ CLI::App* AddCalibrate(CLI::App* app, CalibrateArgs* a) {
                    "medians differ by more than this (%) is listed in the fit report")
       ->check(flags::FiniteInRange(0.0, 1e6))
       ->capture_default_str();
+  CLI::Option* published =
+      calibrate
+          ->add_option("--published", a->published,
+                       "Instead of --samples: calibrate the spec profiles a dataset of published "
+                       "training runs names (a file or a directory of moeplan.v1.PublishedRun "
+                       "JSON, e.g. calibration/published) to their software stack: GEMM "
+                       "efficiency per GPU, the GEMM curve's knee and the MoE token permutation's "
+                       "share of memory bandwidth, in sample and leave-one-case-out")
+          ->check(flags::NonEmpty())
+          ->excludes(samples)
+          ->excludes(from_server);
+  calibrate
+      ->add_option("--out-dir", a->out_dir,
+                   "With --published: directory to write the calibrated profiles into (one "
+                   "<profile>.json per profile the cases name; created if missing)")
+      ->check(flags::NonEmpty())
+      ->needs(published);
+  calibrate
+      ->add_flag("--json", a->json,
+                 "With --published: the report as JSON (moeplan.v1.PublishedFitReport)")
+      ->needs(published);
+  calibrate
+      ->add_flag("--no-holdout", a->no_holdout,
+                 "With --published: skip the leave-one-case-out fits (one fit per case)")
+      ->needs(published);
   calibrate
       ->add_option(
           "--comm-from", a->comm_from,
@@ -468,7 +503,9 @@ CLI::App* AddValidate(CLI::App* app, ValidateArgs* a) {
       ->check(flags::IntInRange(0, 1000000))
       ->capture_default_str();
   validate
-      ->add_option("--out-dir", a->out_dir, "Directory for report.md, plot.png and the runs' files")
+      ->add_option("--out-dir", a->out_dir,
+                   "Directory for report.md, plot.png and the runs' files (with --published: "
+                   "report.md, report.json and plot.png, written only when given)")
       ->check(flags::NonEmpty())
       ->capture_default_str();
   validate->add_flag("--json", a->json, "Print the summary as JSON (moeplan.v1.ValidationSummary)");
@@ -589,8 +626,9 @@ int Main(int argc, char** argv) {
   } else if (sweep->parsed()) {
     status = SweepCmd(sw);
   } else if (calibrate->parsed()) {
-    status = CalibrateCmd(ca);
+    status = ca.published.empty() ? CalibrateCmd(ca) : CalibratePublishedCmd(ca);
   } else if (validate->parsed()) {
+    va.out_dir_given = validate->get_option("--out-dir")->count() > 0;
     status = va.published.empty() ? ValidateCmd(va) : ValidatePublishedCmd(va);
   } else if (profile_check->parsed()) {
     status = ProfileCheckCmd(pc);

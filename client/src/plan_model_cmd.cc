@@ -178,6 +178,8 @@ absl::Status SearchFromFlags(const PlanModelArgs& a, v1::PlanModelRequest* reque
   }
   s->set_max_microbatches(a.max_microbatches);
   s->set_exhaustive(a.exhaustive);
+  s->set_overlap_param_gather(a.overlap_param_gather);
+  s->set_tp_comm_overlap(a.tp_comm_overlap);
   return absl::OkStatus();
 }
 

@@ -78,8 +78,6 @@ absl::Status RefuseOutputsOverInputs(const ValidateArgs& a, size_t configs) {
                                          {"--exec", a.exec}});
 }
 
-bool HaveGnuplot() { return std::system("command -v gnuplot >/dev/null 2>&1") == 0; }
-
 // moeplan-exec's --skew, when asked for.
 std::string SkewFlag(const ValidateArgs& a) {
   return a.skew > 0.0 ? fmt::format(" --skew {:g}", a.skew) : std::string();
@@ -214,21 +212,9 @@ absl::StatusOr<Written> WriteReport(const ValidateArgs& a, const Setup& setup,
   ctx.profile_comment = profile.comment();
   ctx.provenance = calibration::ProvenanceLine(profile);
   ctx.section = section;
-  const std::string data_file = (setup.dir / "plot.dat").string();
-  const std::string script_file = (setup.dir / "plot.gp").string();
-  const std::string png_file = (setup.dir / "plot.png").string();
-  MOEPLAN_RETURN_IF_ERROR(proto::WriteFileAtomic(data_file, calibration::PlotData(summary)));
-  MOEPLAN_RETURN_IF_ERROR(proto::WriteFileAtomic(
-      script_file, calibration::GnuplotScript(summary, data_file, png_file)));
   std::string plot_note;
-  if (!HaveGnuplot()) {
-    plot_note =
-        fmt::format("gnuplot not found (apt-get install gnuplot-nox): plot data in {}", data_file);
-  } else if (std::system(Cat("gnuplot ", ShellQuote(script_file)).c_str()) != 0) {
-    plot_note = fmt::format("gnuplot failed on {}", script_file);
-  } else {
-    ctx.plot_file = "plot.png";
-  }
+  MOEPLAN_ASSIGN_OR_RETURN(ctx.plot_file, DrawScatter(calibration::ValidationScatter(summary),
+                                                      setup.dir.string(), "plot", &plot_note));
   std::string markdown = calibration::RenderMarkdown(summary, ctx);
   if (!skipped.empty()) {
     markdown += fmt::format("\n## Configs not run ({})\n\n", skipped.size());
@@ -238,7 +224,7 @@ absl::StatusOr<Written> WriteReport(const ValidateArgs& a, const Setup& setup,
   written.report = (setup.dir / "report.md").string();
   MOEPLAN_RETURN_IF_ERROR(proto::WriteFileAtomic(written.report, markdown));
   if (!plot_note.empty()) fmt::print(stderr, "moeplan validate: warning: {}\n", plot_note);
-  if (!ctx.plot_file.empty()) written.plot = png_file;
+  if (!ctx.plot_file.empty()) written.plot = (setup.dir / ctx.plot_file).string();
   return written;
 }
 

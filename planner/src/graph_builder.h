@@ -103,8 +103,10 @@ class Builder {
   // A collective on `shape` with per-rank size n; no op for a group of one rank,
   // where an AlltoAll, AllGather or ReduceScatter is the identity: its output
   // buffer is then its input's memory (an alias the executor follows).
+  // `exposed`: the part of its time on the critical path (a collective
+  // pipelined with a GEMM: one of its steps).
   Deps Coll(std::string_view name, Phase phase, Collective c, GroupShape shape, double n, Deps dep,
-            const OpExec& exec = {}) {
+            const OpExec& exec = {}, double exposed = 1.0) {
     if (shape.ranks <= 1) {
       if (exec.in != exec.out && exec.out != Buf::kNone) Alias(exec.out, exec.in);
       return dep;
@@ -115,7 +117,7 @@ class Builder {
     op.phase = phase;
     op.term = TermOf(c);
     op.resources = ResourcesOf(shape);
-    op.cost_us = cost_.InContextUs(name, op.resources, cost_.CollectiveUs(c, shape, n));
+    op.cost_us = exposed * cost_.InContextUs(name, op.resources, cost_.CollectiveUs(c, shape, n));
     op.bytes = Bytes(n);
     op.inter_node_bytes = Bytes(InterNodeBytes(c, shape, n));
     return {Add(op, {dep.a, dep.b}, exec)};

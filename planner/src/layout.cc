@@ -414,8 +414,8 @@ Layout ResolveLayout(const Layout& layout) {
 ModelConfig ModelForLayout(const ModelConfig& model, const Layout& l, int64_t micro_batch_size) {
   ModelConfig m = model;
   m.micro_batch_size = micro_batch_size;
-  m.parallel =
-      ParallelLayout{l.tp, l.ep, l.esp, l.GradientRanks(), l.pp, l.sequence_parallel, l.cp};
+  m.parallel = ParallelLayout{
+      l.tp, l.ep, l.esp, l.GradientRanks(), l.pp, l.sequence_parallel, l.cp, l.tp_comm_overlap};
   if (l.cp > 1) m.seq_length /= l.cp;
   return m;
 }
@@ -434,12 +434,33 @@ absl::Status CheckPipelineSteps(const Layout& l) {
           "); use fewer micro-batches or stages"));
 }
 
+namespace {
+
+// Megatron-Core's communication overlaps and what each needs.
+absl::Status ValidateOverlaps(const Layout& l) {
+  if (l.tp_comm_overlap && !l.sequence_parallel) {
+    return Bad("layout.tp_comm_overlap",
+               "needs sequence parallelism (sp=1, tp >= 2): it overlaps the TP sub-blocks' "
+               "AllGathers and ReduceScatters",
+               Cat("tp=", l.tp, ", sp=0"));
+  }
+  if (l.overlap_param_gather && l.zero_stage != 1 && l.zero_stage != 2) {
+    return Bad("layout.overlap_param_gather",
+               "needs zero=1 or 2 (the distributed optimizer's parameter AllGathers)",
+               Cat("zero=", l.zero_stage));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::Status ValidateLayout(const ModelConfig& m, const Layout& l, int64_t global_batch,
                             const ClusterShape& c) {
   MOEPLAN_RETURN_IF_ERROR(ValidateDegrees(m, l, c));
   // A dense model's family names nothing: no experts to place.
   if (!m.IsDense()) MOEPLAN_RETURN_IF_ERROR(ValidateFamily(l));
   MOEPLAN_RETURN_IF_ERROR(ValidatePipeline(m, l, global_batch));
+  MOEPLAN_RETURN_IF_ERROR(ValidateOverlaps(l));
   MOEPLAN_RETURN_IF_ERROR(ValidateContextParallel(m, l));
   MOEPLAN_RETURN_IF_ERROR(ValidateRecompute(m, l));
   MOEPLAN_RETURN_IF_ERROR(ValidateSequenceParallel(m, l));

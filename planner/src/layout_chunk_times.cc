@@ -117,6 +117,12 @@ absl::StatusOr<ChunkTimes> LayoutPlanner::Impl::Times(const VariantPlan& vp, boo
   t.fwd = r.forward_end_us;
   t.bwd = bwd_end - t.fwd;
   t.tail = std::max(0.0, r.makespan_us - bwd_end);
+  // ZeRO 1-2's gathers after the step: from its end to the graph's.
+  for (OpId id = 0; id < g.size(); ++id) {
+    if (g.op(id).term != Term::kOptimizer) continue;
+    const double step_end = std::max(bwd_end, r.times[static_cast<size_t>(id)].end_us);
+    t.gather = std::max(t.gather, r.makespan_us - step_end);
+  }
   for (OpId id : times->critical_path) {
     const Op& op = steps->op(id);
     const double end = times->times[static_cast<size_t>(id)].end_us;

@@ -81,6 +81,7 @@ ChunkKey LayoutPlanner::Impl::KeyOf(const ModelConfig& model, const Layout& l, i
                   so.embed,
                   so.head,
                   l.sequence_parallel,
+                  l.tp_comm_overlap,
                   static_cast<uint8_t>(l.dispatcher),
                   std::vector<uint8_t>(at(so.first_block), at(so.end_block))};
 }
@@ -165,7 +166,7 @@ absl::Status LayoutPlanner::Impl::Run(const ModelConfig& model, const Layout& l,
       // Recomputation runs the chunk's forward (full) or its modules'
       // forward (selective) again before its backward.
       spec.bwd_us[i] = t.bwd + RecomputeUs(l, t);
-      spec.tail_us[static_cast<size_t>(s)] += t.tail;
+      spec.tail_us[static_cast<size_t>(s)] += t.TailUs(l);
       chunks[i] = t;
     }
   }
@@ -250,7 +251,7 @@ absl::StatusOr<internal::ChunkBound> LayoutPlanner::Impl::BoundOf(const ModelCon
       const ChunkTimes& t = it->second;
       out.fwd = t.fwd;
       out.bwd = t.bwd + RecomputeUs(l, t);
-      out.tail = t.tail;
+      out.tail = t.TailUs(l);
       // Its load is the pipeline's own: simulated exactly, left out here.
       out.exact = true;
       out.phases = t.phases;
@@ -402,7 +403,7 @@ void LayoutPlanner::Impl::Breakdown(const Layout& l, const PipelineSpec& spec,
           m * (t.fwd_terms[static_cast<size_t>(k)] * (l.recompute ? 2.0 : 1.0) +
                t.bwd_terms[static_cast<size_t>(k)]);
     }
-    out->grad_sync_us += t.grad_sync;
+    out->grad_sync_us += std::max(0.0, t.grad_sync - t.HiddenGatherUs(l));
     out->optimizer_us += t.optimizer;
     out->stage_forward_us += t.fwd;
     out->stage_backward_us += spec.bwd_us[static_cast<size_t>(s) * v + c];

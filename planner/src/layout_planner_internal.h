@@ -4,6 +4,7 @@
 // them is layout_search.cc.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <memory>
@@ -26,6 +27,14 @@ namespace internal {
 struct ChunkTimes {
   double fwd = 0.0, bwd = 0.0, tail = 0.0;
   double grad_sync = 0.0, optimizer = 0.0;
+  // ZeRO 1-2: the parameter AllGathers' part of the tail (after the step).
+  double gather = 0.0;
+  // The tail with the layout's parameter gathers under the next forward
+  // (Layout::overlap_param_gather): up to one forward of them hidden.
+  double TailUs(const Layout& l) const { return tail - HiddenGatherUs(l); }
+  double HiddenGatherUs(const Layout& l) const {
+    return l.overlap_param_gather ? std::min(gather, fwd) : 0.0;
+  }
   std::array<double, kNumTerms> fwd_terms{}, bwd_terms{};
   // The forward compute time of each selective recomputation module
   // (RecomputeModule index) in one micro-batch.
@@ -53,7 +62,7 @@ struct ChunkKey {
   int64_t mbs;
   int tp, cp, dp, ep, esp, edp, zero, blocks, phase;
   uint8_t family;
-  bool embed, head, sequence_parallel;
+  bool embed, head, sequence_parallel, tp_comm_overlap;
   uint8_t dispatcher;
   // With moe.layer_pattern (phase 0): the chunk's blocks' entries, which
   // decide its MoE blocks as the phase does for moe.layer_freq.
@@ -62,8 +71,8 @@ struct ChunkKey {
   template <typename H>
   friend H AbslHashValue(H h, const ChunkKey& k) {
     return H::combine(std::move(h), k.mbs, k.tp, k.cp, k.dp, k.ep, k.esp, k.edp, k.zero, k.blocks,
-                      k.phase, k.family, k.embed, k.head, k.sequence_parallel, k.dispatcher,
-                      k.pattern);
+                      k.phase, k.family, k.embed, k.head, k.sequence_parallel, k.tp_comm_overlap,
+                      k.dispatcher, k.pattern);
   }
 };
 

@@ -359,6 +359,8 @@ absl::Status EnumerateCandidates(const ModelConfig& model, std::span<const Layou
                 l.pipeline = ps;
                 l.virtual_stages = v;
                 l.a2a_overlap = ov;
+                l.overlap_param_gather = options.overlap_param_gather && (z == 1 || z == 2);
+                l.tp_comm_overlap = options.tp_comm_overlap && l.sequence_parallel;
                 if (split) {
                   if (base.pp < 2 || !base.stage_layers.empty()) continue;
                   l.stage_layers = balanced.Of(chunks);

@@ -104,7 +104,8 @@ class BackwardEmitter {
   Deps Reduce(std::string_view allreduce_name, std::string_view reducescatter_name, Deps in) {
     if (!sp_) return AllReduce(allreduce_name, in);
     return b_.Coll(reducescatter_name, B, Collective::kReduceScatter, s_.mp_shape, seq_, in,
-                   DenseColl(ExecKind::kReduceScatter, ExecGroup::kMp, seq_, e_));
+                   DenseColl(ExecKind::kReduceScatter, ExecGroup::kMp, seq_, e_),
+                   s_.TpCommExposed(reducescatter_name));
   }
   // Sequence parallel: S/t slices AllGathered over TP (an output gradient
   // entering a TP sub-block, the dual of its forward ReduceScatter; or a
@@ -112,7 +113,8 @@ class BackwardEmitter {
   Deps Gather(std::string_view name, Deps in) {
     if (!sp_) return in;
     return b_.Coll(name, B, Collective::kAllGather, s_.mp_shape, seq_, in,
-                   DenseColl(ExecKind::kAllGather, ExecGroup::kMp, seq_, e_));
+                   DenseColl(ExecKind::kAllGather, ExecGroup::kMp, seq_, e_),
+                   s_.TpCommExposed(name));
   }
   Deps Join(std::string_view name, Deps in) {
     return b_.Compute(name, B, Term::kDense, 0.0, 0.0, in, 0, kJoin);

@@ -159,14 +159,16 @@ Deps ModelPlanner::Impl::TpReduce(Builder& b, std::string_view allreduce,
   }
   const double piece = sm / m->parallel.mp;
   return b.Coll(reducescatter, F, Collective::kReduceScatter, mp_shape, piece, x,
-                DenseColl(ExecKind::kReduceScatter, ExecGroup::kMp, piece, e));
+                DenseColl(ExecKind::kReduceScatter, ExecGroup::kMp, piece, e),
+                TpCommExposed(reducescatter));
 }
 
 // Sequence parallelism: the S/t slices of `sm` bytes AllGathered over TP.
 Deps ModelPlanner::Impl::SpGather(Builder& b, std::string_view name, double sm, Deps x) const {
   const double piece = sm / m->parallel.mp;
   return b.Coll(name, F, Collective::kAllGather, mp_shape, piece, x,
-                DenseColl(ExecKind::kAllGather, ExecGroup::kMp, piece, m->bytes_per_element));
+                DenseColl(ExecKind::kAllGather, ExecGroup::kMp, piece, m->bytes_per_element),
+                TpCommExposed(name));
 }
 
 // Context parallelism (docs/model.md "Context parallelism"): each rank holds

@@ -351,6 +351,17 @@ struct ModelPlanner::Impl {
   double ParamGatherBytes() const { return m->fp8_param_gather ? 1.0 : m->bytes_per_element; }
   // Sequence parallelism (docs/model.md): on, with TP.
   bool SequenceParallel() const { return m->parallel.mp > 1 && m->parallel.sequence_parallel; }
+  // The exposed part of a TP sub-block's sequence-parallel collective: with
+  // --tp-comm-overlap it runs in mp steps pipelined with its GEMM, one step
+  // on the critical path (the GEMM assumed the longer; docs/layouts.md
+  // "Overlapped TP communication"). The LM head's are not overlapped.
+  double TpCommExposed(std::string_view name) const {
+    return SequenceParallel() && m->parallel.tp_comm_overlap &&
+                   name.find("lm_head") == std::string_view::npos &&
+                   name.find("ln_f") == std::string_view::npos
+               ? 1.0 / m->parallel.mp
+               : 1.0;
+  }
   Deps TpReduce(Builder& b, std::string_view allreduce, std::string_view reducescatter, double sm,
                 Deps x) const;
   Deps SpGather(Builder& b, std::string_view name, double sm, Deps x) const;

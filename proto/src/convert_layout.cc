@@ -46,6 +46,10 @@ bool SetIntegerKey(std::string_view key, int n, v1::Layout* l) {
     l->set_sequence_parallel(n == 1);
   } else if (key == "a2a_overlap") {
     l->set_a2a_overlap(n == 1);
+  } else if (key == "overlap_param_gather") {
+    l->set_overlap_param_gather(n == 1);
+  } else if (key == "tp_comm_overlap") {
+    l->set_tp_comm_overlap(n == 1);
   } else {
     return false;
   }
@@ -59,7 +63,7 @@ absl::StatusOr<v1::Layout> LayoutFromSpec(std::string_view spec) {
   static constexpr std::string_view kKeys =
       "dp, tp, cp, pp, ep, esp (or etp), microbatches, zero, family, pipeline, v, recompute (0, 1 "
       "or modules joined by +), sp, "
-      "a2a_overlap, dispatcher, layout (last)";
+      "a2a_overlap, overlap_param_gather, tp_comm_overlap, dispatcher, layout (last)";
   std::vector<std::string> seen;
   size_t begin = 0;
   while (begin <= spec.size()) {
@@ -118,7 +122,9 @@ absl::StatusOr<v1::Layout> LayoutFromSpec(std::string_view spec) {
       return absl::InvalidArgumentError(
           Cat("--layout: unknown key ", Quoted(key), " (keys: ", kKeys, ")"));
     }
-    if ((key == "recompute" || key == "sp" || key == "a2a_overlap") && n != 0 && n != 1) {
+    if ((key == "recompute" || key == "sp" || key == "a2a_overlap" ||
+         key == "overlap_param_gather" || key == "tp_comm_overlap") &&
+        n != 0 && n != 1) {
       return absl::InvalidArgumentError(Cat("--layout: ", key, " must be 0 or 1 (got ", n, ")"));
     }
   }
@@ -154,6 +160,8 @@ std::string LayoutToSpec(const v1::Layout& l) {
   }
   number("sp", l.sequence_parallel() ? 1 : 0);
   number("a2a_overlap", l.a2a_overlap() ? 1 : 0);
+  number("overlap_param_gather", l.overlap_param_gather() ? 1 : 0);
+  number("tp_comm_overlap", l.tp_comm_overlap() ? 1 : 0);
   text("dispatcher", l.dispatcher());
   text("layout", l.pipeline_model_parallel_layout());  // last: it may hold commas
   return s;
@@ -188,6 +196,8 @@ absl::StatusOr<p::Layout> LayoutFromProto(const v1::Layout& m) {
   }
   l.sequence_parallel = m.sequence_parallel();
   l.a2a_overlap = m.a2a_overlap();
+  l.overlap_param_gather = m.overlap_param_gather();
+  l.tp_comm_overlap = m.tp_comm_overlap();
   if (!m.dispatcher().empty() && !p::ParseDispatcher(m.dispatcher(), &l.dispatcher)) {
     return absl::InvalidArgumentError(
         Cat("layout.dispatcher: must be alltoall, deepep or allgather (got ",
@@ -242,6 +252,8 @@ v1::Layout LayoutToProto(const p::Layout& l, int64_t micro_batch_size) {
   }
   o.set_sequence_parallel(l.sequence_parallel);
   o.set_a2a_overlap(l.a2a_overlap);
+  o.set_overlap_param_gather(l.overlap_param_gather);
+  o.set_tp_comm_overlap(l.tp_comm_overlap);
   o.set_dispatcher(std::string(p::DispatcherName(l.dispatcher)));
   o.set_micro_batch_size(static_cast<int32_t>(micro_batch_size));
   if (!l.stage_layers.empty()) {
@@ -294,6 +306,8 @@ absl::StatusOr<p::SearchOptions> SearchFromProto(const v1::SearchOptions& m) {
     o.virtual_stages.assign(m.virtual_stages().begin(), m.virtual_stages().end());
   }
   o.exhaustive = m.exhaustive();
+  o.overlap_param_gather = m.overlap_param_gather();
+  o.tp_comm_overlap = m.tp_comm_overlap();
   o.sequence_parallel.assign(m.sequence_parallel().begin(), m.sequence_parallel().end());
   o.a2a_overlap.assign(m.a2a_overlap().begin(), m.a2a_overlap().end());
   o.balanced_pipeline.assign(m.balanced_pipeline().begin(), m.balanced_pipeline().end());

@@ -15,9 +15,10 @@ std::string Msg(const absl::Status& s) { return std::string(s.message()); }
 
 TEST(BuiltinProfiles, TheSpecAndMeasuredProfilesAndTheDefault) {
   const std::vector<std::string> names = BuiltinProfileNames();
-  EXPECT_EQ(names, (std::vector<std::string>{"a100-8x8", "b200-8x8", "cpu-testbed-1x4",
-                                             "cpu-testbed-2x2", "gb200-nvl72", "h100-8x8",
-                                             "h200-8x8", "h800-8x8", "rtx2080ti-8x4", "v100-8x8"}));
+  EXPECT_EQ(names,
+            (std::vector<std::string>{"a100-8x8", "a100-8x8-hdr", "b200-8x8", "cpu-testbed-1x4",
+                                      "cpu-testbed-2x2", "gb200-nvl72", "h100-8x8", "h200-8x8",
+                                      "h800-8x8", "rtx2080ti-8x4", "v100-8x8"}));
   EXPECT_TRUE(BuiltinProfile(kDefaultProfileName).ok());
 }
 
@@ -115,10 +116,11 @@ TEST(BuiltinProfiles, HopperAndBlackwellNumbersFollowTheCitedSpecs) {
 TEST(ResolveProfile, UnknownNameListsTheBuiltins) {
   absl::StatusOr<v1::ClusterProfile> p = ResolveProfile("dgx-9000");
   EXPECT_EQ(p.status().code(), absl::StatusCode::kNotFound);
-  EXPECT_EQ(Msg(p.status()),
-            "cluster: 'dgx-9000' is neither a built-in profile (a100-8x8, b200-8x8, "
-            "cpu-testbed-1x4, cpu-testbed-2x2, gb200-nvl72, h100-8x8, h200-8x8, h800-8x8, "
-            "rtx2080ti-8x4, v100-8x8) nor an existing file");
+  EXPECT_EQ(
+      Msg(p.status()),
+      "cluster: 'dgx-9000' is neither a built-in profile (a100-8x8, a100-8x8-hdr, "
+      "b200-8x8, cpu-testbed-1x4, cpu-testbed-2x2, gb200-nvl72, h100-8x8, h200-8x8, h800-8x8, "
+      "rtx2080ti-8x4, v100-8x8) nor an existing file");
 }
 
 TEST(ResolveProfile, ReadsAndValidatesFiles) {

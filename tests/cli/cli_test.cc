@@ -127,8 +127,8 @@ TEST(SweepCli, SkipInvalidCountsReasons) {
 TEST(ProfilesCli, ListsTheBuiltins) {
   CliResult r = RunCli("profiles list");
   ASSERT_EQ(r.exit_code, 0) << r.err;
-  for (const char* n : {"a100-8x8", "b200-8x8", "gb200-nvl72", "h100-8x8", "h200-8x8", "h800-8x8",
-                        "rtx2080ti-8x4", "v100-8x8", "[default]"}) {
+  for (const char* n : {"a100-8x8", "a100-8x8-hdr", "b200-8x8", "gb200-nvl72", "h100-8x8",
+                        "h200-8x8", "h800-8x8", "rtx2080ti-8x4", "v100-8x8", "[default]"}) {
     EXPECT_NE(r.out.find(n), std::string::npos) << n;
   }
   CliResult show = RunCli("profiles show h200-8x8");

@@ -477,6 +477,28 @@ TEST(Layout, ZeroStagesChangeTheGradientSynchronisation) {
   EXPECT_GT(us[3], us[1]);
 }
 
+// Megatron-Core's --overlap-param-gather: ZeRO 1-2's parameter AllGathers
+// after the step run under the next iteration's first forward. The iteration
+// loses what they added after the step, up to one forward of it, and the
+// breakdown's gradient synchronisation loses the same.
+TEST(Layout, OverlappedParameterGathersHideUnderTheNextForward) {
+  ModelConfig m = EightBlocks();
+  LayoutPlanner lp(RoundNumberModel());
+  for (int z : {1, 2}) {
+    Layout l = Make(32, 1, 1, 32, 1, Family::kDpMoe);
+    l.zero_stage = z;
+    LayoutCandidate plain, overlapped;
+    ASSERT_TRUE(lp.Evaluate(m, l, {}, {}, &plain).ok());
+    l.overlap_param_gather = true;
+    ASSERT_TRUE(lp.Evaluate(m, l, {}, {}, &overlapped).ok());
+    const double saved = plain.iteration_us - overlapped.iteration_us;
+    EXPECT_GT(saved, 0.0) << "zero " << z;
+    EXPECT_LE(saved, plain.stage_forward_us + 1e-9) << "zero " << z;
+    EXPECT_NEAR(plain.grad_sync_us - overlapped.grad_sync_us, saved, 1e-6) << "zero " << z;
+    EXPECT_DOUBLE_EQ(overlapped.compute_us, plain.compute_us);
+  }
+}
+
 // 128 blocks, 4,096 sequences per iteration: pipelines as long as the
 // limit on simulated steps allows.
 ModelConfig LongPipelineModel() {

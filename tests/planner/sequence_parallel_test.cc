@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include <map>
+#include <set>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -306,6 +307,41 @@ TEST(FoldedExpertGrid, LayoutsPlanItAndCountItsRows) {
   EXPECT_EQ(cand.schedule, Schedule::kDefault);
 }
 
+// Megatron-Core's --tp-comm-overlap: each TP sub-block's sequence-parallel
+// AllGather and ReduceScatter runs in mp steps pipelined with its GEMM, one
+// step exposed: 1/mp of its cost, forward and backward. The LM head's (and
+// the final norm's gather before it) and everything else keep their cost.
+TEST(TpCommOverlap, ExposesOneOfTheMpStepsOfEachSubBlocksCollective) {
+  const VariantPlan on = PlanOne(Mixed(true), Schedule::kDefault);
+  ModelConfig m = Mixed(true);
+  m.parallel.tp_comm_overlap = true;
+  const VariantPlan ov = PlanOne(m, Schedule::kDefault);
+  ASSERT_EQ(on.graph.size(), ov.graph.size());
+  const std::set<std::string_view> sub_blocks = {
+      "fwd.ln1_allgather",       "fwd.ln2_allgather",       "fwd.shared_allgather",
+      "fwd.proj_reducescatter",  "fwd.fc2_reducescatter",   "fwd.shared_reducescatter",
+      "bwd.fc2_allgather",       "bwd.proj_allgather",      "bwd.shared_allgather",
+      "bwd.qkv_input_allgather", "bwd.fc1_input_allgather", "bwd.shared_fc1_input_allgather",
+      "bwd.fc1_reducescatter",   "bwd.qkv_reducescatter",   "bwd.shared_reducescatter"};
+  int overlapped = 0, kept = 0;
+  for (OpId id = 0; id < on.graph.size(); ++id) {
+    const Op &a = on.graph.op(id), &b = ov.graph.op(id);
+    ASSERT_EQ(a.base, b.base);
+    if (sub_blocks.count(a.base) && !(a.flags & kGradSync)) {
+      EXPECT_DOUBLE_EQ(b.cost_us * 2.0, a.cost_us) << a.base;
+      ++overlapped;
+    } else {
+      EXPECT_DOUBLE_EQ(b.cost_us, a.cost_us) << a.base;
+      ++kept;
+    }
+  }
+  // fwd: ln1/ln2/shared gathers and proj/fc2/shared ReduceScatters; bwd:
+  // their duals and the dW inputs' re-gathers.
+  EXPECT_GE(overlapped, 30);
+  EXPECT_GT(kept, 0);
+  EXPECT_LT(ov.sim.makespan_us, on.sim.makespan_us);
+}
+
 TEST(SequenceParallel, FieldRulesNameTheField) {
   const ModelConfig m = Mixed(false);
   const ClusterShape c{2, 8};
@@ -323,6 +359,19 @@ TEST(SequenceParallel, FieldRulesNameTheField) {
   EXPECT_EQ(Message(ValidateLayout(odd, four, 8, c)),
             "layout.sequence_parallel: splits each sequence (each context-parallel chunk) over "
             "the TP group: seq_length must be divisible by tp*cp (got seq_length=127, tp*cp=2)");
+  Layout overlap = l;
+  overlap.sequence_parallel = false;
+  overlap.tp_comm_overlap = true;
+  EXPECT_EQ(Message(ValidateLayout(m, overlap, 8, c)),
+            "layout.tp_comm_overlap: needs sequence parallelism (sp=1, tp >= 2): it overlaps the "
+            "TP sub-blocks' AllGathers and ReduceScatters (got tp=2, sp=0)");
+  Layout gather = l;
+  gather.overlap_param_gather = true;
+  EXPECT_EQ(Message(ValidateLayout(m, gather, 8, c)),
+            "layout.overlap_param_gather: needs zero=1 or 2 (the distributed optimizer's "
+            "parameter AllGathers) (got zero=0)");
+  gather.zero_stage = 1;
+  EXPECT_TRUE(ValidateLayout(m, gather, 8, c).ok());
   Layout pp = l;
   pp.family = Family::kPpMoe;
   pp.ep = 2;

@@ -24,7 +24,7 @@ import moeplan_client  # noqa: E402  (finds the stubs through MOEPLAN_PYTHONPATH
 from moeplan_client import PlannerClient, PlannerError  # noqa: E402
 
 SERVER = os.environ.get("MOEPLAN_SERVER", "")
-BUILTINS = {"a100-8x8", "b200-8x8", "gb200-nvl72", "h100-8x8", "h200-8x8", "h800-8x8",
+BUILTINS = {"a100-8x8", "a100-8x8-hdr", "b200-8x8", "gb200-nvl72", "h100-8x8", "h200-8x8", "h800-8x8",
             "rtx2080ti-8x4", "v100-8x8"}
 SCHEDULES = {"SCHEDULE_DEFAULT", "SCHEDULE_S1", "SCHEDULE_S2"}
 

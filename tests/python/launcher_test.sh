@@ -154,6 +154,12 @@ expect a2a '^megatron flags: .*--moe-token-dispatcher-type alltoall --overlap-mo
   'no --overlap-moe-expert-parallel-comm'
 expect a2a '+a2a' 'the table does not mark the overlap'
 
+# Megatron-Core's communication overlaps (overlap_param_gather=1, tp_comm_overlap=1).
+layout_case overlaps v100-8x8 gpt3-medium-moe.json \
+  'dp=8,tp=4,pp=1,ep=8,esp=4,microbatches=4,zero=1,sp=1,overlap_param_gather=1,tp_comm_overlap=1'
+expect overlaps '^megatron flags: .*--overlap-grad-reduce --overlap-param-gather --tp-comm-overlap' \
+  'no --overlap-param-gather --tp-comm-overlap'
+
 # DeepEP's dispatcher (dispatcher=deepep -> the flex dispatcher with its backend).
 layout_case deepep v100-8x8 gpt3-medium-moe.json \
   'dp=32,tp=1,pp=1,ep=32,esp=1,microbatches=8,dispatcher=deepep'

@@ -178,8 +178,8 @@ TEST_F(ServerTest, EquivalentRequestsShareACacheEntry) {
 TEST_F(ServerTest, ProfilesListGetPutAndANewVersionInvalidatesPlans) {
   absl::StatusOr<v1::ListProfilesResponse> list = client_->ListProfiles();
   ASSERT_TRUE(list.ok());
-  // The built-ins: eight spec profiles and the two measured testbed ones.
-  ASSERT_EQ(list->profiles_size(), 10);
+  // The built-ins: nine spec profiles and the two measured testbed ones.
+  ASSERT_EQ(list->profiles_size(), 11);
   EXPECT_EQ(list->profiles(0).name(), "a100-8x8");
 
   absl::StatusOr<v1::ClusterProfile> h200 = client_->GetProfile("h200-8x8");
@@ -195,7 +195,7 @@ TEST_F(ServerTest, ProfilesListGetPutAndANewVersionInvalidatesPlans) {
   EXPECT_EQ(put->version(), 1u);
   EXPECT_TRUE(client_->PutProfile(mine).ok()) << "re-putting the same profile is idempotent";
   EXPECT_EQ(client_->GetProfile("lab-cluster")->SerializeAsString(), mine.SerializeAsString());
-  EXPECT_EQ(client_->ListProfiles()->profiles_size(), 11);
+  EXPECT_EQ(client_->ListProfiles()->profiles_size(), 12);
 
   ASSERT_TRUE(client_->PlanLayer(PlanRequest()).ok());  // an a100-8x8 entry
   v1::PlanLayerRequest req = PlanRequest();
@@ -263,7 +263,7 @@ TEST(ServerThreadsTest, ThreadCapServesTheSameAnswersOnTheSynchronousApi) {
   EXPECT_EQ(r->SerializeAsString(), local.SerializeAsString());
   req.mutable_layer()->set_top_k(0);
   EXPECT_EQ(c.PlanLayer(req).status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(c.ListProfiles()->profiles_size(), 10);
+  EXPECT_EQ(c.ListProfiles()->profiles_size(), 11);
   server->reset();
   std::filesystem::remove_all(tmpl);
 }
@@ -274,10 +274,11 @@ TEST_F(ServerTest, UnknownProfilesAreNotFound) {
   req.set_profile_name("nope");
   absl::StatusOr<v1::PlanLayerResponse> r = client_->PlanLayer(req);
   EXPECT_EQ(r.status().code(), absl::StatusCode::kNotFound);
-  EXPECT_EQ(Msg(r.status()),
-            "profile_name: no profile named 'nope' (known: a100-8x8, b200-8x8, cpu-testbed-1x4, "
-            "cpu-testbed-2x2, gb200-nvl72, h100-8x8, h200-8x8, h800-8x8, rtx2080ti-8x4, "
-            "v100-8x8)");
+  EXPECT_EQ(
+      Msg(r.status()),
+      "profile_name: no profile named 'nope' (known: a100-8x8, a100-8x8-hdr, b200-8x8, "
+      "cpu-testbed-1x4, cpu-testbed-2x2, gb200-nvl72, h100-8x8, h200-8x8, h800-8x8, rtx2080ti-8x4, "
+      "v100-8x8)");
 }
 
 // With many stored profiles NOT_FOUND stays NOT_FOUND: the message lists a
@@ -301,8 +302,8 @@ TEST_F(ServerTest, NotFoundStaysSmallAtAnyNumberOfProfiles) {
   EXPECT_NE(msg.find("no profile named 'evil\\x0amethod=PutProfile code=OK"), std::string::npos)
       << msg;
   EXPECT_NE(msg.find("...(4030 bytes)"), std::string::npos) << msg;
-  // 40 stored and 10 built-in, 16 named.
-  EXPECT_NE(msg.find(" and 34 more; ListProfiles lists them)"), std::string::npos) << msg;
+  // 40 stored and 11 built-in, 16 named.
+  EXPECT_NE(msg.find(" and 35 more; ListProfiles lists them)"), std::string::npos) << msg;
 }
 
 TEST_F(ServerTest, InlineProfilesArePlannedAndCachedByContent) {

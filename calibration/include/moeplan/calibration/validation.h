@@ -72,9 +72,33 @@ struct ReportContext {
 // error tables, the worst configs, selection misses, every config.
 std::string RenderMarkdown(const v1::ValidationSummary& s, const ReportContext& ctx);
 
-// The scatter plot (predicted vs measured total, log-log, one point style per
-// candidate, the y = x line and +-10 % bands): the data file's contents and a
-// gnuplot script that reads `data_file` and writes `png_file`.
+// A log-log scatter plot of predicted (y) against measured or published (x)
+// figures with the y = x line and +-10 % bands, one point style per series:
+// the data file's contents (a block per series: name, x, y, quoted label)
+// and a gnuplot script that reads `data_file` and writes `png_file`.
+struct ScatterPoint {
+  double x = 0.0, y = 0.0;
+  std::string label;
+};
+struct ScatterSeries {
+  std::string name;
+  std::vector<ScatterPoint> points;
+};
+struct Scatter {
+  std::string comment;      // the data file's first line
+  std::string series_noun;  // "schedule", "family", ...
+  std::string x_column, y_column, label_column;
+  std::string script_noun;  // the script's first line: "<noun> scatter plot"
+  std::string title, x_label, y_label;
+  std::vector<ScatterSeries> series;
+};
+std::string ScatterData(const Scatter& p);
+std::string ScatterScript(const Scatter& p, const std::string& data_file,
+                          const std::string& png_file);
+
+// The validation's scatter plot (predicted vs measured total, one series per
+// candidate).
+Scatter ValidationScatter(const v1::ValidationSummary& s);
 std::string PlotData(const v1::ValidationSummary& s);
 std::string GnuplotScript(const v1::ValidationSummary& s, const std::string& data_file,
                           const std::string& png_file);

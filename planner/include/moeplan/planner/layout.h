@@ -94,6 +94,13 @@ struct Layout {
   // "Overlapping micro-batches"). DualPipe always overlaps its pairs.
   bool a2a_overlap = false;
   Dispatcher dispatcher = Dispatcher::kAllToAll;
+  // Megatron-Core's --overlap-param-gather (zero 1-2): each chunk's parameter
+  // AllGathers after the step run under its next first forward (docs/layouts.md
+  // "Overlapped parameter gathers").
+  bool overlap_param_gather = false;
+  // Megatron-Core's --tp-comm-overlap (sp): the TP sub-blocks' collectives
+  // pipelined with their GEMMs (ParallelLayout::tp_comm_overlap).
+  bool tp_comm_overlap = false;
   // The layers of each of the pp * virtual_stages stages, in forward order
   // (a parsed Megatron-Core pipeline layout, pipeline_layout.h); empty: the
   // layers spread evenly, the embedding first and the loss last.

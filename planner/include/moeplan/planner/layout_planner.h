@@ -84,6 +84,11 @@ struct SearchOptions {
   // bound (docs/layouts.md "Search"): for profiles whose costs are not
   // subadditive (a piece costing less than its share of the whole).
   bool exhaustive = false;
+  // Megatron-Core's --overlap-param-gather on every candidate with zero 1-2,
+  // --tp-comm-overlap on every one with sequence parallelism (switches, not
+  // axes: neither is ever slower in this model).
+  bool overlap_param_gather = false;
+  bool tp_comm_overlap = false;
 };
 // InvalidArgument naming "search.<field>".
 absl::Status ValidateSearchOptions(const SearchOptions& options);

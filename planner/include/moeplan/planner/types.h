@@ -25,6 +25,11 @@ struct ParallelLayout {
   // split each sequence (seq_length is then a rank's chunk) and exchange K/V
   // around a ring in attention (docs/model.md "Context parallelism").
   int cp = 1;
+  // Megatron-Core's --tp-comm-overlap (set by a layout, with sequence
+  // parallelism): the TP sub-blocks' AllGathers and ReduceScatters run
+  // pipelined with their GEMMs, one of the mp steps exposed (docs/layouts.md
+  // "Overlapped TP communication").
+  bool tp_comm_overlap = false;
 
   int StageRanks() const { return mp * dp; }
   int TotalRanks() const { return mp * dp * pp; }
@@ -32,8 +37,8 @@ struct ParallelLayout {
 // Every field (a structured binding: a field added without it fails to compile).
 template <typename H>
 H AbslHashValue(H h, const ParallelLayout& p) {
-  const auto& [mp, ep, esp, dp, pp, sequence_parallel, cp] = p;
-  return H::combine(std::move(h), mp, ep, esp, dp, pp, sequence_parallel, cp);
+  const auto& [mp, ep, esp, dp, pp, sequence_parallel, cp, tp_comm_overlap] = p;
+  return H::combine(std::move(h), mp, ep, esp, dp, pp, sequence_parallel, cp, tp_comm_overlap);
 }
 
 // One MoE layer. Dimensions are element counts.
