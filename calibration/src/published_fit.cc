@@ -339,6 +339,7 @@ absl::StatusOr<StackFit> FitPublished(const std::vector<PublishedEntry>& cases,
     MOEPLAN_ASSIGN_OR_RETURN(const Eigen::VectorXd xi, Fit(eval, t, rest, x0));
     MOEPLAN_ASSIGN_OR_RETURN(const std::vector<v1::PublishedCase> held, eval.Predict(xi, {i}));
     rows[static_cast<size_t>(i)].set_holdout_error_pct(held[0].error_pct());
+    AddTerms(t, xi, x0, "", rows[static_cast<size_t>(i)].mutable_holdout_terms());
     r.set_fits(r.fits() + 1);
   }
   AddTerms(t, x, x0, "", r.mutable_terms());

@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -33,8 +34,20 @@ std::string RenderFit(const v1::PublishedFitReport& r, bool holdout) {
                        t.profile().empty() ? "(shared)" : t.profile(), t.spec_value(), t.value(),
                        t.why());
   }
-  out += fmt::format("\n| case | family | profile | published | spec | in sample |{}\n",
-                     holdout ? " held out |" : "");
+  // How far the held-out fits moved each term.
+  for (int k = 0; holdout && k < r.terms_size(); ++k) {
+    double lo = r.terms(k).value(), hi = lo;
+    for (const v1::PublishedFitCase& c : r.cases()) {
+      if (k >= c.holdout_terms_size()) continue;
+      lo = std::min(lo, c.holdout_terms(k).value());
+      hi = std::max(hi, c.holdout_terms(k).value());
+    }
+    out +=
+        fmt::format("{}{}{} {:.4g}-{:.4g}", k == 0 ? "\nheld-out fits: " : ", ", r.terms(k).name(),
+                    r.terms(k).profile().empty() ? "" : " (" + r.terms(k).profile() + ")", lo, hi);
+  }
+  out += fmt::format("{}\n| case | family | profile | published | spec | in sample |{}\n",
+                     holdout ? "\n" : "", holdout ? " held out |" : "");
   out += holdout ? "|---|---|---|--:|--:|--:|--:|\n" : "|---|---|---|--:|--:|--:|\n";
   for (const v1::PublishedFitCase& c : r.cases()) {
     out += fmt::format("| {} | {} | {} | {:.1f} | {:+.1f} % | {:+.1f} % |{}\n", c.name(),

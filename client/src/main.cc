@@ -373,7 +373,8 @@ CLI::App* AddCalibrate(CLI::App* app, CalibrateArgs* a) {
   CLI::App* calibrate = app->add_subcommand(
       "calibrate",
       "Fit a measured cluster profile (alpha-beta per collective and link, GEMM efficiency, "
-      "memory bandwidth) from moeplan-profile samples and report how well each fit holds");
+      "memory bandwidth) from moeplan-profile samples and report how well each fit holds; or "
+      "(--published) calibrate spec profiles to the software stack of published training runs");
   CLI::Option* samples =
       calibrate->add_option("--samples", a->samples, "Samples from moeplan-profile (JSON Lines)")
           ->check(flags::NonEmpty());

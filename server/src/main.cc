@@ -123,14 +123,21 @@ void ApplyFlags(Flags* f) {
 
 // Starts the server, announces it and serves until SIGTERM or SIGINT; then
 // drains. The exit status.
-int Serve(const server::ServerOptions& options, int drain_ms) {
-  // Block the stop signals in every thread (gRPC's inherit this mask) and wait
-  // for them here.
+// The stop signals, blocked in the calling thread: main blocks them before
+// it starts any thread (the trimmer's, gRPC's inherit the mask), or one that
+// left them open could take a SIGTERM and end the process undrained.
+sigset_t BlockStopSignals() {
   sigset_t stop;
   sigemptyset(&stop);
   sigaddset(&stop, SIGTERM);
   sigaddset(&stop, SIGINT);
   pthread_sigmask(SIG_BLOCK, &stop, nullptr);
+  return stop;
+}
+
+int Serve(const server::ServerOptions& options, int drain_ms) {
+  // Blocked in every thread since main began; waited for here.
+  sigset_t stop = BlockStopSignals();
 
   server::ProfileStore::OpenReport report;
   absl::StatusOr<std::unique_ptr<server::PlannerServer>> srv =
@@ -199,6 +206,7 @@ int main(int argc, char** argv) {
     return app.exit(e);
   }
   ApplyFlags(&flags);
+  BlockStopSignals();  // before the first thread
   StartTrimmer();
   // Debian's abseil checks every absl::Mutex acquisition for lock-order cycles
   // (~3% of server CPU under load); the server's locking is flat.

@@ -207,6 +207,9 @@ TEST(PublishedCli, CalibrateFitsTheStackTermsAndHoldsEachCaseOut) {
     spec_sq += std::pow(std::log1p(c.spec_error_pct() / 100.0), 2);
     fit_sq += std::pow(std::log1p(c.in_sample_error_pct() / 100.0), 2);
     EXPECT_NE(c.holdout_error_pct(), c.in_sample_error_pct()) << c.name();
+    ASSERT_EQ(c.holdout_terms_size(), 2) << c.name();  // the terms fitted without it
+    EXPECT_EQ(c.holdout_terms(0).name(), "gemm_efficiency");
+    EXPECT_NE(c.holdout_terms(0).value(), report.terms(0).value()) << c.name();
   }
   EXPECT_LT(fit_sq, spec_sq);
   // The profile: the spec one's next version, calibrated, saying on what.
