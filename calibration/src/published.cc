@@ -220,10 +220,13 @@ void AddRankings(const std::map<std::string, std::string>& comparison_of, v1::Pu
     const auto it = comparison_of.find(c.name());
     if (it != comparison_of.end() && !it->second.empty()) groups[it->second].push_back(&c);
   }
-  for (auto& [name, cases] : groups) {
+  for (const auto& group : groups) {
+    // Named, not a structured binding: the lambda below captures it (clang
+    // before 16 refuses to capture a binding).
+    const std::vector<const v1::PublishedCase*>& cases = group.second;
     if (cases.size() < 2) continue;
     v1::PublishedRanking* k = r->add_rankings();
-    k->set_comparison(name);
+    k->set_comparison(group.first);
     auto order = [&](auto key, auto* out) {
       std::vector<const v1::PublishedCase*> v = cases;
       std::stable_sort(v.begin(), v.end(), [&](auto* a, auto* b) { return key(*a) > key(*b); });

@@ -116,7 +116,7 @@ class Evaluator {
             const std::vector<v1::ClusterProfile>& specs)
       : cases_(cases), terms_(t), specs_(specs) {}
 
-  // Each case's error (percent) under x; `only` < 0: every case.
+  // The cases `which` (indices into the dataset) predicted under terms x.
   absl::StatusOr<std::vector<v1::PublishedCase>> Predict(const Eigen::VectorXd& x,
                                                          const std::vector<int>& which) {
     PublishedProfiles profiles;

@@ -23,9 +23,10 @@ std::string RenderPublished(const v1::PublishedReport& r) {
   std::string out =
       "Published runs against moeplan's predictions (model TFLOP/s per GPU, Megatron-LM's "
       "convention; each case on its own profile)\n\n"
-      "| case | family | GPUs | profile | published | predicted | error | compute ms | exposed "
-      "comm ms, by kind | grad sync ms | bubble ms | iteration ms | GiB/GPU |\n"
-      "|---|---|--:|---|--:|--:|--:|--:|---|--:|--:|--:|--:|\n";
+      "| case | family | GPUs | profile | published | predicted | error | compute ms | of which "
+      "recompute | exposed comm ms, by kind | grad sync ms | bubble ms | iteration ms | GiB/GPU "
+      "|\n"
+      "|---|---|--:|---|--:|--:|--:|--:|--:|---|--:|--:|--:|--:|\n";
   for (const v1::PublishedCase& c : r.cases()) {
     const v1::LayoutCandidate& p = c.predicted();
     std::string comm;
@@ -34,10 +35,10 @@ std::string RenderPublished(const v1::PublishedReport& r) {
     }
     // A layout the memory model says does not fit (it ran nonetheless): "(over)".
     out += fmt::format(
-        "| {} | {} | {} | {} | {:.1f} | {:.1f} | {:+.1f} % | {:.0f} | {} | {:.0f} | {:.0f} "
-        "| {:.0f} | {:.1f}{} |\n",
+        "| {} | {} | {} | {} | {:.1f} | {:.1f} | {:+.1f} % | {:.0f} | {:.0f} | {} | {:.0f} | "
+        "{:.0f} | {:.0f} | {:.1f}{} |\n",
         c.name(), c.family(), c.gpus(), c.profile(), c.published_tflops_per_gpu(),
-        c.predicted_tflops_per_gpu(), c.error_pct(), p.compute_us() / 1e3,
+        c.predicted_tflops_per_gpu(), c.error_pct(), p.compute_us() / 1e3, p.recompute_us() / 1e3,
         comm.empty() ? "none" : comm, p.grad_sync_us() / 1e3, p.bubble_us() / 1e3,
         p.iteration_us() / 1e3, p.memory_bytes_per_gpu() / (1024.0 * 1024 * 1024),
         p.feasible() ? "" : " (over)");

@@ -395,7 +395,7 @@ void LayoutPlanner::Impl::Breakdown(const Layout& l, const PipelineSpec& spec,
   const int s = pr.busiest_stage;
   std::array<double, kNumTerms> terms{};
   out->compute_us = out->grad_sync_us = out->optimizer_us = 0.0;
-  out->stage_forward_us = out->stage_backward_us = 0.0;
+  out->stage_forward_us = out->stage_backward_us = out->recompute_us = 0.0;
   for (int c = 0; c < v; ++c) {
     const ChunkTimes& t = chunks[static_cast<size_t>(s) * v + c];
     for (int k = 0; k < kNumTerms; ++k) {
@@ -409,6 +409,7 @@ void LayoutPlanner::Impl::Breakdown(const Layout& l, const PipelineSpec& spec,
     out->stage_backward_us += spec.bwd_us[static_cast<size_t>(s) * v + c];
     // Selective recomputation's modules: compute, added to the backward.
     if (!l.recompute) out->compute_us += m * RecomputeUs(l, t);
+    out->recompute_us += m * RecomputeUs(l, t);
     if (c == 0) {
       out->variant = t.variant;
       out->schedule = t.schedule;

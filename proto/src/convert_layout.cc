@@ -365,6 +365,7 @@ void CandidateToProto(const p::LayoutCandidate& c, int rank, v1::LayoutCandidate
   o->set_stage_forward_us(c.stage_forward_us);
   o->set_stage_backward_us(c.stage_backward_us);
   o->set_overlap_hidden_us(c.overlap_hidden_us);
+  o->set_recompute_us(c.recompute_us);
   o->set_rank(rank);
 }
 

@@ -42,6 +42,20 @@ TEST(PublishedCli, EveryCaseOfTheDatasetIsPredicted) {
                 100.0 * (c.predicted_tflops_per_gpu() / c.published_tflops_per_gpu() - 1.0), 1e-9);
     EXPECT_GT(c.predicted().iteration_us(), 0.0) << c.name();
     EXPECT_FALSE(c.source().empty()) << c.name();
+    // Recomputation: full runs each micro-batch's forward again (the
+    // busiest stage's forwards, m of them); selective less; none nothing.
+    const v1::Layout& l = c.predicted().layout();
+    if (l.recompute()) {
+      EXPECT_NEAR(c.predicted().recompute_us(), l.microbatches() * c.predicted().stage_forward_us(),
+                  1e-9 * c.predicted().iteration_us())
+          << c.name();
+    } else if (l.recompute_modules_size() > 0) {
+      EXPECT_GT(c.predicted().recompute_us(), 0.0) << c.name();
+      EXPECT_LT(c.predicted().recompute_us(), l.microbatches() * c.predicted().stage_forward_us())
+          << c.name();
+    } else {
+      EXPECT_EQ(c.predicted().recompute_us(), 0.0) << c.name();
+    }
   }
   // The 2021 paper's eq. 3 counts the recomputed forward: 137 hardware
   // TFLOP/s are 3/4 of that in the model convention.

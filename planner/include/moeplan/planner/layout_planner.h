@@ -48,6 +48,9 @@ struct LayoutCandidate {
   // communication hidden under the other micro-batch's compute, which
   // exposed_comm (each step alone) still counts.
   double overlap_hidden_us = 0.0;
+  // The busiest stage's recomputation per iteration (RecomputeUs per
+  // micro-batch: the forward again, or the recomputed modules' forward).
+  double recompute_us = 0.0;
 };
 
 struct SearchOptions {
