@@ -59,6 +59,7 @@ void SetHeader(const v1::ProfileRun& run, const CalibrateOptions& options,
   where->set_versions(run.versions());
   where->set_measured_at(run.timestamp());
   where->set_machine(run.machine());
+  where->set_mpi_wait(run.mpi_wait());
   where->set_ranks(run.ranks());
 }
 

@@ -109,7 +109,9 @@ std::string ProvenanceLine(const v1::ClusterProfile& p) {
   std::string hosts;
   for (const std::string& h : w.hosts()) hosts += Cat(hosts.empty() ? "" : ", ", h);
   std::string what = Cat(w.ranks(), " ranks");
-  for (const std::string& part : {w.backend(), w.dtype(), w.versions(), w.machine()}) {
+  for (const std::string& part :
+       {w.backend(), w.dtype(), w.versions(), w.machine(),
+        w.mpi_wait().empty() ? std::string() : Cat("ranks waited: ", w.mpi_wait())}) {
     if (!part.empty()) what += Cat("; ", part);
   }
   return Cat("measured on ", hosts.empty() ? std::string("unknown hosts") : hosts, " (", what,

@@ -69,6 +69,7 @@ absl::Status CheckSameRun(const std::vector<v1::ProfileSample>& samples) {
     };
     if (r.backend() != r0.backend()) return differ("backend", r0.backend(), r.backend());
     if (r.dtype() != r0.dtype()) return differ("dtype", r0.dtype(), r.dtype());
+    if (r.mpi_wait() != r0.mpi_wait()) return differ("mpi_wait", r0.mpi_wait(), r.mpi_wait());
     if (r.ranks() != r0.ranks()) return differ("ranks", r0.ranks(), r.ranks());
     if (r.nodes() != r0.nodes()) return differ("nodes", r0.nodes(), r.nodes());
     if (r.ranks_per_node() != r0.ranks_per_node()) {

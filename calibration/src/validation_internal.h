@@ -2,6 +2,8 @@
 //   validation_stats.cc   Summarize and the sign test
 //   validation_report.cc  the Markdown report
 //   validation_plot.cc    the scatter plot's data and gnuplot script
+//   validation_replay.cc  replays and noise floors of the points
+//   validation_report_replay.cc  their parts of the report
 //   context_fit.cc        in-context op corrections
 // Private to the calibration library.
 #pragma once
@@ -56,5 +58,29 @@ const v1::ValidationPoint* PointOf(const v1::ValidationConfig& c, std::string_vi
 // Selection is only a question when there was a choice.
 inline bool HasChoice(const v1::ValidationConfig& c) { return c.points_size() >= 2; }
 bool IsTied(const v1::ValidationConfig& c, std::string_view candidate);
+
+// Replays and noise floors over one summary's points (validation_replay.cc).
+struct ReplayTally {
+  std::vector<double> composition, cost;  // signed %, replayed points
+  std::vector<double> floors;             // noise floors, %, points with one
+  int within = 0, within_twice = 0, composition_within = 0;
+};
+// InvalidArgument when `in` replays a candidate twice or one not in
+// `measured`.
+absl::Status CheckReplays(const ValidationInput& in, const std::vector<Timeline>& measured);
+// Sets the point's replay and cost error (when `in` replayed its candidate),
+// its noise floor (when its candidate has kMinNoiseSamples iteration totals)
+// and within_noise, from the point's error_pct.
+absl::Status AddReplayAndNoise(const ValidationInput& in, v1::ValidationPoint* pt, ReplayTally* t);
+void FinishReplayAndNoise(const ReplayTally& t, v1::ValidationSummary* s);
+
+// The report's parts of them (validation_report_replay.cc): the summary
+// table's rows, the point's noise cell ("4.2 (within)", "–"), and the
+// replay section (nothing without replays).
+void NoiseAndReplayRows(const v1::ValidationSummary& s, std::string* md);
+std::string NoiseCell(const v1::ValidationPoint& p);
+void ReplaySection(const v1::ValidationSummary& s, std::string* md);
+// A Markdown table cell: '|' escaped, newlines as spaces.
+std::string Cell(std::string_view text);
 
 }  // namespace moeplan::calibration::internal

@@ -14,6 +14,7 @@ namespace moeplan::calibration {
 namespace {
 
 using internal::CandidateNoun;
+using internal::Cell;
 using internal::ErrorStats;
 using internal::HasChoice;
 using internal::IsTied;
@@ -27,21 +28,6 @@ std::string Ms(double us) { return fmt::format("{:.3f}", us / 1000.0); }
 // "1 host", "2 hosts".
 std::string Count(int n, std::string_view noun) {
   return fmt::format("{} {}{}", n, noun, n == 1 ? "" : "s");
-}
-
-// A table cell: '|' would end the cell and a newline the row.
-std::string Cell(std::string_view text) {
-  std::string out;
-  for (char c : text) {
-    if (c == '|') {
-      out += "\\|";
-    } else if (c == '\n' || c == '\r') {
-      out += ' ';
-    } else {
-      out += c;
-    }
-  }
-  return out;
 }
 
 // A fence longer than any backtick run in `text`, so the command shows verbatim.
@@ -91,6 +77,25 @@ Selection SelectionOf(const v1::ValidationSummary& s) {
   return sel;
 }
 
+// How the ranks waited and whether they outnumbered the cores, when the runs
+// said ("" when they did not).
+std::string RunLine(const v1::ValidationSummary& s) {
+  std::string line;
+  if (!s.mpi_wait().empty()) {
+    line = fmt::format("Ranks waited for their collectives with `--mpi-wait {}`.", s.mpi_wait());
+  }
+  if (s.host_cores() > 0 && s.hosts() > 0) {
+    const int per_host = (s.ranks() + s.hosts() - 1) / s.hosts();
+    line += fmt::format("{}{} per host on {}{}.", line.empty() ? "" : " ", Count(per_host, "rank"),
+                        Count(s.host_cores(), "core"),
+                        per_host > s.host_cores()
+                            ? ": **ranks outnumber cores**, so ranks share cores and every "
+                              "time includes waiting for one"
+                            : "");
+  }
+  return line.empty() ? line : line + "\n\n";
+}
+
 // Title, what was compared, the profile and the command.
 void Header(const v1::ValidationSummary& s, const ReportContext& ctx, std::string* md_out) {
   std::string& md = *md_out;
@@ -112,6 +117,7 @@ void Header(const v1::ValidationSummary& s, const ReportContext& ctx, std::strin
                    s.profile(), Count(s.ranks(), "rank"), Count(s.hosts(), "host"),
                    Count(s.configs(), "layer config"));
   }
+  md += RunLine(s);
   if (!ctx.profile_comment.empty()) {
     fmt::format_to(out, "Profile: {}\n\n", ctx.profile_comment);
   }
@@ -176,6 +182,7 @@ void SummaryTable(const v1::ValidationSummary& s, const Selection& sel, std::str
   } else {
     md += "| selection accuracy | not measured |\n";
   }
+  internal::NoiseAndReplayRows(s, &md);
 }
 
 // How the numbers are defined, configs left out of selection, the plot.
@@ -292,13 +299,15 @@ void WorstPoints(const v1::ValidationSummary& s, std::string* md_out) {
     return std::abs(a.second->error_pct()) > std::abs(b.second->error_pct());
   });
   fmt::format_to(out, "## Worst points\n\n");
-  fmt::format_to(
-      out, "| config | {} | measured ms | predicted ms | error % |\n|---|---|---:|---:|---:|\n",
-      CandidateNoun(s.models()));
+  fmt::format_to(out,
+                 "| config | {} | measured ms | predicted ms | error % | noise floor % |\n"
+                 "|---|---|---:|---:|---:|---:|\n",
+                 CandidateNoun(s.models()));
   for (std::size_t i = 0; i < std::min(kWorst, points.size()); ++i) {
     const auto& [c, p] = points[i];
-    fmt::format_to(out, "| {} | {} | {} | {} | {} |\n", Cell(c->name()), Cell(p->candidate()),
-                   Ms(p->measured_us()), Ms(p->predicted_us()), SignedPct(p->error_pct()));
+    fmt::format_to(out, "| {} | {} | {} | {} | {} | {} |\n", Cell(c->name()), Cell(p->candidate()),
+                   Ms(p->measured_us()), Ms(p->predicted_us()), SignedPct(p->error_pct()),
+                   internal::NoiseCell(*p));
   }
   md += "\n";
 }
@@ -357,6 +366,25 @@ void AllConfigs(const v1::ValidationSummary& s, const std::vector<std::string>& 
 
 }  // namespace
 
+namespace internal {
+
+// '|' would end the cell and a newline the row.
+std::string Cell(std::string_view text) {
+  std::string out;
+  for (char c : text) {
+    if (c == '|') {
+      out += "\\|";
+    } else if (c == '\n' || c == '\r') {
+      out += ' ';
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
+
+}  // namespace internal
+
 std::string RenderMarkdown(const v1::ValidationSummary& s, const ReportContext& ctx) {
   const std::vector<std::string> candidates = internal::CandidatesOf(s);
   const Selection sel = SelectionOf(s);
@@ -366,6 +394,7 @@ std::string RenderMarkdown(const v1::ValidationSummary& s, const ReportContext& 
   Notes(s, ctx, sel, &md);
   ErrorByCandidate(s, candidates, &md);
   ErrorByOp(s, &md);
+  internal::ReplaySection(s, &md);
   WorstPoints(s, &md);
   Misses(s, sel, &md);
   AllConfigs(s, candidates, &md);

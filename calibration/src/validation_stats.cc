@@ -253,6 +253,7 @@ struct Tally {
   double regret_sum = 0.0, miss_regret_sum = 0.0, max_regret = 0.0;
   int decisive = 0, decisive_hits = 0;
   int paired_configs = 0, tied_configs = 0, tied_hits = 0;
+  internal::ReplayTally replay;
 };
 
 // The candidate's schedule, for the layer-only Schedule fields.
@@ -288,6 +289,7 @@ absl::Status AddPoints(const ValidationInput& in, const std::vector<Timeline>& m
     pt->set_measured_us(m.total_us);
     pt->set_predicted_us(p->total_us);
     pt->set_error_pct(ErrorPct(p->total_us, m.total_us));
+    MOEPLAN_RETURN_IF_ERROR(internal::AddReplayAndNoise(in, pt, &t->replay));
     t->errors.push_back(pt->error_pct());
     if (std::abs(pt->error_pct()) > t->worst) {
       t->worst = std::abs(pt->error_pct());
@@ -369,6 +371,7 @@ absl::Status MarkTies(const ValidationInput& in, const std::vector<Timeline>& me
 
 // The summary's totals from the tally.
 void Finish(const Tally& t, v1::ValidationSummary* s) {
+  internal::FinishReplayAndNoise(t.replay, s);
   s->set_tie_alpha(kTieAlpha);
   s->set_min_paired_iterations(kMinPairedIterations);
   s->set_paired_configs(t.paired_configs);
@@ -429,6 +432,8 @@ absl::StatusOr<v1::ValidationSummary> Summarize(const std::vector<ValidationInpu
   s.set_hosts(hosts);
   s.set_configs(static_cast<int>(inputs.size()));
   s.set_models(models);
+  s.set_mpi_wait(inputs.front().mpi_wait);
+  s.set_host_cores(inputs.front().host_cores);
   Tally t;
   for (const ValidationInput& in : inputs) {
     if (in.IsModel() != models) {
@@ -439,6 +444,7 @@ absl::StatusOr<v1::ValidationSummary> Summarize(const std::vector<ValidationInpu
     }
     MOEPLAN_ASSIGN_OR_RETURN(const std::vector<Timeline> measured, TimelinesOf(in, true));
     MOEPLAN_ASSIGN_OR_RETURN(const std::vector<Timeline> predicted, TimelinesOf(in, false));
+    MOEPLAN_RETURN_IF_ERROR(internal::CheckReplays(in, measured));
     v1::ValidationConfig* c = s.add_results();
     c->set_name(in.name);
     if (models) {

@@ -186,6 +186,8 @@ struct ValidateArgs {
   double holdout = 0.0;  // fraction of each layout's configs held out; 0: no split
   uint64_t seed = 1;
   std::string from_runs;  // an earlier --out-dir whose exec/ reports are re-predicted
+  bool replay = false;    // replay each run's measured op durations on its plan
+  std::string mpi_wait;   // moeplan-exec --mpi-wait; empty: as the profile was measured, or spin
   std::string published;  // a dataset of published runs (file or directory) instead
   bool search = false;    // --published: each case's layout search too
   // --published: profile files used in place of the built-ins they name.

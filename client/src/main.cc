@@ -491,6 +491,11 @@ CLI::App* AddValidate(CLI::App* app, ValidateArgs* a) {
                    "should be measured with it too)")
       ->check(CLI::IsMember({"mpi", "nccl"}))
       ->capture_default_str();
+  validate
+      ->add_option("--mpi-wait", a->mpi_wait,
+                   "moeplan-exec --mpi-wait on the mpi backend: spin or sleep (default: as the "
+                   "profile was measured, spin if it does not say)")
+      ->check(CLI::IsMember({"spin", "sleep"}));
   validate->add_option("--iters", a->iters, "Timed iterations per schedule or variant")
       ->check(flags::IntInRange(1, 1000000))
       ->capture_default_str();
@@ -510,6 +515,11 @@ CLI::App* AddValidate(CLI::App* app, ValidateArgs* a) {
       ->check(flags::NonEmpty())
       ->capture_default_str();
   validate->add_flag("--json", a->json, "Print the summary as JSON (moeplan.v1.ValidationSummary)");
+  CLI::Option* replay = validate->add_flag(
+      "--replay", a->replay,
+      "Also replay each run's measured op durations on the plan that ran: the composition error "
+      "(replay vs measured) and the cost error (prediction vs replay) per config, and the ops "
+      "that waited for what the plan does not have");
   validate
       ->add_option("--holdout", a->holdout,
                    "Hold out this fraction of the configs (of each layout): fit in-context op "
@@ -545,6 +555,7 @@ CLI::App* AddValidate(CLI::App* app, ValidateArgs* a) {
   published->excludes(profile);
   published->excludes(layers);
   published->excludes(models);
+  published->excludes(replay);
   validate
       ->add_option("--from-runs", a->from_runs,
                    "Re-predict the moeplan-exec reports of an earlier --out-dir "

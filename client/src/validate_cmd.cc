@@ -78,9 +78,18 @@ absl::Status RefuseOutputsOverInputs(const ValidateArgs& a, size_t configs) {
                                          {"--exec", a.exec}});
 }
 
-// moeplan-exec's --skew, when asked for.
-std::string SkewFlag(const ValidateArgs& a) {
-  return a.skew > 0.0 ? fmt::format(" --skew {:g}", a.skew) : std::string();
+// moeplan-exec's --skew, when asked for, and on the mpi backend its
+// --mpi-wait: as given, else as the profile was measured (spin before the
+// profiler had the flag).
+std::string ExecFlags(const ValidateArgs& a, const v1::ClusterProfile& profile) {
+  std::string flags = a.skew > 0.0 ? fmt::format(" --skew {:g}", a.skew) : std::string();
+  if (a.backend == "mpi") {
+    const std::string& measured = profile.provenance().mpi_wait();
+    flags += " --mpi-wait " + (!a.mpi_wait.empty() ? a.mpi_wait
+                               : measured.empty()  ? std::string("spin")
+                                                   : measured);
+  }
+  return flags;
 }
 
 // Where and how the configs run, once the arguments are checked.
@@ -117,8 +126,8 @@ absl::StatusOr<Setup> Prepare(const ValidateArgs& a, const v1::ClusterProfile& p
 absl::StatusOr<ConfigRun> PredictRun(const ValidationSubject& subject,
                                      calibration::ValidationInput in,
                                      const calibration::LoadedProfile& profile,
-                                     const p::CostModel& cost) {
-  MOEPLAN_ASSIGN_OR_RETURN(ConfigRun run, subject.Predict(std::move(in), profile, cost));
+                                     const p::CostModel& cost, bool replay) {
+  MOEPLAN_ASSIGN_OR_RETURN(ConfigRun run, subject.Predict(std::move(in), profile, cost, replay));
   if (!run.input.has_value()) fmt::print(stderr, "moeplan validate:   skipped: {}\n", run.skipped);
   return run;
 }
@@ -154,12 +163,12 @@ absl::StatusOr<ConfigRun> RunConfig(const ValidateArgs& a, const Setup& setup,
       return absl::Status(m.status().code(),
                           Cat("--from-runs: ", earlier, ": ", View(m.status().message())));
     }
-    return PredictRun(subject, std::move(m->input), profile, cost);
+    return PredictRun(subject, std::move(m->input), profile, cost, a.replay);
   }
   const std::string command = fmt::format(
       "{} {} {} --backend {} --json --iters {} --warmup {}{} --profile {} 2>{}", setup.launcher,
       ShellQuote(setup.exec), subject.ExecArgs(i, config_file), a.backend, a.iters, a.warmup,
-      SkewFlag(a), ShellQuote(a.profile), ShellQuote(log_file));
+      ExecFlags(a, profile.message), ShellQuote(a.profile), ShellQuote(log_file));
   fmt::print(stderr, "moeplan validate: [{}/{}] {}\n", i + 1, subject.size(), name);
   MOEPLAN_ASSIGN_OR_RETURN(Ran ran, RunCommand(command));
   absl::StatusOr<Measured> m =
@@ -182,7 +191,7 @@ absl::StatusOr<ConfigRun> RunConfig(const ValidateArgs& a, const Setup& setup,
         "profile was measured (e.g. inside scripts/testbed/testbed.sh with the same --nodes)",
         m->hosts, profile.message.name(), profile.message.nodes()));
   }
-  return PredictRun(subject, std::move(m->input), profile, cost);
+  return PredictRun(subject, std::move(m->input), profile, cost, a.replay);
 }
 
 // The files written next to the runs' files.
@@ -205,7 +214,7 @@ absl::StatusOr<Written> WriteReport(const ValidateArgs& a, const Setup& setup,
     ctx.command =
         fmt::format("{} {} {} --backend {} --json --iters {} --warmup {}{}", setup.launcher,
                     setup.exec, subject.ExecArgs(ValidationSubject::kAnyConfig, "CONFIG"),
-                    a.backend, a.iters, a.warmup, SkewFlag(a));
+                    a.backend, a.iters, a.warmup, ExecFlags(a, profile));
   } else {
     ctx.from_runs = a.from_runs;
   }
@@ -312,7 +321,8 @@ absl::StatusOr<Repredicted> Repredict(const ValidationSubject& subject,
                                       const p::CostModel& cost, std::vector<std::string>* dropped) {
   Repredicted out;
   for (const calibration::ValidationInput& in : inputs) {
-    MOEPLAN_ASSIGN_OR_RETURN(ConfigRun run, subject.Predict(in, profile, cost));
+    // The replays `in` holds are the runs' own: kept, not replayed again.
+    MOEPLAN_ASSIGN_OR_RETURN(ConfigRun run, subject.Predict(in, profile, cost, false));
     if (!run.input.has_value()) {
       dropped->push_back(std::move(run.skipped));
       continue;
@@ -384,6 +394,14 @@ absl::Status ValidateCmd(const ValidateArgs& a) {
   }
   const std::string& name = profile.message.name();
   const int hosts = profile.message.nodes();
+  const std::string& profiled = profile.message.provenance().mpi_wait();
+  if (!profiled.empty() && !inputs.front().mpi_wait.empty() &&
+      inputs.front().mpi_wait != profiled) {
+    fmt::print(stderr,
+               "moeplan validate: warning: the runs waited with --mpi-wait {}, the profile was "
+               "measured with {}: their times are not comparable\n",
+               inputs.front().mpi_wait, profiled);
+  }
   // Every run kept ran on the profile's nodes (RunConfig fails otherwise).
   if (!holdout) {
     MOEPLAN_ASSIGN_OR_RETURN(v1::ValidationSummary summary,

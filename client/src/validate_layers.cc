@@ -13,6 +13,7 @@
 #include "moeplan/proto/convert.h"
 #include "moeplan/proto/json.h"
 #include "moeplan/requests/answer.h"
+#include "moeplan/requests/replay.h"
 #include "moeplan/v1/exec.pb.h"
 #include "moeplan/v1/layer.pb.h"
 #include "moeplan/v1/plan.pb.h"
@@ -31,17 +32,43 @@ std::string ConfigName(size_t i, const v1::LayerConfig& l) {
       l.parallel().mp(), l.parallel().ep(), l.parallel().esp());
 }
 
-// "moeplan validate:   s1 1.2/1.3 ms ... (measured/predicted)" on stderr.
+// "moeplan validate:   s1 1.2/1.3 ms ... (measured/predicted)" on stderr,
+// with replays "s1 1.2/1.3/1.25 ms (measured/predicted/replayed)".
 void PrintTimes(const calibration::ValidationInput& in) {
   std::string line = "moeplan validate:  ";
   for (const v1::CandidatePlan& m : in.measured) {
     for (const v1::CandidatePlan& pr : in.predicted) {
       if (pr.schedule() != m.schedule()) continue;
-      fmt::format_to(std::back_inserter(line), " {} {:.1f}/{:.1f} ms",
-                     proto::ScheduleLabel(m.schedule()), m.total_us() / 1e3, pr.total_us() / 1e3);
+      const std::string_view label = proto::ScheduleLabel(m.schedule());
+      fmt::format_to(std::back_inserter(line), " {} {:.1f}/{:.1f}", label, m.total_us() / 1e3,
+                     pr.total_us() / 1e3);
+      for (const auto& r : in.replays) {
+        if (r.candidate == label)
+          fmt::format_to(std::back_inserter(line), "/{:.1f}", r.replay.replayed_us() / 1e3);
+      }
+      line += " ms";
     }
   }
-  fmt::print(stderr, "{} (measured/predicted)\n", line);
+  fmt::print(stderr, "{} (measured/predicted{})\n", line, in.replays.empty() ? "" : "/replayed");
+}
+
+// Each measured schedule's op durations replayed on its plan (in->replays).
+absl::Status Replay(const p::LayerConfig& layer, const p::CostModel& cost,
+                    calibration::ValidationInput* in) {
+  for (const v1::CandidatePlan& c : in->measured) {
+    const std::string_view label = proto::ScheduleLabel(c.schedule());
+    absl::StatusOr<p::Schedule> schedule = proto::ScheduleFromProto(c.schedule());
+    absl::StatusOr<v1::Replay> r =
+        schedule.ok() ? requests::ReplayLayerRun(layer, *schedule, requests::MeasuredTimes(c.ops()),
+                                                 c.total_us(), cost)
+                      : absl::StatusOr<v1::Replay>(schedule.status());
+    if (!r.ok()) {
+      return absl::InvalidArgumentError(
+          fmt::format("its {} run does not replay: {}", label, View(r.status().message())));
+    }
+    in->replays.push_back({std::string(label), *std::move(r)});
+  }
+  return absl::OkStatus();
 }
 
 class Layers final : public ValidationSubject {
@@ -74,6 +101,8 @@ class Layers final : public ValidationSubject {
     m.input.measured.assign(report.candidates().begin(), report.candidates().end());
     m.input.iterations.assign(report.iterations().begin(), report.iterations().end());
     m.input.paired = report.interleaved();
+    m.input.mpi_wait = report.mpi_wait();
+    m.input.host_cores = report.host_cores();
     return m;
   }
 
@@ -81,7 +110,7 @@ class Layers final : public ValidationSubject {
   // layout the planner rejects skips the config.
   absl::StatusOr<ConfigRun> Predict(calibration::ValidationInput in,
                                     const calibration::LoadedProfile& profile,
-                                    const p::CostModel& cost) const override {
+                                    const p::CostModel& cost, bool replay) const override {
     MOEPLAN_ASSIGN_OR_RETURN(p::LayerConfig ran_layer, proto::LayerFromProto(in.layer));
     v1::PlanLayerRequest request;
     request.set_profile_name(profile.message.name());
@@ -96,6 +125,11 @@ class Layers final : public ValidationSubject {
                        fmt::format("{}: the planner rejects it: {}", in.name, View(s.message()))};
     }
     in.predicted.assign(predicted.candidates().begin(), predicted.candidates().end());
+    if (replay) {
+      if (absl::Status r = Replay(ran_layer, cost, &in); !r.ok()) {
+        return ConfigRun{std::nullopt, fmt::format("{}: {}", in.name, View(r.message()))};
+      }
+    }
     PrintTimes(in);
     return ConfigRun{std::move(in), ""};
   }

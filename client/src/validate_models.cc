@@ -22,6 +22,7 @@
 #include "moeplan/proto/json.h"
 #include "moeplan/requests/answer.h"
 #include "moeplan/requests/replan.h"
+#include "moeplan/requests/replay.h"
 #include "moeplan/v1/exec.pb.h"
 #include "moeplan/v1/model.pb.h"
 #include "validate_subject.h"
@@ -83,6 +84,30 @@ std::string NotWhatRan(const calibration::LoadedProfile& profile, const v1::Vari
       "profile {} plans another {} {} than ran ({}): measure it again with this profile rather "
       "than re-predicting",
       profile.message.name(), ran.name(), what, diff);
+}
+
+// The measured variant `name` of `in`, or null.
+const v1::VariantPlan* MeasuredVariant(const calibration::ValidationInput& in,
+                                       std::string_view name) {
+  for (const v1::VariantPlan& v : in.measured_variants) {
+    if (v.name() == name) return &v;
+  }
+  return nullptr;
+}
+
+// Replays the measured variant `name` with `replay` (a function of its
+// measured times and total) into in->replays; the reason when it does not.
+template <typename ReplayFn>
+absl::Status AddReplay(std::string_view name, calibration::ValidationInput* in, ReplayFn replay) {
+  const v1::VariantPlan* m = MeasuredVariant(*in, name);
+  if (m == nullptr) return absl::OkStatus();  // planned, not measured: nothing to replay
+  absl::StatusOr<v1::Replay> r = replay(requests::MeasuredTimes(m->ops()), m->iteration_us());
+  if (!r.ok()) {
+    return absl::InvalidArgumentError(
+        fmt::format("its {} run does not replay: {}", name, View(r.status().message())));
+  }
+  in->replays.push_back({std::string(name), *std::move(r)});
+  return absl::OkStatus();
 }
 
 ConfigRun Predicted(calibration::ValidationInput in, std::vector<v1::VariantPlan> predicted) {
@@ -156,14 +181,16 @@ class Models final : public ValidationSubject {
                                       report.predicted().variants().end());
     m.input.variant_iterations.assign(report.iterations().begin(), report.iterations().end());
     m.input.paired = report.interleaved();
+    m.input.mpi_wait = report.mpi_wait();
+    m.input.host_cores = report.host_cores();
     return m;
   }
 
   absl::StatusOr<ConfigRun> Predict(calibration::ValidationInput in,
                                     const calibration::LoadedProfile& profile,
-                                    const p::CostModel& cost) const override {
+                                    const p::CostModel& cost, bool replay) const override {
     MOEPLAN_ASSIGN_OR_RETURN(const p::ModelConfig model, proto::ModelFromProto(in.model));
-    if (in.layout.has_value()) return PredictLayout(std::move(in), model, profile, cost);
+    if (in.layout.has_value()) return PredictLayout(std::move(in), model, profile, cost, replay);
     std::vector<v1::VariantPlan> predicted;
     p::ModelPlanner planner(cost);
     for (const v1::VariantPlan& ran : in.predicted_variants) {
@@ -182,6 +209,12 @@ class Models final : public ValidationSubject {
       }
       v1::VariantPlan& mine = *response.mutable_variants(0);
       if (std::string why = NotWhatRan(profile, ran, mine, "plan"); !why.empty()) return skip(why);
+      if (replay) {
+        absl::Status r = AddReplay(ran.name(), &in, [&](const auto& times, double total) {
+          return requests::ReplayModelRun(model, *request, ran.name(), times, total, cost);
+        });
+        if (!r.ok()) return skip(std::string(View(r.message())));
+      }
       predicted.push_back(std::move(mine));
     }
     return Predicted(std::move(in), std::move(predicted));
@@ -217,7 +250,7 @@ class Models final : public ValidationSubject {
   absl::StatusOr<ConfigRun> PredictLayout(calibration::ValidationInput in,
                                           const p::ModelConfig& model,
                                           const calibration::LoadedProfile& profile,
-                                          const p::CostModel& cost) const {
+                                          const p::CostModel& cost, bool replay) const {
     MOEPLAN_ASSIGN_OR_RETURN(const p::Layout layout, proto::LayoutFromProto(*in.layout));
     p::LayoutPlanner planner(cost);
     std::vector<v1::VariantPlan> predicted;
@@ -242,6 +275,12 @@ class Models final : public ValidationSubject {
       v1::VariantPlan& mine = *response.mutable_variants(0);
       if (std::string why = NotWhatRan(profile, ran, mine, "program"); !why.empty()) {
         return skip(why);
+      }
+      if (replay) {
+        absl::Status r = AddReplay(ran.name(), &in, [&](const auto& times, double total) {
+          return requests::ReplayOnGraph(plan.variants[0].graph, times, total);
+        });
+        if (!r.ok()) return skip(std::string(View(r.message())));
       }
       predicted.push_back(std::move(mine));
     }

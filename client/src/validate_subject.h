@@ -50,10 +50,12 @@ class ValidationSubject {
   // another config than config i.
   virtual absl::StatusOr<Measured> Parse(size_t i, const std::string& json) const = 0;
   // `in` with the planner's prediction on `profile` (whose cost model is
-  // `cost`), or the line that says why the config cannot be predicted.
+  // `cost`), or the line that says why the config cannot be predicted. With
+  // `replay`, also each measured candidate's replay on the plan that ran
+  // (in.replays; requests/replay.h).
   virtual absl::StatusOr<ConfigRun> Predict(calibration::ValidationInput in,
                                             const calibration::LoadedProfile& profile,
-                                            const planner::CostModel& cost) const = 0;
+                                            const planner::CostModel& cost, bool replay) const = 0;
   // The parallel layout of a config (--holdout splits within each).
   virtual std::string Layout(const calibration::ValidationInput& in) const = 0;
 };

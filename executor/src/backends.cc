@@ -13,12 +13,20 @@
 
 namespace moeplan::executor {
 
-absl::StatusOr<Backend> MakeBackend(std::string_view backend) {
+std::string_view MpiWaitName(MpiWait w) { return w == MpiWait::kSleep ? "sleep" : "spin"; }
+
+absl::StatusOr<MpiWait> ParseMpiWait(std::string_view name) {
+  if (name == "spin") return MpiWait::kSpin;
+  if (name == "sleep") return MpiWait::kSleep;
+  return absl::InvalidArgumentError(Cat("mpi wait: must be spin or sleep (got '", name, "')"));
+}
+
+absl::StatusOr<Backend> MakeBackend(std::string_view backend, MpiWait wait) {
   Backend b;
   if (backend == "mpi") {
     b.device = MakeCpuDevice();
     b.kernels = MakeCpuKernels();
-    MOEPLAN_ASSIGN_OR_RETURN(b.world, MakeMpiWorld(b.device.get()));
+    MOEPLAN_ASSIGN_OR_RETURN(b.world, MakeMpiWorld(b.device.get(), wait));
     return b;
   }
   if (backend == "nccl") {

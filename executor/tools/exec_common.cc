@@ -1,6 +1,7 @@
 #include "exec_common.h"
 
 #include <mpi.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -29,6 +30,8 @@ absl::StatusOr<planner::Layout> LayoutOfFlag(std::string_view flag, std::string_
   if (!layout.ok()) return named(layout.status());
   return layout;
 }
+
+int HostCores() { return static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN)); }
 
 absl::Status CheckRunFlags(const Args& a) {
   if (a.iters < 1) {
@@ -149,6 +152,8 @@ void SetMeasuredOps(const google::protobuf::RepeatedPtrField<v1::OpTiming>& ops,
     v1::MeasuredOp* m = req->add_ops();
     m->set_name(op.name());
     m->set_duration_us(std::max(0.0, op.end_us() - op.start_us()));
+    m->set_start_us(std::max(0.0, op.start_us()));
+    m->set_has_start(true);
   }
 }
 
@@ -171,6 +176,14 @@ absl::Status ReportTo(const Args& a, const v1::ClusterProfile& profile,
                                                  View(r.status().message())));
     }
     stored = r->stored();
+    if (r->has_replay() && r->replay().replayed_us() > 0.0) {
+      std::fprintf(
+          stderr,
+          "moeplan-exec: %s %zu: measured %.1f us; its op durations composed on the "
+          "server's plan %.1f us (composition %+.1f%%), predicted %.1f us (cost %+.1f%%)\n",
+          std::string(noun).c_str(), i + 1, req.total_us(), r->replay().replayed_us(),
+          r->replay().composition_error_pct(), r->predicted_us(), r->cost_error_pct());
+    }
   }
   std::fprintf(stderr, "moeplan-exec: reported %zu %s(s) to %s (profile %s v%u: %llu stored)\n",
                reports.size(), std::string(noun).c_str(), a.report_to.c_str(),

@@ -41,9 +41,13 @@ struct Args {
   bool sequential = false;
   double max_memory_gib = 0.0;  // 0: what the device has free (CPU: shared by this host's ranks)
   double watchdog_s = 300.0;    // a rank with no new op for this long exits (0: off)
+  std::string mpi_wait = "spin";  // mpi backend: how ranks wait for collectives
   std::string report_to;        // moeplan-server address: ReportMeasurement per schedule / variant
   std::string tls_ca, token_file;
 };
+
+// This host's online cores.
+int HostCores();
 
 // What the tool's messages begin with.
 inline constexpr std::string_view kProgram = "moeplan-exec";

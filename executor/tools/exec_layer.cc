@@ -31,6 +31,7 @@
 #include "moeplan/proto/convert.h"
 #include "moeplan/proto/json.h"
 #include "moeplan/requests/answer.h"
+#include "moeplan/requests/replay.h"
 
 namespace moeplan::exec {
 namespace {
@@ -39,6 +40,10 @@ namespace ex = executor;
 namespace p = planner;
 
 v1::Schedule ToProto(p::Schedule s) { return proto::ScheduleToProto(s); }
+// Of a schedule this run measured (so a valid one).
+p::Schedule FromProto(v1::Schedule s) {
+  return proto::ScheduleFromProto(s).value_or(p::Schedule::kDefault);
+}
 
 struct Setup {
   p::LayerConfig layer;
@@ -411,9 +416,26 @@ void FillReport(const Args& a, const Setup& s, const std::vector<Measured>& runs
   report->set_warmup(a.warmup);
   report->set_interleaved(!a.sequential && runs.size() > 1);
   report->set_skew_exponent(a.skew);
+  if (a.backend == "mpi") report->set_mpi_wait(a.mpi_wait);
+  report->set_host_cores(HostCores());
   report->set_versions(a.backend == "mpi" ? ex::MpiVersion()
                                           : Cat(ex::MpiVersion(), "; ", ex::CudaVersions()));
   for (const Measured& m : runs) AddSchedule(m, predicted, report);
+  // Each schedule's measured op durations on the plan that ran.
+  for (const v1::CandidatePlan& c : report->candidates()) {
+    absl::StatusOr<v1::Replay> r =
+        s.cost == nullptr
+            ? absl::StatusOr<v1::Replay>(absl::FailedPreconditionError("no cost model"))
+            : requests::ReplayLayerRun(s.layer, FromProto(c.schedule()),
+                                       requests::MeasuredTimes(c.ops()), c.total_us(), *s.cost);
+    if (!r.ok()) {
+      std::fprintf(stderr, "moeplan-exec: warning: the %s run does not replay: %s\n",
+                   std::string(proto::ScheduleLabel(c.schedule())).c_str(),
+                   std::string(View(r.status().message())).c_str());
+      r = v1::Replay();
+    }
+    *report->add_replays() = *std::move(r);
+  }
 }
 
 // Rank 0: prints the report, sends it to --report-to, and says whether the
@@ -461,7 +483,7 @@ int RunLayer(const Args& a) {
                  std::string(View(predict_status.message())).c_str());
   }
 
-  absl::StatusOr<ex::Backend> backend = ex::MakeBackend(a.backend);
+  absl::StatusOr<ex::Backend> backend = ex::MakeBackend(a.backend, *ex::ParseMpiWait(a.mpi_wait));
   if (!Agree(backend.status()).ok()) return 1;
   s.hosts = hosts;
   s.cost = &prediction->cost;

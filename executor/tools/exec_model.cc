@@ -27,6 +27,7 @@
 #include "moeplan/proto/convert.h"
 #include "moeplan/proto/json.h"
 #include "moeplan/requests/replan.h"
+#include "moeplan/requests/replay.h"
 
 namespace moeplan::exec {
 namespace {
@@ -314,20 +315,26 @@ std::string RenderModelTable(const v1::ExecModelReport& r) {
       r.backend(), r.versions(), r.dtype(), r.ranks(), r.hosts(), r.iters(), r.warmup(),
       r.predicted().profile_name(), r.predicted().profile_version());
   out += "times: median over iterations of the max over ranks, microseconds\n\n";
-  out += fmt::format("  {:<10} {:>12} {:>12} {:>8} {:>12} {:>12} {:>12} {:>12} {:>6}\n", "variant",
-                     "predicted", "measured", "error", "fwd pred", "fwd meas", "comm meas",
-                     "hidden meas", "ops");
+  out += fmt::format("  {:<10} {:>12} {:>12} {:>8} {:>12} {:>12} {:>12} {:>12} {:>6} {:>12}\n",
+                     "variant", "predicted", "measured", "error", "fwd pred", "fwd meas",
+                     "comm meas", "hidden meas", "ops", "replayed");
   for (int i = 0; i < r.measured().variants_size(); ++i) {
     const v1::VariantPlan& pv = r.predicted().variants(i);
     const v1::VariantPlan& mv = r.measured().variants(i);
     const double err = mv.iteration_us() > 0
                            ? 100.0 * (pv.iteration_us() - mv.iteration_us()) / mv.iteration_us()
                            : 0.0;
+    const double replayed = i < r.replays_size() ? r.replays(i).replayed_us() : 0.0;
     out += fmt::format(
-        "  {:<10} {:>12.1f} {:>12.1f} {:>7.1f}% {:>12.1f} {:>12.1f} {:>12.1f} {:>12.1f} {:>6}\n",
+        "  {:<10} {:>12.1f} {:>12.1f} {:>7.1f}% {:>12.1f} {:>12.1f} {:>12.1f} {:>12.1f} {:>6} "
+        "{:>12}\n",
         mv.name(), pv.iteration_us(), mv.iteration_us(), err, pv.forward_us(), mv.forward_us(),
-        mv.comm_us(), mv.hidden_comm_us(), mv.num_ops());
+        mv.comm_us(), mv.hidden_comm_us(), mv.num_ops(),
+        replayed > 0.0 ? fmt::format("{:.1f}", replayed) : std::string("-"));
   }
+  out +=
+      "  (replayed: the measured op durations composed on the plan that ran; against measured, "
+      "the composition error)\n";
   if (r.measured().variants_size() > 1) {
     out += fmt::format("\nfastest: predicted {}, measured {}\n", r.predicted().best_variant(),
                        r.measured().best_variant());
@@ -470,6 +477,8 @@ v1::ExecModelReport ModelReport(const Args& a, const ModelSetup& s, int hosts,
   report.set_iters(a.iters);
   report.set_warmup(a.warmup);
   report.set_interleaved(!a.sequential && runs.size() > 1);
+  if (a.backend == "mpi") report.set_mpi_wait(a.mpi_wait);
+  report.set_host_cores(HostCores());
   report.set_versions(a.backend == "mpi" ? ex::MpiVersion()
                                          : Cat(ex::MpiVersion(), "; ", ex::CudaVersions()));
   if (s.layout.has_value()) {
@@ -483,6 +492,21 @@ v1::ExecModelReport ModelReport(const Args& a, const ModelSetup& s, int hosts,
                             /*include_timeline=*/true, report.mutable_predicted());
   }
   FillMeasured(runs, &report);
+  // Each variant's measured op durations on the plan that ran (its graph).
+  for (size_t i = 0; i < runs.size(); ++i) {
+    const v1::VariantPlan& mv = report.measured().variants(static_cast<int>(i));
+    absl::StatusOr<v1::Replay> r =
+        i < plan.variants.size()
+            ? requests::ReplayOnGraph(plan.variants[i].graph, requests::MeasuredTimes(mv.ops()),
+                                      mv.iteration_us())
+            : absl::StatusOr<v1::Replay>(absl::InternalError("no plan of the variant"));
+    if (!r.ok()) {
+      std::fprintf(stderr, "moeplan-exec: warning: the %s run does not replay: %s\n",
+                   mv.name().c_str(), std::string(View(r.status().message())).c_str());
+      r = v1::Replay();
+    }
+    *report.add_replays() = *std::move(r);
+  }
   return report;
 }
 
@@ -537,7 +561,7 @@ int RunModel(const Args& a) {
     plan.best = 0;
   }
 
-  absl::StatusOr<ex::Backend> backend = ex::MakeBackend(a.backend);
+  absl::StatusOr<ex::Backend> backend = ex::MakeBackend(a.backend, *ex::ParseMpiWait(a.mpi_wait));
   if (!Agree(backend.status()).ok()) return 1;
   const std::vector<Run> runs = MeasureAll(a, s, plan.variants, *backend);
   std::optional<v1::LayoutCheck> check;

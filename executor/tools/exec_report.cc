@@ -132,6 +132,12 @@ std::string RenderTable(const v1::ExecReport& r) {
           "{:.1f}% of choices dropped by capacity\n",
           g.rank_load_ratio(), g.expert_load_ratio(), g.dropped_pct());
     }
+    if (i < r.replays_size() && r.replays(i).replayed_us() > 0.0) {
+      const v1::Replay& rp = r.replays(i);
+      put("  replay: the measured op durations on the plan compose to {:.1f} us ({:+.1f}% "
+          "composition error); {} of {} ops measured\n",
+          rp.replayed_us(), rp.composition_error_pct(), rp.ops() - rp.unmeasured_ops(), rp.ops());
+    }
     put("  {:<36} {:>7} {:>12} {:>12} {:>12}\n", "op", "kind", "start", "end", "duration");
     for (const v1::OpTiming& op : c.ops()) {
       put("  {:<36} {:>7} {:>12.1f} {:>12.1f} {:>12.1f}\n", op.name(), op.kind(), op.start_us(),

@@ -59,6 +59,7 @@ struct Args {
   double context_ms = 20.0;      // 0: isolated collectives only
   bool check = false;            // the few points of moeplan profile-check
   int rounds = 1;                // sweeps of every point, each in its own shuffled order
+  std::string mpi_wait = "spin";  // how ranks wait for collectives (mpi backend)
 };
 
 // The order round `round` visits `n` points in: the sweep's order for a single
@@ -276,6 +277,7 @@ v1::ProfileRun RunRecord(const Args& a, const Discovered& found, const MeasureOp
   run.set_ranks_per_node(layout.ranks_per_node);
   run.set_moeplan_version(MOEPLAN_VERSION);
   run.set_machine(ex::MachineDescription(device));
+  if (a.backend == "mpi") run.set_mpi_wait(a.mpi_wait);
   return run;
 }
 
@@ -326,7 +328,8 @@ int Run(const Args& a) {
   if (!AllOk(found.status())) return 1;
   const NodeLayout layout = found->layout;
 
-  absl::StatusOr<ex::Backend> backend = ex::MakeBackend(a.backend);
+  absl::StatusOr<ex::Backend> backend =
+      ex::MakeBackend(a.backend, *ex::ParseMpiWait(a.mpi_wait));  // the flag admits both
   if (!AllOk(backend.status())) return 1;
   MeasureOptions measure_options;
   absl::StatusOr<Sweep> sweep = MakeSweep(a, layout, backend->device->is_gpu(), &measure_options);
@@ -400,6 +403,13 @@ void AddSweepFlags(CLI::App& app, Args* args) {
                "(ignores the size and repetition flags)");
   app.add_option("--backend", a.backend, "mpi (CPU, host buffers) or nccl (GPU)")
       ->check(flags::NonEmpty())
+      ->capture_default_str();
+  app.add_option("--mpi-wait", a.mpi_wait,
+                 "mpi backend: how a rank's threads wait for a collective: spin (MPI_Waitall, "
+                 "holding the core) or sleep (test, then sleep between tests, leaving the core "
+                 "to other threads and ranks); moeplan-exec must wait the same way "
+                 "(docs/executor.md \"Waiting\")")
+      ->check(CLI::IsMember({"spin", "sleep"}))
       ->capture_default_str();
   app.add_option("--dtype", a.dtype,
                  "element type of the GEMM and memory kernels: auto (mpi: f32, nccl: bf16), f32, "

@@ -22,6 +22,7 @@
 #include "moeplan/proto/convert.h"
 #include "moeplan/proto/json.h"
 #include "moeplan/requests/answer.h"
+#include "moeplan/requests/replay.h"
 
 namespace moeplan::server {
 namespace {
@@ -139,6 +140,14 @@ absl::Status Handlers::Impl::CheckOps(const v1::ReportMeasurementRequest& req, I
       return Invalid(Cat("ops[", i,
                          "].duration_us: must be finite, >= 0 and <= 3.6e9 (an hour) (got ",
                          op.duration_us(), ")"));
+    }
+    if (op.has_start() &&
+        (!std::isfinite(op.start_us()) || op.start_us() < 0 || op.start_us() > kMaxUs)) {
+      return Invalid(Cat("ops[", i, "].start_us: must be finite, >= 0 and <= 3.6e9 (an hour) (got ",
+                         op.start_us(), ")"));
+    }
+    if (!op.has_start() && op.start_us() != 0) {
+      return Invalid(Cat("ops[", i, "].start_us: set has_start with it"));
     }
   }
   return absl::OkStatus();
@@ -266,6 +275,13 @@ absl::Status Handlers::Impl::DoReport(const CallContext& ctx,
   absl::StatusOr<uint64_t> n = store_.AppendMeasurement(req.profile_name(), *line);
   if (!n.ok()) return n.status();
   resp->set_stored(*n);
+  // The run's composition error on the stored profile's plan of it: an
+  // answer, not a condition of storing (a report that planned above replays).
+  if (absl::Status r = requests::ReplayReport(req, entry->cost, resp); !r.ok()) {
+    resp->clear_replay();
+    resp->clear_predicted_us();
+    resp->clear_cost_error_pct();
+  }
   return absl::OkStatus();
 }
 

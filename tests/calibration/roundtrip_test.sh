@@ -132,9 +132,37 @@ fi
 # and, with the same profile, every error are the first run's, and the report
 # says where the measurements came from.
 if ! "$CLI" validate --profile "$TMP/cpu-quick.json" --layers "$SRC/tests/calibration/quick-grid.json" \
-    --from-runs "$TMP/val" --exec /nonexistent --out-dir "$TMP/val2" --json >"$TMP/summary2.json" 2>"$TMP/validate2.err"; then
+    --from-runs "$TMP/val" --exec /nonexistent --out-dir "$TMP/val2" --json --replay >"$TMP/summary2.json" 2>"$TMP/validate2.err"; then
   bad "validate --from-runs failed: $(tail -5 "$TMP/validate2.err")"
 fi
+# --replay: every point's measured op durations on its plan, every op of the
+# plan measured and named alike, and the error split as documented.
+check_replays() {
+  $PY - "$1" "$2" <<'PYEOF'
+import json, sys
+s, points = json.load(open(sys.argv[1])), int(sys.argv[2])
+ok = s.get("replayed_points") == points
+if not ok: print("FAIL: replayed points", s.get("replayed_points"), "of", points, file=sys.stderr)
+for c in s.get("results", []):
+    for p in c["points"]:
+        r = p.get("replay", {})
+        if r.get("unmeasured_ops", 0) or r.get("unplanned_ops", 0) or r.get("ops", 0) == 0:
+            print("FAIL:", c["name"], p["candidate"], "replay ops", r, file=sys.stderr); ok = False
+        lhs = 1 + p["error_pct"] / 100
+        rhs = (1 + r.get("composition_error_pct", 0) / 100) * (1 + p.get("cost_error_pct", 0) / 100)
+        if abs(lhs - rhs) > 1e-9:
+            print("FAIL:", c["name"], p["candidate"], "error is not composition x cost", file=sys.stderr); ok = False
+        if p.get("noise", {}).get("samples") != 5:
+            print("FAIL:", c["name"], p["candidate"], "no noise floor of 5 iterations", file=sys.stderr); ok = False
+sys.exit(0 if ok else 1)
+PYEOF
+}
+check_replays "$TMP/summary2.json" 12 || fail=1
+$PY -c 'import json, sys; s = json.load(open(sys.argv[1])); sys.exit(0 if s.get("mpi_wait") == "spin" and s.get("host_cores", 0) >= 1 else 1)' \
+  "$TMP/summary2.json" || bad "the summary does not say how the ranks waited and on how many cores"
+grep -q "Ranks waited for their collectives with \`--mpi-wait spin\`" "$TMP/val2/report.md" ||
+  bad "the report does not say how the ranks waited"
+grep -q "## Replay: composition and cost" "$TMP/val2/report.md" || bad "the --replay report has no replay section"
 $PY - "$TMP/summary.json" "$TMP/summary2.json" <<'PYEOF' || fail=1
 import json, sys
 a, b = (json.load(open(f)) for f in sys.argv[1:3])
@@ -156,9 +184,10 @@ if ! timeout 600 "$CLI" validate --profile "$TMP/cpu-quick.json" --models "$SRC/
   bad "validate --models failed: $(tail -5 "$TMP/validatem.err")"
 fi
 if ! "$CLI" validate --profile "$TMP/cpu-quick.json" --models "$SRC/tests/calibration/quick-models.json" \
-    --from-runs "$TMP/valm" --exec /nonexistent --out-dir "$TMP/valm2" --json >"$TMP/models2.json" 2>"$TMP/validatem2.err"; then
+    --from-runs "$TMP/valm" --exec /nonexistent --out-dir "$TMP/valm2" --json --replay >"$TMP/models2.json" 2>"$TMP/validatem2.err"; then
   bad "validate --models --from-runs failed: $(tail -5 "$TMP/validatem2.err")"
 fi
+check_replays "$TMP/models2.json" 15 || fail=1
 $PY - "$TMP/models.json" "$TMP/models2.json" <<'PYEOF' || fail=1
 import json, sys
 a, b = (json.load(open(f)) for f in sys.argv[1:3])

@@ -182,7 +182,7 @@ TEST(SummarizeTest, RejectsBadPairedIterations) {
   EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(s.status().message(), HasSubstr("schedule s1: iterations listed twice"));
 
-  // Not paired: the iterations are not looked at.
+  // Not paired: no tie test (the noise floor takes the first list of s1).
   in.paired = false;
   EXPECT_TRUE(Summarize({in}, "p", 4, 2).ok());
 }
@@ -638,6 +638,120 @@ TEST(GnuplotScriptTest, GnuplotRendersPng) {
   f.close();
   std::error_code ec;
   std::filesystem::remove_all(tmpl, ec);
+}
+
+}  // namespace
+}  // namespace moeplan::calibration
+
+namespace moeplan::calibration {
+namespace {
+
+// The noise floor on synthetic repeats: 8 totals 10..17 in order (a steady
+// drift). Median 13.5; quartiles at ranks 1.75 and 5.25: 11.75 and 15.25, IQR
+// 3.5 = 25.93 % of the median; halves 10-13 (median 11.5) and 14-17 (15.5):
+// +4 = +29.63 %; the floor is the larger.
+TEST(NoiseTest, IqrAndHalvesOfSyntheticRepeats) {
+  const std::vector<double> drift = {10, 11, 12, 13, 14, 15, 16, 17};
+  absl::StatusOr<v1::MeasuredNoise> n = NoiseOf(drift);
+  ASSERT_TRUE(n.ok()) << n.status();
+  EXPECT_EQ(n->samples(), 8);
+  EXPECT_NEAR(n->iqr_pct(), 100.0 * 3.5 / 13.5, 1e-9);
+  EXPECT_NEAR(n->halves_pct(), 100.0 * 4.0 / 13.5, 1e-9);
+  EXPECT_NEAR(n->floor_pct(), 100.0 * 4.0 / 13.5, 1e-9);
+  // The same totals shuffled so both halves hold the same values: no drift,
+  // the IQR is the floor.
+  const std::vector<double> mixed = {10, 17, 12, 15, 11, 16, 13, 14};
+  n = NoiseOf(mixed);
+  ASSERT_TRUE(n.ok());
+  EXPECT_NEAR(n->halves_pct(), 100.0 * (13.5 - 13.5) / 13.5, 1e-9);
+  EXPECT_NEAR(n->floor_pct(), n->iqr_pct(), 1e-12);
+  // An odd count leaves the middle total out of both halves: 5 of 9 in the
+  // middle; halves {1,1,1,1} and {2,2,2,2}, median 5... of all nine: 2.
+  const std::vector<double> odd = {1, 1, 1, 1, 5, 2, 2, 2, 2};
+  n = NoiseOf(odd);
+  ASSERT_TRUE(n.ok());
+  EXPECT_NEAR(n->halves_pct(), 100.0 * (2.0 - 1.0) / 2.0, 1e-9);
+  // Steady totals: no noise.
+  n = NoiseOf(std::vector<double>(6, 42.0));
+  ASSERT_TRUE(n.ok());
+  EXPECT_EQ(n->floor_pct(), 0.0);
+  EXPECT_EQ(std::string(NoiseOf(std::vector<double>{1, 2, 3}).status().message()),
+            "noise: needs at least 4 totals (got 3)");
+  EXPECT_EQ(std::string(NoiseOf(std::vector<double>{1, 2, 3, 0}).status().message()),
+            "noise: iteration totals must be finite and > 0 (got 0)");
+}
+
+v1::Replay ReplayOf(double measured, double replayed) {
+  v1::Replay r;
+  r.set_measured_us(measured);
+  r.set_replayed_us(replayed);
+  r.set_composition_error_pct(100.0 * (replayed - measured) / measured);
+  return r;
+}
+
+// Replays split each point's error into composition and cost; iterations give
+// each point its noise floor; both are summarized and reported.
+TEST(SummarizeTest, ReplaysSplitTheErrorAndIterationsGiveTheNoiseFloor) {
+  ValidationInput in = Config("a", {Plan(v1::SCHEDULE_DEFAULT, 1000), Plan(v1::SCHEDULE_S1, 800)},
+                              {Plan(v1::SCHEDULE_DEFAULT, 1100), Plan(v1::SCHEDULE_S1, 760)});
+  // default: measured 1000, replayed 1000 * 0.98 = 980 (-2 %), predicted 1100:
+  // cost +12.24 %; s1: replayed 800 (0 %), predicted 760: cost -5 %.
+  in.replays.push_back({"default", ReplayOf(1000, 980)});
+  in.replays.push_back({"s1", ReplayOf(800, 800)});
+  v1::ScheduleIterations* it = &in.iterations.emplace_back();
+  it->set_schedule(v1::SCHEDULE_DEFAULT);
+  // IQR 1050 - 950 = 10 %; halves 925 and 1075: +15 %, the floor.
+  for (double t : {900, 950, 1000, 1050, 1100}) it->add_total_us(t);
+  it = &in.iterations.emplace_back();
+  it->set_schedule(v1::SCHEDULE_S1);
+  for (double t : {790, 800, 810, 800}) it->add_total_us(t);
+  absl::StatusOr<v1::ValidationSummary> s = Summarize({in}, "p", 4, 2);
+  ASSERT_TRUE(s.ok()) << s.status();
+  const v1::ValidationPoint& d = s->results(0).points(0);
+  ASSERT_EQ(d.candidate(), "default");
+  EXPECT_NEAR(d.cost_error_pct(), 100.0 * (1100.0 - 980.0) / 980.0, 1e-9);
+  EXPECT_NEAR((1 + d.error_pct() / 100) / (1 + d.replay().composition_error_pct() / 100),
+              1 + d.cost_error_pct() / 100, 1e-12);
+  EXPECT_NEAR(d.noise().iqr_pct(), 10.0, 1e-9);
+  EXPECT_NEAR(d.noise().halves_pct(), 15.0, 1e-9);
+  EXPECT_TRUE(d.within_noise()) << "+10 % is within a 15 % floor";
+  const v1::ValidationPoint& s1 = s->results(0).points(1);
+  EXPECT_NEAR(s1.cost_error_pct(), -5.0, 1e-9);
+  EXPECT_NEAR(s1.noise().floor_pct(), 100.0 * 10.0 / 800.0, 1e-9);  // IQR 7.5, halves +10
+  EXPECT_FALSE(s1.within_noise()) << "-5 % is beyond a 1.25 % floor";
+  EXPECT_EQ(s->replayed_points(), 2);
+  EXPECT_NEAR(s->composition_mape_pct(), 1.0, 1e-9);
+  EXPECT_NEAR(s->composition_max_pct(), 2.0, 1e-9);
+  EXPECT_NEAR(s->cost_mape_pct(), (100.0 * 120.0 / 980.0 + 5.0) / 2, 1e-9);
+  EXPECT_EQ(s->noise_points(), 2);
+  EXPECT_EQ(s->within_noise_points(), 1);
+  EXPECT_EQ(s->within_twice_noise_points(), 1);
+  EXPECT_EQ(s->composition_within_noise_points(), 2);
+  const std::string md = RenderMarkdown(*s, {});
+  EXPECT_THAT(md, HasSubstr("| composition error (replay vs measured), 2 points | MAPE 1.0 %"));
+  EXPECT_THAT(md, HasSubstr("| points within their noise floor | 1 of 2 (1 within twice it) |"));
+  EXPECT_THAT(md, HasSubstr("## Replay: composition and cost"));
+  EXPECT_THAT(md, HasSubstr("| a | default | 1.000 | 0.980 | 1.100 | +10.0 | -2.0 | +12.2 | 15.0 "
+                            "(within) |"));
+
+  // A replay of a candidate not measured, or twice, is refused.
+  ValidationInput bad = in;
+  bad.replays.push_back({"s2", ReplayOf(1, 1)});
+  EXPECT_EQ(std::string(Summarize({bad}, "p", 4, 2).status().message()),
+            "config 'a', schedule s2: replayed, not measured");
+  bad = in;
+  bad.replays.push_back({"s1", ReplayOf(1, 1)});
+  EXPECT_EQ(std::string(Summarize({bad}, "p", 4, 2).status().message()),
+            "config 'a', schedule s1: replayed twice");
+  // Without replays and with too few iterations: neither.
+  in.replays.clear();
+  in.iterations.clear();
+  s = Summarize({in}, "p", 4, 2);
+  ASSERT_TRUE(s.ok());
+  EXPECT_EQ(s->replayed_points(), 0);
+  EXPECT_EQ(s->noise_points(), 0);
+  EXPECT_FALSE(s->results(0).points(0).has_noise());
+  EXPECT_THAT(RenderMarkdown(*s, {}), Not(HasSubstr("## Replay")));
 }
 
 }  // namespace

@@ -38,6 +38,17 @@ struct ValidationInput {
   std::vector<v1::ScheduleIterations> iterations;
   std::vector<v1::VariantIterations> variant_iterations;
   bool paired = false;
+  // validate --replay: a candidate's measured op durations replayed on the
+  // plan that ran (requests/replay.h), by candidate name ("s1", "lancet").
+  struct CandidateReplay {
+    std::string candidate;
+    v1::Replay replay;
+  };
+  std::vector<CandidateReplay> replays;
+  // How the run's ranks waited (moeplan-exec --mpi-wait; empty: not
+  // reported) and rank 0's host's cores (0: not reported).
+  std::string mpi_wait;
+  int host_cores = 0;
 
   bool IsModel() const {
     return !measured_variants.empty() || !predicted_variants.empty() || !variant_iterations.empty();
@@ -49,12 +60,22 @@ struct ValidationInput {
 // Equal pairs are dropped; 1 when none is left. Sizes must match.
 double SignTestP(absl::Span<const double> a, absl::Span<const double> b);
 
+// The noise floor of one candidate's measured totals (one per timed
+// iteration, in the order taken): the interquartile range and the drift
+// between the two halves, in percent of the median. Needs
+// kMinNoiseSamples totals, finite and > 0 (InvalidArgument otherwise).
+inline constexpr int kMinNoiseSamples = 4;
+absl::StatusOr<v1::MeasuredNoise> NoiseOf(absl::Span<const double> totals);
+
 // Total and per-op errors, selection accuracy (strict, decisive, and counting
-// ties) and regret. InvalidArgument when there are no inputs, layer and model
-// configs are mixed, a config has no candidate both measured and predicted,
-// lists a candidate twice on one side, a paired measured total is not finite
-// and > 0 (or the predicted one not finite), or paired iterations differ in
-// count or hold a value not finite and > 0.
+// ties) and regret; with replays, the composition and cost errors; with at
+// least kMinNoiseSamples iteration totals of a candidate, its point's noise
+// floor. InvalidArgument when there are no inputs, layer and model configs
+// are mixed, a config has no candidate both measured and predicted, lists a
+// candidate twice on one side (or replays one twice, or replays one it did
+// not measure), a paired measured total is not finite and > 0 (or the
+// predicted one not finite), or iterations differ in count (when paired) or
+// hold a value not finite and > 0.
 absl::StatusOr<v1::ValidationSummary> Summarize(const std::vector<ValidationInput>& inputs,
                                                 const std::string& profile, int ranks, int hosts);
 

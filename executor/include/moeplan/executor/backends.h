@@ -16,8 +16,21 @@ namespace moeplan::executor {
 // ---- CPU + MPI (host memory; MPI must be initialised for the communicator) ----
 std::unique_ptr<Device> MakeCpuDevice();
 std::unique_ptr<Kernels> MakeCpuKernels();
+// How an MPI communicator's host thread waits for a collective to finish
+// (docs/executor.md "Waiting"). kSpin: MPI_Waitall, Open MPI's progress loop,
+// which polls (and yields between polls under mpi_yield_when_idle): the
+// thread keeps its core. kSleep: MPI_Testall a few times, then between tests
+// sleep with a backoff from 1 us up to kMpiSleepMaxUs, so a waiting thread
+// leaves the core to its rank's compute thread and to the other ranks of the
+// host. Communicators split from a world wait as it does.
+enum class MpiWait { kSpin, kSleep };
+inline constexpr int kMpiSleepMaxUs = 32;
+std::string_view MpiWaitName(MpiWait w);  // "spin", "sleep"
+// InvalidArgument naming the accepted values.
+absl::StatusOr<MpiWait> ParseMpiWait(std::string_view name);
 // A communicator over a duplicate of MPI_COMM_WORLD.
-absl::StatusOr<std::unique_ptr<Communicator>> MakeMpiWorld(Device* device);
+absl::StatusOr<std::unique_ptr<Communicator>> MakeMpiWorld(Device* device,
+                                                           MpiWait wait = MpiWait::kSpin);
 // "Open MPI v4.1.4, ..." (MPI_Get_library_version, first line).
 std::string MpiVersion();
 // Host-side reductions over MPI_COMM_WORLD (collective: every rank calls them),
@@ -54,6 +67,8 @@ struct Backend {
 };
 // backend "mpi": CPU device and kernels, MPI communicator; "nccl": GPU
 // (local rank modulo the GPUs of the host), CUDA kernels, NCCL communicator.
-absl::StatusOr<Backend> MakeBackend(std::string_view backend);
+// `wait`: how the mpi backend's communicators wait (the nccl backend's host
+// exchanges always spin).
+absl::StatusOr<Backend> MakeBackend(std::string_view backend, MpiWait wait = MpiWait::kSpin);
 
 }  // namespace moeplan::executor

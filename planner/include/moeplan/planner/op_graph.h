@@ -138,6 +138,8 @@ class OpGraph {
   std::span<const BufAlias> aliases() const { return aliases_; }
   std::span<const ExecLayer> layers() const { return layers_; }
   bool HasDep(OpId from, OpId to) const;
+  // Replaces op `id`'s cost (a replay puts measured durations on the plan).
+  void SetCost(OpId id, double cost_us) { ops_[static_cast<size_t>(id)].cost_us = cost_us; }
   void Clear();
   // Capacity hints for builders that know their size.
   void Reserve(int ops, int deps);
