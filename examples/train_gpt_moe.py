@@ -251,7 +251,7 @@ def main(argv):
                        "planned_by": answer["source"],
                        "profile": answer["plan"]["profile_name"],
                        "profile_version": answer["plan"]["profile_version"],
-                       "ops": meas["ops"]})
+                       "ops": meas["ops"], "starts": meas["starts"]})
     reported = None
     if a.server and rank == 0:
         reported = report(planner, model.moes, layers)
@@ -268,7 +268,7 @@ def main(argv):
         "steps": a.steps, "ranks": size, "layout": {"mp": a.mp, "ep": model.moes[0].ep,
                                                     "esp": a.esp, "dp": dp},
         "corpus": source,
-        "moe_layers": [{k: v for k, v in l.items() if k != "ops"} for l in layers],
+        "moe_layers": [{k: v for k, v in l.items() if k not in ("ops", "starts")} for l in layers],
         # What the MoE layers alone would sustain at the measured and the
         # predicted layer times (tokens per call over the layer's time, all dp groups).
         "moe_tokens_per_s": {
@@ -290,15 +290,23 @@ def main(argv):
 
 
 def report(planner, moes, layers):
-    """ReportMeasurement for every MoE layer: its median op times."""
+    """ReportMeasurement for every MoE layer: its median op times and starts;
+    the server answers with their replay on its plan (composition error) and
+    its prediction against the replay (cost error)."""
     import moeplan_client
     client = planner.client()
     out = []
     for m, l in zip(moes, layers):
         try:
-            stored = client.report_measurement(l["profile"], l["profile_version"], m.last_layer,
-                                               l["schedule"], l["ops"], l["measured_us"])
-            out.append({"layer": l["layer"], "stored": stored})
+            answer = client.report_measurement(l["profile"], l["profile_version"], m.last_layer,
+                                               l["schedule"], l["ops"], l["measured_us"],
+                                               starts=l["starts"], full=True)
+            replay = answer.get("replay", {})
+            out.append({"layer": l["layer"], "stored": answer["stored"],
+                        "replayed_us": round(replay.get("replayed_us", 0.0), 1),
+                        "composition_error_pct": round(replay.get("composition_error_pct", 0.0), 2),
+                        "cost_error_pct": round(answer.get("cost_error_pct", 0.0), 2),
+                        "longest_wait": (replay.get("waits") or [{}])[0]})
         except moeplan_client.PlannerError as e:
             print(f"train_gpt_moe: ReportMeasurement failed: {e.code}: {e.message}",
                   file=sys.stderr)

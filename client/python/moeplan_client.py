@@ -431,7 +431,8 @@ class PlannerClient:
     def report_measurement(self, profile_name: str, profile_version: int,
                            layer: Mapping[str, Any], schedule: Union[str, int],
                            ops: Union[Mapping[str, float], Iterable[Tuple[str, float]]],
-                           total_us: float) -> int:
+                           total_us: float, starts: Optional[Mapping[str, float]] = None,
+                           full: bool = False) -> Union[int, dict]:
         """Sends the op times a job measured back to the server: ReportMeasurement.
 
         Args:
@@ -443,9 +444,18 @@ class PlannerClient:
                 candidates[].ops[].name): a {name: duration_us} mapping or
                 (name, duration_us) pairs; at least one.
             total_us: measured forward+backward time of the layer, microseconds.
+            starts: optionally, when each op started (µs from the start of the
+                layer's forward), by op name: the server's replay then names the
+                ops that waited for what the plan does not have.
+            full: return the whole answer instead of the count.
 
         Returns:
-            How many measurements the server has stored for this profile so far.
+            How many measurements the server has stored for this profile so far;
+            with full, the ReportMeasurementResponse as a dict: "stored", and the
+            run's op durations replayed on the stored profile's plan ("replay":
+            replayed_us, composition_error_pct, waits), the prediction
+            ("predicted_us") and the cost error ("cost_error_pct";
+            docs/calibration.md "Replay").
         """
         request = service_pb2.ReportMeasurementRequest(profile_name=profile_name,
                                                        profile_version=int(profile_version),
@@ -454,8 +464,16 @@ class PlannerClient:
         request.plan.layer.CopyFrom(_parse(layer, layer_pb2.LayerConfig(), "plan.layer"))
         pairs: Sequence[Tuple[str, float]] = list(ops.items() if isinstance(ops, Mapping) else ops)
         for name, duration_us in pairs:
-            request.ops.add(name=name, duration_us=float(duration_us))
-        return int(self._call("ReportMeasurement", request).stored)
+            op = request.ops.add(name=name, duration_us=float(duration_us))
+            if starts is not None and name in starts:
+                op.start_us = float(starts[name])
+                op.has_start = True
+        response = self._call("ReportMeasurement", request)
+        if not full:
+            return int(response.stored)
+        out = json_format.MessageToDict(response, preserving_proto_field_name=True)
+        out["stored"] = int(response.stored)  # a uint64: a string in the JSON mapping
+        return out
 
     def refit_profile(self, name: str) -> dict:
         """Refits a stored profile from the runs reported against it: RefitProfile.

@@ -46,6 +46,21 @@ namespace moeplan::client {
 namespace fs = std::filesystem;
 namespace p = ::moeplan::planner;
 
+void PrintTimes(const std::vector<CandidateTimes>& times, const calibration::ValidationInput& in) {
+  std::string line = "moeplan validate:  ";
+  for (const CandidateTimes& t : times) {
+    fmt::format_to(std::back_inserter(line), " {} {:.1f}/{:.1f}", t.name, t.measured_us / 1e3,
+                   t.predicted_us / 1e3);
+    for (const calibration::ValidationInput::CandidateReplay& r : in.replays) {
+      if (r.candidate == t.name) {
+        fmt::format_to(std::back_inserter(line), "/{:.1f}", r.replay.replayed_us() / 1e3);
+      }
+    }
+    line += " ms";
+  }
+  fmt::print(stderr, "{} (measured/predicted{})\n", line, in.replays.empty() ? "" : "/replayed");
+}
+
 namespace {
 
 // What moeplan-exec said before it stopped: its own error line in the log,

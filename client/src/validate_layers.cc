@@ -32,24 +32,18 @@ std::string ConfigName(size_t i, const v1::LayerConfig& l) {
       l.parallel().mp(), l.parallel().ep(), l.parallel().esp());
 }
 
-// "moeplan validate:   s1 1.2/1.3 ms ... (measured/predicted)" on stderr,
-// with replays "s1 1.2/1.3/1.25 ms (measured/predicted/replayed)".
-void PrintTimes(const calibration::ValidationInput& in) {
-  std::string line = "moeplan validate:  ";
+// PrintTimes of the schedules.
+void PrintScheduleTimes(const calibration::ValidationInput& in) {
+  std::vector<CandidateTimes> times;
   for (const v1::CandidatePlan& m : in.measured) {
     for (const v1::CandidatePlan& pr : in.predicted) {
-      if (pr.schedule() != m.schedule()) continue;
-      const std::string_view label = proto::ScheduleLabel(m.schedule());
-      fmt::format_to(std::back_inserter(line), " {} {:.1f}/{:.1f}", label, m.total_us() / 1e3,
-                     pr.total_us() / 1e3);
-      for (const auto& r : in.replays) {
-        if (r.candidate == label)
-          fmt::format_to(std::back_inserter(line), "/{:.1f}", r.replay.replayed_us() / 1e3);
+      if (pr.schedule() == m.schedule()) {
+        times.push_back(
+            {std::string(proto::ScheduleLabel(m.schedule())), m.total_us(), pr.total_us()});
       }
-      line += " ms";
     }
   }
-  fmt::print(stderr, "{} (measured/predicted{})\n", line, in.replays.empty() ? "" : "/replayed");
+  PrintTimes(times, in);
 }
 
 // Each measured schedule's op durations replayed on its plan (in->replays).
@@ -130,7 +124,7 @@ class Layers final : public ValidationSubject {
         return ConfigRun{std::nullopt, fmt::format("{}: {}", in.name, View(r.message()))};
       }
     }
-    PrintTimes(in);
+    PrintScheduleTimes(in);
     return ConfigRun{std::move(in), ""};
   }
 

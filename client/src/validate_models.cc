@@ -61,17 +61,15 @@ absl::StatusOr<std::string> CanonicalSpec(std::string_view spec) {
   return CanonicalLayout(msg);
 }
 
-// "moeplan validate:   none 12.1/10.3 ms ... (measured/predicted)" on stderr.
-void PrintTimes(const calibration::ValidationInput& in) {
-  std::string line = "moeplan validate:  ";
+// PrintTimes of the variants.
+void PrintVariantTimes(const calibration::ValidationInput& in) {
+  std::vector<CandidateTimes> times;
   for (const v1::VariantPlan& m : in.measured_variants) {
     for (const v1::VariantPlan& pr : in.predicted_variants) {
-      if (pr.name() != m.name()) continue;
-      fmt::format_to(std::back_inserter(line), " {} {:.1f}/{:.1f} ms", m.name(),
-                     m.iteration_us() / 1e3, pr.iteration_us() / 1e3);
+      if (pr.name() == m.name()) times.push_back({m.name(), m.iteration_us(), pr.iteration_us()});
     }
   }
-  fmt::print(stderr, "{} (measured/predicted)\n", line);
+  PrintTimes(times, in);
 }
 
 // Why `mine`, what `profile` plans again of the `ran` variant, cannot stand
@@ -112,7 +110,7 @@ absl::Status AddReplay(std::string_view name, calibration::ValidationInput* in, 
 
 ConfigRun Predicted(calibration::ValidationInput in, std::vector<v1::VariantPlan> predicted) {
   in.predicted_variants = std::move(predicted);
-  PrintTimes(in);
+  PrintVariantTimes(in);
   return ConfigRun{std::move(in), ""};
 }
 

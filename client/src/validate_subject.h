@@ -9,6 +9,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "moeplan/calibration/profiles.h"
@@ -59,6 +60,15 @@ class ValidationSubject {
   // The parallel layout of a config (--holdout splits within each).
   virtual std::string Layout(const calibration::ValidationInput& in) const = 0;
 };
+
+// "moeplan validate:   s1 1.2/1.3 ms ... (measured/predicted)" on stderr, one
+// entry per candidate both measured and predicted; with replays,
+// "s1 1.2/1.3/1.25 ms (measured/predicted/replayed)".
+struct CandidateTimes {
+  std::string name;
+  double measured_us = 0.0, predicted_us = 0.0;
+};
+void PrintTimes(const std::vector<CandidateTimes>& times, const calibration::ValidationInput& in);
 
 // Reads a moeplan.v1.LayerGrid / moeplan.v1.ModelGrid file; InvalidArgument
 // prefixed with `path` when it is malformed.

@@ -258,6 +258,7 @@ class MoE(nn.Module):
         self.last_schedule: Optional[str] = None
         self.last_layer: Optional[Dict[str, Any]] = None
         self._times: Dict[str, List[float]] = {}
+        self._starts: Dict[str, List[float]] = {}
         self._totals: List[float] = []
 
     def extra_repr(self) -> str:
@@ -383,16 +384,18 @@ class MoE(nn.Module):
             timings = layer.timings(over_ranks=True)
         for name, _phase, start, end in timings:
             self._times.setdefault(name, []).append(end - start)
+            self._starts.setdefault(name, []).append(start)
             total = max(total, end)
         self._totals.append(total)
 
     def measured(self) -> Dict[str, Any]:
-        """Median op durations and layer time (µs) over the recorded steps."""
+        """Median op durations, starts and layer time (µs) over the recorded steps."""
         if not self._totals:
             return {}
         return {"schedule": self.last_schedule, "layer": self.last_layer,
                 "steps": len(self._totals),
                 "ops": {n: statistics.median(v) for n, v in self._times.items()},
+                "starts": {n: statistics.median(v) for n, v in self._starts.items()},
                 "total_us": statistics.median(self._totals)}
 
 

@@ -281,6 +281,17 @@ class ClientTest(unittest.TestCase):
                                                 list(ops.items()), total)
         self.assertGreaterEqual(first, 1)
         self.assertEqual(second, first + 1)
+        # With starts, the whole answer: every op 10 % slower than planned
+        # composes as planned (no composition error) and the plan's costs are
+        # 1/1.1 of the replay.
+        starts = {op["name"]: op["start_us"] * 1.1 for op in plan["candidates"][0]["ops"]}
+        answer = self.client.report_measurement("a100-8x8", version, layer, "s1", ops, total,
+                                                starts=starts, full=True)
+        self.assertEqual(answer["stored"], second + 1)
+        self.assertAlmostEqual(answer["replay"]["replayed_us"], total, delta=1e-6 * total)
+        self.assertAlmostEqual(answer["replay"].get("composition_error_pct", 0.0), 0.0, places=6)
+        self.assertAlmostEqual(answer["cost_error_pct"], 100 * (1 / 1.1 - 1), places=6)
+        self.assertEqual(answer["replay"]["ops"], len(ops))
         with self.assertRaises(PlannerError) as ctx:
             self.client.report_measurement("a100-8x8", version, layer, "s1", {}, total)
         self.assertEqual(ctx.exception.code, "INVALID_ARGUMENT")

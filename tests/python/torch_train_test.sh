@@ -84,6 +84,8 @@ for l in r["moe_layers"]:
     assert l["planned_by"] == f"server {sys.argv[2]}", l
     assert l["measured_us"] > 0 and l["predicted_us"] > 0, l
 assert [x.get("stored") for x in r["reported"]] == [1, 2], r["reported"]
+for x in r["reported"]:  # the server's replay of each layer's measured op times
+    assert x["replayed_us"] > 0 and "composition_error_pct" in x and "cost_error_pct" in x, x
 print(f"server chose {r['schedule']}; reported {len(r['reported'])} layers")
 EOF
 [[ $(head -c 8 "$work/loss.png" | od -An -tx1 | tr -d ' \n') == 89504e470d0a1a0a ]] ||
