@@ -247,8 +247,10 @@ absl::Status ReplayReport(const v1::ReportMeasurementRequest& report, const p::C
   MOEPLAN_ASSIGN_OR_RETURN(*out->mutable_replay(),
                            ReplayOnGraph(*ran.graph, measured, report.total_us()));
   out->set_predicted_us(ran.predicted_us);
-  out->set_cost_error_pct(100.0 * (ran.predicted_us - out->replay().replayed_us()) /
-                          out->replay().replayed_us());
+  // A run of nothing but empty ops replays to 0: no cost error to speak of.
+  if (const double replayed = out->replay().replayed_us(); replayed > 0.0) {
+    out->set_cost_error_pct(100.0 * (ran.predicted_us - replayed) / replayed);
+  }
   return absl::OkStatus();
 }
 

@@ -238,6 +238,18 @@ TEST_F(ReplayPlanTest, AModelsVariantsReplayToThemselvesAndReportsReplay) {
       EXPECT_NEAR(w.unexplained_wait_us(), 0.0, 1e-6) << v.name() << " " << w.op();
     }
   }
+  // A run whose every op took no time replays to 0: no cost error is made up.
+  v1::ReportMeasurementRequest empty;
+  *empty.mutable_model_plan() = *PinnedModelRequest(req.model(), resp.variants(0));
+  empty.set_variant(resp.variants(0).name());
+  empty.set_total_us(1.0);
+  for (const v1::OpTiming& op : resp.variants(0).ops()) empty.add_ops()->set_name(op.name());
+  v1::ReportMeasurementResponse zero;
+  ASSERT_TRUE(ReplayReport(empty, *cost_, &zero).ok());
+  EXPECT_EQ(zero.replay().replayed_us(), 0.0);
+  EXPECT_EQ(zero.cost_error_pct(), 0.0);
+  EXPECT_DOUBLE_EQ(zero.replay().composition_error_pct(), -100.0);
+
   v1::ReportMeasurementRequest bad;
   *bad.mutable_model_plan() = req;
   bad.set_variant("fastest");
