@@ -46,16 +46,22 @@ void PrintScheduleTimes(const calibration::ValidationInput& in) {
   PrintTimes(times, in);
 }
 
-// Each measured schedule's op durations replayed on its plan (in->replays).
-absl::Status Replay(const p::LayerConfig& layer, const p::CostModel& cost,
+// Each measured schedule's op durations replayed on its plan: the one the
+// prediction made, or, for a schedule the prediction folded into another
+// (S1 and S2 at mp = 1 are planned as the default), that schedule planned
+// alone (in->replays).
+absl::Status Replay(const p::LayerConfig& layer, const p::CostModel& cost, const p::LayerPlan& plan,
                     calibration::ValidationInput* in) {
   for (const v1::CandidatePlan& c : in->measured) {
     const std::string_view label = proto::ScheduleLabel(c.schedule());
     absl::StatusOr<p::Schedule> schedule = proto::ScheduleFromProto(c.schedule());
+    const p::Candidate* planned = schedule.ok() ? plan.Find(*schedule) : nullptr;
+    const std::vector<requests::MeasuredOpTime> times = requests::MeasuredTimes(c.ops());
     absl::StatusOr<v1::Replay> r =
-        schedule.ok() ? requests::ReplayLayerRun(layer, *schedule, requests::MeasuredTimes(c.ops()),
-                                                 c.total_us(), cost)
-                      : absl::StatusOr<v1::Replay>(schedule.status());
+        !schedule.ok() ? absl::StatusOr<v1::Replay>(schedule.status())
+        : planned != nullptr
+            ? requests::ReplayOnGraph(planned->graph(), times, c.total_us())
+            : requests::ReplayLayerRun(layer, *schedule, times, c.total_us(), cost);
     if (!r.ok()) {
       return absl::InvalidArgumentError(
           fmt::format("its {} run does not replay: {}", label, View(r.status().message())));
@@ -112,15 +118,16 @@ class Layers final : public ValidationSubject {
     for (const v1::CandidatePlan& c : in.measured) request.add_schedules(c.schedule());
     v1::PlanLayerResponse predicted;
     p::LayerPlanner planner(cost);
+    p::LayerPlan plan;
     absl::Status s =
-        requests::AnswerPlanLayer(ran_layer, request, planner, profile.profile, &predicted);
+        requests::AnswerPlanLayer(ran_layer, request, planner, profile.profile, &predicted, &plan);
     if (!s.ok()) {
       return ConfigRun{std::nullopt,
                        fmt::format("{}: the planner rejects it: {}", in.name, View(s.message()))};
     }
     in.predicted.assign(predicted.candidates().begin(), predicted.candidates().end());
     if (replay) {
-      if (absl::Status r = Replay(ran_layer, cost, &in); !r.ok()) {
+      if (absl::Status r = Replay(ran_layer, cost, plan, &in); !r.ok()) {
         return ConfigRun{std::nullopt, fmt::format("{}: {}", in.name, View(r.message()))};
       }
     }

@@ -199,8 +199,9 @@ class Models final : public ValidationSubject {
       if (!request.ok()) return skip(std::string(View(request.status().message())));
       request->set_include_timeline(true);
       v1::PlanModelResponse response;
-      if (absl::Status s =
-              requests::AnswerPlanModel(model, *request, planner, profile.profile, &response);
+      p::ModelPlan plan;
+      if (absl::Status s = requests::AnswerPlanModel(model, *request, planner, profile.profile,
+                                                     &response, {}, &plan);
           !s.ok()) {
         return skip(
             fmt::format("the planner rejects its {} plan: {}", ran.name(), View(s.message())));
@@ -209,7 +210,10 @@ class Models final : public ValidationSubject {
       if (std::string why = NotWhatRan(profile, ran, mine, "plan"); !why.empty()) return skip(why);
       if (replay) {
         absl::Status r = AddReplay(ran.name(), &in, [&](const auto& times, double total) {
-          return requests::ReplayModelRun(model, *request, ran.name(), times, total, cost);
+          return plan.variants.size() == 1
+                     ? requests::ReplayOnGraph(plan.variants[0].graph, times, total)
+                     : absl::StatusOr<v1::Replay>(
+                           absl::InternalError("the prediction planned other than one variant"));
         });
         if (!r.ok()) return skip(std::string(View(r.message())));
       }

@@ -2,6 +2,7 @@
 #include "moeplan/executor/backends.h"
 
 #include <mpi.h>
+#include <sched.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -55,6 +56,13 @@ absl::StatusOr<Backend> MakeBackend(std::string_view backend, MpiWait wait) {
   return absl::InvalidArgumentError(Cat("backend: must be mpi or nccl (got ", backend, ")"));
 }
 
+int UsableCores() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) return CPU_COUNT(&set);
+  return static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN));
+}
+
 std::string MachineDescription(const Device& device) {
   std::string model;
   if (std::FILE* f = std::fopen("/proc/cpuinfo", "r")) {
@@ -72,8 +80,10 @@ std::string MachineDescription(const Device& device) {
     std::fclose(f);
   }
   if (model.empty()) model = "unknown CPU";
-  const long cores = sysconf(_SC_NPROCESSORS_ONLN);
-  std::string out = Cat(model, " x ", cores, " cores");
+  const long online = sysconf(_SC_NPROCESSORS_ONLN);
+  const int usable = UsableCores();
+  std::string out = usable < online ? Cat(model, " x ", usable, " of ", online, " cores")
+                                    : Cat(model, " x ", online, " cores");
   if (device.is_gpu()) out += Cat("; ", device.name());
   return out;
 }

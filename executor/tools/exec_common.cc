@@ -31,7 +31,7 @@ absl::StatusOr<planner::Layout> LayoutOfFlag(std::string_view flag, std::string_
   return layout;
 }
 
-int HostCores() { return static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN)); }
+int HostCores() { return executor::UsableCores(); }
 
 absl::Status CheckRunFlags(const Args& a) {
   if (a.iters < 1) {

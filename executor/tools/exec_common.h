@@ -46,7 +46,8 @@ struct Args {
   std::string tls_ca, token_file;
 };
 
-// This host's online cores.
+// The CPUs this rank may run on (its affinity), which on a testbed node or
+// under a cpuset is fewer than the machine has.
 int HostCores();
 
 // What the tool's messages begin with.

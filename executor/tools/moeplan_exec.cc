@@ -86,13 +86,7 @@ void AddRunFlags(CLI::App& app, Args* args, Flags* out) {
   app.add_option("--backend", a.backend, "mpi (CPU, host buffers) or nccl (GPU)")
       ->check(flags::NonEmpty())
       ->capture_default_str();
-  app.add_option("--mpi-wait", a.mpi_wait,
-                 "mpi backend: how a rank's threads wait for a collective: spin (MPI_Waitall, "
-                 "holding the core) or sleep (test, then sleep between tests, leaving the core "
-                 "to the rank's compute thread and other ranks); wait as the profile was "
-                 "measured (docs/executor.md \"Waiting\")")
-      ->check(CLI::IsMember({"spin", "sleep"}))
-      ->capture_default_str();
+  flags::AddMpiWait(app, &a.mpi_wait);
   app.add_option("--dtype", a.dtype,
                  "auto (mpi: f32; nccl: from bytes_per_element), f32 or bf16; the layer's "
                  "bytes_per_element is set to match")

@@ -404,13 +404,7 @@ void AddSweepFlags(CLI::App& app, Args* args) {
   app.add_option("--backend", a.backend, "mpi (CPU, host buffers) or nccl (GPU)")
       ->check(flags::NonEmpty())
       ->capture_default_str();
-  app.add_option("--mpi-wait", a.mpi_wait,
-                 "mpi backend: how a rank's threads wait for a collective: spin (MPI_Waitall, "
-                 "holding the core) or sleep (test, then sleep between tests, leaving the core "
-                 "to other threads and ranks); moeplan-exec must wait the same way "
-                 "(docs/executor.md \"Waiting\")")
-      ->check(CLI::IsMember({"spin", "sleep"}))
-      ->capture_default_str();
+  flags::AddMpiWait(app, &a.mpi_wait);
   app.add_option("--dtype", a.dtype,
                  "element type of the GEMM and memory kernels: auto (mpi: f32, nccl: bf16), f32, "
                  "bf16; collectives always move f32")

@@ -5,6 +5,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "moeplan/base/status.h"
@@ -27,7 +28,7 @@ absl::Status AnswerPlanLayer(const v1::PlanLayerRequest& request, p::LayerPlanne
 
 absl::Status AnswerPlanLayer(const p::LayerConfig& layer, const v1::PlanLayerRequest& request,
                              p::LayerPlanner& planner, const p::ClusterProfile& profile,
-                             v1::PlanLayerResponse* out) {
+                             v1::PlanLayerResponse* out, p::LayerPlan* kept) {
   std::vector<p::Schedule> schedules;
   schedules.reserve(request.schedules_size());
   for (int i = 0; i < request.schedules_size(); ++i) {
@@ -59,6 +60,7 @@ absl::Status AnswerPlanLayer(const p::LayerConfig& layer, const v1::PlanLayerReq
   }
   proto::PlanToProto(plan, profile, request.include_timeline(), out);
   out->mutable_derived()->set_ranks(layer.parallel.TotalRanks());
+  if (kept != nullptr) *kept = std::move(plan);
   return absl::OkStatus();
 }
 
@@ -120,7 +122,8 @@ absl::Status AnswerLayouts(const p::ModelConfig& model, const v1::PlanModelReque
 // at the FP8 peak, the rest at the profile's own.
 absl::Status AnswerPlanModel(const p::ModelConfig& model, const v1::PlanModelRequest& request,
                              p::ModelPlanner& planner, const p::ClusterProfile& profile,
-                             v1::PlanModelResponse* out, p::Deadline deadline) {
+                             v1::PlanModelResponse* out, p::Deadline deadline, p::ModelPlan* kept) {
+  if (kept != nullptr) *kept = p::ModelPlan();
   MOEPLAN_ASSIGN_OR_RETURN(p::ModelPlanOptions options,
                            proto::ModelOptionsFromProto(request.options()));
   options.deadline = deadline;
@@ -155,6 +158,7 @@ absl::Status AnswerPlanModel(const p::ModelConfig& model, const v1::PlanModelReq
     }
   }
   proto::ModelPlanToProto(plan, model, profile, request.include_timeline(), out);
+  if (kept != nullptr) *kept = std::move(plan);
   return absl::OkStatus();
 }
 

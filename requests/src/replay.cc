@@ -243,13 +243,18 @@ absl::Status ReplayReport(const v1::ReportMeasurementRequest& report, const p::C
                              proto::ScheduleFromProto(report.schedule()));
     MOEPLAN_RETURN_IF_ERROR(PlanLayerRun(*layer, schedule, cost, &ran));
   }
+  return ReplayReport(report, *ran.graph, ran.predicted_us, out);
+}
+
+absl::Status ReplayReport(const v1::ReportMeasurementRequest& report, const p::OpGraph& plan,
+                          double predicted_us, v1::ReportMeasurementResponse* out) {
   const std::vector<MeasuredOpTime> measured = MeasuredTimes(report.ops());
   MOEPLAN_ASSIGN_OR_RETURN(*out->mutable_replay(),
-                           ReplayOnGraph(*ran.graph, measured, report.total_us()));
-  out->set_predicted_us(ran.predicted_us);
+                           ReplayOnGraph(plan, measured, report.total_us()));
+  out->set_predicted_us(predicted_us);
   // A run of nothing but empty ops replays to 0: no cost error to speak of.
   if (const double replayed = out->replay().replayed_us(); replayed > 0.0) {
-    out->set_cost_error_pct(100.0 * (ran.predicted_us - replayed) / replayed);
+    out->set_cost_error_pct(100.0 * (predicted_us - replayed) / replayed);
   }
   return absl::OkStatus();
 }

@@ -30,6 +30,12 @@ usage: testbed.sh [options] -- COMMAND [ARGS...]
   --shaper S           auto | tc | user (default auto: tc unless a delay is asked
                        for and the kernel lacks sch_netem, then user)
   --mtu BYTES          MTU of the node links (default 1500)
+  --cpus C             own | shared (default own: each node runs on its own share of
+                       this machine's CPUs, as nodes of a cluster do: node k gets
+                       CPUs k*R..k*R+R-1 when there are enough, else an equal
+                       share, else CPU k mod n; shared: every node may use every
+                       CPU, and Open MPI binds each node's ranks from CPU 0 up,
+                       so ranks of different nodes share cores)
   --subnet A.B.C       /24 used inside the testbed (default 10.213.0)
   --prefix P           namespace name prefix (default mpt); names are P-<pid>-hub,
                        P-<pid>-n0, P-<pid>-n1, ...
@@ -49,7 +55,7 @@ die() {
 }
 log() { [[ $QUIET == 1 ]] || echo "testbed: $*" >&2; }
 
-NODES=2 RPN=2 RATE_ARG=1gbit DELAY_ARG=50us SHAPER=auto MTU=1500
+NODES=2 RPN=2 RATE_ARG=1gbit DELAY_ARG=50us SHAPER=auto MTU=1500 CPUS=own
 SUBNET=10.213.0 PREFIX=mpt QUIET=0 CLEANUP=0 FORCE=0
 
 need_arg() { [[ $# -ge 2 && -n $2 ]] || die "$1 needs a value"; }
@@ -61,6 +67,7 @@ while [[ $# -gt 0 ]]; do
     --delay) need_arg "$@"; DELAY_ARG=$2; shift 2 ;;
     --shaper) need_arg "$@"; SHAPER=$2; shift 2 ;;
     --mtu) need_arg "$@"; MTU=$2; shift 2 ;;
+    --cpus) need_arg "$@"; CPUS=$2; shift 2 ;;
     --subnet) need_arg "$@"; SUBNET=$2; shift 2 ;;
     --prefix) need_arg "$@"; PREFIX=$2; shift 2 ;;
     --quiet) QUIET=1; shift ;;
@@ -157,6 +164,39 @@ in_range "$MTU" 576 65000 || die "--mtu must be 576..65000"
 RATE=$(parse_rate "$RATE_ARG") || die "bad --rate '$RATE_ARG' (e.g. 1gbit, 100mbit, 125mbps, 0)"
 DELAY_US=$(parse_delay "$DELAY_ARG") || die "bad --delay '$DELAY_ARG' (e.g. 50us, 1ms, 0)"
 case $SHAPER in auto | tc | user) ;; *) die "--shaper must be auto, tc or user" ;; esac
+case $CPUS in own | shared) ;; *) die "--cpus must be own or shared" ;; esac
+
+# --- CPUs per node ------------------------------------------------------------
+# The CPUs this script may use, from its affinity list ("0-3,6" -> 0 1 2 3 6).
+ALLOWED=()
+IFS=, read -ra parts <<<"$(awk '/^Cpus_allowed_list/ {print $2}' /proc/self/status)"
+for p in "${parts[@]}"; do
+  if [[ $p == *-* ]]; then
+    for ((c = ${p%-*}; c <= ${p#*-}; c++)); do ALLOWED+=("$c"); done
+  else
+    ALLOWED+=("$p")
+  fi
+done
+NCPU=${#ALLOWED[@]}
+((NCPU > 0)) || die "cannot read this process's CPU affinity from /proc/self/status"
+# NODE_CPUS[k]: node k's CPU list for taskset -c ("" with --cpus shared).
+NODE_CPUS=()
+for ((k = 0; k < NODES; k++)); do
+  if [[ $CPUS == shared ]]; then
+    NODE_CPUS+=("")
+    continue
+  fi
+  if ((NODES * RPN <= NCPU)); then
+    first=$((k * RPN)) count=$RPN
+  elif ((NODES <= NCPU)); then
+    first=$((k * NCPU / NODES)) count=$(((k + 1) * NCPU / NODES - k * NCPU / NODES))
+  else
+    first=$((k % NCPU)) count=1
+  fi
+  list=""
+  for ((c = first; c < first + count; c++)); do list+="${list:+,}${ALLOWED[c]}"; done
+  NODE_CPUS+=("$list")
+done
 
 BASE=$PREFIX-$$
 HUB=$BASE-hub
@@ -353,9 +393,14 @@ case \$host in
 esac
 ns=$BASE-n\$k
 [ -e "/run/netns/\$ns" ] || { echo "testbed agent: no namespace for \$host" >&2; exit 255; }
+# The node's own CPUs (--cpus own): its daemon, and so its ranks, run there.
+cpus=\$(sed -n "\$((k + 1))p" "$WORK/node-cpus")
+pin=""
+[ -z "\$cpus" ] || pin="taskset -c \$cpus"
 # Like ssh: the words after the host form one shell command line.
-exec ip netns exec "\$ns" unshare --uts sh -c 'hostname "\$1"; shift; eval "\$*"' sh "\$host" "\$@"
+exec \$pin ip netns exec "\$ns" unshare --uts sh -c 'hostname "\$1"; shift; eval "\$*"' sh "\$host" "\$@"
 EOF
+printf '%s\n' "${NODE_CPUS[@]}" >"$WORK/node-cpus"
 chmod +x "$AGENT"
 
 export OMPI_MCA_plm_rsh_agent=$AGENT
@@ -372,9 +417,13 @@ export OMPI_MCA_btl=self,vader,tcp
 export OMPI_MCA_osc=^ucx
 export OMPI_MCA_btl_vader_single_copy_mechanism=none
 export OMPI_MCA_rmaps_base_oversubscribe=1
-# All nodes share the machine's cores; busy-polling ranks would starve the
-# ranks (and the link emulator) of other nodes.
+# Ranks of a node (with --cpus shared, of every node) share cores, and a rank's
+# lane threads share its core: a busy-polling rank would starve the others.
 export OMPI_MCA_mpi_yield_when_idle=1
+# Open MPI binds from the whole machine's topology, ignoring a daemon's
+# affinity: node1's rank would be bound to CPU 0 like node0's. With --cpus own
+# the ranks keep the CPUs of their node instead.
+[[ $CPUS == shared ]] || export OMPI_MCA_hwloc_base_binding_policy=none
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export TESTBED_NODES=$NODES TESTBED_RANKS_PER_NODE=$RPN TESTBED_NP=$((NODES * RPN))
 export TESTBED_RATE_BIT=$RATE TESTBED_DELAY_US=$DELAY_US TESTBED_SHAPER=$SHAPER
@@ -382,7 +431,14 @@ export TESTBED_HOSTFILE=$HOSTFILE TESTBED_HUB=$HUB TESTBED_NS="${NS[*]}"
 export TESTBED_SUBNET=$SUBNET.0/24
 
 shaping="rate $([[ $RATE == 0 ]] && echo unshaped || echo "$RATE_ARG"), delay $([[ $DELAY_US == 0 ]] && echo none || echo "${DELAY_US}us one-way")"
-log "$NODES node(s) x $RPN rank(s), $shaping, shaper $SHAPER, namespaces $BASE-{hub,n0..n$((NODES - 1))}"
+cpus_note="every node on CPUs $(IFS=,; echo "${ALLOWED[*]}")"
+if [[ $CPUS == own ]]; then
+  cpus_note="node CPUs"
+  for ((k = 0; k < NODES && k < 8; k++)); do cpus_note+=" n$k:${NODE_CPUS[k]}"; done
+  ((NODES <= 8)) || cpus_note+=" ..."
+fi
+export TESTBED_CPUS=$CPUS
+log "$NODES node(s) x $RPN rank(s), $shaping, shaper $SHAPER, $cpus_note, namespaces $BASE-{hub,n0..n$((NODES - 1))}"
 
 # --- run COMMAND in node0 ---------------------------------------------------------
 # In the background so that our traps run while it is going (bash defers
@@ -390,7 +446,9 @@ log "$NODES node(s) x $RPN rank(s), $shaping, shaper $SHAPER, namespaces $BASE-{
 # job would otherwise get /dev/null). setsid runs in place (we are not a
 # group leader), so CHILD is also COMMAND's process group id.
 # shellcheck disable=SC2016 # expanded by the inner sh
-setsid ip netns exec "${NS[0]}" unshare --uts sh -c 'hostname "$1"; shift; exec "$@"' sh node0 "$@" <&0 &
+PIN0=()
+[[ -z ${NODE_CPUS[0]} ]] || PIN0=(taskset -c "${NODE_CPUS[0]}")
+setsid "${PIN0[@]}" ip netns exec "${NS[0]}" unshare --uts sh -c 'hostname "$1"; shift; exec "$@"' sh node0 "$@" <&0 &
 CHILD=$!
 while :; do
   # Not `wait || rc=$?`: under set -e, bash 5.2 exits when a trapped signal

@@ -13,7 +13,8 @@
 # 3. asks the server to refit testbed-train from what the runs reported and
 #    keeps its report (OUT_DIR/refit.md), then prints a summary table (medians
 #    over the rounds; OUT_DIR/summary.md).
-# TRAIN_ARGS overrides the model and layout flags below.
+# TRAIN_ARGS overrides the model and layout flags below; PROFILE names the
+# profile to copy (a built-in name or a profile file; default cpu-testbed-2x2).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${1:-train-gpt}
@@ -35,7 +36,8 @@ start_server "$B/server/moeplan-server" "$OUT" >&2 ||
   { echo "train-gpt: moeplan-server did not start" >&2; exit 1; }
 server=$server_pid
 trap 'kill $server 2>/dev/null; wait $server 2>/dev/null || true' EXIT
-"$B/client/moeplan" profiles get cpu-testbed-2x2 | $PY -c '
+PROFILE=${PROFILE:-cpu-testbed-2x2}
+if [[ -f $PROFILE ]]; then cat "$PROFILE"; else "$B/client/moeplan" profiles get "$PROFILE"; fi | $PY -c '
 import json, sys
 p = json.load(sys.stdin); p["name"] = "testbed-train"; p["version"] = 1
 json.dump(p, open(sys.argv[1], "w"), indent=1)' "$OUT/profile-v1.json"
@@ -59,14 +61,19 @@ with moeplan_client.PlannerClient(addr, timeout_s=120) as c:
     r = c.refit_profile("testbed-train")
 open(f"{out}/refit.md", "w").write(r["report"])
 print(f"refit: {r['used']} of {r['measurements']} reported runs used; report in refit.md\n")
-print("| run | ran | tokens/s (each round) | loss first → last | MoE layer measured µs | predicted µs | error |")
-print("|---|---|---|---|---:|---:|---:|")
+# Composition (the server's replay of each reported layer against its
+# measured time) and cost (its prediction against the replay): medians.
+print("| run | ran | tokens/s (each round) | loss first → last | MoE layer measured µs | predicted µs | error | composition | cost |")
+print("|---|---|---|---|---:|---:|---:|---:|---:|")
 for s in ("default", "s1", "s2", "auto"):
     runs = [json.load(open(f"{out}/{s}.{i}.json")) for i in range(1, rounds + 1)]
     layers = [l for j in runs for l in j["moe_layers"]]
     m = statistics.median(l["measured_us"] for l in layers)
     p = statistics.median(l["predicted_us"] for l in layers)
+    rep = [r for j in runs for r in (j.get("reported") or []) if "replayed_us" in r]
+    comp = f"{statistics.median(r['composition_error_pct'] for r in rep):+.1f} %" if rep else "-"
+    cost = f"{statistics.median(r['cost_error_pct'] for r in rep):+.1f} %" if rep else "-"
     tps = ", ".join(f"{j['tokens_per_s']:.0f}" for j in runs)
     print(f"| {s} | {runs[0]['schedule']} | {tps} | {runs[0]['first_loss']:.4f} → "
-          f"{runs[0]['last_loss']:.4f} | {m:.0f} | {p:.0f} | {100 * (p - m) / m:+.1f} % |")
+          f"{runs[0]['last_loss']:.4f} | {m:.0f} | {p:.0f} | {100 * (p - m) / m:+.1f} % | {comp} | {cost} |")
 EOF

@@ -28,6 +28,8 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "moeplan/planner/limits.h"
+#include "moeplan/planner/model_planner.h"
+#include "moeplan/planner/planner.h"
 #include "moeplan/server/handlers.h"
 #include "moeplan/server/plan_cache.h"
 #include "moeplan/server/profile_store.h"
@@ -146,14 +148,22 @@ class Handlers::Impl {
   // plan it measured, at most once, with a duration of at most an hour.
   static constexpr double kMaxUs = 3.6e9;  // one hour
 
+  // The plan of a reported run, made once by its check and replayed once the
+  // report is stored: a layer's or a model's, its op graph and makespan.
+  struct ReportedPlan {
+    planner::LayerPlan layer;
+    planner::ModelPlan model;
+    const planner::OpGraph* graph = nullptr;
+    double predicted_us = 0.0;
+  };
   // A layer's report: its schedule planned on the profile, every op one of it.
-  absl::Status CheckLayerReport(const v1::ReportMeasurementRequest& req,
-                                const ProfileEntry& entry) const;
+  absl::Status CheckLayerReport(const v1::ReportMeasurementRequest& req, const ProfileEntry& entry,
+                                ReportedPlan* plan) const;
   // A model's report: the request plans on the profile and names the variant
   // it ran; every op is one of that plan's kinds (its name less block, step
   // and part: a plan made on an older version may split ranges otherwise).
   absl::Status CheckModelReport(const CallContext& ctx, const v1::ReportMeasurementRequest& req,
-                                const ProfileEntry& entry);
+                                const ProfileEntry& entry, ReportedPlan* plan);
   template <typename IsOp>
   absl::Status CheckOps(const v1::ReportMeasurementRequest& req, IsOp is_op,
                         std::string_view plan) const;

@@ -154,7 +154,7 @@ absl::Status Handlers::Impl::CheckOps(const v1::ReportMeasurementRequest& req, I
 }
 
 absl::Status Handlers::Impl::CheckLayerReport(const v1::ReportMeasurementRequest& req,
-                                              const ProfileEntry& entry) const {
+                                              const ProfileEntry& entry, ReportedPlan* ran) const {
   if (!req.has_plan() || !req.plan().has_layer()) {
     return Invalid("plan.layer: required (or model_plan for a whole model)");
   }
@@ -173,12 +173,14 @@ absl::Status Handlers::Impl::CheckLayerReport(const v1::ReportMeasurementRequest
   }
   if (req.ops_size() == 0) return Invalid("ops: at least one measured op is required");
   p::LayerPlanner planner(entry.cost);
-  p::LayerPlan plan;
   const p::Schedule one[] = {*schedule};
-  if (absl::Status s = planner.Plan(*layer, one, &plan); !s.ok()) {
+  if (absl::Status s = planner.Plan(*layer, one, &ran->layer); !s.ok()) {
     return Under("plan.layer.", s);
   }
-  const p::OpGraph& graph = plan.candidates.front().graph();
+  const p::Candidate& planned = ran->layer.candidates.front();
+  const p::OpGraph& graph = planned.graph();
+  ran->graph = &graph;
+  ran->predicted_us = planned.total_us();
   if (req.ops_size() > graph.size()) {
     return Invalid(Cat("ops: at most one entry per op of the plan (", graph.size(), " ops) (got ",
                        req.ops_size(), ")"));
@@ -195,7 +197,7 @@ absl::Status Handlers::Impl::CheckLayerReport(const v1::ReportMeasurementRequest
 
 absl::Status Handlers::Impl::CheckModelReport(const CallContext& ctx,
                                               const v1::ReportMeasurementRequest& req,
-                                              const ProfileEntry& entry) {
+                                              const ProfileEntry& entry, ReportedPlan* ran) {
   const v1::PlanModelRequest& mp = req.model_plan();
   if (mp.has_search() || mp.has_layout()) {
     return Invalid("model_plan: a variants plan is reported, not a search or a layout");
@@ -215,10 +217,15 @@ absl::Status Handlers::Impl::CheckModelReport(const CallContext& ctx,
   p::ModelPlanner planner(entry.cost);
   v1::PlanModelResponse planned;
   if (absl::Status s = requests::AnswerPlanModel(*model, request, planner, entry.profile, &planned,
-                                              PlanDeadline(ctx));
+                                                 PlanDeadline(ctx), &ran->model);
       !s.ok()) {
     return Under("model_plan.", s);
   }
+  if (ran->model.variants.size() != 1 || planned.variants_size() != 1) {
+    return absl::InternalError("model_plan: the check planned other than the one variant");
+  }
+  ran->graph = &ran->model.variants.front().graph;
+  ran->predicted_us = ran->model.variants.front().iteration_us();
   const v1::VariantPlan& v = planned.variants(0);
   // A differently partitioned plan has at most max_partitions pieces per op.
   const int max_ops = v.ops_size() * 8;
@@ -258,12 +265,13 @@ absl::Status Handlers::Impl::DoReport(const CallContext& ctx,
     return Invalid(
         Cat("total_us: must be finite, > 0 and <= 3.6e9 (an hour) (got ", req.total_us(), ")"));
   }
+  ReportedPlan ran;
   if (req.has_model_plan()) {
     if (req.has_plan())
       return Invalid("plan: give plan (a layer) or model_plan (a model), not both");
-    MOEPLAN_RETURN_IF_ERROR(CheckModelReport(ctx, req, *entry));
+    MOEPLAN_RETURN_IF_ERROR(CheckModelReport(ctx, req, *entry, &ran));
   } else {
-    MOEPLAN_RETURN_IF_ERROR(CheckLayerReport(req, *entry));
+    MOEPLAN_RETURN_IF_ERROR(CheckLayerReport(req, *entry, &ran));
   }
   // Stored lines are read back by ParseJson, which refuses control characters.
   MOEPLAN_RETURN_IF_ERROR(proto::CheckText(req));
@@ -275,9 +283,9 @@ absl::Status Handlers::Impl::DoReport(const CallContext& ctx,
   absl::StatusOr<uint64_t> n = store_.AppendMeasurement(req.profile_name(), *line);
   if (!n.ok()) return n.status();
   resp->set_stored(*n);
-  // The run's composition error on the stored profile's plan of it: an
-  // answer, not a condition of storing (a report that planned above replays).
-  if (absl::Status r = requests::ReplayReport(req, entry->cost, resp); !r.ok()) {
+  // The run's composition error on the plan the check made of it: an answer,
+  // not a condition of storing.
+  if (absl::Status r = requests::ReplayReport(req, *ran.graph, ran.predicted_us, resp); !r.ok()) {
     resp->clear_replay();
     resp->clear_predicted_us();
     resp->clear_cost_error_pct();

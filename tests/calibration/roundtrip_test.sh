@@ -106,8 +106,9 @@ ok = True
 for k in ("mape_pct", "p90_pct", "selection_accuracy_pct", "mean_regret_pct", "configs"):
     if k not in s:
         print("FAIL: summary without", k, file=sys.stderr); ok = False
-if s.get("configs") != 4 or s.get("points") != 12:
-    print("FAIL: expected 4 configs x 3 schedules, got", s.get("configs"), s.get("points"), file=sys.stderr); ok = False
+# mp = 1 runs default and s1 but plans the default alone (one point each).
+if s.get("configs") != 6 or s.get("points") != 14:
+    print("FAIL: expected 4 configs x 3 schedules and 2 x 1, got", s.get("configs"), s.get("points"), file=sys.stderr); ok = False
 if not s.get("ops"):
     print("FAIL: no per-op errors", file=sys.stderr); ok = False
 # Interleaved iterations, 5 of them: every config gets the tie test, and the
@@ -126,7 +127,7 @@ if command -v gnuplot >/dev/null; then
 else
   bad "gnuplot is not installed (scripts/setup.sh installs gnuplot-nox)"
 fi
-[ "$(find "$TMP/val/exec" -name "*.json" | wc -l)" = 4 ] || bad "expected 4 saved moeplan-exec reports"
+[ "$(find "$TMP/val/exec" -name "*.json" | wc -l)" = 6 ] || bad "expected 6 saved moeplan-exec reports"
 
 # 4. Re-predict the saved reports (--from-runs): nothing runs, the measured side
 # and, with the same profile, every error are the first run's, and the report
@@ -157,7 +158,7 @@ for c in s.get("results", []):
 sys.exit(0 if ok else 1)
 PYEOF
 }
-check_replays "$TMP/summary2.json" 12 || fail=1
+check_replays "$TMP/summary2.json" 14 || fail=1
 $PY -c 'import json, sys; s = json.load(open(sys.argv[1])); sys.exit(0 if s.get("mpi_wait") == "spin" and s.get("host_cores", 0) >= 1 else 1)' \
   "$TMP/summary2.json" || bad "the summary does not say how the ranks waited and on how many cores"
 grep -q "Ranks waited for their collectives with \`--mpi-wait spin\`" "$TMP/val2/report.md" ||
@@ -166,7 +167,7 @@ grep -q "## Replay: composition and cost" "$TMP/val2/report.md" || bad "the --re
 $PY - "$TMP/summary.json" "$TMP/summary2.json" <<'PYEOF' || fail=1
 import json, sys
 a, b = (json.load(open(f)) for f in sys.argv[1:3])
-ok = a.get("points") == b.get("points") == 12 and abs(a["mape_pct"] - b["mape_pct"]) < 1e-9
+ok = a.get("points") == b.get("points") == 14 and abs(a["mape_pct"] - b["mape_pct"]) < 1e-9
 for x, y in zip(a.get("results", []), b.get("results", [])):
     ok = ok and [p["measured_us"] for p in x["points"]] == [p["measured_us"] for p in y["points"]]
 if not ok:

@@ -816,6 +816,17 @@ std::vector<BadRequest> BadRequests() {
           "report_op_huge", [](auto* r) { r->mutable_ops(0)->set_duration_us(1e308); },
           "ops[0].duration_us: must be finite, >= 0 and <= 3.6e9"),
       Report(
+          "report_op_start_without_has_start",
+          [](auto* r) { r->mutable_ops(0)->set_start_us(12.0); },
+          "ops[0].start_us: set has_start with it"),
+      Report(
+          "report_op_start_negative",
+          [](auto* r) {
+            r->mutable_ops(0)->set_has_start(true);
+            r->mutable_ops(0)->set_start_us(-1.0);
+          },
+          "ops[0].start_us: must be finite, >= 0 and <= 3.6e9 (an hour) (got -1)"),
+      Report(
           "report_op_unknown",
           [](auto* r) { r->mutable_ops(0)->set_name(std::string(1 << 20, 'x')); },
           "ops[0].name: not an op of the plan's s1 schedule (got 'xxxx"),

@@ -113,4 +113,17 @@ inline CLI::Validator NonEmpty() {
       "non-empty");
 }
 
+// --mpi-wait of moeplan-exec and moeplan-profile, one definition: a profile
+// and the runs predicted with it must wait for their collectives alike.
+inline CLI::Option* AddMpiWait(CLI::App& app, std::string* value) {
+  return app
+      .add_option("--mpi-wait", *value,
+                  "mpi backend: how a rank's threads wait for a collective: spin (MPI_Waitall, "
+                  "holding the core) or sleep (test, then sleep between tests, leaving the core "
+                  "to the rank's compute thread and to other ranks); profile and runs must wait "
+                  "alike (docs/executor.md \"Waiting\")")
+      ->check(CLI::IsMember({"spin", "sleep"}))
+      ->capture_default_str();
+}
+
 }  // namespace moeplan::flags

@@ -55,8 +55,13 @@ absl::StatusOr<std::unique_ptr<Communicator>> MakeNcclWorld(Device* device);
 // "cuda runtime 13.0, cublas 13.x, nccl 2.28.x" or why there is none.
 std::string CudaVersions();
 
+// The CPUs this process may run on: its affinity (a testbed node's share of
+// the machine, a job's cpuset), at most the online ones.
+int UsableCores();
+
 // This host as a profile's provenance names it: the CPU model and its online
-// cores ("AMD EPYC 7B13 x 2 cores"), and the device when it is a GPU.
+// cores ("AMD EPYC 7B13 x 2 cores"; "x 1 of 2 cores" when the process may use
+// fewer), and the device when it is a GPU.
 std::string MachineDescription(const Device& device);
 
 // A device, kernels and world communicator of one backend.

@@ -25,10 +25,12 @@ namespace moeplan::requests {
 absl::Status AnswerPlanLayer(const v1::PlanLayerRequest& request, planner::LayerPlanner& planner,
                              const planner::ClusterProfile& profile, v1::PlanLayerResponse* out);
 // The same for a layer already converted with LayerFromProto (request.layer()
-// is then not read; schedules and include_timeline are).
+// is then not read; schedules and include_timeline are). `kept`, when given,
+// receives the plan itself (its op graphs: a caller that also replays a run
+// of it need not plan again).
 absl::Status AnswerPlanLayer(const planner::LayerConfig& layer, const v1::PlanLayerRequest& request,
                              planner::LayerPlanner& planner, const planner::ClusterProfile& profile,
-                             v1::PlanLayerResponse* out);
+                             v1::PlanLayerResponse* out, planner::LayerPlan* kept = nullptr);
 
 // Answers a PlanModelRequest with `planner` (built on the resolved `profile`).
 // With `search` or `layout` set, the layout modes (candidates[]); else the
@@ -42,9 +44,11 @@ absl::Status AnswerPlanLayer(const planner::LayerConfig& layer, const v1::PlanLa
 absl::Status AnswerPlanModel(const v1::PlanModelRequest& request, planner::ModelPlanner& planner,
                              const planner::ClusterProfile& profile, v1::PlanModelResponse* out,
                              planner::Deadline deadline = {});
-// The same for a model already converted with ModelFromProto.
+// The same for a model already converted with ModelFromProto. `kept`, when
+// given, receives the variants plan itself (left empty by the layout modes).
 absl::Status AnswerPlanModel(const planner::ModelConfig& model, const v1::PlanModelRequest& request,
                              planner::ModelPlanner& planner, const planner::ClusterProfile& profile,
-                             v1::PlanModelResponse* out, planner::Deadline deadline = {});
+                             v1::PlanModelResponse* out, planner::Deadline deadline = {},
+                             planner::ModelPlan* kept = nullptr);
 
 }  // namespace moeplan::requests

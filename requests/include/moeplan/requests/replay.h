@@ -71,5 +71,9 @@ absl::StatusOr<v1::Replay> ReplayModelRun(const planner::ModelConfig& model,
 // response fields replay, predicted_us and cost_error_pct.
 absl::Status ReplayReport(const v1::ReportMeasurementRequest& report,
                           const planner::CostModel& cost, v1::ReportMeasurementResponse* out);
+// The same on the plan of the run already made (the server's, which planned
+// it to check the report): `plan` its op graph, `predicted_us` its makespan.
+absl::Status ReplayReport(const v1::ReportMeasurementRequest& report, const planner::OpGraph& plan,
+                          double predicted_us, v1::ReportMeasurementResponse* out);
 
 }  // namespace moeplan::requests
