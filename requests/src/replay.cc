@@ -214,16 +214,6 @@ absl::StatusOr<v1::Replay> ReplayLayerRun(const p::LayerConfig& layer, p::Schedu
   return ReplayOnGraph(*ran.graph, measured, measured_total_us);
 }
 
-absl::StatusOr<v1::Replay> ReplayModelRun(const p::ModelConfig& model,
-                                          const v1::PlanModelRequest& request,
-                                          std::string_view variant,
-                                          std::span<const MeasuredOpTime> measured,
-                                          double measured_total_us, const p::CostModel& cost) {
-  RanPlan ran;
-  MOEPLAN_RETURN_IF_ERROR(PlanModelRun(model, request, variant, cost, &ran));
-  return ReplayOnGraph(*ran.graph, measured, measured_total_us);
-}
-
 absl::Status ReplayReport(const v1::ReportMeasurementRequest& report, const p::CostModel& cost,
                           v1::ReportMeasurementResponse* out) {
   RanPlan ran;

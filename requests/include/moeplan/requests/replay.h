@@ -58,13 +58,6 @@ absl::StatusOr<v1::Replay> ReplayLayerRun(const planner::LayerConfig& layer,
                                           planner::Schedule schedule,
                                           std::span<const MeasuredOpTime> measured,
                                           double measured_total_us, const planner::CostModel& cost);
-// A whole model's variant `variant`, of the variants plan `request` asks for
-// (PinnedModelRequest: one variant, its choices pinned):
-absl::StatusOr<v1::Replay> ReplayModelRun(const planner::ModelConfig& model,
-                                          const v1::PlanModelRequest& request,
-                                          std::string_view variant,
-                                          std::span<const MeasuredOpTime> measured,
-                                          double measured_total_us, const planner::CostModel& cost);
 
 // A reported run (ReportMeasurementRequest: a layer's schedule or a model's
 // variant) replayed on its plan on `cost`, with the prediction on `cost`:
