@@ -127,8 +127,18 @@ class MpiCommunicator final : public Communicator {
     MOEPLAN_ASSIGN_OR_RETURN(int count_i, Count(count, "AllReduce"));
     Request r = Begin();
     Slot& s = slots_[static_cast<size_t>(r.slot)];
-    MOEPLAN_MPI(MPI_Iallreduce(send == recv ? MPI_IN_PLACE : send, recv, count_i, type, MPI_SUM,
-                               comm_, &s.reqs[0]),
+    if (send == recv) {
+      // Never MPI_IN_PLACE: Open MPI 4.1's MPI_Iallreduce (libnbc) takes a
+      // binomial tree for an in-place reduction and a ring otherwise; over 4
+      // ranks on 2 hosts at 1 Gbit/s a 10.7 MB in-place AllReduce took 229 ms
+      // against 101 ms from a separate buffer. Copying the input into the
+      // slot's staging buffer (capacity kept across calls) costs a memcpy.
+      const size_t bytes = count * SizeOf(t);
+      s.staging.resize(bytes);
+      std::memcpy(s.staging.data(), recv, bytes);
+      send = s.staging.data();
+    }
+    MOEPLAN_MPI(MPI_Iallreduce(send, recv, count_i, type, MPI_SUM, comm_, &s.reqs[0]),
                 Cat("MPI_Iallreduce(count=", count, ")"));
     s.nreq = 1;
     return r;
