@@ -115,6 +115,15 @@ absl::Status CompareSaa(const std::vector<v1::ProfileSample>& samples,
 // Launch overhead, peak and the efficiency grid into `out->profile.gemm`.
 absl::Status FitGemm(const std::vector<v1::ProfileSample>& samples, Calibration* out);
 
+// The median speed probe over the GEMM samples (GemmSample.probe_gflops), or
+// 0 unless every GEMM sample has one.
+double ReferenceProbe(const std::vector<v1::ProfileSample>& samples);
+
+// A GEMM sample's median time held to the machine speed `reference`: the
+// time it would have taken had the probe after it read `reference` (time
+// scales with probe / reference). Unchanged without a probe or reference.
+double AtReferenceSpeed(const v1::ProfileSample& s, double reference);
+
 // The memory-bound kernel samples and the lines fitted to them.
 struct MemoryFits {
   std::vector<Obs> shared;                          // the points of the shared line

@@ -107,16 +107,36 @@ double NearestEfficiency(const GemmGrid& g, const std::map<Mnk, std::vector<doub
 
 }  // namespace
 
+double ReferenceProbe(const std::vector<v1::ProfileSample>& samples) {
+  std::vector<double> probes;
+  for (const v1::ProfileSample& s : samples) {
+    if (s.op_case() != v1::ProfileSample::kGemm) continue;
+    const double p = s.gemm().probe_gflops();
+    if (!(p > 0.0) || !std::isfinite(p)) return 0.0;
+    probes.push_back(p);
+  }
+  return probes.empty() ? 0.0 : Median(std::move(probes));
+}
+
+double AtReferenceSpeed(const v1::ProfileSample& s, double reference) {
+  const double p = s.has_gemm() ? s.gemm().probe_gflops() : 0.0;
+  return reference > 0.0 && p > 0.0 ? s.median_us() * p / reference : s.median_us();
+}
+
 absl::Status FitGemm(const std::vector<v1::ProfileSample>& samples, Calibration* out) {
   std::vector<double> probes;
   std::map<Mnk, std::vector<double>> shapes;
+  // Every sample held to the sweep's median machine speed, so that the
+  // machine drifting during the sweep does not land in the grid.
+  const double reference = ReferenceProbe(samples);
+  if (reference > 0.0) out->profile.mutable_provenance()->set_probe_gflops(reference);
   for (const v1::ProfileSample& s : samples) {
     if (s.op_case() != v1::ProfileSample::kGemm) continue;
     const v1::GemmSample& g = s.gemm();
     if (g.m() == 1 && g.n() == 1 && g.k() == 1) {
       probes.push_back(s.median_us());
     } else {
-      shapes[{g.m(), g.n(), g.k()}].push_back(s.median_us());
+      shapes[{g.m(), g.n(), g.k()}].push_back(AtReferenceSpeed(s, reference));
     }
   }
   if (shapes.empty()) {
@@ -259,12 +279,14 @@ FitQuality GemmQuality(const std::vector<v1::ProfileSample>& samples,
   std::vector<Obs> obs;
   const v1::ProfileSample* worst = nullptr;
   double worst_err = -1.0, worst_pred = 0.0;
+  const double reference = ReferenceProbe(samples);
   for (const v1::ProfileSample& s : samples) {
     if (s.op_case() != v1::ProfileSample::kGemm) continue;
     const v1::GemmSample& g = s.gemm();
     const double pred = cost.GemmUs(g.m(), g.n(), g.k());
-    obs.push_back({2.0 * double(g.m()) * double(g.n()) * double(g.k()), s.median_us(), pred});
-    const double err = std::abs(pred - s.median_us()) / s.median_us();
+    const double t = AtReferenceSpeed(s, reference);
+    obs.push_back({2.0 * double(g.m()) * double(g.n()) * double(g.k()), t, pred});
+    const double err = std::abs(pred - t) / t;
     if (err > worst_err) {
       worst_err = err;
       worst = &s;
@@ -275,11 +297,11 @@ FitQuality GemmQuality(const std::vector<v1::ProfileSample>& samples,
   FillQuality(std::move(obs), tolerance, &q.fit);
   q.fit.alpha_us = overhead;  // not a line: beta stays 0
   if (q.fit.max_rel_err > tolerance) {
-    q.warnings.push_back(Cat("gemm: the efficiency table is off by up to ",
-                             FormatPercent(q.fit.max_rel_err), ", worst at ", worst->gemm().m(),
-                             "x", worst->gemm().n(), "x", worst->gemm().k(), " (measured ",
-                             fmt::format("{:.4g}", worst->median_us()), " us, predicted ",
-                             fmt::format("{:.4g}", worst_pred), " us)"));
+    q.warnings.push_back(
+        Cat("gemm: the efficiency table is off by up to ", FormatPercent(q.fit.max_rel_err),
+            ", worst at ", worst->gemm().m(), "x", worst->gemm().n(), "x", worst->gemm().k(),
+            " (measured ", fmt::format("{:.4g}", AtReferenceSpeed(*worst, reference)),
+            " us at the reference speed, predicted ", fmt::format("{:.4g}", worst_pred), " us)"));
   }
   return q;
 }

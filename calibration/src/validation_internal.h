@@ -64,6 +64,7 @@ struct ReplayTally {
   std::vector<double> composition, cost;  // signed %, replayed points
   std::vector<double> floors;             // noise floors, %, points with one
   int within = 0, within_twice = 0, composition_within = 0;
+  std::vector<double> drift, corrected;  // signed %, points with a drift
 };
 // InvalidArgument when `in` replays a candidate twice or one not in
 // `measured`.

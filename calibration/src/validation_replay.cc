@@ -38,6 +38,35 @@ absl::StatusOr<v1::MeasuredNoise> NoiseOf(absl::Span<const double> totals) {
   return out;
 }
 
+namespace {
+
+// The candidate's speed probes, or an empty span.
+absl::Span<const double> ProbesOf(const ValidationInput& in, std::string_view candidate) {
+  for (const v1::ScheduleIterations& it : in.iterations) {
+    if (internal::ScheduleLabel(it.schedule()) == candidate) {
+      return {it.probe_gflops().data(), static_cast<size_t>(it.probe_gflops_size())};
+    }
+  }
+  for (const v1::VariantIterations& it : in.variant_iterations) {
+    if (it.variant() == candidate) {
+      return {it.probe_gflops().data(), static_cast<size_t>(it.probe_gflops_size())};
+    }
+  }
+  return {};
+}
+
+}  // namespace
+
+double RunProbeGflops(const ValidationInput& in, std::string_view candidate) {
+  const absl::Span<const double> probes = ProbesOf(in, candidate);
+  std::vector<double> ok;
+  for (double p : probes) {
+    if (!std::isfinite(p) || !(p > 0.0)) return 0.0;
+    ok.push_back(p);
+  }
+  return ok.empty() ? 0.0 : Median(ok);
+}
+
 namespace internal {
 namespace {
 
@@ -83,6 +112,15 @@ absl::Status AddReplayAndNoise(const ValidationInput& in, v1::ValidationPoint* p
       t->composition.push_back(r.replay.composition_error_pct());
       t->cost.push_back(pt->cost_error_pct());
     }
+    if (r.has_drift && std::isfinite(r.drift_corrected_us) && r.drift_corrected_us > 0.0) {
+      pt->set_has_drift(true);
+      pt->set_drift_pct(r.drift_pct);
+      pt->set_drift_corrected_us(r.drift_corrected_us);
+      pt->set_drift_corrected_error_pct(100.0 * (r.drift_corrected_us - pt->measured_us()) /
+                                        pt->measured_us());
+      t->drift.push_back(r.drift_pct);
+      t->corrected.push_back(pt->drift_corrected_error_pct());
+    }
   }
   const absl::Span<const double> totals = TotalsOf(in, pt->candidate());
   if (static_cast<int>(totals.size()) < kMinNoiseSamples) return absl::OkStatus();
@@ -121,6 +159,13 @@ void FinishReplayAndNoise(const ReplayTally& t, v1::ValidationSummary* s) {
   s->set_within_noise_points(t.within);
   s->set_within_twice_noise_points(t.within_twice);
   s->set_composition_within_noise_points(t.composition_within);
+  const ErrorStats corrected = StatsOf(t.corrected);
+  s->set_drift_points(corrected.count);
+  if (!t.drift.empty()) s->set_median_drift_pct(Median(t.drift));
+  s->set_drift_corrected_mape_pct(corrected.mape);
+  s->set_drift_corrected_p90_pct(corrected.p90);
+  s->set_drift_corrected_max_pct(corrected.max);
+  s->set_drift_corrected_mean_signed_pct(corrected.mean_signed);
 }
 
 }  // namespace internal

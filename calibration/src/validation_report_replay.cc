@@ -53,6 +53,15 @@ void NoiseAndReplayRows(const v1::ValidationSummary& s, std::string* md) {
     fmt::format_to(out, "| composition errors within the noise floor | {} |\n",
                    s.composition_within_noise_points());
   }
+  if (s.drift_points() == 0) return;
+  fmt::format_to(
+      out, "| machine drift (run's speed probe vs the profile's), {} points | median {} % |\n",
+      s.drift_points(), SignedPct(s.median_drift_pct()));
+  fmt::format_to(out,
+                 "| error of the prediction corrected for machine drift | MAPE {} %, p90 {} %, max "
+                 "{} %, mean signed {} % |\n",
+                 Pct(s.drift_corrected_mape_pct()), Pct(s.drift_corrected_p90_pct()),
+                 Pct(s.drift_corrected_max_pct()), SignedPct(s.drift_corrected_mean_signed_pct()));
 }
 
 void ReplaySection(const v1::ValidationSummary& s, std::string* md) {
@@ -111,6 +120,27 @@ void ReplaySection(const v1::ValidationSummary& s, std::string* md) {
                      Ms(p.predicted_us()), SignedPct(p.error_pct()),
                      SignedPct(r.composition_error_pct()), SignedPct(p.cost_error_pct()),
                      NoiseCell(p), Ms(r.waited_us()), Ms(r.early_us()), Cell(wait));
+    }
+  }
+  *md += "\n";
+  if (s.drift_points() == 0) return;
+  *md +=
+      "### Machine drift\n\n"
+      "The speed probe (a fixed GEMM, executor/probe.h) ran after every timed iteration and "
+      "after every GEMM sample of the profile. Drift = 100 × (the candidate's median probe / the "
+      "profile's median − 1): > 0, the machine computed faster during the run than while it was "
+      "profiled. Corrected = the plan simulated again with every compute op's cost times "
+      "(profile probe / run probe), against the measured total: the error left once the "
+      "machine's speed is taken from the run, as the replay takes the op costs.\n\n"
+      "| config | candidate | drift % | predicted ms | corrected ms | measured ms | error % | "
+      "corrected error % |\n|---|---|---:|---:|---:|---:|---:|---:|\n";
+  for (const v1::ValidationConfig& c : s.results()) {
+    for (const v1::ValidationPoint& p : c.points()) {
+      if (!p.has_drift()) continue;
+      fmt::format_to(out, "| {} | {} | {} | {} | {} | {} | {} | {} |\n", Cell(c.name()),
+                     Cell(p.candidate()), SignedPct(p.drift_pct()), Ms(p.predicted_us()),
+                     Ms(p.drift_corrected_us()), Ms(p.measured_us()), SignedPct(p.error_pct()),
+                     SignedPct(p.drift_corrected_error_pct()));
     }
   }
   *md += "\n";

@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 
 #include <cerrno>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -34,6 +35,7 @@
 #include "moeplan/planner/types.h"
 #include "moeplan/proto/convert.h"
 #include "moeplan/proto/json.h"
+#include "moeplan/requests/replay.h"
 #include "moeplan/v1/exec.pb.h"
 #include "moeplan/v1/layer.pb.h"
 #include "moeplan/v1/plan.pb.h"
@@ -511,6 +513,21 @@ absl::Status ValidateCmd(const ValidateArgs& a) {
              held_part.size(), inputs.size(), s_fit.mape_pct(), s_fit_base.mape_pct(),
              s_held_base.mape_pct(), refit_file);
   return PrintSummary(a.json, s_held, skipped.size(), written);
+}
+
+absl::Status AddDrift(const calibration::ValidationInput& in, double reference_gflops,
+                      const planner::OpGraph& graph,
+                      calibration::ValidationInput::CandidateReplay* r) {
+  const double run = calibration::RunProbeGflops(in, r->candidate);
+  if (!(run > 0.0) || !(reference_gflops > 0.0) || !std::isfinite(reference_gflops)) {
+    return absl::OkStatus();
+  }
+  MOEPLAN_ASSIGN_OR_RETURN(const double us,
+                           requests::ScaledComputeMakespan(graph, reference_gflops / run));
+  r->has_drift = true;
+  r->drift_pct = 100.0 * (run / reference_gflops - 1.0);
+  r->drift_corrected_us = us;
+  return absl::OkStatus();
 }
 
 }  // namespace moeplan::client

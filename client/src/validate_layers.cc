@@ -49,9 +49,10 @@ void PrintScheduleTimes(const calibration::ValidationInput& in) {
 // Each measured schedule's op durations replayed on its plan: the one the
 // prediction made, or, for a schedule the prediction folded into another
 // (S1 and S2 at mp = 1 are planned as the default), that schedule planned
-// alone (in->replays).
+// alone (in->replays); with the machine drift against `reference_gflops`
+// (AddDrift) on the plan the prediction came from.
 absl::Status Replay(const p::LayerConfig& layer, const p::CostModel& cost, const p::LayerPlan& plan,
-                    calibration::ValidationInput* in) {
+                    double reference_gflops, calibration::ValidationInput* in) {
   for (const v1::CandidatePlan& c : in->measured) {
     const std::string_view label = proto::ScheduleLabel(c.schedule());
     absl::StatusOr<p::Schedule> schedule = proto::ScheduleFromProto(c.schedule());
@@ -67,6 +68,12 @@ absl::Status Replay(const p::LayerConfig& layer, const p::CostModel& cost, const
           fmt::format("its {} run does not replay: {}", label, View(r.status().message())));
     }
     in->replays.push_back({std::string(label), *std::move(r)});
+    // A folded schedule's prediction is the default's.
+    const p::Candidate* predicted = planned != nullptr ? planned : plan.Find(p::Schedule::kDefault);
+    if (predicted != nullptr) {
+      MOEPLAN_RETURN_IF_ERROR(
+          AddDrift(*in, reference_gflops, predicted->graph(), &in->replays.back()));
+    }
   }
   return absl::OkStatus();
 }
@@ -127,7 +134,9 @@ class Layers final : public ValidationSubject {
     }
     in.predicted.assign(predicted.candidates().begin(), predicted.candidates().end());
     if (replay) {
-      if (absl::Status r = Replay(ran_layer, cost, plan, &in); !r.ok()) {
+      if (absl::Status r =
+              Replay(ran_layer, cost, plan, profile.message.provenance().probe_gflops(), &in);
+          !r.ok()) {
         return ConfigRun{std::nullopt, fmt::format("{}: {}", in.name, View(r.message()))};
       }
     }

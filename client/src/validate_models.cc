@@ -93,19 +93,25 @@ const v1::VariantPlan* MeasuredVariant(const calibration::ValidationInput& in,
   return nullptr;
 }
 
-// Replays the measured variant `name` with `replay` (a function of its
-// measured times and total) into in->replays; the reason when it does not.
-template <typename ReplayFn>
-absl::Status AddReplay(std::string_view name, calibration::ValidationInput* in, ReplayFn replay) {
+// Replays the measured variant `name` on the plan `plan` predicted (its one
+// variant) into in->replays, with the machine drift against
+// `reference_gflops` (AddDrift); the reason when it does not.
+absl::Status AddReplay(std::string_view name, const p::ModelPlan& plan, double reference_gflops,
+                       calibration::ValidationInput* in) {
   const v1::VariantPlan* m = MeasuredVariant(*in, name);
   if (m == nullptr) return absl::OkStatus();  // planned, not measured: nothing to replay
-  absl::StatusOr<v1::Replay> r = replay(requests::MeasuredTimes(m->ops()), m->iteration_us());
+  if (plan.variants.size() != 1) {
+    return absl::InternalError("the prediction planned other than one variant");
+  }
+  const p::OpGraph& graph = plan.variants[0].graph;
+  absl::StatusOr<v1::Replay> r =
+      requests::ReplayOnGraph(graph, requests::MeasuredTimes(m->ops()), m->iteration_us());
   if (!r.ok()) {
     return absl::InvalidArgumentError(
         fmt::format("its {} run does not replay: {}", name, View(r.status().message())));
   }
   in->replays.push_back({std::string(name), *std::move(r)});
-  return absl::OkStatus();
+  return AddDrift(*in, reference_gflops, graph, &in->replays.back());
 }
 
 ConfigRun Predicted(calibration::ValidationInput in, std::vector<v1::VariantPlan> predicted) {
@@ -209,12 +215,8 @@ class Models final : public ValidationSubject {
       v1::VariantPlan& mine = *response.mutable_variants(0);
       if (std::string why = NotWhatRan(profile, ran, mine, "plan"); !why.empty()) return skip(why);
       if (replay) {
-        absl::Status r = AddReplay(ran.name(), &in, [&](const auto& times, double total) {
-          return plan.variants.size() == 1
-                     ? requests::ReplayOnGraph(plan.variants[0].graph, times, total)
-                     : absl::StatusOr<v1::Replay>(
-                           absl::InternalError("the prediction planned other than one variant"));
-        });
+        absl::Status r =
+            AddReplay(ran.name(), plan, profile.message.provenance().probe_gflops(), &in);
         if (!r.ok()) return skip(std::string(View(r.message())));
       }
       predicted.push_back(std::move(mine));
@@ -279,9 +281,8 @@ class Models final : public ValidationSubject {
         return skip(why);
       }
       if (replay) {
-        absl::Status r = AddReplay(ran.name(), &in, [&](const auto& times, double total) {
-          return requests::ReplayOnGraph(plan.variants[0].graph, times, total);
-        });
+        absl::Status r =
+            AddReplay(ran.name(), plan, profile.message.provenance().probe_gflops(), &in);
         if (!r.ok()) return skip(std::string(View(r.message())));
       }
       predicted.push_back(std::move(mine));

@@ -15,6 +15,7 @@
 #include "moeplan/calibration/profiles.h"
 #include "moeplan/calibration/validation.h"
 #include "moeplan/planner/cost_model.h"
+#include "moeplan/planner/op_graph.h"
 
 namespace moeplan::client {
 
@@ -74,5 +75,14 @@ void PrintTimes(const std::vector<CandidateTimes>& times, const calibration::Val
 // prefixed with `path` when it is malformed.
 absl::StatusOr<std::unique_ptr<ValidationSubject>> LayerSubject(const std::string& path);
 absl::StatusOr<std::unique_ptr<ValidationSubject>> ModelSubject(const std::string& path);
+
+// validate --replay: the machine drift of `r`'s candidate's run, its median
+// speed probe against the profile's reference `reference_gflops`
+// (Provenance.probe_gflops), and the prediction on `graph` with every compute
+// op's cost scaled by reference / run (requests::ScaledComputeMakespan), into
+// `r`. Nothing is set when the run or the profile has no probe.
+absl::Status AddDrift(const calibration::ValidationInput& in, double reference_gflops,
+                      const planner::OpGraph& graph,
+                      calibration::ValidationInput::CandidateReplay* r);
 
 }  // namespace moeplan::client

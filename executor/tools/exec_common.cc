@@ -104,8 +104,14 @@ void SetMemoryLimit(const Args& a, executor::Device& device, executor::RunOption
   }
 }
 
+double Probe(executor::SpeedProbe& probe) {
+  absl::StatusOr<double> g = probe.Gflops();
+  if (!g.ok()) Abort(g.status());
+  return *g;
+}
+
 void GatherIteration(int it, const std::vector<executor::OpTime>& ops, double forward_us,
-                     double total_us, std::vector<double>* scratch,
+                     double total_us, double probe_gflops, std::vector<double>* scratch,
                      std::vector<IterationTimes>* iterations) {
   const size_t n = ops.size();
   std::vector<double>& buf = *scratch;
@@ -120,12 +126,15 @@ void GatherIteration(int it, const std::vector<executor::OpTime>& ops, double fo
   local[2 * n + 1] = total_us;
   Watchdog::Step(Cat("gathering iteration ", it, "'s op times (MPI_Reduce)"));
   MPI_Reduce(local, global, static_cast<int>(2 * n + 2), MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
+  double probe_sum = 0.0;
+  MPI_Reduce(&probe_gflops, &probe_sum, 1, MPI_DOUBLE, MPI_SUM, 0, MPI_COMM_WORLD);
   if (executor::WorldRank() != 0) return;
   IterationTimes t;
   t.start_us.assign(global, global + n);
   t.end_us.assign(global + n, global + 2 * n);
   t.forward_us = global[2 * n];
   t.total_us = global[2 * n + 1];
+  t.probe_gflops = probe_sum / executor::WorldSize();
   iterations->push_back(std::move(t));
 }
 

@@ -13,6 +13,7 @@
 #include "moeplan/calibration/profiles.h"
 #include "moeplan/executor/backends.h"
 #include "moeplan/executor/interpreter.h"
+#include "moeplan/executor/probe.h"
 #include "moeplan/executor/runner.h"
 #include "moeplan/planner/cost_model.h"
 #include "moeplan/planner/layout.h"
@@ -95,11 +96,16 @@ absl::Status Agree(const absl::Status& local);
 // memory, else the host's available memory shared by its ranks (0: no limit).
 void SetMemoryLimit(const Args& a, executor::Device& device, executor::RunOptions* opt);
 
-// One timed iteration's op times, max over ranks (collective; MPI_Reduce to
-// rank 0, which appends them to `iterations`). `scratch` is reused.
+// One timed iteration's op times, max over ranks, and this rank's speed
+// probe after it, mean over ranks (collective; MPI_Reduce to rank 0, which
+// appends them to `iterations`). `scratch` is reused.
 void GatherIteration(int it, const std::vector<executor::OpTime>& ops, double forward_us,
-                     double total_us, std::vector<double>* scratch,
+                     double total_us, double probe_gflops, std::vector<double>* scratch,
                      std::vector<IterationTimes>* iterations);
+
+// The speed probe (executor/probe.h) on this rank now; aborts the job on a
+// failure (the ranks are inside their timed loop).
+double Probe(executor::SpeedProbe& probe);
 
 // The `--json` output or the table, written to stdout; false when the JSON
 // could not be made (the error is printed).

@@ -145,10 +145,11 @@ std::unique_ptr<ex::MoeLayerRunner> CreateRunner(const Args& a, const Setup& s,
 
 // One timed iteration: every op's start and end and the totals, max over
 // ranks, recorded on rank 0; the op names of the last one are kept.
-void TimeIteration(const Args& a, int it, ex::MoeLayerRunner& runner, Measured* m) {
+void TimeIteration(const Args& a, int it, ex::MoeLayerRunner& runner, ex::SpeedProbe& probe,
+                   Measured* m) {
   if (absl::Status st = runner.RunIteration(); !st.ok()) Abort(st);
-  GatherIteration(it, runner.timings(), runner.forward_us(), runner.total_us(), &m->scratch,
-                  &m->iterations);
+  GatherIteration(it, runner.timings(), runner.forward_us(), runner.total_us(), Probe(probe),
+                  &m->scratch, &m->iterations);
   if (it + 1 == a.iters) m->ops = runner.timings();
 }
 
@@ -214,11 +215,14 @@ std::vector<Measured> MeasureAll(const Args& a, const Setup& s, ex::Backend& b) 
   const size_t n = s.schedules.size();
   std::vector<Measured> runs(n);
   for (size_t j = 0; j < n; ++j) runs[j].schedule = s.schedules[j];
+  absl::StatusOr<ex::SpeedProbe> probe =
+      ex::SpeedProbe::Create(b.device.get(), b.kernels.get(), s.dtype);
+  if (!probe.ok()) Abort(probe.status());
   if (a.sequential || n == 1) {
     for (Measured& m : runs) {
       std::unique_ptr<ex::MoeLayerRunner> runner = CreateRunner(a, s, m.schedule, b);
       for (int i = 0; i < a.warmup; ++i) Warm(*runner);
-      for (int it = 0; it < a.iters; ++it) TimeIteration(a, it, *runner, &m);
+      for (int it = 0; it < a.iters; ++it) TimeIteration(a, it, *runner, *probe, &m);
       Finish(a, s, *runner, &m);
     }
     return runs;
@@ -232,7 +236,7 @@ std::vector<Measured> MeasureAll(const Args& a, const Setup& s, ex::Backend& b) 
   for (int it = 0; it < a.iters; ++it) {
     for (size_t k = 0; k < n; ++k) {
       const size_t j = (static_cast<size_t>(it) + k) % n;
-      TimeIteration(a, it, *runners[j], &runs[j]);
+      TimeIteration(a, it, *runners[j], *probe, &runs[j]);
     }
   }
   for (size_t j = 0; j < n; ++j) Finish(a, s, *runners[j], &runs[j]);
@@ -400,7 +404,10 @@ void AddSchedule(const Measured& m, const v1::PlanLayerResponse& predicted,
   *report->add_candidates() = std::move(c);
   v1::ScheduleIterations* its = report->add_iterations();
   its->set_schedule(ToProto(m.schedule));
-  for (const IterationTimes& t : m.iterations) its->add_total_us(t.total_us);
+  for (const IterationTimes& t : m.iterations) {
+    its->add_total_us(t.total_us);
+    its->add_probe_gflops(t.probe_gflops);
+  }
   *report->add_routing() = m.routing;
 }
 

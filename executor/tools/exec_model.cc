@@ -200,9 +200,10 @@ void Warm(ex::ModelRunner& r) {
   if (absl::Status st = r.RunIteration(); !st.ok()) Abort(st);
 }
 
-void TimeIteration(const Args& a, int it, ex::ModelRunner& r, Run* run) {
+void TimeIteration(const Args& a, int it, ex::ModelRunner& r, ex::SpeedProbe& probe, Run* run) {
   if (absl::Status st = r.RunIteration(); !st.ok()) Abort(st);
-  GatherIteration(it, r.timings(), r.forward_us(), r.total_us(), &run->scratch, &run->iterations);
+  GatherIteration(it, r.timings(), r.forward_us(), r.total_us(), Probe(probe), &run->scratch,
+                  &run->iterations);
   if (it + 1 == a.iters) run->ops = r.timings();
 }
 
@@ -216,11 +217,14 @@ std::vector<Run> MeasureAll(const Args& a, const ModelSetup& s,
   const size_t n = plans.size();
   std::vector<Run> runs(n);
   for (size_t j = 0; j < n; ++j) runs[j].variant = plans[j].variant;
+  absl::StatusOr<ex::SpeedProbe> probe =
+      ex::SpeedProbe::Create(b.device.get(), b.kernels.get(), s.dtype);
+  if (!probe.ok()) Abort(probe.status());
   if (a.sequential || n == 1) {
     for (size_t j = 0; j < n; ++j) {
       std::unique_ptr<ex::ModelRunner> r = CreateRunner(a, s.model, s.dtype, plans[j], b);
       for (int i = 0; i < a.warmup; ++i) Warm(*r);
-      for (int it = 0; it < a.iters; ++it) TimeIteration(a, it, *r, &runs[j]);
+      for (int it = 0; it < a.iters; ++it) TimeIteration(a, it, *r, *probe, &runs[j]);
     }
     return runs;
   }
@@ -234,7 +238,7 @@ std::vector<Run> MeasureAll(const Args& a, const ModelSetup& s,
   for (int it = 0; it < a.iters; ++it) {
     for (size_t k = 0; k < n; ++k) {
       const size_t j = (static_cast<size_t>(it) + k) % n;
-      TimeIteration(a, it, *runners[j], &runs[j]);
+      TimeIteration(a, it, *runners[j], *probe, &runs[j]);
     }
   }
   return runs;
@@ -453,7 +457,10 @@ void FillMeasured(const std::vector<Run>& runs, v1::ExecModelReport* report) {
     *measured->add_variants() = std::move(mv);
     v1::VariantIterations* its = report->add_iterations();
     its->set_variant(pv.name());
-    for (const IterationTimes& t : runs[i].iterations) its->add_total_us(t.total_us);
+    for (const IterationTimes& t : runs[i].iterations) {
+      its->add_total_us(t.total_us);
+      its->add_probe_gflops(t.probe_gflops);
+    }
   }
   int best = 0;
   for (int i = 1; i < measured->variants_size(); ++i) {

@@ -16,6 +16,7 @@ namespace moeplan::exec {
 struct IterationTimes {
   std::vector<double> start_us, end_us;
   double forward_us = 0.0, total_us = 0.0;
+  double probe_gflops = 0.0;  // the speed probe after it, mean over ranks
 };
 
 // Median over iterations; op names, phases and kinds from `ops` (rank 0's last

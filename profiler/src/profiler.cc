@@ -559,7 +559,27 @@ absl::StatusOr<v1::ProfileSample> Profiler::Gemm(const Point& p) {
   gs->set_trans_a(p.trans_a);
   gs->set_trans_b(p.trans_b);
   gs->set_tflops(2.0 * p.m * p.n * p.k / std::max(sample.median_us(), 1e-9) * 1e-6);
+  MOEPLAN_ASSIGN_OR_RETURN(const double probe, ProbeGflops());
+  gs->set_probe_gflops(probe);
   return sample;
+}
+
+absl::StatusOr<double> Profiler::ProbeGflops() {
+  if (!probe_.has_value()) {
+    MOEPLAN_ASSIGN_OR_RETURN(
+        probe_, executor::SpeedProbe::Create(backend_->device.get(), backend_->kernels.get(),
+                                             options_.kernel_dtype));
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  absl::StatusOr<double> g = probe_->Gflops();
+  // Every rank takes part in the sum, a failed one with 0, so none is left
+  // waiting; the caller aborts on the error.
+  double local = g.ok() ? *g : 0.0, sum = 0.0;
+  MPI_Allreduce(&local, &sum, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+  MOEPLAN_RETURN_IF_ERROR(g.status());
+  int size = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  return sum / size;
 }
 
 // The executor's memory-bound kernels on S = p.tokens tokens of M = p.n, with

@@ -158,6 +158,21 @@ absl::StatusOr<v1::Replay> ReplayOnGraph(const p::OpGraph& plan,
   return out;
 }
 
+absl::StatusOr<double> ScaledComputeMakespan(const p::OpGraph& plan, double compute_scale) {
+  if (!std::isfinite(compute_scale) || !(compute_scale > 0.0)) {
+    return absl::InvalidArgumentError(
+        Cat("compute_scale: must be finite and > 0 (got ", compute_scale, ")"));
+  }
+  p::OpGraph g = plan;
+  for (p::OpId v = 0; v < g.size(); ++v) {
+    if (g.op(v).kind == p::OpKind::kCompute) g.SetCost(v, g.op(v).cost_us * compute_scale);
+  }
+  p::Simulator simulator;
+  p::SimResult sim;
+  MOEPLAN_RETURN_IF_ERROR(simulator.Schedule(g, &sim, 0, /*bindings=*/false));
+  return sim.makespan_us;
+}
+
 namespace {
 
 // The plan of what ran: its graph and predicted makespan.

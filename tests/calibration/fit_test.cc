@@ -472,6 +472,45 @@ TEST(CalibrateTest, FillsUnmeasuredGemmShapes) {
   EXPECT_THAT(c->warnings, Contains(HasSubstr("gemm: 1 of 8 grid points were not measured")));
 }
 
+// Speed probes: a GEMM sample timed while the machine ran at a different
+// speed than usual is held to the sweep's median probe rate. Every sample's
+// time is divided by its probe's speed-up (the machine 1.25x, 0.8x, 1x as
+// fast as the median of 40 GFLOP/s, so the samples are as measured), and the
+// fit recovers the reference's grid, with the median in the provenance.
+TEST(CalibrateTest, GemmSamplesAreHeldToTheSweepsMedianProbe) {
+  std::vector<v1::ProfileSample> s = Samples(Reference());
+  const double speeds[] = {1.25, 0.8, 1.0};
+  int i = 0;
+  for (v1::ProfileSample& x : s) {
+    if (!x.has_gemm()) continue;
+    const double speed = speeds[i++ % 3];
+    x.mutable_gemm()->set_probe_gflops(40.0 * speed);
+    if (x.gemm().m() != 1) x.set_median_us(x.median_us() / speed);
+  }
+  absl::StatusOr<Calibration> c = Calibrate(s, Options());
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_DOUBLE_EQ(c->profile.provenance().probe_gflops(), 40.0);
+  absl::StatusOr<Calibration> plain = Calibrate(Samples(Reference()), Options());
+  ASSERT_TRUE(plain.ok());
+  const v1::GemmModel& g = c->profile.gemm();
+  ASSERT_EQ(g.efficiency_size(), plain->profile.gemm().efficiency_size());
+  for (int j = 0; j < g.efficiency_size(); ++j) {
+    EXPECT_NEAR(g.efficiency(j), plain->profile.gemm().efficiency(j), 1e-9) << j;
+  }
+  EXPECT_NEAR(g.peak_tflops(), plain->profile.gemm().peak_tflops(), 1e-9);
+  EXPECT_EQ(plain->profile.provenance().probe_gflops(), 0.0) << "no probes: no reference";
+  // One GEMM sample without a probe: none is used.
+  for (v1::ProfileSample& x : s) {
+    if (x.has_gemm() && x.gemm().m() == 1024) {
+      x.mutable_gemm()->clear_probe_gflops();
+      break;
+    }
+  }
+  c = Calibrate(s, Options());
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(c->profile.provenance().probe_gflops(), 0.0);
+}
+
 TEST(CalibrateTest, KernelsWithoutSamplesKeepTheMemoryModel) {
   // Only the copy kernel measured: no activation or kernel lines are written,
   // and the planner charges those ops on the memory line.

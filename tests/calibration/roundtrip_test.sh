@@ -60,6 +60,8 @@ for line in open(sys.argv[1]):
         print("FAIL: unchecked or wrong collective:", line, file=sys.stderr); ok = False
     if not (s["min_us"] <= s["median_us"] <= s["max_us"]) or s["median_us"] <= 0:
         print("FAIL: inconsistent times:", line, file=sys.stderr); ok = False
+    if kind == "gemm" and not s["gemm"].get("probe_gflops", 0) > 0:
+        print("FAIL: GEMM sample without its speed probe:", line, file=sys.stderr); ok = False
 for k in ("collective", "saa", "gemm", "memory"):
     if kinds.get(k, 0) == 0:
         print("FAIL: no", k, "samples", file=sys.stderr); ok = False
@@ -88,6 +90,7 @@ for c in ("COLLECTIVE_ALL_REDUCE", "COLLECTIVE_ALL_GATHER", "COLLECTIVE_REDUCE_S
 check(p["links"]["intra"]["beta_us_per_byte"] > 0, "no intra link beta")
 check(p["gemm"]["peak_tflops"] > 0 and len(p["gemm"]["efficiency"]) == 27, "GEMM table is not 3x3x3")
 check(p["memory"]["bandwidth_gbytes_per_s"] > 0, "no memory bandwidth")
+check(p["provenance"].get("probe_gflops", 0) > 0, "no reference speed probe in the provenance")
 sys.exit(0 if ok else 1)
 PYEOF
 # The profile plans.
@@ -155,6 +158,13 @@ for c in s.get("results", []):
             print("FAIL:", c["name"], p["candidate"], "error is not composition x cost", file=sys.stderr); ok = False
         if p.get("noise", {}).get("samples") != 5:
             print("FAIL:", c["name"], p["candidate"], "no noise floor of 5 iterations", file=sys.stderr); ok = False
+        # The speed probes of run and profile: the drift and the corrected prediction.
+        corrected = p.get("drift_corrected_us", 0)
+        if not p.get("has_drift") or corrected <= 0 or abs(
+                p.get("drift_corrected_error_pct", 1e9) - 100 * (corrected - p["measured_us"]) / p["measured_us"]) > 1e-6:
+            print("FAIL:", c["name"], p["candidate"], "no drift-corrected prediction", file=sys.stderr); ok = False
+if s.get("drift_points") != points:
+    print("FAIL: drift points", s.get("drift_points"), "of", points, file=sys.stderr); ok = False
 sys.exit(0 if ok else 1)
 PYEOF
 }
@@ -164,6 +174,7 @@ $PY -c 'import json, sys; s = json.load(open(sys.argv[1])); sys.exit(0 if s.get(
 grep -q "Ranks waited for their collectives with \`--mpi-wait spin\`" "$TMP/val2/report.md" ||
   bad "the report does not say how the ranks waited"
 grep -q "## Replay: composition and cost" "$TMP/val2/report.md" || bad "the --replay report has no replay section"
+grep -q "### Machine drift" "$TMP/val2/report.md" || bad "the --replay report has no machine drift section"
 $PY - "$TMP/summary.json" "$TMP/summary2.json" <<'PYEOF' || fail=1
 import json, sys
 a, b = (json.load(open(f)) for f in sys.argv[1:3])

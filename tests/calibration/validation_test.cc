@@ -754,5 +754,51 @@ TEST(SummarizeTest, ReplaysSplitTheErrorAndIterationsGiveTheNoiseFloor) {
   EXPECT_THAT(RenderMarkdown(*s, {}), Not(HasSubstr("## Replay")));
 }
 
+// The speed probes of a run: their median per candidate, and a replay's drift
+// and drift-corrected prediction carried to the point and summarized.
+TEST(SummarizeTest, MachineDriftIsReportedNextToTheCorrectedError) {
+  ValidationInput in = Config("a", {Plan(v1::SCHEDULE_DEFAULT, 1000), Plan(v1::SCHEDULE_S1, 800)},
+                              {Plan(v1::SCHEDULE_DEFAULT, 1200), Plan(v1::SCHEDULE_S1, 760)});
+  v1::ScheduleIterations* it = &in.iterations.emplace_back();
+  it->set_schedule(v1::SCHEDULE_DEFAULT);
+  for (double t : {1000, 1000, 1000}) it->add_total_us(t);
+  for (double g : {22.0, 18.0, 20.0}) it->add_probe_gflops(g);
+  EXPECT_DOUBLE_EQ(RunProbeGflops(in, "default"), 20.0);
+  EXPECT_DOUBLE_EQ(RunProbeGflops(in, "s1"), 0.0) << "no iterations: no probe";
+  it->set_probe_gflops(1, 0.0);
+  EXPECT_DOUBLE_EQ(RunProbeGflops(in, "default"), 0.0) << "a probe that did not run";
+  // default: the machine ran 20 % faster than profiled; predicted 1200,
+  // corrected 1010 against measured 1000: +1 %. s1: no drift.
+  ValidationInput::CandidateReplay r{"default", ReplayOf(1000, 1000)};
+  r.has_drift = true;
+  r.drift_pct = 20.0;
+  r.drift_corrected_us = 1010.0;
+  in.replays.push_back(r);
+  in.replays.push_back({"s1", ReplayOf(800, 800)});
+  absl::StatusOr<v1::ValidationSummary> s = Summarize({in}, "p", 4, 2);
+  ASSERT_TRUE(s.ok()) << s.status();
+  const v1::ValidationPoint& d = s->results(0).points(0);
+  EXPECT_TRUE(d.has_drift());
+  EXPECT_DOUBLE_EQ(d.drift_pct(), 20.0);
+  EXPECT_DOUBLE_EQ(d.drift_corrected_us(), 1010.0);
+  EXPECT_NEAR(d.drift_corrected_error_pct(), 1.0, 1e-9);
+  EXPECT_NEAR(d.error_pct(), 20.0, 1e-9);
+  EXPECT_FALSE(s->results(0).points(1).has_drift());
+  EXPECT_EQ(s->drift_points(), 1);
+  EXPECT_DOUBLE_EQ(s->median_drift_pct(), 20.0);
+  EXPECT_NEAR(s->drift_corrected_mape_pct(), 1.0, 1e-9);
+  const std::string md = RenderMarkdown(*s, {});
+  EXPECT_THAT(md, HasSubstr("| machine drift (run's speed probe vs the profile's), 1 points | "
+                            "median +20.0 % |"));
+  EXPECT_THAT(md, HasSubstr("| error of the prediction corrected for machine drift | MAPE 1.0 %"));
+  EXPECT_THAT(md, HasSubstr("| a | default | +20.0 | 1.200 | 1.010 | 1.000 | +20.0 | +1.0 |"));
+  // Without drift: no rows, no section.
+  in.replays[0].has_drift = false;
+  s = Summarize({in}, "p", 4, 2);
+  ASSERT_TRUE(s.ok());
+  EXPECT_EQ(s->drift_points(), 0);
+  EXPECT_THAT(RenderMarkdown(*s, {}), Not(HasSubstr("Machine drift")));
+}
+
 }  // namespace
 }  // namespace moeplan::calibration

@@ -25,6 +25,7 @@
 #include "gtest/gtest.h"
 #include "moeplan/executor/backends.h"
 #include "moeplan/executor/kernels.h"
+#include "moeplan/executor/probe.h"
 #include "moeplan/executor/runner.h"
 
 namespace moeplan::executor {
@@ -105,6 +106,21 @@ class CpuKernelsTest : public ::testing::Test {
  protected:
   std::unique_ptr<Kernels> k_ = MakeCpuKernels();
 };
+
+// The speed probe on the CPU: a 256^3 GEMM, timed, a finite positive rate
+// each time it is asked.
+TEST(SpeedProbeTest, TimesAFixedGemmOnTheCpu) {
+  std::unique_ptr<Device> dev = MakeCpuDevice();
+  std::unique_ptr<Kernels> k = MakeCpuKernels();
+  absl::StatusOr<SpeedProbe> probe = SpeedProbe::Create(dev.get(), k.get(), DType::kF32);
+  ASSERT_TRUE(probe.ok()) << probe.status();
+  EXPECT_EQ(probe->dim(), SpeedProbe::kCpuDim);
+  for (int i = 0; i < 2; ++i) {
+    absl::StatusOr<double> g = probe->Gflops();
+    ASSERT_TRUE(g.ok()) << g.status();
+    EXPECT_TRUE(std::isfinite(*g) && *g > 0.0) << *g;
+  }
+}
 
 TEST(SkewBiasTest, IsTheLogOfAZipfLawOverASeededRanking) {
   const std::vector<float> b = SkewBias(8, 1.5, 7);

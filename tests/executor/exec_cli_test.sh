@@ -73,6 +73,10 @@ for rep, iters, interleaved in ((exe, 3, True), (seq, 4, False)):
           "iterations: one entry per candidate, same order")
     for i, c in zip(its, rep["candidates"]):
         check(len(i["total_us"]) == iters, f'{i["schedule"]}: {len(i["total_us"])} totals, expected {iters}')
+        # The speed probe after every timed iteration: a GEMM rate, GFLOP/s.
+        probes = i.get("probe_gflops", [])
+        check(len(probes) == iters and all(0 < g < 1e6 for g in probes),
+              f'{i["schedule"]}: speed probes {probes}, expected {iters} rates > 0')
         check(abs(statistics.median(i["total_us"]) - c["total_us"]) <= 1e-6 * c["total_us"],
               f'{i["schedule"]}: total_us is not the median of the iterations')
 check(seq["check"]["passed"], "--sequential: check did not pass")
@@ -168,6 +172,8 @@ for p, m, its in zip(pred, meas, r["iterations"]):
     check(m["ops"][-1]["name"] == "optimizer.step", f'{m["name"]}: last op')
     check(m["iteration_us"] > m["forward_us"] > 0, f'{m["name"]}: totals')
     check(len(its["total_us"]) == 3 and its["variant"] == m["name"], f'{m["name"]}: iterations')
+    check(len(its.get("probe_gflops", [])) == 3 and all(g > 0 for g in its["probe_gflops"]),
+          f'{m["name"]}: speed probes {its.get("probe_gflops")}')
     check(abs(statistics.median(its["total_us"]) - m["iteration_us"]) <= 1e-6 * m["iteration_us"],
           f'{m["name"]}: iteration_us is not the median')
     for o in m["ops"]:

@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <memory>
 #include <string>
 #include <vector>
@@ -59,6 +60,34 @@ TEST(Replay, OfAChainIsTheMeasuredMakespan) {
   r = ReplayOnGraph(g, m, 50.0);
   ASSERT_TRUE(r.ok());
   EXPECT_DOUBLE_EQ(r->composition_error_pct(), 100.0 * (47.0 - 50.0) / 50.0);
+}
+
+// The drift-corrected prediction scales compute only: a fork of compute (40)
+// and the intra link (100) joined by compute (10) takes 110 us; computing at
+// half speed (scale 2) the compute branch (80) still hides under the link and
+// the join doubles, 120 us; at a tenth of the speed the compute branch (400)
+// is the longer, 500 us. The plan itself is left as it was.
+TEST(ScaledComputeMakespan, ScalesComputeAndKeepsCommunication) {
+  p::OpGraph g;
+  const p::OpId a = g.Add(MakeOp("a", p::kCompute, 40), {});
+  const p::OpId b = g.Add(MakeOp("b", p::kIntra, 100), {});
+  g.Add(MakeOp("c", p::kCompute, 10), {a, b});
+  absl::StatusOr<double> us = ScaledComputeMakespan(g, 1.0);
+  ASSERT_TRUE(us.ok()) << us.status();
+  EXPECT_DOUBLE_EQ(*us, 110.0);
+  us = ScaledComputeMakespan(g, 2.0);
+  ASSERT_TRUE(us.ok());
+  EXPECT_DOUBLE_EQ(*us, 120.0);
+  us = ScaledComputeMakespan(g, 10.0);
+  ASSERT_TRUE(us.ok());
+  EXPECT_DOUBLE_EQ(*us, 500.0);
+  EXPECT_DOUBLE_EQ(g.op(a).cost_us, 40.0);
+  for (double bad : {0.0, -1.0, std::nan("")}) {
+    const absl::Status s = ScaledComputeMakespan(g, bad).status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(s.message().find("compute_scale: must be finite and > 0"), std::string::npos)
+        << s.message();
+  }
 }
 
 // Every dependency and resource of the plan: a fork onto compute and the

@@ -5,6 +5,7 @@
 
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -43,6 +44,13 @@ struct ValidationInput {
   struct CandidateReplay {
     std::string candidate;
     v1::Replay replay;
+    // With speed probes in the run and in the profile: the machine drift
+    // during the candidate's iterations, 100 * (run probe / profile probe -
+    // 1), and the prediction with its compute corrected for it
+    // (ValidationPoint.drift_*).
+    bool has_drift = false;
+    double drift_pct = 0.0;
+    double drift_corrected_us = 0.0;
   };
   std::vector<CandidateReplay> replays;
   // How the run's ranks waited (moeplan-exec --mpi-wait; empty: not
@@ -123,5 +131,10 @@ Scatter ValidationScatter(const v1::ValidationSummary& s);
 std::string PlotData(const v1::ValidationSummary& s);
 std::string GnuplotScript(const v1::ValidationSummary& s, const std::string& data_file,
                           const std::string& png_file);
+
+// The median speed probe over `candidate`'s timed iterations
+// (ScheduleIterations / VariantIterations .probe_gflops), GFLOP/s; 0 when
+// they have none (runs before the probe) or one is not finite and > 0.
+double RunProbeGflops(const ValidationInput& in, std::string_view candidate);
 
 }  // namespace moeplan::calibration

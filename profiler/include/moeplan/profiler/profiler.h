@@ -6,10 +6,12 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "moeplan/executor/backends.h"
+#include "moeplan/executor/probe.h"
 #include "moeplan/profiler/sweep.h"
 #include "moeplan/v1/samples.pb.h"
 
@@ -58,6 +60,8 @@ class Profiler {
   // The compute phase before each repetition of an in-context point (null for
   // `us` <= 0: isolated).
   absl::StatusOr<const std::function<absl::Status()>*> ContextPhase(double us);
+  // The speed probe on every rank at once, mean over ranks (collective).
+  absl::StatusOr<double> ProbeGflops();
 
   executor::Backend* backend_;
   executor::Communicator* world_;
@@ -70,6 +74,7 @@ class Profiler {
     std::function<absl::Status()> phase;
   };
   Context context_;
+  std::optional<executor::SpeedProbe> probe_;  // made at the first GEMM point
 };
 
 }  // namespace moeplan::profiler

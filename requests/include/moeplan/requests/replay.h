@@ -52,6 +52,12 @@ absl::StatusOr<v1::Replay> ReplayOnGraph(const planner::OpGraph& plan,
                                          std::span<const MeasuredOpTime> measured,
                                          double measured_total_us);
 
+// The makespan of `plan` with every compute op's cost multiplied by
+// `compute_scale` (communication keeps its cost): the prediction for a
+// machine that computes 1 / compute_scale times as fast as the profiled one.
+// InvalidArgument unless compute_scale is finite and > 0.
+absl::StatusOr<double> ScaledComputeMakespan(const planner::OpGraph& plan, double compute_scale);
+
 // The plan that ran, planned again on `cost`, then replayed.
 // A layer's schedule:
 absl::StatusOr<v1::Replay> ReplayLayerRun(const planner::LayerConfig& layer,
