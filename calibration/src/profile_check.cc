@@ -225,6 +225,21 @@ void AddProvenanceNotes(const v1::ClusterProfile& profile, const v1::ProfileRun&
   notes->push_back(Cat("checked now on ", run.host(), " at ", run.timestamp()));
 }
 
+// The speed probe's median over the check's GEMM points against the
+// profile's reference (Provenance.probe_gflops): how much faster the machine
+// computes now, which the GEMM drift then includes.
+void AddProbeNote(const v1::ClusterProfile& profile, const std::vector<v1::ProfileSample>& samples,
+                  std::vector<std::string>* notes) {
+  const double was = profile.provenance().probe_gflops();
+  const double now = internal::ReferenceProbe(samples);
+  if (!(was > 0.0) || !(now > 0.0)) return;
+  const double pct = 100.0 * (now / was - 1.0);
+  notes->push_back(fmt::format(
+      "speed probe: {:.3g} GFLOP/s now against {:.3g} when profiled: the machine computes "
+      "{:.1f} % {} (the GEMM drift above includes it; docs/calibration.md \"Machine drift\")",
+      now, was, std::abs(pct), pct >= 0.0 ? "faster" : "slower"));
+}
+
 }  // namespace
 
 absl::StatusOr<ProfileCheckResult> CheckProfile(const v1::ClusterProfile& profile,
@@ -239,6 +254,7 @@ absl::StatusOr<ProfileCheckResult> CheckProfile(const v1::ClusterProfile& profil
     r.stale = r.stale || r.rows.back().stale;
   }
   AddProvenanceNotes(profile, samples.front().run(), &r.notes);
+  AddProbeNote(profile, samples, &r.notes);
   return r;
 }
 

@@ -40,17 +40,19 @@ absl::StatusOr<v1::MeasuredNoise> NoiseOf(absl::Span<const double> totals) {
 
 namespace {
 
-// The candidate's speed probes, or an empty span.
-absl::Span<const double> ProbesOf(const ValidationInput& in, std::string_view candidate) {
+// A series of the candidate's timed iterations (`probes`: the speed probes,
+// else the totals), or an empty span.
+absl::Span<const double> SeriesOf(const ValidationInput& in, std::string_view candidate,
+                                  bool probes) {
+  auto span = [probes](const auto& it) -> absl::Span<const double> {
+    const auto& f = probes ? it.probe_gflops() : it.total_us();
+    return {f.data(), static_cast<size_t>(f.size())};
+  };
   for (const v1::ScheduleIterations& it : in.iterations) {
-    if (internal::ScheduleLabel(it.schedule()) == candidate) {
-      return {it.probe_gflops().data(), static_cast<size_t>(it.probe_gflops_size())};
-    }
+    if (internal::ScheduleLabel(it.schedule()) == candidate) return span(it);
   }
   for (const v1::VariantIterations& it : in.variant_iterations) {
-    if (it.variant() == candidate) {
-      return {it.probe_gflops().data(), static_cast<size_t>(it.probe_gflops_size())};
-    }
+    if (it.variant() == candidate) return span(it);
   }
   return {};
 }
@@ -58,7 +60,7 @@ absl::Span<const double> ProbesOf(const ValidationInput& in, std::string_view ca
 }  // namespace
 
 double RunProbeGflops(const ValidationInput& in, std::string_view candidate) {
-  const absl::Span<const double> probes = ProbesOf(in, candidate);
+  const absl::Span<const double> probes = SeriesOf(in, candidate, /*probes=*/true);
   std::vector<double> ok;
   for (double p : probes) {
     if (!std::isfinite(p) || !(p > 0.0)) return 0.0;
@@ -68,24 +70,6 @@ double RunProbeGflops(const ValidationInput& in, std::string_view candidate) {
 }
 
 namespace internal {
-namespace {
-
-// The candidate's timed iteration totals, or an empty span.
-absl::Span<const double> TotalsOf(const ValidationInput& in, std::string_view candidate) {
-  for (const v1::ScheduleIterations& it : in.iterations) {
-    if (ScheduleLabel(it.schedule()) == candidate) {
-      return {it.total_us().data(), static_cast<size_t>(it.total_us_size())};
-    }
-  }
-  for (const v1::VariantIterations& it : in.variant_iterations) {
-    if (it.variant() == candidate) {
-      return {it.total_us().data(), static_cast<size_t>(it.total_us_size())};
-    }
-  }
-  return {};
-}
-
-}  // namespace
 
 absl::Status CheckReplays(const ValidationInput& in, const std::vector<Timeline>& measured) {
   for (size_t i = 0; i < in.replays.size(); ++i) {
@@ -122,7 +106,7 @@ absl::Status AddReplayAndNoise(const ValidationInput& in, v1::ValidationPoint* p
       t->corrected.push_back(pt->drift_corrected_error_pct());
     }
   }
-  const absl::Span<const double> totals = TotalsOf(in, pt->candidate());
+  const absl::Span<const double> totals = SeriesOf(in, pt->candidate(), /*probes=*/false);
   if (static_cast<int>(totals.size()) < kMinNoiseSamples) return absl::OkStatus();
   absl::StatusOr<v1::MeasuredNoise> noise = NoiseOf(totals);
   if (!noise.ok()) {

@@ -105,6 +105,11 @@ void SetMemoryLimit(const Args& a, executor::Device& device, executor::RunOption
 }
 
 double Probe(executor::SpeedProbe& probe) {
+  // Every rank probes at once, as moeplan-profile's ranks do: ranks that
+  // share a core (or a GPU, a memory bus) then share it during the probe as
+  // they did during the profile's, and a rank whose stage finished early does
+  // not read the core alone.
+  MPI_Barrier(MPI_COMM_WORLD);
   absl::StatusOr<double> g = probe.Gflops();
   if (!g.ok()) Abort(g.status());
   return *g;

@@ -103,8 +103,9 @@ void GatherIteration(int it, const std::vector<executor::OpTime>& ops, double fo
                      double total_us, double probe_gflops, std::vector<double>* scratch,
                      std::vector<IterationTimes>* iterations);
 
-// The speed probe (executor/probe.h) on this rank now; aborts the job on a
-// failure (the ranks are inside their timed loop).
+// The speed probe (executor/probe.h) on every rank at once (collective: a
+// barrier first); aborts the job on a failure (the ranks are inside their
+// timed loop).
 double Probe(executor::SpeedProbe& probe);
 
 // The `--json` output or the table, written to stdout; false when the JSON

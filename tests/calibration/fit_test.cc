@@ -1288,6 +1288,17 @@ TEST(ProfileCheckTest, OtherMachineAndLayoutAreNamed) {
   absl::StatusOr<ProfileCheckResult> r = CheckProfile(p, samples, 15.0);
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_THAT(r->notes, Contains(HasSubstr("other machine")));
+  EXPECT_THAT(r->notes, Not(Contains(HasSubstr("speed probe")))) << "no probes: no note";
+  // Probes on both sides: the machine's speed now against the profile's.
+  v1::ClusterProfile probed = p;
+  probed.mutable_provenance()->set_probe_gflops(20.0);
+  for (v1::ProfileSample& s : samples) {
+    if (s.has_gemm()) s.mutable_gemm()->set_probe_gflops(15.0);
+  }
+  r = CheckProfile(probed, samples, 15.0);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_THAT(r->notes, Contains(HasSubstr("speed probe: 15 GFLOP/s now against 20 when "
+                                           "profiled: the machine computes 25.0 % slower")));
   p.set_gpus_per_node(4);
   EXPECT_EQ(CheckProfile(p, samples, 15.0).status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(CheckProfile(p, {}, 15.0).status().code(), absl::StatusCode::kInvalidArgument);
