@@ -128,10 +128,10 @@ class MpiCommunicator final : public Communicator {
     Request r = Begin();
     Slot& s = slots_[static_cast<size_t>(r.slot)];
     if (send == recv) {
-      // Never MPI_IN_PLACE: Open MPI 4.1's MPI_Iallreduce (libnbc) takes a
-      // binomial tree for an in-place reduction and a ring otherwise; over 4
-      // ranks on 2 hosts at 1 Gbit/s a 10.7 MB in-place AllReduce took 229 ms
-      // against 101 ms from a separate buffer. Copying the input into the
+      // Never MPI_IN_PLACE: Open MPI 4.1's MPI_Iallreduce (libnbc) schedules
+      // an in-place reduction differently (by its timing, a tree rather than a
+      // ring); over 4 ranks on 2 hosts at 1 Gbit/s a 10.7 MB in-place
+      // AllReduce took 229 ms against 101 ms from a separate buffer. Copying the input into the
       // slot's staging buffer (capacity kept across calls) costs a memcpy.
       const size_t bytes = count * SizeOf(t);
       s.staging.resize(bytes);
