@@ -16,7 +16,10 @@
 // growth over the measured window.
 //
 // cached:   every call sends the same request, so after the first the server
-//           answers from its plan cache.
+//           answers from its plan cache. The request is serialised once and sent
+//           as bytes (gRPC's generic stub), and each reply is compared byte for
+//           byte with the worker's first (which is parsed and checked): the load
+//           generator's own protobuf work stays out of what is measured.
 // uncached: every call carries a distinct, valid batch_size (a cyclic sequence far
 //           longer than the server's cache), so every call is planned afresh.
 // check:    the standard health service's Check (an empty unary call): gRPC's
@@ -26,6 +29,7 @@
 // Exit status: 0 when every call succeeded, 1 when any failed (warmup and drain
 // included), 2 on a usage or setup error.
 #include <fmt/format.h>
+#include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 
 #include <CLI/CLI.hpp>
@@ -37,6 +41,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -46,8 +51,6 @@
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <grpcpp/generic/generic_stub.h>
 
 #include "absl/synchronization/mutex.h"
 #include "moeplan/base/flags.h"
@@ -252,10 +255,10 @@ struct Slot {
   v1::PlanLayerRequest request;
   std::optional<grpc::ClientContext> ctx;
   std::unique_ptr<grpc::ClientAsyncResponseReader<v1::PlanLayerResponse>> rpc;
-  // --mode check: grpc.health.v1.Health/Check through the generic stub.
+  // --mode check and cached: calls through the generic stub, on bytes.
   grpc::GenericStub* generic = nullptr;
-  grpc::ByteBuffer check_request, check_response;
-  std::unique_ptr<grpc::ClientAsyncResponseReader<grpc::ByteBuffer>> check_rpc;
+  grpc::ByteBuffer raw_request, raw_response;
+  std::unique_ptr<grpc::ClientAsyncResponseReader<grpc::ByteBuffer>> raw_rpc;
   grpc::Status status;
   Clock::time_point sent;
   bool in_flight = false;
@@ -276,18 +279,25 @@ class Worker {
   // Slots first_slot, first_slot + stride, ... below `total` are this worker's;
   // slot i calls through stubs[i % stubs.size()].
   Worker(const std::vector<std::unique_ptr<v1::Planner::Stub>>& stubs,
-         const std::vector<std::unique_ptr<grpc::GenericStub>>& generic, int first_slot,
-         int stride, int total, const v1::PlanLayerRequest& base, size_t arena_bytes,
-         const Config& cfg, const Window& w, const BatchSequence* seq,
-         std::atomic<uint64_t>* seq_counter)
-      : cfg_(cfg), w_(w), seq_(seq), seq_counter_(seq_counter), check_(cfg.mode == "check") {
+         const std::vector<std::unique_ptr<grpc::GenericStub>>& generic, int first_slot, int stride,
+         int total, const v1::PlanLayerRequest& base, size_t arena_bytes, const Config& cfg,
+         const Window& w, const BatchSequence* seq, std::atomic<uint64_t>* seq_counter)
+      : cfg_(cfg),
+        w_(w),
+        seq_(seq),
+        seq_counter_(seq_counter),
+        check_(cfg.mode == "check"),
+        raw_(cfg.mode != "uncached"),
+        method_(check_ ? "/grpc.health.v1.Health/Check" : "/moeplan.v1.Planner/PlanLayer") {
+    // HealthCheckRequest{service = ""} is zero bytes: an empty message, not a
+    // missing one (a default ByteBuffer has no slices).
+    const std::string request_bytes = check_ ? std::string() : base.SerializeAsString();
     for (int i = first_slot; i < total; i += stride) {
       auto s = std::make_unique<Slot>(arena_bytes);
       s->stub = stubs[static_cast<size_t>(i) % stubs.size()].get();
       s->generic = generic[static_cast<size_t>(i) % generic.size()].get();
-      // An empty message, not a missing one (a default ByteBuffer has no slices).
-      grpc::Slice empty("", 0);
-      s->check_request = grpc::ByteBuffer(&empty, 1);
+      grpc::Slice bytes(request_bytes.data(), request_bytes.size());
+      s->raw_request = grpc::ByteBuffer(&bytes, 1);
       s->request = base;
       slots_.push_back(std::move(s));
     }
@@ -380,12 +390,10 @@ class Worker {
     s.sent = sent;
     s.in_flight = true;
     ++outstanding_;
-    if (check_) {
-      // HealthCheckRequest{service = ""}: zero bytes on the wire.
-      s.check_rpc = s.generic->PrepareUnaryCall(&*s.ctx, "/grpc.health.v1.Health/Check",
-                                                s.check_request, &cq_);
-      s.check_rpc->StartCall();
-      s.check_rpc->Finish(&s.check_response, &s.status, &s);
+    if (raw_) {
+      s.raw_rpc = s.generic->PrepareUnaryCall(&*s.ctx, method_, s.raw_request, &cq_);
+      s.raw_rpc->StartCall();
+      s.raw_rpc->Finish(&s.raw_response, &s.status, &s);
       return;
     }
     s.response = nullptr;
@@ -402,8 +410,7 @@ class Worker {
     ++result_.completed_all;
     int code = static_cast<int>(s.status.error_code());
     if (code < 0 || code >= kNumCodes) code = static_cast<int>(grpc::StatusCode::UNKNOWN);
-    if (code == 0 && !check_ && (s.response->candidates_size() == 0 ||
-                      s.response->best_schedule() == v1::SCHEDULE_UNSPECIFIED)) {
+    if (code == 0 && !check_ && !(raw_ ? SameAsFirst(s.raw_response) : Valid(*s.response))) {
       code = kBadResponse;
     }
     const bool measured = now >= w_.measure && now < w_.end;
@@ -420,19 +427,53 @@ class Worker {
     if (result_.first_error.empty()) {
       result_.first_error =
           fmt::format("{}: {}", CodeName(code),
-                      code == kBadResponse ? "response without candidates or best_schedule"
+                      code == kBadResponse ? "response without candidates or best_schedule, or "
+                                             "(cached) not the bytes of the first"
                                            : s.status.error_message());
     }
   }
 
+  static bool Valid(const v1::PlanLayerResponse& r) {
+    return r.candidates_size() > 0 && r.best_schedule() != v1::SCHEDULE_UNSPECIFIED;
+  }
+
+  // Cached mode: the first reply is parsed and checked and its bytes kept;
+  // every later one must be those bytes.
+  bool SameAsFirst(const grpc::ByteBuffer& reply) {
+    if (!reply.Dump(&slices_).ok()) return false;
+    if (!first_.has_value()) {
+      std::string bytes;
+      for (const grpc::Slice& sl : slices_) {
+        bytes.append(reinterpret_cast<const char*>(sl.begin()), sl.size());
+      }
+      v1::PlanLayerResponse parsed;
+      if (!parsed.ParseFromString(bytes) || !Valid(parsed)) return false;
+      first_ = std::move(bytes);
+      return true;
+    }
+    size_t at = 0;
+    for (const grpc::Slice& sl : slices_) {
+      if (at + sl.size() > first_->size() ||
+          std::memcmp(first_->data() + at, sl.begin(), sl.size()) != 0) {
+        return false;
+      }
+      at += sl.size();
+    }
+    return at == first_->size();
+  }
+
   grpc::CompletionQueue cq_;
   std::vector<std::unique_ptr<Slot>> slots_;
+  std::vector<grpc::Slice> slices_;   // reused: a reply's slices
+  std::optional<std::string> first_;  // cached mode: the first reply's bytes
   const Config& cfg_;
   const Window& w_;
   const BatchSequence* seq_;
   std::atomic<uint64_t>* seq_counter_;
   int outstanding_ = 0;
   const bool check_;
+  const bool raw_;  // check and cached: bytes through the generic stub
+  const std::string method_;
   WorkerResult result_;
 };
 
@@ -657,12 +698,13 @@ int main(int argc, char** argv) {
         "{{\"server\":\"{}\",\"clients\":{},\"channels\":{},\"threads\":{},\"mode\":\"{}\","
         "\"duration_s\":{},"
         "\"warmup_s\":{},\"requests\":{},\"ok\":{},\"errors\":{},\"errors_total\":{},"
-        "\"errors_by_code\":{{{}}},\"cancelled_at_stop\":{},\"throughput_rps\":{:.1f},"
+        "\"errors_by_code\":{{{}}},\"cancelled_at_stop\":{},\"completed_all\":{},"
+        "\"ok_all\":{},\"preflight_calls\":1,\"throughput_rps\":{:.1f},"
         "\"latency_us\":{{\"mean\":{:.1f},\"p50\":{:.1f},\"p90\":{:.1f},\"p99\":{:.1f},"
         "\"p999\":{:.1f},\"max\":{:.1f}}},\"rss\":{},\"first_error\":\"{}\"}}\n",
         cfg.server, cfg.clients, cfg.channels, cfg.threads, cfg.mode, cfg.duration_s, cfg.warmup_s,
-        requests, ok, errors_measured, errors_all, codes, cancelled, throughput, mean, p50, p90,
-        p99, p999, max, rss, escaped);
+        requests, ok, errors_measured, errors_all, codes, cancelled, completed_all,
+        completed_all - errors_all, throughput, mean, p50, p90, p99, p999, max, rss, escaped);
   } else {
     fmt::print("server      {}\n", cfg.server);
     fmt::print("clients     {} ({} channels, {} threads)\n", cfg.clients, cfg.channels,

@@ -7,7 +7,10 @@
 // Reads share one store and plan cache; a write gets a fresh store in a fresh
 // directory, so each input replays alone. A handler must answer every input
 // with a status; the limits of one request's work (docs/service.md) bound its
-// time and memory, and a successful plan must fit the response limit.
+// time and memory, and a successful plan must fit the response limit. A binary
+// plan request also goes through the bytes path the server runs (raw request
+// bytes in, cached bytes out), which must answer as the typed path did.
+#include <google/protobuf/util/message_differencer.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -61,6 +64,18 @@ void Check(const absl::Status& s, const google::protobuf::Message& resp, size_t 
   if (s.ok() && resp.ByteSizeLong() > limit) std::abort();
 }
 
+// The server's bytes path (raw request bytes in, cached bytes out) answers as
+// the typed one did: the same status code and, on success, the same response.
+template <class Response>
+void CheckBytesPath(const absl::Status& typed, const Response& resp, const absl::Status& bytes,
+                    const server::PlanCache::Value& out) {
+  if (typed.code() != bytes.code()) std::abort();
+  if (!typed.ok()) return;
+  Response parsed;
+  if (out == nullptr || !parsed.ParseFromString(*out)) std::abort();
+  if (!google::protobuf::util::MessageDifferencer::Equals(parsed, resp)) std::abort();
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
@@ -77,14 +92,24 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       v1::PlanLayerRequest req;
       if (!Decode(binary, bytes, &req)) return 0;
       v1::PlanLayerResponse resp;
-      Check(h.PlanLayer(call, req, &resp), resp, limit);
+      const absl::Status s = h.PlanLayer(call, req, &resp);
+      Check(s, resp, limit);
+      if (binary) {
+        server::PlanCache::Value out;
+        CheckBytesPath(s, resp, h.PlanLayerBytes(call, bytes, &out), out);
+      }
       break;
     }
     case 1: {
       v1::PlanModelRequest req;
       if (!Decode(binary, bytes, &req)) return 0;
       v1::PlanModelResponse resp;
-      Check(h.PlanModel(call, req, &resp), resp, limit);
+      const absl::Status s = h.PlanModel(call, req, &resp);
+      Check(s, resp, limit);
+      if (binary) {
+        server::PlanCache::Value out;
+        CheckBytesPath(s, resp, h.PlanModelBytes(call, bytes, true, &out), out);
+      }
       break;
     }
     case 2: {

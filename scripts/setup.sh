@@ -15,10 +15,10 @@ PACKAGES=(
   libboost-dev libeigen3-dev libabsl-dev
   libprotobuf-dev protobuf-compiler libgrpc++-dev protobuf-compiler-grpc
   libgtest-dev libgmock-dev libbenchmark-dev
-  libfmt-dev libspdlog-dev libcli11-dev zlib1g-dev rapidjson-dev
+  libfmt-dev libspdlog-dev libcli11-dev zlib1g-dev rapidjson-dev libcpp-httplib-dev
   libopenmpi-dev openmpi-bin
   python3 python3-grpcio python3-protobuf
-  gnuplot-nox iproute2 openssl
+  gnuplot-nox iproute2 openssl prometheus
   mkdocs python3-pymdownx linkchecker universal-ctags
 )
 # moeplan.torch (pytorch/README.md): Debian's CPU libtorch 1.13 for

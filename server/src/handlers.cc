@@ -89,6 +89,19 @@ absl::Status CheckDeadline(const CallContext& ctx) {
 }
 
 }  // namespace internal
+
+bool BearerTokenMatches(std::string_view authorization, std::string_view want) {
+  if (authorization.substr(0, kBearer.size()) != kBearer) return false;
+  const std::string_view token = authorization.substr(kBearer.size());
+  unsigned diff = token.size() == want.size() ? 0u : 1u;
+  for (size_t i = 0; i < want.size(); ++i) {
+    const unsigned char a = static_cast<unsigned char>(want[i]);
+    const unsigned char b = i < token.size() ? static_cast<unsigned char>(token[i]) : 0u;
+    diff |= static_cast<unsigned>(a ^ b);
+  }
+  return diff == 0;
+}
+
 namespace {
 
 namespace p = ::moeplan::planner;
@@ -138,30 +151,32 @@ absl::Status Handlers::Impl::Authorize(const CallContext& ctx, std::string_view 
                                        bool write) const {
   if (options_.token.empty() || (!write && !options_.token_for_reads)) return absl::OkStatus();
   const std::string_view got = ctx.Authorization();
-  constexpr std::string_view kBearer = "Bearer ";
-  if (got.empty() || got.substr(0, kBearer.size()) != kBearer) {
+  if (got.substr(0, kBearer.size()) != kBearer) {
     return absl::UnauthenticatedError(
         Cat(method,
             " needs the server's bearer token: call metadata 'authorization: Bearer "
             "<token>' (the clients' --token-file)"));
   }
-  const std::string_view token = got.substr(kBearer.size());
-  const std::string& want = options_.token;
-  unsigned diff = token.size() == want.size() ? 0u : 1u;
-  for (size_t i = 0; i < want.size(); ++i) {
-    const unsigned char a = static_cast<unsigned char>(want[i]);
-    const unsigned char b = i < token.size() ? static_cast<unsigned char>(token[i]) : 0u;
-    diff |= static_cast<unsigned>(a ^ b);
-  }
-  if (diff != 0) {
+  if (!BearerTokenMatches(got, options_.token)) {
     return absl::UnauthenticatedError(Cat(method, ": the bearer token is not the server's"));
   }
   return absl::OkStatus();
 }
 
+void Handlers::Impl::Done(Method m, const absl::Status& s, Clock::time_point start,
+                          std::string_view cache, std::string_view profile) {
+  metrics_.Request(m, s.code(), Clock::now() - start);
+  // The refusals no other site counts: only the token check answers
+  // UNAUTHENTICATED, only a passed deadline DEADLINE_EXCEEDED.
+  if (s.code() == absl::StatusCode::kUnauthenticated) metrics_.Refuse(Refusal::kUnauthenticated);
+  if (s.code() == absl::StatusCode::kDeadlineExceeded) metrics_.Refuse(Refusal::kPlanDeadline);
+  log_.Log(MethodName(m), s, start, cache, profile);
+}
+
 absl::Status Handlers::Impl::CheckSize(const google::protobuf::Message& resp) const {
   const size_t bytes = resp.ByteSizeLong();
   if (bytes <= options_.max_response_bytes) return absl::OkStatus();
+  metrics_.Refuse(Refusal::kResponseTooLarge);
   return absl::ResourceExhaustedError(
       Cat("response: ", bytes, " bytes exceed the message limit of ", options_.max_response_bytes,
           " bytes (moeplan-server --max-message-mib); ask without include_timeline or for less"));
@@ -187,47 +202,106 @@ absl::Status Handlers::Impl::UnknownProfile(std::string_view field, std::string_
       more > 0 ? Cat(" and ", more, " more; ListProfiles lists them") : std::string(), ")"));
 }
 
-absl::Status Handlers::Impl::PlanLayer(const CallContext& ctx, const v1::PlanLayerRequest* req,
-                                       v1::PlanLayerResponse* resp) {
+template <class Response, class Plan>
+absl::Status Handlers::Impl::PlanTyped(const CallContext& ctx, Method m, Response* resp,
+                                       Plan plan) {
+  const std::string_view method = MethodName(m);
   const auto start = Clock::now();
   std::string_view cache_state = "-";
   std::string profile_name;
-  absl::Status s = Authorize(ctx, "PlanLayer", false);
+  absl::Status s = Authorize(ctx, method, false);
   if (s.ok()) {
-    s = Guard(resp, [&] { return DoPlanLayer(ctx, *req, resp, &cache_state, &profile_name); });
+    s = Guard(resp, [&]() -> absl::Status {
+      MOEPLAN_ASSIGN_OR_RETURN(PlanCache::Value bytes, plan(&cache_state, &profile_name));
+      if (!resp->ParseFromString(*bytes)) {
+        return absl::InternalError(Cat(method, ": a cached response does not parse"));
+      }
+      return absl::OkStatus();
+    });
   }
-  log_.Log("PlanLayer", s, start, cache_state, profile_name);
+  if (!s.ok()) resp->Clear();
+  Done(m, s, start, cache_state, profile_name);
   return s;
+}
+
+absl::Status Handlers::Impl::PlanLayer(const CallContext& ctx, const v1::PlanLayerRequest* req,
+                                       v1::PlanLayerResponse* resp) {
+  return PlanTyped(ctx, Method::kPlanLayer, resp,
+                   [&](std::string_view* state, std::string* profile) {
+                     return DoPlanLayer(ctx, *req, state, profile);
+                   });
 }
 
 absl::Status Handlers::Impl::PlanModel(const CallContext& ctx, const v1::PlanModelRequest* req,
                                        v1::PlanModelResponse* resp) {
+  return PlanTyped(ctx, Method::kPlanModel, resp,
+                   [&](std::string_view* state, std::string* profile) {
+                     return DoPlanModel(ctx, *req, state, profile);
+                   });
+}
+
+template <class Request, class Plan>
+absl::Status Handlers::Impl::PlanBytes(const CallContext& ctx, Method m, std::string_view request,
+                                       PlanCache::Value* response, Plan plan) {
+  const std::string_view method = MethodName(m);
   const auto start = Clock::now();
   std::string_view cache_state = "-";
   std::string profile_name;
-  absl::Status s = Authorize(ctx, "PlanModel", false);
-  if (s.ok()) {
-    s = Guard(resp, [&] { return DoPlanModel(ctx, *req, resp, &cache_state, &profile_name); });
+  response->reset();
+  absl::Status s = Authorize(ctx, method, false);
+  if (s.ok()) s = CheckDeadline(ctx);
+  if (!s.ok()) {
+    Done(m, s, start, cache_state, profile_name);
+    return s;
   }
-  log_.Log("PlanModel", s, start, cache_state, profile_name);
+  // The method's name leads the key: the same bytes may parse as either request.
+  std::string key;
+  key.reserve(method.size() + 1 + request.size());
+  key.append(method).push_back('\0');
+  key.append(request);
+  *response = cache_.GetRaw(key, &profile_name);
+  if (*response != nullptr) {
+    Done(m, s, start, "hit", profile_name);
+    return s;
+  }
+  // Read before the profile is resolved: a profile put while this plan runs
+  // keeps the plan from the first level (its key does not name the version).
+  const uint64_t generation = cache_.generation();
+  s = Guard(nullptr, [&]() -> absl::Status {
+    Request req;
+    if (!req.ParseFromArray(request.data(), static_cast<int>(request.size()))) {
+      return Invalid(Cat("request: not a serialised ", Request::descriptor()->name()));
+    }
+    MOEPLAN_ASSIGN_OR_RETURN(*response, plan(req, &cache_state, &profile_name));
+    // Kept under these bytes once the plan is asked for again (found by its
+    // canonical key): a request seen once, as every uncached one is, adds no
+    // entry and evicts nothing for its bytes.
+    if (*response != nullptr && cache_state == "hit") {
+      cache_.PutRaw(key, *response, profile_name, generation);
+    }
+    return absl::OkStatus();
+  });
+  if (!s.ok()) response->reset();
+  if (!s.ok() || *response != nullptr) Done(m, s, start, cache_state, profile_name);
   return s;
 }
 
-bool Handlers::Impl::PlanModelCached(const CallContext& ctx, const v1::PlanModelRequest* req,
-                                     v1::PlanModelResponse* resp, absl::Status* status) {
-  const auto start = Clock::now();
-  std::string_view cache_state = "-";
-  std::string profile_name;
-  bool miss = false;
-  absl::Status s = Authorize(ctx, "PlanModel", false);
-  if (s.ok()) {
-    s = Guard(resp,
-              [&] { return DoPlanModel(ctx, *req, resp, &cache_state, &profile_name, &miss); });
-  }
-  if (miss && s.ok()) return false;
-  log_.Log("PlanModel", s, start, cache_state, profile_name);
-  *status = s;
-  return true;
+absl::Status Handlers::Impl::PlanLayerBytes(const CallContext& ctx, std::string_view request,
+                                            PlanCache::Value* response) {
+  return PlanBytes<v1::PlanLayerRequest>(
+      ctx, Method::kPlanLayer, request, response,
+      [&](const v1::PlanLayerRequest& req, std::string_view* state, std::string* profile) {
+        return DoPlanLayer(ctx, req, state, profile);
+      });
+}
+
+absl::Status Handlers::Impl::PlanModelBytes(const CallContext& ctx, std::string_view request,
+                                            bool plan_miss, PlanCache::Value* response) {
+  return PlanBytes<v1::PlanModelRequest>(
+      ctx, Method::kPlanModel, request, response,
+      [&](const v1::PlanModelRequest& req, std::string_view* state, std::string* profile) {
+        return DoPlanModel(ctx, req, state, profile, !plan_miss);
+      });
 }
 
 template <class Request>
@@ -259,9 +333,11 @@ absl::StatusOr<std::shared_ptr<const ProfileEntry>> Handlers::Impl::ResolveProfi
   return Invalid("profile_name: required (or an inline profile)");
 }
 
-absl::Status Handlers::Impl::DoPlanModel(const CallContext& ctx, const v1::PlanModelRequest& req,
-                                         v1::PlanModelResponse* resp, std::string_view* cache_state,
-                                         std::string* profile_name, bool* defer) {
+absl::StatusOr<PlanCache::Value> Handlers::Impl::DoPlanModel(const CallContext& ctx,
+                                                             const v1::PlanModelRequest& req,
+                                                             std::string_view* cache_state,
+                                                             std::string* profile_name,
+                                                             bool defer) {
   MOEPLAN_RETURN_IF_ERROR(CheckDeadline(ctx));
   std::string inline_bytes;
   MOEPLAN_ASSIGN_OR_RETURN(std::shared_ptr<const ProfileEntry> entry,
@@ -281,42 +357,36 @@ absl::Status Handlers::Impl::DoPlanModel(const CallContext& ctx, const v1::PlanM
   const std::string key = PlanCacheKey(
       entry->message.name(), entry->message.version(),
       Cat("model", std::string_view("\0", 1), canonical.SerializeAsString(), inline_bytes));
-  if (cache_.GetInto(key, resp)) {
+  if (PlanCache::Value hit = cache_.Get(key)) {
     *cache_state = "hit";
-    return absl::OkStatus();
+    return hit;
   }
   *cache_state = "miss";
-  if (defer != nullptr) {
-    *defer = true;
-    return absl::OkStatus();
-  }
+  if (defer) return PlanCache::Value();
   // Whole-model plans take milliseconds to seconds, and a search's memory
   // grows with its candidates: only max_model_plans run at once.
   const int running = model_plans_.fetch_add(1) + 1;
   absl::Cleanup release = [this] { model_plans_.fetch_sub(1); };
   if (running > max_model_plans_) {
     *cache_state = "busy";
+    metrics_.Refuse(Refusal::kModelPlansBusy);
     return absl::ResourceExhaustedError(
         Cat("server busy: ", max_model_plans_,
             " uncached model plans are running (moeplan-server --max-model-plans); retry later"));
   }
   // A planner per call keeps no per-thread state alive between them.
   p::ModelPlanner planner(entry->cost);
-  absl::Status s =
-      requests::AnswerPlanModel(*model, req, planner, entry->profile, resp, PlanDeadline(ctx));
-  if (s.ok()) s = CheckDeadline(ctx);
-  if (s.ok()) s = CheckSize(*resp);
-  if (!s.ok()) {
-    resp->Clear();
-    return s;
-  }
-  cache_.Put(key, *resp);
-  return absl::OkStatus();
+  v1::PlanModelResponse resp;
+  MOEPLAN_RETURN_IF_ERROR(
+      requests::AnswerPlanModel(*model, req, planner, entry->profile, &resp, PlanDeadline(ctx)));
+  MOEPLAN_RETURN_IF_ERROR(CheckDeadline(ctx));
+  return Keep(key, resp);
 }
 
-absl::Status Handlers::Impl::DoPlanLayer(const CallContext& ctx, const v1::PlanLayerRequest& req,
-                                         v1::PlanLayerResponse* resp, std::string_view* cache_state,
-                                         std::string* profile_name) {
+absl::StatusOr<PlanCache::Value> Handlers::Impl::DoPlanLayer(const CallContext& ctx,
+                                                             const v1::PlanLayerRequest& req,
+                                                             std::string_view* cache_state,
+                                                             std::string* profile_name) {
   MOEPLAN_RETURN_IF_ERROR(CheckDeadline(ctx));
   std::string inline_bytes;
   MOEPLAN_ASSIGN_OR_RETURN(std::shared_ptr<const ProfileEntry> entry,
@@ -337,31 +407,38 @@ absl::Status Handlers::Impl::DoPlanLayer(const CallContext& ctx, const v1::PlanL
   const std::string key = PlanCacheKey(
       entry->message.name(), entry->message.version(),
       Cat("layer", std::string_view("\0", 1), canonical.SerializeAsString(), inline_bytes));
-  if (cache_.GetInto(key, resp)) {
+  if (PlanCache::Value hit = cache_.Get(key)) {
     *cache_state = "hit";
-    return absl::OkStatus();
+    return hit;
   }
   *cache_state = "miss";
   thread_local ThreadPlanner tls;
-  absl::Status s =
-      inline_bytes.empty()
-          ? requests::AnswerPlanLayer(*layer, canonical, tls.For(entry), entry->profile, resp)
-          : [&] {
-              p::LayerPlanner planner(entry->cost);
-              return requests::AnswerPlanLayer(*layer, canonical, planner, entry->profile, resp);
-            }();
-  if (s.ok()) s = CheckSize(*resp);
-  if (!s.ok()) {
-    resp->Clear();
-    return s;
+  v1::PlanLayerResponse resp;
+  if (inline_bytes.empty()) {
+    MOEPLAN_RETURN_IF_ERROR(
+        requests::AnswerPlanLayer(*layer, canonical, tls.For(entry), entry->profile, &resp));
+  } else {
+    p::LayerPlanner planner(entry->cost);
+    MOEPLAN_RETURN_IF_ERROR(
+        requests::AnswerPlanLayer(*layer, canonical, planner, entry->profile, &resp));
   }
-  cache_.Put(key, *resp);
-  return absl::OkStatus();
+  return Keep(key, resp);
+}
+
+absl::StatusOr<PlanCache::Value> Handlers::Impl::Keep(const std::string& key,
+                                                      const google::protobuf::Message& resp) {
+  MOEPLAN_RETURN_IF_ERROR(CheckSize(resp));
+  PlanCache::Value bytes = SerializeDeterministic(resp);
+  if (bytes == nullptr) return absl::InternalError("response: does not serialise");
+  cache_.Put(key, bytes);
+  return bytes;
 }
 
 Handlers::Handlers(ProfileStore* store, PlanCache* cache, const HandlerOptions& options)
     : options_(options), impl_(std::make_unique<Impl>(store, cache, options)) {}
 Handlers::~Handlers() = default;
+
+Metrics& Handlers::metrics() { return impl_->metrics(); }
 
 int Handlers::model_plans_running() const { return impl_->model_plans_running(); }
 uint64_t Handlers::background_refits() const { return impl_->background_refits(); }
@@ -371,9 +448,13 @@ absl::Status Handlers::RefitProfile(const CallContext& ctx, const v1::RefitProfi
   return impl_->RefitProfile(ctx, &req, resp);
 }
 
-bool Handlers::PlanModelCached(const CallContext& ctx, const v1::PlanModelRequest& req,
-                               v1::PlanModelResponse* resp, absl::Status* status) {
-  return impl_->PlanModelCached(ctx, &req, resp, status);
+absl::Status Handlers::PlanLayerBytes(const CallContext& ctx, std::string_view request,
+                                      PlanCache::Value* response) {
+  return impl_->PlanLayerBytes(ctx, request, response);
+}
+absl::Status Handlers::PlanModelBytes(const CallContext& ctx, std::string_view request,
+                                      bool plan_miss, PlanCache::Value* response) {
+  return impl_->PlanModelBytes(ctx, request, plan_miss, response);
 }
 
 absl::Status Handlers::PlanLayer(const CallContext& ctx, const v1::PlanLayerRequest& req,

@@ -31,6 +31,7 @@
 #include "moeplan/planner/model_planner.h"
 #include "moeplan/planner/planner.h"
 #include "moeplan/server/handlers.h"
+#include "moeplan/server/metrics.h"
 #include "moeplan/server/plan_cache.h"
 #include "moeplan/server/profile_store.h"
 #include "moeplan/v1/service.pb.h"
@@ -73,9 +74,12 @@ class Handlers::Impl {
                          v1::PlanLayerResponse* resp);
   absl::Status PlanModel(const CallContext& ctx, const v1::PlanModelRequest* req,
                          v1::PlanModelResponse* resp);
-  bool PlanModelCached(const CallContext& ctx, const v1::PlanModelRequest* req,
-                       v1::PlanModelResponse* resp, absl::Status* status);
+  absl::Status PlanLayerBytes(const CallContext& ctx, std::string_view request,
+                              PlanCache::Value* response);
+  absl::Status PlanModelBytes(const CallContext& ctx, std::string_view request, bool plan_miss,
+                              PlanCache::Value* response);
   int model_plans_running() const { return model_plans_.load(); }
+  Metrics& metrics() { return metrics_; }
 
   // handlers_profiles.cc
   absl::Status ListProfiles(const CallContext& ctx, const v1::ListProfilesRequest*,
@@ -103,15 +107,20 @@ class Handlers::Impl {
   // request the limits did not foresee) fails the call, with nothing cached
   // or written, and the response is cleared.
   template <class F>
-  static auto Guard(google::protobuf::Message* resp, F&& f) -> decltype(f()) {
+  auto Guard(google::protobuf::Message* resp, F&& f) -> decltype(f()) {
     try {
       return f();
     } catch (const std::bad_alloc&) {
-      resp->Clear();
+      if (resp != nullptr) resp->Clear();
+      metrics_.Refuse(Refusal::kOutOfMemory);
       return absl::ResourceExhaustedError(
           "the server ran out of memory answering this request; nothing was cached or stored");
     }
   }
+
+  // An answered call: counted in the metrics and logged.
+  void Done(Method m, const absl::Status& s, internal::Clock::time_point start,
+            std::string_view cache, std::string_view profile);
 
   // A response the client could not receive is refused, and never cached.
   absl::Status CheckSize(const google::protobuf::Message& resp) const;
@@ -134,13 +143,28 @@ class Handlers::Impl {
                                                                      std::string* profile_name,
                                                                      std::string* inline_bytes);
 
-  // `defer` set: a miss returns OK at once with *defer true, planning nothing.
-  absl::Status DoPlanModel(const CallContext& ctx, const v1::PlanModelRequest& req,
-                           v1::PlanModelResponse* resp, std::string_view* cache_state,
-                           std::string* profile_name, bool* defer = nullptr);
-  absl::Status DoPlanLayer(const CallContext& ctx, const v1::PlanLayerRequest& req,
-                           v1::PlanLayerResponse* resp, std::string_view* cache_state,
-                           std::string* profile_name);
+  // The serialised response, from the cache or planned and cached. `defer`
+  // set: a miss returns null at once, planning nothing.
+  absl::StatusOr<PlanCache::Value> DoPlanModel(const CallContext& ctx,
+                                               const v1::PlanModelRequest& req,
+                                               std::string_view* cache_state,
+                                               std::string* profile_name, bool defer = false);
+  absl::StatusOr<PlanCache::Value> DoPlanLayer(const CallContext& ctx,
+                                               const v1::PlanLayerRequest& req,
+                                               std::string_view* cache_state,
+                                               std::string* profile_name);
+  // Checks a planned response's size, serialises it and caches it under `key`.
+  absl::StatusOr<PlanCache::Value> Keep(const std::string& key,
+                                        const google::protobuf::Message& resp);
+  // A plan RPC on a typed request: `plan` (a Do* above) into `resp`.
+  template <class Response, class Plan>
+  absl::Status PlanTyped(const CallContext& ctx, Method m, Response* resp, Plan plan);
+  // A plan RPC on serialised bytes: the first-level cache by the raw bytes,
+  // then the request parsed and `plan` (a Do* above); a planned response is
+  // kept under the raw bytes too.
+  template <class Request, class Plan>
+  absl::Status PlanBytes(const CallContext& ctx, Method m, std::string_view request,
+                         PlanCache::Value* response, Plan plan);
 
   // --- Measurements and refits (handlers_profiles.cc) ---
 
@@ -184,6 +208,8 @@ class Handlers::Impl {
   const int max_model_plans_;
   std::atomic<int> model_plans_{0};
   internal::RequestLog log_;
+  // Counted by const checks too (CheckSize): atomics, safe to count from any thread.
+  mutable Metrics metrics_;
   std::mutex refit_mu_;  // one refit at a time
   std::mutex queue_mu_;  // guards queue_ and stopping_
   std::condition_variable queue_cv_;

@@ -49,7 +49,7 @@ absl::Status Handlers::Impl::ListProfiles(const CallContext& ctx, const v1::List
       p->set_comment(e->message.comment());
     }
   }
-  log_.Log("ListProfiles", s, start, "-", "");
+  Done(Method::kListProfiles, s, start, "-", "");
   return s;
 }
 
@@ -65,7 +65,7 @@ absl::Status Handlers::Impl::GetProfile(const CallContext& ctx, const v1::GetPro
   } else {
     s = UnknownProfile("name", req->name());
   }
-  log_.Log("GetProfile", s, start, "-", req->name());
+  Done(Method::kGetProfile, s, start, "-", req->name());
   return s;
 }
 
@@ -87,7 +87,7 @@ absl::Status Handlers::Impl::PutProfile(const CallContext& ctx, const v1::PutPro
       s = Under("profile.", e.status());
     }
   }
-  log_.Log("PutProfile", s, start, "-", req->profile().name());
+  Done(Method::kPutProfile, s, start, "-", req->profile().name());
   return s;
 }
 
@@ -97,7 +97,8 @@ absl::Status Handlers::Impl::ReportMeasurement(const CallContext& ctx,
   const auto start = Clock::now();
   absl::Status s = Authorize(ctx, "ReportMeasurement", true);
   if (s.ok()) s = Guard(resp, [&] { return DoReport(ctx, *req, resp); });
-  log_.Log("ReportMeasurement", s, start, "-", req->profile_name());
+  if (s.ok()) metrics_.MeasurementStored();
+  Done(Method::kReportMeasurement, s, start, "-", req->profile_name());
   if (s.ok() && options_.refit_every > 0 && resp->stored() % options_.refit_every == 0) {
     {
       std::lock_guard<std::mutex> lock(queue_mu_);
@@ -117,7 +118,8 @@ absl::Status Handlers::Impl::RefitProfile(const CallContext& ctx,
     s = Guard(resp,
               [&] { return DoRefit(req->profile_name(), "RefitProfile on moeplan-server", resp); });
   }
-  log_.Log("RefitProfile", s, start, "-", req->profile_name());
+  if (s.code() != absl::StatusCode::kUnauthenticated) metrics_.Refit(/*background=*/false, s.ok());
+  Done(Method::kRefitProfile, s, start, "-", req->profile_name());
   return s;
 }
 
@@ -356,6 +358,7 @@ void Handlers::Impl::RefitLoop() {
     absl::Status s =
         DoRefit(name, Cat("moeplan-server --refit-every ", options_.refit_every), &resp);
     (s.ok() ? background_refits_ : background_refit_failures_).fetch_add(1);
+    metrics_.Refit(/*background=*/true, s.ok());
     log_.Log("RefitProfile(background)", s, start, "-", name);
   }
 }

@@ -56,6 +56,11 @@ void AddServingOptions(CLI::App& app, Flags* f) {
       ->check(moeplan::flags::NonEmpty());
   app.add_flag("--token-for-reads", options.token_for_reads,
                "Require the token for every RPC, reads included");
+  app.add_option("--metrics", options.metrics_listen,
+                 "host:port to serve Prometheus metrics on (GET /metrics; port 0: any free port), "
+                 "on --listen's rules: loopback unless --allow-public, HTTPS with --tls-cert, the "
+                 "token with --token-for-reads")
+      ->check(moeplan::flags::NonEmpty());
   app.add_option("--data-dir", options.data_dir, "Directory for stored profiles and measurements")
       ->required()
       ->check(moeplan::flags::NonEmpty());
@@ -151,6 +156,9 @@ int Serve(const server::ServerOptions& options, int drain_ms) {
   }
   fmt::print(stderr, "moeplan-server: {} stored profile(s) loaded from {}\n", report.loaded.size(),
              options.data_dir);
+  if (!(*srv)->metrics_url().empty()) {
+    fmt::print(stderr, "moeplan-server: metrics at {}\n", (*srv)->metrics_url());
+  }
   // The one line on stdout: scripts wait for it to know the port.
   fmt::print("moeplan-server listening on {}\n", (*srv)->address());
   std::fflush(stdout);
@@ -195,6 +203,7 @@ int main(int argc, char** argv) {
   TuneAllocator();
   Flags flags;
   CLI::App app{"moeplan-server: the moeplan planner over gRPC (moeplan.v1.Planner)"};
+  app.set_version_flag("--version", "moeplan-server " MOEPLAN_VERSION);
   AddServingOptions(app, &flags);
   AddLimitOptions(app, &flags);
   app.failure_message([](const CLI::App*, const CLI::Error& e) {

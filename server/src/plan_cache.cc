@@ -3,6 +3,8 @@
 #include <google/protobuf/io/coded_stream.h>
 #include <google/protobuf/io/zero_copy_stream_impl_lite.h>
 
+#include <iterator>
+
 #include "moeplan/base/strings.h"
 
 namespace moeplan::server {
@@ -32,6 +34,18 @@ PlanCache::Value PlanCache::Get(const std::string& key) {
   return it->second->value;
 }
 
+PlanCache::Value PlanCache::GetRaw(std::string_view raw_key, std::string* profile) {
+  if (capacity_ == 0) return nullptr;
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = raw_index_.find(raw_key);
+  if (it == raw_index_.end()) return nullptr;  // the canonical level counts the miss
+  ++hits_;
+  ++raw_hits_;
+  lru_.splice(lru_.begin(), lru_, it->second);
+  if (profile != nullptr) *profile = it->second->profile;
+  return it->second->value;
+}
+
 size_t PlanCache::EntryBytes(size_t key_bytes, size_t value_bytes) {
   // The list node (an Entry and two links), the index slot, the shared
   // string's control block; small next to any response, but counted.
@@ -48,58 +62,76 @@ bool PlanCache::GetInto(const std::string& key, google::protobuf::Message* respo
   return false;
 }
 
-void PlanCache::Put(const std::string& key, const google::protobuf::Message& response) {
-  if (capacity_ == 0 || capacity_bytes_ == 0) return;
+PlanCache::Value SerializeDeterministic(const google::protobuf::Message& message) {
   std::string bytes;
   {
     google::protobuf::io::StringOutputStream out(&bytes);
     google::protobuf::io::CodedOutputStream coded(&out);
     coded.SetSerializationDeterministic(true);
-    if (!response.SerializeToCodedStream(&coded)) return;
+    if (!message.SerializeToCodedStream(&coded)) return nullptr;
   }
   bytes.shrink_to_fit();  // hold what is counted, not the growth slack
-  Put(key, std::make_shared<const std::string>(std::move(bytes)));
+  return std::make_shared<const std::string>(std::move(bytes));
+}
+
+void PlanCache::Put(const std::string& key, const google::protobuf::Message& response) {
+  if (capacity_ == 0 || capacity_bytes_ == 0) return;
+  Put(key, SerializeDeterministic(response));
 }
 
 void PlanCache::Put(const std::string& key, Value value) {
   if (capacity_ == 0 || capacity_bytes_ == 0 || value == nullptr) return;
-  const size_t bytes = EntryBytes(key.size(), value->size());
+  // PlanCacheKey starts with the profile's name.
+  const std::string_view profile = std::string_view(key).substr(0, key.find('\0'));
   std::lock_guard<std::mutex> lock(mu_);
-  if (auto it = index_.find(std::string_view(key)); it != index_.end()) {
-    const auto node = it->second;
-    index_.erase(it);
-    bytes_ -= node->bytes;
-    lru_.erase(node);
-  }
-  if (bytes > capacity_bytes_) return;  // would evict everything and still not fit
-  lru_.push_front(Entry{key, std::move(value), bytes});
-  index_.emplace(std::string_view(lru_.front().key), lru_.begin());
-  bytes_ += bytes;
+  InsertLocked(Entry{key, std::string(profile), std::move(value), 0, false});
+}
+
+void PlanCache::PutRaw(std::string_view raw_key, Value value, std::string_view profile,
+                       uint64_t generation) {
+  if (capacity_ == 0 || capacity_bytes_ == 0 || value == nullptr) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (generation != generation_) return;  // planned before a profile changed
+  InsertLocked(Entry{std::string(raw_key), std::string(profile), std::move(value), 0, true});
+}
+
+void PlanCache::InsertLocked(Entry entry) {
+  Index& index = IndexOf(entry);
+  if (auto it = index.find(std::string_view(entry.key)); it != index.end()) EraseLocked(it->second);
+  // The profile's name is held too; a raw entry's value is often a canonical
+  // entry's as well, and is counted at both (the bound stays an upper bound).
+  entry.bytes = EntryBytes(entry.key.size() + entry.profile.size(), entry.value->size());
+  if (entry.bytes > capacity_bytes_) return;  // would evict everything and still not fit
+  bytes_ += entry.bytes;
+  lru_.push_front(std::move(entry));
+  index.emplace(std::string_view(lru_.front().key), lru_.begin());
   EvictLocked();
+}
+
+void PlanCache::EraseLocked(std::list<Entry>::iterator node) {
+  IndexOf(*node).erase(std::string_view(node->key));
+  bytes_ -= node->bytes;
+  lru_.erase(node);
 }
 
 void PlanCache::EvictLocked() {
   while (lru_.size() > capacity_ || bytes_ > capacity_bytes_) {
-    bytes_ -= lru_.back().bytes;
-    index_.erase(std::string_view(lru_.back().key));
-    lru_.pop_back();
+    EraseLocked(std::prev(lru_.end()));
+    ++evictions_;
   }
 }
 
 size_t PlanCache::EraseProfile(std::string_view profile_name) {
   std::lock_guard<std::mutex> lock(mu_);
+  ++generation_;
   size_t erased = 0;
   for (auto it = lru_.begin(); it != lru_.end();) {
-    const std::string& k = it->key;
-    if (k.size() > profile_name.size() && k.compare(0, profile_name.size(), profile_name) == 0 &&
-        k[profile_name.size()] == '\0') {
-      index_.erase(std::string_view(k));
-      bytes_ -= it->bytes;
-      it = lru_.erase(it);
+    const auto next = std::next(it);
+    if (it->profile == profile_name) {
+      EraseLocked(it);
       ++erased;
-    } else {
-      ++it;
     }
+    it = next;
   }
   return erased;
 }
@@ -116,9 +148,21 @@ uint64_t PlanCache::hits() const {
   std::lock_guard<std::mutex> lock(mu_);
   return hits_;
 }
+uint64_t PlanCache::raw_hits() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return raw_hits_;
+}
 uint64_t PlanCache::misses() const {
   std::lock_guard<std::mutex> lock(mu_);
   return misses_;
+}
+uint64_t PlanCache::evictions() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return evictions_;
+}
+uint64_t PlanCache::generation() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return generation_;
 }
 
 }  // namespace moeplan::server

@@ -1,9 +1,10 @@
 // The gRPC translation unit of the server: the Planner service, health,
 // reflection, start and shutdown. The handlers (handlers.h, no gRPC) are shared
-// by two thin adapters: the callback API (default; handlers answer inline on gRPC's
-// own pool: a cached plan is a copy, an uncached one ~10 us of planning) and the
-// synchronous API, used when --threads caps the handler threads (gRPC 1.51's
-// resource quota bounds only the synchronous server's threads).
+// by two thin adapters: the callback API (default; handlers answer inline on
+// gRPC's own pool: a cached plan is its cached bytes sent as they are, an
+// uncached one ~10 us of planning) and the synchronous API, used when --threads
+// caps the handler threads (gRPC 1.51's resource quota bounds only the
+// synchronous server's threads).
 #include "moeplan/server/server.h"
 
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
@@ -20,6 +21,7 @@
 #include <thread>
 #include <vector>
 
+#include "metrics_endpoint.h"
 #include "moeplan/base/status.h"
 #include "moeplan/base/strings.h"
 #include "moeplan/proto/json.h"
@@ -82,6 +84,10 @@ class PlanPool {
   }
   int threads() const { return static_cast<int>(threads_.size()); }
   size_t queue() const { return queue_; }
+  int waiting() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return static_cast<int>(jobs_.size());
+  }
 
  private:
   void Work() {
@@ -105,27 +111,91 @@ class PlanPool {
   std::vector<std::thread> threads_;
 };
 
+// A request's bytes as gRPC received them: a view of its one slice (the usual
+// case: no copy), or its slices joined.
+class RequestBytes {
+ public:
+  explicit RequestBytes(const grpc::ByteBuffer& buffer) {
+    ok_ = buffer.Dump(&slices_).ok();
+    if (slices_.size() == 1) {
+      bytes_ =
+          std::string_view(reinterpret_cast<const char*>(slices_[0].begin()), slices_[0].size());
+      return;
+    }
+    for (const grpc::Slice& s : slices_) {
+      joined_.append(reinterpret_cast<const char*>(s.begin()), s.size());
+    }
+    bytes_ = joined_;
+  }
+  bool ok() const { return ok_; }
+  std::string_view bytes() const { return bytes_; }
+
+ private:
+  bool ok_ = false;
+  std::vector<grpc::Slice> slices_;
+  std::string joined_;
+  std::string_view bytes_;
+};
+
+// A cached response sent as it is: the slice holds a reference to the cache's
+// bytes (released when gRPC is done with them), copying and serialising nothing.
+void SendBytes(const PlanCache::Value& value, grpc::ByteBuffer* out) {
+  auto* held = new PlanCache::Value(value);
+  grpc::Slice slice(
+      const_cast<char*>((*held)->data()), (*held)->size(),
+      [](void* p) { delete static_cast<PlanCache::Value*>(p); }, held);
+  grpc::ByteBuffer buffer(&slice, 1);
+  out->Swap(&buffer);
+}
+
+absl::Status Unreadable() { return absl::InternalError("the request's bytes could not be read"); }
+
 // The callback API: handlers run inline on gRPC's pool and finish at once,
-// except uncached whole-model plans, which run on the PlanPool.
-class CallbackPlanner final : public v1::Planner::CallbackService {
+// except uncached whole-model plans, which run on the PlanPool. The plan RPCs
+// take and send bytes (gRPC's raw callback methods): a repeated request is
+// answered from the bytes cached for its bytes, as cheaply as gRPC's own
+// empty health Check (docs/service.md "Plan cache").
+using CallbackBase = v1::Planner::WithRawCallbackMethod_PlanLayer<
+    v1::Planner::WithRawCallbackMethod_PlanModel<v1::Planner::CallbackService>>;
+class CallbackPlanner final : public CallbackBase {
  public:
   CallbackPlanner(Handlers* core, PlanPool* pool) : core_(*core), pool_(*pool) {}
-  grpc::ServerUnaryReactor* PlanLayer(grpc::CallbackServerContext* ctx,
-                                      const v1::PlanLayerRequest* req,
-                                      v1::PlanLayerResponse* resp) override {
-    return Finish(ctx, core_.PlanLayer(GrpcCall(ctx), *req, resp));
+  grpc::ServerUnaryReactor* PlanLayer(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* req,
+                                      grpc::ByteBuffer* resp) override {
+    const RequestBytes bytes(*req);
+    if (!bytes.ok()) return Finish(ctx, Unreadable());
+    PlanCache::Value out;
+    const absl::Status s = core_.PlanLayerBytes(GrpcCall(ctx), bytes.bytes(), &out);
+    if (s.ok()) SendBytes(out, resp);
+    return Finish(ctx, s);
   }
-  grpc::ServerUnaryReactor* PlanModel(grpc::CallbackServerContext* ctx,
-                                      const v1::PlanModelRequest* req,
-                                      v1::PlanModelResponse* resp) override {
+  grpc::ServerUnaryReactor* PlanModel(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* req,
+                                      grpc::ByteBuffer* resp) override {
     absl::Status s;
-    if (core_.PlanModelCached(GrpcCall(ctx), *req, resp, &s)) return Finish(ctx, s);
+    {
+      const RequestBytes bytes(*req);
+      if (!bytes.ok()) return Finish(ctx, Unreadable());
+      PlanCache::Value out;
+      s = core_.PlanModelBytes(GrpcCall(ctx), bytes.bytes(), /*plan_miss=*/false, &out);
+      if (!s.ok() || out != nullptr) {
+        if (s.ok()) SendBytes(out, resp);
+        return Finish(ctx, s);
+      }
+    }
     grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
     // ctx, req and resp live until the reactor finishes.
     const bool queued = pool_.Submit([this, ctx, req, resp, reactor] {
-      reactor->Finish(ToGrpc(core_.PlanModel(GrpcCall(ctx), *req, resp)));
+      const RequestBytes bytes(*req);
+      PlanCache::Value out;
+      absl::Status planned = bytes.ok()
+                                 ? core_.PlanModelBytes(GrpcCall(ctx), bytes.bytes(), true, &out)
+                                 : Unreadable();
+      if (planned.ok()) SendBytes(out, resp);
+      reactor->Finish(ToGrpc(planned));
     });
     if (!queued) {
+      core_.metrics().Refuse(Refusal::kModelPlansBusy);
+      core_.metrics().Request(Method::kPlanModel, absl::StatusCode::kResourceExhausted, {});
       reactor->Finish(ToGrpc(absl::ResourceExhaustedError(
           Cat("server busy: ", pool_.threads(), " uncached model plans are running and ",
               pool_.queue(), " waiting (moeplan-server --max-model-plans); retry later"))));
@@ -161,6 +231,8 @@ class CallbackPlanner final : public v1::Planner::CallbackService {
       reactor->Finish(ToGrpc(core_.RefitProfile(GrpcCall(ctx), *req, resp)));
     });
     if (!queued) {
+      core_.metrics().Refuse(Refusal::kModelPlansBusy);
+      core_.metrics().Request(Method::kRefitProfile, absl::StatusCode::kResourceExhausted, {});
       reactor->Finish(ToGrpc(absl::ResourceExhaustedError(
           Cat("server busy: ", pool_.threads(), " plans are running and ", pool_.queue(),
               " waiting (moeplan-server --max-model-plans); retry later"))));
@@ -217,21 +289,22 @@ class SyncPlanner final : public v1::Planner::Service {
 
 }  // namespace
 
-absl::Status CheckListenAddress(const std::string& listen, bool allow_public) {
+absl::Status CheckListenAddress(const std::string& listen, bool allow_public,
+                                std::string_view flag) {
   if (listen.rfind("unix:", 0) == 0) return absl::OkStatus();
   const size_t colon = listen.rfind(':');
   if (colon == std::string::npos || colon + 1 == listen.size()) {
-    return Invalid(Cat("--listen: must be host:port or unix:PATH (got '", listen, "')"));
+    return Invalid(Cat(flag, ": must be host:port or unix:PATH (got '", listen, "')"));
   }
   const std::string port = listen.substr(colon + 1);
   if (port.find_first_not_of("0123456789") != std::string::npos || port.size() > 5 ||
       std::stoi(port) > 65535) {
-    return Invalid(Cat("--listen: port must be 0..65535 (got '", port, "')"));
+    return Invalid(Cat(flag, ": port must be 0..65535 (got '", port, "')"));
   }
   const std::string host = listen.substr(0, colon);
   const bool loopback = host.rfind("127.", 0) == 0 || host == "localhost" || host == "[::1]";
   if (!loopback && !allow_public) {
-    return Invalid(Cat("--listen: '", host,
+    return Invalid(Cat(flag, ": '", host,
                        "' is not a loopback address; pass --allow-public to serve beyond this "
                        "machine"));
   }
@@ -244,7 +317,14 @@ struct PlannerServer::Impl {
   std::unique_ptr<grpc::Service> service;
   std::unique_ptr<grpc::Server> server;
   std::once_flag shutdown_once;
+  // Reads the others when scraped: stopped first.
+  std::unique_ptr<MetricsEndpoint> metrics;
 };
+
+const std::string& PlannerServer::metrics_url() const {
+  static const std::string kNone;
+  return impl_->metrics ? impl_->metrics->url() : kNone;
+}
 
 namespace {
 
@@ -363,7 +443,35 @@ absl::StatusOr<std::unique_ptr<PlannerServer>> PlannerServer::Start(
   out->address_ = options.listen.rfind("unix:", 0) == 0
                       ? options.listen
                       : Cat(options.listen.substr(0, options.listen.rfind(':')), ":", out->port_);
+  if (!options.metrics_listen.empty()) {
+    MOEPLAN_RETURN_IF_ERROR(out->StartMetrics(options, handler_options));
+  }
   return out;
+}
+
+absl::Status PlannerServer::StartMetrics(const ServerOptions& options,
+                                         const HandlerOptions& handlers) {
+  MetricsEndpointOptions m;
+  m.listen = options.metrics_listen;
+  m.allow_public = options.allow_public;
+  m.tls_cert_file = options.tls_cert_file;
+  m.tls_key_file = options.tls_key_file;
+  if (options.token_for_reads) m.token = handlers.token;
+  MetricsSources sources;
+  sources.cache = cache_.get();
+  sources.store = store_.get();
+  Handlers* core = impl_->core.get();
+  sources.model_plans_running = [core] { return core->model_plans_running(); };
+  if (PlanPool* pool = impl_->pool.get()) {
+    sources.model_plans_queued = [pool] { return pool->waiting(); };
+  }
+  sources.max_model_plans =
+      handlers.max_model_plans > 0
+          ? handlers.max_model_plans
+          : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  auto render = [core, sources = std::move(sources)] { return core->metrics().Render(sources); };
+  MOEPLAN_ASSIGN_OR_RETURN(impl_->metrics, MetricsEndpoint::Start(m, std::move(render)));
+  return absl::OkStatus();
 }
 
 PlannerServer::~PlannerServer() {

@@ -23,7 +23,8 @@ v1::LayerConfig Response(size_t bytes, char fill = 'x') {
 
 // What an entry of `Response(bytes)` under `key` counts.
 size_t Counted(const std::string& key, size_t bytes) {
-  return PlanCache::EntryBytes(key.size(), Response(bytes).ByteSizeLong());
+  // The key, and the profile's name (the key's first part), held apart.
+  return PlanCache::EntryBytes(key.size() + key.find('\0'), Response(bytes).ByteSizeLong());
 }
 
 std::string Key(std::string_view profile, uint32_t version, std::string_view request) {
@@ -99,6 +100,42 @@ TEST(PlanCache, ANewProfileVersionNeverHitsAndEraseProfileDropsOnlyThatProfile) 
   EXPECT_NE(cache.Get(Key("q", 1, "a")), nullptr);
   EXPECT_EQ(cache.size(), 2u);
   EXPECT_EQ(cache.bytes(), Counted(Key("p2", 1, "a"), 10) + Counted(Key("q", 1, "a"), 10));
+}
+
+// The first level: raw request bytes. Its entries share the LRU order and the
+// bounds, go with their profile, and are never confused with canonical keys.
+TEST(PlanCache, RawEntriesGoWithTheirProfileAndRefuseAStaleGeneration) {
+  PlanCache cache(3);
+  const PlanCache::Value a = std::make_shared<const std::string>("response a");
+  const uint64_t g0 = cache.generation();
+  cache.PutRaw("L raw-a", a, "p", g0);
+  cache.PutRaw("L raw-b", a, "q", g0);
+  std::string profile;
+  ASSERT_EQ(cache.GetRaw("L raw-a", &profile), a);  // the same bytes, not a copy
+  EXPECT_EQ(profile, "p");
+  EXPECT_EQ(cache.Get("L raw-a"), nullptr);  // raw keys are not canonical ones
+  EXPECT_EQ(cache.GetRaw(Key("p", 1, "x")), nullptr);
+  EXPECT_EQ(cache.hits(), 1u);
+  EXPECT_EQ(cache.misses(), 1u);  // only the canonical level counts misses
+
+  // A profile changes: its raw entries go, and a plan begun before the change
+  // (holding the old generation) is not kept under a raw key.
+  cache.Put(Key("p", 1, "x"), Response(10));
+  EXPECT_EQ(cache.EraseProfile("p"), 2u);
+  EXPECT_EQ(cache.GetRaw("L raw-a"), nullptr);
+  EXPECT_NE(cache.GetRaw("L raw-b"), nullptr);
+  EXPECT_GT(cache.generation(), g0);
+  cache.PutRaw("L raw-a", a, "p", g0);
+  EXPECT_EQ(cache.GetRaw("L raw-a"), nullptr);
+  cache.PutRaw("L raw-a", a, "p", cache.generation());
+  EXPECT_EQ(cache.GetRaw("L raw-a"), a);
+
+  // Both levels count against the one bound: the least recent goes.
+  cache.Put(Key("q", 1, "y"), Response(10));
+  cache.Put(Key("q", 1, "z"), Response(10));  // four entries: evicts raw-b
+  EXPECT_EQ(cache.GetRaw("L raw-b"), nullptr);
+  EXPECT_EQ(cache.size(), 3u);
+  EXPECT_EQ(cache.evictions(), 1u);
 }
 
 // The byte bound is what the cache holds. A response of many small messages

@@ -25,6 +25,7 @@
 #include "moeplan/proto/convert.h"
 #include "moeplan/proto/json.h"
 #include "moeplan/requests/answer.h"
+#include "tls_fixture.h"
 
 namespace moeplan::server {
 namespace {
@@ -164,6 +165,18 @@ TEST_F(ServerTest, EquivalentRequestsShareACacheEntry) {
   absl::StatusOr<v1::PlanLayerResponse> rb = client_->PlanLayer(b);
   ASSERT_TRUE(rb.ok());
   EXPECT_EQ(server_->cache().hits(), 1u);
+  EXPECT_EQ(server_->cache().raw_hits(), 0u) << "b's bytes differ from a's";
+  // a again: found by its canonical key, and from then on by its bytes, the
+  // same response each time.
+  absl::StatusOr<v1::PlanLayerResponse> ra = client_->PlanLayer(a);
+  ASSERT_TRUE(ra.ok());
+  EXPECT_EQ(server_->cache().raw_hits(), 0u);
+  absl::StatusOr<v1::PlanLayerResponse> ra2 = client_->PlanLayer(a);
+  ASSERT_TRUE(ra2.ok());
+  EXPECT_EQ(server_->cache().raw_hits(), 1u);
+  EXPECT_EQ(server_->cache().hits(), 3u);
+  EXPECT_EQ(ra->SerializeAsString(), rb->SerializeAsString());
+  EXPECT_EQ(ra2->SerializeAsString(), rb->SerializeAsString());
   // A different layer misses; asking for the timeline is a different answer too.
   v1::PlanLayerRequest c = a;
   c.mutable_layer()->set_batch_size(16);
@@ -172,7 +185,9 @@ TEST_F(ServerTest, EquivalentRequestsShareACacheEntry) {
   d.set_include_timeline(true);
   ASSERT_TRUE(client_->PlanLayer(d).ok());
   EXPECT_EQ(server_->cache().misses(), 3u);
-  EXPECT_EQ(server_->cache().size(), 3u);
+  // Three plans under their canonical keys; the bytes of a and b, the two asked
+  // for again (a request seen once adds no entry for its bytes).
+  EXPECT_EQ(server_->cache().size(), 3u + 2u);
 }
 
 TEST_F(ServerTest, ProfilesListGetPutAndANewVersionInvalidatesPlans) {
@@ -204,7 +219,7 @@ TEST_F(ServerTest, ProfilesListGetPutAndANewVersionInvalidatesPlans) {
   ASSERT_TRUE(v1_plan.ok());
   ASSERT_TRUE(client_->PlanLayer(req).ok());
   EXPECT_EQ(server_->cache().hits(), 1u);
-  EXPECT_EQ(server_->cache().size(), 2u);
+  EXPECT_EQ(server_->cache().size(), 3u);  // two plans; the repeated one by its bytes too
 
   // Version 2 with slower NICs: the cached plan must not be served.
   mine.set_version(2);
@@ -900,21 +915,8 @@ namespace {
 
 // TLS and the bearer token (docs/service.md "Who may write"), with a CA and
 // server certificate made for the test by tests/server/make_test_certs.sh.
-class SecureServerTest : public ::testing::Test {
+class SecureServerTest : public TlsFixture {
  protected:
-  void SetUp() override {
-    char tmpl[] = "/tmp/moeplan_tls_test.XXXXXX";
-    ASSERT_NE(mkdtemp(tmpl), nullptr);
-    dir_ = tmpl;
-    const std::string cmd =
-        Cat("bash " MOEPLAN_SOURCE_DIR "/tests/server/make_test_certs.sh ", dir_, "/certs");
-    ASSERT_EQ(std::system(cmd.c_str()), 0) << "openssl is needed (scripts/setup.sh installs it)";
-  }
-  void TearDown() override {
-    server_.reset();
-    std::filesystem::remove_all(dir_);
-  }
-  std::string Cert(const char* f) const { return Cat(dir_, "/certs/", f); }
   ServerOptions Options() const {
     ServerOptions o;
     o.listen = "127.0.0.1:0";
@@ -947,9 +949,6 @@ class SecureServerTest : public ::testing::Test {
     p.set_version(1);
     return p;
   }
-
-  std::string dir_;
-  std::unique_ptr<PlannerServer> server_;
 };
 
 TEST_F(SecureServerTest, WritesNeedTheTokenReadsDoNot) {

@@ -15,6 +15,7 @@
 #include <string_view>
 
 #include "absl/status/status.h"
+#include "moeplan/server/metrics.h"
 #include "moeplan/server/plan_cache.h"
 #include "moeplan/server/profile_store.h"
 #include "moeplan/v1/service.pb.h"
@@ -39,6 +40,11 @@ class NoDeadline final : public CallContext {
     return std::chrono::system_clock::time_point::max();
   }
 };
+
+// "Bearer <token>" with the server's token, compared in constant time (no
+// early exit on the first differing byte, nor on a shorter token).
+inline constexpr std::string_view kBearer = "Bearer ";
+bool BearerTokenMatches(std::string_view authorization, std::string_view token);
 
 struct HandlerOptions {
   // Largest response sent (and cached): gRPC's message limit on the server's
@@ -77,11 +83,20 @@ class Handlers {
                          v1::PlanLayerResponse* resp);
   absl::Status PlanModel(const CallContext& ctx, const v1::PlanModelRequest& req,
                          v1::PlanModelResponse* resp);
-  // PlanModel's cheap part: answers a cache hit or a bad request (true, with
-  // `*status`); false on a miss, which only PlanModel plans. The server runs
-  // misses on its own threads, so gRPC's stay free for cheap calls.
-  bool PlanModelCached(const CallContext& ctx, const v1::PlanModelRequest& req,
-                       v1::PlanModelResponse* resp, absl::Status* status);
+  // The plan RPCs on serialised messages, as the server receives and sends
+  // them: `request` is the request's bytes as they arrived, `*response` the
+  // cached serialisation of the response, shared and sent as it is. A request
+  // whose exact bytes were answered from the cache before is found by them (the
+  // cache's first level), parsing and serialising nothing; docs/service.md
+  // "Plan cache".
+  absl::Status PlanLayerBytes(const CallContext& ctx, std::string_view request,
+                              PlanCache::Value* response);
+  // `plan_miss` false: PlanModel's cheap part, which answers a cache hit or a
+  // bad request and, on a miss, returns OK with `*response` null and plans
+  // nothing. The server then calls again with true on its own threads, so
+  // gRPC's stay free for cheap calls.
+  absl::Status PlanModelBytes(const CallContext& ctx, std::string_view request, bool plan_miss,
+                              PlanCache::Value* response);
   absl::Status ListProfiles(const CallContext& ctx, const v1::ListProfilesRequest& req,
                             v1::ListProfilesResponse* resp);
   absl::Status GetProfile(const CallContext& ctx, const v1::GetProfileRequest& req,
@@ -102,6 +117,9 @@ class Handlers {
   const HandlerOptions& options() const { return options_; }
   // Uncached PlanModel calls running now.
   int model_plans_running() const;
+  // What the handlers count (requests, latency, refusals, stored
+  // measurements, refits); the server's --metrics endpoint renders it.
+  Metrics& metrics();
 
  private:
   class Impl;

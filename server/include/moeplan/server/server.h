@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <memory>
 #include <string>
+#include <string_view>
 
 #include "absl/status/statusor.h"
 #include "moeplan/server/handlers.h"
@@ -27,11 +28,17 @@ struct ServerOptions {
   size_t cache_entries = 10000;
   size_t cache_bytes = PlanCache::kDefaultCapacityBytes;  // keys plus serialised responses
   HandlerOptions handlers;  // limits on one request's work, the request log
+  // host:port of the Prometheus endpoint (GET /metrics; docs/service.md
+  // "Metrics"), on the gRPC port's rules: loopback unless allow_public, HTTPS
+  // with the TLS certificate, the token with token_for_reads. Empty: none.
+  std::string metrics_listen;
 };
 
 // InvalidArgument unless `listen` is host:port on a loopback host (127.0.0.0/8,
-// localhost, [::1]) or a unix: socket, or allow_public is set.
-absl::Status CheckListenAddress(const std::string& listen, bool allow_public);
+// localhost, [::1]) or a unix: socket, or allow_public is set; the message
+// names `flag`.
+absl::Status CheckListenAddress(const std::string& listen, bool allow_public,
+                                std::string_view flag = "--listen");
 
 class PlannerServer {
  public:
@@ -44,6 +51,9 @@ class PlannerServer {
   int port() const { return port_; }
   // "host:port" with the port actually bound.
   const std::string& address() const { return address_; }
+  // "http://host:port/metrics" (https with TLS) with the port bound; empty
+  // without metrics_listen.
+  const std::string& metrics_url() const;
   // Stops accepting calls, lets in-flight calls finish for up to `drain`, then
   // cancels what is left. Idempotent.
   void Shutdown(std::chrono::milliseconds drain);
@@ -56,6 +66,7 @@ class PlannerServer {
  private:
   struct Impl;
   PlannerServer() = default;
+  absl::Status StartMetrics(const ServerOptions& options, const HandlerOptions& handlers);
   std::unique_ptr<ProfileStore> store_;
   std::unique_ptr<PlanCache> cache_;
   std::unique_ptr<Impl> impl_;
