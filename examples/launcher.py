@@ -57,7 +57,8 @@ feasible layout.
 
 The generated Python stubs are looked up in --stubs DIR, else in the directories
 of $MOEPLAN_PYTHONPATH, else in build/client/python under the repository root
-(build them with `ninja -C build moeplan_python_stubs`). Run it with Debian's
+(build them with `ninja -C build moeplan_python_stubs`), else where Python finds
+an installed moeplan_client (`cmake --install`, the Debian package). Run it with Debian's
 /usr/bin/python3, which sees python3-grpcio and python3-protobuf.
 """
 
@@ -86,6 +87,13 @@ def stub_dirs(args) -> list:
 
 def import_client(dirs: list):
     found = [d for d in dirs if os.path.isfile(os.path.join(d, STUB_MARKER))]
+    if not found and dirs == [DEFAULT_STUBS]:
+        # No build tree here: the installed client (cmake --install, the .deb).
+        try:
+            import moeplan_client
+            return moeplan_client
+        except ImportError:
+            pass
     if not found:
         fail("no generated Python stubs (moeplan/v1/service_pb2_grpc.py) in "
              + ", ".join(dirs) + "; build them with `ninja -C build moeplan_python_stubs`, "

@@ -184,6 +184,7 @@ int main(int argc, char** argv) {
       "-np P, P = mp*dp ranks) and prints per-op times: median over iterations of the max over "
       "ranks, next to the planner's op names and prediction."};
   const moeplan::exec::Flags f = moeplan::exec::AddFlags(app, &a);
+  app.set_version_flag("--version", "moeplan-exec " MOEPLAN_VERSION);
   // One line naming the program, as moeplan and moeplan-server print: what
   // moeplan validate / profile-check quote as the reason a run failed.
   app.failure_message([](const CLI::App*, const CLI::Error& e) {

@@ -507,6 +507,7 @@ int main(int argc, char** argv) {
       "on the executor's own primitives. Launch with mpirun/srun, one rank per GPU or CPU slot. "
       "Writes JSON Lines (moeplan.v1.ProfileSample)."};
   moeplan::profiler::AddFlags(app, &a);
+  app.set_version_flag("--version", "moeplan-profile " MOEPLAN_VERSION);
   // One line naming the program, as moeplan and moeplan-server print: what
   // moeplan validate / profile-check quote as the reason a run failed.
   app.failure_message([](const CLI::App*, const CLI::Error& e) {
