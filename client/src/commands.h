@@ -161,7 +161,7 @@ struct ProfileCheckArgs {
   std::string launcher = "mpirun -np {ranks}";
   std::string profiler;       // moeplan-profile; empty: next to this binary, else PATH
   std::string samples;        // compare these samples instead of measuring
-  std::string out_dir = ".";  // where check.jsonl is written
+  std::string out_dir;        // where check.jsonl is kept; empty: a temporary directory, removed
   double threshold_pct = 15.0;
 };
 // Re-measures a few points (moeplan-profile --check under the launcher),

@@ -586,9 +586,12 @@ CLI::App* AddProfileCheck(CLI::App* app, ProfileCheckArgs* a) {
       ->add_option("--samples", a->samples,
                    "Compare these moeplan-profile samples instead of measuring")
       ->check(flags::NonEmpty());
-  check->add_option("--out-dir", a->out_dir, "Where check.jsonl (the samples taken) goes")
-      ->check(flags::NonEmpty())
-      ->capture_default_str();
+  check
+      ->add_option("--out-dir", a->out_dir,
+                   "Keep the samples taken here as check.jsonl (default: a temporary directory, "
+                   "removed afterwards). Where rank 0 runs on another host, give a directory on a "
+                   "shared filesystem")
+      ->check(flags::NonEmpty());
   check
       ->add_option("--threshold-pct", a->threshold_pct,
                    "A term whose median drift exceeds this (in %) makes the profile stale")

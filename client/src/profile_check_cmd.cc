@@ -2,12 +2,16 @@
 // (under a launcher, mpirun by default) and reports each cost-model term's
 // drift from a profile (calibration/profile_check.h, docs/calibration.md).
 #include <fmt/format.h>
+#include <stdlib.h>
 
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <string>
 #include <system_error>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/status/status.h"
 #include "cli_util.h"
 #include "commands.h"
@@ -25,14 +29,30 @@ absl::Status ProfileCheckCmd(const ProfileCheckArgs& a) {
     return absl::InvalidArgumentError(
         Cat("--threshold-pct: must be > 0 (got ", a.threshold_pct, ")"));
   }
-  const std::string samples_file = (std::filesystem::path(a.out_dir) / "check.jsonl").string();
+  // Without --out-dir the samples go to a temporary directory, removed when
+  // the check is done: a command writes nothing where it was not asked to.
+  std::string out_dir = a.out_dir;
+  std::error_code ec;
+  if (out_dir.empty() && a.samples.empty()) {
+    std::string tmpl =
+        (std::filesystem::temp_directory_path(ec) / "moeplan-profile-check-XXXXXX").string();
+    if (ec || mkdtemp(tmpl.data()) == nullptr) {
+      return absl::PermissionDeniedError(
+          Cat("profile-check: cannot make a temporary directory (", tmpl,
+              "); give --out-dir: ", ec ? ec.message() : std::strerror(errno)));
+    }
+    out_dir = tmpl;
+  }
+  absl::Cleanup remove_tmp = [&] {
+    if (a.out_dir.empty() && !out_dir.empty()) std::filesystem::remove_all(out_dir, ec);
+  };
+  const std::string samples_file = (std::filesystem::path(out_dir) / "check.jsonl").string();
   if (a.samples.empty()) {
     MOEPLAN_RETURN_IF_ERROR(RefuseOutputOverInput(
         {{"--out-dir", samples_file}}, {{"--profile", a.profile}, {"--profiler", a.profiler}}));
+    std::filesystem::create_directories(out_dir, ec);
+    if (ec) return absl::PermissionDeniedError(Cat("--out-dir: ", out_dir, ": ", ec.message()));
   }
-  std::error_code ec;
-  std::filesystem::create_directories(a.out_dir, ec);
-  if (ec) return absl::PermissionDeniedError(Cat("--out-dir: ", a.out_dir, ": ", ec.message()));
   if (a.samples.empty()) {
     const int ranks = a.ranks > 0 ? a.ranks : profile.nodes() * profile.gpus_per_node();
     const std::string backend =

@@ -41,6 +41,19 @@ fi
 grep -q "needs at least 3 valid points" "$TMP/check/zero.txt" ||
   bad "profile-check did not name its minimum: $(tail -3 "$TMP/check/zero.txt")"
 
+# profile-check without --out-dir writes nothing where it runs and leaves no
+# temporary directory behind (a stand-in profiler writes the samples it is told to).
+mkdir -p "$TMP/empty" "$TMP/tmpdir"
+printf '#!/bin/sh\nwhile [ $# -gt 0 ]; do\n  if [ "$1" = --out ]; then cp "%s" "$2"; fi\n  shift\ndone\n' \
+  "$SRC/calibration/profiles/measured/cpu-testbed-1x4/samples.jsonl" >"$TMP/check/fake-profiler"
+chmod +x "$TMP/check/fake-profiler"
+(cd "$TMP/empty" && TMPDIR="$TMP/tmpdir" "$CLI" profile-check --profile cpu-testbed-1x4 \
+  --profiler "$TMP/check/fake-profiler" --launcher "" >"$TMP/check/fake.txt" 2>&1)
+grep -q "drift" "$TMP/check/fake.txt" ||
+  bad "profile-check did not judge the stand-in's samples: $(tail -3 "$TMP/check/fake.txt")"
+[ -z "$(ls -A "$TMP/empty")" ] && [ -z "$(ls -A "$TMP/tmpdir")" ] ||
+  bad "profile-check left files behind: $(ls -A "$TMP/empty" "$TMP/tmpdir")"
+
 # 1. Profile.
 if ! timeout 300 mpirun -np 4 "$PROFILE_BIN" --quick --out "$TMP/samples.jsonl" 2>"$TMP/profile.err"; then
   bad "moeplan-profile failed: $(tail -5 "$TMP/profile.err")"
