@@ -448,8 +448,10 @@ TEST(PlanModelCli, TableJsonAndTrace) {
 }
 
 // Issue 35's huge search (1,024 blocks, 16,384 experts, 65,536 GPUs, up to
-// 1,024 micro-batches), a legal one that takes minutes here: stopped at
-// --max-plan-seconds with one line naming the limit, nothing on stdout.
+// 1,024 micro-batches), a legal one: stopped at --max-plan-seconds with one
+// line naming the limit, nothing on stdout. The search got faster since (1.7 s
+// in all on a 2-core build machine, where a 2 s limit let it finish): 0.1 s
+// stops it on any machine this runs on.
 TEST(PlanModelCli, ASearchPastItsTimeLimitEndsInAnError) {
   TempDir tmp;
   const std::string model = tmp.Write("huge.json", R"({
@@ -459,7 +461,7 @@ TEST(PlanModelCli, ASearchPastItsTimeLimitEndsInAnError) {
     "moe": {"layer_freq": 1, "num_experts": 16384, "top_k": 2, "expert_ffn_hidden_size": 4096,
             "capacity_factor": 1.0, "gate": "GATE_TOP_K"}})");
   CliResult r = RunCli("plan-model --model " + model +
-                       " --search --gpus 65536 --max-microbatches 1024 --max-plan-seconds 2");
+                       " --search --gpus 65536 --max-microbatches 1024 --max-plan-seconds 0.1");
   EXPECT_NE(r.exit_code, 0);
   EXPECT_EQ(r.out, "");
   EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
