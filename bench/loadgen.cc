@@ -18,8 +18,10 @@
 // cached:   every call sends the same request, so after the first the server
 //           answers from its plan cache. The request is serialised once and sent
 //           as bytes (gRPC's generic stub), and each reply is compared byte for
-//           byte with the worker's first (which is parsed and checked): the load
-//           generator's own protobuf work stays out of what is measured.
+//           byte with the last one the worker parsed and checked (a reply that
+//           differs, such as one planned after its profile changed, is parsed
+//           and checked): the load generator's own protobuf work stays out of
+//           what is measured.
 // uncached: every call carries a distinct, valid batch_size (a cyclic sequence far
 //           longer than the server's cache), so every call is planned afresh.
 // check:    the standard health service's Check (an empty unary call): gRPC's
@@ -410,7 +412,7 @@ class Worker {
     ++result_.completed_all;
     int code = static_cast<int>(s.status.error_code());
     if (code < 0 || code >= kNumCodes) code = static_cast<int>(grpc::StatusCode::UNKNOWN);
-    if (code == 0 && !check_ && !(raw_ ? SameAsFirst(s.raw_response) : Valid(*s.response))) {
+    if (code == 0 && !check_ && !(raw_ ? SameOrValid(s.raw_response) : Valid(*s.response))) {
       code = kBadResponse;
     }
     const bool measured = now >= w_.measure && now < w_.end;
@@ -427,8 +429,7 @@ class Worker {
     if (result_.first_error.empty()) {
       result_.first_error =
           fmt::format("{}: {}", CodeName(code),
-                      code == kBadResponse ? "response without candidates or best_schedule, or "
-                                             "(cached) not the bytes of the first"
+                      code == kBadResponse ? "response without candidates or best_schedule"
                                            : s.status.error_message());
     }
   }
@@ -437,35 +438,38 @@ class Worker {
     return r.candidates_size() > 0 && r.best_schedule() != v1::SCHEDULE_UNSPECIFIED;
   }
 
-  // Cached mode: the first reply is parsed and checked and its bytes kept;
-  // every later one must be those bytes.
-  bool SameAsFirst(const grpc::ByteBuffer& reply) {
+  // Cached mode: a reply with the bytes of the last one checked is good as it
+  // is; any other (the first, or one planned anew after its profile changed)
+  // is parsed and checked, and its bytes kept.
+  bool SameOrValid(const grpc::ByteBuffer& reply) {
     if (!reply.Dump(&slices_).ok()) return false;
-    if (!first_.has_value()) {
-      std::string bytes;
+    if (checked_.has_value()) {
+      size_t at = 0;
+      bool same = true;
       for (const grpc::Slice& sl : slices_) {
-        bytes.append(reinterpret_cast<const char*>(sl.begin()), sl.size());
+        if (at + sl.size() > checked_->size() ||
+            std::memcmp(checked_->data() + at, sl.begin(), sl.size()) != 0) {
+          same = false;
+          break;
+        }
+        at += sl.size();
       }
-      v1::PlanLayerResponse parsed;
-      if (!parsed.ParseFromString(bytes) || !Valid(parsed)) return false;
-      first_ = std::move(bytes);
-      return true;
+      if (same && at == checked_->size()) return true;
     }
-    size_t at = 0;
+    std::string bytes;
     for (const grpc::Slice& sl : slices_) {
-      if (at + sl.size() > first_->size() ||
-          std::memcmp(first_->data() + at, sl.begin(), sl.size()) != 0) {
-        return false;
-      }
-      at += sl.size();
+      bytes.append(reinterpret_cast<const char*>(sl.begin()), sl.size());
     }
-    return at == first_->size();
+    v1::PlanLayerResponse parsed;
+    if (!parsed.ParseFromString(bytes) || !Valid(parsed)) return false;
+    checked_ = std::move(bytes);
+    return true;
   }
 
   grpc::CompletionQueue cq_;
   std::vector<std::unique_ptr<Slot>> slots_;
   std::vector<grpc::Slice> slices_;   // reused: a reply's slices
-  std::optional<std::string> first_;  // cached mode: the first reply's bytes
+  std::optional<std::string> checked_;  // cached mode: the last reply parsed and checked
   const Config& cfg_;
   const Window& w_;
   const BatchSequence* seq_;
