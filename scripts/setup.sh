@@ -18,7 +18,7 @@ PACKAGES=(
   libfmt-dev libspdlog-dev libcli11-dev zlib1g-dev rapidjson-dev libcpp-httplib-dev
   libopenmpi-dev openmpi-bin
   python3 python3-grpcio python3-protobuf
-  gnuplot-nox iproute2 openssl prometheus
+  gnuplot-nox iproute2 openssl prometheus libjs-chart.js chromium
   mkdocs python3-pymdownx linkchecker universal-ctags
 )
 # moeplan.torch (pytorch/README.md): Debian's CPU libtorch 1.13 for

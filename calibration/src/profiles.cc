@@ -6,6 +6,7 @@
 #include <cstddef>
 
 #include "absl/strings/str_join.h"
+#include "moeplan/base/embedded.h"
 #include "moeplan/base/status.h"
 #include "moeplan/base/strings.h"
 #include "moeplan/proto/convert.h"
@@ -13,12 +14,7 @@
 
 namespace moeplan::calibration {
 namespace internal {
-struct EmbeddedFile {
-  std::string_view name;
-  std::string_view contents;
-};
-extern const EmbeddedFile kEmbeddedFiles[];
-extern const std::size_t kNumEmbeddedFiles;
+MOEPLAN_DECLARE_EMBEDDED_FILES();
 }  // namespace internal
 
 namespace {
@@ -29,7 +25,7 @@ std::string_view StemOf(std::string_view file) {
   return file.substr(0, file.size() - kJsonSuffix.size());
 }
 
-const internal::EmbeddedFile* FindBuiltin(std::string_view name) {
+const EmbeddedFile* FindBuiltin(std::string_view name) {
   for (std::size_t i = 0; i < internal::kNumEmbeddedFiles; ++i) {
     if (StemOf(internal::kEmbeddedFiles[i].name) == name) return &internal::kEmbeddedFiles[i];
   }
@@ -54,7 +50,7 @@ std::vector<std::string> BuiltinProfileNames() {
 }
 
 absl::StatusOr<v1::ClusterProfile> BuiltinProfile(std::string_view name) {
-  const internal::EmbeddedFile* f = FindBuiltin(name);
+  const EmbeddedFile* f = FindBuiltin(name);
   if (f == nullptr) {
     return absl::NotFoundError(Cat("cluster: no built-in profile named '", name, "' (built-ins: ",
                                    absl::StrJoin(BuiltinProfileNames(), ", "), ")"));

@@ -22,6 +22,7 @@ struct PlanLayerArgs {
   std::string schedules = "all";
   std::string format = "table";  // table | json
   std::string trace;             // Chrome trace to write; empty: none
+  std::string html;              // HTML report to write; empty: none
   bool no_timeline = false;
   ClientOptions server;  // address empty: plan locally
 };
@@ -71,6 +72,7 @@ struct PlanModelArgs {
   int partition_max_span = 0;
   std::string format = "table";  // table | json
   std::string trace;             // Chrome trace to write; empty: none
+  std::string html;              // HTML report to write; empty: none
   bool timeline = false;         // JSON: include every op
   ClientOptions server;          // address empty: plan locally
   // Layouts (docs/layouts.md): rank every layout, or evaluate one.
@@ -181,6 +183,7 @@ struct ValidateArgs {
   int warmup = 2;
   double skew = 0.0;  // moeplan-exec --skew (Zipf exponent of the gate bias)
   std::string out_dir = "validation";
+  std::string html;            // HTML report to write too; empty: none
   bool out_dir_given = false;  // --out-dir on the command line (--published writes only then)
   bool json = false;
   double holdout = 0.0;  // fraction of each layout's configs held out; 0: no split

@@ -73,6 +73,10 @@ CLI::App* AddPlanLayer(CLI::App* app, PlanLayerArgs* a) {
   plan->add_option("--trace", a->trace,
                    "Write a Chrome trace (open in Perfetto / chrome://tracing) to this file")
       ->check(flags::NonEmpty());
+  plan->add_option("--html", a->html,
+                   "Write a self-contained HTML report (tables, charts, the best schedule's "
+                   "timeline) to this file")
+      ->check(flags::NonEmpty());
   plan->add_flag("--no-timeline", a->no_timeline, "Leave the per-op timelines out of the output");
   AddServerOptions(plan, &a->server,
                    "Plan on a moeplan-server at host:port instead of locally (same output)");
@@ -309,6 +313,11 @@ CLI::App* AddPlanModel(CLI::App* app, PlanModelArgs* a) {
   plan->add_option("--trace", a->trace,
                    "Write a Chrome trace (one process per variant, one track per resource)")
       ->check(flags::NonEmpty());
+  plan->add_option("--html", a->html,
+                   "Write a self-contained HTML report (ranked candidates with filters, "
+                   "throughput against memory, time and memory breakdowns, launcher arguments) "
+                   "to this file")
+      ->check(flags::NonEmpty());
   plan->add_flag("--timeline", a->timeline, "Include every op's timing in the JSON output");
   AddServerOptions(plan, &a->server,
                    "Plan on a moeplan-server at host:port instead of locally (same output)");
@@ -515,6 +524,11 @@ CLI::App* AddValidate(CLI::App* app, ValidateArgs* a) {
       ->check(flags::NonEmpty())
       ->capture_default_str();
   validate->add_flag("--json", a->json, "Print the summary as JSON (moeplan.v1.ValidationSummary)");
+  validate
+      ->add_option("--html", a->html,
+                   "Also write a self-contained HTML report (predicted against measured per "
+                   "config, errors per op kind) to this file")
+      ->check(flags::NonEmpty());
   CLI::Option* replay = validate->add_flag(
       "--replay", a->replay,
       "Also replay each run's measured op durations on the plan that ran: the composition error "

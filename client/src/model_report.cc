@@ -229,9 +229,9 @@ std::string FormatLayoutTable(const v1::ModelConfig& m, const v1::PlanModelRespo
     const v1::SearchStats& s = plan.search_stats();
     fmt::format_to(w,
                    "search: {} candidates enumerated, {} pruned by memory, {} by bound, {} "
-                   "simulated ({} stages planned, {} reused)\n",
+                   "simulated ({} stages planned, {} reused) in {:.1f} ms\n",
                    s.enumerated(), s.pruned_memory(), s.pruned_bound(), s.simulated(),
-                   s.stage_plans(), s.stage_cache_hits());
+                   s.stage_plans(), s.stage_cache_hits(), s.elapsed_ms());
     if (s.over_limit() > 0) {
       fmt::format_to(w,
                      "search: {} candidates skipped: more than {} pipeline steps to simulate "

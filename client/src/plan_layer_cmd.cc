@@ -12,6 +12,7 @@
 #include "moeplan/base/status.h"
 #include "moeplan/base/strings.h"
 #include "moeplan/calibration/profiles.h"
+#include "moeplan/client/html_report.h"
 #include "moeplan/client/planner_client.h"
 #include "moeplan/client/report.h"
 #include "moeplan/planner/cost_model.h"
@@ -63,16 +64,16 @@ absl::Status PlanOnServer(const ClientOptions& server, const std::string& cluste
 }  // namespace
 
 absl::Status PlanLayerCmd(const PlanLayerArgs& a) {
-  MOEPLAN_RETURN_IF_ERROR(
-      RefuseOutputOverInput({{"--trace", a.trace}}, {{"--layer", a.layer},
-                                                     {"--cluster", a.cluster},
-                                                     {"--tls-ca", a.server.tls_ca_file},
-                                                     {"--token-file", a.server.token_file}}));
+  MOEPLAN_RETURN_IF_ERROR(RefuseOutputOverInput({{"--trace", a.trace}, {"--html", a.html}},
+                                                {{"--layer", a.layer},
+                                                 {"--cluster", a.cluster},
+                                                 {"--tls-ca", a.server.tls_ca_file},
+                                                 {"--token-file", a.server.token_file}}));
   MOEPLAN_ASSIGN_OR_RETURN(std::vector<p::Schedule> schedules, ParseSchedules(a.schedules));
   v1::PlanLayerRequest request;
   MOEPLAN_RETURN_IF_ERROR(proto::ReadJsonFile(a.layer, request.mutable_layer()));
   for (p::Schedule s : schedules) request.add_schedules(proto::ScheduleToProto(s));
-  request.set_include_timeline(!a.no_timeline || !a.trace.empty());
+  request.set_include_timeline(!a.no_timeline || !a.trace.empty() || !a.html.empty());
   v1::PlanLayerResponse response;
   v1::ClusterProfile profile_message;
   if (!a.server.address.empty()) {
@@ -114,6 +115,12 @@ absl::Status PlanLayerCmd(const PlanLayerArgs& a) {
     MOEPLAN_ASSIGN_OR_RETURN(std::string trace, proto::ToJson(BuildTrace(response), style));
     absl::Status s = proto::WriteFileAtomic(a.trace, trace + "\n");
     if (!s.ok()) return absl::Status(s.code(), Cat("--trace: ", View(s.message())));
+  }
+  if (!a.html.empty()) {
+    v1::LayerConfig named = shown;
+    named.set_name(request.layer().name());
+    MOEPLAN_ASSIGN_OR_RETURN(HtmlReport html, PlanLayerReport(named, response, profile_message));
+    MOEPLAN_RETURN_IF_ERROR(WriteHtmlReport(a.html, html));
   }
   return WriteStdout(text);
 }

@@ -17,6 +17,7 @@
 #include "moeplan/base/status.h"
 #include "moeplan/base/strings.h"
 #include "moeplan/calibration/profiles.h"
+#include "moeplan/client/html_report.h"
 #include "moeplan/client/planner_client.h"
 #include "moeplan/client/report.h"
 #include "moeplan/planner/cost_model.h"
@@ -186,11 +187,11 @@ absl::Status SearchFromFlags(const PlanModelArgs& a, v1::PlanModelRequest* reque
 }  // namespace
 
 absl::Status PlanModelCmd(const PlanModelArgs& a) {
-  MOEPLAN_RETURN_IF_ERROR(
-      RefuseOutputOverInput({{"--trace", a.trace}}, {{"--model", a.model},
-                                                     {"--cluster", a.cluster},
-                                                     {"--tls-ca", a.server.tls_ca_file},
-                                                     {"--token-file", a.server.token_file}}));
+  MOEPLAN_RETURN_IF_ERROR(RefuseOutputOverInput({{"--trace", a.trace}, {"--html", a.html}},
+                                                {{"--model", a.model},
+                                                 {"--cluster", a.cluster},
+                                                 {"--tls-ca", a.server.tls_ca_file},
+                                                 {"--token-file", a.server.token_file}}));
   v1::PlanModelRequest request;
   MOEPLAN_ASSIGN_OR_RETURN(*request.mutable_options(), OptionsFromFlags(a));
   if (a.search || !a.layout.empty()) {
@@ -265,6 +266,12 @@ absl::Status PlanModelCmd(const PlanModelArgs& a) {
     MOEPLAN_ASSIGN_OR_RETURN(std::string trace, proto::ToJson(BuildModelTrace(response), style));
     absl::Status s = proto::WriteFileAtomic(a.trace, trace + "\n");
     if (!s.ok()) return absl::Status(s.code(), Cat("--trace: ", View(s.message())));
+  }
+  if (!a.html.empty()) {
+    v1::ModelConfig named = shown;
+    named.set_name(request.model().name());
+    MOEPLAN_ASSIGN_OR_RETURN(HtmlReport html, PlanModelReport(named, response, profile_message));
+    MOEPLAN_RETURN_IF_ERROR(WriteHtmlReport(a.html, html));
   }
   return WriteStdout(text);
 }

@@ -30,6 +30,7 @@
 #include "moeplan/calibration/context_fit.h"
 #include "moeplan/calibration/profiles.h"
 #include "moeplan/calibration/validation.h"
+#include "moeplan/client/html_report.h"
 #include "moeplan/planner/cost_model.h"
 #include "moeplan/planner/planner.h"
 #include "moeplan/planner/types.h"
@@ -249,6 +250,10 @@ absl::StatusOr<Written> WriteReport(const ValidateArgs& a, const Setup& setup,
   Written written;
   written.report = (setup.dir / "report.md").string();
   MOEPLAN_RETURN_IF_ERROR(proto::WriteFileAtomic(written.report, markdown));
+  if (!a.html.empty()) {
+    MOEPLAN_ASSIGN_OR_RETURN(HtmlReport html, ValidateReport(summary));
+    MOEPLAN_RETURN_IF_ERROR(WriteHtmlReport(a.html, html));
+  }
   if (!plot_note.empty()) fmt::print(stderr, "moeplan validate: warning: {}\n", plot_note);
   if (!ctx.plot_file.empty()) written.plot = (setup.dir / ctx.plot_file).string();
   return written;

@@ -2,6 +2,7 @@
 // validate once, plan, fill the response.
 #include "moeplan/requests/answer.h"
 
+#include <chrono>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -98,7 +99,10 @@ absl::Status AnswerLayouts(const p::ModelConfig& model, const v1::PlanModelReque
   }
   MOEPLAN_ASSIGN_OR_RETURN(p::SearchOptions search, proto::SearchFromProto(request.search()));
   p::LayoutSearchResult r;
+  const auto start = std::chrono::steady_clock::now();
   MOEPLAN_RETURN_IF_ERROR(UnderRequest(lp.Search(model, search, options, memory, &r)));
+  const double elapsed_ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
   out->set_gpus(r.gpus);
   out->set_ranks(r.gpus);
   for (size_t i = 0; i < r.candidates.size(); ++i) {
@@ -113,6 +117,7 @@ absl::Status AnswerLayouts(const p::ModelConfig& model, const v1::PlanModelReque
   st->set_simulated(r.stats.simulated);
   st->set_stage_plans(r.stats.stage_plans);
   st->set_stage_cache_hits(r.stats.stage_cache_hits);
+  st->set_elapsed_ms(elapsed_ms);
   return absl::OkStatus();
 }
 

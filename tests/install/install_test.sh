@@ -58,9 +58,10 @@ check_install() {  # root: the installation's prefix (PREFIX, or ROOT/usr)
   grep -q "a100-8x8" "$out/profiles" || bad "$name: the built-in profiles are not listed"
   [[ -f $root/share/moeplan/profiles/a100-8x8.json ]] || bad "$name: profiles not installed"
   local ex="$root/share/moeplan/examples"
-  run moeplan plan-layer --layer "$ex/gpt2-moe-layer.json" >"$out/layer" 2>&1 ||
+  run moeplan plan-layer --layer "$ex/gpt2-moe-layer.json" --html "$out/layer.html" >"$out/layer" 2>&1 ||
     bad "$name: plan-layer failed: $(tail -3 "$out/layer")"
   grep -qi "best" "$out/layer" || bad "$name: plan-layer printed no plan: $(tail -3 "$out/layer")"
+  grep -q "Chart.js v" "$out/layer.html" 2>/dev/null || bad "$name: plan-layer --html wrote no report"
   run moeplan plan-model --model "$ex/models/gpt3-medium-moe.json" --cluster v100-8x8 \
     >"$out/model" 2>&1 || bad "$name: plan-model failed: $(tail -3 "$out/model")"
   grep -q "AlltoAll algorithms" "$out/model" || bad "$name: plan-model printed no plan"
@@ -80,6 +81,12 @@ check_install() {  # root: the installation's prefix (PREFIX, or ROOT/usr)
     run /usr/bin/python3 "$ex/launcher.py" --server "127.0.0.1:$port" >"$out/launcher" 2>&1 ||
       bad "$name: the launcher failed: $(tail -3 "$out/launcher")"
     grep -q "training flags:" "$out/launcher" || bad "$name: launcher: $(tail -3 "$out/launcher")"
+    # A model's layout search on the server, its time reported back.
+    run /usr/bin/python3 "$ex/launcher.py" --server "127.0.0.1:$port" --model \
+      "$ex/models/gpt3-medium-moe.json" --cluster v100-8x8 --gpus 32 --top 3 \
+      >"$out/launcher-model" 2>&1 || bad "$name: the launcher's model search failed: $(tail -3 "$out/launcher-model")"
+    grep -Eq "^search: .* in [0-9.]+ ms" "$out/launcher-model" && ! grep -q " in 0.0 ms" "$out/launcher-model" ||
+      bad "$name: the launcher's search: $(grep "^search" "$out/launcher-model")"
     run /usr/bin/python3 -c "import moeplan_client, moeplan.v1.service_pb2_grpc" ||
       bad "$name: the Python client does not import"
   fi
