@@ -156,21 +156,35 @@
     famSel.addEventListener('change', apply);
     feasSel.addEventListener('change', apply);
 
-    // Throughput against memory, with the device's memory.
+    // Throughput against memory, with the device's memory: the ranked
+    // candidates and, where the search returned them, every candidate it
+    // enumerated (simulated; bounded: no faster than plotted; over memory:
+    // not timed, on the axis).
     const limit = Math.max(0, ...cands.map(c => Number(c.m.limit_bytes || 0))) / GiB;
-    const pts = f => cands.filter(c => !!c.feasible === f)
-                          .map(c => ({x: c.memory_bytes_per_gpu / GiB, y: c.tokens_per_s_per_gpu}));
-    const ymax = Math.max(1, ...cands.map(c => c.tokens_per_s_per_gpu)) * 1.05;
-    const sets = [{label: 'feasible', data: pts(true), backgroundColor: PALETTE[0]},
-                  {label: 'infeasible', data: pts(false), backgroundColor: PALETTE[2]}];
+    const xy = c => ({x: Number(c.memory_bytes_per_gpu || 0) / GiB, y: Number(c.tokens_per_s_per_gpu || 0)});
+    const pts = f => cands.filter(c => !!c.feasible === f).map(xy);
+    const all = (data.plan.search_points || []).filter(p => p.kind !== 'skipped');
+    const ymax = Math.max(1, ...cands.map(c => c.tokens_per_s_per_gpu),
+                          ...all.map(p => Number(p.tokens_per_s_per_gpu || 0))) * 1.05;
+    const sets = [{label: 'ranked, feasible', data: pts(true), backgroundColor: PALETTE[0], pointRadius: 4},
+                  {label: 'ranked, infeasible', data: pts(false), backgroundColor: PALETTE[2], pointRadius: 4}];
+    const pointKinds = [['simulated', 'simulated', PALETTE[3]],
+                        ['bound', 'pruned by its bound (no faster)', PALETTE[9]],
+                        ['over_memory', 'over memory (not timed)', PALETTE[1]]];
+    for (const [kind, label, color] of pointKinds) {
+      const ps = all.filter(p => p.kind === kind).map(xy);
+      if (ps.length) sets.push({label: label, data: ps, backgroundColor: color, pointRadius: 2});
+    }
     if (limit > 0) {
       sets.push({label: `device memory (${num(limit, 1)} GiB)`, type: 'line', data: [{x: limit, y: 0}, {x: limit, y: ymax}],
                  borderColor: '#333', borderDash: [6, 4], pointRadius: 0, showLine: true});
     }
-    const sc = section('Throughput against memory per GPU');
+    const sc = section('Throughput against memory per GPU', all.length ?
+        `The ${cands.length} ranked candidates over all ${all.length} the search enumerated and could cost.` : '');
     chart(sc, 'chart-throughput-memory', {type: 'scatter', data: {datasets: sets},
       options: {scales: {x: {title: {display: true, text: 'GiB per GPU'}, min: 0},
-                         y: {title: {display: true, text: 'tokens/s per GPU'}, min: 0}}}}, cands.length);
+                         y: {title: {display: true, text: 'tokens/s per GPU'}, min: 0}}}},
+      cands.length + all.length, 420);
 
     const top = cands.slice(0, 10);
     const labels = top.map(c => '#' + c.rank + ' ' + (c.family || c.l.family || ''));

@@ -201,6 +201,8 @@ absl::Status PlanModelCmd(const PlanModelArgs& a) {
           "variants plan; run plan-model without them)");
     }
     MOEPLAN_RETURN_IF_ERROR(SearchFromFlags(a, &request));
+    // The report charts every candidate the search enumerated.
+    if (!a.html.empty() && a.search) request.mutable_search()->set_include_points(true);
   }
   MOEPLAN_RETURN_IF_ERROR(LoadModelFile(a.model, a.hf, request.mutable_model()));
   request.set_include_timeline(a.timeline || !a.trace.empty());
@@ -247,6 +249,7 @@ absl::Status PlanModelCmd(const PlanModelArgs& a) {
 
   // Everything is computed before anything is written: an error leaves no output.
   v1::PlanModelResponse printed = response;
+  printed.clear_search_points();  // asked for by --html, for its chart
   if (!a.timeline) {
     for (v1::VariantPlan& v : *printed.mutable_variants()) v.clear_ops();
   }

@@ -119,6 +119,7 @@ struct Pending {
   double bound = 0.0;    // refined (LayoutPlanner::Impl::Bound)
   double ubound = -1.0;  // unrefined, computed when a tie needs it (< 0: not yet)
   size_t index = 0;      // enumeration order
+  size_t point = 0;      // its SearchPoint, when the search records them
 };
 
 // The N fastest candidates simulated so far, by iteration time, equal times
@@ -239,17 +240,26 @@ std::vector<Layout> WithSequenceParallel(const ModelConfig& model, std::span<con
 
 // Whether any stage of `l` fits memory, with or without full recomputation
 // (l->recompute is left at the first that fits).
-bool FitsSomeWay(const ModelConfig& model, int64_t mbs, const MemoryOptions& mem, Layout* l) {
+// Whether `l` fits GPU memory as it is or with full recomputation (which it
+// then sets). `bytes`, when given, gets the busiest stage's memory of the way
+// that fits, or of the recomputing way when neither does (every stage is then
+// costed; without `bytes` the first stage over the limit ends a way).
+bool FitsSomeWay(const ModelConfig& model, int64_t mbs, const MemoryOptions& mem, Layout* l,
+                 double* bytes = nullptr) {
   for (bool rc : {false, true}) {
     l->recompute = rc;
     bool ok = true;
-    for (int stage = 0; stage < l->pp && ok; ++stage) {
-      ok = StageMemory(model, *l, mbs, stage,
-                       InFlightMicrobatches(l->pipeline, l->pp, l->Chunks(), l->microbatches, stage,
-                                            l->a2a_overlap),
-                       mem)
-               .fits();
+    double most = 0.0;
+    for (int stage = 0; stage < l->pp && (ok || bytes != nullptr); ++stage) {
+      const MemoryBreakdown m =
+          StageMemory(model, *l, mbs, stage,
+                      InFlightMicrobatches(l->pipeline, l->pp, l->Chunks(), l->microbatches, stage,
+                                           l->a2a_overlap),
+                      mem);
+      ok = ok && m.fits();
+      most = std::max(most, m.total);
     }
+    if (bytes != nullptr) *bytes = most;
     if (ok) return true;
   }
   return false;
@@ -313,10 +323,12 @@ class BalancedSplits {
 };
 
 // Every (layout, dispatcher, zero, pipeline, v, m, overlap, split) candidate that fits memory.
+// With `points`, every candidate is recorded there too (SearchOptions::record_points).
 absl::Status EnumerateCandidates(const ModelConfig& model, std::span<const Layout> layouts,
                                  const SearchOptions& options, const Axes& axes,
                                  const MemoryOptions& mem, const Deadline& deadline,
-                                 SearchStats* st, std::vector<Pending>* pending) {
+                                 SearchStats* st, std::vector<Pending>* pending,
+                                 std::vector<SearchPoint>* points) {
   const int64_t global = model.GlobalBatch();
   BalancedSplits balanced(model);
   // One candidate: counted, then kept if it fits the step limit and memory.
@@ -329,12 +341,17 @@ absl::Status EnumerateCandidates(const ModelConfig& model, std::span<const Layou
               " candidate layouts to enumerate; narrow search.gpus, search.families, "
               "search.pipelines, search.zero_stages or search.max_microbatches"));
     }
+    using Kind = SearchPoint::Kind;
+    double bytes = 0.0;
     if (PipelineSteps(l) > kMaxPipelineSteps) {
       ++st->over_limit;
-    } else if (!FitsSomeWay(model, mbs, mem, &l)) {
+      if (points) points->push_back({l, Kind::kSkipped, 0.0, 0.0});
+    } else if (!FitsSomeWay(model, mbs, mem, &l, points ? &bytes : nullptr)) {
       ++st->pruned_memory;
+      if (points) points->push_back({l, Kind::kOverMemory, bytes, 0.0});
     } else {
-      pending->push_back({l, mbs, 0.0, -1.0, pending->size()});
+      pending->push_back({l, mbs, 0.0, -1.0, pending->size(), points ? points->size() : 0});
+      if (points) points->push_back({l, Kind::kBound, bytes, 0.0});
     }
     return absl::OkStatus();
   };
@@ -399,9 +416,12 @@ absl::Status CheckSearchSteps(std::span<const Pending> pending) {
 // full, a candidate is first bounded again with its planned chunks' times,
 // planning them one at a time (NoFasterThan), and skipped once that bound
 // shows it cannot enter.
+// With `points`, each candidate's point gets its bound, then its simulated
+// time (the candidates skipped as over the plan memory bound: kSkipped).
 absl::Status Rank(LayoutPlanner::Impl& s, const ModelConfig& model, const SearchOptions& options,
                   const ModelPlanOptions& plan, const MemoryOptions& mem,
-                  std::vector<Pending>& pending, std::vector<LayoutCandidate>* out) {
+                  std::vector<Pending>& pending, std::vector<LayoutCandidate>* out,
+                  std::vector<SearchPoint>* points) {
   // Candidates whose stage plans would hold more than max_plan_bytes are
   // skipped before anything is built for them; if none is left, the search
   // says why rather than "no layout fits".
@@ -413,9 +433,11 @@ absl::Status Rank(LayoutPlanner::Impl& s, const ModelConfig& model, const Search
       if (over.code() != absl::StatusCode::kResourceExhausted) return over;
       ++s.stats->over_memory;
       if (first_over.ok()) first_over = over;
+      if (points) (*points)[c.point].kind = SearchPoint::Kind::kSkipped;
       continue;
     }
     MOEPLAN_ASSIGN_OR_RETURN(c.bound, s.Bound(model, c.layout, c.mbs, /*refined=*/true));
+    if (points) (*points)[c.point].iteration_us = c.bound;
     pending[kept++] = c;
   }
   pending.resize(kept);
@@ -439,6 +461,10 @@ absl::Status Rank(LayoutPlanner::Impl& s, const ModelConfig& model, const Search
     if (!options.exhaustive && ranked.Full()) {
       MOEPLAN_ASSIGN_OR_RETURN(const double bound,
                                s.NoFasterThan(model, c.layout, c.mbs, ranked.Last()));
+      if (points) {
+        double& us = (*points)[c.point].iteration_us;
+        us = std::max(us, bound);  // the tighter bound, with its chunks planned
+      }
       MOEPLAN_ASSIGN_OR_RETURN(const bool excluded, ranked.Excludes(bound, c));
       if (excluded) {
         ++s.stats->pruned_bound;
@@ -447,6 +473,12 @@ absl::Status Rank(LayoutPlanner::Impl& s, const ModelConfig& model, const Search
     }
     LayoutCandidate cand;
     MOEPLAN_RETURN_IF_ERROR(s.Run(model, c.layout, c.mbs, mem, &cand));
+    if (points) {
+      SearchPoint& p = (*points)[c.point];
+      p.kind = SearchPoint::Kind::kSimulated;
+      p.iteration_us = cand.iteration_us;
+      p.memory_bytes = cand.memory.total;
+    }
     if (!cand.feasible) continue;
     MOEPLAN_RETURN_IF_ERROR(ranked.Insert(std::move(cand), c));
   }
@@ -455,60 +487,6 @@ absl::Status Rank(LayoutPlanner::Impl& s, const ModelConfig& model, const Search
 }
 
 }  // namespace
-
-absl::Status ValidateSearchOptions(const SearchOptions& o) {
-  if (o.top < 1 || o.top > 1000) return Bad("search.top", "must be between 1 and 1000", Cat(o.top));
-  if (o.gpus < 0 || o.gpus > (1 << 20)) {
-    return Bad("search.gpus", "must be between 1 and 2^20 (0: the profile's)", Cat(o.gpus));
-  }
-  for (int z : o.zero_stages) {
-    if (z < 0 || z > 3) return Bad("search.zero_stages", "each must be 0, 1, 2 or 3", Cat(z));
-  }
-  if (o.max_microbatches < 1 || o.max_microbatches > 4096) {
-    return Bad("search.max_microbatches", "must be between 1 and 4096", Cat(o.max_microbatches));
-  }
-  for (const auto& [field, values] : {std::pair<std::string_view, const std::vector<bool>*>{
-                                          "search.sequence_parallel", &o.sequence_parallel},
-                                      {"search.a2a_overlap", &o.a2a_overlap},
-                                      {"search.balanced_pipeline", &o.balanced_pipeline}}) {
-    if (values->size() > 2 || (values->size() == 2 && (*values)[0] == (*values)[1])) {
-      return Bad(field, "each of false and true may be listed once",
-                 Cat(values->size(), " values"));
-    }
-  }
-  std::vector<Dispatcher> listed = o.dispatchers;
-  std::sort(listed.begin(), listed.end());
-  if (std::adjacent_find(listed.begin(), listed.end()) != listed.end()) {
-    return Bad("search.dispatchers", "each of alltoall, deepep and allgather may be listed once",
-               Cat(o.dispatchers.size(), " values"));
-  }
-  for (const auto& [field, list] : {std::pair<std::string_view, const std::vector<int>*>{
-                                        "search.context_parallel", &o.context_parallel},
-                                    {"search.expert_tensor_parallel", &o.expert_tensor_parallel}}) {
-    for (size_t i = 0; i < list->size(); ++i) {
-      const int d = (*list)[i];
-      if (d < 1 || d > 1024) return Bad(field, "each must be between 1 and 1024", Cat(d));
-      if (std::find(list->begin(), list->begin() + static_cast<ptrdiff_t>(i), d) !=
-          list->begin() + static_cast<ptrdiff_t>(i)) {
-        return Bad(field, "each may be listed once", Cat(d, " twice"));
-      }
-    }
-  }
-  if (!o.expert_tensor_parallel.empty() &&
-      std::find(o.sequence_parallel.begin(), o.sequence_parallel.end(), true) ==
-          o.sequence_parallel.end()) {
-    return Bad("search.expert_tensor_parallel",
-               "folded expert grids run with sequence parallelism, which the search must try "
-               "(search.sequence_parallel with true; --sequence-parallel on or both)",
-               Cat(o.expert_tensor_parallel.size(), " degrees"));
-  }
-  if (o.virtual_stages.empty()) return Bad("search.virtual_stages", "must not be empty", "[]");
-  for (int v : o.virtual_stages) {
-    if (v < 2 || v > 64)
-      return Bad("search.virtual_stages", "each must be between 2 and 64", Cat(v));
-  }
-  return absl::OkStatus();
-}
 
 absl::Status LayoutPlanner::Search(const ModelConfig& model, const SearchOptions& options,
                                    const ModelPlanOptions& plan, const MemoryOptions& memory,
@@ -559,10 +537,15 @@ absl::Status LayoutPlanner::Search(const ModelConfig& model, const SearchOptions
   if (cps.empty()) cps = {1};
   const std::vector<Layout> layouts = EnumerateLayouts(model, families, cps, gpus, cluster);
   std::vector<Pending> pending;
+  std::vector<SearchPoint>* points = options.record_points ? &out->points : nullptr;
   MOEPLAN_RETURN_IF_ERROR(EnumerateCandidates(model, layouts, options, axes, mem, plan.deadline,
-                                              &out->stats, &pending));
+                                              &out->stats, &pending, points));
   MOEPLAN_RETURN_IF_ERROR(CheckSearchSteps(pending));
-  MOEPLAN_RETURN_IF_ERROR(Rank(s, model, options, plan, mem, pending, &out->candidates));
+  MOEPLAN_RETURN_IF_ERROR(Rank(s, model, options, plan, mem, pending, &out->candidates, points));
+  const double tokens = static_cast<double>(model.GlobalBatch()) * model.seq_length;
+  for (SearchPoint& p : out->points) {
+    if (p.iteration_us > 0.0) p.tokens_per_s_per_gpu = tokens / (p.iteration_us * 1e-6) / gpus;
+  }
   s.stats = nullptr;
   return absl::OkStatus();
 }

@@ -308,6 +308,7 @@ absl::StatusOr<p::SearchOptions> SearchFromProto(const v1::SearchOptions& m) {
   o.exhaustive = m.exhaustive();
   o.overlap_param_gather = m.overlap_param_gather();
   o.tp_comm_overlap = m.tp_comm_overlap();
+  o.record_points = m.include_points();
   o.sequence_parallel.assign(m.sequence_parallel().begin(), m.sequence_parallel().end());
   o.a2a_overlap.assign(m.a2a_overlap().begin(), m.a2a_overlap().end());
   o.balanced_pipeline.assign(m.balanced_pipeline().begin(), m.balanced_pipeline().end());

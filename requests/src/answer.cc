@@ -67,6 +67,20 @@ absl::Status AnswerPlanLayer(const p::LayerConfig& layer, const v1::PlanLayerReq
 
 namespace {
 
+std::string_view SearchPointKindName(p::SearchPoint::Kind k) {
+  switch (k) {
+    case p::SearchPoint::Kind::kOverMemory:
+      return "over_memory";
+    case p::SearchPoint::Kind::kSkipped:
+      return "skipped";
+    case p::SearchPoint::Kind::kBound:
+      return "bound";
+    case p::SearchPoint::Kind::kSimulated:
+      return "simulated";
+  }
+  return "?";
+}
+
 // Option rules name options fields; layout, memory and search rules name
 // theirs; everything else is a model field.
 absl::Status UnderRequest(const absl::Status& s) {
@@ -118,6 +132,17 @@ absl::Status AnswerLayouts(const p::ModelConfig& model, const v1::PlanModelReque
   st->set_stage_plans(r.stats.stage_plans);
   st->set_stage_cache_hits(r.stats.stage_cache_hits);
   st->set_elapsed_ms(elapsed_ms);
+  const int64_t global_batch = model.GlobalBatch();
+  for (const p::SearchPoint& pt : r.points) {
+    v1::SearchPoint* o = out->add_search_points();
+    const int64_t replicas = int64_t{pt.layout.dp} * std::max(pt.layout.microbatches, 1);
+    *o->mutable_layout() =
+        proto::LayoutToProto(pt.layout, replicas > 0 ? global_batch / replicas : 0);
+    o->set_kind(std::string(SearchPointKindName(pt.kind)));
+    o->set_memory_bytes_per_gpu(pt.memory_bytes);
+    o->set_iteration_us(pt.iteration_us);
+    o->set_tokens_per_s_per_gpu(pt.tokens_per_s_per_gpu);
+  }
   return absl::OkStatus();
 }
 

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <map>
 #include <set>
 #include <span>
 #include <string>
@@ -681,13 +682,19 @@ TEST(Search, ReturnsFeasibleLayoutsAndBeatsEveryFixedOne) {
 
 // The lower bound only skips what cannot make the top N: the pruned search
 // returns exactly what simulating every candidate returns.
-TEST(Search, BoundPruningKeepsTheExhaustiveTopN) {
-  const ModelConfig m = EightBlocks();
-  LayoutPlanner lp(RoundNumberModel());
+// The top 5 of eight blocks' layouts, up to 4 micro-batches, ZeRO 0 and 2.
+SearchOptions TopFiveSearch() {
   SearchOptions so;
   so.top = 5;
   so.max_microbatches = 4;
   so.zero_stages = {0, 2};
+  return so;
+}
+
+TEST(Search, BoundPruningKeepsTheExhaustiveTopN) {
+  const ModelConfig m = EightBlocks();
+  LayoutPlanner lp(RoundNumberModel());
+  SearchOptions so = TopFiveSearch();
   LayoutSearchResult pruned, all;
   ASSERT_TRUE(lp.Search(m, so, {}, {}, &pruned).ok());
   so.exhaustive = true;
@@ -708,6 +715,54 @@ TEST(Search, BoundPruningKeepsTheExhaustiveTopN) {
         << "rank " << i;
     EXPECT_EQ(pruned.candidates[i].iteration_us, all.candidates[i].iteration_us) << "rank " << i;
   }
+}
+
+// record_points keeps every candidate enumerated, each with what the search
+// knows of it, against the exhaustive search's exact times, and changes nothing
+// the search returns.
+TEST(Search, RecordedPointsAreEveryCandidateWithItsBoundOrTime) {
+  const ModelConfig m = EightBlocks();
+  LayoutPlanner lp(RoundNumberModel());
+  SearchOptions so = TopFiveSearch();
+  LayoutSearchResult plain, recorded, exact;
+  ASSERT_TRUE(lp.Search(m, so, {}, {}, &plain).ok());
+  so.record_points = true;
+  ASSERT_TRUE(lp.Search(m, so, {}, {}, &recorded).ok());
+  so.exhaustive = true;
+  ASSERT_TRUE(lp.Search(m, so, {}, {}, &exact).ok());
+  EXPECT_TRUE(plain.points.empty());
+  ASSERT_EQ(recorded.candidates.size(), plain.candidates.size());
+  for (size_t i = 0; i < plain.candidates.size(); ++i) {
+    EXPECT_EQ(recorded.candidates[i].iteration_us, plain.candidates[i].iteration_us);
+  }
+  ASSERT_EQ(static_cast<int64_t>(recorded.points.size()), recorded.stats.enumerated);
+  ASSERT_EQ(exact.points.size(), recorded.points.size());
+  std::map<SearchPoint::Kind, int64_t> kinds;
+  const double fifth = recorded.candidates.back().iteration_us;
+  for (size_t i = 0; i < recorded.points.size(); ++i) {
+    const SearchPoint& p = recorded.points[i];
+    const SearchPoint& e = exact.points[i];  // the same enumeration order
+    ++kinds[p.kind];
+    if (p.kind == SearchPoint::Kind::kOverMemory) {
+      EXPECT_EQ(p.iteration_us, 0.0);
+      EXPECT_GT(p.memory_bytes, 0.0);
+      continue;
+    }
+    ASSERT_EQ(e.kind, SearchPoint::Kind::kSimulated);
+    EXPECT_EQ(p.memory_bytes, e.memory_bytes) << i;
+    if (p.kind == SearchPoint::Kind::kSimulated) {
+      EXPECT_EQ(p.iteration_us, e.iteration_us) << i;
+    } else {
+      // A bound: no more than the time, and it kept the candidate out of the top 5.
+      EXPECT_LE(p.iteration_us, e.iteration_us * (1 + 1e-12)) << i;
+      EXPECT_GE(p.iteration_us, fifth) << i;
+    }
+    EXPECT_GT(p.tokens_per_s_per_gpu, 0.0);
+  }
+  EXPECT_EQ(kinds[SearchPoint::Kind::kOverMemory], recorded.stats.pruned_memory);
+  EXPECT_EQ(kinds[SearchPoint::Kind::kSimulated], recorded.stats.simulated);
+  EXPECT_EQ(kinds[SearchPoint::Kind::kBound], recorded.stats.pruned_bound);
+  EXPECT_GT(kinds[SearchPoint::Kind::kBound], 0);
 }
 
 // moe.layer_pattern (layer_freq 0, as a DeepSeek or Qwen model imported from

@@ -93,7 +93,8 @@ def expect(name, charts):
     return data, dom, attrs
 
 expect("search", lambda d: {
-    "chart-throughput-memory": len(d["plan"]["candidates"]),
+    "chart-throughput-memory": len(d["plan"]["candidates"]) + sum(
+        1 for p in d["plan"]["search_points"] if p["kind"] != "skipped"),
     "chart-time": min(10, len(d["plan"]["candidates"])),
     "chart-memory": min(10, len(d["plan"]["candidates"]))})
 data, _, _ = page("search")
@@ -101,6 +102,15 @@ if data["plan"]["gpus"] != 1024 or len(data["plan"]["candidates"]) < 10:
     fail.append(f"search: {data['plan']['gpus']} GPUs, {len(data['plan']['candidates'])} candidates")
 if len(data["launch"]) != len(data["plan"]["candidates"]):
     fail.append("search: not every candidate has its launcher arguments")
+stats = data["plan"]["search_stats"]
+if len(data["plan"]["search_points"]) != int(stats["enumerated"]):
+    fail.append(f"search: {len(data['plan']['search_points'])} points for {stats['enumerated']} enumerated")
+kinds = {}
+for p in data["plan"]["search_points"]:
+    kinds[p["kind"]] = kinds.get(p["kind"], 0) + 1
+if kinds.get("over_memory", 0) != int(stats["pruned_memory"]) or \
+        kinds.get("simulated", 0) != int(stats["simulated"]):
+    fail.append(f"search: points by kind {kinds} against the stats {stats}")
 expect("layer", lambda d: {
     "chart-terms": len(d["plan"]["candidates"]),
     "chart-timeline": len(d["plan"]["candidates"][0]["ops"])})

@@ -92,6 +92,10 @@ struct SearchOptions {
   // axes: neither is ever slower in this model).
   bool overlap_param_gather = false;
   bool tp_comm_overlap = false;
+  // Keep every candidate the search enumerated as a SearchPoint (its memory
+  // and what the search knows of its time): for a report's throughput-against-
+  // memory chart. Off: nothing is kept.
+  bool record_points = false;
 };
 // InvalidArgument naming "search.<field>".
 absl::Status ValidateSearchOptions(const SearchOptions& options);
@@ -105,8 +109,25 @@ struct SearchStats {
   int64_t stage_plans = 0, stage_cache_hits = 0;
 };
 
+// One candidate the search enumerated (SearchOptions::record_points).
+struct SearchPoint {
+  enum class Kind : uint8_t {
+    kOverMemory,  // does not fit GPU memory (with or without recomputation): not timed
+    kSkipped,     // too large to simulate (over_limit, over_memory): not timed
+    kBound,       // fits; pruned by its lower bound: iteration_us is that bound
+    kSimulated,   // simulated: iteration_us is its time
+  };
+  Layout layout;  // with the recomputation that fits, where one does
+  Kind kind = Kind::kOverMemory;
+  double memory_bytes = 0.0;  // the busiest stage's, per GPU
+  double iteration_us = 0.0;  // 0: not timed
+  // From iteration_us (for kBound an upper bound: the candidate is no faster).
+  double tokens_per_s_per_gpu = 0.0;
+};
+
 struct LayoutSearchResult {
   std::vector<LayoutCandidate> candidates;  // best first
+  std::vector<SearchPoint> points;          // with record_points, in enumeration order
   SearchStats stats;
   int gpus = 0;
   int64_t global_batch = 0;
