@@ -242,9 +242,10 @@ absl::Status Handlers::Impl::PlanModel(const CallContext& ctx, const v1::PlanMod
 
 template <class Request, class Plan>
 absl::Status Handlers::Impl::PlanBytes(const CallContext& ctx, Method m, std::string_view request,
-                                       PlanCache::Value* response, Plan plan) {
+                                       PlanCache::Value* response, const Resume& resume,
+                                       Plan plan) {
   const std::string_view method = MethodName(m);
-  const auto start = Clock::now();
+  const Clock::time_point start = resume.resumed ? resume.arrived : Clock::now();
   std::string_view cache_state = "-";
   std::string profile_name;
   response->reset();
@@ -254,20 +255,25 @@ absl::Status Handlers::Impl::PlanBytes(const CallContext& ctx, Method m, std::st
     Done(m, s, start, cache_state, profile_name);
     return s;
   }
-  // The method's name leads the key: the same bytes may parse as either request.
-  std::string key;
-  key.reserve(method.size() + 1 + request.size());
-  key.append(method).push_back('\0');
-  key.append(request);
-  *response = cache_.GetRaw(key, &profile_name);
-  if (*response != nullptr) {
-    Done(m, s, start, "hit", profile_name);
-    return s;
-  }
-  // Read before the profile is resolved: a profile put while this plan runs
-  // keeps the plan from the first level (its key does not name the version).
-  const uint64_t generation = cache_.generation();
   s = Guard(nullptr, [&]() -> absl::Status {
+    // The method's name leads the key: the same bytes may parse as either
+    // request. Large requests (inline profiles, padding) skip this level: a
+    // key of their size would let a few of them flush the cache unplanned.
+    const bool raw = request.size() <= kMaxRawRequestBytes;
+    std::string key;
+    if (raw) {
+      key.reserve(method.size() + 1 + request.size());
+      key.append(method).push_back('\0');
+      key.append(request);
+      *response = cache_.GetRaw(key, &profile_name, /*count=*/!resume.resumed);
+      if (*response != nullptr) {
+        cache_state = "hit";
+        return absl::OkStatus();
+      }
+    }
+    // Read before the profile is resolved: a profile put while this plan runs
+    // keeps the plan from the first level (its key does not name the version).
+    const uint64_t generation = cache_.generation();
     Request req;
     if (!req.ParseFromArray(request.data(), static_cast<int>(request.size()))) {
       return Invalid(Cat("request: not a serialised ", Request::descriptor()->name()));
@@ -276,7 +282,7 @@ absl::Status Handlers::Impl::PlanBytes(const CallContext& ctx, Method m, std::st
     // Kept under these bytes once the plan is asked for again (found by its
     // canonical key): a request seen once, as every uncached one is, adds no
     // entry and evicts nothing for its bytes.
-    if (*response != nullptr && cache_state == "hit") {
+    if (raw && *response != nullptr && cache_state == "hit") {
       cache_.PutRaw(key, *response, profile_name, generation);
     }
     return absl::OkStatus();
@@ -289,18 +295,20 @@ absl::Status Handlers::Impl::PlanBytes(const CallContext& ctx, Method m, std::st
 absl::Status Handlers::Impl::PlanLayerBytes(const CallContext& ctx, std::string_view request,
                                             PlanCache::Value* response) {
   return PlanBytes<v1::PlanLayerRequest>(
-      ctx, Method::kPlanLayer, request, response,
+      ctx, Method::kPlanLayer, request, response, Resume{},
       [&](const v1::PlanLayerRequest& req, std::string_view* state, std::string* profile) {
         return DoPlanLayer(ctx, req, state, profile);
       });
 }
 
 absl::Status Handlers::Impl::PlanModelBytes(const CallContext& ctx, std::string_view request,
-                                            bool plan_miss, PlanCache::Value* response) {
+                                            bool plan_miss, PlanCache::Value* response,
+                                            std::optional<Clock::time_point> arrived) {
+  const Resume resume{arrived.has_value(), arrived.value_or(Clock::time_point{})};
   return PlanBytes<v1::PlanModelRequest>(
-      ctx, Method::kPlanModel, request, response,
+      ctx, Method::kPlanModel, request, response, resume,
       [&](const v1::PlanModelRequest& req, std::string_view* state, std::string* profile) {
-        return DoPlanModel(ctx, req, state, profile, !plan_miss);
+        return DoPlanModel(ctx, req, state, profile, !plan_miss, !resume.resumed);
       });
 }
 
@@ -336,8 +344,8 @@ absl::StatusOr<std::shared_ptr<const ProfileEntry>> Handlers::Impl::ResolveProfi
 absl::StatusOr<PlanCache::Value> Handlers::Impl::DoPlanModel(const CallContext& ctx,
                                                              const v1::PlanModelRequest& req,
                                                              std::string_view* cache_state,
-                                                             std::string* profile_name,
-                                                             bool defer) {
+                                                             std::string* profile_name, bool defer,
+                                                             bool count_lookup) {
   MOEPLAN_RETURN_IF_ERROR(CheckDeadline(ctx));
   std::string inline_bytes;
   MOEPLAN_ASSIGN_OR_RETURN(std::shared_ptr<const ProfileEntry> entry,
@@ -357,7 +365,7 @@ absl::StatusOr<PlanCache::Value> Handlers::Impl::DoPlanModel(const CallContext& 
   const std::string key = PlanCacheKey(
       entry->message.name(), entry->message.version(),
       Cat("model", std::string_view("\0", 1), canonical.SerializeAsString(), inline_bytes));
-  if (PlanCache::Value hit = cache_.Get(key)) {
+  if (PlanCache::Value hit = cache_.Get(key, count_lookup)) {
     *cache_state = "hit";
     return hit;
   }
@@ -452,9 +460,15 @@ absl::Status Handlers::PlanLayerBytes(const CallContext& ctx, std::string_view r
                                       PlanCache::Value* response) {
   return impl_->PlanLayerBytes(ctx, request, response);
 }
-absl::Status Handlers::PlanModelBytes(const CallContext& ctx, std::string_view request,
-                                      bool plan_miss, PlanCache::Value* response) {
-  return impl_->PlanModelBytes(ctx, request, plan_miss, response);
+absl::Status Handlers::PlanModelBytes(
+    const CallContext& ctx, std::string_view request, bool plan_miss, PlanCache::Value* response,
+    std::optional<std::chrono::steady_clock::time_point> arrived) {
+  return impl_->PlanModelBytes(ctx, request, plan_miss, response, arrived);
+}
+
+void Handlers::Answered(Method m, const absl::Status& s,
+                        std::chrono::steady_clock::time_point arrived) {
+  impl_->Answered(m, s, arrived);
 }
 
 absl::Status Handlers::PlanLayer(const CallContext& ctx, const v1::PlanLayerRequest& req,

@@ -21,6 +21,7 @@
 #include <memory>
 #include <mutex>
 #include <new>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -77,7 +78,11 @@ class Handlers::Impl {
   absl::Status PlanLayerBytes(const CallContext& ctx, std::string_view request,
                               PlanCache::Value* response);
   absl::Status PlanModelBytes(const CallContext& ctx, std::string_view request, bool plan_miss,
-                              PlanCache::Value* response);
+                              PlanCache::Value* response,
+                              std::optional<internal::Clock::time_point> arrived);
+  void Answered(Method m, const absl::Status& s, internal::Clock::time_point arrived) {
+    Done(m, s, arrived, "-", "");
+  }
   int model_plans_running() const { return model_plans_.load(); }
   Metrics& metrics() { return metrics_; }
 
@@ -144,11 +149,13 @@ class Handlers::Impl {
                                                                      std::string* inline_bytes);
 
   // The serialised response, from the cache or planned and cached. `defer`
-  // set: a miss returns null at once, planning nothing.
+  // set: a miss returns null at once, planning nothing. `count_lookup` false:
+  // the cache lookup is not counted (a resumed call's first half counted it).
   absl::StatusOr<PlanCache::Value> DoPlanModel(const CallContext& ctx,
                                                const v1::PlanModelRequest& req,
                                                std::string_view* cache_state,
-                                               std::string* profile_name, bool defer = false);
+                                               std::string* profile_name, bool defer = false,
+                                               bool count_lookup = true);
   absl::StatusOr<PlanCache::Value> DoPlanLayer(const CallContext& ctx,
                                                const v1::PlanLayerRequest& req,
                                                std::string_view* cache_state,
@@ -160,11 +167,18 @@ class Handlers::Impl {
   template <class Response, class Plan>
   absl::Status PlanTyped(const CallContext& ctx, Method m, Response* resp, Plan plan);
   // A plan RPC on serialised bytes: the first-level cache by the raw bytes,
-  // then the request parsed and `plan` (a Do* above); a planned response is
-  // kept under the raw bytes too.
+  // then the request parsed and `plan` (a Do* above); a response found by its
+  // canonical key is kept under the raw bytes too. A resumed call (the second
+  // half of a PlanModel the server deferred) counts from its arrival and does
+  // not count its cache lookups again.
+  struct Resume {
+    bool resumed = false;
+    internal::Clock::time_point arrived;
+  };
+  static constexpr size_t kMaxRawRequestBytes = 16 << 10;
   template <class Request, class Plan>
   absl::Status PlanBytes(const CallContext& ctx, Method m, std::string_view request,
-                         PlanCache::Value* response, Plan plan);
+                         PlanCache::Value* response, const Resume& resume, Plan plan);
 
   // --- Measurements and refits (handlers_profiles.cc) ---
 

@@ -149,21 +149,21 @@ std::string Metrics::Render(const MetricsSources& sources) const {
   RenderLatency(&out);
   RenderCounters(&out);
   if (const PlanCache* c = sources.cache) {
+    const PlanCache::Stats st = c->stats();  // one instant: no derived counter goes down
     constexpr std::string_view kHits = "moeplan_plan_cache_hits_total";
     Family(&out, kHits, "counter",
            "Plans answered from the cache, by level: the request's raw bytes, or its "
            "normalised form.");
-    const uint64_t raw = c->raw_hits();  // read first: hits() counts it too
-    Sample(&out, kHits, "level=\"raw\"", raw);
-    Sample(&out, kHits, "level=\"canonical\"", c->hits() - raw);
+    Sample(&out, kHits, "level=\"raw\"", st.raw_hits);
+    Sample(&out, kHits, "level=\"canonical\"", st.hits - st.raw_hits);
     One(&out, "moeplan_plan_cache_misses_total", "counter",
-        "Plan requests the cache did not hold (then planned).", c->misses());
+        "Plan requests the cache did not hold (then planned).", st.misses);
     One(&out, "moeplan_plan_cache_evictions_total", "counter",
-        "Cache entries dropped to stay within the entry and byte bounds.", c->evictions());
+        "Cache entries dropped to stay within the entry and byte bounds.", st.evictions);
     One(&out, "moeplan_plan_cache_entries", "gauge", "Entries the plan cache holds (both levels).",
-        c->size());
+        st.entries);
     One(&out, "moeplan_plan_cache_bytes", "gauge", "Bytes the plan cache counts against its bound.",
-        c->bytes());
+        st.bytes);
     One(&out, "moeplan_plan_cache_capacity_bytes", "gauge", "The plan cache's bound in bytes.",
         c->capacity_bytes());
   }
@@ -173,7 +173,8 @@ std::string Metrics::Render(const MetricsSources& sources) const {
   }
   if (sources.model_plans_queued) {
     One(&out, "moeplan_model_plans_queued", "gauge",
-        "Uncached model plans waiting for a planning thread.", sources.model_plans_queued());
+        "Uncached model plans and refits waiting for a planning thread.",
+        sources.model_plans_queued());
   }
   One(&out, "moeplan_model_plans_max", "gauge", "Uncached model plans that may run at once.",
       sources.max_model_plans);

@@ -2,6 +2,9 @@
 
 #include <httplib.h>
 
+#include <atomic>
+#include <chrono>
+#include <thread>
 #include <utility>
 
 #include "moeplan/base/status.h"
@@ -65,7 +68,21 @@ absl::StatusOr<std::unique_ptr<MetricsEndpoint>> MetricsEndpoint::Start(
   const std::string shown = host.find(':') != std::string::npos ? Cat("[", host, "]") : host;
   out->url_ = Cat(tls ? "https" : "http", "://", shown, ":", bound, "/metrics");
   httplib::Server* http = out->http_.get();
-  out->thread_ = std::thread([http] { http->listen_after_bind(); });
+  std::atomic<bool>* done = &out->listen_returned_;
+  out->thread_ = std::thread([http, done] {
+    http->listen_after_bind();
+    done->store(true);
+  });
+  // cpp-httplib 0.11's stop() does nothing until the listening thread has
+  // marked the server running (the first thing listen_after_bind does): an
+  // endpoint stopped before that would join a thread that accepts forever.
+  // Return once it runs, or has returned (then the destructor joins it).
+  while (!http->is_running() && !done->load()) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  if (done->load()) {
+    return absl::UnavailableError(Cat("--metrics: the endpoint on ", o.listen, " stopped at once"));
+  }
   return out;
 }
 

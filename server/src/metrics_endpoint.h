@@ -5,6 +5,7 @@
 // scrape never waits on gRPC's threads nor they on it. Private to moeplan::server.
 #pragma once
 
+#include <atomic>
 #include <functional>
 #include <memory>
 #include <string>
@@ -41,6 +42,7 @@ class MetricsEndpoint {
   MetricsEndpoint() = default;
   std::unique_ptr<httplib::Server> http_;
   std::thread thread_;
+  std::atomic<bool> listen_returned_{false};  // the listening thread is done
   std::string url_;
 };
 

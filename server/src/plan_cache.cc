@@ -21,26 +21,28 @@ std::string PlanCacheKey(std::string_view profile_name, uint32_t profile_version
   return key;
 }
 
-PlanCache::Value PlanCache::Get(const std::string& key) {
+PlanCache::Value PlanCache::Get(const std::string& key, bool count) {
   if (capacity_ == 0) return nullptr;
   std::lock_guard<std::mutex> lock(mu_);
   auto it = index_.find(std::string_view(key));
   if (it == index_.end()) {
-    ++misses_;
+    if (count) ++misses_;
     return nullptr;
   }
-  ++hits_;
+  if (count) ++hits_;
   lru_.splice(lru_.begin(), lru_, it->second);
   return it->second->value;
 }
 
-PlanCache::Value PlanCache::GetRaw(std::string_view raw_key, std::string* profile) {
+PlanCache::Value PlanCache::GetRaw(std::string_view raw_key, std::string* profile, bool count) {
   if (capacity_ == 0) return nullptr;
   std::lock_guard<std::mutex> lock(mu_);
   auto it = raw_index_.find(raw_key);
   if (it == raw_index_.end()) return nullptr;  // the canonical level counts the miss
-  ++hits_;
-  ++raw_hits_;
+  if (count) {
+    ++hits_;
+    ++raw_hits_;
+  }
   lru_.splice(lru_.begin(), lru_, it->second);
   if (profile != nullptr) *profile = it->second->profile;
   return it->second->value;
@@ -159,6 +161,10 @@ uint64_t PlanCache::misses() const {
 uint64_t PlanCache::evictions() const {
   std::lock_guard<std::mutex> lock(mu_);
   return evictions_;
+}
+PlanCache::Stats PlanCache::stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return Stats{lru_.size(), bytes_, hits_, raw_hits_, misses_, evictions_};
 }
 uint64_t PlanCache::generation() const {
   std::lock_guard<std::mutex> lock(mu_);

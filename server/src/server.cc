@@ -162,8 +162,9 @@ class CallbackPlanner final : public CallbackBase {
   CallbackPlanner(Handlers* core, PlanPool* pool) : core_(*core), pool_(*pool) {}
   grpc::ServerUnaryReactor* PlanLayer(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* req,
                                       grpc::ByteBuffer* resp) override {
+    const auto arrived = std::chrono::steady_clock::now();
     const RequestBytes bytes(*req);
-    if (!bytes.ok()) return Finish(ctx, Unreadable());
+    if (!bytes.ok()) return Unanswered(ctx, Method::kPlanLayer, Unreadable(), arrived);
     PlanCache::Value out;
     const absl::Status s = core_.PlanLayerBytes(GrpcCall(ctx), bytes.bytes(), &out);
     if (s.ok()) SendBytes(out, resp);
@@ -171,35 +172,36 @@ class CallbackPlanner final : public CallbackBase {
   }
   grpc::ServerUnaryReactor* PlanModel(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* req,
                                       grpc::ByteBuffer* resp) override {
-    absl::Status s;
+    const auto arrived = std::chrono::steady_clock::now();
     {
       const RequestBytes bytes(*req);
-      if (!bytes.ok()) return Finish(ctx, Unreadable());
+      if (!bytes.ok()) return Unanswered(ctx, Method::kPlanModel, Unreadable(), arrived);
       PlanCache::Value out;
-      s = core_.PlanModelBytes(GrpcCall(ctx), bytes.bytes(), /*plan_miss=*/false, &out);
+      const absl::Status s =
+          core_.PlanModelBytes(GrpcCall(ctx), bytes.bytes(), /*plan_miss=*/false, &out);
       if (!s.ok() || out != nullptr) {
         if (s.ok()) SendBytes(out, resp);
         return Finish(ctx, s);
       }
     }
+    // A miss: planned on the PlanPool, as the second half of this call (its
+    // latency from `arrived`, its cache lookups counted once).
     grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
     // ctx, req and resp live until the reactor finishes.
-    const bool queued = pool_.Submit([this, ctx, req, resp, reactor] {
+    const bool queued = pool_.Submit([this, ctx, req, resp, reactor, arrived] {
       const RequestBytes bytes(*req);
       PlanCache::Value out;
-      absl::Status planned = bytes.ok()
-                                 ? core_.PlanModelBytes(GrpcCall(ctx), bytes.bytes(), true, &out)
-                                 : Unreadable();
+      absl::Status planned = absl::OkStatus();
+      if (bytes.ok()) {
+        planned = core_.PlanModelBytes(GrpcCall(ctx), bytes.bytes(), true, &out, arrived);
+      } else {
+        planned = Unreadable();
+        core_.Answered(Method::kPlanModel, planned, arrived);
+      }
       if (planned.ok()) SendBytes(out, resp);
       reactor->Finish(ToGrpc(planned));
     });
-    if (!queued) {
-      core_.metrics().Refuse(Refusal::kModelPlansBusy);
-      core_.metrics().Request(Method::kPlanModel, absl::StatusCode::kResourceExhausted, {});
-      reactor->Finish(ToGrpc(absl::ResourceExhaustedError(
-          Cat("server busy: ", pool_.threads(), " uncached model plans are running and ",
-              pool_.queue(), " waiting (moeplan-server --max-model-plans); retry later"))));
-    }
+    if (!queued) Busy(reactor, Method::kPlanModel, arrived);
     return reactor;
   }
   grpc::ServerUnaryReactor* ListProfiles(grpc::CallbackServerContext* ctx,
@@ -226,21 +228,33 @@ class CallbackPlanner final : public CallbackBase {
   grpc::ServerUnaryReactor* RefitProfile(grpc::CallbackServerContext* ctx,
                                          const v1::RefitProfileRequest* req,
                                          v1::RefitProfileResponse* resp) override {
+    const auto arrived = std::chrono::steady_clock::now();
     grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
     const bool queued = pool_.Submit([this, ctx, req, resp, reactor] {
       reactor->Finish(ToGrpc(core_.RefitProfile(GrpcCall(ctx), *req, resp)));
     });
-    if (!queued) {
-      core_.metrics().Refuse(Refusal::kModelPlansBusy);
-      core_.metrics().Request(Method::kRefitProfile, absl::StatusCode::kResourceExhausted, {});
-      reactor->Finish(ToGrpc(absl::ResourceExhaustedError(
-          Cat("server busy: ", pool_.threads(), " plans are running and ", pool_.queue(),
-              " waiting (moeplan-server --max-model-plans); retry later"))));
-    }
+    if (!queued) Busy(reactor, Method::kRefitProfile, arrived);
     return reactor;
   }
 
  private:
+  // The planning queue is full: refused at once, counted and logged.
+  void Busy(grpc::ServerUnaryReactor* reactor, Method m,
+            std::chrono::steady_clock::time_point arrived) {
+    const absl::Status s = absl::ResourceExhaustedError(
+        Cat("server busy: ", pool_.threads(), " plans are running and ", pool_.queue(),
+            " waiting (moeplan-server --max-model-plans); retry later"));
+    core_.metrics().Refuse(Refusal::kModelPlansBusy);
+    core_.Answered(m, s, arrived);
+    reactor->Finish(ToGrpc(s));
+  }
+  // A call the handlers never saw (its bytes unreadable): counted and logged.
+  grpc::ServerUnaryReactor* Unanswered(grpc::CallbackServerContext* ctx, Method m,
+                                       const absl::Status& s,
+                                       std::chrono::steady_clock::time_point arrived) {
+    core_.Answered(m, s, arrived);
+    return Finish(ctx, s);
+  }
   static grpc::ServerUnaryReactor* Finish(grpc::CallbackServerContext* ctx, const absl::Status& s) {
     grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
     reactor->Finish(ToGrpc(s));

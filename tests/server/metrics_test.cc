@@ -17,8 +17,10 @@
 
 #include "moeplan/base/strings.h"
 #include "moeplan/client/planner_client.h"
+#include "moeplan/proto/json.h"
 #include "moeplan/server/plan_cache.h"
 #include "moeplan/server/server.h"
+#include "moeplan/v1/service.pb.h"
 #include "tls_fixture.h"
 
 namespace moeplan::server {
@@ -147,6 +149,62 @@ TEST_F(MetricsEndpointTest, ServesTheCallsItAnswered) {
   EXPECT_EQ(Sample(r->body, "moeplan_model_plans_running"), 0);
   EXPECT_EQ(Sample(r->body, "moeplan_model_plans_queued"), 0);
   EXPECT_EQ(http.Get("/")->status, 404);
+}
+
+// A PlanModel that misses is planned on the planning threads as the second
+// half of its call: counted once as a call and once as a miss, so cache hits
+// and misses add up to the plans answered; its bytes are then a raw entry.
+TEST_F(MetricsEndpointTest, ADeferredModelPlanIsCountedOnce) {
+  ASSERT_TRUE(Start(Options()).ok());
+  client::ClientOptions c;
+  c.address = server_->address();
+  absl::StatusOr<std::unique_ptr<client::PlannerClient>> cli = client::PlannerClient::Connect(c);
+  ASSERT_TRUE(cli.ok()) << cli.status();
+  v1::PlanModelRequest req;
+  req.set_profile_name("a100-8x8");
+  ASSERT_TRUE(proto::ReadJsonFile(MOEPLAN_SOURCE_DIR "/examples/models/gpt2-s-moe.a100.json",
+                                  req.mutable_model())
+                  .ok());
+  req.mutable_options()->add_variants(v1::OVERLAP_VARIANT_NONE);
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE((*cli)->PlanModel(req).ok());  // miss, canonical, raw
+  httplib::Client http("127.0.0.1", MetricsPort());
+  httplib::Result r = http.Get("/metrics");
+  ASSERT_TRUE(r) << httplib::to_string(r.error());
+  const std::string& t = r->body;
+  EXPECT_EQ(Sample(t, "moeplan_requests_total{method=\"PlanModel\",code=\"OK\"}"), 3);
+  EXPECT_EQ(Sample(t, "moeplan_request_duration_seconds_count{method=\"PlanModel\"}"), 3);
+  EXPECT_EQ(Sample(t, "moeplan_plan_cache_misses_total"), 1);
+  EXPECT_EQ(Sample(t, "moeplan_plan_cache_hits_total{level=\"canonical\"}"), 1);
+  EXPECT_EQ(Sample(t, "moeplan_plan_cache_hits_total{level=\"raw\"}"), 1);
+}
+
+// Requests larger than the raw level's limit (here: padded with an unknown
+// field) are answered from the canonical level only, never kept by their bytes.
+TEST_F(MetricsEndpointTest, LargeRequestsSkipTheRawLevel) {
+  ASSERT_TRUE(Start(Options()).ok());
+  client::ClientOptions c;
+  c.address = server_->address();
+  absl::StatusOr<std::unique_ptr<client::PlannerClient>> cli = client::PlannerClient::Connect(c);
+  ASSERT_TRUE(cli.ok()) << cli.status();
+  v1::PlanLayerRequest req;
+  req.set_profile_name("a100-8x8");
+  ASSERT_TRUE(
+      proto::ReadJsonFile(MOEPLAN_SOURCE_DIR "/examples/gpt2-moe-layer.json", req.mutable_layer())
+          .ok());
+  req.GetReflection()->MutableUnknownFields(&req)->AddLengthDelimited(999, std::string(20000, 'x'));
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE((*cli)->PlanLayer(req).ok());
+  EXPECT_EQ(server_->cache().raw_hits(), 0u);
+  EXPECT_EQ(server_->cache().hits(), 2u);
+  EXPECT_EQ(server_->cache().size(), 1u) << "the canonical entry only";
+}
+
+// cpp-httplib 0.11 ignores stop() until its thread runs: an endpoint stopped
+// at once must still stop (the test would hang otherwise).
+TEST_F(MetricsEndpointTest, StopsRightAfterStarting) {
+  for (int i = 0; i < 20; ++i) {
+    ASSERT_TRUE(Start(Options()).ok());
+    server_.reset();
+  }
 }
 
 TEST_F(MetricsEndpointTest, KeepsTheGrpcPortsRules) {

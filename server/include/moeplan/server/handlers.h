@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cstddef>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -94,9 +95,15 @@ class Handlers {
   // `plan_miss` false: PlanModel's cheap part, which answers a cache hit or a
   // bad request and, on a miss, returns OK with `*response` null and plans
   // nothing. The server then calls again with true on its own threads, so
-  // gRPC's stay free for cheap calls.
-  absl::Status PlanModelBytes(const CallContext& ctx, std::string_view request, bool plan_miss,
-                              PlanCache::Value* response);
+  // gRPC's stay free for cheap calls, passing `arrived` (the first call's
+  // start): the call's latency counts from it, and the lookups the first half
+  // counted are not counted again.
+  absl::Status PlanModelBytes(
+      const CallContext& ctx, std::string_view request, bool plan_miss, PlanCache::Value* response,
+      std::optional<std::chrono::steady_clock::time_point> arrived = std::nullopt);
+  // A call the server answered without the handlers (its planning queue
+  // full, its bytes unreadable): counted and logged as any other.
+  void Answered(Method m, const absl::Status& s, std::chrono::steady_clock::time_point arrived);
   absl::Status ListProfiles(const CallContext& ctx, const v1::ListProfilesRequest& req,
                             v1::ListProfilesResponse* resp);
   absl::Status GetProfile(const CallContext& ctx, const v1::GetProfileRequest& req,

@@ -50,8 +50,9 @@ class PlanCache {
   explicit PlanCache(size_t capacity, size_t capacity_bytes = kDefaultCapacityBytes)
       : capacity_(capacity), capacity_bytes_(capacity_bytes) {}
 
-  // The serialised response, or null.
-  Value Get(const std::string& key);
+  // The serialised response, or null; `count` false: the lookup is not
+  // counted as a hit or a miss (a call's second look).
+  Value Get(const std::string& key, bool count = true);
   // Parses a hit into `response`; false on a miss (or bytes that do not parse
   // as `response`'s type, which a key's method prefix rules out).
   bool GetInto(const std::string& key, google::protobuf::Message* response);
@@ -65,7 +66,7 @@ class PlanCache {
   // The first level: the response cached for these raw request bytes (with
   // the method's tag the caller puts in front), or null. `profile`, when given,
   // receives the name of the profile the entry was planned with.
-  Value GetRaw(std::string_view raw_key, std::string* profile = nullptr);
+  Value GetRaw(std::string_view raw_key, std::string* profile = nullptr, bool count = true);
   // Keeps `value` under a raw key, labelled with its profile, unless an
   // EraseProfile ran since `generation` was read (the plan may be of an old
   // version, and a raw key, unlike a canonical one, does not name it).
@@ -87,6 +88,13 @@ class PlanCache {
   uint64_t raw_hits() const;  // of hits(), those found by the request's raw bytes
   uint64_t misses() const;
   uint64_t evictions() const;
+  // All of the above at one instant (under one lock): what a scrape reads,
+  // so that a counter derived from two of them never goes down.
+  struct Stats {
+    size_t entries = 0, bytes = 0;
+    uint64_t hits = 0, raw_hits = 0, misses = 0, evictions = 0;
+  };
+  Stats stats() const;
 
  private:
   struct Entry {
