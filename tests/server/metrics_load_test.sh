@@ -17,6 +17,8 @@ command -v promtool >/dev/null || {
   echo "FAIL: promtool not found (Debian's prometheus; scripts/setup.sh installs it)" >&2
   exit 1
 }
+# shellcheck source=scripts/lib/server.sh
+source "$SRC/scripts/lib/server.sh"
 TMP=$(mktemp -d)
 server_pid=""
 cleanup() {
@@ -25,19 +27,14 @@ cleanup() {
 }
 trap cleanup EXIT
 
-"$SERVER" --listen 127.0.0.1:0 --metrics 127.0.0.1:0 --data-dir "$TMP/data" --no-request-log \
-  >"$TMP/server.out" 2>"$TMP/server.err" &
-server_pid=$!
-port="" url=""
-for _ in $(seq 100); do
-  [[ $(head -n1 "$TMP/server.out" 2>/dev/null) =~ listening\ on\ 127\.0\.0\.1:([0-9]+) ]] &&
-    port=${BASH_REMATCH[1]}
-  [[ $(cat "$TMP/server.err") =~ metrics\ at\ (http://[^[:space:]]+) ]] && url=${BASH_REMATCH[1]}
-  [[ -n $port && -n $url ]] && break
-  sleep 0.1
-done
-[[ -n $port && -n $url ]] || {
-  echo "FAIL: the server did not report its ports: $(cat "$TMP/server.err")" >&2
+# The metrics line reaches stderr before the "listening on" line reaches stdout.
+start_server "$SERVER" "$TMP" --metrics 127.0.0.1:0 --no-request-log >/dev/null ||
+  { echo "FAIL: the server did not start" >&2; exit 1; }
+port=${addr#127.0.0.1:}
+url=""
+[[ $(cat "$TMP/server.err") =~ metrics\ at\ (http://[^[:space:]]+) ]] && url=${BASH_REMATCH[1]}
+[[ -n $url ]] || {
+  echo "FAIL: the server did not report its metrics address: $(cat "$TMP/server.err")" >&2
   exit 1
 }
 
