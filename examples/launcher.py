@@ -41,7 +41,8 @@ and tp_comm_overlap (0/1; printed back as --overlap-param-gather, --tp-comm-over
 last, layout (Megatron-Core's pipeline layout string, which may hold
 commas; printed back as --pipeline-model-parallel-layout) optional). It prints the ranked table (rank, family, dp/tp/pp/ep/esp,
 micro-batches m, ZeRO stage, pipeline, iteration time, tokens/s per GPU, memory
-per GPU), the search's counts, and for the best candidate two lines:
+per GPU), the search's counts, and for the best candidate two lines, as the server
+built them (LayoutCandidate.megatron_args and deepspeed_config):
 
     megatron flags: --tensor-model-parallel-size 4 --pipeline-model-parallel-size 1
         --expert-model-parallel-size 8 --expert-tensor-parallel-size 4 --num-experts 64
@@ -241,98 +242,6 @@ def _int(value, default=0) -> int:
         return default
 
 
-def micro_batch_size(cand: dict, global_batch: int) -> int:
-    lay = cand["layout"]
-    mbs = _int(lay.get("micro_batch_size"))
-    if mbs <= 0:
-        replicas = _int(lay.get("dp"), 1) * max(_int(lay.get("microbatches"), 1), 1)
-        mbs = global_batch // replicas if replicas else 0
-    return mbs
-
-
-def megatron_flags(model: dict, cand: dict, global_batch: int) -> list:
-    """Megatron-LM (megatron-core) arguments for the candidate's layout."""
-    lay = cand["layout"]
-    moe = model.get("moe", {})
-    tp, pp = _int(lay.get("tp"), 1), _int(lay.get("pp"), 1)
-    flags = ["--tensor-model-parallel-size", str(tp),
-             "--pipeline-model-parallel-size", str(pp),
-             "--expert-model-parallel-size", str(_int(lay.get("ep"), 1)),
-             "--expert-tensor-parallel-size", str(_int(lay.get("esp"), 1)),
-             "--num-experts", str(_int(moe.get("num_experts"))),
-             "--moe-router-topk", str(_int(moe.get("top_k"), 1)),
-             "--micro-batch-size", str(micro_batch_size(cand, global_batch)),
-             "--global-batch-size", str(global_batch)]
-    v = _int(lay.get("virtual_stages"))
-    if lay.get("pipeline_model_parallel_layout"):
-        # The layout names every stage (and so the virtual stages per rank).
-        flags += ["--pipeline-model-parallel-layout", lay["pipeline_model_parallel_layout"]]
-    elif lay.get("pipeline") == "interleaved" and v > 1 and pp > 0:
-        layers = _int(model.get("num_layers"))
-        flags += ["--num-layers-per-virtual-pipeline-stage", str(layers // (pp * v))]
-    if _int(lay.get("zero_stage")) >= 1:
-        flags += ["--use-distributed-optimizer"]
-    if lay.get("recompute"):
-        flags += ["--recompute-granularity", "full", "--recompute-method", "uniform"]
-    elif lay.get("recompute_modules"):
-        flags += ["--recompute-granularity", "selective",
-                  "--recompute-modules"] + list(lay["recompute_modules"])
-    if lay.get("sequence_parallel"):
-        flags += ["--sequence-parallel"]
-    if _int(lay.get("cp"), 1) > 1:
-        flags += ["--context-parallel-size", str(_int(lay.get("cp")))]
-    if lay.get("dispatcher") == "deepep":
-        flags += ["--moe-token-dispatcher-type", "flex", "--moe-flex-dispatcher-backend", "deepep"]
-    elif lay.get("dispatcher") == "allgather":
-        flags += ["--moe-token-dispatcher-type", "allgather"]
-    elif lay.get("a2a_overlap"):
-        # Megatron-Core overlaps the AlltoAll or flex dispatcher's exchanges.
-        flags += ["--moe-token-dispatcher-type", "alltoall"]
-    if lay.get("a2a_overlap"):
-        flags += ["--overlap-moe-expert-parallel-comm"]
-    if lay.get("overlap_param_gather"):
-        # Megatron-Core overlaps the gathers only with the gradient reduction overlapped
-        # too, which moeplan always assumes.
-        flags += ["--overlap-grad-reduce", "--overlap-param-gather"]
-    if lay.get("tp_comm_overlap"):
-        flags += ["--tp-comm-overlap"]
-    flags += ["--seq-length", str(_int(model.get("seq_length"))),
-              "--num-layers", str(_int(model.get("num_layers"))),
-              "--hidden-size", str(_int(model.get("hidden_size"))),
-              "--num-attention-heads", str(_int(model.get("num_attention_heads"))),
-              "--ffn-hidden-size", str(_int(model.get("ffn_hidden_size"))),
-              "--moe-ffn-hidden-size", str(_int(moe.get("expert_ffn_hidden_size"))),
-              "--moe-layer-freq", str(_int(moe.get("layer_freq"), 1))]
-    shared = _int(moe.get("shared_expert_ffn_hidden_size"))
-    if shared > 0:
-        flags += ["--moe-shared-expert-intermediate-size", str(shared)]
-    capacity = moe.get("capacity_factor")
-    if capacity:
-        flags += ["--moe-expert-capacity-factor", f"{float(capacity):g}"]
-    if model.get("fp8_format") not in (None, "", "none"):
-        flags += ["--fp8-format", model["fp8_format"],
-                  "--fp8-recipe", model.get("fp8_recipe") or "delayed"]
-        if model.get("fp8_param_gather"):
-            flags += ["--fp8-param-gather"]
-    return flags
-
-
-def deepspeed_config(model: dict, cand: dict, global_batch: int) -> dict:
-    """The DeepSpeed config keys that carry the candidate's layout."""
-    lay = cand["layout"]
-    moe = model.get("moe", {})
-    return {
-        "train_batch_size": global_batch,
-        "train_micro_batch_size_per_gpu": micro_batch_size(cand, global_batch),
-        "gradient_accumulation_steps": max(_int(lay.get("microbatches"), 1), 1),
-        "zero_optimization": {"stage": _int(lay.get("zero_stage"))},
-        "moe": {"ep_size": _int(lay.get("ep"), 1), "num_experts": _int(moe.get("num_experts")),
-                "top_k": _int(moe.get("top_k"), 1)},
-        "pipeline": {"stages": _int(lay.get("pp"), 1)},
-        "tensor_parallel": {"tp_size": _int(lay.get("tp"), 1)},
-    }
-
-
 def print_candidates(candidates: list) -> None:
     print(f"{'rank':>4} {'family':<6} {'dp':>4} {'tp':>3} {'pp':>3} {'ep':>4} {'esp':>3} "
           f"{'m':>4} {'zero':>4} {'pipeline':<14} {'iter_ms':>10} {'tokens/s/GPU':>13} "
@@ -453,9 +362,13 @@ def run_model(args, mc) -> int:
         print("note: pipeline=dualpipe is DeepSeek's DualPipe schedule, which Megatron-LM does "
               "not run; the flags below give its degrees (each rank holds two of the pp "
               "segments)")
-    print("megatron flags: " + " ".join(megatron_flags(model, best, global_batch)))
-    print("deepspeed config: " + json.dumps(deepspeed_config(model, best, global_batch),
-                                            separators=(", ", ": ")))
+    # The server builds both from the layout (LayoutCandidate.megatron_args,
+    # deepspeed_config), so every client prints the same.
+    if not best.get("megatron_args") or not best.get("deepspeed_config"):
+        fail(f"{args.server} answered without the layout's launcher arguments (a server "
+             "older than this launcher?)")
+    print("megatron flags: " + " ".join(best["megatron_args"]))
+    print("deepspeed config: " + best["deepspeed_config"])
     return 0
 
 

@@ -56,13 +56,18 @@
     }
     return el('div', {className: 'scroll'}, [el('table', {}, [el('thead', {}, [head]), body])]);
   }
-  // A Chart.js chart; `points` is what the test checks against the data.
+  // A Chart.js chart; `points` is what the test checks against the data
+  // (null: the elements Chart.js built, every dataset's).
   function chart(parent, id, config, points, height) {
-    const canvas = el('canvas', {id: id, 'data-points': String(points)});
+    const canvas = el('canvas', {id: id});
     parent.append(el('div', {className: 'chart', style: `height:${height || 360}px`}, [canvas]));
     config.options = Object.assign({animation: false, responsive: true,
                                     maintainAspectRatio: false}, config.options || {});
-    new Chart(canvas, config);
+    const c = new Chart(canvas, config);
+    if (points === null) {
+      points = config.data.datasets.reduce((n, d, i) => n + c.getDatasetMeta(i).data.length, 0);
+    }
+    canvas.dataset.points = String(points);
     drawn[id] = points;
   }
   function stacked(labels, series, unit, horizontal) {
@@ -207,9 +212,10 @@
     chart(section('Memory per GPU', 'The stage that needs the most (top 10).'),
           'chart-memory', stacked(labels, mem, 'GiB', true), top.length, 60 + 36 * top.length);
 
+    pipelines(top);
+
     const launch = section('Launch', 'Megatron-LM arguments and the DeepSpeed config keys of each layout, to copy.');
     top.forEach((c, i) => {
-      const l = (data.launch || [])[cands.indexOf(c)] || {};
       const block = (label, text) => {
         const pre = el('pre', {text: text});
         const copy = el('button', {text: 'copy', type: 'button'});
@@ -218,8 +224,58 @@
       };
       launch.append(el('details', {open: i === 0}, [
         el('summary', {text: `#${c.rank} ${c.family || ''} dp ${c.l.dp} tp ${c.l.tp} pp ${c.l.pp} ep ${c.l.ep}`}),
-        block('Megatron-LM', l.megatron || ''), block('DeepSpeed', l.deepspeed || '')]));
+        block('Megatron-LM', (c.megatron_args || []).join(' ')),
+        block('DeepSpeed', c.deepspeed_config || '')]));
     });
+  }
+  // Each candidate's pipeline of one iteration: per stage its steps, the
+  // overlapped pairs, its tail, and (thin) the sends on its link.
+  const SPAN_KINDS = [['forward', 'forward', PALETTE[0], 0.8], ['backward', 'backward', PALETTE[4], 0.8],
+                      ['forward_backward', 'forward + backward overlapped', PALETTE[6], 0.8],
+                      ['tail', 'gradient sync + optimizer', PALETTE[9], 0.8],
+                      ['send_forward', 'send activation', PALETTE[1], 0.25],
+                      ['send_backward', 'send gradient', PALETTE[2], 0.25]];
+  function spanText(p, chunks) {
+    const step = (dir, c, mb) => `${dir} mb ${mb || 0}` + (chunks > 1 ? ` chunk ${c || 0}` : '');
+    const what = {forward: () => step('F', p.chunk, p.microbatch),
+                  backward: () => step('B', p.chunk, p.microbatch),
+                  forward_backward: () => step('F', p.chunk, p.microbatch) + ' + ' +
+                                          step('B', p.backward_chunk, p.backward_microbatch),
+                  send_forward: () => 'send ' + step('F', p.chunk, p.microbatch),
+                  send_backward: () => 'send ' + step('B', p.chunk, p.microbatch),
+                  tail: () => 'gradient sync + optimizer'}[p.kind];
+    return `${what ? what() : p.kind}: ${num(p.start_us / 1000, 2)}–${num(p.end_us / 1000, 2)} ms`;
+  }
+  function pipelines(top) {
+    const shown = top.filter(c => (c.pipeline || []).length);
+    if (!shown.length) return;
+    const s = section('Pipeline of one iteration',
+        `Every stage's steps as simulated (top ${shown.length}); thin bars are the sends on the stage's link. ` +
+        'Hover a bar for its micro-batch.');
+    const ms = x => Number(x || 0) / 1000;
+    for (const c of shown) {
+      const pp = Math.max(1, Number(c.l.pp || 1));
+      const chunks = Math.max(1, ...c.pipeline.map(p => Number(p.chunk || 0) + 1));
+      const sets = [];
+      for (const [kind, label, color, width] of SPAN_KINDS) {
+        const spans = c.pipeline.filter(p => p.kind === kind);
+        if (!spans.length) continue;
+        sets.push({label: label, backgroundColor: color, barPercentage: width, categoryPercentage: 1,
+                   grouped: false,
+                   data: spans.map(p => ({x: [ms(p.start_us), ms(p.end_us)], y: 'stage ' + (p.stage || 0), span: p}))});
+      }
+      const head = `#${c.rank} ${c.family || c.l.family || ''} dp ${c.l.dp} tp ${c.l.tp} pp ${c.l.pp} ` +
+                   `ep ${c.l.ep}, ${pipelineText(c.l)}, m ${c.l.microbatches}: ` +
+                   `${num(c.iteration_us / 1000, 1)} ms, bubble ${num(100 * c.bubble_fraction, 1)} %`;
+      const box = el('div', {className: 'pipeline'}, [el('h4', {text: head})]);
+      s.append(box);
+      chart(box, 'chart-pipeline-' + c.rank, {type: 'bar',
+        data: {labels: Array.from({length: pp}, (_, i) => 'stage ' + i), datasets: sets},
+        options: {indexAxis: 'y',
+                  scales: {x: {min: 0, title: {display: true, text: 'ms'}}},
+                  plugins: {tooltip: {callbacks: {label: ctx => spanText(ctx.raw.span, chunks)}}}}},
+        null, 80 + 28 * pp);
+    }
   }
   function variants(plan) {
     const vs = plan.variants || [];

@@ -8,7 +8,6 @@
 #include "moeplan/base/embedded.h"
 #include "moeplan/base/status.h"
 #include "moeplan/base/strings.h"
-#include "moeplan/client/launcher_args.h"
 #include "moeplan/proto/json.h"
 
 namespace moeplan::client {
@@ -94,30 +93,20 @@ absl::StatusOr<HtmlReport> PlanModelReport(const v1::ModelConfig& model,
                                            const v1::ClusterProfile& profile) {
   v1::PlanModelResponse shown = plan;
   for (v1::VariantPlan& v : *shown.mutable_variants()) v.clear_ops();
+  // The page draws the pipelines of the first kReportPipelines candidates.
+  for (int i = kReportPipelines; i < shown.candidates_size(); ++i) {
+    shown.mutable_candidates(i)->clear_pipeline();
+  }
   MOEPLAN_ASSIGN_OR_RETURN(std::string plan_json, Json(shown));
   MOEPLAN_ASSIGN_OR_RETURN(std::string model_json, Json(model));
-  const int64_t global_batch =
-      plan.global_batch_size() > 0 ? plan.global_batch_size() : model.global_batch_size();
-  std::string launch = "[";
-  for (int i = 0; i < plan.candidates_size(); ++i) {
-    const v1::Layout& l = plan.candidates(i).layout();
-    std::string megatron;
-    for (const std::string& a : MegatronArgs(model, l, global_batch)) {
-      megatron += (megatron.empty() ? "" : " ") + a;
-    }
-    launch +=
-        fmt::format("{}{{\"megatron\":{},\"deepspeed\":{}}}", i > 0 ? "," : "",
-                    JsonString(megatron), JsonString(DeepSpeedConfig(model, l, global_batch)));
-  }
-  launch += "]";
   HtmlReport r;
   r.kind = "plan-model";
   r.title = Cat("moeplan plan-model: ", model.name().empty() ? "(unnamed model)" : model.name(),
                 " on ", profile.name());
   r.data_json = fmt::format(
-      "{{\"model\":{},\"plan\":{},\"launch\":{},\"profile\":{{\"name\":{},\"version\":{},"
+      "{{\"model\":{},\"plan\":{},\"profile\":{{\"name\":{},\"version\":{},"
       "\"nodes\":{},\"gpus_per_node\":{}}}}}",
-      model_json, plan_json, launch, JsonString(profile.name()), profile.version(), profile.nodes(),
+      model_json, plan_json, JsonString(profile.name()), profile.version(), profile.nodes(),
       profile.gpus_per_node());
   return r;
 }

@@ -318,7 +318,9 @@ CLI::App* AddPlanModel(CLI::App* app, PlanModelArgs* a) {
                    "throughput against memory, time and memory breakdowns, launcher arguments) "
                    "to this file")
       ->check(flags::NonEmpty());
-  plan->add_flag("--timeline", a->timeline, "Include every op's timing in the JSON output");
+  plan->add_flag("--timeline", a->timeline,
+                 "Include every op's timing in the JSON output (with --search or --layout: each "
+                 "candidate's pipeline of one iteration)");
   AddServerOptions(plan, &a->server,
                    "Plan on a moeplan-server at host:port instead of locally (same output)");
   AddLayoutOptions(plan, a);

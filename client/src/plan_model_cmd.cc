@@ -195,17 +195,19 @@ absl::Status PlanModelCmd(const PlanModelArgs& a) {
   v1::PlanModelRequest request;
   MOEPLAN_ASSIGN_OR_RETURN(*request.mutable_options(), OptionsFromFlags(a));
   if (a.search || !a.layout.empty()) {
-    if (a.timeline || !a.trace.empty()) {
+    if (!a.trace.empty()) {
       return absl::InvalidArgumentError(
-          "--timeline/--trace: not available with --search or --layout (they show one "
-          "variants plan; run plan-model without them)");
+          "--trace: not available with --search or --layout (it shows one variants plan; run "
+          "plan-model without them)");
     }
     MOEPLAN_RETURN_IF_ERROR(SearchFromFlags(a, &request));
     // The report charts every candidate the search enumerated.
     if (!a.html.empty() && a.search) request.mutable_search()->set_include_points(true);
   }
   MOEPLAN_RETURN_IF_ERROR(LoadModelFile(a.model, a.hf, request.mutable_model()));
-  request.set_include_timeline(a.timeline || !a.trace.empty());
+  // The report draws the candidates' pipelines.
+  request.set_include_timeline(a.timeline || !a.trace.empty() ||
+                               (!a.html.empty() && (a.search || !a.layout.empty())));
   v1::PlanModelResponse response;
   v1::ClusterProfile profile_message;
   const std::chrono::duration<double> limit(a.max_plan_seconds);
@@ -250,8 +252,9 @@ absl::Status PlanModelCmd(const PlanModelArgs& a) {
   // Everything is computed before anything is written: an error leaves no output.
   v1::PlanModelResponse printed = response;
   printed.clear_search_points();  // asked for by --html, for its chart
-  if (!a.timeline) {
+  if (!a.timeline) {              // asked for by --html only
     for (v1::VariantPlan& v : *printed.mutable_variants()) v.clear_ops();
+    for (v1::LayoutCandidate& c : *printed.mutable_candidates()) c.clear_pipeline();
   }
   std::string text;
   if (a.format == "json") {

@@ -147,7 +147,7 @@ void LayoutPlanner::Impl::P2p(const ModelConfig& model, const Layout& l, int64_t
 
 // Evaluates a validated layout with `mbs` sequences per micro-batch.
 absl::Status LayoutPlanner::Impl::Run(const ModelConfig& model, const Layout& l, int64_t mbs,
-                                      const MemoryOptions& mem, LayoutCandidate* out) {
+                                      const MemoryOptions& mem, LayoutCandidate* out, bool trace) {
   const int p = l.pp, v = l.Chunks(), m = l.microbatches;
   PipelineSpec spec;
   spec.schedule = l.pipeline;
@@ -185,7 +185,9 @@ absl::Status LayoutPlanner::Impl::Run(const ModelConfig& model, const Layout& l,
   }
   P2p(model, l, mbs, &spec);
   PipelineResult pr;
-  MOEPLAN_RETURN_IF_ERROR(TimePipeline(spec, &pipe_scratch, &pr));
+  out->pipeline.clear();
+  MOEPLAN_RETURN_IF_ERROR(trace ? TracePipeline(spec, &pipe_scratch, &out->pipeline, &pr)
+                                : TimePipeline(spec, &pipe_scratch, &pr));
   if (stats) ++stats->simulated;
 
   out->layout = l;
@@ -459,7 +461,7 @@ absl::StatusOr<Layout> OneLayout(const ModelConfig& model, const Layout& layout,
 
 absl::Status LayoutPlanner::Evaluate(const ModelConfig& model, const Layout& layout,
                                      const ModelPlanOptions& plan, const MemoryOptions& memory,
-                                     LayoutCandidate* out) {
+                                     LayoutCandidate* out, bool record_pipeline) {
   Impl& s = *impl_;
   MOEPLAN_RETURN_IF_ERROR(ValidateModelPlanOptions(plan));
   MOEPLAN_RETURN_IF_ERROR(ValidateMemoryOptions(memory));
@@ -468,7 +470,8 @@ absl::Status LayoutPlanner::Evaluate(const ModelConfig& model, const Layout& lay
   s.Begin(model, plan);
   s.stats = nullptr;
   const int64_t mbs = global / (int64_t{l.dp} * l.microbatches);
-  return s.Run(model, l, mbs, s.ResolveMemory(memory), out);
+  if (record_pipeline) MOEPLAN_RETURN_IF_ERROR(CheckTimelineSpans(PipelineSpans(l), 1));
+  return s.Run(model, l, mbs, s.ResolveMemory(memory), out, record_pipeline);
 }
 
 absl::Status LayoutPlanner::Program(const ModelConfig& model, const Layout& layout,

@@ -142,9 +142,10 @@ struct LayoutPlanner::Impl {
                    ChunkTimes* t) const;
   PipelineLinks Links(const ModelConfig& model, const Layout& l, int64_t mbs) const;
   void P2p(const ModelConfig& model, const Layout& l, int64_t mbs, PipelineSpec* spec) const;
-  // Evaluates a validated layout with `mbs` sequences per micro-batch.
+  // Evaluates a validated layout with `mbs` sequences per micro-batch;
+  // `trace`: with its pipeline timeline (LayoutCandidate::pipeline).
   absl::Status Run(const ModelConfig& model, const Layout& l, int64_t mbs, const MemoryOptions& mem,
-                   LayoutCandidate* out);
+                   LayoutCandidate* out, bool trace = false);
   // The candidate's time breakdown from its busiest stage's chunks.
   void Breakdown(const Layout& l, const PipelineSpec& spec, const PipelineResult& pr,
                  const std::vector<ChunkTimes>& chunks, LayoutCandidate* out) const;

@@ -542,11 +542,21 @@ absl::Status LayoutPlanner::Search(const ModelConfig& model, const SearchOptions
                                               &out->stats, &pending, points));
   MOEPLAN_RETURN_IF_ERROR(CheckSearchSteps(pending));
   MOEPLAN_RETURN_IF_ERROR(Rank(s, model, options, plan, mem, pending, &out->candidates, points));
+  s.stats = nullptr;
+  // The returned candidates timed again from their cached chunks (the same
+  // times), traced, their spans bounded first.
+  if (options.record_pipelines) {
+    int64_t spans = 0;
+    for (const LayoutCandidate& c : out->candidates) spans += PipelineSpans(c.layout);
+    MOEPLAN_RETURN_IF_ERROR(CheckTimelineSpans(spans, out->candidates.size()));
+    for (LayoutCandidate& c : out->candidates) {
+      MOEPLAN_RETURN_IF_ERROR(s.Run(model, c.layout, c.micro_batch_size, mem, &c, /*trace=*/true));
+    }
+  }
   const double tokens = static_cast<double>(model.GlobalBatch()) * model.seq_length;
   for (SearchPoint& p : out->points) {
     if (p.iteration_us > 0.0) p.tokens_per_s_per_gpu = tokens / (p.iteration_us * 1e-6) / gpus;
   }
-  s.stats = nullptr;
   return absl::OkStatus();
 }
 

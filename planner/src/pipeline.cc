@@ -253,6 +253,7 @@ struct GraphSink {
                static_cast<int>(steps * 4));
   }
   OpId Add(const Op& op, std::initializer_list<OpId> deps) { return g->Add(op, deps); }
+  void Pair(const PipeStep&, const PipeStep&) {}
 };
 
 // Each op timed by the simulator's rule (TimeOp) in issue order: its end
@@ -276,6 +277,56 @@ struct TimeSink {
     s->ends.push_back(end);
     if (id == 0 || end > makespan) makespan = end;
     return id;
+  }
+  void Pair(const PipeStep&, const PipeStep&) {}
+};
+
+// TimeSink's times kept as spans (TracePipeline), a pair's two ops one
+// span. An op starts once its inputs are ready and the resources it holds
+// are free (TimeOp's start, so a step starts at its predecessor's end
+// exactly).
+struct TraceSink : TimeSink {
+  std::vector<PipeSpan>* spans;
+  PipeStep fwd, bwd;  // the pair being issued
+  size_t pair = 0;    // its span
+  OpId Add(const Op& op, std::initializer_list<OpId> deps) {
+    double start = 0.0;
+    for (OpId d : deps) {
+      if (d != kNoOp) start = std::max(start, s->ends[static_cast<size_t>(d)]);
+    }
+    const double* free_at = s->free_at.data() + static_cast<size_t>(op.device) * kNumResources;
+    for (int r = 0; r < kNumResources; ++r) {
+      if (op.resources & (1u << r)) start = std::max(start, free_at[r]);
+    }
+    const OpId id = TimeSink::Add(op, deps);
+    const double end = s->ends[static_cast<size_t>(id)];
+    if (op.base == "pipe.fb_rest") {
+      (*spans)[pair].end_us = end;
+      return id;
+    }
+    PipeSpan span;
+    span.stage = op.block;
+    span.start_us = start;
+    span.end_us = end;
+    span.step = {op.phase == Phase::kForward, op.part, op.step, false};
+    if (op.base == "pipe.fb") {
+      span.kind = PipeSpan::Kind::kPair;
+      span.step = fwd;
+      span.paired = bwd;
+      pair = spans->size();
+    } else if (op.kind == OpKind::kComm) {
+      span.kind = PipeSpan::Kind::kSend;
+    } else if (op.term == Term::kOptimizer) {
+      span.kind = PipeSpan::Kind::kTail;
+      span.step = {};
+    }
+    spans->push_back(span);
+    return id;
+  }
+  void Pair(const PipeStep& a, const PipeStep& b) {
+    fwd = a.forward ? a : b;
+    bwd = a.forward ? b : a;
+    fwd.with_next = bwd.with_next = false;
   }
 };
 
@@ -334,6 +385,7 @@ class PipelineGraph {
       const PipeStep f = *pending_;
       const PipeFeed f_in = FeedOf(spec_.schedule, p_, v_, s, f);
       pending_.reset();
+      g_->Pair(f, st);
       const PairTime& t = spec_.pairs[(static_cast<size_t>(s) * v_ + f.chunk) * v_ + st.chunk];
       const bool fwd_first = t.fwd_end_us <= t.bwd_end_us;
       op.base = "pipe.fb";
@@ -491,6 +543,21 @@ absl::Status TimePipeline(const PipelineSpec& spec, PipelineScratch* scratch, Pi
   Summarize(
       sink.makespan, graph.last_of(), graph.busy(),
       [&](OpId id) { return scratch->ends[static_cast<size_t>(id)]; }, out);
+  return absl::OkStatus();
+}
+
+absl::Status TracePipeline(const PipelineSpec& spec, PipelineScratch* scratch,
+                           std::vector<PipeSpan>* out, PipelineResult* summary) {
+  MOEPLAN_RETURN_IF_ERROR(CheckSpec(spec));
+  out->clear();
+  TraceSink sink;
+  sink.s = scratch;
+  sink.spans = out;
+  PipelineGraph<TraceSink> graph(spec, &sink);
+  MOEPLAN_RETURN_IF_ERROR(Issue(spec, graph));
+  Summarize(
+      sink.makespan, graph.last_of(), graph.busy(),
+      [&](OpId id) { return scratch->ends[static_cast<size_t>(id)]; }, summary);
   return absl::OkStatus();
 }
 

@@ -328,6 +328,30 @@ absl::StatusOr<p::SearchOptions> SearchFromProto(const v1::SearchOptions& m) {
   return o;
 }
 
+namespace {
+
+void PipeSpanToProto(const p::PipeSpan& s, v1::PipelineSpan* o) {
+  using Kind = p::PipeSpan::Kind;
+  const bool fwd = s.step.forward;
+  o->set_kind(s.kind == Kind::kPair   ? "forward_backward"
+              : s.kind == Kind::kTail ? "tail"
+              : s.kind == Kind::kSend ? (fwd ? "send_forward" : "send_backward")
+                                      : (fwd ? "forward" : "backward"));
+  o->set_stage(s.stage);
+  if (s.kind != Kind::kTail) {
+    o->set_chunk(s.step.chunk);
+    o->set_microbatch(s.step.mb);
+  }
+  if (s.kind == Kind::kPair) {
+    o->set_backward_chunk(s.paired.chunk);
+    o->set_backward_microbatch(s.paired.mb);
+  }
+  o->set_start_us(s.start_us);
+  o->set_end_us(s.end_us);
+}
+
+}  // namespace
+
 void CandidateToProto(const p::LayoutCandidate& c, int rank, v1::LayoutCandidate* o) {
   *o->mutable_layout() = LayoutToProto(c.layout, c.micro_batch_size);
   o->set_family(std::string(p::FamilyName(c.layout.family)));
@@ -368,6 +392,8 @@ void CandidateToProto(const p::LayoutCandidate& c, int rank, v1::LayoutCandidate
   o->set_overlap_hidden_us(c.overlap_hidden_us);
   o->set_recompute_us(c.recompute_us);
   o->set_rank(rank);
+  o->mutable_pipeline()->Reserve(static_cast<int>(c.pipeline.size()));
+  for (const p::PipeSpan& s : c.pipeline) PipeSpanToProto(s, o->add_pipeline());
 }
 
 }  // namespace moeplan::proto

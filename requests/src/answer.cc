@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -14,6 +15,7 @@
 #include "moeplan/planner/layout_planner.h"
 #include "moeplan/planner/limits.h"
 #include "moeplan/proto/convert.h"
+#include "moeplan/requests/launcher_args.h"
 
 namespace moeplan::requests {
 
@@ -96,22 +98,36 @@ absl::Status UnderRequest(const absl::Status& s) {
   return absl::InvalidArgumentError(Cat("model.", msg));
 }
 
+// The candidates, ranked, each with its launcher arguments. `out->model()`
+// is the model planned.
+void CandidatesToProto(std::span<const p::LayoutCandidate> cands, v1::PlanModelResponse* out) {
+  const int64_t global_batch = out->global_batch_size();
+  for (size_t i = 0; i < cands.size(); ++i) {
+    v1::LayoutCandidate* o = out->add_candidates();
+    proto::CandidateToProto(cands[i], static_cast<int>(i) + 1, o);
+    FillLauncherArgs(out->model(), global_batch, o);
+  }
+}
+
 // The layout modes (docs/layouts.md): one layout evaluated, or the search;
 // the model's shape was checked by the caller.
 absl::Status AnswerLayouts(const p::ModelConfig& model, const v1::PlanModelRequest& request,
                            const p::ModelPlanOptions& options, p::LayoutPlanner& lp,
                            v1::PlanModelResponse* out) {
   const p::MemoryOptions memory = proto::MemoryFromProto(request.memory());
+  const bool timeline = request.include_timeline();
   if (request.has_layout()) {
     MOEPLAN_ASSIGN_OR_RETURN(p::Layout layout, proto::LayoutFromProto(request.layout()));
     p::LayoutCandidate c;
-    MOEPLAN_RETURN_IF_ERROR(UnderRequest(lp.Evaluate(model, layout, options, memory, &c)));
+    MOEPLAN_RETURN_IF_ERROR(
+        UnderRequest(lp.Evaluate(model, layout, options, memory, &c, timeline)));
     out->set_gpus(c.layout.Gpus());
     out->set_ranks(c.layout.Gpus());
-    proto::CandidateToProto(c, 1, out->add_candidates());
+    CandidatesToProto(std::span<const p::LayoutCandidate>(&c, 1), out);
     return absl::OkStatus();
   }
   MOEPLAN_ASSIGN_OR_RETURN(p::SearchOptions search, proto::SearchFromProto(request.search()));
+  search.record_pipelines = timeline;
   p::LayoutSearchResult r;
   const auto start = std::chrono::steady_clock::now();
   MOEPLAN_RETURN_IF_ERROR(UnderRequest(lp.Search(model, search, options, memory, &r)));
@@ -119,9 +135,7 @@ absl::Status AnswerLayouts(const p::ModelConfig& model, const v1::PlanModelReque
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
   out->set_gpus(r.gpus);
   out->set_ranks(r.gpus);
-  for (size_t i = 0; i < r.candidates.size(); ++i) {
-    proto::CandidateToProto(r.candidates[i], static_cast<int>(i) + 1, out->add_candidates());
-  }
+  CandidatesToProto(r.candidates, out);
   v1::SearchStats* st = out->mutable_search_stats();
   st->set_enumerated(r.stats.enumerated);
   st->set_pruned_memory(r.stats.pruned_memory);

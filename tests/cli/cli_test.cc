@@ -593,6 +593,37 @@ TEST(PlanModelCli, PlansDenseModels) {
       << bad.err;
 }
 
+// --timeline with --layout (or --search) prints each candidate's pipeline of
+// one iteration in the JSON: 4 stages x 8 micro-batches, a forward and a
+// backward each, ending at the iteration time; without it none. --trace
+// stays the variants plan's.
+TEST(PlanModelCli, TimelineOfALayoutIsItsPipeline) {
+  const std::string cmd =
+      "plan-model --model examples/hf/mixtral-8x7b/config.json --global-batch-size 8 "
+      "--layout dp=1,tp=8,pp=4,ep=8,esp=1,microbatches=8 --format json";
+  CliResult with = RunCli(cmd + " --timeline");
+  CliResult without = RunCli(cmd);
+  ASSERT_EQ(with.exit_code, 0) << with.err;
+  ASSERT_EQ(without.exit_code, 0) << without.err;
+  v1::PlanModelResponse traced, plain;
+  ASSERT_TRUE(proto::ParseJson(with.out, &traced).ok());
+  ASSERT_TRUE(proto::ParseJson(without.out, &plain).ok());
+  ASSERT_EQ(traced.candidates_size(), 1);
+  EXPECT_EQ(plain.candidates(0).pipeline_size(), 0);
+  int steps = 0;
+  double end = 0.0;
+  for (const v1::PipelineSpan& s : traced.candidates(0).pipeline()) {
+    steps += s.kind() == "forward" || s.kind() == "backward";
+    end = std::max(end, s.end_us());
+  }
+  EXPECT_EQ(steps, 4 * 8 * 2);
+  EXPECT_EQ(end, traced.candidates(0).iteration_us());
+  CliResult trace = RunCli(cmd + " --trace " + ::testing::TempDir() + "/never.json");
+  EXPECT_EQ(trace.exit_code, 1);
+  EXPECT_NE(trace.err.find("--trace: not available with --search or --layout"), std::string::npos)
+      << trace.err;
+}
+
 // The Hugging Face settings never pass silently over a native model file.
 TEST(PlanModelCli, HuggingFaceFlagsWithANativeModelAreRefused) {
   struct Case {

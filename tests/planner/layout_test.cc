@@ -765,6 +765,48 @@ TEST(Search, RecordedPointsAreEveryCandidateWithItsBoundOrTime) {
   EXPECT_GT(kinds[SearchPoint::Kind::kBound], 0);
 }
 
+// record_pipelines gives each returned candidate its pipeline, traced at
+// the candidate's own times (its last span ends at iteration_us, its
+// bubble as the search reported it), and changes nothing else; Evaluate's
+// record_pipeline gives the same timeline for the same layout.
+TEST(Search, RecordedPipelinesAreTheCandidatesOwnTimes) {
+  const ModelConfig m = EightBlocks();
+  LayoutPlanner lp(RoundNumberModel());
+  SearchOptions so = TopFiveSearch();
+  so.pipelines = {PipelineSchedule::k1F1B, PipelineSchedule::kInterleaved};
+  LayoutSearchResult plain, traced;
+  ASSERT_TRUE(lp.Search(m, so, {}, {}, &plain).ok());
+  so.record_pipelines = true;
+  ASSERT_TRUE(lp.Search(m, so, {}, {}, &traced).ok());
+  ASSERT_EQ(traced.candidates.size(), plain.candidates.size());
+  EXPECT_EQ(traced.stats.simulated, plain.stats.simulated);
+  EXPECT_EQ(traced.stats.stage_plans, plain.stats.stage_plans);
+  int staged = 0;
+  for (size_t i = 0; i < traced.candidates.size(); ++i) {
+    const LayoutCandidate& c = traced.candidates[i];
+    EXPECT_TRUE(plain.candidates[i].pipeline.empty());
+    EXPECT_EQ(c.iteration_us, plain.candidates[i].iteration_us) << i;
+    EXPECT_EQ(c.bubble_us, plain.candidates[i].bubble_us) << i;
+    ASSERT_FALSE(c.pipeline.empty()) << i;
+    double end = 0.0;
+    int steps = 0;
+    for (const PipeSpan& s : c.pipeline) {
+      end = std::max(end, s.end_us);
+      EXPECT_LT(s.stage, c.layout.pp) << i;
+      if (s.kind == PipeSpan::Kind::kStep) ++steps;
+    }
+    EXPECT_EQ(end, c.iteration_us) << i;
+    EXPECT_EQ(steps, c.layout.pp * c.layout.Chunks() * c.layout.microbatches * 2) << i;
+    if (c.layout.pp > 1) ++staged;
+    LayoutCandidate one;
+    Layout l = c.layout;
+    ASSERT_TRUE(lp.Evaluate(m, l, {}, {}, &one, /*record_pipeline=*/true).ok()) << i;
+    ASSERT_EQ(one.pipeline.size(), c.pipeline.size()) << i;
+    EXPECT_EQ(one.pipeline.back().end_us, c.pipeline.back().end_us) << i;
+  }
+  EXPECT_GT(staged, 0);  // some candidate's timeline has several stages
+}
+
 // moe.layer_pattern (layer_freq 0, as a DeepSeek or Qwen model imported from
 // Hugging Face has) keys each stage plan by its slice of the pattern: the
 // search no longer divides by the zero layer_freq, and a pattern that says

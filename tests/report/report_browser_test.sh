@@ -6,7 +6,8 @@
 # markup, opens each in Debian's headless Chromium and checks that:
 # - the page logs nothing to the console (no error, no exception);
 # - report.js finished (body data-ready="1") and each chart drew as many points
-#   as the report's own JSON holds;
+#   as the report's own JSON holds (the search's top ten pipelines: a bar per
+#   span, as Chart.js built them);
 # - the markup in the model's name is shown as text and never runs.
 # Each page's screenshot is kept in ARTIFACT_DIR.
 set -uo pipefail
@@ -92,16 +93,23 @@ def expect(name, charts):
             fail.append(f"{name}: {chart} drew {drawn.get(chart)} points, the data holds {want}")
     return data, dom, attrs
 
-expect("search", lambda d: {
+expect("search", lambda d: dict({
     "chart-throughput-memory": len(d["plan"]["candidates"]) + sum(
         1 for p in d["plan"]["search_points"] if p["kind"] != "skipped"),
     "chart-time": min(10, len(d["plan"]["candidates"])),
-    "chart-memory": min(10, len(d["plan"]["candidates"]))})
+    "chart-memory": min(10, len(d["plan"]["candidates"]))}, **{
+    # Each of the top ten's pipeline: a bar per span.
+    f"chart-pipeline-{c['rank']}": len(c["pipeline"]) for c in d["plan"]["candidates"][:10]}))
 data, _, _ = page("search")
-if data["plan"]["gpus"] != 1024 or len(data["plan"]["candidates"]) < 10:
-    fail.append(f"search: {data['plan']['gpus']} GPUs, {len(data['plan']['candidates'])} candidates")
-if len(data["launch"]) != len(data["plan"]["candidates"]):
+cands = data["plan"]["candidates"]
+if data["plan"]["gpus"] != 1024 or len(cands) < 10:
+    fail.append(f"search: {data['plan']['gpus']} GPUs, {len(cands)} candidates")
+if any(not c["megatron_args"] or not c["deepspeed_config"] for c in cands):
     fail.append("search: not every candidate has its launcher arguments")
+if any(not c["pipeline"] for c in cands[:10]) or any(c["pipeline"] for c in cands[10:]):
+    fail.append("search: the page should carry the pipelines of the top ten only")
+if not any(int(c["layout"]["pp"]) > 1 for c in cands[:10]):
+    fail.append("search: no top-ten candidate has a pipeline of several stages to draw")
 stats = data["plan"]["search_stats"]
 if len(data["plan"]["search_points"]) != int(stats["enumerated"]):
     fail.append(f"search: {len(data['plan']['search_points'])} points for {stats['enumerated']} enumerated")

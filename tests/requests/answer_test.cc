@@ -7,6 +7,7 @@
 #include <memory>
 #include <string>
 
+#include "absl/strings/str_join.h"
 #include "moeplan/calibration/profiles.h"
 #include "moeplan/planner/cost_model.h"
 #include "moeplan/planner/model_planner.h"
@@ -228,6 +229,78 @@ TEST_F(AnswerTest, ATimelineOverTheLimitIsRefusedBeforeItIsBuilt) {
   ASSERT_EQ(out.variants_size(), 1);
   EXPECT_GT(out.variants(0).ops_size(), 50000);
   EXPECT_LE(out.variants(0).ops_size(), planner::kMaxTimelineOps);
+}
+
+// Search and layout modes: every candidate carries its launcher arguments;
+// include_timeline adds its pipeline, one iteration whose last span ends
+// at the candidate's iteration time, every micro-batch's steps on every
+// stage. A layout whose timeline would pass kMaxTimelineOps is refused
+// before it is traced.
+TEST_F(AnswerTest, CandidatesCarryLauncherArgumentsAndTheirPipelines) {
+  v1::PlanModelRequest req;
+  ASSERT_TRUE(proto::ReadJsonFile(MOEPLAN_SOURCE_DIR "/examples/models/gpt3-medium-moe.json",
+                                  req.mutable_model())
+                  .ok());
+  req.mutable_search()->set_gpus(16);
+  req.mutable_search()->set_top(3);
+  req.mutable_search()->set_max_microbatches(8);
+  planner::ModelPlanner planner(*cost_);
+  v1::PlanModelResponse plain, traced;
+  ASSERT_TRUE(AnswerPlanModel(req, planner, profile_.profile, &plain).ok());
+  req.set_include_timeline(true);
+  ASSERT_TRUE(AnswerPlanModel(req, planner, profile_.profile, &traced).ok());
+  ASSERT_EQ(traced.candidates_size(), 3);
+  for (int i = 0; i < traced.candidates_size(); ++i) {
+    const v1::LayoutCandidate& c = traced.candidates(i);
+    EXPECT_EQ(plain.candidates(i).pipeline_size(), 0);
+    EXPECT_EQ(plain.candidates(i).iteration_us(), c.iteration_us());
+    const std::string args = absl::StrJoin(c.megatron_args(), " ");
+    EXPECT_NE(args.find("--tensor-model-parallel-size " + std::to_string(c.layout().tp()) + " "),
+              std::string::npos)
+        << args;
+    EXPECT_NE(args.find("--global-batch-size 256 "), std::string::npos) << args;
+    EXPECT_EQ(c.deepspeed_config().rfind("{\"train_batch_size\": 256, ", 0), 0u)
+        << c.deepspeed_config();
+    EXPECT_EQ(absl::StrJoin(plain.candidates(i).megatron_args(), " "), args);
+    double end = 0.0;
+    int steps = 0, tails = 0;
+    for (const v1::PipelineSpan& sp : c.pipeline()) {
+      end = std::max(end, sp.end_us());
+      steps += sp.kind() == "forward" || sp.kind() == "backward";
+      tails += sp.kind() == "tail";
+    }
+    EXPECT_EQ(end, c.iteration_us()) << i;
+    EXPECT_EQ(tails, c.layout().pp()) << i;
+    EXPECT_EQ(steps, c.layout().pp() * std::max(c.layout().virtual_stages(), 1) *
+                         c.layout().microbatches() * 2)
+        << i;
+  }
+  // One layout: the same pipeline as the search's for it.
+  req.clear_search();
+  *req.mutable_layout() = traced.candidates(0).layout();
+  v1::PlanModelResponse one;
+  ASSERT_TRUE(AnswerPlanModel(req, planner, profile_.profile, &one).ok());
+  ASSERT_EQ(one.candidates_size(), 1);
+  EXPECT_EQ(one.candidates(0).pipeline_size(), traced.candidates(0).pipeline_size());
+  EXPECT_EQ(one.candidates(0).megatron_args_size(), traced.candidates(0).megatron_args_size());
+  // 16 stages of 4096 micro-batches: up to 16 * 4096 * 4 + 16 spans.
+  req.mutable_model()->set_global_batch_size(4096);
+  v1::Layout* l = req.mutable_layout();
+  *l = v1::Layout();
+  l->set_dp(1);
+  l->set_tp(1);
+  l->set_pp(16);
+  l->set_ep(1);
+  l->set_esp(1);
+  l->set_microbatches(4096);
+  absl::Status s = AnswerPlanModel(req, planner, profile_.profile, &one);
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+  EXPECT_EQ(Msg(s),
+            "include_timeline: the pipelines of 1 layout would hold up to 262160 spans, over the "
+            "limit of 262144 per response; ask for fewer candidates (search.top), fewer "
+            "micro-batches or without it");
+  req.clear_include_timeline();
+  EXPECT_TRUE(AnswerPlanModel(req, planner, profile_.profile, &one).ok());
 }
 
 // FP8 training (fp8_format) plans the linear layers' GEMMs at the profile's

@@ -25,10 +25,15 @@ struct HtmlReport {
   std::string data_json;  // the report's data, a JSON object
 };
 
-// The data of each kind. plan-model: the model (defaults filled in), the plan
-// (timelines left out) and each candidate's Megatron-LM arguments and
-// DeepSpeed config; plan-layer: the layer and its plan, with each schedule's
-// op timeline; validate: the summary.
+// The candidates whose pipeline timeline a plan-model page draws (the
+// first; the breakdowns' ten).
+inline constexpr int kReportPipelines = 10;
+
+// The data of each kind. plan-model: the model (defaults filled in) and the
+// plan: variants without their op timelines, candidates with their launcher
+// arguments and, the first kReportPipelines, their pipelines; plan-layer:
+// the layer and its plan, with each schedule's op timeline; validate: the
+// summary.
 absl::StatusOr<HtmlReport> PlanModelReport(const v1::ModelConfig& model,
                                            const v1::PlanModelResponse& plan,
                                            const v1::ClusterProfile& profile);

@@ -145,6 +145,14 @@ absl::Status ValidateLayout(const ModelConfig& model, const Layout& layout, int6
 int64_t PipelineSteps(const Layout& layout);
 absl::Status CheckPipelineSteps(const Layout& layout);
 
+// At most how many spans the layout's pipeline timeline holds
+// (TracePipeline: every step, the send after it, each stage's tail), and
+// the check of `spans` (the timelines of `candidates` layouts) against
+// kMaxTimelineOps, before any is traced: ResourceExhausted naming
+// include_timeline, the request field that asks for them.
+int64_t PipelineSpans(const Layout& layout);
+absl::Status CheckTimelineSpans(int64_t spans, size_t candidates);
+
 // A layout as it runs: microbatches 0 reads as pp, and one stage runs
 // 1F1B (each micro-batch's backward after its forward). Not validated.
 Layout ResolveLayout(const Layout& layout);

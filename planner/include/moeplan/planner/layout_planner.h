@@ -15,6 +15,7 @@
 #include "moeplan/planner/layout_memory.h"
 #include "moeplan/planner/model.h"
 #include "moeplan/planner/model_planner.h"
+#include "moeplan/planner/pipeline.h"
 #include "moeplan/planner/types.h"
 
 namespace moeplan::planner {
@@ -51,6 +52,10 @@ struct LayoutCandidate {
   // The busiest stage's recomputation per iteration (RecomputeUs per
   // micro-batch: the forward again, or the recomputed modules' forward).
   double recompute_us = 0.0;
+  // One iteration's pipeline, every stage's steps, sends and tail timed
+  // (TracePipeline): only where asked for (SearchOptions::record_pipelines,
+  // Evaluate's record_pipeline), else empty.
+  std::vector<PipeSpan> pipeline;
 };
 
 struct SearchOptions {
@@ -96,6 +101,9 @@ struct SearchOptions {
   // and what the search knows of its time): for a report's throughput-against-
   // memory chart. Off: nothing is kept.
   bool record_points = false;
+  // Each returned candidate's pipeline timeline (LayoutCandidate::pipeline),
+  // timed once the ranking is done. Off: none.
+  bool record_pipelines = false;
 };
 // InvalidArgument naming "search.<field>".
 absl::Status ValidateSearchOptions(const SearchOptions& options);
@@ -146,9 +154,10 @@ class LayoutPlanner {
 
   // Evaluates one layout (microbatches 0: 1 when pp = 1, else pp). An
   // infeasible layout is simulated too and marked with its reason.
+  // `record_pipeline`: with its pipeline timeline (LayoutCandidate::pipeline).
   absl::Status Evaluate(const ModelConfig& model, const Layout& layout,
                         const ModelPlanOptions& plan, const MemoryOptions& memory,
-                        LayoutCandidate* out);
+                        LayoutCandidate* out, bool record_pipeline = false);
   // Ranks every layout of options.gpus GPUs; returns the top feasible ones.
   absl::Status Search(const ModelConfig& model, const SearchOptions& options,
                       const ModelPlanOptions& plan, const MemoryOptions& memory,

@@ -103,6 +103,24 @@ struct PipelineScratch {
 // bounds and candidates, which read the summary only).
 absl::Status TimePipeline(const PipelineSpec& spec, PipelineScratch* scratch, PipelineResult* out);
 
+// One span of a pipeline's timeline (TracePipeline): a step on its stage,
+// an overlapped forward-backward pair (`step` the forward, `paired` the
+// backward), the send after a step on the stage's link, or the stage's tail
+// (gradient synchronisation and optimizer). Micro-batches are numbered per
+// chunk's direction under DualPipe (0 .. m/2 - 1), else 0 .. m - 1.
+struct PipeSpan {
+  enum class Kind : uint8_t { kStep, kPair, kSend, kTail };
+  Kind kind = Kind::kStep;
+  int stage = 0;
+  PipeStep step, paired;
+  double start_us = 0.0, end_us = 0.0;
+};
+// TimePipeline's times as spans, in issue order (a pair's span from its
+// first op's start to its second's end): the same times to the bit.
+// `out` is cleared first.
+absl::Status TracePipeline(const PipelineSpec& spec, PipelineScratch* scratch,
+                           std::vector<PipeSpan>* out, PipelineResult* summary);
+
 // Every stage's steps in one issue order (the pipeline's only schedule): a
 // step is issued once the step feeding it has been (the previous chunk's
 // forward, the next chunk's backward, or its own forward), stage by stage;

@@ -1,11 +1,11 @@
-#include "moeplan/client/launcher_args.h"
+#include "moeplan/requests/launcher_args.h"
 
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <string>
 
-namespace moeplan::client {
+namespace moeplan::requests {
 
 int64_t MicroBatchSize(const v1::Layout& l, int64_t global_batch) {
   if (l.micro_batch_size() > 0) return l.micro_batch_size();
@@ -108,4 +108,12 @@ std::string DeepSpeedConfig(const v1::ModelConfig& m, const v1::Layout& l, int64
       std::max(l.tp(), 1));
 }
 
-}  // namespace moeplan::client
+void FillLauncherArgs(const v1::ModelConfig& model, int64_t global_batch, v1::LayoutCandidate* c) {
+  c->clear_megatron_args();
+  for (std::string& a : MegatronArgs(model, c->layout(), global_batch)) {
+    c->add_megatron_args(std::move(a));
+  }
+  c->set_deepspeed_config(DeepSpeedConfig(model, c->layout(), global_batch));
+}
+
+}  // namespace moeplan::requests
