@@ -1,5 +1,6 @@
 #include "cli_util.h"
 
+#include <stdlib.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 
@@ -181,6 +182,25 @@ std::string FailureReason(std::string_view log, std::string_view program) {
     }
   }
   return outside.empty() ? banner_first : outside;
+}
+
+absl::StatusOr<ScratchDir> ScratchDir::Make(const std::string& given, std::string_view command) {
+  if (!given.empty()) return ScratchDir(given, false);
+  std::error_code ec;
+  std::string tmpl =
+      (std::filesystem::temp_directory_path(ec) / Cat("moeplan-", command, "-XXXXXX")).string();
+  if (ec || mkdtemp(tmpl.data()) == nullptr) {
+    return absl::PermissionDeniedError(
+        Cat(command, ": cannot make a temporary directory (", tmpl,
+            "); give --out-dir: ", ec ? ec.message() : std::strerror(errno)));
+  }
+  return ScratchDir(tmpl, true);
+}
+
+void ScratchDir::Remove() {
+  std::error_code ec;
+  if (owned_) std::filesystem::remove_all(path_, ec);
+  owned_ = false;
 }
 
 }  // namespace moeplan::client

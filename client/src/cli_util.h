@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -106,5 +107,33 @@ absl::Status RefuseOutputOverInput(const std::vector<NamedPath>& outputs,
 // slots); "" for an empty log. Never a banner's dashes or its "Primary job
 // terminated normally" boilerplate when the program said why.
 std::string FailureReason(std::string_view log, std::string_view program);
+
+// A directory the command was given (`given`, kept), else a new temporary
+// one removed with this object: a command writes nothing where it was not
+// asked to. `command` names the command in the error when none can be made.
+class ScratchDir {
+ public:
+  static absl::StatusOr<ScratchDir> Make(const std::string& given, std::string_view command);
+  ScratchDir(ScratchDir&& o) noexcept : path_(std::move(o.path_)), owned_(o.owned_) {
+    o.owned_ = false;
+  }
+  ScratchDir& operator=(ScratchDir&& o) noexcept {
+    if (this != &o) {
+      Remove();
+      path_ = std::move(o.path_);
+      owned_ = std::exchange(o.owned_, false);
+    }
+    return *this;
+  }
+  ~ScratchDir() { Remove(); }
+  const std::string& path() const { return path_; }
+  bool temporary() const { return owned_; }
+
+ private:
+  void Remove();
+  ScratchDir(std::string path, bool owned) : path_(std::move(path)), owned_(owned) {}
+  std::string path_;
+  bool owned_ = false;
+};
 
 }  // namespace moeplan::client

@@ -182,7 +182,9 @@ struct ValidateArgs {
   int iters = 5;
   int warmup = 2;
   double skew = 0.0;  // moeplan-exec --skew (Zipf exponent of the gate bias)
-  std::string out_dir = "validation";
+  // report.md, plot.png and the runs' files; empty: the runs' files in a
+  // temporary directory, removed afterwards, and no report file.
+  std::string out_dir;
   std::string html;            // HTML report to write too; empty: none
   bool out_dir_given = false;  // --out-dir on the command line (--published writes only then)
   bool json = false;

@@ -521,10 +521,11 @@ CLI::App* AddValidate(CLI::App* app, ValidateArgs* a) {
       ->capture_default_str();
   validate
       ->add_option("--out-dir", a->out_dir,
-                   "Directory for report.md, plot.png and the runs' files (with --published: "
-                   "report.md, report.json and plot.png, written only when given)")
-      ->check(flags::NonEmpty())
-      ->capture_default_str();
+                   "Directory for report.md, plot.png and the runs' files (default: none; the "
+                   "runs' files go to a temporary directory, removed afterwards, and only the "
+                   "summary is printed; --holdout needs it for refit-profile.json). With "
+                   "--published: report.md, report.json and plot.png")
+      ->check(flags::NonEmpty());
   validate->add_flag("--json", a->json, "Print the summary as JSON (moeplan.v1.ValidationSummary)");
   validate
       ->add_option("--html", a->html,

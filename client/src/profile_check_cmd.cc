@@ -2,16 +2,13 @@
 // (under a launcher, mpirun by default) and reports each cost-model term's
 // drift from a profile (calibration/profile_check.h, docs/calibration.md).
 #include <fmt/format.h>
-#include <stdlib.h>
 
-#include <cerrno>
-#include <cstring>
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <system_error>
 #include <vector>
 
-#include "absl/cleanup/cleanup.h"
 #include "absl/status/status.h"
 #include "cli_util.h"
 #include "commands.h"
@@ -30,22 +27,13 @@ absl::Status ProfileCheckCmd(const ProfileCheckArgs& a) {
         Cat("--threshold-pct: must be > 0 (got ", a.threshold_pct, ")"));
   }
   // Without --out-dir the samples go to a temporary directory, removed when
-  // the check is done: a command writes nothing where it was not asked to.
-  std::string out_dir = a.out_dir;
-  std::error_code ec;
-  if (out_dir.empty() && a.samples.empty()) {
-    std::string tmpl =
-        (std::filesystem::temp_directory_path(ec) / "moeplan-profile-check-XXXXXX").string();
-    if (ec || mkdtemp(tmpl.data()) == nullptr) {
-      return absl::PermissionDeniedError(
-          Cat("profile-check: cannot make a temporary directory (", tmpl,
-              "); give --out-dir: ", ec ? ec.message() : std::strerror(errno)));
-    }
-    out_dir = tmpl;
+  // the check is done.
+  std::optional<ScratchDir> scratch;
+  if (a.samples.empty()) {
+    MOEPLAN_ASSIGN_OR_RETURN(scratch, ScratchDir::Make(a.out_dir, "profile-check"));
   }
-  absl::Cleanup remove_tmp = [&] {
-    if (a.out_dir.empty() && !out_dir.empty()) std::filesystem::remove_all(out_dir, ec);
-  };
+  const std::string out_dir = scratch ? scratch->path() : a.out_dir;
+  std::error_code ec;
   const std::string samples_file = (std::filesystem::path(out_dir) / "check.jsonl").string();
   if (a.samples.empty()) {
     MOEPLAN_RETURN_IF_ERROR(RefuseOutputOverInput(

@@ -112,6 +112,7 @@ std::string ExecFlags(const ValidateArgs& a, const v1::ClusterProfile& profile) 
 
 // Where and how the configs run, once the arguments are checked.
 struct Setup {
+  std::optional<ScratchDir> scratch;  // --out-dir, else a temporary directory
   fs::path dir;          // --out-dir, with configs/, exec/ and logs/ in it
   int ranks = 0;         // --ranks, or the profile's nodes x GPUs
   std::string exec;      // the moeplan-exec binary
@@ -124,7 +125,8 @@ absl::StatusOr<Setup> Prepare(const ValidateArgs& a, const v1::ClusterProfile& p
   if (a.iters < 1) return absl::InvalidArgumentError("--iters: must be >= 1");
   if (a.warmup < 0) return absl::InvalidArgumentError("--warmup: must be >= 0");
   Setup setup;
-  setup.dir = fs::path(a.out_dir);
+  MOEPLAN_ASSIGN_OR_RETURN(setup.scratch, ScratchDir::Make(a.out_dir, "validate"));
+  setup.dir = fs::path(setup.scratch->path());
   std::error_code ec;
   for (const char* sub : {"configs", "exec", "logs"}) {
     fs::create_directories(setup.dir / sub, ec);
@@ -199,7 +201,10 @@ absl::StatusOr<ConfigRun> RunConfig(const ValidateArgs& a, const Setup& setup,
                           : ExecFailure(log_file);
     if (why.empty()) why = Cat("exit code ", ran.exit_code);
     fmt::print(stderr, "moeplan validate:   skipped: {}\n", why);
-    return ConfigRun{std::nullopt, fmt::format("{}: {} (log: {})", name, why, log_file)};
+    // A temporary directory's log is gone when the command returns.
+    const std::string log =
+        setup.scratch->temporary() ? std::string() : fmt::format(" (log: {})", log_file);
+    return ConfigRun{std::nullopt, fmt::format("{}: {}{}", name, why, log)};
   }
   MOEPLAN_RETURN_IF_ERROR(
       proto::WriteFileAtomic((setup.dir / "exec" / (stem + ".json")).string(), ran.out));
@@ -227,6 +232,12 @@ absl::StatusOr<Written> WriteReport(const ValidateArgs& a, const Setup& setup,
                                     const v1::ValidationSummary& summary,
                                     const std::vector<std::string>& skipped,
                                     const std::string& section) {
+  Written written;
+  if (!a.html.empty()) {
+    MOEPLAN_ASSIGN_OR_RETURN(HtmlReport html, ValidateReport(summary));
+    MOEPLAN_RETURN_IF_ERROR(WriteHtmlReport(a.html, html));
+  }
+  if (setup.scratch->temporary()) return written;  // no --out-dir: no report file
   calibration::ReportContext ctx;
   if (a.from_runs.empty()) {
     ctx.command =
@@ -247,13 +258,8 @@ absl::StatusOr<Written> WriteReport(const ValidateArgs& a, const Setup& setup,
     markdown += fmt::format("\n## Configs not run ({})\n\n", skipped.size());
     for (const std::string& s : skipped) markdown += "- " + s + "\n";
   }
-  Written written;
   written.report = (setup.dir / "report.md").string();
   MOEPLAN_RETURN_IF_ERROR(proto::WriteFileAtomic(written.report, markdown));
-  if (!a.html.empty()) {
-    MOEPLAN_ASSIGN_OR_RETURN(HtmlReport html, ValidateReport(summary));
-    MOEPLAN_RETURN_IF_ERROR(WriteHtmlReport(a.html, html));
-  }
   if (!plot_note.empty()) fmt::print(stderr, "moeplan validate: warning: {}\n", plot_note);
   if (!ctx.plot_file.empty()) written.plot = (setup.dir / ctx.plot_file).string();
   return written;
@@ -283,7 +289,7 @@ absl::Status PrintSummary(bool json, const v1::ValidationSummary& summary, size_
       "total time: MAPE {:.1f} %, p90 {:.1f} %, max {:.1f} % ({})\n"
       "{}"
       "{}"
-      "report: {}{}\n",
+      "{}{}\n",
       summary.configs(), noun, summary.points(), summary.profile(), summary.ranks(),
       summary.hosts(),
       skipped == 0 ? "" : fmt::format("; {} configs not run (see the report)", skipped),
@@ -294,7 +300,10 @@ absl::Status PrintSummary(bool json, const v1::ValidationSummary& summary, size_
                         "tie)\n",
                         summary.selection_accuracy_tied_pct(), summary.paired_configs(),
                         summary.tied_configs()),
-      written.report, written.plot.empty() ? "" : fmt::format(", plot: {}", written.plot)));
+      written.report.empty()
+          ? "report: not written (--out-dir keeps report.md, plot.png and the runs' files)"
+          : "report: " + written.report,
+      written.plot.empty() ? "" : fmt::format(", plot: {}", written.plot)));
 }
 
 }  // namespace
@@ -381,6 +390,10 @@ absl::Status ValidateCmd(const ValidateArgs& a) {
     return absl::InvalidArgumentError(Cat("--holdout: must be in [0, 0.9] (got ", a.holdout, ")"));
   }
   const bool holdout = a.holdout > 0.0;
+  if (holdout && a.out_dir.empty()) {
+    return absl::InvalidArgumentError(
+        "--holdout: writes the refitted profile (refit-profile.json): give --out-dir");
+  }
   if (holdout && profile.message.context().ops_size() > 0) {
     // The corrections are fitted against the profile's own model: start from
     // it without the old ones.
@@ -396,7 +409,7 @@ absl::Status ValidateCmd(const ValidateArgs& a) {
   const std::string& grid_file = a.layers.empty() ? a.models : a.layers;
   MOEPLAN_ASSIGN_OR_RETURN(std::unique_ptr<ValidationSubject> subject,
                            a.layers.empty() ? ModelSubject(a.models) : LayerSubject(a.layers));
-  MOEPLAN_RETURN_IF_ERROR(RefuseOutputsOverInputs(a, subject->size()));
+  if (!a.out_dir.empty()) MOEPLAN_RETURN_IF_ERROR(RefuseOutputsOverInputs(a, subject->size()));
   MOEPLAN_ASSIGN_OR_RETURN(Setup setup, Prepare(a, profile.message));
 
   std::vector<calibration::ValidationInput> inputs;

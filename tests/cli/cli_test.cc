@@ -624,6 +624,34 @@ TEST(PlanModelCli, TimelineOfALayoutIsItsPipeline) {
       << trace.err;
 }
 
+// Without --out-dir, validate writes nothing where it was not asked to:
+// the runs' files go to a temporary directory in $TMPDIR, removed
+// afterwards, and the summary says no report was written. --holdout, which
+// writes a refitted profile, needs --out-dir.
+TEST(ValidateCli, WithoutOutDirWritesNothing) {
+  TempDir cwd, tmp, out;
+  const std::string runs = MOEPLAN_SOURCE_DIR "/calibration/profiles/measured/cpu-testbed-2x1/run1";
+  const std::string cmd = "cd '" + cwd.path() + "' && TMPDIR='" + tmp.path() +
+                          "' '" MOEPLAN_CLI "' validate --profile " + runs +
+                          "/cpu-testbed-2x1.json --layers " MOEPLAN_SOURCE_DIR
+                          "/examples/validation/testbed-2-ranks.json --from-runs " +
+                          runs + "/layers --exec /nonexistent --replay";
+  const std::string redirect = " >'" + out.File("out") + "' 2>'" + out.File("err") + "'";
+  ASSERT_EQ(std::system((cmd + redirect).c_str()), 0) << Slurp(out.File("err"));
+  EXPECT_NE(Slurp(out.File("out")).find("report: not written (--out-dir keeps report.md"),
+            std::string::npos)
+      << Slurp(out.File("out"));
+  EXPECT_TRUE(std::filesystem::is_empty(cwd.path()));
+  EXPECT_TRUE(std::filesystem::is_empty(tmp.path()));
+  EXPECT_NE(std::system((cmd + " --holdout 0.5" + redirect).c_str()), 0);
+  EXPECT_NE(
+      Slurp(out.File("err"))
+          .find("--holdout: writes the refitted profile (refit-profile.json): give --out-dir"),
+      std::string::npos)
+      << Slurp(out.File("err"));
+  EXPECT_TRUE(std::filesystem::is_empty(cwd.path()));
+}
+
 // The Hugging Face settings never pass silently over a native model file.
 TEST(PlanModelCli, HuggingFaceFlagsWithANativeModelAreRefused) {
   struct Case {
