@@ -10,6 +10,10 @@
 #   DURATION=10        measured seconds per run (60 for the report run)
 #   WARMUP=1           unmeasured seconds before each run's window
 #   CLIENTS="1 8 64"   outstanding calls per run
+#   ROUNDS=1           sweeps of every clients x mode pair, one after another
+#                      (interleaved repeats: each plan mode's ratio to Check is
+#                      taken within its round, then summarised as median, min
+#                      and max over the rounds)
 #   MODES="check cached uncached"   check: the health service's empty Check, gRPC's
 #                      own cost; each plan mode is also reported as a ratio of it
 #   CHANNELS=2         gRPC channels (TCP connections) of the load generator
@@ -29,6 +33,7 @@ cd "$(dirname "$0")/.."
 DURATION=${DURATION:-10}
 WARMUP=${WARMUP:-1}
 CLIENTS=${CLIENTS:-"1 8 64"}
+ROUNDS=${ROUNDS:-1}
 MODES=${MODES:-"check cached uncached"}
 CHANNELS=${CHANNELS:-2}
 THREADS=${THREADS:-0}
@@ -100,9 +105,10 @@ jget() {
 
 rows=()
 ratios=()
-declare -A check_rps check_p99
+declare -A check_rps check_p99 rps_ratios p99_ratios
 failed=0
 uncached_runs=0
+for round in $(seq "$ROUNDS"); do
 for c in $CLIENTS; do
   for m in $MODES; do
     args=(--server "127.0.0.1:$port" --clients "$c" --mode "$m" --duration-s "$DURATION"
@@ -117,7 +123,7 @@ for c in $CLIENTS; do
       args+=(--uncached-offset $((uncached_runs * 700000)))
       uncached_runs=$((uncached_runs + 1))
     fi
-    echo "load.sh: clients=$c mode=$m ..." >&2
+    echo "load.sh: round $round/$ROUNDS clients=$c mode=$m ..." >&2
     rc=0
     out=$(${LOADGEN_CPUS:+taskset -c "$LOADGEN_CPUS"} "$loadgen_bin" "${args[@]}") || rc=$?
     if [[ -n $JSON_DIR ]]; then
@@ -126,7 +132,7 @@ for c in $CLIENTS; do
     fi
     if [[ -z $out ]]; then
       echo "load.sh: loadgen failed (exit $rc) for clients=$c mode=$m" >&2
-      rows+=("| $c | $m | - | - | - | loadgen exit $rc | - |")
+      rows+=("| $round | $c | $m | - | - | - | loadgen exit $rc | - |")
       failed=1
       continue
     fi
@@ -137,15 +143,28 @@ for c in $CLIENTS; do
     growth=$(jget growth_pct "$out")
     rps=$(jget throughput_rps "$out")
     p99=$(jget p99 "$out")
-    rows+=("| $c | $m | $rps | $(jget p50 "$out") | $p99 | $(jget max "$out") | $errs | $growth |")
+    rows+=("| $round | $c | $m | $rps | $(jget p50 "$out") | $p99 | $(jget max "$out") | $errs | $growth |")
     if [[ $m == check ]]; then
       check_rps[$c]=$rps
       check_p99[$c]=$p99
     elif [[ -n ${check_rps[$c]:-} && $rps != - ]]; then
-      ratios+=("| $c | $m | $(awk -v a="$rps" -v b="${check_rps[$c]}" 'BEGIN{printf "%.0f %%", 100*a/b}') | $(awk -v a="$p99" -v b="${check_p99[$c]}" 'BEGIN{printf "%.2f", a/b}') |")
+      r_rps=$(awk -v a="$rps" -v b="${check_rps[$c]}" 'BEGIN{printf "%.1f", 100*a/b}')
+      r_p99=$(awk -v a="$p99" -v b="${check_p99[$c]}" 'BEGIN{printf "%.2f", a/b}')
+      ratios+=("| $round | $c | $m | $r_rps % | $r_p99 |")
+      rps_ratios[$c:$m]+="$r_rps "
+      p99_ratios[$c:$m]+="$r_p99 "
     fi
   done
 done
+check_rps=()  # each round's plan modes compare with that round's Check
+done
+
+# "median (min-max)" of a list of numbers.
+spread() {
+  tr ' ' '\n' <<<"$1" | grep -v '^$' | sort -g | awk '{v[NR]=$1} END {
+    m = NR % 2 ? v[(NR+1)/2] : (v[NR/2] + v[NR/2+1]) / 2
+    printf "%s (%s-%s)", m, v[1], v[NR]}'
+}
 
 if ! kill -0 "$server_pid" 2>/dev/null; then
   echo "load.sh: error: the server died during the runs; its stderr:" >&2
@@ -156,16 +175,29 @@ fi
 echo
 echo "moeplan-server load, ${DURATION} s per run (after ${WARMUP} s warmup), loopback, channels=$CHANNELS, $(nproc) CPU(s)"
 echo
-echo "| clients | mode | req/s | p50 µs | p99 µs | max µs | errors | server RSS growth % |"
-echo "|--:|---|--:|--:|--:|--:|--:|--:|"
+echo "| round | clients | mode | req/s | p50 µs | p99 µs | max µs | errors | server RSS growth % |"
+echo "|--:|--:|---|--:|--:|--:|--:|--:|--:|"
 printf '%s\n' "${rows[@]}"
 if [[ ${#ratios[@]} -gt 0 ]]; then
   echo
   echo "Against gRPC itself (the health service's Check, same clients, same run):"
   echo
-  echo "| clients | mode | req/s as % of Check's | p99 / Check's p99 |"
-  echo "|--:|---|--:|--:|"
+  echo "| round | clients | mode | req/s as % of Check's | p99 / Check's p99 |"
+  echo "|--:|--:|---|--:|--:|"
   printf '%s\n' "${ratios[@]}"
+  if [[ $ROUNDS -gt 1 ]]; then
+    echo
+    echo "Over the $ROUNDS rounds, median (min-max):"
+    echo
+    echo "| clients | mode | req/s as % of Check's | p99 / Check's p99 |"
+    echo "|--:|---|--:|--:|"
+    for c in $CLIENTS; do
+      for m in $MODES; do
+        [[ -n ${rps_ratios[$c:$m]:-} ]] || continue
+        echo "| $c | $m | $(spread "${rps_ratios[$c:$m]}") % | $(spread "${p99_ratios[$c:$m]}") |"
+      done
+    done
+  fi
 fi
 
 # Stop the server now (the trap does the same on every other path) and check
