@@ -32,6 +32,13 @@
     app.append(s);
     return s;
   }
+  // The largest of `floor` and f(x) over `xs` (a loop: spreading a search's
+  // tens of thousands of points into Math.max would overflow the stack).
+  function maxOf(floor, xs, f) {
+    let m = floor;
+    for (const x of xs) m = Math.max(m, Number(f(x) || 0));
+    return m;
+  }
   function num(x, digits) {
     const v = Number(x || 0);
     return v.toLocaleString('en-US', {minimumFractionDigits: digits, maximumFractionDigits: digits});
@@ -165,12 +172,12 @@
     // candidates and, where the search returned them, every candidate it
     // enumerated (simulated; bounded: no faster than plotted; over memory:
     // not timed, on the axis).
-    const limit = Math.max(0, ...cands.map(c => Number(c.m.limit_bytes || 0))) / GiB;
+    const limit = maxOf(0, cands, c => c.m.limit_bytes) / GiB;
     const xy = c => ({x: Number(c.memory_bytes_per_gpu || 0) / GiB, y: Number(c.tokens_per_s_per_gpu || 0)});
     const pts = f => cands.filter(c => !!c.feasible === f).map(xy);
     const all = (data.plan.search_points || []).filter(p => p.kind !== 'skipped');
-    const ymax = Math.max(1, ...cands.map(c => c.tokens_per_s_per_gpu),
-                          ...all.map(p => Number(p.tokens_per_s_per_gpu || 0))) * 1.05;
+    const ymax = maxOf(maxOf(1, cands, c => c.tokens_per_s_per_gpu), all,
+                       p => p.tokens_per_s_per_gpu) * 1.05;
     const sets = [{label: 'ranked, feasible', data: pts(true), backgroundColor: PALETTE[0], pointRadius: 4},
                   {label: 'ranked, infeasible', data: pts(false), backgroundColor: PALETTE[2], pointRadius: 4}];
     const pointKinds = [['simulated', 'simulated', PALETTE[3]],
@@ -255,7 +262,7 @@
     const ms = x => Number(x || 0) / 1000;
     for (const c of shown) {
       const pp = Math.max(1, Number(c.l.pp || 1));
-      const chunks = Math.max(1, ...c.pipeline.map(p => Number(p.chunk || 0) + 1));
+      const chunks = maxOf(0, c.pipeline, p => p.chunk) + 1;
       const sets = [];
       for (const [kind, label, color, width] of SPAN_KINDS) {
         const spans = c.pipeline.filter(p => p.kind === kind);
@@ -343,7 +350,7 @@
       ['composition MAPE', `${num(s.composition_mape_pct, 1)} %`], ['cost MAPE', `${num(s.cost_mape_pct, 1)} %`],
     ]));
     const points = (s.results || []).flatMap(c => (c.points || []).map(p => Object.assign({config: c.name}, p)));
-    const max = Math.max(1, ...points.flatMap(p => [p.measured_us, p.predicted_us])) * 1.05;
+    const max = maxOf(maxOf(1, points, p => p.measured_us), points, p => p.predicted_us) * 1.05;
     chart(section('Predicted against measured', 'One point per config and candidate; the line is exact.'),
           'chart-predicted-measured', {type: 'scatter', data: {datasets: [
             {label: 'points', data: points.map(p => ({x: p.measured_us / 1000, y: p.predicted_us / 1000})),
