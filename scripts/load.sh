@@ -21,7 +21,7 @@
 #   CACHE_ENTRIES=     server --cache-entries (unset: the server's default)
 #   BUILD_DIR=build
 #   LAYER=examples/gpt2-moe-layer.json   PROFILE=a100-8x8
-#   JSON_DIR=          keep each run's loadgen JSON there
+#   JSON_DIR=          keep each run's loadgen JSON there (rROUND-cCLIENTS-MODE.json)
 #   SERVER_CPUS= LOADGEN_CPUS=   pin each side to CPUs (taskset lists, e.g. 0 and 1)
 #   RATE=              open loop: calls per second (moeplan-loadgen --rate); unset: closed loop
 #   RATE_CACHED= RATE_UNCACHED=   per-mode rates (override RATE)
@@ -34,6 +34,10 @@ DURATION=${DURATION:-10}
 WARMUP=${WARMUP:-1}
 CLIENTS=${CLIENTS:-"1 8 64"}
 ROUNDS=${ROUNDS:-1}
+if ! [[ $ROUNDS =~ ^[1-9][0-9]*$ ]]; then
+  echo "load.sh: error: ROUNDS must be a whole number >= 1 (got '$ROUNDS')" >&2
+  exit 2
+fi
 MODES=${MODES:-"check cached uncached"}
 CHANNELS=${CHANNELS:-2}
 THREADS=${THREADS:-0}
@@ -128,11 +132,11 @@ for c in $CLIENTS; do
     out=$(${LOADGEN_CPUS:+taskset -c "$LOADGEN_CPUS"} "$loadgen_bin" "${args[@]}") || rc=$?
     if [[ -n $JSON_DIR ]]; then
       mkdir -p "$JSON_DIR"
-      printf '%s\n' "$out" >"$JSON_DIR/c${c}-${m}.json"
+      printf '%s\n' "$out" >"$JSON_DIR/r${round}-c${c}-${m}.json"
     fi
     if [[ -z $out ]]; then
       echo "load.sh: loadgen failed (exit $rc) for clients=$c mode=$m" >&2
-      rows+=("| $round | $c | $m | - | - | - | loadgen exit $rc | - |")
+      rows+=("| $round | $c | $m | - | - | - | - | loadgen exit $rc | - |")
       failed=1
       continue
     fi

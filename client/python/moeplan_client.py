@@ -312,7 +312,9 @@ class PlannerClient:
                 ["OVERLAP_VARIANT_LANCET", ...], schedules, alltoall_algorithms,
                 bucket_bytes, partition_max_k, partition_groups,
                 partition_max_span); None: every variant with the defaults.
-            include_timeline: also return every variant's ops (large).
+            include_timeline: also return every variant's ops (large); with
+                search or layout, each candidate's pipeline of one iteration
+                (search's timeline_top: only the best N).
             search: a moeplan.v1.SearchOptions dict: top (candidates returned,
                 best first; unset: 10), gpus (unset: the profile's nodes *
                 gpus_per_node), families (["dpmoe", "ppmoe", "parm"]), pipelines

@@ -64,7 +64,8 @@
     return el('div', {className: 'scroll'}, [el('table', {}, [el('thead', {}, [head]), body])]);
   }
   // A Chart.js chart; `points` is what the test checks against the data
-  // (null: the elements Chart.js built, every dataset's).
+  // (null: the bars Chart.js placed, every dataset's: those with a finite
+  // position, start and end, so malformed data does not count).
   function chart(parent, id, config, points, height) {
     const canvas = el('canvas', {id: id});
     parent.append(el('div', {className: 'chart', style: `height:${height || 360}px`}, [canvas]));
@@ -72,7 +73,9 @@
                                     maintainAspectRatio: false}, config.options || {});
     const c = new Chart(canvas, config);
     if (points === null) {
-      points = config.data.datasets.reduce((n, d, i) => n + c.getDatasetMeta(i).data.length, 0);
+      const placed = e => [e.x, e.y, e.base].every(Number.isFinite);
+      points = config.data.datasets.reduce(
+          (n, d, i) => n + c.getDatasetMeta(i).data.filter(placed).length, 0);
     }
     canvas.dataset.points = String(points);
     drawn[id] = points;

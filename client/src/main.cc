@@ -315,8 +315,8 @@ CLI::App* AddPlanModel(CLI::App* app, PlanModelArgs* a) {
       ->check(flags::NonEmpty());
   plan->add_option("--html", a->html,
                    "Write a self-contained HTML report (ranked candidates with filters, "
-                   "throughput against memory, time and memory breakdowns, launcher arguments) "
-                   "to this file")
+                   "throughput against memory, time and memory breakdowns, the top ten's "
+                   "pipelines, launcher arguments) to this file")
       ->check(flags::NonEmpty());
   plan->add_flag("--timeline", a->timeline,
                  "Include every op's timing in the JSON output (with --search or --layout: each "

@@ -201,8 +201,12 @@ absl::Status PlanModelCmd(const PlanModelArgs& a) {
           "plan-model without them)");
     }
     MOEPLAN_RETURN_IF_ERROR(SearchFromFlags(a, &request));
-    // The report charts every candidate the search enumerated.
-    if (!a.html.empty() && a.search) request.mutable_search()->set_include_points(true);
+    // The report charts every candidate the search enumerated, and draws the
+    // pipelines of the first kReportPipelines (--timeline: every one's).
+    if (!a.html.empty() && a.search) {
+      request.mutable_search()->set_include_points(true);
+      if (!a.timeline) request.mutable_search()->set_timeline_top(kReportPipelines);
+    }
   }
   MOEPLAN_RETURN_IF_ERROR(LoadModelFile(a.model, a.hf, request.mutable_model()));
   // The report draws the candidates' pipelines.

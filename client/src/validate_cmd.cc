@@ -292,7 +292,9 @@ absl::Status PrintSummary(bool json, const v1::ValidationSummary& summary, size_
       "{}{}\n",
       summary.configs(), noun, summary.points(), summary.profile(), summary.ranks(),
       summary.hosts(),
-      skipped == 0 ? "" : fmt::format("; {} configs not run (see the report)", skipped),
+      skipped == 0 ? ""
+                   : fmt::format("; {} configs not run ({})", skipped,
+                                 written.report.empty() ? "why: above" : "see the report"),
       summary.mape_pct(), summary.p90_pct(), summary.max_pct(), summary.worst_config(), selection,
       summary.paired_configs() == 0
           ? std::string()

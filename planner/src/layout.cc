@@ -428,13 +428,12 @@ int64_t PipelineSpans(const Layout& l) {
   return int64_t{l.pp} * l.Chunks() * l.ChunkMicrobatches() * 4 + l.pp;
 }
 
-absl::Status CheckTimelineSpans(int64_t spans, size_t candidates) {
+absl::Status CheckTimelineSpans(int64_t spans, size_t candidates, std::string_view remedy) {
   if (spans <= kMaxTimelineOps) return absl::OkStatus();
-  return absl::ResourceExhaustedError(Cat(
-      "include_timeline: the pipelines of ", candidates, candidates == 1 ? " layout" : " layouts",
-      " would hold up to ", spans, " spans, over the limit of ", kMaxTimelineOps,
-      " per response; ask for fewer candidates (search.top), fewer micro-batches or without "
-      "it"));
+  return absl::ResourceExhaustedError(Cat("include_timeline: the pipelines of ", candidates,
+                                          candidates == 1 ? " layout" : " layouts",
+                                          " would hold up to ", spans, " spans, over the limit of ",
+                                          kMaxTimelineOps, " per response; ", remedy));
 }
 
 absl::Status CheckPipelineSteps(const Layout& l) {

@@ -470,7 +470,10 @@ absl::Status LayoutPlanner::Evaluate(const ModelConfig& model, const Layout& lay
   s.Begin(model, plan);
   s.stats = nullptr;
   const int64_t mbs = global / (int64_t{l.dp} * l.microbatches);
-  if (record_pipeline) MOEPLAN_RETURN_IF_ERROR(CheckTimelineSpans(PipelineSpans(l), 1));
+  if (record_pipeline) {
+    MOEPLAN_RETURN_IF_ERROR(CheckTimelineSpans(
+        PipelineSpans(l), 1, "ask with fewer micro-batches (layout.microbatches) or without it"));
+  }
   return s.Run(model, l, mbs, s.ResolveMemory(memory), out, record_pipeline);
 }
 

@@ -543,15 +543,19 @@ absl::Status LayoutPlanner::Search(const ModelConfig& model, const SearchOptions
   MOEPLAN_RETURN_IF_ERROR(CheckSearchSteps(pending));
   MOEPLAN_RETURN_IF_ERROR(Rank(s, model, options, plan, mem, pending, &out->candidates, points));
   s.stats = nullptr;
-  // The returned candidates timed again from their cached chunks (the same
-  // times), traced, their spans bounded first.
-  if (options.record_pipelines) {
-    int64_t spans = 0;
-    for (const LayoutCandidate& c : out->candidates) spans += PipelineSpans(c.layout);
-    MOEPLAN_RETURN_IF_ERROR(CheckTimelineSpans(spans, out->candidates.size()));
-    for (LayoutCandidate& c : out->candidates) {
-      MOEPLAN_RETURN_IF_ERROR(s.Run(model, c.layout, c.micro_batch_size, mem, &c, /*trace=*/true));
-    }
+  // The best record_pipelines candidates timed again from their cached
+  // chunks (the same times), traced, their spans bounded first.
+  const std::span<LayoutCandidate> traced(
+      out->candidates.data(),
+      std::min(out->candidates.size(), static_cast<size_t>(options.record_pipelines)));
+  int64_t spans = 0;
+  for (const LayoutCandidate& c : traced) spans += PipelineSpans(c.layout);
+  MOEPLAN_RETURN_IF_ERROR(
+      CheckTimelineSpans(spans, traced.size(),
+                         "ask for fewer pipelines (search.timeline_top), fewer micro-batches "
+                         "(search.max_microbatches) or without it"));
+  for (LayoutCandidate& c : traced) {
+    MOEPLAN_RETURN_IF_ERROR(s.Run(model, c.layout, c.micro_batch_size, mem, &c, /*trace=*/true));
   }
   const double tokens = static_cast<double>(model.GlobalBatch()) * model.seq_length;
   for (SearchPoint& p : out->points) {

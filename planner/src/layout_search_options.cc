@@ -16,6 +16,9 @@ using internal::Bad;
 
 absl::Status ValidateSearchOptions(const SearchOptions& o) {
   if (o.top < 1 || o.top > 1000) return Bad("search.top", "must be between 1 and 1000", Cat(o.top));
+  if (o.record_pipelines < 0 || o.record_pipelines > 1000) {
+    return Bad("search.timeline_top", "must be between 0 and 1000", Cat(o.record_pipelines));
+  }
   if (o.gpus < 0 || o.gpus > (1 << 20)) {
     return Bad("search.gpus", "must be between 1 and 2^20 (0: the profile's)", Cat(o.gpus));
   }

@@ -309,6 +309,8 @@ absl::StatusOr<p::SearchOptions> SearchFromProto(const v1::SearchOptions& m) {
   o.overlap_param_gather = m.overlap_param_gather();
   o.tp_comm_overlap = m.tp_comm_overlap();
   o.record_points = m.include_points();
+  // Only with include_timeline (the caller's): recorded there.
+  if (m.has_timeline_top()) o.record_pipelines = m.timeline_top();
   o.sequence_parallel.assign(m.sequence_parallel().begin(), m.sequence_parallel().end());
   o.a2a_overlap.assign(m.a2a_overlap().begin(), m.a2a_overlap().end());
   o.balanced_pipeline.assign(m.balanced_pipeline().begin(), m.balanced_pipeline().end());

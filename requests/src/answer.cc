@@ -127,7 +127,12 @@ absl::Status AnswerLayouts(const p::ModelConfig& model, const v1::PlanModelReque
     return absl::OkStatus();
   }
   MOEPLAN_ASSIGN_OR_RETURN(p::SearchOptions search, proto::SearchFromProto(request.search()));
-  search.record_pipelines = timeline;
+  if (request.search().has_timeline_top() && !timeline) {
+    return absl::InvalidArgumentError("search.timeline_top: only with include_timeline");
+  }
+  search.record_pipelines = !timeline                             ? 0
+                            : request.search().has_timeline_top() ? search.record_pipelines
+                                                                  : search.top;
   p::LayoutSearchResult r;
   const auto start = std::chrono::steady_clock::now();
   MOEPLAN_RETURN_IF_ERROR(UnderRequest(lp.Search(model, search, options, memory, &r)));

@@ -275,6 +275,19 @@ TEST_F(AnswerTest, CandidatesCarryLauncherArgumentsAndTheirPipelines) {
                          c.layout().microbatches() * 2)
         << i;
   }
+  // timeline_top: the best one only; without include_timeline it is refused.
+  req.mutable_search()->set_timeline_top(1);
+  v1::PlanModelResponse best;
+  ASSERT_TRUE(AnswerPlanModel(req, planner, profile_.profile, &best).ok());
+  EXPECT_EQ(best.candidates(0).pipeline_size(), traced.candidates(0).pipeline_size());
+  EXPECT_EQ(best.candidates(1).pipeline_size(), 0);
+  req.clear_include_timeline();
+  EXPECT_EQ(Msg(AnswerPlanModel(req, planner, profile_.profile, &best)),
+            "search.timeline_top: only with include_timeline");
+  req.set_include_timeline(true);
+  req.mutable_search()->set_timeline_top(1001);
+  EXPECT_EQ(Msg(AnswerPlanModel(req, planner, profile_.profile, &best)),
+            "search.timeline_top: must be between 0 and 1000 (got 1001)");
   // One layout: the same pipeline as the search's for it.
   req.clear_search();
   *req.mutable_layout() = traced.candidates(0).layout();
@@ -297,8 +310,8 @@ TEST_F(AnswerTest, CandidatesCarryLauncherArgumentsAndTheirPipelines) {
   EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
   EXPECT_EQ(Msg(s),
             "include_timeline: the pipelines of 1 layout would hold up to 262160 spans, over the "
-            "limit of 262144 per response; ask for fewer candidates (search.top), fewer "
-            "micro-batches or without it");
+            "limit of 262144 per response; ask with fewer micro-batches (layout.microbatches) or "
+            "without it");
   req.clear_include_timeline();
   EXPECT_TRUE(AnswerPlanModel(req, planner, profile_.profile, &one).ok());
 }

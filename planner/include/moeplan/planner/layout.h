@@ -149,9 +149,10 @@ absl::Status CheckPipelineSteps(const Layout& layout);
 // (TracePipeline: every step, the send after it, each stage's tail), and
 // the check of `spans` (the timelines of `candidates` layouts) against
 // kMaxTimelineOps, before any is traced: ResourceExhausted naming
-// include_timeline, the request field that asks for them.
+// include_timeline, the request field that asks for them, and ending with
+// `remedy` (what to ask for instead).
 int64_t PipelineSpans(const Layout& layout);
-absl::Status CheckTimelineSpans(int64_t spans, size_t candidates);
+absl::Status CheckTimelineSpans(int64_t spans, size_t candidates, std::string_view remedy);
 
 // A layout as it runs: microbatches 0 reads as pp, and one stage runs
 // 1F1B (each micro-batch's backward after its forward). Not validated.

@@ -101,9 +101,9 @@ struct SearchOptions {
   // and what the search knows of its time): for a report's throughput-against-
   // memory chart. Off: nothing is kept.
   bool record_points = false;
-  // Each returned candidate's pipeline timeline (LayoutCandidate::pipeline),
-  // timed once the ranking is done. Off: none.
-  bool record_pipelines = false;
+  // The pipeline timelines (LayoutCandidate::pipeline) of the best N
+  // returned candidates, timed once the ranking is done (0 to 1000; 0: none).
+  int record_pipelines = 0;
 };
 // InvalidArgument naming "search.<field>".
 absl::Status ValidateSearchOptions(const SearchOptions& options);
