@@ -256,11 +256,13 @@ struct GraphSink {
   void Pair(const PipeStep&, const PipeStep&) {}
 };
 
-// Each op timed by the simulator's rule (TimeOp) in issue order: its end
-// and the latest end so far, as Simulator::Schedule computes them.
+// Each op timed by the simulator's rule (TimeOp) in issue order: its end,
+// the last op's start and the latest end so far, as Simulator::Schedule
+// computes them.
 struct TimeSink {
   PipelineScratch* s;
   double makespan = 0.0;
+  double start = 0.0;
   void Begin(size_t steps, int stages) {
     s->ends.clear();
     s->ends.reserve(steps * 2 + static_cast<size_t>(stages));
@@ -271,8 +273,9 @@ struct TimeSink {
     for (OpId d : deps) {
       if (d != kNoOp) ready = std::max(ready, s->ends[static_cast<size_t>(d)]);
     }
-    const double end = TimeOp(op.resources, op.cost_us, ready,
-                              s->free_at.data() + static_cast<size_t>(op.device) * kNumResources);
+    const double end =
+        TimeOp(op.resources, op.cost_us, ready,
+               s->free_at.data() + static_cast<size_t>(op.device) * kNumResources, &start);
     const OpId id = static_cast<OpId>(s->ends.size());
     s->ends.push_back(end);
     if (id == 0 || end > makespan) makespan = end;
@@ -282,22 +285,13 @@ struct TimeSink {
 };
 
 // TimeSink's times kept as spans (TracePipeline), a pair's two ops one
-// span. An op starts once its inputs are ready and the resources it holds
-// are free (TimeOp's start, so a step starts at its predecessor's end
+// span, each from TimeOp's start (so a step starts at its predecessor's end
 // exactly).
 struct TraceSink : TimeSink {
   std::vector<PipeSpan>* spans;
   PipeStep fwd, bwd;  // the pair being issued
   size_t pair = 0;    // its span
   OpId Add(const Op& op, std::initializer_list<OpId> deps) {
-    double start = 0.0;
-    for (OpId d : deps) {
-      if (d != kNoOp) start = std::max(start, s->ends[static_cast<size_t>(d)]);
-    }
-    const double* free_at = s->free_at.data() + static_cast<size_t>(op.device) * kNumResources;
-    for (int r = 0; r < kNumResources; ++r) {
-      if (op.resources & (1u << r)) start = std::max(start, free_at[r]);
-    }
     const OpId id = TimeSink::Add(op, deps);
     const double end = s->ends[static_cast<size_t>(id)];
     if (op.base == "pipe.fb_rest") {
@@ -535,30 +529,34 @@ absl::Status SimulatePipeline(const PipelineSpec& spec, OpGraph* g, Simulator* s
   return absl::OkStatus();
 }
 
-absl::Status TimePipeline(const PipelineSpec& spec, PipelineScratch* scratch, PipelineResult* out) {
+namespace {
+
+// The pipeline timed by a TimeSink (or one built on it) and summarised.
+template <typename Sink>
+absl::Status TimeWith(const PipelineSpec& spec, Sink& sink, PipelineResult* out) {
   MOEPLAN_RETURN_IF_ERROR(CheckSpec(spec));
-  TimeSink sink{scratch};
-  PipelineGraph<TimeSink> graph(spec, &sink);
+  PipelineGraph<Sink> graph(spec, &sink);
   MOEPLAN_RETURN_IF_ERROR(Issue(spec, graph));
   Summarize(
       sink.makespan, graph.last_of(), graph.busy(),
-      [&](OpId id) { return scratch->ends[static_cast<size_t>(id)]; }, out);
+      [&](OpId id) { return sink.s->ends[static_cast<size_t>(id)]; }, out);
   return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status TimePipeline(const PipelineSpec& spec, PipelineScratch* scratch, PipelineResult* out) {
+  TimeSink sink{scratch};
+  return TimeWith(spec, sink, out);
 }
 
 absl::Status TracePipeline(const PipelineSpec& spec, PipelineScratch* scratch,
                            std::vector<PipeSpan>* out, PipelineResult* summary) {
-  MOEPLAN_RETURN_IF_ERROR(CheckSpec(spec));
   out->clear();
   TraceSink sink;
   sink.s = scratch;
   sink.spans = out;
-  PipelineGraph<TraceSink> graph(spec, &sink);
-  MOEPLAN_RETURN_IF_ERROR(Issue(spec, graph));
-  Summarize(
-      sink.makespan, graph.last_of(), graph.busy(),
-      [&](OpId id) { return scratch->ends[static_cast<size_t>(id)]; }, summary);
-  return absl::OkStatus();
+  return TimeWith(spec, sink, summary);
 }
 
 }  // namespace moeplan::planner

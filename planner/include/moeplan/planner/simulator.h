@@ -44,8 +44,9 @@ struct SimResult {
 // to the bit): it starts at `ready`, the latest end of its dependencies
 // (>= 0), or when each resource of `held` frees, whichever is later, and
 // holds them to its end. `free_at`: its device's kNumResources resources.
-// Returns the end.
-inline double TimeOp(ResourceMask held, double cost_us, double ready, double* free_at) {
+// Returns the end; `start_out`, if given, gets the start.
+inline double TimeOp(ResourceMask held, double cost_us, double ready, double* free_at,
+                     double* start_out = nullptr) {
   double start = ready;
   for (int r = 0; r < kNumResources; ++r) {
     if (held & (1u << r)) start = std::max(start, free_at[r]);
@@ -54,6 +55,7 @@ inline double TimeOp(ResourceMask held, double cost_us, double ready, double* fr
   for (int r = 0; r < kNumResources; ++r) {
     if (held & (1u << r)) free_at[r] = end;
   }
+  if (start_out != nullptr) *start_out = start;
   return end;
 }
 
