@@ -115,6 +115,12 @@ class MetricsEndpointTest : public TlsFixture {
     server_ = *std::move(s);
     return absl::OkStatus();
   }
+  // A client of the started server's gRPC port (plaintext).
+  absl::StatusOr<std::unique_ptr<client::PlannerClient>> Connect() const {
+    client::ClientOptions c;
+    c.address = server_->address();
+    return client::PlannerClient::Connect(c);
+  }
   int MetricsPort() const {
     const std::string& url = server_->metrics_url();
     return std::stoi(url.substr(url.rfind(':') + 1));
@@ -130,9 +136,7 @@ class MetricsEndpointTest : public TlsFixture {
 TEST_F(MetricsEndpointTest, ServesTheCallsItAnswered) {
   ASSERT_TRUE(Start(Options()).ok());
   ASSERT_THAT(server_->metrics_url(), ::testing::StartsWith("http://127.0.0.1:"));
-  client::ClientOptions c;
-  c.address = server_->address();
-  absl::StatusOr<std::unique_ptr<client::PlannerClient>> cli = client::PlannerClient::Connect(c);
+  absl::StatusOr<std::unique_ptr<client::PlannerClient>> cli = Connect();
   ASSERT_TRUE(cli.ok()) << cli.status();
   ASSERT_TRUE((*cli)->ListProfiles().ok());
   ASSERT_FALSE((*cli)->GetProfile("no-such-profile").ok());
@@ -156,9 +160,7 @@ TEST_F(MetricsEndpointTest, ServesTheCallsItAnswered) {
 // and misses add up to the plans answered; its bytes are then a raw entry.
 TEST_F(MetricsEndpointTest, ADeferredModelPlanIsCountedOnce) {
   ASSERT_TRUE(Start(Options()).ok());
-  client::ClientOptions c;
-  c.address = server_->address();
-  absl::StatusOr<std::unique_ptr<client::PlannerClient>> cli = client::PlannerClient::Connect(c);
+  absl::StatusOr<std::unique_ptr<client::PlannerClient>> cli = Connect();
   ASSERT_TRUE(cli.ok()) << cli.status();
   v1::PlanModelRequest req;
   req.set_profile_name("a100-8x8");
@@ -182,9 +184,7 @@ TEST_F(MetricsEndpointTest, ADeferredModelPlanIsCountedOnce) {
 // field) are answered from the canonical level only, never kept by their bytes.
 TEST_F(MetricsEndpointTest, LargeRequestsSkipTheRawLevel) {
   ASSERT_TRUE(Start(Options()).ok());
-  client::ClientOptions c;
-  c.address = server_->address();
-  absl::StatusOr<std::unique_ptr<client::PlannerClient>> cli = client::PlannerClient::Connect(c);
+  absl::StatusOr<std::unique_ptr<client::PlannerClient>> cli = Connect();
   ASSERT_TRUE(cli.ok()) << cli.status();
   v1::PlanLayerRequest req;
   req.set_profile_name("a100-8x8");
